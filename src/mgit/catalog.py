@@ -1,0 +1,279 @@
+"""The catalog: a SQLite index of models, versions, lineage edges and object sizes.
+
+Everything in it is derived from objects and refs (test registrations and results, added
+later, will be the exception), so it can be dropped and rebuilt. It exists for speed: `ls`,
+`log`, `du` and graph queries read it instead of decoding records. WAL mode lets readers run
+beside a writer; each write is one transaction (`atomic()`), and each schema change is a
+named migration recorded in the same transaction that applies it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mgit.objects import Version
+
+MIGRATIONS: list[tuple[str, list[str]]] = [
+    (
+        "0001_initial",
+        [
+            "CREATE TABLE models (name TEXT PRIMARY KEY, head TEXT NOT NULL)",
+            """CREATE TABLE versions (
+                id TEXT PRIMARY KEY, model TEXT NOT NULL, seq INTEGER NOT NULL,
+                manifest TEXT NOT NULL, predecessor TEXT, message TEXT NOT NULL,
+                author TEXT NOT NULL, time TEXT NOT NULL, tags TEXT NOT NULL,
+                files INTEGER NOT NULL, tensors INTEGER NOT NULL, params INTEGER NOT NULL,
+                logical_bytes INTEGER NOT NULL, stored_bytes INTEGER NOT NULL,
+                new_bytes INTEGER NOT NULL, lossy TEXT, recipe TEXT)""",
+            "CREATE INDEX versions_model ON versions (model, seq)",
+            """CREATE TABLE edges (child TEXT NOT NULL, position INTEGER NOT NULL,
+                parent TEXT NOT NULL, relation TEXT NOT NULL, PRIMARY KEY (child, position))""",
+            "CREATE INDEX edges_parent ON edges (parent)",
+            """CREATE TABLE objects (id TEXT PRIMARY KEY, kind TEXT NOT NULL,
+                logical_size INTEGER NOT NULL, stored_size INTEGER NOT NULL, codec TEXT NOT NULL)""",
+            """CREATE TABLE version_objects (version TEXT NOT NULL, object TEXT NOT NULL,
+                PRIMARY KEY (version, object)) WITHOUT ROWID""",
+            "CREATE INDEX version_objects_object ON version_objects (object)",
+        ],
+    ),
+]
+
+
+@dataclass(frozen=True)
+class ObjectRow:
+    id: str
+    kind: str
+    logical_size: int
+    stored_size: int
+    codec: str
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    id: str
+    model: str
+    seq: int
+    manifest: str
+    predecessor: str | None
+    message: str
+    author: str
+    time: str
+    tags: dict[str, str]
+    files: int
+    tensors: int
+    params: int
+    logical_bytes: int
+    stored_bytes: int
+    new_bytes: int
+    lossy: dict[str, Any] | None
+    parents: tuple[tuple[str, str], ...]
+
+
+class Catalog:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._local = threading.local()
+        self.migrate()
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        # One connection per thread: sqlite3 connections must not be shared across threads.
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA busy_timeout=60000")
+            self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    @contextmanager
+    def atomic(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE takes the write lock up front, so two
+        writers queue instead of failing on upgrade); rolled back on any exception."""
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def migrate(self) -> list[str]:
+        db = self.db
+        db.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
+        applied = []
+        for name, statements in MIGRATIONS:
+            with self.atomic() as tx:
+                if tx.execute("SELECT 1 FROM migrations WHERE name = ?", (name,)).fetchone():
+                    continue
+                for sql in statements:
+                    tx.execute(sql)
+                tx.execute("INSERT INTO migrations VALUES (?, datetime('now'))", (name,))
+                applied.append(name)
+        return applied
+
+    # --- writing ------------------------------------------------------------------------
+    def add_objects(self, rows: Iterable[ObjectRow]) -> None:
+        with self.atomic() as tx:
+            tx.executemany(
+                "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?)",
+                [(r.id, r.kind, r.logical_size, r.stored_size, r.codec) for r in rows],
+            )
+
+    def index_version(self, vid: str, version: Version, objects: set[str]) -> None:
+        """Record a version whose objects are already in the `objects` table."""
+        with self.atomic() as tx:
+            if tx.execute("SELECT 1 FROM versions WHERE id = ?", (vid,)).fetchone():
+                return
+            seq = 1
+            if version.predecessor:
+                row = tx.execute("SELECT seq FROM versions WHERE id = ?", (version.predecessor,)).fetchone()
+                seq = (row[0] if row else 0) + 1
+            tx.execute("CREATE TEMP TABLE IF NOT EXISTS pending (object TEXT PRIMARY KEY)")
+            tx.execute("DELETE FROM pending")
+            tx.executemany("INSERT OR IGNORE INTO pending VALUES (?)", [(o,) for o in objects])
+            stored, new = tx.execute(
+                """SELECT COALESCE(SUM(o.stored_size), 0),
+                          COALESCE(SUM(CASE WHEN NOT EXISTS (SELECT 1 FROM version_objects vo
+                              WHERE vo.object = p.object) THEN o.stored_size ELSE 0 END), 0)
+                   FROM pending p JOIN objects o ON o.id = p.object"""
+            ).fetchone()
+            s = version.summary
+            tx.execute(
+                "INSERT INTO versions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (vid, version.model, seq, version.manifest, version.predecessor, version.message,
+                 version.author, version.time, json.dumps(version.tags), s.get("files", 0),
+                 s.get("tensors", 0), s.get("params", 0), s.get("logical_bytes", 0), stored, new,
+                 json.dumps(version.lossy) if version.lossy else None,
+                 json.dumps(version.recipe) if version.recipe else None),  # fmt: skip
+            )
+            tx.executemany(
+                "INSERT INTO edges VALUES (?, ?, ?, ?)",
+                [(vid, i, p.version, p.relation) for i, p in enumerate(version.parents)],
+            )
+            tx.execute("INSERT INTO version_objects SELECT ?, object FROM pending", (vid,))
+            tx.execute("DELETE FROM pending")
+
+    def set_heads(self, heads: dict[str, str]) -> None:
+        """Make the models table equal to `heads` and drop versions no head reaches."""
+        with self.atomic() as tx:
+            tx.execute("DELETE FROM models")
+            tx.executemany("INSERT INTO models VALUES (?, ?)", sorted(heads.items()))
+            tx.execute(
+                """WITH RECURSIVE live(id) AS (
+                       SELECT head FROM models
+                       UNION SELECT v.predecessor FROM versions v JOIN live ON v.id = live.id
+                             WHERE v.predecessor IS NOT NULL
+                       UNION SELECT e.parent FROM edges e JOIN live ON e.child = live.id)
+                   DELETE FROM versions WHERE id NOT IN (SELECT id FROM live)"""
+            )
+            tx.execute("DELETE FROM edges WHERE child NOT IN (SELECT id FROM versions)")
+            tx.execute("DELETE FROM version_objects WHERE version NOT IN (SELECT id FROM versions)")
+
+    def remove_objects(self, oids: Iterable[str]) -> None:
+        with self.atomic() as tx:
+            tx.executemany("DELETE FROM objects WHERE id = ?", [(o,) for o in oids])
+
+    # --- reading ------------------------------------------------------------------------
+    def heads(self) -> dict[str, str]:
+        return dict(self.db.execute("SELECT name, head FROM models ORDER BY name"))
+
+    def has_version(self, vid: str) -> bool:
+        return self.db.execute("SELECT 1 FROM versions WHERE id = ?", (vid,)).fetchone() is not None
+
+    def version(self, vid: str) -> VersionRow | None:
+        rows = self._versions("WHERE v.id = ?", (vid,))
+        return rows[0] if rows else None
+
+    def versions_by_prefix(self, prefix: str) -> list[str]:
+        return [r[0] for r in self.db.execute(
+            "SELECT id FROM versions WHERE id >= ? AND id < ? LIMIT 2", (prefix, prefix + "g"))]  # fmt: skip
+
+    def versions_of(self, vids: list[str]) -> dict[str, VersionRow]:
+        rows: dict[str, VersionRow] = {}
+        for i in range(0, len(vids), 500):
+            chunk = vids[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            rows.update((r.id, r) for r in self._versions(f"WHERE v.id IN ({marks})", tuple(chunk)))
+        return rows
+
+    def all_versions(self) -> dict[str, VersionRow]:
+        return {r.id: r for r in self._versions("", ())}
+
+    def _versions(self, where: str, args: tuple[Any, ...]) -> list[VersionRow]:
+        cur = self.db.execute(
+            f"""SELECT v.id, v.model, v.seq, v.manifest, v.predecessor, v.message, v.author, v.time,
+                       v.tags, v.files, v.tensors, v.params, v.logical_bytes, v.stored_bytes,
+                       v.new_bytes, v.lossy,
+                       (SELECT json_group_array(json_array(e.parent, e.relation))
+                          FROM (SELECT * FROM edges e WHERE e.child = v.id ORDER BY e.position) e)
+                FROM versions v {where}""",
+            args,
+        )
+        out = []
+        for r in cur:
+            out.append(VersionRow(*r[:8], json.loads(r[8]), *r[9:15],
+                                  json.loads(r[15]) if r[15] else None,
+                                  tuple(tuple(p) for p in json.loads(r[16]))))  # fmt: skip
+        return out
+
+    def object_row(self, oid: str) -> ObjectRow | None:
+        r = self.db.execute("SELECT * FROM objects WHERE id = ?", (oid,)).fetchone()
+        return ObjectRow(*r) if r else None
+
+    def known_objects(self) -> set[str]:
+        return {r[0] for r in self.db.execute("SELECT id FROM objects")}
+
+    def object_users(self, oid: str) -> list[str]:
+        """`model@seq` of every indexed version that uses an object (for error messages)."""
+        rows = self.db.execute(
+            """SELECT v.model, v.seq FROM version_objects vo JOIN versions v ON v.id = vo.version
+               WHERE vo.object = ? ORDER BY v.model, v.seq LIMIT 20""",
+            (oid,),
+        )
+        return [f"{m}@{s}" for m, s in rows]
+
+    def shared_objects(self, vid: str) -> int:
+        """How many objects of a version other versions use too (deduplicated)."""
+        return self.db.execute(
+            """SELECT COUNT(*) FROM version_objects vo WHERE vo.version = ? AND EXISTS
+               (SELECT 1 FROM version_objects o2 WHERE o2.object = vo.object AND o2.version != ?)""",
+            (vid, vid),
+        ).fetchone()[0]
+
+    def physical_bytes(self, vids: list[str]) -> tuple[int, int]:
+        """(objects, stored bytes) of the distinct objects that these versions use."""
+        if not vids:
+            return 0, 0
+        with self.atomic() as tx:
+            tx.execute("CREATE TEMP TABLE IF NOT EXISTS selection (version TEXT PRIMARY KEY)")
+            tx.execute("DELETE FROM selection")
+            tx.executemany("INSERT OR IGNORE INTO selection VALUES (?)", [(v,) for v in vids])
+            row = tx.execute(
+                """SELECT COUNT(*), COALESCE(SUM(o.stored_size), 0) FROM objects o WHERE o.id IN
+                   (SELECT vo.object FROM version_objects vo JOIN selection s ON s.version = vo.version)"""
+            ).fetchone()
+            tx.execute("DELETE FROM selection")
+        return row[0], row[1]
+
+    def total_objects(self) -> tuple[int, int, int]:
+        """(count, logical bytes, stored bytes) of every object the catalog knows."""
+        r = self.db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(logical_size), 0), COALESCE(SUM(stored_size), 0) FROM objects"
+        ).fetchone()
+        return r[0], r[1], r[2]

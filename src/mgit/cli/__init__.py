@@ -1,0 +1,1 @@
+"""The `mgit` command line: thin commands over `mgit.Repo`."""

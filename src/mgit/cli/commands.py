@@ -1,0 +1,321 @@
+"""Repository commands: init, add, checkout, ls, log, show, du, fsck, gc, rm.
+
+Each is a few lines over one `Repo` call; `--json` prints the same result as data.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from mgit.cli.output import err, out, print_json, progress_bar, short, size, table
+from mgit.objects import RELATIONS
+from mgit.reports import ParentInfo, VersionInfo
+from mgit.repo import Repo
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+jobs_option = click.option("--jobs", "-j", type=click.IntRange(1, 64), default=None,
+                           help="Threads to use (default: one per core, at most 8).")  # fmt: skip
+
+
+def _repo(ctx: click.Context) -> Repo:
+    return ctx.obj.repo()
+
+
+def _parents(parents: list[ParentInfo]) -> str:
+    return ", ".join(f"{p.ref} ({p.relation})" for p in parents) or "-"
+
+
+def _lossy_mark(lossy: object) -> str:
+    return " [lossy]" if lossy else ""
+
+
+@click.command()
+@click.argument("directory", default=".", type=click.Path(file_okay=False))
+@json_option
+def init(directory: str, as_json: bool) -> None:
+    """Create an empty repository (DIR/.mgit).
+
+    \b
+    Example:
+      mgit init models/
+    """
+    repo = Repo.init(directory)
+    if as_json:
+        print_json({"path": str(repo.dir)})
+    else:
+        out.print(f"Initialized empty mgit repository in {repo.dir}")
+
+
+def _parse_tags(tags: tuple[str, ...]) -> dict[str, str]:
+    parsed = {}
+    for t in tags:
+        key, sep, value = t.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{t!r} is not key=value", param_hint="--tag")
+        parsed[key] = value
+    return parsed
+
+
+@click.command()
+@click.argument("path", type=click.Path(exists=False))
+@click.option("--name", "-n", required=True, help="Model name (a new version if it exists).")
+@click.option("--parent", "-p", "parents", multiple=True, metavar="REF",
+              help="Lineage parent (repeat for merges). Default: the parents of the previous version.")
+@click.option("--relation", "-r", type=click.Choice(RELATIONS), default=None,
+              help="How it was derived from its parents (default: finetune).")
+@click.option("--message", "-m", default="", help="What changed.")
+@click.option("--tag", "-t", "tags", multiple=True, metavar="KEY=VALUE", help="A tag (repeatable).")
+@jobs_option
+@json_option
+@click.pass_context
+def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], relation: str | None,
+        message: str, tags: tuple[str, ...], jobs: int | None, as_json: bool) -> None:  # fmt: skip
+    """Store a model folder, a .safetensors file or a PyTorch checkpoint as a new version.
+
+    \b
+    Examples:
+      mgit add ./bert-base --name bert-base
+      mgit add ./bert-sst2 --name bert-sst2 --parent bert-base -m "SST-2, 3 epochs"
+      mgit add ckpt.pt --name tiny --tag stage=dev
+    """
+    repo = _repo(ctx)
+    with progress_bar(f"Adding {name}", enabled=not as_json) as bar:
+        result = repo.add(path, name=name, parent=list(parents) or None, relation=relation, message=message,
+                          tags=_parse_tags(tags), jobs=jobs, progress=bar)  # fmt: skip
+    if as_json:
+        print_json(result.to_json())
+        return
+    for note in result.notes:
+        err.print(f"note: {note}")
+    if not result.created:
+        out.print(f"{result.model}@{result.seq} {short(result.version)}: unchanged (same content as the head)")
+        return
+    dedup = result.tensors - result.tensors_new
+    out.print(
+        f"{result.model}@{result.seq} {short(result.version)}: {result.files} files, {result.tensors} tensors "
+        f"({dedup} already stored), {size(result.logical_bytes)} -> {size(result.new_bytes)} new"
+        + (f"; parents: {_parents(result.parents)}" if result.parents else "")
+    )
+
+
+@click.command()
+@click.argument("ref")
+@click.option("--output", "-o", required=True, type=click.Path(), help="Folder to write the files into.")
+@click.option("--force", "-f", is_flag=True, help="Write into a folder that is not empty.")
+@jobs_option
+@json_option
+@click.pass_context
+def checkout(ctx: click.Context, ref: str, output: str, force: bool, jobs: int | None, as_json: bool) -> None:
+    """Rebuild the files of a version, byte for byte (each file is verified).
+
+    \b
+    Examples:
+      mgit checkout bert-sst2 -o ./bert-sst2
+      mgit checkout bert-sst2@2 -o /tmp/old --force
+    """
+    repo = _repo(ctx)
+    with progress_bar(f"Checking out {ref}", enabled=not as_json) as bar:
+        result = repo.checkout(ref, output, force=force, jobs=jobs, progress=bar)
+    if as_json:
+        print_json(result.to_json())
+        return
+    for note in result.notes:
+        err.print(f"note: {note}")
+    out.print(f"{result.model}@{result.seq} {short(result.version)}: {len(result.files)} files, "
+              f"{size(result.bytes)} written to {result.out_dir} (verified)")  # fmt: skip
+
+
+@click.command(name="ls")
+@json_option
+@click.pass_context
+def ls(ctx: click.Context, as_json: bool) -> None:
+    """List models: latest version, parents and relation, size.
+
+    \b
+    Example:
+      mgit ls --json
+    """
+    models = _repo(ctx).ls()
+    if as_json:
+        print_json([m.to_json() for m in models])
+        return
+    if not models:
+        out.print("No models yet. Add one with: mgit add PATH --name NAME")
+        return
+    t = table("model", "version", "id", "parents", "size", "updated")
+    for m in models:
+        t.add_row(m.name + _lossy_mark(m.lossy), f"@{m.seq}", short(m.head), _parents(m.parents),
+                  size(m.logical_bytes), m.time[:19].replace("T", " "))  # fmt: skip
+    out.print(t)
+
+
+def _version_line(v: VersionInfo) -> str:
+    tags = " ".join(f"{k}={val}" for k, val in sorted(v.tags.items()))
+    return "\n".join(
+        line for line in [
+            f"[bold]{v.ref}[/bold] {v.id}{_lossy_mark(v.lossy)}",
+            f"  date:    {v.time}",
+            f"  author:  {v.author}",
+            f"  parents: {_parents(v.parents)}" if v.parents else "",
+            f"  tags:    {tags}" if tags else "",
+            f"  size:    {size(v.logical_bytes)} in {v.files} files, {v.tensors} tensors; "
+            f"{size(v.new_bytes)} new in storage",
+            f"  {v.message}" if v.message else "",
+        ] if line
+    )  # fmt: skip
+
+
+@click.command()
+@click.argument("ref")
+@json_option
+@click.pass_context
+def log(ctx: click.Context, ref: str, as_json: bool) -> None:
+    """Show the versions of a model, newest first.
+
+    \b
+    Example:
+      mgit log bert-sst2
+    """
+    versions = _repo(ctx).log(ref)
+    if as_json:
+        print_json([v.to_json() for v in versions])
+        return
+    out.print("\n\n".join(_version_line(v) for v in versions))
+
+
+@click.command()
+@click.argument("ref")
+@json_option
+@click.pass_context
+def show(ctx: click.Context, ref: str, as_json: bool) -> None:
+    """Show one version: files, tensors and parameters, dtypes, storage, parents.
+
+    \b
+    Example:
+      mgit show bert-sst2@1
+    """
+    result = _repo(ctx).show(ref)
+    if as_json:
+        print_json(result.to_json())
+        return
+    v = result.version
+    out.print(_version_line(v))
+    out.print(f"  params:  {v.params:,} ({', '.join(f'{d} {n:,}' for d, n in sorted(result.dtypes.items()))})")
+    out.print(f"  stored:  {size(v.stored_bytes)} for {size(v.logical_bytes)} "
+              f"({result.shared_objects} objects shared with other versions)\n")  # fmt: skip
+    files = table("file", "type", "tensors", "size", "digest")
+    for f in result.files:
+        kind = f.type + (f" (from {f.converted_from})" if f.converted_from else "")
+        files.add_row(f.path, kind, str(f.tensors or ""), size(f.size), short(f.digest))
+    out.print(files)
+    storage = table("codec", "objects", "logical", "stored", "factor", title="storage")
+    for s in result.storage:
+        factor = f"{s.logical_bytes / s.stored_bytes:.2f}x" if s.stored_bytes else "-"
+        storage.add_row(s.codec, str(s.objects), size(s.logical_bytes), size(s.stored_bytes), factor)
+    out.print(storage)
+
+
+@click.command()
+@json_option
+@click.pass_context
+def du(ctx: click.Context, as_json: bool) -> None:
+    """Disk usage: logical bytes (every version as plain files) vs stored bytes.
+
+    \b
+    Example:
+      mgit du
+    """
+    result = _repo(ctx).du()
+    if as_json:
+        print_json(result.to_json())
+        return
+    t = table("model", "versions", "logical", "stored", "factor")
+    for m in result.models:
+        t.add_row(m.name, str(m.versions), size(m.logical_bytes), size(m.stored_bytes), f"{m.reduction:.2f}x")
+    t.add_row("[bold]repository[/bold]", str(sum(m.versions for m in result.models)), size(result.logical_bytes),
+              size(result.stored_bytes), f"{result.reduction:.2f}x")  # fmt: skip
+    out.print(t)
+    out.print("(a model's stored bytes count every object it uses, shared ones included)")
+    if result.unreachable_bytes:
+        out.print(f"{size(result.unreachable_bytes)} in objects no model uses; free them with: mgit gc")
+
+
+@click.command()
+@jobs_option
+@click.option("--rebuild-catalog", is_flag=True, help="Drop and rebuild the SQLite catalog first.")
+@json_option
+@click.pass_context
+def fsck(ctx: click.Context, jobs: int | None, rebuild_catalog: bool, as_json: bool) -> None:
+    """Re-hash every object and check every reference. Exit code 1 if anything is wrong.
+
+    \b
+    Example:
+      mgit fsck
+    """
+    repo = _repo(ctx)
+    if rebuild_catalog:
+        repo.rebuild_catalog()
+    with progress_bar("Checking objects", enabled=not as_json, unit_bytes=False) as bar:
+        result = repo.fsck(jobs=jobs, progress=bar)
+    if as_json:
+        print_json(result.to_json())
+    else:
+        for p in result.problems:
+            users = f" (used by {', '.join(p.used_by)})" if p.used_by else ""
+            out.print(f"{p.kind}: {short(p.object)} {p.message}{users}")
+        verdict = "ok" if result.ok else f"{len(result.problems)} problems"
+        out.print(f"checked {result.objects_checked} objects ({size(result.bytes_checked)}), {result.refs_checked} "
+                  f"models, {result.versions_checked} versions: {verdict}")  # fmt: skip
+        if result.leftovers:
+            out.print(f"{result.leftovers} temporary files of interrupted writes; mgit gc removes them")
+    if not result.ok:
+        sys.exit(1)
+
+
+@click.command()
+@click.option("--dry-run", "-n", is_flag=True, help="Show what would be removed, remove nothing.")
+@json_option
+@click.pass_context
+def gc(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
+    """Remove objects that no model uses any more.
+
+    \b
+    Example:
+      mgit gc --dry-run
+    """
+    result = _repo(ctx).gc(dry_run=dry_run)
+    if as_json:
+        print_json(result.to_json())
+        return
+    verb = "would remove" if dry_run else "removed"
+    out.print(f"{verb} {len(result.removed)} objects ({size(result.removed_bytes)}) and {result.leftovers} "
+              f"temporary files; {result.kept} objects in use")  # fmt: skip
+
+
+@click.command()
+@click.argument("name")
+@json_option
+@click.pass_context
+def rm(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Remove a model. Its objects go at the next gc unless other models use them.
+
+    \b
+    Example:
+      mgit rm bert-sst2-old && mgit gc
+    """
+    result = _repo(ctx).rm(name)
+    if as_json:
+        print_json(result.to_json())
+        return
+    out.print(f"removed {result.model} ({result.versions} versions, head {short(result.head)}); run mgit gc to free space")
+
+
+def register(group: click.Group) -> None:
+    for command in (init, add, checkout, ls, log, show, du, fsck, gc, rm):
+        group.add_command(command)
+
+
+__all__ = ["register", "Path"]

@@ -1,0 +1,60 @@
+"""Printing results: rich tables for people, JSON for programs, progress bars on stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
+
+out = Console(soft_wrap=True, highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+def size(n: int | float) -> str:
+    """Bytes in a short human form (binary units)."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def short(oid: str | None) -> str:
+    return oid[:12] if oid else "-"
+
+
+def table(*columns: str, title: str | None = None) -> Table:
+    t = Table(title=title, box=None, header_style="bold", pad_edge=False)
+    for c in columns:
+        t.add_column(c, justify="right" if c.lower() in {"size", "logical", "stored", "tensors", "versions", "factor", "params", "objects", "files", "new"} else "left")
+    return t
+
+
+@contextmanager
+def progress_bar(label: str, *, enabled: bool = True, unit_bytes: bool = True) -> Iterator[Callable[[int, int], Callable[[int], None]] | None]:
+    """Yields a factory `(total, 0) -> advance` for library calls, or None when not shown
+    (stderr not a terminal)."""
+    if not enabled or not err.is_terminal:
+        yield None
+        return
+    columns: list[Any] = [TextColumn("{task.description}"), BarColumn()]
+    columns += [DownloadColumn(binary_units=True), TransferSpeedColumn()] if unit_bytes else [TextColumn("{task.completed}/{task.total}")]
+    columns.append(TimeRemainingColumn())
+    with Progress(*columns, console=err, transient=True) as progress:
+
+        def factory(total: int, _: int) -> Callable[[int], None]:
+            task = progress.add_task(label, total=total)
+            return lambda n: progress.advance(task, n)
+
+        yield factory

@@ -1,0 +1,27 @@
+"""Tensor and file encodings behind a registry; see `mgit.codecs.base` for the contract."""
+
+from mgit.codecs.base import (
+    Codec,
+    CodecContext,
+    CodecError,
+    chain_from_list,
+    chain_to_list,
+    codec_from_dict,
+    decode_chain,
+    encode_chain,
+)
+from mgit.codecs.byteplanes import ByteplanesCodec
+from mgit.codecs.zstd import ZstdCodec
+
+__all__ = [
+    "ByteplanesCodec",
+    "Codec",
+    "CodecContext",
+    "CodecError",
+    "ZstdCodec",
+    "chain_from_list",
+    "chain_to_list",
+    "codec_from_dict",
+    "decode_chain",
+    "encode_chain",
+]

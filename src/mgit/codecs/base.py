@@ -1,0 +1,101 @@
+"""The codec contract and registry.
+
+A codec turns bytes into bytes and back. It is a frozen dataclass whose fields are its
+configuration, so a chain of codecs round-trips to plain data
+(`[{"name": "byteplanes", "configuration": {"itemsize": 4}}, {"name": "zstd", ...}]`) that is
+stored in the header of every object it produced: decoding needs nothing but the object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from mgit.errors import MgitError
+
+Buffer = bytes | bytearray | memoryview | np.ndarray
+
+
+@dataclass(frozen=True)
+class CodecContext:
+    """What a codec may need beyond its configuration: the logical size it must produce and,
+    for codecs that encode against another object (deltas), a way to load that object."""
+
+    size: int
+    load_object: Callable[[str], bytes] | None = None
+
+
+class Codec:
+    """Base class: subclasses are frozen dataclasses with a class-level `name`."""
+
+    name: ClassVar[str]
+
+    def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        raise NotImplementedError
+
+    def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "configuration": dataclasses.asdict(self)}  # type: ignore[call-overload]
+
+
+class CodecError(MgitError):
+    """A codec chain that cannot be parsed or whose data does not decode."""
+
+
+_REGISTRY: dict[str, type[Codec]] = {}
+
+
+def register(cls: type[Codec]) -> type[Codec]:
+    """Class decorator: make a codec known by its name."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def codec_from_dict(spec: Any) -> Codec:
+    """Rebuild one codec from its stored form, refusing unknown names and bad configuration."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise CodecError(f"malformed codec entry {spec!r}")
+    cls = _REGISTRY.get(spec["name"])
+    if cls is None:
+        raise CodecError(
+            f"unknown codec {spec['name']!r}",
+            hint="The object was written by a newer mgit; upgrade mgit to read it",
+        )
+    config = spec.get("configuration", {})
+    if not isinstance(config, dict):
+        raise CodecError(f"malformed configuration for codec {spec['name']!r}")
+    try:
+        return cls(**config)
+    except (TypeError, ValueError) as exc:
+        raise CodecError(f"bad configuration for codec {spec['name']!r}: {exc}") from None
+
+
+def chain_from_list(specs: Any) -> list[Codec]:
+    if not isinstance(specs, list):
+        raise CodecError(f"malformed codec chain {specs!r}")
+    return [codec_from_dict(s) for s in specs]
+
+
+def chain_to_list(chain: Sequence[Codec]) -> list[dict[str, Any]]:
+    return [c.to_dict() for c in chain]
+
+
+def encode_chain(chain: Sequence[Codec], data: Buffer, ctx: CodecContext) -> bytes:
+    for codec in chain:
+        data = codec.encode(data, ctx)
+    return bytes(data) if not isinstance(data, bytes) else data
+
+
+def decode_chain(chain: Sequence[Codec], data: Buffer, ctx: CodecContext) -> Buffer:
+    """Undo a chain, last codec first. The result must be exactly `ctx.size` bytes long."""
+    for codec in reversed(chain):
+        data = codec.decode(data, ctx)
+    if memoryview(data).nbytes != ctx.size:
+        raise CodecError(f"decoded {memoryview(data).nbytes} bytes where {ctx.size} were expected")
+    return data

@@ -1,0 +1,145 @@
+"""MGit's exceptions: one root, specific subclasses that carry what is at fault and a hint.
+
+The CLI turns any `MgitError` into one line (`Error: <message>. <hint>`) and exit code 1, so
+every message here is written for a user: it names the object, model or file at fault and,
+where there is one, the next step to take.
+"""
+
+from __future__ import annotations
+
+
+class MgitError(Exception):
+    """Root of every error MGit raises on purpose."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}. {self.hint}"
+
+
+class RepoNotFoundError(MgitError):
+    """No `.mgit/` folder in the given folder or any of its parents."""
+
+    def __init__(self, start: str) -> None:
+        super().__init__(
+            f"not an mgit repository (or any parent up to /): {start}",
+            hint="Create one with: mgit init",
+        )
+        self.start = start
+
+
+class RepoExistsError(MgitError):
+    def __init__(self, path: str) -> None:
+        super().__init__(f"a repository already exists at {path}")
+        self.path = path
+
+
+class FormatVersionError(MgitError):
+    """The repository or an object was written by a newer MGit."""
+
+
+class InvalidNameError(MgitError):
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(
+            f"invalid model name {name!r}: {why}",
+            hint="Use letters, digits, '.', '_', '-' and at most one '/' (like org/model)",
+        )
+        self.name = name
+
+
+class UnknownRefError(MgitError):
+    """A model name, version number or id prefix that matches nothing (or several things)."""
+
+    def __init__(self, ref: str, why: str = "no model or version", *, hint: str | None = None) -> None:
+        super().__init__(f"{why} named {ref!r}", hint=hint or "See: mgit ls")
+        self.ref = ref
+
+
+class InputError(MgitError):
+    """A file or folder given to MGit cannot be read as a model (malformed, unsafe, unreadable)."""
+
+    def __init__(self, path: str, why: str, *, hint: str | None = None) -> None:
+        super().__init__(f"{path}: {why}", hint=hint)
+        self.path = path
+
+
+class MissingDependencyError(MgitError):
+    def __init__(self, package: str, purpose: str, extra: str) -> None:
+        super().__init__(
+            f"{purpose} needs the '{package}' package, which is not installed",
+            hint=f"Install it with: pip install 'mgit[{extra}]'",
+        )
+        self.package = package
+
+
+class CorruptObjectError(MgitError):
+    """A stored object does not decode to the content its id names, or cannot be parsed."""
+
+    def __init__(self, oid: str, why: str, *, used_by: list[str] | None = None) -> None:
+        users = f" (used by {', '.join(used_by)})" if used_by else ""
+        super().__init__(
+            f"object {oid[:16]} is corrupt: {why}{users}",
+            hint="Run: mgit fsck, then restore the object from a copy of the repository",
+        )
+        self.oid = oid
+        self.used_by = used_by or []
+
+
+class MissingObjectError(MgitError):
+    def __init__(self, oid: str, *, used_by: list[str] | None = None) -> None:
+        users = f" (used by {', '.join(used_by)})" if used_by else ""
+        super().__init__(
+            f"object {oid[:16]} is missing from the repository{users}",
+            hint="Run: mgit fsck, then restore the object from a copy of the repository",
+        )
+        self.oid = oid
+        self.used_by = used_by or []
+
+
+class LockTimeoutError(MgitError):
+    """Another process holds a lock for longer than we wait. Retrying later is safe."""
+
+    def __init__(self, what: str, waited: float) -> None:
+        super().__init__(
+            f"another mgit process is still writing {what} (waited {waited:.0f}s)",
+            hint="Nothing was changed; try again when it has finished",
+        )
+        self.what = what
+
+
+class RefConflictError(MgitError):
+    """A compare-and-swap on a ref found another value than expected."""
+
+    def __init__(self, name: str, expected: str | None, found: str | None) -> None:
+        super().__init__(
+            f"model {name!r} moved while updating it (expected {str(expected)[:12]}, "
+            f"found {str(found)[:12]})",
+            hint="Nothing was changed; try again",
+        )
+        self.name = name
+
+
+class UnsafePathError(MgitError):
+    """A stored or given path would escape the folder it belongs to."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"refusing path {path!r}: {why}")
+        self.path = path
+
+
+class OutputNotEmptyError(MgitError):
+    def __init__(self, path: str) -> None:
+        super().__init__(f"output folder {path} is not empty", hint="Use --force to write into it")
+        self.path = path
+
+
+class StorageFullError(MgitError):
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"no space left on the device while writing {path}; nothing was committed",
+            hint="Free some space and run the command again (mgit gc removes the partial objects)",
+        )
+        self.path = path

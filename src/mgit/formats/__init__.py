@@ -1,0 +1,1 @@
+"""Parsing what users hand to MGit: model folders, safetensors files, PyTorch checkpoints."""

@@ -1,0 +1,154 @@
+"""What `mgit add` reads: a model folder, a single file, or an in-memory state dict, turned
+into a list of `SourceFile`s, every one parsed and validated before anything is written.
+
+Inside a folder every file is kept byte for byte: `.safetensors` files are split into their
+header and tensors, everything else (config, tokenizer, README, even a `.bin` pickle, which
+is stored as bytes and never unpickled) is an opaque file. A single PyTorch checkpoint given
+on its own is loaded with `weights_only=True` and stored as tensors; checkout rebuilds it as
+safetensors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mgit.errors import InputError
+from mgit.formats.safetensors import SafetensorsLayout, TensorSpan, build_header, read_layout
+from mgit.formats.tensors import TORCH_SUFFIXES, RawTensor, load_torch_checkpoint, raw_tensors
+
+SKIPPED_DIRS = {".git", ".mgit", "__pycache__"}
+
+
+@dataclass
+class SourceFile:
+    """One file of the model as it will be checked out (`path` is relative, '/'-separated).
+    Exactly one of `disk` (read it from there) or `tensors` (already in memory) is set."""
+
+    path: str
+    layout: SafetensorsLayout | None = None
+    disk: Path | None = None
+    tensors: list[RawTensor] | None = None
+    converted_from: str | None = None
+    size: int = 0
+
+    @property
+    def is_safetensors(self) -> bool:
+        return self.layout is not None
+
+    def tensor_data(self) -> list[tuple[TensorSpan, np.ndarray]]:
+        """Each tensor's span and bytes (memory-mapped from disk when read from a file)."""
+        assert self.layout is not None
+        if self.tensors is not None:
+            return [(span, t.data) for span, t in zip(self.layout.tensors, self.tensors, strict=True)]
+        mapped = _map(self.disk, self.size)
+        base = self.layout.data_start
+        return [(s, mapped[base + s.start : base + s.end]) for s in self.layout.tensors]
+
+    def blob_data(self) -> np.ndarray:
+        return _map(self.disk, self.size)
+
+
+@dataclass
+class ModelSource:
+    files: list[SourceFile]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def logical_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def _map(path: Path | None, size: int) -> np.ndarray:
+    assert path is not None
+    if size == 0:
+        return np.empty(0, np.uint8)
+    try:
+        return np.memmap(path, dtype=np.uint8, mode="r", shape=(size,))
+    except (OSError, ValueError) as exc:
+        raise InputError(str(path), f"cannot read file ({exc})") from None
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read file ({exc.strerror or exc})") from None
+
+
+def _check_readable(path: Path) -> None:
+    try:
+        with open(path, "rb") as fh:
+            fh.read(1)
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read file ({exc.strerror or exc})") from None
+
+
+def from_tensors(tensors: list[RawTensor], file_name: str, *, converted_from: str | None,
+                 metadata: dict[str, str] | None = None) -> SourceFile:  # fmt: skip
+    header, spans = build_header([(t.name, t.dtype, t.shape) for t in tensors], metadata)
+    layout = SafetensorsLayout(header=header, tensors=spans, metadata=metadata)
+    size = len(header) + sum(s.nbytes for s in spans)
+    return SourceFile(file_name, layout=layout, tensors=tensors, converted_from=converted_from, size=size)
+
+
+def scan_state_dict(state: Mapping[str, Any]) -> ModelSource:
+    tensors = raw_tensors(state, "state dict")
+    return ModelSource([from_tensors(tensors, "model.safetensors", converted_from="state dict")])
+
+
+def scan_file(path: Path, rel: str) -> SourceFile:
+    """A file inside a model folder: safetensors parsed, anything else opaque."""
+    size = _file_size(path)
+    if path.suffix == ".safetensors":
+        return SourceFile(rel, layout=read_layout(path), disk=path, size=size)
+    _check_readable(path)
+    return SourceFile(rel, disk=path, size=size)
+
+
+def scan_path(path: Path) -> ModelSource:
+    """Everything `mgit add PATH` will store, validated, with notes on conversions."""
+    if not path.exists():
+        raise InputError(str(path), "no such file or folder")
+    if path.is_dir():
+        return _scan_folder(path)
+    if path.suffix == ".safetensors":
+        return ModelSource([scan_file(path, path.name)])
+    if path.suffix in TORCH_SUFFIXES:
+        tensors = load_torch_checkpoint(path)
+        target = "model.safetensors" if path.stem == "pytorch_model" else f"{path.stem}.safetensors"
+        note = (f"{path.name} is a PyTorch checkpoint: stored as {len(tensors)} tensors; "
+                f"checkout rebuilds it as {target} (the pickle itself is not kept)")  # fmt: skip
+        return ModelSource([from_tensors(tensors, target, converted_from=path.name, metadata={"format": "pt"})], [note])
+    raise InputError(
+        str(path),
+        "not a model: expected a folder, a .safetensors file or a PyTorch checkpoint (.bin, .pt, .pth)",
+    )
+
+
+def _scan_folder(root: Path) -> ModelSource:
+    files, notes = [], []
+    for dirpath, dirs, names in os.walk(root):
+        here = Path(dirpath)
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
+        for d in list(dirs):
+            if (here / d).is_symlink():
+                dirs.remove(d)
+                notes.append(f"skipped {(here / d).relative_to(root)}: a link to a folder")
+        for name in sorted(names):
+            full = here / name
+            rel = full.relative_to(root).as_posix()
+            if not full.is_file():
+                notes.append(f"skipped {rel}: not a regular file")
+                continue
+            if full.suffix in TORCH_SUFFIXES:
+                notes.append(f"{rel} kept byte for byte as an opaque file (add it on its own to store its tensors)")
+            files.append(scan_file(full, rel))
+    if not files:
+        raise InputError(str(root), "the folder holds no files")
+    return ModelSource(files, notes)

@@ -1,0 +1,156 @@
+"""In-memory tensors (numpy arrays, torch tensors) and PyTorch checkpoints as raw tensor bytes.
+
+Everything MGit stores about a tensor is its safetensors dtype name, its shape and its raw
+little-endian bytes. This module turns the other ways a user can hand us tensors into that,
+loading PyTorch pickles only with `weights_only=True`: a checkpoint that needs anything more
+is refused, never unpickled.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mgit.errors import InputError, MissingDependencyError
+from mgit.formats.safetensors import DTYPES, element_count, itemsize
+
+TORCH_SUFFIXES = (".bin", ".pt", ".pth")
+
+_NUMPY_DTYPES = {
+    "bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
+    "float16": "F16", "int32": "I32", "uint32": "U32", "float32": "F32", "int64": "I64",
+    "uint64": "U64", "float64": "F64", "complex64": "C64", "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0",
+}  # fmt: skip
+
+_TORCH_DTYPES = {
+    "torch.bool": "BOOL", "torch.uint8": "U8", "torch.int8": "I8", "torch.int16": "I16",
+    "torch.uint16": "U16", "torch.float16": "F16", "torch.bfloat16": "BF16",
+    "torch.int32": "I32", "torch.uint32": "U32", "torch.float32": "F32", "torch.int64": "I64",
+    "torch.uint64": "U64", "torch.float64": "F64", "torch.complex64": "C64",
+    "torch.float8_e4m3fn": "F8_E4M3", "torch.float8_e5m2": "F8_E5M2",
+    "torch.float8_e8m0fnu": "F8_E8M0",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RawTensor:
+    """A tensor as MGit sees it: dtype name, shape, and its bytes as a flat uint8 array."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+    def __post_init__(self) -> None:
+        expected = element_count(self.shape) * itemsize(self.dtype)
+        if self.data.nbytes != expected:
+            raise ValueError(f"tensor {self.name!r}: {self.data.nbytes} bytes for {self.dtype}{list(self.shape)}")
+
+
+def is_torch_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+def raw_from_value(name: str, value: Any) -> RawTensor:
+    """A numpy array or a torch tensor as a RawTensor (copied only when not contiguous)."""
+    if is_torch_tensor(value):
+        dtype = _TORCH_DTYPES.get(str(value.dtype))
+        if dtype is None:
+            raise InputError(name, f"unsupported tensor dtype {value.dtype}")
+        t = value.detach().cpu().contiguous()
+        data = t.reshape(-1).view(_torch().uint8).numpy() if t.numel() else np.empty(0, np.uint8)
+        return RawTensor(name, dtype, tuple(t.shape), data)
+    if isinstance(value, np.ndarray):
+        dtype = _NUMPY_DTYPES.get(value.dtype.name)
+        if dtype is None:
+            raise InputError(name, f"unsupported array dtype {value.dtype}")
+        arr = value
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        arr = np.ascontiguousarray(arr)
+        return RawTensor(name, dtype, tuple(arr.shape), arr.reshape(-1).view(np.uint8))
+    raise InputError(name, f"expected a numpy array or a torch tensor, got {type(value).__name__}")
+
+
+def flatten_state_dict(state: Mapping[str, Any], where: str) -> Iterator[tuple[str, Any]]:
+    """Yield (dotted name, tensor) from a possibly nested dict of tensors."""
+    for key, value in state.items():
+        if not isinstance(key, str):
+            raise InputError(where, f"state dict key {key!r} is not a string")
+        if isinstance(value, Mapping):
+            for sub, tensor in flatten_state_dict(value, where):
+                yield f"{key}.{sub}", tensor
+        elif is_torch_tensor(value) or isinstance(value, np.ndarray):
+            yield key, value
+        else:
+            raise InputError(
+                where,
+                f"entry {key!r} is a {type(value).__name__}, not a tensor",
+                hint="Add the model's state dict (only tensors), e.g. checkpoint['state_dict']",
+            )
+
+
+def raw_tensors(state: Mapping[str, Any], where: str) -> list[RawTensor]:
+    tensors = [raw_from_value(name, value) for name, value in flatten_state_dict(state, where)]
+    if not tensors:
+        raise InputError(where, "holds no tensors")
+    return tensors
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise MissingDependencyError("torch", "Reading PyTorch checkpoints", "torch") from None
+    return torch
+
+
+def load_torch_checkpoint(path: Path) -> list[RawTensor]:
+    """Load a PyTorch checkpoint with `weights_only=True`; anything else is refused."""
+    torch = _torch()
+    try:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(
+            str(path),
+            "not a plain weights file: loading it would need a full unpickler, which can run "
+            f"code, and mgit never does that ({first[:160]})",
+            hint="Save the model with torch.save(model.state_dict(), path) or as safetensors",
+        ) from None
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read file ({exc.strerror or exc})") from None
+    except Exception as exc:  # torch raises many types for a damaged archive
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(str(path), f"not a readable PyTorch checkpoint ({first[:200]})") from None
+    if is_torch_tensor(state):
+        state = {"weight": state}
+    if not isinstance(state, Mapping):
+        raise InputError(str(path), f"holds a {type(state).__name__}, not a dict of tensors")
+    return raw_tensors(state, str(path))
+
+
+def to_torch(data: np.ndarray, dtype: str, shape: tuple[int, ...]) -> Any:
+    """Raw tensor bytes as a torch tensor of its own dtype (a private, writable copy)."""
+    torch = _torch()
+    name = next(k for k, v in _TORCH_DTYPES.items() if v == dtype).removeprefix("torch.")
+    if not hasattr(torch, name):
+        raise InputError(dtype, f"this version of torch has no {name}")
+    torch_dtype = getattr(torch, name)
+    if data.nbytes == 0:
+        return torch.empty(shape, dtype=torch_dtype)
+    return torch.frombuffer(bytearray(data), dtype=torch_dtype).reshape(shape)
+
+
+assert set(_NUMPY_DTYPES.values()) <= set(DTYPES)

@@ -1,0 +1,114 @@
+"""Reachability, `fsck` and `gc`.
+
+What is reachable: every ref's head, every version a reachable version points to (its
+predecessor and its lineage parents, even in removed models, so lineage never dangles), and
+every object their manifests name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from mgit.errors import CorruptObjectError, MgitError, MissingObjectError
+from mgit.objects import Manifest, RecordError, Version
+from mgit.reports import Problem
+from mgit.store import ObjectStore
+
+
+@dataclass
+class Reachable:
+    versions: dict[str, Version] = field(default_factory=dict)
+    manifests: dict[str, Manifest] = field(default_factory=dict)
+    objects: set[str] = field(default_factory=set)
+    problems: list[Problem] = field(default_factory=list)
+
+
+def load_version(store: ObjectStore, vid: str) -> Version:
+    try:
+        return Version.from_json(store.get_record(vid, "version"))
+    except RecordError as exc:
+        raise CorruptObjectError(vid, f"not a valid version record ({exc})") from None
+
+
+def load_manifest(store: ObjectStore, oid: str) -> Manifest:
+    try:
+        return Manifest.from_json(store.get_record(oid, "manifest"))
+    except RecordError as exc:
+        raise CorruptObjectError(oid, f"not a valid manifest ({exc})") from None
+
+
+def walk(store: ObjectStore, heads: dict[str, str]) -> Reachable:
+    """Everything reachable from `heads`; unreadable records become problems, not exceptions."""
+    seen = Reachable()
+    stack = [(vid, f"head of {name}") for name, vid in heads.items()]
+    while stack:
+        vid, via = stack.pop()
+        if vid in seen.versions or vid in seen.objects:
+            continue
+        seen.objects.add(vid)
+        try:
+            version = load_version(store, vid)
+        except (CorruptObjectError, MissingObjectError) as exc:
+            seen.problems.append(_problem(vid, exc, [via]))
+            continue
+        seen.versions[vid] = version
+        label = f"{version.model} version {vid[:12]}"
+        stack.extend((v, label) for v in version.linked_versions())
+        if version.manifest in seen.manifests:
+            continue
+        seen.objects.add(version.manifest)
+        try:
+            manifest = load_manifest(store, version.manifest)
+        except (CorruptObjectError, MissingObjectError) as exc:
+            seen.problems.append(_problem(version.manifest, exc, [label]))
+            continue
+        seen.manifests[version.manifest] = manifest
+        seen.objects |= manifest.object_ids()
+    return seen
+
+
+def _problem(oid: str, exc: MgitError, used_by: list[str]) -> Problem:
+    kind = "missing" if isinstance(exc, MissingObjectError) else "corrupt"
+    return Problem(oid, kind, exc.message, used_by)
+
+
+def verify_objects(store: ObjectStore, oids: list[str], *, jobs: int,
+                   progress: Callable[[int], None] | None = None) -> tuple[list[Problem], int]:  # fmt: skip
+    """Decode and re-hash every object; return the problems and the bytes checked."""
+
+    def check(oid: str) -> tuple[str, MgitError | None, int]:
+        try:
+            header, _ = store.get(oid)
+            return oid, None, header.size
+        except (CorruptObjectError, MissingObjectError) as exc:
+            return oid, exc, 0
+
+    problems, checked = [], 0
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-fsck") as pool:
+        for oid, exc, size in pool.map(check, oids):
+            checked += size
+            if exc is not None:
+                problems.append(_problem(oid, exc, []))
+            if progress:
+                progress(1)
+    return problems, checked
+
+
+def check_references(store: ObjectStore, seen: Reachable) -> list[Problem]:
+    """Every object a reachable manifest names exists and is of the kind and shape it says."""
+    problems = []
+    for moid, manifest in seen.manifests.items():
+        users = [f"{v.model} version {vid[:12]}" for vid, v in seen.versions.items() if v.manifest == moid]
+        for f in manifest.files:
+            wanted = [(f.object, "blob", None)] + [(t.object, "tensor", t) for t in f.tensors]
+            for oid, kind, tensor in wanted:
+                try:
+                    header = store.header(oid)
+                except (CorruptObjectError, MissingObjectError) as exc:
+                    problems.append(_problem(oid, exc, users))
+                    continue
+                if header.kind != kind or (tensor and header.meta != {"dtype": tensor.dtype, "shape": list(tensor.shape)}):
+                    problems.append(Problem(oid, "corrupt", f"is not the {kind} that {f.path} expects", users))
+    return problems

@@ -1,0 +1,90 @@
+"""Model heads: `refs/models/<name>` holds the id of the model's latest version.
+
+The only mutable state besides the catalog. Every change is a compare-and-swap under the
+model's lock file: read, compare with what the caller expects, write a temporary file, fsync,
+rename. A killed writer leaves the old head in place.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from mgit.atomicfile import TMP_PREFIX, write_atomic
+from mgit.errors import InvalidNameError, MgitError, RefConflictError
+from mgit.locks import FileLock
+from mgit.objects import OID_RE
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+MAX_NAME = 128
+
+
+def validate_model_name(name: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise InvalidNameError(str(name), "it is empty")
+    if len(name) > MAX_NAME:
+        raise InvalidNameError(name, f"longer than {MAX_NAME} characters")
+    if not NAME_RE.match(name):
+        raise InvalidNameError(name, "it has characters other than letters, digits, '.', '_', '-' and one '/'")
+    if ".." in name or name.endswith((".lock", ".")):
+        raise InvalidNameError(name, "it contains '..' or ends with '.' or '.lock'")
+    return name
+
+
+class RefStore:
+    """Heads of models under `<repo>/refs/models`, locks under `<repo>/locks/refs`."""
+
+    def __init__(self, root: Path, *, fsync: bool = True) -> None:
+        self.dir = root / "refs" / "models"
+        self.lock_dir = root / "locks" / "refs"
+        self.fsync = fsync
+
+    def _path(self, name: str) -> Path:
+        return self.dir / validate_model_name(name)
+
+    def lock(self, name: str) -> FileLock:
+        return FileLock(self.lock_dir / f"{validate_model_name(name)}.lock", what=f"model {name!r}")
+
+    def get(self, name: str) -> str | None:
+        try:
+            value = self._path(name).read_text().strip()
+        except FileNotFoundError:
+            return None
+        if not OID_RE.match(value):
+            raise MgitError(f"the head of model {name!r} is damaged ({value[:20]!r})",
+                            hint="Run: mgit fsck")  # fmt: skip
+        return value
+
+    def all(self) -> dict[str, str]:
+        """Every model and its head, by name."""
+        heads: dict[str, str] = {}
+        if not self.dir.is_dir():
+            return heads
+        for dirpath, _dirs, files in os.walk(self.dir):
+            for f in files:
+                if f.startswith(TMP_PREFIX):
+                    continue
+                name = os.path.relpath(os.path.join(dirpath, f), self.dir).replace(os.sep, "/")
+                head = self.get(name)
+                if head:
+                    heads[name] = head
+        return dict(sorted(heads.items()))
+
+    def set_locked(self, name: str, new: str | None, *, expected: str | None) -> None:
+        """Compare-and-swap; the caller holds `lock(name)`. `new=None` deletes the ref."""
+        current = self.get(name)
+        if current != expected:
+            raise RefConflictError(name, expected, current)
+        path = self._path(name)
+        if new is None:
+            path.unlink(missing_ok=True)
+            return
+        if not OID_RE.match(new):
+            raise ValueError(f"not a version id: {new!r}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, [f"{new}\n".encode()], fsync=self.fsync)
+
+    def update(self, name: str, new: str | None, *, expected: str | None) -> None:
+        with self.lock(name):
+            self.set_locked(name, new, expected=expected)

@@ -1,0 +1,532 @@
+"""`Repo`: the verbs over a repository (init, add, checkout, load, open, ls, log, show, du,
+rm, fsck, gc).
+
+Write order of `add`, which makes a crash at any point harmless: objects (fsynced), the
+manifest, the version record, then the ref moves under the model's lock. Until the ref moves
+nothing is visible; afterwards the catalog is brought up to date, and if that step is lost
+the next `Repo()` notices the ref it does not know and indexes it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import getpass
+import json
+import os
+import re
+import signal
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from mgit.atomicfile import write_atomic
+from mgit.catalog import Catalog, ObjectRow, VersionRow
+from mgit.errors import (
+    CorruptObjectError,
+    FormatVersionError,
+    InputError,
+    MgitError,
+    MissingObjectError,
+    OutputNotEmptyError,
+    RepoExistsError,
+    RepoNotFoundError,
+    UnknownRefError,
+)
+from mgit.formats.folder import ModelSource, scan_path, scan_state_dict
+from mgit.integrity import check_references, load_manifest, load_version, verify_objects, walk
+from mgit.locks import FileLock
+from mgit.objects import RELATIONS, Manifest, Parent, TensorEntry, Version
+from mgit.refs import RefStore, validate_model_name
+from mgit.reports import (
+    AddResult,
+    CheckoutResult,
+    DuResult,
+    FileInfo,
+    FsckResult,
+    GcResult,
+    ModelSummary,
+    ModelUsage,
+    ParentInfo,
+    Problem,
+    RemoveResult,
+    ShowResult,
+    StorageInfo,
+    VersionInfo,
+)
+from mgit.snapshot import Progress, as_array, as_torch, default_jobs, restore_file, safe_join, write_snapshot
+from mgit.store import LocalStore, remove_leftovers
+
+REPO_DIR = ".mgit"
+REPO_FORMAT = 1
+REF_RE = re.compile(r"^(?P<name>[^@]+)(?:@(?P<sel>[^@]+))?$")
+
+
+def crash_point(name: str) -> None:
+    """Fault injection for the crash tests: `MGIT_CRASH_AT=<name>` SIGKILLs the process here."""
+    if os.environ.get("MGIT_CRASH_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def find_repo_dir(start: Path | None = None) -> Path:
+    """The `.mgit` folder for `start`: `MGIT_DIR`, else `start` or the nearest parent holding one."""
+    env = os.environ.get("MGIT_DIR")
+    if start is None and env:
+        p = Path(env)
+        return p if p.name == REPO_DIR or (p / "config.json").exists() else p / REPO_DIR
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / REPO_DIR / "config.json").is_file():
+            return d / REPO_DIR
+    raise RepoNotFoundError(str(here))
+
+
+class Repo:
+    """A repository. `Repo()` finds one from the current folder upwards; `Repo.init(path)`
+    creates one."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        start = Path(path) if path is not None else None
+        if start is not None and start.name == REPO_DIR and (start / "config.json").exists():
+            self.dir = start
+        else:
+            self.dir = find_repo_dir(start)
+        if not (self.dir / "config.json").is_file():
+            raise RepoNotFoundError(str(self.dir))
+        self.config = self._read_config()
+        fsync = bool(self.config.get("fsync", True))
+        self.store = LocalStore(self.dir / "objects", fsync=fsync)
+        self.refs = RefStore(self.dir, fsync=fsync)
+        self.catalog = Catalog(self.dir / "catalog.sqlite")
+        self.sync_catalog()
+
+    @classmethod
+    def init(cls, path: str | os.PathLike[str] = ".") -> Repo:
+        root = Path(path)
+        target = root / REPO_DIR
+        if (target / "config.json").exists():
+            raise RepoExistsError(str(target))
+        for sub in ("objects", "refs/models", "locks"):
+            (target / sub).mkdir(parents=True, exist_ok=True)
+        config = {"format": REPO_FORMAT, "fsync": True, "created": _now()}
+        write_atomic(target / "config.json", [json.dumps(config, indent=2).encode() + b"\n"])
+        return cls(target)
+
+    def _read_config(self) -> dict[str, Any]:
+        try:
+            config = json.loads((self.dir / "config.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise MgitError(f"unreadable repository config {self.dir / 'config.json'} ({exc})") from None
+        fmt = config.get("format") if isinstance(config, dict) else None
+        if fmt != REPO_FORMAT:
+            raise FormatVersionError(
+                f"repository format {fmt!r} is not supported by this mgit (it reads format {REPO_FORMAT})",
+                hint="Upgrade mgit",
+            )
+        return config
+
+    @property
+    def root(self) -> Path:
+        return self.dir.parent
+
+    def _writer_lock(self, *, exclusive: bool = False) -> FileLock:
+        # Writers share it; gc takes it alone, so it never deletes objects an add is about to use.
+        return FileLock(self.dir / "locks" / "repo.lock", what="the repository", shared=not exclusive)
+
+    # --- catalog upkeep -----------------------------------------------------------------
+    def sync_catalog(self) -> None:
+        """Index any head the catalog does not know (a writer killed after moving its ref)."""
+        heads = self.refs.all()
+        if heads == self.catalog.heads():
+            return
+        for vid in heads.values():
+            self._index(vid)
+        self.catalog.set_heads(self.refs.all())
+
+    def rebuild_catalog(self) -> None:
+        """Drop and rebuild the catalog from objects and refs."""
+        self.catalog.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{self.dir / 'catalog.sqlite'}{suffix}").unlink(missing_ok=True)
+        self.catalog = Catalog(self.dir / "catalog.sqlite")
+        self.sync_catalog()
+
+    def _index(self, vid: str) -> None:
+        """Index `vid` and every version it links to that the catalog lacks, oldest first."""
+        order, stack, seen = [], [vid], set()
+        while stack:
+            v = stack.pop()
+            if v in seen or self.catalog.has_version(v):
+                continue
+            seen.add(v)
+            version = load_version(self.store, v)
+            order.append((v, version))
+            stack.extend(version.linked_versions())
+        known = self.catalog.known_objects()
+        for v, version in sorted(order, key=lambda item: item[1].time):
+            manifest = load_manifest(self.store, version.manifest)
+            objects = manifest.object_ids() | {version.manifest, v}
+            rows = []
+            for oid in objects - known:
+                header = self.store.header(oid)
+                rows.append(ObjectRow(oid, header.kind, header.size, self.store.stored_size(oid), header.codec_names))
+            self.catalog.add_objects(rows)
+            known |= objects
+            self.catalog.index_version(v, version, objects)
+
+    @contextmanager
+    def _explained(self) -> Iterator[None]:
+        """Name the models that use an object when reading it fails."""
+        try:
+            yield
+        except (CorruptObjectError, MissingObjectError) as exc:
+            if not exc.used_by:
+                exc.used_by = self.catalog.object_users(exc.oid)
+                if exc.used_by:
+                    exc.message += f" (used by {', '.join(exc.used_by)})"
+            raise
+
+    # --- references -----------------------------------------------------------------------
+    def resolve(self, ref: str) -> str:
+        """A version id from `NAME`, `NAME@N`, `NAME@HEXPREFIX` or a unique id prefix."""
+        m = REF_RE.match(ref.strip()) if isinstance(ref, str) else None
+        if not m:
+            raise UnknownRefError(str(ref), "malformed reference")
+        name, sel = m["name"], m["sel"]
+        head = self.refs.get(name) if _looks_like_name(name) else None
+        if head is not None:
+            if sel is None:
+                return head
+            chain = self.chain(head)
+            if sel.isdigit():
+                n = int(sel)
+                if 1 <= n <= len(chain):
+                    return chain[len(chain) - n]
+                raise UnknownRefError(ref, f"model {name!r} has {len(chain)} versions; no version",
+                                      hint=f"See: mgit log {name}")  # fmt: skip
+            found = [v for v in chain if v.startswith(sel.lower())]
+            if len(found) == 1:
+                return found[0]
+            raise UnknownRefError(ref, "ambiguous version prefix" if found else "no version",
+                                  hint=f"See: mgit log {name}")  # fmt: skip
+        if sel is None and re.fullmatch(r"[0-9a-fA-F]{4,64}", name):
+            found = self.catalog.versions_by_prefix(name.lower())
+            if len(found) == 1:
+                return found[0]
+            if found:
+                raise UnknownRefError(ref, "ambiguous version prefix", hint="Give more hex digits")
+        close = difflib.get_close_matches(name, list(self.refs.all()), n=1)
+        raise UnknownRefError(ref, "no model", hint=f"Did you mean {close[0]!r}? See: mgit ls" if close else None)
+
+    def chain(self, vid: str) -> list[str]:
+        """A version and its predecessors, newest first."""
+        out: list[str] = []
+        cur: str | None = vid
+        while cur and cur not in out:
+            out.append(cur)
+            row = self.catalog.version(cur)
+            cur = row.predecessor if row else load_version(self.store, cur).predecessor
+        return out
+
+    def version(self, ref: str) -> Version:
+        with self._explained():
+            return load_version(self.store, self.resolve(ref))
+
+    def manifest(self, ref: str) -> Manifest:
+        with self._explained():
+            return load_manifest(self.store, self.version(ref).manifest)
+
+    # --- add ----------------------------------------------------------------------------
+    def add(
+        self,
+        source: str | os.PathLike[str] | Mapping[str, Any],
+        *,
+        name: str,
+        parent: str | list[str] | None = None,
+        relation: str | None = None,
+        message: str = "",
+        tags: Mapping[str, str] | None = None,
+        author: str | None = None,
+        jobs: int | None = None,
+        progress: Callable[[int, int], Progress] | None = None,
+    ) -> AddResult:
+        """Store a model folder, a file or a state dict as the next version of `name`.
+
+        `parent` names lineage parents (refs); when omitted, a new version keeps the parents
+        of the version before it. Adding the same content as the head changes nothing.
+        `progress(total_bytes, 0)` may return a callback that receives bytes as they are done.
+        """
+        validate_model_name(name)
+        relation = relation or "finetune"
+        if relation not in RELATIONS:
+            raise MgitError(f"unknown relation {relation!r}", hint=f"Use one of: {', '.join(RELATIONS)}")
+        parent_refs = [parent] if isinstance(parent, str) else list(parent or [])
+        parents = tuple(Parent(self.resolve(p), relation) for p in parent_refs)
+        src: ModelSource = scan_state_dict(source) if isinstance(source, Mapping) else scan_path(Path(source))
+        tick = progress(src.logical_bytes, 0) if progress else None
+        crash_point("after-scan")
+        with self._writer_lock():
+            manifest, stats = write_snapshot(self.store, src, jobs=jobs or default_jobs(), progress=tick)
+            crash_point("after-objects")
+            mres = self.store.put_record("manifest", manifest.to_json())
+            self.store.sync()
+            with self.refs.lock(name):
+                head = self.refs.get(name)
+                prev = load_version(self.store, head) if head else None
+                if prev is not None and not parent_refs:
+                    parents = prev.parents
+                if prev is not None and prev.manifest == mres.oid and prev.parents == parents:
+                    return self._add_result(head, prev, stats, created=False, notes=src.notes)
+                version = Version(
+                    model=name, manifest=mres.oid, parents=parents, predecessor=head, message=message,
+                    author=author or os.environ.get("MGIT_AUTHOR") or _default_author(), time=_now(),
+                    tags=dict(tags or {}),
+                    summary={"files": len(manifest.files), "tensors": len(manifest.tensors()),
+                             "params": sum(t.params for t in manifest.tensors()),
+                             "logical_bytes": manifest.logical_bytes},
+                )  # fmt: skip
+                vres = self.store.put_record("version", version.to_json())
+                self.store.sync()
+                crash_point("before-ref")
+                self.refs.set_locked(name, vres.oid, expected=head)
+                crash_point("after-ref")
+        stats.record("manifest", mres)
+        stats.record("version", vres)
+        self.catalog.add_objects(stats.new_objects)
+        self.catalog.index_version(vres.oid, version, manifest.object_ids() | {mres.oid, vres.oid})
+        self.sync_catalog()
+        return self._add_result(vres.oid, version, stats, created=True, notes=src.notes)
+
+    def _add_result(self, vid: str, version: Version, stats: Any, *, created: bool, notes: list[str]) -> AddResult:
+        row = self.catalog.version(vid)
+        return AddResult(
+            model=version.model, version=vid, seq=row.seq if row else len(self.chain(vid)), created=created,
+            files=stats.files, tensors=stats.tensors, tensors_new=stats.tensors_new,
+            logical_bytes=version.summary.get("logical_bytes", 0),
+            new_bytes=sum(r.stored_size for r in stats.new_objects) if created else 0,
+            parents=self._parent_infos(version.parents), notes=list(notes),
+        )  # fmt: skip
+
+    def _parent_infos(self, parents: tuple[Parent, ...] | tuple[tuple[str, str], ...]) -> list[ParentInfo]:
+        out = []
+        for p in parents:
+            vid, rel = (p.version, p.relation) if isinstance(p, Parent) else p
+            row = self.catalog.version(vid)
+            out.append(ParentInfo(vid, row.model if row else "?", row.seq if row else 0, rel))
+        return out
+
+    # --- checkout and reading ---------------------------------------------------------------
+    def checkout(self, ref: str, out_dir: str | os.PathLike[str], *, force: bool = False, jobs: int | None = None,
+                 progress: Callable[[int, int], Progress] | None = None) -> CheckoutResult:  # fmt: skip
+        """Rebuild the files of a version in `out_dir`, byte for byte, verifying each file."""
+        vid = self.resolve(ref)
+        version = self.version(vid)
+        manifest = self.manifest(vid)
+        out = Path(out_dir)
+        if out.exists() and not out.is_dir():
+            raise InputError(str(out), "exists and is not a folder")
+        if out.is_dir() and any(out.iterdir()) and not force:
+            raise OutputNotEmptyError(str(out))
+        paths = [f.path for f in manifest.files]
+        if len(set(paths)) != len(paths):
+            raise CorruptObjectError(version.manifest, "names the same file twice")
+        for p in paths:
+            safe_join(out, p)
+        out.mkdir(parents=True, exist_ok=True)
+        tick = progress(manifest.logical_bytes, 0) if progress else None
+        n = jobs or default_jobs()
+        with self._explained(), ThreadPoolExecutor(max_workers=n, thread_name_prefix="mgit-checkout") as pool:
+            for f in manifest.files:
+                restore_file(self.store, f, out, pool=pool, jobs=n, progress=tick)
+        notes = [f"{f.path} was rebuilt as safetensors from {f.converted_from}" for f in manifest.files if f.converted_from]
+        return CheckoutResult(version.model, vid, len(self.chain(vid)), str(out), _file_infos(manifest),
+                              manifest.logical_bytes, notes)  # fmt: skip
+
+    def open(self, ref: str) -> ModelReader:
+        """Tensors of a version, decoded one at a time on access."""
+        return ModelReader(self, self.resolve(ref))
+
+    def load_state_dict(self, ref: str, *, framework: str = "np", jobs: int | None = None) -> dict[str, Any]:
+        """Every tensor of a version: numpy arrays (`framework="np"`) or torch tensors ("pt")."""
+        reader = self.open(ref)
+        names = list(reader.keys())
+        with ThreadPoolExecutor(max_workers=jobs or default_jobs()) as pool:
+            values = pool.map(lambda k: reader.get(k, framework=framework), names)
+            return dict(zip(names, values, strict=True))
+
+    # --- queries ------------------------------------------------------------------------
+    def _info(self, row: VersionRow) -> VersionInfo:
+        return VersionInfo(
+            id=row.id, model=row.model, seq=row.seq, time=row.time, author=row.author, message=row.message,
+            parents=self._parent_infos(row.parents), predecessor=row.predecessor, tags=row.tags,
+            files=row.files, tensors=row.tensors, params=row.params, logical_bytes=row.logical_bytes,
+            stored_bytes=row.stored_bytes, new_bytes=row.new_bytes, lossy=row.lossy,
+        )  # fmt: skip
+
+    def _row(self, vid: str) -> VersionRow:
+        row = self.catalog.version(vid)
+        if row is None:
+            self._index(vid)
+            row = self.catalog.version(vid)
+        assert row is not None
+        return row
+
+    def ls(self) -> list[ModelSummary]:
+        heads = self.catalog.heads()
+        rows = self.catalog.versions_of(list(heads.values()))
+        out = []
+        for name, head in heads.items():
+            row = rows.get(head) or self._row(head)
+            out.append(ModelSummary(name, head, row.seq, row.seq, self._parent_infos(row.parents),
+                                    row.logical_bytes, row.time, row.lossy is not None))  # fmt: skip
+        return out
+
+    def log(self, ref: str) -> list[VersionInfo]:
+        """Versions of a model (or from a given version back), newest first."""
+        return [self._info(self._row(v)) for v in self.chain(self.resolve(ref))]
+
+    def show(self, ref: str) -> ShowResult:
+        vid = self.resolve(ref)
+        manifest = self.manifest(vid)
+        dtypes: dict[str, int] = {}
+        for t in manifest.tensors():
+            dtypes[t.dtype] = dtypes.get(t.dtype, 0) + t.params
+        storage: dict[str, list[int]] = {}
+        oids = manifest.object_ids()
+        for oid in oids:
+            r = self.catalog.object_row(oid)
+            if r is None:
+                continue
+            s = storage.setdefault(r.codec, [0, 0, 0])
+            s[0], s[1], s[2] = s[0] + 1, s[1] + r.logical_size, s[2] + r.stored_size
+        shared = self.catalog.shared_objects(vid)
+        return ShowResult(self._info(self._row(vid)), _file_infos(manifest), dtypes,
+                          [StorageInfo(k, *v) for k, v in sorted(storage.items())], shared)  # fmt: skip
+
+    def du(self) -> DuResult:
+        heads = self.catalog.heads()
+        models, live = [], []
+        for name, head in heads.items():
+            vids = [v for v in self.chain(head)]
+            rows = self.catalog.versions_of(vids)
+            count, stored = self.catalog.physical_bytes(vids)
+            models.append(ModelUsage(name, len(vids), sum(r.logical_bytes for r in rows.values()), stored, count))
+            live.extend(vids)
+        all_rows = self.catalog.versions_of(sorted(set(live)))
+        count, stored = self.catalog.physical_bytes(sorted(set(live)))
+        _, _, on_disk = self.catalog.total_objects()
+        return DuResult(models, sum(r.logical_bytes for r in all_rows.values()), stored, count, on_disk,
+                        max(on_disk - stored, 0))  # fmt: skip
+
+    # --- maintenance --------------------------------------------------------------------
+    def rm(self, name: str) -> RemoveResult:
+        """Remove a model's ref; its objects go at the next gc unless other versions use them."""
+        with self.refs.lock(name):
+            head = self.refs.get(name)
+            if head is None:
+                raise UnknownRefError(name, "no model")
+            count = len(self.chain(head))
+            self.refs.set_locked(name, None, expected=head)
+        self.catalog.set_heads(self.refs.all())
+        return RemoveResult(name, head, count)
+
+    def fsck(self, *, jobs: int | None = None, progress: Callable[[int, int], Progress] | None = None) -> FsckResult:
+        """Re-hash every object and check every reference; problems are listed, not raised."""
+        heads = self.refs.all()
+        seen = walk(self.store, heads)
+        oids = list(self.store.ids())
+        tick = progress(len(oids), 0) if progress else None
+        problems, checked = verify_objects(self.store, oids, jobs=jobs or default_jobs(), progress=tick)
+        bad = {p.object for p in problems}
+        problems += [p for p in seen.problems if p.object not in bad]
+        problems += [p for p in check_references(self.store, seen) if p.object not in bad]
+        problems = [p if p.used_by else type(p)(p.object, p.kind, p.message, self.catalog.object_users(p.object))
+                    for p in problems]  # fmt: skip
+        if heads != self.catalog.heads():
+            problems.append(Problem("catalog", "catalog", "the catalog does not list the same heads as refs/"))
+        leftovers = len(self.store.temporary_files())
+        return FsckResult(len(oids), checked, len(heads), len(seen.versions), problems, leftovers)
+
+    def gc(self, *, dry_run: bool = False) -> GcResult:
+        """Delete objects that no ref reaches, and leftovers of interrupted writes."""
+        with self._writer_lock(exclusive=True):
+            heads = self.refs.all()
+            seen = walk(self.store, heads)
+            if seen.problems:
+                p = seen.problems[0]
+                raise MgitError(f"cannot collect garbage: object {p.object[:16]} is {p.kind}",
+                                hint="Run: mgit fsck, and repair the repository first")  # fmt: skip
+            garbage = [oid for oid in self.store.ids() if oid not in seen.objects]
+            freed = sum(self.store.stored_size(oid) for oid in garbage)
+            leftovers = self.store.temporary_files()
+            if not dry_run:
+                for oid in garbage:
+                    self.store.delete(oid)
+                remove_leftovers(leftovers)
+                self.catalog.remove_objects(garbage)
+                self.catalog.set_heads(heads)
+        return GcResult(dry_run, garbage, freed, len(seen.objects), len(leftovers))
+
+
+class ModelReader(Mapping[str, Any]):
+    """Lazy access to the tensors of one version: `reader[name]` decodes just that tensor."""
+
+    def __init__(self, repo: Repo, vid: str) -> None:
+        self.repo = repo
+        self.version_id = vid
+        self.manifest = repo.manifest(vid)
+        self.entries: dict[str, TensorEntry] = {}
+        for f in self.manifest.files:
+            for t in f.tensors:
+                if t.name in self.entries:
+                    raise MgitError(f"tensor {t.name!r} appears in two files of this version",
+                                    hint="Read it per file with repo.manifest(ref)")  # fmt: skip
+                self.entries[t.name] = t
+
+    def __getitem__(self, name: str) -> Any:
+        return self.get(name)
+
+    def get(self, name: str, default: Any = None, *, framework: str = "np") -> Any:  # type: ignore[override]
+        entry = self.entries.get(name)
+        if entry is None:
+            if default is not None:
+                return default
+            raise KeyError(name)
+        with self.repo._explained():
+            if framework == "pt":
+                return as_torch(self.repo.store, entry)
+            if framework != "np":
+                raise MgitError(f"unknown framework {framework!r}", hint="Use 'np' or 'pt'")
+            return as_array(self.repo.store, entry)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def _file_infos(manifest: Manifest) -> list[FileInfo]:
+    return [FileInfo(f.path, f.type, f.size, f.digest, len(f.tensors), f.converted_from) for f in manifest.files]
+
+
+def _looks_like_name(name: str) -> bool:
+    try:
+        validate_model_name(name)
+        return True
+    except MgitError:
+        return False
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _default_author() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{os.uname().nodename}"

@@ -1,0 +1,191 @@
+"""The dataclasses that Repo verbs return. The CLI prints them as tables or, with `--json`,
+as `to_json()`: one code path for people and programs."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Report:
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class ParentInfo(Report):
+    version: str
+    model: str
+    seq: int
+    relation: str
+
+    @property
+    def ref(self) -> str:
+        return f"{self.model}@{self.seq}"
+
+
+@dataclass(frozen=True)
+class VersionInfo(Report):
+    id: str
+    model: str
+    seq: int
+    time: str
+    author: str
+    message: str
+    parents: list[ParentInfo]
+    predecessor: str | None
+    tags: dict[str, str]
+    files: int
+    tensors: int
+    params: int
+    logical_bytes: int
+    stored_bytes: int
+    new_bytes: int
+    lossy: dict[str, Any] | None = None
+
+    @property
+    def ref(self) -> str:
+        return f"{self.model}@{self.seq}"
+
+
+@dataclass(frozen=True)
+class AddResult(Report):
+    model: str
+    version: str
+    seq: int
+    created: bool
+    files: int
+    tensors: int
+    tensors_new: int
+    logical_bytes: int
+    new_bytes: int
+    parents: list[ParentInfo]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FileInfo(Report):
+    path: str
+    type: str
+    size: int
+    digest: str
+    tensors: int = 0
+    converted_from: str | None = None
+
+
+@dataclass(frozen=True)
+class CheckoutResult(Report):
+    model: str
+    version: str
+    seq: int
+    out_dir: str
+    files: list[FileInfo]
+    bytes: int
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StorageInfo(Report):
+    """How the objects of one version are stored, by codec chain (`raw`, `byteplanes+zstd`, ...)."""
+
+    codec: str
+    objects: int
+    logical_bytes: int
+    stored_bytes: int
+
+
+@dataclass(frozen=True)
+class ShowResult(Report):
+    version: VersionInfo
+    files: list[FileInfo]
+    dtypes: dict[str, int]  # dtype -> parameter count
+    storage: list[StorageInfo]
+    shared_objects: int  # objects of this version that other versions use too
+
+
+@dataclass(frozen=True)
+class ModelSummary(Report):
+    name: str
+    head: str
+    seq: int
+    versions: int
+    parents: list[ParentInfo]
+    logical_bytes: int
+    time: str
+    lossy: bool = False
+
+
+@dataclass(frozen=True)
+class ModelUsage(Report):
+    name: str
+    versions: int
+    logical_bytes: int
+    stored_bytes: int
+    objects: int
+
+    @property
+    def reduction(self) -> float:
+        return self.logical_bytes / self.stored_bytes if self.stored_bytes else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "reduction": round(self.reduction, 3)}
+
+
+@dataclass(frozen=True)
+class DuResult(Report):
+    models: list[ModelUsage]
+    logical_bytes: int  # what every version would take as plain files
+    stored_bytes: int  # objects that some model still uses
+    objects: int
+    on_disk_bytes: int  # every object on disk, reachable or not
+    unreachable_bytes: int
+
+    @property
+    def reduction(self) -> float:
+        return self.logical_bytes / self.stored_bytes if self.stored_bytes else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "models": [m.to_json() for m in self.models],
+                "reduction": round(self.reduction, 3)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Problem(Report):
+    object: str
+    kind: str  # "corrupt", "missing", "ref", "catalog"
+    message: str
+    used_by: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FsckResult(Report):
+    objects_checked: int
+    bytes_checked: int
+    refs_checked: int
+    versions_checked: int
+    problems: list[Problem]
+    leftovers: int  # temporary files of interrupted writes (harmless; gc removes them)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "ok": self.ok}
+
+
+@dataclass(frozen=True)
+class GcResult(Report):
+    dry_run: bool
+    removed: list[str]
+    removed_bytes: int
+    kept: int
+    leftovers: int
+
+
+@dataclass(frozen=True)
+class RemoveResult(Report):
+    model: str
+    head: str
+    versions: int

@@ -1,0 +1,185 @@
+"""Model files -> objects + manifest (add), and manifest -> files or tensors (checkout, open).
+
+Both directions stream tensor by tensor through a thread pool (blake3, zstd and numpy release
+the GIL) with a bounded window of work in flight, so memory stays near a few tensors whatever
+the size of the model, and files are written in order while later tensors are being decoded.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import blake3
+import numpy as np
+
+from mgit.atomicfile import temporary_sibling
+from mgit.catalog import ObjectRow
+from mgit.errors import CorruptObjectError, MgitError, StorageFullError, UnsafePathError
+from mgit.formats.folder import ModelSource, SourceFile
+from mgit.formats.safetensors import numpy_view
+from mgit.formats.tensors import to_torch
+from mgit.objects import FileEntry, Manifest, TensorEntry
+from mgit.store import ObjectStore, PutResult
+
+Progress = Callable[[int], None]  # called with a number of bytes just processed
+T = TypeVar("T")
+
+
+def default_jobs() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+@dataclass
+class SnapshotStats:
+    tensors: int = 0
+    tensors_new: int = 0
+    files: int = 0
+    new_objects: list[ObjectRow] = field(default_factory=list)
+
+    def record(self, kind: str, result: PutResult) -> None:
+        if result.new:
+            self.new_objects.append(ObjectRow(result.oid, kind, result.size, result.stored_size, result.codec))
+
+
+def ordered_map(pool: ThreadPoolExecutor, fn: Callable[..., T], items: Iterable[Any], window: int) -> Iterator[T]:
+    """`pool.map` that submits at most `window` items ahead of the consumer."""
+    pending: deque[Future[T]] = deque()
+    for item in items:
+        pending.append(pool.submit(fn, *item))
+        if len(pending) >= window:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+def _digest(chunks: Iterable[Any]) -> str:
+    hasher = blake3.blake3()
+    for c in chunks:
+        hasher.update(c)
+    return hasher.hexdigest()
+
+
+def write_snapshot(store: ObjectStore, source: ModelSource, *, jobs: int, progress: Progress | None = None
+                   ) -> tuple[Manifest, SnapshotStats]:  # fmt: skip
+    """Store every file of `source`; return its manifest and what was new."""
+    stats = SnapshotStats()
+    entries: list[FileEntry] = []
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-add") as pool:
+        for f in source.files:
+            entries.append(_write_file(store, f, pool, jobs, stats, progress))
+    return Manifest(tuple(entries)), stats
+
+
+def _write_file(store: ObjectStore, f: SourceFile, pool: ThreadPoolExecutor, jobs: int,
+                stats: SnapshotStats, progress: Progress | None) -> FileEntry:  # fmt: skip
+    stats.files += 1
+    if not f.is_safetensors:
+        data = f.blob_data()
+        digest = pool.submit(_digest, [data])
+        result = store.put_blob(data)
+        stats.record("blob", result)
+        if progress:
+            progress(f.size)
+        return FileEntry(f.path, "blob", f.size, digest.result(), result.oid)
+
+    assert f.layout is not None
+    tensors = f.tensor_data()
+    if f.disk is not None:
+        digest = pool.submit(_digest, [f.blob_data()])
+    else:
+        digest = pool.submit(_digest, [f.layout.header, *(d for _, d in tensors)])
+    header = store.put_blob(f.layout.header)
+    stats.record("blob", header)
+
+    def put(span: Any, data: np.ndarray) -> tuple[Any, PutResult]:
+        return span, store.put_tensor(span.dtype, span.shape, data)
+
+    entries = []
+    for span, result in ordered_map(pool, put, tensors, window=2 * jobs):
+        entries.append(TensorEntry(span.name, span.dtype, span.shape, result.oid))
+        stats.tensors += 1
+        stats.tensors_new += result.new
+        stats.record("tensor", result)
+        if progress:
+            progress(span.nbytes)
+    return FileEntry(f.path, "safetensors", f.size, digest.result(), header.oid, tuple(entries), f.converted_from)
+
+
+def safe_join(root: Path, rel: str) -> Path:
+    """`root/rel`, refusing anything that could land outside `root`."""
+    parts = rel.split("/")
+    if (
+        not rel
+        or rel.startswith("/")
+        or "\\" in rel
+        or "\x00" in rel
+        or any(p in ("", ".", "..") for p in parts)
+        or os.path.isabs(rel)
+    ):
+        raise UnsafePathError(rel, "it is absolute or climbs out of the output folder")
+    target = root.joinpath(*parts)
+    # A link anywhere on the way (planted in the output folder) could redirect the write.
+    probe = root
+    for p in parts:
+        probe = probe / p
+        if probe.is_symlink():
+            raise UnsafePathError(rel, f"{probe} is a link")
+    return target
+
+
+def tensor_bytes(store: ObjectStore, entry: TensorEntry) -> np.ndarray:
+    header, data = store.get(entry.object)
+    if header.kind != "tensor" or header.meta != {"dtype": entry.dtype, "shape": list(entry.shape)}:
+        raise CorruptObjectError(entry.object, f"is not the {entry.dtype}{list(entry.shape)} tensor {entry.name!r}")
+    return data
+
+
+def iter_file_chunks(store: ObjectStore, entry: FileEntry, pool: ThreadPoolExecutor, jobs: int
+                     ) -> Iterator[np.ndarray]:  # fmt: skip
+    """The bytes of a file, in order, decoding tensors ahead on the pool."""
+    yield store.get(entry.object)[1]
+    yield from ordered_map(pool, lambda t: tensor_bytes(store, t), ((t,) for t in entry.tensors), window=2 * jobs)
+
+
+def restore_file(store: ObjectStore, entry: FileEntry, out_dir: Path, *, pool: ThreadPoolExecutor, jobs: int,
+                 progress: Progress | None = None) -> Path:  # fmt: skip
+    """Rebuild one file under `out_dir` atomically and check its size and digest."""
+    target = safe_join(out_dir, entry.path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(target)
+    hasher, size = blake3.blake3(), 0
+    try:
+        with open(tmp, "xb") as fh:
+            for chunk in iter_file_chunks(store, entry, pool, jobs):
+                hasher.update(chunk)
+                size += fh.write(chunk)
+                if progress:
+                    progress(chunk.nbytes)
+        if size != entry.size or hasher.hexdigest() != entry.digest:
+            raise MgitError(f"rebuilt {entry.path} does not match the digest recorded at add time",
+                            hint="Run: mgit fsck")  # fmt: skip
+        os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno in (28, 122):  # ENOSPC, EDQUOT
+            raise StorageFullError(str(target)) from None
+        raise
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return target
+
+
+def as_array(store: ObjectStore, entry: TensorEntry) -> np.ndarray:
+    """A tensor as a numpy array of its own dtype and shape."""
+    return numpy_view(tensor_bytes(store, entry), entry.dtype, entry.shape)
+
+
+def as_torch(store: ObjectStore, entry: TensorEntry) -> Any:
+    return to_torch(tensor_bytes(store, entry), entry.dtype, entry.shape)

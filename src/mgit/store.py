@@ -1,0 +1,320 @@
+"""The content-addressed object store: encoding on write, verify-on-read, two backends.
+
+On disk an object is `MGITOBJ\\x01`, a u32 little-endian header length, a JSON header
+(`kind`, `meta`, logical `size`, `codecs`: the chain that produced the payload), then the
+payload. `ObjectStore` holds everything but raw record I/O, which `LocalStore` (files under
+`objects/ab/cdef...`) and `MemoryStore` (a dict, for tests and scratch work) provide. Every
+`get` decodes and re-hashes: an object whose content does not match its id never leaves here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mgit.atomicfile import TMP_PREFIX, fsync_dir, write_atomic
+from mgit.codecs import (
+    ByteplanesCodec,
+    Codec,
+    CodecContext,
+    CodecError,
+    ZstdCodec,
+    chain_from_list,
+    chain_to_list,
+    decode_chain,
+    encode_chain,
+)
+from mgit.errors import CorruptObjectError, MissingObjectError
+from mgit.formats.safetensors import DTYPES, element_count, is_float, itemsize
+from mgit.objects import KINDS, OID_RE, canonical_json, object_hasher, tensor_meta
+
+MAGIC = b"MGITOBJ\x01"
+MAX_HEADER = 1 << 20
+MAX_RECORD = 256 << 20  # manifests and versions are small; refuse to decode a forged giant
+
+
+@dataclass(frozen=True)
+class ObjectHeader:
+    kind: str
+    meta: dict[str, Any]
+    size: int
+    codecs: list[dict[str, Any]]
+
+    @property
+    def codec_names(self) -> str:
+        return "+".join(c["name"] for c in self.codecs) or "raw"
+
+
+@dataclass(frozen=True)
+class PutResult:
+    oid: str
+    stored_size: int
+    new: bool
+    codec: str
+    size: int  # logical bytes
+
+
+def _header_bytes(header: ObjectHeader) -> bytes:
+    body = canonical_json({"kind": header.kind, "meta": header.meta, "size": header.size, "codecs": header.codecs})
+    return MAGIC + struct.pack("<I", len(body)) + body
+
+
+def parse_record(oid: str, raw: bytes | memoryview) -> tuple[ObjectHeader, memoryview]:
+    """Split a stored object into its validated header and its payload."""
+    view = memoryview(raw)
+    if len(view) < len(MAGIC) + 4 or bytes(view[: len(MAGIC)]) != MAGIC:
+        raise CorruptObjectError(oid, "not an mgit object (bad magic bytes)")
+    (n,) = struct.unpack("<I", view[len(MAGIC) : len(MAGIC) + 4])
+    start = len(MAGIC) + 4
+    if n > MAX_HEADER or start + n > len(view):
+        raise CorruptObjectError(oid, f"header length {n} is out of range")
+    try:
+        h = json.loads(bytes(view[start : start + n]))
+        kind, meta, size, codecs = h["kind"], h["meta"], h["size"], h["codecs"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptObjectError(oid, f"unreadable header ({exc})") from None
+    if kind not in KINDS or not isinstance(meta, dict) or not isinstance(codecs, list):
+        raise CorruptObjectError(oid, "malformed header")
+    if not isinstance(size, int) or size < 0:
+        raise CorruptObjectError(oid, "malformed size")
+    if kind == "tensor":
+        _check_tensor_meta(oid, meta, size)
+    elif kind in ("manifest", "version") and size > MAX_RECORD:
+        raise CorruptObjectError(oid, f"a {kind} of {size} bytes is larger than any mgit writes")
+    return ObjectHeader(kind, meta, size, codecs), view[start + n :]
+
+
+def _check_tensor_meta(oid: str, meta: dict[str, Any], size: int) -> None:
+    dtype, shape = meta.get("dtype"), meta.get("shape")
+    ok = dtype in DTYPES and isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
+    if not ok or element_count(tuple(shape)) * itemsize(dtype) != size:
+        raise CorruptObjectError(oid, "tensor header does not match its size")
+
+
+def default_chain(kind: str, meta: dict[str, Any]) -> list[Codec]:
+    """How an object is stored when nothing better is known: byte planes + zstd for
+    multi-byte floats, zstd otherwise (a higher level for small files and records)."""
+    if kind == "tensor":
+        dtype = meta["dtype"]
+        if is_float(dtype) and itemsize(dtype) > 1:
+            return [ByteplanesCodec(itemsize=itemsize(dtype)), ZstdCodec(level=1)]
+        return [ZstdCodec(level=1)]
+    return [ZstdCodec(level=3)]
+
+
+class ObjectStore:
+    """Encoding, hashing and verification shared by every backend."""
+
+    # --- backend primitives -------------------------------------------------------------
+    def has(self, oid: str) -> bool:
+        raise NotImplementedError
+
+    def _write_record(self, oid: str, chunks: list[Any]) -> int:
+        raise NotImplementedError
+
+    def _read_record(self, oid: str) -> bytes:
+        raise NotImplementedError
+
+    def delete(self, oid: str) -> None:
+        raise NotImplementedError
+
+    def ids(self) -> Iterator[str]:
+        raise NotImplementedError
+
+    def stored_size(self, oid: str) -> int:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        """Make every object written so far durable (before a ref points to them)."""
+
+    # --- writing ------------------------------------------------------------------------
+    def put(self, kind: str, meta: dict[str, Any], data: Any, *, chain: list[Codec] | None = None,
+            oid: str | None = None) -> PutResult:  # fmt: skip
+        """Store `data` (bytes or a uint8 array) unless an object with its id exists."""
+        buf = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
+        if oid is None:
+            hasher = object_hasher(kind, meta)
+            hasher.update(buf)
+            oid = hasher.hexdigest()
+        if self.has(oid):
+            return PutResult(oid, self.stored_size(oid), False, "", buf.nbytes)
+        codecs = default_chain(kind, meta) if chain is None else chain
+        ctx = CodecContext(size=buf.nbytes)
+        payload: Any = encode_chain(codecs, buf, ctx) if codecs else buf
+        if codecs and len(payload) >= buf.nbytes:  # incompressible: keep it raw
+            codecs, payload = [], buf
+        header = ObjectHeader(kind, meta, buf.nbytes, chain_to_list(codecs))
+        stored = self._write_record(oid, [_header_bytes(header), payload])
+        return PutResult(oid, stored, True, header.codec_names, buf.nbytes)
+
+    def put_tensor(self, dtype: str, shape: tuple[int, ...], data: np.ndarray) -> PutResult:
+        return self.put("tensor", tensor_meta(dtype, shape), data)
+
+    def put_blob(self, data: Any) -> PutResult:
+        return self.put("blob", {}, data)
+
+    def put_record(self, kind: str, record: dict[str, Any]) -> PutResult:
+        return self.put(kind, {}, canonical_json(record))
+
+    # --- reading ------------------------------------------------------------------------
+    def header(self, oid: str) -> ObjectHeader:
+        return parse_record(oid, self._read_record(oid))[0]
+
+    def get(self, oid: str) -> tuple[ObjectHeader, np.ndarray]:
+        """Decode an object and check that its content hashes to its id."""
+        header, payload = parse_record(oid, self._read_record(oid))
+        try:
+            chain = chain_from_list(header.codecs)
+            data = decode_chain(chain, payload, CodecContext(size=header.size, load_object=self.get_bytes))
+        except CodecError as exc:
+            raise CorruptObjectError(oid, exc.message) from None
+        arr = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
+        hasher = object_hasher(header.kind, header.meta)
+        hasher.update(arr)
+        if hasher.hexdigest() != oid:
+            raise CorruptObjectError(oid, "its content does not hash to its id")
+        return header, arr
+
+    def get_bytes(self, oid: str) -> bytes:
+        return self.get(oid)[1].tobytes()
+
+    def get_record(self, oid: str, kind: str) -> dict[str, Any]:
+        header, data = self.get(oid)
+        if header.kind != kind:
+            raise CorruptObjectError(oid, f"expected a {kind}, found a {header.kind}")
+        try:
+            record = json.loads(data.tobytes())
+        except ValueError:
+            raise CorruptObjectError(oid, f"{kind} is not valid JSON") from None
+        if not isinstance(record, dict):
+            raise CorruptObjectError(oid, f"{kind} is not a JSON object")
+        return record
+
+
+class LocalStore(ObjectStore):
+    """Objects as read-only files under `root/ab/cdef...`, written atomically."""
+
+    def __init__(self, root: Path, *, fsync: bool = True) -> None:
+        self.root = root
+        self.fsync = fsync
+        self._dirty: set[Path] = set()
+        self._lock = threading.Lock()
+
+    def _path(self, oid: str) -> Path:
+        if not OID_RE.match(oid):
+            raise MissingObjectError(oid)
+        return self.root / oid[:2] / oid[2:]
+
+    def has(self, oid: str) -> bool:
+        return self._path(oid).exists()
+
+    def _write_record(self, oid: str, chunks: list[Any]) -> int:
+        path = self._path(oid)
+        if not path.parent.is_dir():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with self._lock:
+                self._dirty.add(self.root)
+        size = write_atomic(path, chunks, fsync=self.fsync, mode=0o444, sync_dir=False)
+        with self._lock:
+            self._dirty.add(path.parent)
+        return size
+
+    def sync(self) -> None:
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+        if self.fsync:
+            for d in sorted(dirty, key=lambda p: len(p.parts), reverse=True):
+                fsync_dir(d)
+
+    def _read_record(self, oid: str) -> bytes:
+        try:
+            with open(self._path(oid), "rb") as fh:
+                return fh.read()
+        except FileNotFoundError:
+            raise MissingObjectError(oid) from None
+
+    def header(self, oid: str) -> ObjectHeader:
+        """Read only the header (checking references must not read every tensor)."""
+        try:
+            with open(self._path(oid), "rb") as fh:
+                head = fh.read(len(MAGIC) + 4)
+                if len(head) == len(MAGIC) + 4:
+                    (n,) = struct.unpack("<I", head[len(MAGIC) :])
+                    head += fh.read(min(n, MAX_HEADER))
+        except FileNotFoundError:
+            raise MissingObjectError(oid) from None
+        return parse_record(oid, head)[0]
+
+    def delete(self, oid: str) -> None:
+        self._path(oid).unlink(missing_ok=True)
+
+    def stored_size(self, oid: str) -> int:
+        try:
+            return self._path(oid).stat().st_size
+        except FileNotFoundError:
+            raise MissingObjectError(oid) from None
+
+    def ids(self) -> Iterator[str]:
+        if not self.root.is_dir():
+            return
+        for sub in sorted(self.root.iterdir()):
+            if len(sub.name) == 2 and sub.is_dir():
+                for f in sorted(sub.iterdir()):
+                    oid = sub.name + f.name
+                    if OID_RE.match(oid):
+                        yield oid
+
+    def temporary_files(self) -> list[Path]:
+        """Leftovers of interrupted writes (only safe to remove with no writer running)."""
+        if not self.root.is_dir():
+            return []
+        return [f for sub in self.root.iterdir() if sub.is_dir() for f in sub.glob(f"{TMP_PREFIX}*")]
+
+
+class MemoryStore(ObjectStore):
+    """Objects in a dict, in the same record format as on disk."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, bytes] = {}
+
+    def has(self, oid: str) -> bool:
+        return oid in self.records
+
+    def _write_record(self, oid: str, chunks: list[Any]) -> int:
+        record = b"".join(bytes(memoryview(c).cast("B")) for c in chunks)
+        self.records[oid] = record
+        return len(record)
+
+    def _read_record(self, oid: str) -> bytes:
+        try:
+            return self.records[oid]
+        except KeyError:
+            raise MissingObjectError(oid) from None
+
+    def delete(self, oid: str) -> None:
+        self.records.pop(oid, None)
+
+    def stored_size(self, oid: str) -> int:
+        return len(self._read_record(oid))
+
+    def ids(self) -> Iterator[str]:
+        yield from sorted(self.records)
+
+
+def remove_leftovers(paths: list[Path]) -> int:
+    count = 0
+    for p in paths:
+        try:
+            os.unlink(p)
+            count += 1
+        except FileNotFoundError:
+            pass
+    return count
