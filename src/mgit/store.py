@@ -22,6 +22,7 @@ import numpy as np
 
 from mgit.atomicfile import TMP_PREFIX, fsync_dir, write_atomic
 from mgit.codecs import (
+    byte_view,
     ByteplanesCodec,
     Codec,
     CodecContext,
@@ -289,7 +290,7 @@ class MemoryStore(ObjectStore):
         return oid in self.records
 
     def _write_record(self, oid: str, chunks: list[Any]) -> int:
-        record = b"".join(bytes(memoryview(c).cast("B")) for c in chunks)
+        record = b"".join(bytes(byte_view(c)) for c in chunks)
         self.records[oid] = record
         return len(record)
 

@@ -5,9 +5,6 @@ Each is a few lines over one `Repo` call; `--json` prints the same result as dat
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import click
 
 from mgit.cli.output import err, out, print_json, progress_bar, short, size, table
@@ -272,7 +269,7 @@ def fsck(ctx: click.Context, jobs: int | None, rebuild_catalog: bool, as_json: b
         if result.leftovers:
             out.print(f"{result.leftovers} temporary files of interrupted writes; mgit gc removes them")
     if not result.ok:
-        sys.exit(1)
+        ctx.exit(1)
 
 
 @click.command()
@@ -317,5 +314,3 @@ def register(group: click.Group) -> None:
     for command in (init, add, checkout, ls, log, show, du, fsck, gc, rm):
         group.add_command(command)
 
-
-__all__ = ["register", "Path"]

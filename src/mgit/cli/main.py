@@ -55,8 +55,9 @@ def _fail(message: str, code: int = 1) -> int:
 def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("MGIT_DEBUG") == "1"
     try:
-        cli.main(args=argv, prog_name="mgit", standalone_mode=False)
-        return 0
+        # Without standalone mode click returns the code of ctx.exit(code) instead of exiting.
+        code = cli.main(args=argv, prog_name="mgit", standalone_mode=False)
+        return code if isinstance(code, int) else 0
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:

@@ -3,6 +3,7 @@
 from mgit.codecs.base import (
     Codec,
     CodecContext,
+    byte_view,
     CodecError,
     chain_from_list,
     chain_to_list,
@@ -19,6 +20,7 @@ __all__ = [
     "CodecContext",
     "CodecError",
     "ZstdCodec",
+    "byte_view",
     "chain_from_list",
     "chain_to_list",
     "codec_from_dict",

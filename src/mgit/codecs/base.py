@@ -20,6 +20,14 @@ from mgit.errors import MgitError
 Buffer = bytes | bytearray | memoryview | np.ndarray
 
 
+def byte_view(data: Buffer) -> memoryview:
+    """Any buffer as a flat view of bytes (no copy for contiguous data, empty ones included)."""
+    if isinstance(data, np.ndarray):
+        return memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+    view = memoryview(data)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
 @dataclass(frozen=True)
 class CodecContext:
     """What a codec may need beyond its configuration: the logical size it must produce and,
@@ -89,13 +97,13 @@ def chain_to_list(chain: Sequence[Codec]) -> list[dict[str, Any]]:
 def encode_chain(chain: Sequence[Codec], data: Buffer, ctx: CodecContext) -> bytes:
     for codec in chain:
         data = codec.encode(data, ctx)
-    return bytes(data) if not isinstance(data, bytes) else data
+    return data if isinstance(data, bytes) else bytes(byte_view(data))
 
 
 def decode_chain(chain: Sequence[Codec], data: Buffer, ctx: CodecContext) -> Buffer:
     """Undo a chain, last codec first. The result must be exactly `ctx.size` bytes long."""
     for codec in reversed(chain):
         data = codec.decode(data, ctx)
-    if memoryview(data).nbytes != ctx.size:
-        raise CodecError(f"decoded {memoryview(data).nbytes} bytes where {ctx.size} were expected")
+    if byte_view(data).nbytes != ctx.size:
+        raise CodecError(f"decoded {byte_view(data).nbytes} bytes where {ctx.size} were expected")
     return data

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import zstandard
 
-from mgit.codecs.base import Buffer, Codec, CodecContext, CodecError, register
+from mgit.codecs.base import Buffer, Codec, CodecContext, CodecError, byte_view, register
 
 _local = threading.local()
 
@@ -40,7 +40,7 @@ class ZstdCodec(Codec):
             raise ValueError(f"level must be an integer from -7 to 22, not {self.level!r}")
 
     def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        return _compressor(self.level).compress(memoryview(data).cast("B"))
+        return _compressor(self.level).compress(byte_view(data))
 
     def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
         # A forged frame must not make us allocate more than the object can hold.

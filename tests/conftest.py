@@ -1,0 +1,94 @@
+"""Fixtures and terse builders shared by the suite.
+
+    repo                      an empty repository in a temporary folder
+    make_model(dir, seed=0)   a small Hugging Face-style folder (config, tokenizer, safetensors)
+    tensors(seed, scale)      a small state dict of numpy arrays
+    run_cli("add", ...)       the CLI in-process: (exit code, stdout, stderr)
+    sha256_tree(dir)          {relative path: sha256} of every file, to compare round trips
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from mgit import Repo
+
+MGIT = [sys.executable, "-m", "mgit.cli.main"]
+
+
+def tensors(seed: int = 0, *, scale: float = 1.0, layers: int = 2, width: int = 16) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    state = {"embed.weight": (rng.standard_normal((32, width)) * scale).astype(np.float32)}
+    for i in range(layers):
+        state[f"layer.{i}.weight"] = (rng.standard_normal((width, width)) * scale).astype(np.float32)
+        state[f"layer.{i}.bias"] = np.zeros(width, np.float32)
+    state["position_ids"] = np.arange(8, dtype=np.int64)
+    return state
+
+
+def make_model(path: Path, seed: int = 0, *, state: dict[str, np.ndarray] | None = None,
+               metadata: dict[str, str] | None = None) -> Path:  # fmt: skip
+    """A model folder: model.safetensors written by the reference library, plus text files."""
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(state if state is not None else tensors(seed), str(path / "model.safetensors"),
+              metadata=metadata or {"format": "pt"})  # fmt: skip
+    (path / "config.json").write_text(json.dumps({"model_type": "toy", "hidden_size": 16, "seed": seed}))
+    (path / "tokenizer").mkdir(exist_ok=True)
+    (path / "tokenizer" / "vocab.txt").write_text("\n".join(f"tok{i}" for i in range(50)))
+    return path
+
+
+def sha256_tree(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run `mgit ARGS` in-process (fast) and capture its exit code and output."""
+    from mgit.cli.main import main
+
+    old_cwd, old_env = os.getcwd(), dict(os.environ)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        if cwd:
+            os.chdir(cwd)
+        os.environ.update(env or {})
+        with redirect_stdout(out), redirect_stderr(err):
+            code = main(list(args))
+    finally:
+        os.chdir(old_cwd)
+        os.environ.clear()
+        os.environ.update(old_env)
+    return code, out.getvalue(), err.getvalue()
+
+
+def run_mgit(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `mgit ARGS` in a separate process (for kills, races and real exit codes)."""
+    return subprocess.run([*MGIT, *args], cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Repo:
+    return Repo.init(tmp_path / "repo")
+
+
+@pytest.fixture(autouse=True)
+def _quiet_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MGIT_DIR", raising=False)
+    monkeypatch.delenv("MGIT_CRASH_AT", raising=False)
+    monkeypatch.setenv("MGIT_AUTHOR", "tester <t@example.com>")

@@ -1,0 +1,298 @@
+"""Repository verbs through the Python API: round trips by hash, refs, history, deduplication,
+sizes, removal and garbage collection, integrity checks, the catalog."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_model, sha256_tree, tensors
+from safetensors.numpy import load_file, save_file
+
+from mgit import CorruptObjectError, MgitError, MissingObjectError, Repo, RepoNotFoundError, UnknownRefError
+from mgit.errors import OutputNotEmptyError, RepoExistsError
+
+
+def test_folder_roundtrip_is_byte_identical(repo: Repo, tmp_path: Path) -> None:
+    src = make_model(tmp_path / "m", seed=1)
+    res = repo.add(src, name="m")
+    assert res.created and res.seq == 1 and res.files == 3 and res.tensors == 6
+    repo.checkout("m", tmp_path / "out")
+    assert sha256_tree(tmp_path / "out") == sha256_tree(src)
+
+
+def test_sharded_safetensors_with_index_roundtrip(repo: Repo, tmp_path: Path) -> None:
+    src = tmp_path / "sharded"
+    src.mkdir()
+    state = tensors(3, layers=4)
+    names = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": names[:4], "model-00002-of-00002.safetensors": names[4:]}
+    for fname, keys in shards.items():
+        save_file({k: state[k] for k in keys}, str(src / fname), metadata={"format": "pt"})
+    index = {"metadata": {"total_size": 0}, "weight_map": {k: f for f, ks in shards.items() for k in ks}}
+    (src / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    repo.add(src, name="sharded")
+    repo.checkout("sharded", tmp_path / "out")
+    assert sha256_tree(tmp_path / "out") == sha256_tree(src)
+    loaded = repo.load_state_dict("sharded")
+    assert set(loaded) == set(state)
+    assert all(np.array_equal(loaded[k], state[k]) for k in state)
+
+
+def test_single_safetensors_file_and_odd_header_kept(repo: Repo, tmp_path: Path) -> None:
+    # Header key order and padding chosen by another writer must survive byte for byte.
+    import struct
+
+    a = np.arange(6, dtype=np.float16)
+    header = {"b": {"dtype": "F16", "shape": [6], "data_offsets": [0, 12]},
+              "__metadata__": {"z": "1", "a": "2"}}  # fmt: skip
+    body = json.dumps(header, indent=1).encode() + b"    "
+    path = tmp_path / "odd.safetensors"
+    path.write_bytes(struct.pack("<Q", len(body)) + body + a.tobytes())
+    repo.add(path, name="odd")
+    repo.checkout("odd", tmp_path / "out")
+    assert (tmp_path / "out" / "odd.safetensors").read_bytes() == path.read_bytes()
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_state_dict_add_and_load(repo: Repo, tmp_path: Path, framework: str) -> None:
+    state = tensors(4)
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        state = {k: torch.from_numpy(v) for k, v in state.items()}
+        state["half"] = torch.arange(5, dtype=torch.bfloat16)
+    repo.add(state, name="sd")
+    loaded = repo.load_state_dict("sd", framework="pt" if framework == "torch" else "np")
+    assert set(loaded) == set(state)
+    for k, v in state.items():
+        if framework == "torch":
+            assert loaded[k].dtype == v.dtype and bool((loaded[k] == v).all())
+        else:
+            assert loaded[k].dtype == v.dtype and np.array_equal(loaded[k], v)
+    repo.checkout("sd", tmp_path / "out")
+    if framework == "numpy":
+        assert {k: v.tolist() for k, v in load_file(tmp_path / "out" / "model.safetensors").items()} == {
+            k: v.tolist() for k, v in state.items()
+        }
+
+
+def test_open_decodes_lazily(repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = tensors(5)
+    repo.add(state, name="lazy")
+    reader = repo.open("lazy")
+    calls = []
+    original = repo.store.get
+    monkeypatch.setattr(repo.store, "get", lambda oid: calls.append(oid) or original(oid))
+    assert set(reader) == set(state) and len(reader) == len(state)
+    assert calls == []
+    assert np.array_equal(reader["layer.1.weight"], state["layer.1.weight"])
+    assert len(calls) == 1
+
+
+def test_versions_predecessors_and_refs(repo: Repo, tmp_path: Path) -> None:
+    v1 = repo.add(make_model(tmp_path / "a1", seed=1), name="m", message="one")
+    v2 = repo.add(make_model(tmp_path / "a2", seed=2), name="m", message="two")
+    v3 = repo.add(make_model(tmp_path / "a3", seed=3), name="m", message="three")
+    assert [v.seq for v in repo.log("m")] == [3, 2, 1]
+    assert [v.message for v in repo.log("m")] == ["three", "two", "one"]
+    assert repo.version(v3.version).predecessor == v2.version
+    assert repo.resolve("m") == v3.version
+    assert repo.resolve("m@1") == v1.version
+    assert repo.resolve(f"m@{v2.version[:8]}") == v2.version
+    assert repo.resolve(v1.version[:10]) == v1.version
+    assert [v.seq for v in repo.log("m@2")] == [2, 1]
+    with pytest.raises(UnknownRefError, match="has 3 versions"):
+        repo.resolve("m@4")
+    with pytest.raises(UnknownRefError, match="no model named 'n'"):
+        repo.resolve("n")
+    with pytest.raises(UnknownRefError, match="Did you mean 'm-base'"):
+        repo.add(make_model(tmp_path / "b", seed=9), name="m-base")
+        repo.resolve("m-bsae")
+
+
+def test_identical_content_is_a_noop(repo: Repo, tmp_path: Path) -> None:
+    src = make_model(tmp_path / "m", seed=1)
+    first = repo.add(src, name="m")
+    again = repo.add(src, name="m")
+    assert not again.created and again.version == first.version and again.seq == 1
+    assert len(repo.log("m")) == 1
+
+
+def test_parents_are_recorded_and_inherited(repo: Repo, tmp_path: Path) -> None:
+    base = repo.add(make_model(tmp_path / "base", seed=0), name="base")
+    ft = repo.add(make_model(tmp_path / "ft", seed=1), name="ft", parent="base", relation="finetune")
+    assert [(p.model, p.seq, p.relation) for p in ft.parents] == [("base", 1, "finetune")]
+    ft2 = repo.add(make_model(tmp_path / "ft2", seed=2), name="ft")
+    assert repo.version(ft2.version).parents == repo.version(ft.version).parents
+    merged = repo.add(make_model(tmp_path / "mg", seed=3), name="mg", parent=["base", "ft@1"], relation="merge")
+    assert [p.version for p in repo.version(merged.version).parents] == [base.version, ft.version]
+    with pytest.raises(UnknownRefError):
+        repo.add(make_model(tmp_path / "x", seed=4), name="x", parent="nope")
+    assert "x" not in {m.name for m in repo.ls()}
+
+
+def test_deduplication_across_models(repo: Repo, tmp_path: Path) -> None:
+    state = tensors(1)
+    make_model(tmp_path / "a", state=state)
+    changed = dict(state)
+    changed["layer.0.weight"] = state["layer.0.weight"] + 1
+    make_model(tmp_path / "b", state=changed)
+    repo.add(tmp_path / "a", name="a")
+    res = repo.add(tmp_path / "b", name="b", parent="a")
+    assert res.tensors_new == 1  # only the changed tensor is new
+    du = repo.du()
+    usage = {m.name: m for m in du.models}
+    assert du.logical_bytes == usage["a"].logical_bytes + usage["b"].logical_bytes
+    assert du.stored_bytes < usage["a"].stored_bytes + usage["b"].stored_bytes
+    shown = repo.show("b")
+    assert shown.shared_objects >= 5
+    assert sum(s.objects for s in shown.storage) == len(repo.manifest("b").object_ids())
+
+
+def test_show_counts(repo: Repo, tmp_path: Path) -> None:
+    repo.add(make_model(tmp_path / "m", seed=1), name="m", tags={"stage": "dev"})
+    s = repo.show("m")
+    state = tensors(1)
+    assert s.version.params == sum(v.size for v in state.values())
+    assert s.dtypes == {"F32": sum(v.size for k, v in state.items() if v.dtype == np.float32), "I64": 8}
+    assert s.version.tags == {"stage": "dev"}
+    assert {f.path for f in s.files} == {"model.safetensors", "config.json", "tokenizer/vocab.txt"}
+    assert s.version.logical_bytes == sum((tmp_path / "m" / f.path).stat().st_size for f in s.files)
+
+
+def test_checkout_refuses_non_empty_folder(repo: Repo, tmp_path: Path) -> None:
+    repo.add(make_model(tmp_path / "m"), name="m")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(OutputNotEmptyError, match="--force"):
+        repo.checkout("m", out)
+    repo.checkout("m", out, force=True)
+    assert (out / "keep.txt").read_text() == "mine"
+    assert (out / "model.safetensors").exists()
+
+
+def test_rm_and_gc(repo: Repo, tmp_path: Path) -> None:
+    repo.add(make_model(tmp_path / "a", seed=1), name="a")
+    repo.add(make_model(tmp_path / "b", seed=2), name="b")
+    before = set(repo.store.ids())
+    removed = repo.rm("b")
+    assert removed.versions == 1 and [m.name for m in repo.ls()] == ["a"]
+    assert set(repo.store.ids()) == before  # objects stay until gc
+    dry = repo.gc(dry_run=True)
+    assert dry.removed and set(repo.store.ids()) == before
+    done = repo.gc()
+    assert sorted(done.removed) == sorted(dry.removed)
+    assert set(repo.store.ids()) == before - set(done.removed)
+    assert repo.fsck().ok
+    repo.checkout("a", tmp_path / "out")
+    assert sha256_tree(tmp_path / "out") == sha256_tree(tmp_path / "a")
+    with pytest.raises(UnknownRefError):
+        repo.rm("b")
+
+
+def test_gc_keeps_parents_of_live_models(repo: Repo, tmp_path: Path) -> None:
+    repo.add(make_model(tmp_path / "base", seed=1), name="base")
+    repo.add(make_model(tmp_path / "ft", seed=2), name="ft", parent="base")
+    repo.rm("base")
+    repo.gc()
+    assert repo.fsck().ok
+    parent = repo.log("ft")[0].parents[0]
+    assert parent.model == "base"
+    assert repo.version(parent.version).model == "base"
+
+
+def test_corrupt_object_is_named_with_its_users(repo: Repo, tmp_path: Path) -> None:
+    repo.add(make_model(tmp_path / "m", seed=1), name="m")
+    repo.add(make_model(tmp_path / "m", seed=1), name="copy")
+    entry = next(t for t in repo.manifest("m").tensors() if t.name == "layer.0.weight")
+    path = repo.store._path(entry.object)
+    path.chmod(0o644)
+    raw = bytearray(path.read_bytes())
+    raw[-5] ^= 0x10
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CorruptObjectError) as info:
+        repo.checkout("m", tmp_path / "out")
+    assert entry.object[:16] in str(info.value) and "copy@1" in str(info.value) and "m@1" in str(info.value)
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+    report = repo.fsck()
+    assert not report.ok
+    assert [p.object for p in report.problems] == [entry.object]
+    assert set(report.problems[0].used_by) == {"m@1", "copy@1"}
+
+
+def test_missing_object_is_reported(repo: Repo, tmp_path: Path) -> None:
+    repo.add(make_model(tmp_path / "m", seed=1), name="m")
+    entry = repo.manifest("m").files[0]
+    repo.store.delete(entry.object)
+    with pytest.raises(MissingObjectError, match="m@1"):
+        repo.checkout("m", tmp_path / "out")
+    report = repo.fsck()
+    assert [(p.object, p.kind) for p in report.problems] == [(entry.object, "missing")]
+    assert repo.gc().removed == []  # a missing leaf does not make collection unsafe
+
+
+def test_gc_refuses_when_a_record_is_unreadable(repo: Repo, tmp_path: Path) -> None:
+    """Without the manifest gc cannot know which objects are in use: it must delete nothing."""
+    repo.add(make_model(tmp_path / "m", seed=1), name="m")
+    repo.store.delete(repo.version("m").manifest)
+    before = set(repo.store.ids())
+    with pytest.raises(MgitError, match="cannot collect garbage"):
+        repo.gc()
+    assert set(repo.store.ids()) == before
+
+
+def test_catalog_rebuild_gives_the_same_answers(repo: Repo, tmp_path: Path) -> None:
+    repo.add(make_model(tmp_path / "a", seed=1), name="a")
+    repo.add(make_model(tmp_path / "b", seed=2), name="a")
+    repo.add(make_model(tmp_path / "c", seed=3), name="c", parent="a@1")
+    before = ([m.to_json() for m in repo.ls()], [v.to_json() for v in repo.log("a")], repo.du().to_json())
+    repo.rebuild_catalog()
+    after = ([m.to_json() for m in repo.ls()], [v.to_json() for v in repo.log("a")], repo.du().to_json())
+    assert after == before
+    assert repo.catalog.migrate() == []  # migrations are recorded and not applied twice
+
+
+def test_catalog_catches_up_with_refs(repo: Repo, tmp_path: Path) -> None:
+    """A writer killed after moving its ref but before indexing: the next open indexes it."""
+    repo.add(make_model(tmp_path / "a", seed=1), name="a")
+    other = Repo.init(tmp_path / "other")
+    res = other.add(make_model(tmp_path / "b", seed=2), name="b")
+    for oid in other.store.ids():
+        src = other.store._path(oid)
+        dst = repo.store._path(oid)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, dst)
+    repo.refs.update("b", res.version, expected=None)
+    reopened = Repo(repo.dir)
+    assert [m.name for m in reopened.ls()] == ["a", "b"]
+    assert reopened.log("b")[0].id == res.version
+    assert reopened.fsck().ok
+
+
+def test_discovery_from_subfolders_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    Repo.init(tmp_path / "proj")
+    sub = tmp_path / "proj" / "a" / "b"
+    sub.mkdir(parents=True)
+    assert Repo(sub).dir == tmp_path / "proj" / ".mgit"
+    monkeypatch.chdir(sub)
+    assert Repo().dir == (tmp_path / "proj" / ".mgit").resolve()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RepoNotFoundError, match="mgit init"):
+        Repo()
+    monkeypatch.setenv("MGIT_DIR", str(tmp_path / "proj"))
+    assert Repo().dir == tmp_path / "proj" / ".mgit"
+    with pytest.raises(RepoExistsError):
+        Repo.init(tmp_path / "proj")
+
+
+def test_newer_repository_format_is_refused(repo: Repo) -> None:
+    config = json.loads((repo.dir / "config.json").read_text())
+    config["format"] = 99
+    (repo.dir / "config.json").chmod(0o644)
+    (repo.dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(MgitError, match="format 99 is not supported"):
+        Repo(repo.dir)
