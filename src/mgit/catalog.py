@@ -236,8 +236,15 @@ class Catalog:
         r = self.db.execute("SELECT * FROM objects WHERE id = ?", (oid,)).fetchone()
         return ObjectRow(*r) if r else None
 
-    def known_objects(self) -> set[str]:
-        return {r[0] for r in self.db.execute("SELECT id FROM objects")}
+    def missing_objects(self, oids: set[str]) -> set[str]:
+        """The ids among `oids` that the objects table does not list."""
+        ids = sorted(oids)
+        known: set[str] = set()
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            rows = self.db.execute(f"SELECT id FROM objects WHERE id IN ({','.join('?' * len(chunk))})", chunk)
+            known.update(r[0] for r in rows)
+        return set(ids) - known
 
     def object_users(self, oid: str) -> list[str]:
         """`model@seq` of every indexed version that uses an object (for error messages)."""

@@ -154,26 +154,29 @@ class Repo:
         self.sync_catalog()
 
     def _index(self, vid: str) -> None:
-        """Index `vid` and every version it links to that the catalog lacks, oldest first."""
-        order, stack, seen = [], [vid], set()
-        while stack:
-            v = stack.pop()
-            if v in seen or self.catalog.has_version(v):
+        """Index `vid` and every version it links to that the catalog lacks, ancestors first
+        (a version's position in its history is its predecessor's plus one)."""
+        order: list[tuple[str, Version]] = []
+        loaded: dict[str, Version] = {}
+        stack: list[tuple[str, bool]] = [(vid, False)]
+        while stack:  # iterative post-order: histories can be longer than the recursion limit
+            v, expanded = stack.pop()
+            if expanded:
+                order.append((v, loaded[v]))
                 continue
-            seen.add(v)
-            version = load_version(self.store, v)
-            order.append((v, version))
-            stack.extend(version.linked_versions())
-        known = self.catalog.known_objects()
-        for v, version in sorted(order, key=lambda item: item[1].time):
+            if v in loaded or self.catalog.has_version(v):
+                continue
+            loaded[v] = load_version(self.store, v)
+            stack.append((v, True))
+            stack.extend((linked, False) for linked in loaded[v].linked_versions())
+        for v, version in order:
             manifest = load_manifest(self.store, version.manifest)
             objects = manifest.object_ids() | {version.manifest, v}
             rows = []
-            for oid in objects - known:
+            for oid in self.catalog.missing_objects(objects):
                 header = self.store.header(oid)
                 rows.append(ObjectRow(oid, header.kind, header.size, self.store.stored_size(oid), header.codec_names))
             self.catalog.add_objects(rows)
-            known |= objects
             self.catalog.index_version(v, version, objects)
 
     @contextmanager
@@ -295,7 +298,7 @@ class Repo:
         stats.record("manifest", mres)
         stats.record("version", vres)
         self.catalog.add_objects(stats.new_objects)
-        self.catalog.index_version(vres.oid, version, manifest.object_ids() | {mres.oid, vres.oid})
+        self._index(vres.oid)
         self.sync_catalog()
         return self._add_result(vres.oid, version, stats, created=True, notes=src.notes)
 

@@ -109,6 +109,8 @@ def parse_header(path: str, prefix: bytes, file_size: int) -> SafetensorsLayout:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
     except (UnicodeDecodeError, ValueError) as exc:
         raise InputError(path, f"safetensors header is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise InputError(path, "safetensors header JSON is nested too deeply") from None
     if not isinstance(header, dict):
         raise InputError(path, "safetensors header is not a JSON object")
 

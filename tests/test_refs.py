@@ -1,0 +1,94 @@
+"""Model heads: name validation, compare-and-swap, and locks that time out cleanly."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from mgit.errors import InvalidNameError, LockTimeoutError, RefConflictError
+from mgit.locks import FileLock
+from mgit.refs import RefStore, validate_model_name
+
+A, B, C = "a" * 64, "b" * 64, "c" * 64
+
+
+@pytest.mark.parametrize("name", ["bert", "bert-base.v2", "org/model_1", "A1"])
+def test_valid_names(name: str) -> None:
+    assert validate_model_name(name) == name
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [("", "empty"), ("../x", "characters"), ("a/../b", "characters"), ("a@b", "characters"),
+     ("/abs", "characters"), ("a/b/c", "characters"), ("x" * 200, "longer"), ("a..b", "'..'"),
+     ("m.lock", ".lock"), ("-flag", "characters"), ("a b", "characters")],
+)  # fmt: skip
+def test_invalid_names(name: str, why: str) -> None:
+    with pytest.raises(InvalidNameError, match=why):
+        validate_model_name(name)
+
+
+def test_compare_and_swap(tmp_path: Path) -> None:
+    refs = RefStore(tmp_path)
+    assert refs.get("m") is None
+    refs.update("m", A, expected=None)
+    refs.update("m", B, expected=A)
+    with pytest.raises(RefConflictError, match="moved while updating"):
+        refs.update("m", C, expected=A)
+    assert refs.get("m") == B
+    refs.update("org/m", A, expected=None)
+    assert refs.all() == {"m": B, "org/m": A}
+    refs.update("m", None, expected=B)
+    assert refs.all() == {"org/m": A}
+
+
+def test_damaged_ref_is_reported(tmp_path: Path) -> None:
+    refs = RefStore(tmp_path)
+    refs.update("m", A, expected=None)
+    (tmp_path / "refs" / "models" / "m").write_text("garbage\n")
+    with pytest.raises(Exception, match="head of model 'm' is damaged"):
+        refs.get("m")
+
+
+def _hold_lock(path: str, ready: multiprocessing.synchronize.Event, release: multiprocessing.synchronize.Event) -> None:
+    with FileLock(Path(path), what="model 'm'"):
+        ready.set()
+        release.wait(30)
+
+
+def test_lock_held_by_another_process_times_out_with_a_retryable_message(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_lock, args=(str(tmp_path / "m.lock"), ready, release))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        with pytest.raises(LockTimeoutError, match="try again"), FileLock(tmp_path / "m.lock", what="model 'm'", timeout=0.3):
+            pass
+        # Shared locks conflict with the exclusive holder too.
+        with pytest.raises(LockTimeoutError), FileLock(tmp_path / "m.lock", what="x", shared=True, timeout=0.2):
+            pass
+    finally:
+        release.set()
+        holder.join(30)
+    with FileLock(tmp_path / "m.lock", what="model 'm'", timeout=5):
+        pass
+
+
+def test_lock_of_a_killed_holder_is_released(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_lock, args=(str(tmp_path / "m.lock"), ready, release))
+    holder.start()
+    assert ready.wait(30)
+    holder.kill()
+    holder.join(30)
+    with FileLock(tmp_path / "m.lock", what="model 'm'", timeout=5):
+        pass
+
+
+def test_shared_locks_coexist(tmp_path: Path) -> None:
+    with FileLock(tmp_path / "r.lock", what="repo", shared=True), FileLock(tmp_path / "r.lock", what="repo", shared=True, timeout=0.5):
+        pass
