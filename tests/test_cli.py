@@ -83,7 +83,7 @@ def test_unchanged_add_says_so(work: Path) -> None:
     ("args", "message"),
     [
         (["show", "nope"], "Error: no model named 'nope'. See: mgit ls"),
-        (["log", "base@9"], "Error: model 'base' has 1 versions; no version named 'base@9'"),
+        (["log", "base@9"], "Error: model 'base' has 1 version; no version named 'base@9'"),
         (["checkout", "nope", "-o", "x"], "Error: no model named 'nope'"),
         (["add", "missing-folder", "--name", "x"], "Error: missing-folder: no such file or folder"),
         (["add", "base", "--name", "../x"], "Error: invalid model name '../x'"),

@@ -196,7 +196,7 @@ class Repo:
         """A version id from `NAME`, `NAME@N`, `NAME@HEXPREFIX` or a unique id prefix."""
         m = REF_RE.match(ref.strip()) if isinstance(ref, str) else None
         if not m:
-            raise UnknownRefError(str(ref), "malformed reference")
+            raise UnknownRefError(str(ref), "no version", hint="Use NAME, NAME@N or NAME@HEXPREFIX")
         name, sel = m["name"], m["sel"]
         head = self.refs.get(name) if _looks_like_name(name) else None
         if head is not None:
@@ -207,7 +207,8 @@ class Repo:
                 n = int(sel)
                 if 1 <= n <= len(chain):
                     return chain[len(chain) - n]
-                raise UnknownRefError(ref, f"model {name!r} has {len(chain)} versions; no version",
+                count = f"{len(chain)} version" + ("s" if len(chain) != 1 else "")
+                raise UnknownRefError(ref, f"model {name!r} has {count}; no version",
                                       hint=f"See: mgit log {name}")  # fmt: skip
             found = [v for v in chain if v.startswith(sel.lower())]
             if len(found) == 1:
@@ -220,8 +221,11 @@ class Repo:
                 return found[0]
             if found:
                 raise UnknownRefError(ref, "ambiguous version prefix", hint="Give more hex digits")
+        raise self._unknown_model(ref, name)
+
+    def _unknown_model(self, ref: str, name: str) -> UnknownRefError:
         close = difflib.get_close_matches(name, list(self.refs.all()), n=1)
-        raise UnknownRefError(ref, "no model", hint=f"Did you mean {close[0]!r}? See: mgit ls" if close else None)
+        return UnknownRefError(ref, "no model", hint=f"Did you mean {close[0]!r}? See: mgit ls" if close else None)
 
     def chain(self, vid: str) -> list[str]:
         """A version and its predecessors, newest first."""
@@ -429,7 +433,7 @@ class Repo:
         with self.refs.lock(name):
             head = self.refs.get(name)
             if head is None:
-                raise UnknownRefError(name, "no model")
+                raise self._unknown_model(name, name)
             count = len(self.chain(head))
             self.refs.set_locked(name, None, expected=head)
         self.catalog.set_heads(self.refs.all())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from mgit.cli.output import err, out, print_json, progress_bar, short, size, table
+from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size, table
 from mgit.objects import RELATIONS
 from mgit.reports import ParentInfo, VersionInfo
 from mgit.repo import Repo
@@ -92,8 +92,9 @@ def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], rela
         return
     dedup = result.tensors - result.tensors_new
     out.print(
-        f"{result.model}@{result.seq} {short(result.version)}: {result.files} files, {result.tensors} tensors "
-        f"({dedup} already stored), {size(result.logical_bytes)} -> {size(result.new_bytes)} new"
+        f"{result.model}@{result.seq} {short(result.version)}: {plural(result.files, 'file')}, "
+        f"{plural(result.tensors, 'tensor')} ({dedup} already stored), {size(result.logical_bytes)} -> "
+        f"{size(result.new_bytes)} new"
         + (f"; parents: {_parents(result.parents)}" if result.parents else "")
     )
 
@@ -121,7 +122,7 @@ def checkout(ctx: click.Context, ref: str, output: str, force: bool, jobs: int |
         return
     for note in result.notes:
         err.print(f"note: {note}")
-    out.print(f"{result.model}@{result.seq} {short(result.version)}: {len(result.files)} files, "
+    out.print(f"{result.model}@{result.seq} {short(result.version)}: {plural(len(result.files), 'file')}, "
               f"{size(result.bytes)} written to {result.out_dir} (verified)")  # fmt: skip
 
 
@@ -153,12 +154,12 @@ def _version_line(v: VersionInfo) -> str:
     tags = " ".join(f"{k}={val}" for k, val in sorted(v.tags.items()))
     return "\n".join(
         line for line in [
-            f"[bold]{v.ref}[/bold] {v.id}{_lossy_mark(v.lossy)}",
+            f"{v.ref} {v.id}{_lossy_mark(v.lossy)}",
             f"  date:    {v.time}",
             f"  author:  {v.author}",
             f"  parents: {_parents(v.parents)}" if v.parents else "",
             f"  tags:    {tags}" if tags else "",
-            f"  size:    {size(v.logical_bytes)} in {v.files} files, {v.tensors} tensors; "
+            f"  size:    {size(v.logical_bytes)} in {plural(v.files, 'file')}, {plural(v.tensors, 'tensor')}; "
             f"{size(v.new_bytes)} new in storage",
             f"  {v.message}" if v.message else "",
         ] if line
@@ -232,7 +233,7 @@ def du(ctx: click.Context, as_json: bool) -> None:
     t = table("model", "versions", "logical", "stored", "factor")
     for m in result.models:
         t.add_row(m.name, str(m.versions), size(m.logical_bytes), size(m.stored_bytes), f"{m.reduction:.2f}x")
-    t.add_row("[bold]repository[/bold]", str(sum(m.versions for m in result.models)), size(result.logical_bytes),
+    t.add_row("repository", str(sum(m.versions for m in result.models)), size(result.logical_bytes),
               size(result.stored_bytes), f"{result.reduction:.2f}x")  # fmt: skip
     out.print(t)
     out.print("(a model's stored bytes count every object it uses, shared ones included)")

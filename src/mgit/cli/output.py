@@ -12,8 +12,9 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-out = Console(soft_wrap=True, highlight=False)
-err = Console(stderr=True, highlight=False)
+# Markup off: names and paths come from users, and "[x]" in a file name must print as itself.
+out = Console(soft_wrap=True, highlight=False, markup=False)
+err = Console(stderr=True, soft_wrap=True, highlight=False, markup=False)
 
 
 def print_json(value: Any) -> None:
@@ -30,12 +31,16 @@ def size(n: int | float) -> str:
     return f"{value:.1f} TiB"
 
 
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def short(oid: str | None) -> str:
     return oid[:12] if oid else "-"
 
 
 def table(*columns: str, title: str | None = None) -> Table:
-    t = Table(title=title, box=None, header_style="bold", pad_edge=False)
+    t = Table(title=title, box=None, header_style="bold", pad_edge=False, highlight=False)
     for c in columns:
         t.add_column(c, justify="right" if c.lower() in {"size", "logical", "stored", "tensors", "versions", "factor", "params", "objects", "files", "new"} else "left")
     return t

@@ -122,7 +122,7 @@ def scan_path(path: Path) -> ModelSource:
     if path.suffix in TORCH_SUFFIXES:
         tensors = load_torch_checkpoint(path)
         target = "model.safetensors" if path.stem == "pytorch_model" else f"{path.stem}.safetensors"
-        note = (f"{path.name} is a PyTorch checkpoint: stored as {len(tensors)} tensors; "
+        note = (f"{path.name} is a PyTorch checkpoint: stored as {len(tensors)} tensor{'s' if len(tensors) != 1 else ''}; "
                 f"checkout rebuilds it as {target} (the pickle itself is not kept)")  # fmt: skip
         return ModelSource([from_tensors(tensors, target, converted_from=path.name, metadata={"format": "pt"})], [note])
     raise InputError(

@@ -144,6 +144,8 @@ def _parse_entry(path: str, name: str, entry: object) -> TensorSpan:
     if not isinstance(entry, dict):
         raise InputError(path, f"tensor {name!r}: header entry is not an object")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype is None:
+        raise InputError(path, f"tensor {name!r} has no dtype")
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise InputError(path, f"tensor {name!r} has unknown dtype {dtype!r}")
     if (

@@ -9,6 +9,8 @@ is refused, never unpickled.
 from __future__ import annotations
 
 import pickle
+import re
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,8 +93,8 @@ def flatten_state_dict(state: Mapping[str, Any], where: str) -> Iterator[tuple[s
         else:
             raise InputError(
                 where,
-                f"entry {key!r} is a {type(value).__name__}, not a tensor",
-                hint="Add the model's state dict (only tensors), e.g. checkpoint['state_dict']",
+                f"entry {key!r} is not a tensor (it is of type {type(value).__name__})",
+                hint="Store only the weights: save model.state_dict() (or checkpoint['state_dict']) on its own",
             )
 
 
@@ -111,29 +113,44 @@ def _torch() -> Any:
     return torch
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = _ANSI.sub("", str(exc)).strip()
+    return text.splitlines()[0][:160] if text else type(exc).__name__
+
+
 def load_torch_checkpoint(path: Path) -> list[RawTensor]:
     """Load a PyTorch checkpoint with `weights_only=True`; anything else is refused."""
     torch = _torch()
     try:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as exc:
-            if "mmap" not in str(exc):
-                raise
-            state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about old pickle protocols on stderr
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as exc:
+                if "mmap" not in str(exc):
+                    raise
+                state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = _ANSI.sub("", str(exc))
+        found = _GLOBAL.search(text)
+        if found is None and "Weights only load failed" not in text:
+            raise InputError(str(path), f"not a PyTorch checkpoint ({_first_line(exc)})") from None
+        what = f"it references {found.group(1)}, which" if found else "it holds objects that"
         raise InputError(
             str(path),
-            "not a plain weights file: loading it would need a full unpickler, which can run "
-            f"code, and mgit never does that ({first[:160]})",
-            hint="Save the model with torch.save(model.state_dict(), path) or as safetensors",
+            f"not a plain weights file: {what} only a full unpickler would load, and mgit never "
+            "runs the code inside a pickle",
+            hint="Re-save only the weights: torch.save(model.state_dict(), path), or save as safetensors",
         ) from None
     except OSError as exc:
         raise InputError(str(path), f"cannot read file ({exc.strerror or exc})") from None
     except Exception as exc:  # torch raises many types for a damaged archive
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(str(path), f"not a readable PyTorch checkpoint ({first[:200]})") from None
+        detail = _first_line(exc) if not isinstance(exc, KeyError | IndexError) else "damaged or not a checkpoint"
+        raise InputError(str(path), f"not a readable PyTorch checkpoint ({detail})") from None
     if is_torch_tensor(state):
         state = {"weight": state}
     if not isinstance(state, Mapping):
