@@ -32,7 +32,7 @@ def mgit(*args: str, cwd: Path) -> None:
 
 def sha256_tree(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and not p.name.startswith(".complete")}  # fmt: skip
+            for p in sorted(root.rglob("*")) if p.is_file()}  # fmt: skip
 
 
 def main() -> None:

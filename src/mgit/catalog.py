@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,11 +169,24 @@ class Catalog:
             tx.execute("INSERT INTO version_objects SELECT ?, object FROM pending", (vid,))
             tx.execute("DELETE FROM pending")
 
-    def set_heads(self, heads: dict[str, str]) -> None:
-        """Make the models table equal to `heads` and drop versions no head reaches."""
+    def set_heads(self, read_heads: Callable[[], dict[str, str]]) -> None:
+        """Make the models table mirror the refs and drop versions no head reaches.
+
+        `read_heads` is called inside the write transaction, so a sync that read the refs
+        earlier can never commit an older head over a newer one. A head that is not indexed
+        yet (its writer is still indexing) keeps the model's previous row and disables
+        pruning; the next sync completes it.
+        """
         with self.atomic() as tx:
+            heads = read_heads()
+            old = dict(tx.execute("SELECT name, head FROM models"))
+            pending = {n for n, h in heads.items()
+                       if not tx.execute("SELECT 1 FROM versions WHERE id = ?", (h,)).fetchone()}  # fmt: skip
+            rows = {n: (old[n] if n in pending else h) for n, h in heads.items() if n not in pending or n in old}
             tx.execute("DELETE FROM models")
-            tx.executemany("INSERT INTO models VALUES (?, ?)", sorted(heads.items()))
+            tx.executemany("INSERT INTO models VALUES (?, ?)", sorted(rows.items()))
+            if pending:
+                return
             tx.execute(
                 """WITH RECURSIVE live(id) AS (
                        SELECT head FROM models

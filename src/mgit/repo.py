@@ -143,7 +143,7 @@ class Repo:
             return
         for vid in heads.values():
             self._index(vid)
-        self.catalog.set_heads(self.refs.all())
+        self.catalog.set_heads(self.refs.all)
 
     def rebuild_catalog(self) -> None:
         """Drop and rebuild the catalog from objects and refs."""
@@ -436,7 +436,7 @@ class Repo:
                 raise self._unknown_model(name, name)
             count = len(self.chain(head))
             self.refs.set_locked(name, None, expected=head)
-        self.catalog.set_heads(self.refs.all())
+        self.catalog.set_heads(self.refs.all)
         return RemoveResult(name, head, count)
 
     def fsck(self, *, jobs: int | None = None, progress: Callable[[int, int], Progress] | None = None) -> FsckResult:
@@ -469,11 +469,13 @@ class Repo:
             freed = sum(self.store.stored_size(oid) for oid in garbage)
             leftovers = self.store.temporary_files()
             if not dry_run:
+                # Rows first: a gc killed midway leaves files no row names, which the next gc
+                # finds by listing the store; the reverse would leave rows for missing files.
+                self.catalog.set_heads(self.refs.all)
+                self.catalog.remove_objects(garbage)
                 for oid in garbage:
                     self.store.delete(oid)
                 remove_leftovers(leftovers)
-                self.catalog.remove_objects(garbage)
-                self.catalog.set_heads(heads)
         return GcResult(dry_run, garbage, freed, len(seen.objects), len(leftovers))
 
 

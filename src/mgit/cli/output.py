@@ -13,8 +13,11 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 # Markup off: names and paths come from users, and "[x]" in a file name must print as itself.
+# Piped output is not cut to 80 columns: a table row stays one line for grep and logs.
 out = Console(soft_wrap=True, highlight=False, markup=False)
 err = Console(stderr=True, soft_wrap=True, highlight=False, markup=False)
+if not out.is_terminal:
+    out.width = 250
 
 
 def print_json(value: Any) -> None:
@@ -40,9 +43,11 @@ def short(oid: str | None) -> str:
 
 
 def table(*columns: str, title: str | None = None) -> Table:
+    """A borderless table; numeric columns (by name) are right-aligned."""
     t = Table(title=title, box=None, header_style="bold", pad_edge=False, highlight=False)
     for c in columns:
-        t.add_column(c, justify="right" if c.lower() in {"size", "logical", "stored", "tensors", "versions", "factor", "params", "objects", "files", "new"} else "left")
+        right = c.lower() in {"size", "logical", "stored", "tensors", "versions", "factor", "params", "objects", "files", "new"}
+        t.add_column(c, justify="right" if right else "left", no_wrap=True)
     return t
 
 
