@@ -12,7 +12,14 @@ import pytest
 from conftest import make_model, sha256_tree, tensors
 from safetensors.numpy import load_file, save_file
 
-from mgit import CorruptObjectError, MgitError, MissingObjectError, Repo, RepoNotFoundError, UnknownRefError
+from mgit import (
+    CorruptObjectError,
+    MgitError,
+    MissingObjectError,
+    Repo,
+    RepoNotFoundError,
+    UnknownRefError,
+)
 from mgit.errors import OutputNotEmptyError, RepoExistsError
 
 
@@ -296,3 +303,14 @@ def test_newer_repository_format_is_refused(repo: Repo) -> None:
     (repo.dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(MgitError, match="format 99 is not supported"):
         Repo(repo.dir)
+
+
+def test_gc_removes_leftovers_of_interrupted_ref_writes(repo: Repo, tmp_path: Path) -> None:
+    repo.add(make_model(tmp_path / "m", seed=1), name="m")
+    (repo.dir / "refs" / "models" / ".tmp-123-abc-m").write_text("half")
+    (repo.dir / "objects" / "ab").mkdir(exist_ok=True)
+    (repo.dir / "objects" / "ab" / ".tmp-123-def-x").write_bytes(b"half")
+    assert repo.fsck().leftovers == 2 and repo.fsck().ok
+    assert [m.name for m in repo.ls()] == ["m"]
+    assert repo.gc().leftovers == 2
+    assert repo.fsck().leftovers == 0

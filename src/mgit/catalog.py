@@ -143,7 +143,9 @@ class Catalog:
             seq = 1
             if version.predecessor:
                 row = tx.execute("SELECT seq FROM versions WHERE id = ?", (version.predecessor,)).fetchone()
-                seq = (row[0] if row else 0) + 1
+                if row is None:  # callers index ancestors first; numbering from 1 would be wrong
+                    raise RuntimeError(f"predecessor {version.predecessor[:12]} of {vid[:12]} is not indexed")
+                seq = row[0] + 1
             tx.execute("CREATE TEMP TABLE IF NOT EXISTS pending (object TEXT PRIMARY KEY)")
             tx.execute("DELETE FROM pending")
             tx.executemany("INSERT OR IGNORE INTO pending VALUES (?)", [(o,) for o in objects])

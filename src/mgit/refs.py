@@ -71,6 +71,10 @@ class RefStore:
                     heads[name] = head
         return dict(sorted(heads.items()))
 
+    def temporary_files(self) -> list[Path]:
+        """Leftovers of ref writes that were interrupted (safe to remove with no writer running)."""
+        return list(self.dir.rglob(f"{TMP_PREFIX}*")) if self.dir.is_dir() else []
+
     def set_locked(self, name: str, new: str | None, *, expected: str | None) -> None:
         """Compare-and-swap; the caller holds `lock(name)`. `new=None` deletes the ref."""
         current = self.get(name)

@@ -56,7 +56,15 @@ from mgit.reports import (
     StorageInfo,
     VersionInfo,
 )
-from mgit.snapshot import Progress, as_array, as_torch, default_jobs, restore_file, safe_join, write_snapshot
+from mgit.snapshot import (
+    Progress,
+    as_array,
+    as_torch,
+    default_jobs,
+    restore_file,
+    safe_join,
+    write_snapshot,
+)
 from mgit.store import LocalStore, remove_leftovers
 
 REPO_DIR = ".mgit"
@@ -453,7 +461,7 @@ class Repo:
                     for p in problems]  # fmt: skip
         if heads != self.catalog.heads():
             problems.append(Problem("catalog", "catalog", "the catalog does not list the same heads as refs/"))
-        leftovers = len(self.store.temporary_files())
+        leftovers = len(self.store.temporary_files()) + len(self.refs.temporary_files())
         return FsckResult(len(oids), checked, len(heads), len(seen.versions), problems, leftovers)
 
     def gc(self, *, dry_run: bool = False) -> GcResult:
@@ -467,7 +475,7 @@ class Repo:
                                 hint="Run: mgit fsck, and repair the repository first")  # fmt: skip
             garbage = [oid for oid in self.store.ids() if oid not in seen.objects]
             freed = sum(self.store.stored_size(oid) for oid in garbage)
-            leftovers = self.store.temporary_files()
+            leftovers = self.store.temporary_files() + self.refs.temporary_files()
             if not dry_run:
                 # Rows first: a gc killed midway leaves files no row names, which the next gc
                 # finds by listing the store; the reverse would leave rows for missing files.

@@ -22,12 +22,12 @@ import numpy as np
 
 from mgit.atomicfile import TMP_PREFIX, fsync_dir, write_atomic
 from mgit.codecs import (
-    byte_view,
     ByteplanesCodec,
     Codec,
     CodecContext,
     CodecError,
     ZstdCodec,
+    byte_view,
     chain_from_list,
     chain_to_list,
     decode_chain,
@@ -229,11 +229,13 @@ class LocalStore(ObjectStore):
         return size
 
     def sync(self) -> None:
+        # Flush under the lock: a thread must not return while another still flushes a folder
+        # that both wrote into.
         with self._lock:
             dirty, self._dirty = self._dirty, set()
-        if self.fsync:
-            for d in sorted(dirty, key=lambda p: len(p.parts), reverse=True):
-                fsync_dir(d)
+            if self.fsync:
+                for d in sorted(dirty, key=lambda p: len(p.parts), reverse=True):
+                    fsync_dir(d)
 
     def _read_record(self, oid: str) -> bytes:
         try:

@@ -9,8 +9,8 @@ import click
 
 from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size, table
 from mgit.objects import RELATIONS
-from mgit.reports import ParentInfo, VersionInfo
 from mgit.repo import Repo
+from mgit.reports import ParentInfo, VersionInfo
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 jobs_option = click.option("--jobs", "-j", type=click.IntRange(1, 64), default=None,

@@ -3,8 +3,8 @@
 from mgit.codecs.base import (
     Codec,
     CodecContext,
-    byte_view,
     CodecError,
+    byte_view,
     chain_from_list,
     chain_to_list,
     codec_from_dict,
