@@ -192,7 +192,10 @@ def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 def load_classifier(model_dir: Path, weights: dict[str, torch.Tensor]) -> SentenceClassifier:
     """The classifier with a member's config and weights; without a saved head it gets a fresh (seeded) one."""
-    from transformers import BertConfig, BertModel  # imported here: a fully cached run never needs it
+    from transformers import (  # imported here: a fully cached run never needs it
+        BertConfig,
+        BertModel,
+    )
 
     config = BertConfig.from_pretrained(model_dir, local_files_only=True)
     model = SentenceClassifier(BertModel(config, add_pooling_layer=False))
