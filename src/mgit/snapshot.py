@@ -47,15 +47,26 @@ class SnapshotStats:
             self.new_objects.append(ObjectRow(result.oid, kind, result.size, result.stored_size, result.codec))
 
 
-def ordered_map(pool: ThreadPoolExecutor, fn: Callable[..., T], items: Iterable[Any], window: int) -> Iterator[T]:
-    """`pool.map` that submits at most `window` items ahead of the consumer."""
-    pending: deque[Future[T]] = deque()
+READ_AHEAD_BYTES = 64 << 20
+
+
+def ordered_map(pool: ThreadPoolExecutor, fn: Callable[..., T], items: Iterable[tuple[Any, ...]], *, jobs: int,
+                size: Callable[[tuple[Any, ...]], int]) -> Iterator[T]:  # fmt: skip
+    """`pool.map` in order, bounded: every worker gets work, and more is queued only while
+    the queued items stay under READ_AHEAD_BYTES (so memory is a few tensors, whatever the
+    model, and a large tensor does not leave the other workers idle)."""
+    pending: deque[tuple[Future[T], int]] = deque()
+    in_flight = 0
     for item in items:
-        pending.append(pool.submit(fn, *item))
-        if len(pending) >= window:
-            yield pending.popleft().result()
+        n = size(item)
+        while pending and len(pending) >= jobs and in_flight + n > READ_AHEAD_BYTES:
+            future, done = pending.popleft()
+            in_flight -= done
+            yield future.result()
+        pending.append((pool.submit(fn, *item), n))
+        in_flight += n
     while pending:
-        yield pending.popleft().result()
+        yield pending.popleft()[0].result()
 
 
 def _digest(chunks: Iterable[Any]) -> str:
@@ -89,26 +100,27 @@ def _write_file(store: ObjectStore, f: SourceFile, pool: ThreadPoolExecutor, job
         return FileEntry(f.path, "blob", f.size, digest.result(), result.oid)
 
     assert f.layout is not None
-    tensors = f.tensor_data()
-    if f.disk is not None:
-        digest = pool.submit(_digest, [f.blob_data()])
-    else:
-        digest = pool.submit(_digest, [f.layout.header, *(d for _, d in tensors)])
     header = store.put_blob(f.layout.header)
     stats.record("blob", header)
+    # The file digest is taken in file order as tensors come back, so that each tensor's pages
+    # can be released right after: resident memory stays a few tensors, not the file.
+    digest = blake3.blake3()
+    digest.update(f.layout.header)
 
-    def put(span: Any, data: np.ndarray) -> tuple[Any, PutResult]:
-        return span, store.put_tensor(span.dtype, span.shape, data)
+    def put(span: Any, data: np.ndarray) -> tuple[Any, np.ndarray, PutResult]:
+        return span, data, store.put_tensor(span.dtype, span.shape, data)
 
     entries = []
-    for span, result in ordered_map(pool, put, tensors, window=2 * jobs):
+    for span, data, result in ordered_map(pool, put, f.tensor_data(), jobs=jobs, size=lambda item: item[0].nbytes):
+        digest.update(data)
+        f.release(span)
         entries.append(TensorEntry(span.name, span.dtype, span.shape, result.oid))
         stats.tensors += 1
         stats.tensors_new += result.new
         stats.record("tensor", result)
         if progress:
             progress(span.nbytes)
-    return FileEntry(f.path, "safetensors", f.size, digest.result(), header.oid, tuple(entries), f.converted_from)
+    return FileEntry(f.path, "safetensors", f.size, digest.hexdigest(), header.oid, tuple(entries), f.converted_from)
 
 
 def safe_join(root: Path, rel: str) -> Path:
@@ -144,7 +156,8 @@ def iter_file_chunks(store: ObjectStore, entry: FileEntry, pool: ThreadPoolExecu
                      ) -> Iterator[np.ndarray]:  # fmt: skip
     """The bytes of a file, in order, decoding tensors ahead on the pool."""
     yield store.get(entry.object)[1]
-    yield from ordered_map(pool, lambda t: tensor_bytes(store, t), ((t,) for t in entry.tensors), window=2 * jobs)
+    yield from ordered_map(pool, lambda t: tensor_bytes(store, t), ((t,) for t in entry.tensors), jobs=jobs,
+                           size=lambda item: item[0].nbytes)  # fmt: skip
 
 
 def restore_file(store: ObjectStore, entry: FileEntry, out_dir: Path, *, pool: ThreadPoolExecutor, jobs: int,

@@ -68,7 +68,7 @@ def _header_bytes(header: ObjectHeader) -> bytes:
     return MAGIC + struct.pack("<I", len(body)) + body
 
 
-def parse_record(oid: str, raw: bytes | memoryview) -> tuple[ObjectHeader, memoryview]:
+def parse_record(oid: str, raw: bytes | memoryview | np.ndarray) -> tuple[ObjectHeader, memoryview]:
     """Split a stored object into its validated header and its payload."""
     view = memoryview(raw)
     if len(view) < len(MAGIC) + 4 or bytes(view[: len(MAGIC)]) != MAGIC:
@@ -121,7 +121,7 @@ class ObjectStore:
     def _write_record(self, oid: str, chunks: list[Any]) -> int:
         raise NotImplementedError
 
-    def _read_record(self, oid: str) -> bytes:
+    def _read_record(self, oid: str) -> bytes | np.ndarray:
         raise NotImplementedError
 
     def delete(self, oid: str) -> None:
@@ -237,10 +237,14 @@ class LocalStore(ObjectStore):
                 for d in sorted(dirty, key=lambda p: len(p.parts), reverse=True):
                     fsync_dir(d)
 
-    def _read_record(self, oid: str) -> bytes:
+    def _read_record(self, oid: str) -> np.ndarray:
         try:
             with open(self._path(oid), "rb") as fh:
-                return fh.read()
+                size = os.fstat(fh.fileno()).st_size
+                buf = np.empty(size, np.uint8)  # numpy rather than bytes: see ZstdCodec.decode
+                if fh.readinto(buf) != size:
+                    raise CorruptObjectError(oid, "the file changed size while it was read")
+                return buf
         except FileNotFoundError:
             raise MissingObjectError(oid) from None
 

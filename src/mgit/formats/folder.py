@@ -10,6 +10,7 @@ safetensors.
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ class SourceFile:
     tensors: list[RawTensor] | None = None
     converted_from: str | None = None
     size: int = 0
+    _mapping: mmap.mmap | None = field(default=None, repr=False)
 
     @property
     def is_safetensors(self) -> bool:
@@ -46,12 +48,25 @@ class SourceFile:
         assert self.layout is not None
         if self.tensors is not None:
             return [(span, t.data) for span, t in zip(self.layout.tensors, self.tensors, strict=True)]
-        mapped = _map(self.disk, self.size)
+        mapped = self.blob_data()
         base = self.layout.data_start
         return [(s, mapped[base + s.start : base + s.end]) for s in self.layout.tensors]
 
     def blob_data(self) -> np.ndarray:
-        return _map(self.disk, self.size)
+        if self._mapping is None:
+            self._mapping = _map(self.disk, self.size)
+        return np.frombuffer(self._mapping, np.uint8) if self.size else np.empty(0, np.uint8)
+
+    def release(self, span: TensorSpan) -> None:
+        """Drop a stored tensor's pages from this process's memory (they stay in the page
+        cache), so that the resident size of an add does not grow to the model's size."""
+        if self._mapping is None or self.layout is None or span.nbytes < mmap.PAGESIZE:
+            return
+        start = self.layout.data_start + span.start
+        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages inside the span only
+        last = (start + span.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if last > first:
+            self._mapping.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
 @dataclass
@@ -64,14 +79,18 @@ class ModelSource:
         return sum(f.size for f in self.files)
 
 
-def _map(path: Path | None, size: int) -> np.ndarray:
+def _map(path: Path | None, size: int) -> mmap.mmap | None:
     assert path is not None
     if size == 0:
-        return np.empty(0, np.uint8)
+        return None
     try:
-        return np.memmap(path, dtype=np.uint8, mode="r", shape=(size,))
+        with open(path, "rb") as fh:
+            mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError) as exc:
         raise InputError(str(path), f"cannot read file ({exc})") from None
+    if len(mapping) != size:
+        raise InputError(str(path), "the file changed size while it was read")
+    return mapping
 
 
 def _file_size(path: Path) -> int:
