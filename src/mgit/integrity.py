@@ -66,7 +66,26 @@ def walk(store: ObjectStore, heads: dict[str, str]) -> Reachable:
             continue
         seen.manifests[version.manifest] = manifest
         seen.objects |= manifest.object_ids()
+        _add_delta_bases(store, [t.object for t in manifest.tensors()], seen, label)
     return seen
+
+
+def _add_delta_bases(store: ObjectStore, oids: list[str], seen: Reachable, label: str) -> None:
+    """Delta bases are reachable through the objects encoded against them, whatever model
+    they came from (even one removed since)."""
+    stack = list(oids)
+    while stack:
+        oid = stack.pop()
+        try:
+            header = store.header(oid)
+        except (CorruptObjectError, MissingObjectError):
+            continue  # reported by the object checks, with the models that use it
+        for base in header.bases:
+            if base not in seen.objects:
+                seen.objects.add(base)
+                stack.append(base)
+            if not store.has(base):
+                seen.problems.append(Problem(base, "missing", f"delta base of {oid[:16]} is missing", [label]))
 
 
 def _problem(oid: str, exc: MgitError, used_by: list[str]) -> Problem:

@@ -57,6 +57,7 @@ from mgit.reports import (
     VersionInfo,
 )
 from mgit.snapshot import (
+    DeltaPlan,
     Progress,
     as_array,
     as_torch,
@@ -65,7 +66,7 @@ from mgit.snapshot import (
     safe_join,
     write_snapshot,
 )
-from mgit.store import LocalStore, remove_leftovers
+from mgit.store import DEFAULT_MAX_DEPTH, LocalStore, remove_leftovers
 
 REPO_DIR = ".mgit"
 REPO_FORMAT = 1
@@ -281,9 +282,10 @@ class Repo:
         parents = tuple(Parent(self.resolve(p), relation) for p in parent_refs)
         src: ModelSource = scan_state_dict(source) if isinstance(source, Mapping) else scan_path(Path(source))
         tick = progress(src.logical_bytes, 0) if progress else None
+        plan = self._delta_plan(name, parents)
         crash_point("after-scan")
         with self._writer_lock():
-            manifest, stats = write_snapshot(self.store, src, jobs=jobs or default_jobs(), progress=tick)
+            manifest, stats = write_snapshot(self.store, src, jobs=jobs or default_jobs(), progress=tick, plan=plan)
             crash_point("after-objects")
             mres = self.store.put_record("manifest", manifest.to_json())
             self.store.sync()
@@ -313,6 +315,20 @@ class Repo:
         self._index(vres.oid)
         self.sync_catalog()
         return self._add_result(vres.oid, version, stats, created=True, notes=src.notes)
+
+    def _delta_plan(self, name: str, parents: tuple[Parent, ...]) -> DeltaPlan:
+        """Tensors of the previous version of `name` and of the lineage parents, as delta bases.
+        Only a hint for compression: a head that moves meanwhile costs space, never correctness."""
+        related = [v for v in [self.refs.get(name), *(p.version for p in parents)] if v]
+        if not related and not parents:
+            return DeltaPlan(max_depth=self.max_depth)
+        with self._explained():
+            manifests = [load_manifest(self.store, load_version(self.store, v).manifest) for v in dict.fromkeys(related)]
+        return DeltaPlan.from_parents(manifests, max_depth=self.max_depth)
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.config.get("delta_max_depth", DEFAULT_MAX_DEPTH))
 
     def _add_result(self, vid: str, version: Version, stats: Any, *, created: bool, notes: list[str]) -> AddResult:
         row = self.catalog.version(vid)

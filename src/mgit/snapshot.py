@@ -25,7 +25,7 @@ from mgit.formats.folder import ModelSource, SourceFile
 from mgit.formats.safetensors import numpy_view
 from mgit.formats.tensors import to_torch
 from mgit.objects import FileEntry, Manifest, TensorEntry
-from mgit.store import ObjectStore, PutResult
+from mgit.store import DEFAULT_MAX_DEPTH, ObjectStore, PutResult
 
 Progress = Callable[[int], None]  # called with a number of bytes just processed
 T = TypeVar("T")
@@ -76,19 +76,38 @@ def _digest(chunks: Iterable[Any]) -> str:
     return hasher.hexdigest()
 
 
-def write_snapshot(store: ObjectStore, source: ModelSource, *, jobs: int, progress: Progress | None = None
-                   ) -> tuple[Manifest, SnapshotStats]:  # fmt: skip
+@dataclass(frozen=True)
+class DeltaPlan:
+    """Which stored tensors each new tensor may be encoded against, by tensor name (the
+    matching tensors of the parents, closest parent first), and how deep chains may go."""
+
+    bases: dict[str, list[str]] = field(default_factory=dict)
+    max_depth: int = DEFAULT_MAX_DEPTH
+
+    @classmethod
+    def from_parents(cls, manifests: Iterable[Manifest], *, max_depth: int) -> DeltaPlan:
+        bases: dict[str, list[str]] = {}
+        for manifest in manifests:
+            for t in manifest.tensors():
+                found = bases.setdefault(t.name, [])
+                if t.object not in found:
+                    found.append(t.object)
+        return cls(bases, max_depth)
+
+
+def write_snapshot(store: ObjectStore, source: ModelSource, *, jobs: int, progress: Progress | None = None,
+                   plan: DeltaPlan | None = None) -> tuple[Manifest, SnapshotStats]:  # fmt: skip
     """Store every file of `source`; return its manifest and what was new."""
     stats = SnapshotStats()
     entries: list[FileEntry] = []
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-add") as pool:
         for f in source.files:
-            entries.append(_write_file(store, f, pool, jobs, stats, progress))
+            entries.append(_write_file(store, f, pool, jobs, stats, progress, plan or DeltaPlan()))
     return Manifest(tuple(entries)), stats
 
 
 def _write_file(store: ObjectStore, f: SourceFile, pool: ThreadPoolExecutor, jobs: int,
-                stats: SnapshotStats, progress: Progress | None) -> FileEntry:  # fmt: skip
+                stats: SnapshotStats, progress: Progress | None, plan: DeltaPlan) -> FileEntry:  # fmt: skip
     stats.files += 1
     if not f.is_safetensors:
         data = f.blob_data()
@@ -108,7 +127,8 @@ def _write_file(store: ObjectStore, f: SourceFile, pool: ThreadPoolExecutor, job
     digest.update(f.layout.header)
 
     def put(span: Any, data: np.ndarray) -> tuple[Any, np.ndarray, PutResult]:
-        return span, data, store.put_tensor(span.dtype, span.shape, data)
+        bases = plan.bases.get(span.name, ())
+        return span, data, store.put_tensor(span.dtype, span.shape, data, bases=bases, max_depth=plan.max_depth)
 
     entries = []
     for span, data, result in ordered_map(pool, put, f.tensor_data(), jobs=jobs, size=lambda item: item[0].nbytes):

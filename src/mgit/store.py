@@ -13,7 +13,7 @@ import json
 import os
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,8 @@ from mgit.codecs import (
     Codec,
     CodecContext,
     CodecError,
+    SubDeltaCodec,
+    XorDeltaCodec,
     ZstdCodec,
     byte_view,
     chain_from_list,
@@ -40,6 +42,11 @@ from mgit.objects import KINDS, OID_RE, canonical_json, object_hasher, tensor_me
 MAGIC = b"MGITOBJ\x01"
 MAX_HEADER = 1 << 20
 MAX_RECORD = 256 << 20  # manifests and versions are small; refuse to decode a forged giant
+DEFAULT_MAX_DEPTH = 4  # delta chains longer than this are cut: checkout decodes every link
+MAX_DEPTH_LIMIT = 64  # no writer goes deeper; a header claiming more is forged
+SAMPLE_FROM = 1 << 20  # tensors larger than this choose their encoding on samples
+SAMPLE_BYTES = 64 << 10
+SAMPLES = 4
 
 
 @dataclass(frozen=True)
@@ -48,10 +55,17 @@ class ObjectHeader:
     meta: dict[str, Any]
     size: int
     codecs: list[dict[str, Any]]
+    depth: int = 0  # how many delta bases must be decoded before this object (0: none)
 
     @property
     def codec_names(self) -> str:
         return "+".join(c["name"] for c in self.codecs) or "raw"
+
+    @property
+    def bases(self) -> list[str]:
+        """Objects this one is encoded against (they must be kept while it is)."""
+        return [c["configuration"]["base"] for c in self.codecs
+                if isinstance(c.get("configuration"), dict) and isinstance(c["configuration"].get("base"), str)]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -64,7 +78,10 @@ class PutResult:
 
 
 def _header_bytes(header: ObjectHeader) -> bytes:
-    body = canonical_json({"kind": header.kind, "meta": header.meta, "size": header.size, "codecs": header.codecs})
+    fields = {"kind": header.kind, "meta": header.meta, "size": header.size, "codecs": header.codecs}
+    if header.depth:
+        fields["depth"] = header.depth
+    body = canonical_json(fields)
     return MAGIC + struct.pack("<I", len(body)) + body
 
 
@@ -79,18 +96,20 @@ def parse_record(oid: str, raw: bytes | memoryview | np.ndarray) -> tuple[Object
         raise CorruptObjectError(oid, f"header length {n} is out of range")
     try:
         h = json.loads(bytes(view[start : start + n]))
-        kind, meta, size, codecs = h["kind"], h["meta"], h["size"], h["codecs"]
-    except (ValueError, KeyError, TypeError) as exc:
+        kind, meta, size, codecs, depth = h["kind"], h["meta"], h["size"], h["codecs"], h.get("depth", 0)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptObjectError(oid, f"unreadable header ({exc})") from None
     if kind not in KINDS or not isinstance(meta, dict) or not isinstance(codecs, list):
         raise CorruptObjectError(oid, "malformed header")
     if not isinstance(size, int) or size < 0:
         raise CorruptObjectError(oid, "malformed size")
+    if not isinstance(depth, int) or not 0 <= depth <= MAX_DEPTH_LIMIT:
+        raise CorruptObjectError(oid, f"malformed delta depth {depth!r}")
     if kind == "tensor":
         _check_tensor_meta(oid, meta, size)
     elif kind in ("manifest", "version") and size > MAX_RECORD:
         raise CorruptObjectError(oid, f"a {kind} of {size} bytes is larger than any mgit writes")
-    return ObjectHeader(kind, meta, size, codecs), view[start + n :]
+    return ObjectHeader(kind, meta, size, codecs, depth), view[start + n :]
 
 
 def _check_tensor_meta(oid: str, meta: dict[str, Any], size: int) -> None:
@@ -109,6 +128,23 @@ def default_chain(kind: str, meta: dict[str, Any]) -> list[Codec]:
             return [ByteplanesCodec(itemsize=itemsize(dtype)), ZstdCodec(level=1)]
         return [ZstdCodec(level=1)]
     return [ZstdCodec(level=3)]
+
+
+def delta_chains(base: str, meta: dict[str, Any]) -> list[list[Codec]]:
+    """The lossless delta encodings of a tensor against `base`: XOR and zig-zag difference
+    of the bit patterns, each followed by the tensor's standalone chain."""
+    tail = default_chain("tensor", meta)
+    chains: list[list[Codec]] = [[XorDeltaCodec(base=base), *tail]]
+    size = itemsize(meta["dtype"])
+    if size in (1, 2, 4, 8):
+        chains.append([SubDeltaCodec(base=base, itemsize=size), *tail])
+    return chains
+
+
+def _sample_slices(nbytes: int) -> list[slice]:
+    """SAMPLES evenly spaced slices of SAMPLE_BYTES, at offsets aligned to 64 bytes."""
+    step = (nbytes - SAMPLE_BYTES) // (SAMPLES - 1)
+    return [slice(o, o + SAMPLE_BYTES) for o in (i * step // 64 * 64 for i in range(SAMPLES))]
 
 
 class ObjectStore:
@@ -138,8 +174,13 @@ class ObjectStore:
 
     # --- writing ------------------------------------------------------------------------
     def put(self, kind: str, meta: dict[str, Any], data: Any, *, chain: list[Codec] | None = None,
-            oid: str | None = None) -> PutResult:  # fmt: skip
-        """Store `data` (bytes or a uint8 array) unless an object with its id exists."""
+            oid: str | None = None, bases: Sequence[str] = (), max_depth: int = DEFAULT_MAX_DEPTH) -> PutResult:  # fmt: skip
+        """Store `data` (bytes or a uint8 array) unless an object with its id exists.
+
+        With `bases` (tensors this one probably derives from), the smallest of the standalone
+        encoding and a delta against each base wins, bases already `max_depth` deltas deep
+        excepted.
+        """
         buf = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
         if oid is None:
             hasher = object_hasher(kind, meta)
@@ -147,17 +188,51 @@ class ObjectStore:
             oid = hasher.hexdigest()
         if self.has(oid):
             return PutResult(oid, self.stored_size(oid), False, "", buf.nbytes)
-        codecs = default_chain(kind, meta) if chain is None else chain
-        ctx = CodecContext(size=buf.nbytes)
-        payload: Any = encode_chain(codecs, buf, ctx) if codecs else buf
-        if codecs and len(payload) >= buf.nbytes:  # incompressible: keep it raw
-            codecs, payload = [], buf
-        header = ObjectHeader(kind, meta, buf.nbytes, chain_to_list(codecs))
+        candidates = [default_chain(kind, meta) if chain is None else chain]
+        depths: dict[str, int] = {}
+        for base in bases if kind == "tensor" else ():
+            try:
+                bh = self.header(base)
+            except (CorruptObjectError, MissingObjectError):
+                continue  # a damaged base is never used; fsck reports it
+            if bh.kind == "tensor" and bh.meta["dtype"] == meta["dtype"] and bh.depth < max_depth:
+                depths[base] = bh.depth + 1
+                candidates += delta_chains(base, meta)
+        loaded: dict[str, np.ndarray] = {}
+
+        def load(base: str) -> np.ndarray:
+            if base not in loaded:
+                loaded[base] = self.get(base)[1]
+            return loaded[base]
+
+        codecs, payload = self._smallest(candidates, buf, load)
+        depth = max((depths[c.base] for c in codecs if isinstance(c, XorDeltaCodec | SubDeltaCodec)), default=0)
+        header = ObjectHeader(kind, meta, buf.nbytes, chain_to_list(codecs), depth)
         stored = self._write_record(oid, [_header_bytes(header), payload])
         return PutResult(oid, stored, True, header.codec_names, buf.nbytes)
 
-    def put_tensor(self, dtype: str, shape: tuple[int, ...], data: np.ndarray) -> PutResult:
-        return self.put("tensor", tensor_meta(dtype, shape), data)
+    @staticmethod
+    def _smallest(candidates: list[list[Codec]], buf: np.ndarray, load: Any) -> tuple[list[Codec], Any]:
+        """The candidate chain with the smallest output, and that output (raw if nothing
+        saves a byte). Large buffers are judged on a few samples, then encoded once."""
+        if len(candidates) > 1 and buf.nbytes > SAMPLE_FROM:
+            slices = _sample_slices(buf.nbytes)
+
+            def sampled(chain: list[Codec]) -> int:
+                return sum(len(encode_chain(chain, buf[s], CodecContext(s.stop - s.start, lambda o, s=s: load(o)[s])))
+                           for s in slices)  # fmt: skip
+
+            candidates = [min(candidates, key=sampled)]
+        best: tuple[list[Codec], Any] = ([], buf)
+        for chain in candidates:
+            payload = encode_chain(chain, buf, CodecContext(buf.nbytes, load)) if chain else buf
+            if len(payload) < len(best[1]):
+                best = (chain, payload)
+        return best
+
+    def put_tensor(self, dtype: str, shape: tuple[int, ...], data: np.ndarray, *, bases: Sequence[str] = (),
+                   max_depth: int = DEFAULT_MAX_DEPTH) -> PutResult:  # fmt: skip
+        return self.put("tensor", tensor_meta(dtype, shape), data, bases=bases, max_depth=max_depth)
 
     def put_blob(self, data: Any) -> PutResult:
         return self.put("blob", {}, data)
@@ -174,7 +249,7 @@ class ObjectStore:
         header, payload = parse_record(oid, self._read_record(oid))
         try:
             chain = chain_from_list(header.codecs)
-            data = decode_chain(chain, payload, CodecContext(size=header.size, load_object=self.get_bytes))
+            data = decode_chain(chain, payload, CodecContext(size=header.size, load_object=lambda o: self.get(o)[1]))
         except CodecError as exc:
             raise CorruptObjectError(oid, exc.message) from None
         arr = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)

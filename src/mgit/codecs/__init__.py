@@ -12,6 +12,7 @@ from mgit.codecs.base import (
     encode_chain,
 )
 from mgit.codecs.byteplanes import ByteplanesCodec
+from mgit.codecs.delta import SubDeltaCodec, XorDeltaCodec
 from mgit.codecs.zstd import ZstdCodec
 
 __all__ = [
@@ -19,6 +20,8 @@ __all__ = [
     "Codec",
     "CodecContext",
     "CodecError",
+    "SubDeltaCodec",
+    "XorDeltaCodec",
     "ZstdCodec",
     "byte_view",
     "chain_from_list",

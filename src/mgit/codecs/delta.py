@@ -1,0 +1,101 @@
+"""Bitwise deltas against a base object: XOR, and integer difference with zig-zag.
+
+A fine-tuned weight keeps the sign, the exponent and the high mantissa bits of its parent, so
+its bit pattern XOR (or minus) the parent's is mostly zero bits, which byte planes + zstd
+then store in a fraction of the space. Both codecs work on the common prefix of the two
+buffers and leave the rest as it is, so a tensor that grew along its first dimension (an
+embedding with added tokens) still deltas against the rows it shares with its parent.
+
+The base is named by its object id in the configuration; decoding loads it through the
+context, and the store verifies its hash like any other read.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from mgit.codecs.base import Buffer, Codec, CodecContext, CodecError, register
+
+OID_RE = re.compile(r"^[0-9a-f]{64}$")  # an object id (the codecs sit below mgit.objects)
+
+
+def _u8(data: Buffer) -> np.ndarray:
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    return np.frombuffer(data, np.uint8)
+
+
+def _base(codec: XorDeltaCodec | SubDeltaCodec, ctx: CodecContext) -> np.ndarray:
+    if ctx.load_object is None:
+        raise CodecError(f"{codec.name} needs its base object {codec.base[:16]}, and none can be loaded here")
+    return _u8(ctx.load_object(codec.base))
+
+
+def _check_base(base: object) -> None:
+    if not isinstance(base, str) or not OID_RE.match(base):
+        raise ValueError(f"base must be an object id, not {base!r}")
+
+
+@register
+@dataclass(frozen=True)
+class XorDeltaCodec(Codec):
+    name = "xor_delta"
+    base: str
+
+    def __post_init__(self) -> None:
+        _check_base(self.base)
+
+    def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        return _xor(_u8(data), _base(self, ctx))
+
+    def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        return _xor(_u8(data), _base(self, ctx))
+
+
+def _xor(data: np.ndarray, base: np.ndarray) -> np.ndarray:
+    out = data.copy()
+    n = min(out.size, base.size)
+    np.bitwise_xor(out[:n], base[:n], out=out[:n])
+    return out
+
+
+@register
+@dataclass(frozen=True)
+class SubDeltaCodec(Codec):
+    """(value - base) modulo 2**bits on the bit patterns, zig-zag mapped so that small
+    negative and positive differences both become small unsigned numbers."""
+
+    name = "sub_delta"
+    base: str
+    itemsize: int
+
+    def __post_init__(self) -> None:
+        _check_base(self.base)
+        if self.itemsize not in (1, 2, 4, 8):
+            raise ValueError(f"itemsize must be 1, 2, 4 or 8, not {self.itemsize!r}")
+
+    def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        out, base, n = self._views(_u8(data).copy(), _base(self, ctx))
+        bits = 8 * self.itemsize
+        signed = np.dtype(f"<i{self.itemsize}")
+        diff = (out[:n] - base[:n]).view(signed)  # unsigned subtraction wraps modulo 2**bits
+        out[:n] = ((diff << 1) ^ (diff >> (bits - 1))).view(out.dtype)
+        return out.view(np.uint8)
+
+    def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        out, base, n = self._views(_u8(data).copy(), _base(self, ctx))
+        zz = out[:n]
+        diff = (zz >> 1) ^ (np.zeros_like(zz) - (zz & 1))  # undo zig-zag, modulo 2**bits
+        out[:n] = base[:n] + diff
+        return out.view(np.uint8)
+
+    def _views(self, data: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        if data.size % self.itemsize:
+            raise CodecError(f"{data.size} bytes is not a whole number of {self.itemsize}-byte items")
+        unsigned = np.dtype(f"<u{self.itemsize}")
+        whole = base.size - base.size % self.itemsize
+        out, ref = data.view(unsigned), base[:whole].view(unsigned)
+        return out, ref, min(out.size, ref.size)
