@@ -84,6 +84,14 @@ class DeltaPlan:
     bases: dict[str, list[str]] = field(default_factory=dict)
     max_depth: int = DEFAULT_MAX_DEPTH
 
+    def candidates(self, name: str) -> list[str]:
+        """Bases for a tensor: the same name in a parent, or for a quantization scale
+        (`X.weight_scale`, `X.scale`) the tensor it was computed from."""
+        for key in (name, name.removesuffix("_scale"), name.removesuffix(".scale") + ".weight"):
+            if key in self.bases:
+                return self.bases[key]
+        return []
+
     @classmethod
     def from_parents(cls, manifests: Iterable[Manifest], *, max_depth: int) -> DeltaPlan:
         bases: dict[str, list[str]] = {}
@@ -127,8 +135,8 @@ def _write_file(store: ObjectStore, f: SourceFile, pool: ThreadPoolExecutor, job
     digest.update(f.layout.header)
 
     def put(span: Any, data: np.ndarray) -> tuple[Any, np.ndarray, PutResult]:
-        bases = plan.bases.get(span.name, ())
-        return span, data, store.put_tensor(span.dtype, span.shape, data, bases=bases, max_depth=plan.max_depth)
+        return span, data, store.put_tensor(span.dtype, span.shape, data, bases=plan.candidates(span.name),
+                                            max_depth=plan.max_depth)  # fmt: skip
 
     entries = []
     for span, data, result in ordered_map(pool, put, f.tensor_data(), jobs=jobs, size=lambda item: item[0].nbytes):

@@ -22,13 +22,18 @@ import numpy as np
 
 from mgit.atomicfile import TMP_PREFIX, fsync_dir, write_atomic
 from mgit.codecs import (
+    AbsmaxScaleCodec,
     ByteplanesCodec,
+    CastCodec,
     Codec,
     CodecContext,
     CodecError,
+    PatchCodec,
+    QuantizeInt8Codec,
     SubDeltaCodec,
     XorDeltaCodec,
     ZstdCodec,
+    byte_array,
     byte_view,
     chain_from_list,
     chain_to_list,
@@ -131,14 +136,33 @@ def default_chain(kind: str, meta: dict[str, Any]) -> list[Codec]:
 
 
 def delta_chains(base: str, meta: dict[str, Any]) -> list[list[Codec]]:
-    """The lossless delta encodings of a tensor against `base`: XOR and zig-zag difference
-    of the bit patterns, each followed by the tensor's standalone chain."""
+    """Lossless encodings of a tensor against a base of the same dtype: XOR and zig-zag
+    difference of the bit patterns (each followed by the tensor's standalone chain), and a
+    patch of the items that differ (pruning, sparse updates)."""
     tail = default_chain("tensor", meta)
     chains: list[list[Codec]] = [[XorDeltaCodec(base=base), *tail]]
     size = itemsize(meta["dtype"])
     if size in (1, 2, 4, 8):
         chains.append([SubDeltaCodec(base=base, itemsize=size), *tail])
+        chains.append([PatchCodec(base=base, itemsize=size), ZstdCodec(level=1)])
     return chains
+
+
+def derived_chains(base: str, base_meta: dict[str, Any], meta: dict[str, Any]) -> list[list[Codec]]:
+    """Encodings of a tensor predicted from a float32 base of another dtype or shape: a cast,
+    an int8 quantization of a matrix, or that quantization's per-row scales."""
+    if base_meta["dtype"] != "F32":
+        return []
+    shape, base_shape, dtype = meta["shape"], base_meta["shape"], meta["dtype"]
+    tail: list[Codec] = [ZstdCodec(level=1)]
+    if dtype in ("BF16", "F16") and shape == base_shape:
+        return [[CastCodec(base=base, to=dtype), *tail]]
+    if len(base_shape) == 2 and base_shape[0] > 0:
+        if dtype == "I8" and shape == base_shape:
+            return [[QuantizeInt8Codec(base=base, rows=base_shape[0]), *tail]]
+        if dtype == "F32" and shape == [base_shape[0]]:
+            return [[AbsmaxScaleCodec(base=base, rows=base_shape[0]), *tail]]
+    return []
 
 
 def _sample_slices(nbytes: int) -> list[slice]:
@@ -189,15 +213,19 @@ class ObjectStore:
         if self.has(oid):
             return PutResult(oid, self.stored_size(oid), False, "", buf.nbytes)
         candidates = [default_chain(kind, meta) if chain is None else chain]
+        exact: list[list[Codec]] = []  # derived: tried in full, only where the dtype or shape changed
         depths: dict[str, int] = {}
         for base in bases if kind == "tensor" else ():
             try:
                 bh = self.header(base)
             except (CorruptObjectError, MissingObjectError):
                 continue  # a damaged base is never used; fsck reports it
-            if bh.kind == "tensor" and bh.meta["dtype"] == meta["dtype"] and bh.depth < max_depth:
-                depths[base] = bh.depth + 1
+            if bh.kind != "tensor" or bh.depth >= max_depth:
+                continue
+            depths[base] = bh.depth + 1
+            if bh.meta["dtype"] == meta["dtype"]:
                 candidates += delta_chains(base, meta)
+            exact += derived_chains(base, bh.meta, meta)
         loaded: dict[str, np.ndarray] = {}
 
         def load(base: str) -> np.ndarray:
@@ -205,16 +233,23 @@ class ObjectStore:
                 loaded[base] = self.get(base)[1]
             return loaded[base]
 
-        codecs, payload = self._smallest(candidates, buf, load)
-        depth = max((depths[c.base] for c in codecs if isinstance(c, XorDeltaCodec | SubDeltaCodec)), default=0)
+        codecs, payload = self._smallest(candidates, exact, buf, load)
+        if any(c.name not in ("byteplanes", "zstd") for c in codecs):
+            # Never trust a prediction: what is written must decode to the content.
+            decoded = decode_chain(codecs, payload, CodecContext(buf.nbytes, load))
+            if not np.array_equal(byte_array(decoded), buf):
+                codecs, payload = self._smallest(candidates[:1], [], buf, load)
+        depth = max((depths[b] for b in ObjectHeader(kind, meta, 0, chain_to_list(codecs)).bases), default=0)
         header = ObjectHeader(kind, meta, buf.nbytes, chain_to_list(codecs), depth)
         stored = self._write_record(oid, [_header_bytes(header), payload])
         return PutResult(oid, stored, True, header.codec_names, buf.nbytes)
 
     @staticmethod
-    def _smallest(candidates: list[list[Codec]], buf: np.ndarray, load: Any) -> tuple[list[Codec], Any]:
-        """The candidate chain with the smallest output, and that output (raw if nothing
-        saves a byte). Large buffers are judged on a few samples, then encoded once."""
+    def _smallest(candidates: list[list[Codec]], exact: list[list[Codec]], buf: np.ndarray, load: Any
+                  ) -> tuple[list[Codec], Any]:  # fmt: skip
+        """The chain with the smallest output, and that output (raw if nothing saves a byte).
+        Large buffers choose among `candidates` on a few samples, then encode once; `exact`
+        chains (their transforms need whole tensors) are always encoded in full."""
         if len(candidates) > 1 and buf.nbytes > SAMPLE_FROM:
             slices = _sample_slices(buf.nbytes)
 
@@ -224,7 +259,7 @@ class ObjectStore:
 
             candidates = [min(candidates, key=sampled)]
         best: tuple[list[Codec], Any] = ([], buf)
-        for chain in candidates:
+        for chain in [*candidates, *exact]:
             payload = encode_chain(chain, buf, CodecContext(buf.nbytes, load)) if chain else buf
             if len(payload) < len(best[1]):
                 best = (chain, payload)

@@ -4,6 +4,7 @@ from mgit.codecs.base import (
     Codec,
     CodecContext,
     CodecError,
+    byte_array,
     byte_view,
     chain_from_list,
     chain_to_list,
@@ -13,9 +14,14 @@ from mgit.codecs.base import (
 )
 from mgit.codecs.byteplanes import ByteplanesCodec
 from mgit.codecs.delta import SubDeltaCodec, XorDeltaCodec
+from mgit.codecs.derived import AbsmaxScaleCodec, CastCodec, PatchCodec, QuantizeInt8Codec
 from mgit.codecs.zstd import ZstdCodec
 
 __all__ = [
+    "AbsmaxScaleCodec",
+    "CastCodec",
+    "PatchCodec",
+    "QuantizeInt8Codec",
     "ByteplanesCodec",
     "Codec",
     "CodecContext",
@@ -23,6 +29,7 @@ __all__ = [
     "SubDeltaCodec",
     "XorDeltaCodec",
     "ZstdCodec",
+    "byte_array",
     "byte_view",
     "chain_from_list",
     "chain_to_list",

@@ -9,6 +9,7 @@ stored in the header of every object it produced: decoding needs nothing but the
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -18,6 +19,22 @@ import numpy as np
 from mgit.errors import MgitError
 
 Buffer = bytes | bytearray | memoryview | np.ndarray
+
+
+OID_RE = re.compile(r"^[0-9a-f]{64}$")  # an object id (the codecs sit below mgit.objects)
+
+
+def check_oid(value: object) -> None:
+    """Configuration check for codecs that name a base object."""
+    if not isinstance(value, str) or not OID_RE.match(value):
+        raise ValueError(f"base must be an object id, not {value!r}")
+
+
+def byte_array(data: Buffer) -> np.ndarray:
+    """Any buffer as a flat uint8 array (no copy when it is contiguous)."""
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    return np.frombuffer(data, np.uint8)
 
 
 def byte_view(data: Buffer) -> memoryview:

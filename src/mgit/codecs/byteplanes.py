@@ -11,11 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mgit.codecs.base import Buffer, Codec, CodecContext, CodecError, register
-
-
-def _as_u8(data: Buffer) -> np.ndarray:
-    return data.view(np.uint8).reshape(-1) if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
+from mgit.codecs.base import Buffer, Codec, CodecContext, CodecError, byte_array, register
 
 
 @register
@@ -29,7 +25,7 @@ class ByteplanesCodec(Codec):
             raise ValueError(f"itemsize must be an integer from 1 to 16, not {self.itemsize!r}")
 
     def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        u8 = _as_u8(data)
+        u8 = byte_array(data)
         if self.itemsize == 1:
             return u8
         if u8.size % self.itemsize:
@@ -39,7 +35,7 @@ class ByteplanesCodec(Codec):
         return planes
 
     def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        u8 = _as_u8(data)
+        u8 = byte_array(data)
         if self.itemsize == 1:
             return u8
         if u8.size % self.itemsize:

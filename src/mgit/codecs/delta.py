@@ -12,31 +12,25 @@ context, and the store verifies its hash like any other read.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from mgit.codecs.base import Buffer, Codec, CodecContext, CodecError, register
-
-OID_RE = re.compile(r"^[0-9a-f]{64}$")  # an object id (the codecs sit below mgit.objects)
-
-
-def _u8(data: Buffer) -> np.ndarray:
-    if isinstance(data, np.ndarray):
-        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-    return np.frombuffer(data, np.uint8)
+from mgit.codecs.base import (
+    Buffer,
+    Codec,
+    CodecContext,
+    CodecError,
+    byte_array,
+    check_oid,
+    register,
+)
 
 
 def _base(codec: XorDeltaCodec | SubDeltaCodec, ctx: CodecContext) -> np.ndarray:
     if ctx.load_object is None:
         raise CodecError(f"{codec.name} needs its base object {codec.base[:16]}, and none can be loaded here")
-    return _u8(ctx.load_object(codec.base))
-
-
-def _check_base(base: object) -> None:
-    if not isinstance(base, str) or not OID_RE.match(base):
-        raise ValueError(f"base must be an object id, not {base!r}")
+    return byte_array(ctx.load_object(codec.base))
 
 
 @register
@@ -46,13 +40,13 @@ class XorDeltaCodec(Codec):
     base: str
 
     def __post_init__(self) -> None:
-        _check_base(self.base)
+        check_oid(self.base)
 
     def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        return _xor(_u8(data), _base(self, ctx))
+        return _xor(byte_array(data), _base(self, ctx))
 
     def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        return _xor(_u8(data), _base(self, ctx))
+        return _xor(byte_array(data), _base(self, ctx))
 
 
 def _xor(data: np.ndarray, base: np.ndarray) -> np.ndarray:
@@ -73,12 +67,12 @@ class SubDeltaCodec(Codec):
     itemsize: int
 
     def __post_init__(self) -> None:
-        _check_base(self.base)
+        check_oid(self.base)
         if self.itemsize not in (1, 2, 4, 8):
             raise ValueError(f"itemsize must be 1, 2, 4 or 8, not {self.itemsize!r}")
 
     def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        out, base, n = self._views(_u8(data).copy(), _base(self, ctx))
+        out, base, n = self._views(byte_array(data).copy(), _base(self, ctx))
         bits = 8 * self.itemsize
         signed = np.dtype(f"<i{self.itemsize}")
         diff = (out[:n] - base[:n]).view(signed)  # unsigned subtraction wraps modulo 2**bits
@@ -86,7 +80,7 @@ class SubDeltaCodec(Codec):
         return out.view(np.uint8)
 
     def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        out, base, n = self._views(_u8(data).copy(), _base(self, ctx))
+        out, base, n = self._views(byte_array(data).copy(), _base(self, ctx))
         zz = out[:n]
         diff = (zz >> 1) ^ (np.zeros_like(zz) - (zz & 1))  # undo zig-zag, modulo 2**bits
         out[:n] = base[:n] + diff

@@ -1,0 +1,193 @@
+"""Derived tensors: a child predicted from its parent's tensor by a known transform, plus an
+exact residual.
+
+Each codec computes the prediction from the base object and XORs it with the content, so
+what remains is zero wherever the transform explains the child, and the chain that follows
+(zstd) stores those zeros in almost nothing. The residual makes every codec lossless whatever
+the prediction: a wrong guess costs space, never correctness.
+
+- `cast`: a float32 parent cast to bfloat16 or float16 (round to nearest even).
+- `quantize_int8`: symmetric int8 quantization of a float32 matrix, per row
+  (scale = max|row| / 127, q = clip(round(w / scale), -127, 127)).
+- `absmax_scale`: the float32 per-row scales of that quantization.
+- `patch`: elements equal to the parent cost one bit; the others are stored as they are
+  (magnitude pruning: the kept half is the parent's, the pruned half is zeros).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mgit.codecs.base import (
+    Buffer,
+    Codec,
+    CodecContext,
+    CodecError,
+    byte_array,
+    check_oid,
+    register,
+)
+
+
+def _base_f32(codec: Codec, ctx: CodecContext) -> np.ndarray:
+    if ctx.load_object is None:
+        raise CodecError(f"{codec.name} needs its base object, and none can be loaded here")
+    base = byte_array(ctx.load_object(codec.base))  # type: ignore[attr-defined]
+    if base.size % 4:
+        raise CodecError(f"{codec.name}: base is not float32")
+    return base.view("<f4")
+
+
+def _xor_prediction(data: Buffer, predicted: np.ndarray) -> np.ndarray:
+    out = byte_array(data).copy()
+    pred = predicted.reshape(-1).view(np.uint8)
+    if pred.size != out.size:
+        raise CodecError(f"prediction has {pred.size} bytes for {out.size}")
+    np.bitwise_xor(out, pred, out=out)
+    return out
+
+
+def to_bfloat16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns, rounding to nearest even (as torch does)."""
+    bits = values.astype("<f4", copy=False).view("<u4")
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+    nan = np.isnan(values)
+    rounded[nan] = ((bits[nan] >> 16) | 0x0040).astype("<u2")  # quiet NaN, sign kept
+    return rounded
+
+
+@register
+@dataclass(frozen=True)
+class CastCodec(Codec):
+    name = "cast"
+    base: str
+    to: str  # "BF16" or "F16"
+
+    def __post_init__(self) -> None:
+        check_oid(self.base)
+        if self.to not in ("BF16", "F16"):
+            raise ValueError(f"cast to {self.to!r} is not supported")
+
+    def _predict(self, ctx: CodecContext) -> np.ndarray:
+        base = _base_f32(self, ctx)
+        if self.to == "BF16":
+            return to_bfloat16_bits(base)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return base.astype("<f2")
+
+    def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        return _xor_prediction(data, self._predict(ctx))
+
+    def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        return _xor_prediction(data, self._predict(ctx))
+
+
+def _rows(codec: Codec, ctx: CodecContext, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """The base as a float32 matrix of `rows` rows, and its per-row absmax scales."""
+    base = _base_f32(codec, ctx)
+    if rows <= 0 or base.size % rows:
+        raise CodecError(f"{codec.name}: base of {base.size} values has no {rows} equal rows")
+    matrix = base.reshape(rows, -1)
+    if not matrix.size:
+        return matrix, np.zeros(rows, "<f4")
+    with np.errstate(invalid="ignore", over="ignore"):
+        scale = (np.abs(matrix).max(axis=1) / np.float32(127)).astype("<f4")
+    return matrix, scale
+
+
+@register
+@dataclass(frozen=True)
+class QuantizeInt8Codec(Codec):
+    name = "quantize_int8"
+    base: str
+    rows: int
+
+    def __post_init__(self) -> None:
+        check_oid(self.base)
+        if not isinstance(self.rows, int) or self.rows < 1:
+            raise ValueError(f"rows must be a positive integer, not {self.rows!r}")
+
+    def _predict(self, ctx: CodecContext) -> np.ndarray:
+        matrix, scale = _rows(self, ctx, self.rows)
+        safe = np.where(scale == 0, np.float32(1), scale)[:, None]
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            q = np.clip(np.rint(matrix / safe), -127, 127)
+        return np.nan_to_num(q).astype(np.int8)
+
+    def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        return _xor_prediction(data, self._predict(ctx))
+
+    def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        return _xor_prediction(data, self._predict(ctx))
+
+
+@register
+@dataclass(frozen=True)
+class AbsmaxScaleCodec(Codec):
+    name = "absmax_scale"
+    base: str
+    rows: int
+
+    def __post_init__(self) -> None:
+        check_oid(self.base)
+        if not isinstance(self.rows, int) or self.rows < 1:
+            raise ValueError(f"rows must be a positive integer, not {self.rows!r}")
+
+    def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        return _xor_prediction(data, _rows(self, ctx, self.rows)[1])
+
+    def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        return _xor_prediction(data, _rows(self, ctx, self.rows)[1])
+
+
+@register
+@dataclass(frozen=True)
+class PatchCodec(Codec):
+    """Output: a bitmap (one bit per item, set where the item equals the base's), then the
+    items that differ, in order. Items past the end of the base always differ."""
+
+    name = "patch"
+    base: str
+    itemsize: int
+
+    def __post_init__(self) -> None:
+        check_oid(self.base)
+        if self.itemsize not in (1, 2, 4, 8):
+            raise ValueError(f"itemsize must be 1, 2, 4 or 8, not {self.itemsize!r}")
+
+    def _base(self, ctx: CodecContext, count: int) -> np.ndarray:
+        if ctx.load_object is None:
+            raise CodecError("patch needs its base object, and none can be loaded here")
+        base = byte_array(ctx.load_object(self.base))
+        whole = base.size - base.size % self.itemsize
+        return base[:whole].view(f"<u{self.itemsize}")[:count]
+
+    def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        raw = byte_array(data)
+        if raw.size % self.itemsize:
+            raise CodecError(f"{raw.size} bytes is not a whole number of {self.itemsize}-byte items")
+        items = raw.view(f"<u{self.itemsize}")
+        base = self._base(ctx, items.size)
+        same = np.zeros(items.size, bool)
+        same[: base.size] = items[: base.size] == base
+        return np.concatenate([np.packbits(same), items[~same].view(np.uint8)])
+
+    def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        count = ctx.size // self.itemsize
+        raw = byte_array(data)
+        nbitmap = -(-count // 8)
+        if ctx.size % self.itemsize or raw.size < nbitmap:
+            raise CodecError("patch data is shorter than its bitmap")
+        same = np.unpackbits(raw[:nbitmap], count=count).astype(bool)
+        differ = raw[nbitmap:]
+        if differ.size != int((~same).sum()) * self.itemsize:
+            raise CodecError("patch data does not match its bitmap")
+        base = self._base(ctx, count)
+        if int(same[base.size :].sum()):
+            raise CodecError("patch bitmap refers past the end of its base")
+        out = np.empty(count, f"<u{self.itemsize}")
+        out[: base.size] = base
+        out[~same] = differ.view(f"<u{self.itemsize}")
+        return out.view(np.uint8)
