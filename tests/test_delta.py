@@ -183,3 +183,14 @@ def test_gc_keeps_bases_of_a_removed_parent(repo: Repo, tmp_path: Path) -> None:
     assert repo.fsck().ok
     repo.checkout("ft", tmp_path / "out")
     assert sha256_tree(tmp_path / "out") == sha256_tree(tmp_path / "ft")
+
+
+def test_show_and_du_say_how_tensors_are_stored(repo: Repo, tmp_path: Path) -> None:
+    base = family_state()
+    repo.add(write_state(tmp_path / "base", base), name="base")
+    child = {"embed.weight": base["embed.weight"], "layer.0.weight": finetuned(base["layer.0.weight"], 2)}
+    repo.add(write_state(tmp_path / "ft", child), name="ft", parent="base")
+    assert repo.show("base").tensor_storage == {"standalone": 2}
+    assert repo.show("ft").tensor_storage == {"deduplicated": 1, "delta": 1}
+    usage = {m.name: m.tensor_storage for m in repo.du().models}
+    assert usage == {"base": {"standalone": 2}, "ft": {"deduplicated": 1, "delta": 1}}

@@ -46,6 +46,16 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
 ]
 
 
+DELTA_CODECS = ("xor_delta", "sub_delta", "patch")
+DERIVED_CODECS = ("cast", "quantize_int8", "absmax_scale")
+
+
+def storage_class(codec_names: str) -> str:
+    """`delta`, `derived` or `standalone`, from a chain's names as recorded (`a+b+c`)."""
+    first = codec_names.split("+")[0]
+    return "delta" if first in DELTA_CODECS else "derived" if first in DERIVED_CODECS else "standalone"
+
+
 @dataclass(frozen=True)
 class ObjectRow:
     id: str
@@ -277,6 +287,25 @@ class Catalog:
                (SELECT 1 FROM version_objects o2 WHERE o2.object = vo.object AND o2.version != ?)""",
             (vid, vid),
         ).fetchone()[0]
+
+    def tensor_storage(self, vids: list[str]) -> dict[str, int]:
+        """How the tensors of these versions are stored: `deduplicated` (an earlier version
+        stored the object), else by the first codec of the object's chain."""
+        counts: dict[str, int] = {}
+        for i in range(0, len(vids), 500):
+            chunk = vids[i : i + 500]
+            rows = self.db.execute(
+                f"""SELECT o.codec, EXISTS (SELECT 1 FROM version_objects vo2 JOIN versions v2 ON v2.id = vo2.version
+                                            WHERE vo2.object = vo.object AND v2.rowid < v.rowid), COUNT(*)
+                    FROM version_objects vo JOIN objects o ON o.id = vo.object JOIN versions v ON v.id = vo.version
+                    WHERE vo.version IN ({",".join("?" * len(chunk))}) AND o.kind = 'tensor'
+                    GROUP BY 1, 2""",
+                chunk,
+            )
+            for codec, dedup, n in rows:
+                key = "deduplicated" if dedup else storage_class(codec)
+                counts[key] = counts.get(key, 0) + n
+        return counts
 
     def physical_bytes(self, vids: list[str]) -> tuple[int, int]:
         """(objects, stored bytes) of the distinct objects that these versions use."""

@@ -434,7 +434,8 @@ class Repo:
             s[0], s[1], s[2] = s[0] + 1, s[1] + r.logical_size, s[2] + r.stored_size
         shared = self.catalog.shared_objects(vid)
         return ShowResult(self._info(self._row(vid)), _file_infos(manifest), dtypes,
-                          [StorageInfo(k, *v) for k, v in sorted(storage.items())], shared)  # fmt: skip
+                          [StorageInfo(k, *v) for k, v in sorted(storage.items())], shared,
+                          self.catalog.tensor_storage([vid]))  # fmt: skip
 
     def du(self) -> DuResult:
         heads = self.catalog.heads()
@@ -443,7 +444,8 @@ class Repo:
             vids = [v for v in self.chain(head)]
             rows = self.catalog.versions_of(vids)
             count, stored = self.catalog.physical_bytes(vids)
-            models.append(ModelUsage(name, len(vids), sum(r.logical_bytes for r in rows.values()), stored, count))
+            models.append(ModelUsage(name, len(vids), sum(r.logical_bytes for r in rows.values()), stored, count,
+                                     self.catalog.tensor_storage(vids)))  # fmt: skip
             live.extend(vids)
         all_rows = self.catalog.versions_of(sorted(set(live)))
         count, stored = self.catalog.physical_bytes(sorted(set(live)))

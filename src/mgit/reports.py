@@ -102,6 +102,7 @@ class ShowResult(Report):
     dtypes: dict[str, int]  # dtype -> parameter count
     storage: list[StorageInfo]
     shared_objects: int  # objects of this version that other versions use too
+    tensor_storage: dict[str, int] = field(default_factory=dict)  # deduplicated/delta/derived/standalone
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,7 @@ class ModelUsage(Report):
     logical_bytes: int
     stored_bytes: int
     objects: int
+    tensor_storage: dict[str, int] = field(default_factory=dict)  # deduplicated/delta/derived/standalone
 
     @property
     def reduction(self) -> float:

@@ -25,6 +25,12 @@ def _parents(parents: list[ParentInfo]) -> str:
     return ", ".join(f"{p.ref} ({p.relation})" for p in parents) or "-"
 
 
+def _tensor_storage(counts: dict[str, int]) -> str:
+    """'3 deduplicated, 100 delta, 0 derived, 3 standalone': how a user sees dedup happen."""
+    kinds = ("deduplicated", "delta", "derived", "standalone")
+    return ", ".join(f"{counts.get(k, 0)} {k}" for k in kinds)
+
+
 def _lossy_mark(lossy: object) -> str:
     return " [lossy]" if lossy else ""
 
@@ -203,7 +209,8 @@ def show(ctx: click.Context, ref: str, as_json: bool) -> None:
     out.print(_version_line(v))
     out.print(f"  params:  {v.params:,} ({', '.join(f'{d} {n:,}' for d, n in sorted(result.dtypes.items()))})")
     out.print(f"  stored:  {size(v.stored_bytes)} for {size(v.logical_bytes)} "
-              f"({result.shared_objects} objects shared with other versions)\n")  # fmt: skip
+              f"({result.shared_objects} objects shared with other versions)")  # fmt: skip
+    out.print(f"  tensors: {_tensor_storage(result.tensor_storage)}\n")
     files = table("file", "type", "tensors", "size", "digest")
     for f in result.files:
         kind = f.type + (f" (from {f.converted_from})" if f.converted_from else "")
@@ -230,9 +237,10 @@ def du(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         print_json(result.to_json())
         return
-    t = table("model", "versions", "logical", "stored", "factor")
+    t = table("model", "versions", "logical", "stored", "factor", "tensors: dedup", "delta", "derived", "standalone")
     for m in result.models:
-        t.add_row(m.name, str(m.versions), size(m.logical_bytes), size(m.stored_bytes), f"{m.reduction:.2f}x")
+        t.add_row(m.name, str(m.versions), size(m.logical_bytes), size(m.stored_bytes), f"{m.reduction:.2f}x",
+                  *(str(m.tensor_storage.get(k, 0)) for k in ("deduplicated", "delta", "derived", "standalone")))  # fmt: skip
     t.add_row("repository", str(sum(m.versions for m in result.models)), size(result.logical_bytes),
               size(result.stored_bytes), f"{result.reduction:.2f}x")  # fmt: skip
     out.print(t)

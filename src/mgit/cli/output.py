@@ -53,7 +53,8 @@ def table(*columns: str, title: str | None = None) -> Table:
     """A borderless table; numeric columns (by name) are right-aligned."""
     t = Table(title=title, box=None, header_style="bold", pad_edge=False, highlight=False)
     for c in columns:
-        right = c.lower() in {"size", "logical", "stored", "tensors", "versions", "factor", "params", "objects", "files", "new"}
+        right = c.lower() in {"size", "logical", "stored", "tensors", "versions", "factor", "params", "objects", "files", "new",
+                         "tensors: dedup", "delta", "derived", "standalone"}
         t.add_column(c, justify="right" if right else "left", no_wrap=True)
     return t
 
