@@ -47,7 +47,7 @@ from mgit.objects import KINDS, OID_RE, canonical_json, object_hasher, tensor_me
 MAGIC = b"MGITOBJ\x01"
 MAX_HEADER = 1 << 20
 MAX_RECORD = 256 << 20  # manifests and versions are small; refuse to decode a forged giant
-DEFAULT_MAX_DEPTH = 4  # delta chains longer than this are cut: checkout decodes every link
+DEFAULT_MAX_DEPTH = 2  # longer chains are cut: checkout decodes every link (benchmarks/chain_depth.py)
 MAX_DEPTH_LIMIT = 64  # no writer goes deeper; a header claiming more is forged
 SAMPLE_FROM = 1 << 20  # tensors larger than this choose their encoding on samples
 SAMPLE_BYTES = 64 << 10
