@@ -46,7 +46,7 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
 ]
 
 
-DELTA_CODECS = ("xor_delta", "sub_delta", "patch")
+DELTA_CODECS = ("xor_delta", "sub_delta", "patch", "quantized_delta")
 DERIVED_CODECS = ("cast", "quantize_int8", "absmax_scale")
 
 

@@ -15,9 +15,11 @@ import json
 import os
 import re
 import signal
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,8 +38,10 @@ from mgit.errors import (
     UnknownRefError,
 )
 from mgit.formats.folder import ModelSource, scan_path, scan_state_dict
+from mgit.gate import DEFAULT_TIMEOUT, GateResult, evaluate
 from mgit.integrity import check_references, load_manifest, load_version, verify_objects, walk
 from mgit.locks import FileLock
+from mgit.lossy import DEFAULT_GUARD, LossyPolicy, verdict
 from mgit.objects import RELATIONS, Manifest, Parent, TensorEntry, Version
 from mgit.refs import RefStore, validate_model_name
 from mgit.reports import (
@@ -59,14 +63,16 @@ from mgit.reports import (
 from mgit.snapshot import (
     DeltaPlan,
     Progress,
+    SnapshotStats,
     as_array,
     as_torch,
     default_jobs,
     restore_file,
+    restore_manifest,
     safe_join,
     write_snapshot,
 )
-from mgit.store import DEFAULT_MAX_DEPTH, LocalStore, remove_leftovers
+from mgit.store import DEFAULT_MAX_DEPTH, LocalStore, MemoryStore, remove_leftovers
 
 REPO_DIR = ".mgit"
 REPO_FORMAT = 1
@@ -267,14 +273,29 @@ class Repo:
         author: str | None = None,
         jobs: int | None = None,
         progress: Callable[[int, int], Progress] | None = None,
+        lossy: float | None = None,
+        guard: float = DEFAULT_GUARD,
+        gate: str | None = None,
+        max_drop: float = 0.0,
+        gate_timeout: float = DEFAULT_TIMEOUT,
     ) -> AddResult:
         """Store a model folder, a file or a state dict as the next version of `name`.
 
         `parent` names lineage parents (refs); when omitted, a new version keeps the parents
         of the version before it. Adding the same content as the head changes nothing.
         `progress(total_bytes, 0)` may return a callback that receives bytes as they are done.
+
+        `lossy=EPS` stores float tensors that changed from a parent tensor as a quantized
+        change, every value within EPS of the original (see `mgit.lossy`; `guard` is the
+        fidelity threshold). `gate="module:function"` (or `file.py:function`) then runs that
+        metric function on the original and the reconstruction in child processes and keeps
+        the lossy version only if no metric gets worse by more than `max_drop`. Whenever lossy
+        storage is refused, the version is stored losslessly and the result says why.
         """
         validate_model_name(name)
+        policy = LossyPolicy(lossy, guard) if lossy is not None else None
+        if gate is not None and policy is None:
+            raise MgitError("a gate only checks lossy storage", hint="Add --lossy EPS")
         relation = relation or "finetune"
         if relation not in RELATIONS:
             raise MgitError(f"unknown relation {relation!r}", hint=f"Use one of: {', '.join(RELATIONS)}")
@@ -285,7 +306,8 @@ class Repo:
         plan = self._delta_plan(name, parents)
         crash_point("after-scan")
         with self._writer_lock():
-            manifest, stats = write_snapshot(self.store, src, jobs=jobs or default_jobs(), progress=tick, plan=plan)
+            manifest, stats, outcome = self._snapshot(src, source, plan, policy, jobs or default_jobs(), tick,
+                                                      (gate, max_drop, gate_timeout))  # fmt: skip
             crash_point("after-objects")
             mres = self.store.put_record("manifest", manifest.to_json())
             self.store.sync()
@@ -295,7 +317,7 @@ class Repo:
                 if prev is not None and not parent_refs:
                     parents = prev.parents
                 if prev is not None and prev.manifest == mres.oid and prev.parents == parents:
-                    return self._add_result(head, prev, stats, created=False, notes=src.notes)
+                    return self._add_result(head, prev, stats, created=False, notes=src.notes, lossy=outcome)
                 version = Version(
                     model=name, manifest=mres.oid, parents=parents, predecessor=head, message=message,
                     author=author or os.environ.get("MGIT_AUTHOR") or _default_author(), time=_now(),
@@ -303,6 +325,7 @@ class Repo:
                     summary={"files": len(manifest.files), "tensors": len(manifest.tensors()),
                              "params": sum(t.params for t in manifest.tensors()),
                              "logical_bytes": manifest.logical_bytes},
+                    lossy=outcome.get("record"),
                 )  # fmt: skip
                 vres = self.store.put_record("version", version.to_json())
                 self.store.sync()
@@ -314,7 +337,42 @@ class Repo:
         self.catalog.add_objects(stats.new_objects)
         self._index(vres.oid)
         self.sync_catalog()
-        return self._add_result(vres.oid, version, stats, created=True, notes=src.notes)
+        return self._add_result(vres.oid, version, stats, created=True, notes=src.notes, lossy=outcome)
+
+    def _snapshot(self, src: ModelSource, source: Any, plan: DeltaPlan, policy: LossyPolicy | None, jobs: int,
+                  tick: Progress | None, gate: tuple[str | None, float, float]
+                  ) -> tuple[Manifest, SnapshotStats, dict[str, Any]]:  # fmt: skip
+        """Write the objects of a version: lossily if asked and accepted, else losslessly.
+        Lossy objects are written first but only become visible if the version is committed;
+        when refused they stay unreferenced (gc removes them) and the files are added again."""
+        if policy is None:
+            return *write_snapshot(self.store, src, jobs=jobs, progress=tick, plan=plan), {}
+        manifest, stats = write_snapshot(self.store, src, jobs=jobs, progress=tick, plan=replace(plan, lossy=policy))
+        record, refusal = verdict(stats.lossy, policy)
+        outcome: dict[str, Any] = {}
+        spec, max_drop, timeout = gate
+        if record is not None and spec is not None:
+            result = self._run_gate(src, source, manifest, spec, max_drop, timeout, jobs)
+            outcome["gate"] = {"original": result.original, "reconstruction": result.reconstruction}
+            if not result.passed:
+                record, refusal = None, f"the gate refused it: {result.reason}"
+        if record is None:
+            manifest, stats = write_snapshot(self.store, src, jobs=jobs, plan=plan)
+        return manifest, stats, {**outcome, "record": record, "refusal": refusal}
+
+    def _run_gate(self, src: ModelSource, source: Any, manifest: Manifest, spec: str, max_drop: float,
+                  timeout: float, jobs: int) -> GateResult:  # fmt: skip
+        """The gate on the source folder and on the reconstruction rebuilt from the new objects
+        (a file or a state dict is first written out as it will check out, losslessly)."""
+        with tempfile.TemporaryDirectory(prefix="mgit-gate-") as tmp:
+            recon = Path(tmp) / "reconstruction"
+            restore_manifest(self.store, manifest, recon, jobs=jobs)
+            if not isinstance(source, Mapping) and Path(source).is_dir():
+                original = Path(source)
+            else:
+                original, scratch = Path(tmp) / "original", MemoryStore()
+                restore_manifest(scratch, write_snapshot(scratch, src, jobs=jobs)[0], original, jobs=jobs)
+            return evaluate(spec, original, recon, max_drop=max_drop, timeout=timeout)
 
     def _delta_plan(self, name: str, parents: tuple[Parent, ...]) -> DeltaPlan:
         """Tensors of the previous version of `name` and of the lineage parents, as delta bases.
@@ -330,14 +388,16 @@ class Repo:
     def max_depth(self) -> int:
         return int(self.config.get("delta_max_depth", DEFAULT_MAX_DEPTH))
 
-    def _add_result(self, vid: str, version: Version, stats: Any, *, created: bool, notes: list[str]) -> AddResult:
+    def _add_result(self, vid: str, version: Version, stats: Any, *, created: bool, notes: list[str],
+                    lossy: dict[str, Any]) -> AddResult:  # fmt: skip
         row = self.catalog.version(vid)
         return AddResult(
             model=version.model, version=vid, seq=row.seq if row else len(self.chain(vid)), created=created,
             files=stats.files, tensors=stats.tensors, tensors_new=stats.tensors_new,
             logical_bytes=version.summary.get("logical_bytes", 0),
             new_bytes=sum(r.stored_size for r in stats.new_objects) if created else 0,
-            parents=self._parent_infos(version.parents), notes=list(notes),
+            parents=self._parent_infos(version.parents), notes=list(notes), lossy=version.lossy,
+            lossless_reason=lossy.get("refusal"), gate=lossy.get("gate"),
         )  # fmt: skip
 
     def _parent_infos(self, parents: tuple[Parent, ...] | tuple[tuple[str, str], ...]) -> list[ParentInfo]:
@@ -372,6 +432,9 @@ class Repo:
             for f in manifest.files:
                 restore_file(self.store, f, out, pool=pool, jobs=n, progress=tick)
         notes = [f"{f.path} was rebuilt as safetensors from {f.converted_from}" for f in manifest.files if f.converted_from]
+        if version.lossy:
+            notes.append(f"these files are a lossy reconstruction: every float value is within {version.lossy.get('eps'):g} "
+                         f"of what was added (measured max error {version.lossy.get('max_error'):.3g})")  # fmt: skip
         return CheckoutResult(version.model, vid, len(self.chain(vid)), str(out), _file_infos(manifest),
                               manifest.logical_bytes, notes)  # fmt: skip
 
@@ -411,7 +474,7 @@ class Repo:
         for name, head in heads.items():
             row = rows.get(head) or self._row(head)
             out.append(ModelSummary(name, head, row.seq, row.seq, self._parent_infos(row.parents),
-                                    row.logical_bytes, row.time, row.lossy is not None))  # fmt: skip
+                                    row.logical_bytes, row.time, row.lossy))  # fmt: skip
         return out
 
     def log(self, ref: str) -> list[VersionInfo]:

@@ -62,6 +62,9 @@ class AddResult(Report):
     new_bytes: int
     parents: list[ParentInfo]
     notes: list[str] = field(default_factory=list)
+    lossy: dict[str, Any] | None = None  # the version's lossy record when it was stored lossily
+    lossless_reason: str | None = None  # why a lossy add was stored losslessly instead
+    gate: dict[str, dict[str, float]] | None = None  # gate metrics: original and reconstruction
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ class ModelSummary(Report):
     parents: list[ParentInfo]
     logical_bytes: int
     time: str
-    lossy: bool = False
+    lossy: dict[str, Any] | None = None  # the head's lossy record (its bound and max error)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from mgit.errors import CorruptObjectError, MgitError, StorageFullError, UnsafeP
 from mgit.formats.folder import ModelSource, SourceFile
 from mgit.formats.safetensors import numpy_view
 from mgit.formats.tensors import to_torch
+from mgit.lossy import LossyPolicy, LossyTally, LossyTensor, encode_lossy
 from mgit.objects import FileEntry, Manifest, TensorEntry
 from mgit.store import DEFAULT_MAX_DEPTH, ObjectStore, PutResult
 
@@ -41,6 +42,7 @@ class SnapshotStats:
     tensors_new: int = 0
     files: int = 0
     new_objects: list[ObjectRow] = field(default_factory=list)
+    lossy: LossyTally = field(default_factory=LossyTally)
 
     def record(self, kind: str, result: PutResult) -> None:
         if result.new:
@@ -79,10 +81,12 @@ def _digest(chunks: Iterable[Any]) -> str:
 @dataclass(frozen=True)
 class DeltaPlan:
     """Which stored tensors each new tensor may be encoded against, by tensor name (the
-    matching tensors of the parents, closest parent first), and how deep chains may go."""
+    matching tensors of the parents, closest parent first), how deep chains may go, and
+    whether float tensors may be stored lossily against those bases."""
 
     bases: dict[str, list[str]] = field(default_factory=dict)
     max_depth: int = DEFAULT_MAX_DEPTH
+    lossy: LossyPolicy | None = None
 
     def candidates(self, name: str) -> list[str]:
         """Bases for a tensor: the same name in a parent, or for a quantization scale
@@ -134,14 +138,23 @@ def _write_file(store: ObjectStore, f: SourceFile, pool: ThreadPoolExecutor, job
     digest = blake3.blake3()
     digest.update(f.layout.header)
 
-    def put(span: Any, data: np.ndarray) -> tuple[Any, np.ndarray, PutResult]:
-        return span, data, store.put_tensor(span.dtype, span.shape, data, bases=plan.candidates(span.name),
-                                            max_depth=plan.max_depth)  # fmt: skip
+    def put(span: Any, data: np.ndarray) -> tuple[Any, np.ndarray, LossyTensor | None, PutResult]:
+        bases = plan.candidates(span.name)
+        lossy = None
+        if plan.lossy is not None:
+            lossy = encode_lossy(store, span.dtype, span.shape, data, bases, plan.lossy, plan.max_depth)
+        if lossy is not None and lossy.chain is not None:
+            data = lossy.data  # a lossy version stores, and its file digest covers, the reconstruction
+        extra = [lossy.chain] if lossy is not None and lossy.chain is not None else []
+        return span, data, lossy, store.put_tensor(span.dtype, span.shape, data, bases=bases, max_depth=plan.max_depth,
+                                                   extra=extra)  # fmt: skip
 
     entries = []
-    for span, data, result in ordered_map(pool, put, f.tensor_data(), jobs=jobs, size=lambda item: item[0].nbytes):
+    for span, data, lossy, result in ordered_map(pool, put, f.tensor_data(), jobs=jobs,
+                                                 size=lambda item: item[0].nbytes):  # fmt: skip
         digest.update(data)
         f.release(span)
+        stats.lossy.record(lossy)
         entries.append(TensorEntry(span.name, span.dtype, span.shape, result.oid))
         stats.tensors += 1
         stats.tensors_new += result.new
@@ -215,6 +228,13 @@ def restore_file(store: ObjectStore, entry: FileEntry, out_dir: Path, *, pool: T
         tmp.unlink(missing_ok=True)
         raise
     return target
+
+
+def restore_manifest(store: ObjectStore, manifest: Manifest, out_dir: Path, *, jobs: int) -> None:
+    """Rebuild every file of a manifest under `out_dir` (a version need not exist yet)."""
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-restore") as pool:
+        for f in manifest.files:
+            restore_file(store, f, out_dir, pool=pool, jobs=jobs)
 
 
 def as_array(store: ObjectStore, entry: TensorEntry) -> np.ndarray:

@@ -198,12 +198,14 @@ class ObjectStore:
 
     # --- writing ------------------------------------------------------------------------
     def put(self, kind: str, meta: dict[str, Any], data: Any, *, chain: list[Codec] | None = None,
-            oid: str | None = None, bases: Sequence[str] = (), max_depth: int = DEFAULT_MAX_DEPTH) -> PutResult:  # fmt: skip
+            oid: str | None = None, bases: Sequence[str] = (), max_depth: int = DEFAULT_MAX_DEPTH,
+            extra: Sequence[list[Codec]] = ()) -> PutResult:  # fmt: skip
         """Store `data` (bytes or a uint8 array) unless an object with its id exists.
 
         With `bases` (tensors this one probably derives from), the smallest of the standalone
         encoding and a delta against each base wins, bases already `max_depth` deltas deep
-        excepted.
+        excepted. `extra` chains (a quantized delta) compete too when every base they name
+        is one of the usable `bases`.
         """
         buf = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
         if oid is None:
@@ -226,6 +228,7 @@ class ObjectStore:
             if bh.meta["dtype"] == meta["dtype"]:
                 candidates += delta_chains(base, meta)
             exact += derived_chains(base, bh.meta, meta)
+        candidates += [c for c in extra if all(b in depths for b in ObjectHeader(kind, meta, 0, chain_to_list(c)).bases)]
         loaded: dict[str, np.ndarray] = {}
 
         def load(base: str) -> np.ndarray:
@@ -266,8 +269,8 @@ class ObjectStore:
         return best
 
     def put_tensor(self, dtype: str, shape: tuple[int, ...], data: np.ndarray, *, bases: Sequence[str] = (),
-                   max_depth: int = DEFAULT_MAX_DEPTH) -> PutResult:  # fmt: skip
-        return self.put("tensor", tensor_meta(dtype, shape), data, bases=bases, max_depth=max_depth)
+                   max_depth: int = DEFAULT_MAX_DEPTH, extra: Sequence[list[Codec]] = ()) -> PutResult:  # fmt: skip
+        return self.put("tensor", tensor_meta(dtype, shape), data, bases=bases, max_depth=max_depth, extra=extra)
 
     def put_blob(self, data: Any) -> PutResult:
         return self.put("blob", {}, data)

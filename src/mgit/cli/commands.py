@@ -8,6 +8,8 @@ from __future__ import annotations
 import click
 
 from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size, table
+from mgit.gate import DEFAULT_TIMEOUT
+from mgit.lossy import DEFAULT_GUARD
 from mgit.objects import RELATIONS
 from mgit.repo import Repo
 from mgit.reports import ParentInfo, VersionInfo
@@ -33,6 +35,14 @@ def _tensor_storage(counts: dict[str, int]) -> str:
 
 def _lossy_mark(lossy: object) -> str:
     return " [lossy]" if lossy else ""
+
+
+def _lossy_bound(lossy: dict | None) -> str:
+    """'|error| <= 0.001 (max 0.000998, 12 tensors)' for a lossy version."""
+    if not lossy:
+        return ""
+    return (f"|error| <= {lossy.get('eps'):g} (max {lossy.get('max_error'):.3g}, "
+            f"{plural(int(lossy.get('tensors', 0)), 'tensor')}, guard {lossy.get('guard'):g})")  # fmt: skip
 
 
 @click.command()
@@ -71,11 +81,22 @@ def _parse_tags(tags: tuple[str, ...]) -> dict[str, str]:
               help="How it was derived from its parents (default: finetune).")
 @click.option("--message", "-m", default="", help="What changed.")
 @click.option("--tag", "-t", "tags", multiple=True, metavar="KEY=VALUE", help="A tag (repeatable).")
+@click.option("--lossy", type=click.FloatRange(min=0, min_open=True), default=None, metavar="EPS",
+              help="Store changed float tensors as quantized deltas, every value within EPS (absolute).")
+@click.option("--guard", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_GUARD, show_default=True,
+              help="Lossy fidelity guard: max ||recon - new|| / ||new - parent|| per tensor.")
+@click.option("--gate", default=None, metavar="MODULE:FUNCTION",
+              help="Metric function (or FILE.py:FUNCTION) run on original and reconstruction; lossy only if it passes.")
+@click.option("--max-drop", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="How much a gate metric may get worse.")
+@click.option("--gate-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT,
+              show_default=True, help="Seconds the gate may take per run.")
 @jobs_option
 @json_option
 @click.pass_context
 def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], relation: str | None,
-        message: str, tags: tuple[str, ...], jobs: int | None, as_json: bool) -> None:  # fmt: skip
+        message: str, tags: tuple[str, ...], lossy: float | None, guard: float, gate: str | None, max_drop: float,
+        gate_timeout: float, jobs: int | None, as_json: bool) -> None:  # fmt: skip
     """Store a model folder, a .safetensors file or a PyTorch checkpoint as a new version.
 
     \b
@@ -83,16 +104,20 @@ def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], rela
       mgit add ./bert-base --name bert-base
       mgit add ./bert-sst2 --name bert-sst2 --parent bert-base -m "SST-2, 3 epochs"
       mgit add ckpt.pt --name tiny --tag stage=dev
+      mgit add ./bert-sst2 --name bert-sst2 --lossy 1e-4 --gate evals.py:sst2 --max-drop 0.002
     """
     repo = _repo(ctx)
     with progress_bar(f"Adding {name}", enabled=not as_json) as bar:
         result = repo.add(path, name=name, parent=list(parents) or None, relation=relation, message=message,
-                          tags=_parse_tags(tags), jobs=jobs, progress=bar)  # fmt: skip
+                          tags=_parse_tags(tags), jobs=jobs, progress=bar, lossy=lossy, guard=guard, gate=gate,
+                          max_drop=max_drop, gate_timeout=gate_timeout)  # fmt: skip
     if as_json:
         print_json(result.to_json())
         return
     for note in result.notes:
         err.print(f"note: {note}")
+    if result.lossless_reason:
+        err.print(f"note: stored losslessly: {result.lossless_reason}")
     if not result.created:
         out.print(f"{result.model}@{result.seq} {short(result.version)}: unchanged (same content as the head)")
         return
@@ -102,6 +127,7 @@ def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], rela
         f"{plural(result.tensors, 'tensor')} ({dedup} already stored), {size(result.logical_bytes)} -> "
         f"{size(result.new_bytes)} new"
         + (f"; parents: {_parents(result.parents)}" if result.parents else "")
+        + (f"; lossy: {_lossy_bound(result.lossy)}" if result.lossy else "")
     )
 
 
@@ -164,6 +190,7 @@ def _version_line(v: VersionInfo) -> str:
             f"  date:    {v.time}",
             f"  author:  {v.author}",
             f"  parents: {_parents(v.parents)}" if v.parents else "",
+            f"  lossy:   {_lossy_bound(v.lossy)}" if v.lossy else "",
             f"  tags:    {tags}" if tags else "",
             f"  size:    {size(v.logical_bytes)} in {plural(v.files, 'file')}, {plural(v.tensors, 'tensor')}; "
             f"{size(v.new_bytes)} new in storage",

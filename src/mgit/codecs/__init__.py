@@ -15,12 +15,14 @@ from mgit.codecs.base import (
 from mgit.codecs.byteplanes import ByteplanesCodec
 from mgit.codecs.delta import SubDeltaCodec, XorDeltaCodec
 from mgit.codecs.derived import AbsmaxScaleCodec, CastCodec, PatchCodec, QuantizeInt8Codec
+from mgit.codecs.quantized_delta import QuantizedDeltaCodec
 from mgit.codecs.zstd import ZstdCodec
 
 __all__ = [
     "AbsmaxScaleCodec",
     "CastCodec",
     "PatchCodec",
+    "QuantizedDeltaCodec",
     "QuantizeInt8Codec",
     "ByteplanesCodec",
     "Codec",

@@ -1,0 +1,157 @@
+"""Opt-in lossy storage: a float tensor kept as its parent plus a quantized change, within a
+guaranteed absolute error bound, and never silently.
+
+For each float tensor (F16, BF16, F32, F64) whose parent has a tensor of the same name, dtype
+and shape, `encode_lossy` quantizes the change `x - parent` with a uniform step, rebuilds the
+values with the codec's own `reconstruct` and keeps that reconstruction only if
+
+- every element is within `eps` of the original (measured, not assumed; a finer step is tried
+  before giving up), and
+- the fidelity guard holds: ||recon - x|| <= guard * ||x - parent||, so that what the child
+  changed survives (a change smaller than the step would otherwise round back to the parent).
+
+Otherwise the tensor is stored losslessly. Tensors with NaN or infinity, integer tensors and
+tensors without a matching parent are never touched. `verdict` then decides for the whole
+version: if the guard failed on more than half of the changed parameters, the version is
+stored losslessly and the reason is reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mgit.codecs import (
+    ByteplanesCodec,
+    Codec,
+    CodecContext,
+    QuantizedDeltaCodec,
+    ZstdCodec,
+    byte_array,
+)
+from mgit.codecs.quantized_delta import (
+    FLOAT_DTYPES,
+    as_float64,
+    int_bytes_for,
+    quantize,
+    reconstruct,
+)
+from mgit.errors import CorruptObjectError, MgitError, MissingObjectError
+from mgit.objects import tensor_meta
+from mgit.store import ObjectStore
+
+DEFAULT_GUARD = 0.1  # the reconstruction error may be at most 10% of the change (L2 norms)
+REFUSE_SHARE = 0.5  # guard failures on more than this share of changed parameters: all lossless
+STEP_FACTORS = (1.9, 1.0, 0.5)  # step = factor * eps; rounding alone errs by at most step / 2
+
+
+@dataclass(frozen=True)
+class LossyPolicy:
+    eps: float
+    guard: float = DEFAULT_GUARD
+
+    def __post_init__(self) -> None:
+        for what, value in (("lossy bound", self.eps), ("guard threshold", self.guard)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (np.isfinite(value) and value > 0):
+                raise MgitError(f"the {what} must be a positive number, not {value!r}")
+
+
+@dataclass(frozen=True)
+class LossyTensor:
+    """What to store for one tensor: `data` (the reconstruction when `chain` is set, else the
+    original bytes), the largest error, and how the tensor counts for the version's verdict."""
+
+    data: np.ndarray
+    chain: list[Codec] | None
+    max_error: float
+    changed_params: int
+    guard_failed: bool = False
+
+
+@dataclass
+class LossyTally:
+    """The lossy outcome of a whole version, accumulated tensor by tensor."""
+
+    tensors: int = 0
+    max_error: float = 0.0
+    changed_params: int = 0
+    refused_params: int = 0
+
+    def record(self, outcome: LossyTensor | None) -> None:
+        if outcome is None:
+            return
+        self.changed_params += outcome.changed_params
+        self.refused_params += outcome.changed_params if outcome.guard_failed else 0
+        if outcome.chain is not None:
+            self.tensors += 1
+            self.max_error = max(self.max_error, outcome.max_error)
+
+
+def verdict(tally: LossyTally, policy: LossyPolicy) -> tuple[dict[str, Any] | None, str | None]:
+    """The version's `lossy` record, or None and the reason it is stored losslessly."""
+    if tally.changed_params and tally.refused_params > REFUSE_SHARE * tally.changed_params:
+        share = tally.refused_params / tally.changed_params
+        return None, (f"the fidelity guard failed on {share:.0%} of the changed parameters: the changes are too "
+                      f"small for a bound of {policy.eps:g} and would round back to the parent")  # fmt: skip
+    if not tally.tensors:
+        return None, "no tensor could be stored lossily (none has a changed parent tensor of its dtype and shape)"
+    record = {"eps": float(policy.eps), "mode": "abs", "max_error": tally.max_error, "tensors": tally.tensors,
+              "guard": float(policy.guard)}  # fmt: skip
+    return record, None
+
+
+def _parent(store: ObjectStore, dtype: str, shape: tuple[int, ...], bases: Sequence[str], max_depth: int) -> str | None:
+    """The closest base with this tensor's dtype and shape that can still take a delta."""
+    meta = tensor_meta(dtype, shape)
+    for base in bases:
+        try:
+            header = store.header(base)
+        except (CorruptObjectError, MissingObjectError):
+            continue
+        if header.kind == "tensor" and header.meta == meta and header.depth < max_depth:
+            return base
+    return None
+
+
+def _tail(int_bytes: int) -> list[Codec]:
+    return [ZstdCodec(level=1)] if int_bytes == 1 else [ByteplanesCodec(itemsize=int_bytes), ZstdCodec(level=1)]
+
+
+def encode_lossy(store: ObjectStore, dtype: str, shape: tuple[int, ...], data: np.ndarray, bases: Sequence[str],
+                 policy: LossyPolicy, max_depth: int) -> LossyTensor | None:  # fmt: skip
+    """The lossy form of one tensor, or None when lossy storage does not apply to it."""
+    if dtype not in FLOAT_DTYPES:
+        return None
+    base = _parent(store, dtype, shape, bases, max_depth)
+    if base is None:
+        return None
+    parent_bytes = store.get(base)[1]
+    raw = byte_array(data)
+    if np.array_equal(parent_bytes, raw):
+        return None  # the same object as the parent's: deduplicated
+    x, b = as_float64(raw, dtype), as_float64(parent_bytes, dtype)
+    lossless = LossyTensor(raw, None, 0.0, x.size)
+    if not (np.isfinite(x).all() and np.isfinite(b).all()):
+        return lossless  # NaN and infinity are kept exactly
+    change = float(np.linalg.norm(x - b))
+    ctx = CodecContext(raw.nbytes, lambda _: parent_bytes)
+    for factor in STEP_FACTORS:
+        step = float(policy.eps * factor)
+        q = quantize(x, b, step)
+        int_bytes = int_bytes_for(q)
+        if int_bytes is None:
+            return lossless  # the change is too large for 32-bit steps of this size
+        recon = reconstruct(b, q, step, dtype)
+        error = np.abs(as_float64(recon, dtype) - x)
+        if not (error <= policy.eps).all():
+            continue  # the cast to the dtype added error: try a finer step
+        codec = QuantizedDeltaCodec(base=base, step=step, dtype=dtype, int_bytes=int_bytes)
+        if not np.array_equal(byte_array(codec.decode(codec.encode(recon, ctx), ctx)), recon):
+            continue  # the reconstruction does not map back to itself: never store what would not decode
+        if float(np.linalg.norm(as_float64(recon, dtype) - x)) > policy.guard * change:
+            return LossyTensor(raw, None, 0.0, x.size, guard_failed=True)
+        return LossyTensor(recon, [codec, *_tail(int_bytes)], float(error.max(initial=0.0)), x.size)
+    return lossless

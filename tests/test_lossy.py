@@ -1,0 +1,291 @@
+"""Lossy storage: the bound holds on every element, the stored object is the reconstruction,
+the fidelity guard refuses changes that would round back to the parent, the gate runs user
+code in a child process and falls back to lossless, and a lossy version says so everywhere."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_model, run_cli, sha256_tree
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.numpy import load_file
+
+from mgit import Repo
+from mgit.codecs import CodecContext, QuantizedDeltaCodec
+from mgit.codecs.quantized_delta import as_float64
+from mgit.gate import compare, lower_is_better
+from mgit.lossy import LossyPolicy, encode_lossy
+from mgit.store import MemoryStore
+
+TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+SAME_SIZE_INT = {"F64": torch.int64, "F32": torch.int32, "F16": torch.int16, "BF16": torch.int16}
+
+
+def raw(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float64 values as the bytes of `dtype` (torch does the casts, as a model would)."""
+    t = torch.from_numpy(values).to(TORCH_DTYPES[dtype])
+    return t.view(SAME_SIZE_INT[dtype]).numpy().view(np.uint8).reshape(-1)
+
+
+def state(seed: int = 0, *, scale: float = 0.05, rows: int = 64) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {f"layer.{i}.weight": (rng.standard_normal((rows, 64)) * scale).astype(np.float32) for i in range(4)}
+    out["position_ids"] = np.arange(16, dtype=np.int64)
+    return out
+
+
+def finetune(parent: dict[str, np.ndarray], delta: float, seed: int = 1) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {k: (v + rng.standard_normal(v.shape) * delta).astype(v.dtype) if v.dtype == np.float32 else v
+            for k, v in parent.items()}  # fmt: skip
+
+
+# --- the codec and the bound ------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["F64", "F32", "F16", "BF16"]), st.integers(1, 300), st.floats(1e-5, 1.0),
+       st.floats(1e-4, 10.0), st.floats(0.0, 2.0), st.integers(0, 2**32 - 1))  # fmt: skip
+def test_every_element_is_within_the_bound(dtype: str, n: int, eps: float, scale: float, change: float,
+                                           seed: int) -> None:  # fmt: skip
+    rng = np.random.default_rng(seed)
+    parent_values = rng.standard_normal(n) * scale
+    child_values = parent_values + rng.standard_normal(n) * change * eps * 20
+    store = MemoryStore()
+    parent = store.put_tensor(dtype, (n,), raw(parent_values, dtype))
+    child = raw(child_values, dtype)
+    outcome = encode_lossy(store, dtype, (n,), child, [parent.oid], LossyPolicy(eps, guard=1e9), 4)
+    if outcome is None or outcome.chain is None:
+        return  # identical to the parent, or stored losslessly: nothing to bound
+    original, recon = as_float64(child, dtype), as_float64(outcome.data, dtype)
+    assert (np.abs(recon - original) <= eps).all()
+    assert outcome.max_error == pytest.approx(float(np.abs(recon - original).max()))
+    # The stored object is the reconstruction, and it decodes to exactly those bytes.
+    stored = store.put_tensor(dtype, (n,), outcome.data, bases=[parent.oid], extra=[outcome.chain])
+    assert store.get(stored.oid)[1].tobytes() == outcome.data.tobytes()
+
+
+def test_codec_roundtrips_a_reconstruction_exactly() -> None:
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal(1000).astype(np.float32)
+    codec = QuantizedDeltaCodec(base="ab" * 32, step=1e-3, dtype="F32", int_bytes=2)
+    q = rng.integers(-2000, 2000, 1000)
+    recon = (base.astype(np.float64) + q * 1e-3).astype(np.float32).view(np.uint8)
+    ctx = CodecContext(recon.nbytes, lambda _: base.view(np.uint8))
+    encoded = codec.encode(recon, ctx)
+    assert np.asarray(encoded).nbytes == 2000
+    assert bytes(np.asarray(codec.decode(encoded, ctx))) == recon.tobytes()
+    assert QuantizedDeltaCodec(**codec.to_dict()["configuration"]) == codec
+
+
+def test_nan_inf_and_integer_tensors_stay_exact() -> None:
+    store = MemoryStore()
+    parent = np.zeros(64, np.float32)
+    child = parent + np.float32(0.5)
+    child[3] = np.nan
+    p = store.put_tensor("F32", (64,), parent.view(np.uint8))
+    outcome = encode_lossy(store, "F32", (64,), child.view(np.uint8), [p.oid], LossyPolicy(0.1), 4)
+    assert outcome is not None and outcome.chain is None
+    ints = store.put_tensor("I64", (4,), np.arange(4).view(np.uint8))
+    assert encode_lossy(store, "I64", (4,), (np.arange(4) + 1).view(np.uint8), [ints.oid], LossyPolicy(1.0), 4) is None
+
+
+# --- adding lossily -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def family(repo: Repo, tmp_path: Path) -> tuple[Repo, Path]:
+    parent = state()
+    make_model(tmp_path / "base", state=parent)
+    make_model(tmp_path / "tuned", state=finetune(parent, 1e-2))
+    repo.add(tmp_path / "base", name="base")
+    return repo, tmp_path
+
+
+def test_lossy_finetune_is_smaller_bounded_and_marked(family: tuple[Repo, Path]) -> None:
+    repo, tmp = family
+    lossless = repo.add(tmp / "tuned", name="exact", parent="base")
+    lossy = repo.add(tmp / "tuned", name="tuned", parent="base", lossy=1e-3)
+    assert lossless.lossy is None and lossy.lossless_reason is None
+    assert lossy.lossy is not None and lossy.lossy["eps"] == 1e-3 and lossy.lossy["mode"] == "abs"
+    assert lossy.lossy["tensors"] == 4 and lossy.lossy["guard"] == 0.1
+    assert 0 < lossy.lossy["max_error"] <= 1e-3
+    assert lossy.new_bytes < lossless.new_bytes / 3
+    assert repo.version("tuned").lossy == lossy.lossy
+    original = load_file(str(tmp / "tuned" / "model.safetensors"))
+    restored = repo.load_state_dict("tuned")
+    for name, values in original.items():
+        assert np.abs(restored[name].astype(np.float64) - values).max() <= 1e-3
+    assert np.array_equal(restored["position_ids"], original["position_ids"])
+
+
+def test_checkouts_are_the_stored_reconstruction_every_time(family: tuple[Repo, Path]) -> None:
+    repo, tmp = family
+    first = repo.add(tmp / "tuned", name="tuned", parent="base", lossy=1e-3)
+    repo.checkout("tuned", tmp / "out1")
+    repo.checkout("tuned", tmp / "out2")
+    assert sha256_tree(tmp / "out1") == sha256_tree(tmp / "out2")
+    assert sha256_tree(tmp / "out1") != sha256_tree(tmp / "tuned")
+    assert (tmp / "out1" / "config.json").read_bytes() == (tmp / "tuned" / "config.json").read_bytes()
+    # Deterministic: adding the same files lossily again gives the same objects.
+    again = repo.add(tmp / "tuned", name="tuned2", parent="base", lossy=1e-3)
+    assert repo.version(again.version).manifest == repo.version(first.version).manifest
+    assert repo.fsck().ok
+
+
+def test_lossless_stays_the_default(family: tuple[Repo, Path]) -> None:
+    repo, tmp = family
+    result = repo.add(tmp / "tuned", name="tuned", parent="base")
+    assert result.lossy is None and result.lossless_reason is None
+    repo.checkout("tuned", tmp / "out")
+    assert sha256_tree(tmp / "out") == sha256_tree(tmp / "tuned")
+
+
+def test_a_change_smaller_than_eps_is_refused_not_rounded_back(repo: Repo, tmp_path: Path) -> None:
+    parent = state()
+    child = {k: (v + np.float32(4e-4) * np.sign(np.random.default_rng(2).standard_normal(v.shape))).astype(v.dtype)
+             if v.dtype == np.float32 else v for k, v in parent.items()}  # fmt: skip
+    assert max(np.abs(child[k] - parent[k]).max() for k in parent) < 1e-3
+    make_model(tmp_path / "base", state=parent)
+    make_model(tmp_path / "tiny", state=child)
+    repo.add(tmp_path / "base", name="base")
+    result = repo.add(tmp_path / "tiny", name="tiny", parent="base", lossy=1e-3)
+    assert result.lossy is None and repo.version("tiny").lossy is None
+    assert "fidelity guard" in (result.lossless_reason or "")
+    repo.checkout("tiny", tmp_path / "out")
+    assert sha256_tree(tmp_path / "out") == sha256_tree(tmp_path / "tiny")
+
+
+def test_tensors_without_a_parent_make_no_lossy_version(repo: Repo, tmp_path: Path) -> None:
+    result = repo.add(make_model(tmp_path / "m", state=state()), name="m", lossy=1e-3)
+    assert result.lossy is None and "no tensor" in (result.lossless_reason or "")
+
+
+# --- the gate -------------------------------------------------------------------------------
+
+
+GATE = """
+import numpy as np
+from safetensors.numpy import load_file
+
+def accuracy(folder):  # 1 on the original; each element's error costs at most that error
+    w = load_file(folder + "/model.safetensors")["layer.0.weight"].astype(np.float64)
+    return {"acc": 1.0 - abs(float(w.sum()) - TARGET)}
+
+def loss_up(folder):
+    return {"val_loss": 2.0 if "reconstruction" in folder else 1.0}
+
+def crash(folder):
+    raise RuntimeError("boom")
+
+def hang(folder):
+    import time
+    time.sleep(60)
+"""
+
+
+@pytest.fixture
+def gate_file(tmp_path: Path) -> Path:
+    target = float(finetune(state(), 1e-2)["layer.0.weight"].astype(np.float64).sum())
+    path = tmp_path / "gates.py"
+    path.write_text(textwrap.dedent(GATE).replace("TARGET", repr(target)))
+    return path
+
+
+def test_gate_accepts_within_max_drop_and_refuses_beyond(family: tuple[Repo, Path], gate_file: Path) -> None:
+    repo, tmp = family
+    # 64 x 64 elements, each within 1e-3: the sum moves by at most 4.096.
+    ok = repo.add(tmp / "tuned", name="a", parent="base", lossy=1e-3, gate=f"{gate_file}:accuracy", max_drop=4.1)
+    assert ok.lossy is not None and ok.lossless_reason is None and ok.gate is not None
+    assert ok.gate["original"]["acc"] == 1.0 and ok.gate["reconstruction"]["acc"] < 1.0
+    refused = repo.add(tmp / "tuned", name="b", parent="base", lossy=1e-3, gate=f"{gate_file}:accuracy", max_drop=0)
+    assert refused.lossy is None and "gate refused it: acc fell" in (refused.lossless_reason or "")
+    repo.checkout("b", tmp / "out")
+    assert sha256_tree(tmp / "out") == sha256_tree(tmp / "tuned")
+    assert repo.fsck().ok
+
+
+def test_gate_by_module_name_on_a_state_dict(repo: Repo, tmp_path: Path, gate_file: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)  # `gates:accuracy` is importable from the current folder
+    repo.add(state(), name="base")
+    result = repo.add(finetune(state(), 1e-2), name="tuned", parent="base", lossy=1e-3, gate="gates:accuracy",
+                      max_drop=4.1)  # fmt: skip
+    assert result.lossy is not None, result.lossless_reason
+    assert result.gate is not None and result.gate["original"]["acc"] == 1.0
+
+
+def test_refused_lossy_objects_are_never_visible_and_gc_frees_them(family: tuple[Repo, Path], gate_file: Path) -> None:
+    repo, tmp = family
+    result = repo.add(tmp / "tuned", name="b", parent="base", lossy=1e-3, gate=f"{gate_file}:loss_up")
+    assert result.lossy is None
+    assert all(not v.lossy for v in repo.log("b")) and repo.fsck().ok
+    assert repo.gc().removed  # the lossy tensors written before the gate refused them
+    repo.checkout("b", tmp / "out")
+    assert sha256_tree(tmp / "out") == sha256_tree(tmp / "tuned")
+
+
+def test_a_metric_that_must_not_rise(family: tuple[Repo, Path], gate_file: Path) -> None:
+    repo, tmp = family
+    result = repo.add(tmp / "tuned", name="b", parent="base", lossy=1e-3, gate=f"{gate_file}:loss_up", max_drop=0.5)
+    assert result.lossy is None and "val_loss rose" in (result.lossless_reason or "")
+
+
+@pytest.mark.parametrize("function", ["crash", "hang"])
+def test_a_crashing_or_hanging_gate_means_lossless(family: tuple[Repo, Path], gate_file: Path, function: str) -> None:
+    repo, tmp = family
+    result = repo.add(tmp / "tuned", name="c", parent="base", lossy=1e-3, gate=f"{gate_file}:{function}",
+                      gate_timeout=3)  # fmt: skip
+    assert result.lossy is None
+    assert ("boom" if function == "crash" else "did not finish") in (result.lossless_reason or "")
+    assert repo.version("c").lossy is None
+
+
+def test_metric_directions() -> None:
+    assert lower_is_better("val_loss") and lower_is_better("eval-perplexity") and lower_is_better("WER")
+    assert not lower_is_better("accuracy") and not lower_is_better("precision") and not lower_is_better("f1")
+    assert compare({"acc": 0.9, "loss": 1.0}, {"acc": 0.89, "loss": 1.005}, 0.02) == []
+    assert len(compare({"acc": 0.9, "loss": 1.0}, {"acc": 0.85, "loss": 1.05}, 0.02)) == 2
+    assert compare({"acc": 0.9}, {}, 0.1) == ["acc is missing on the reconstruction"]
+
+
+# --- the CLI marks it everywhere ------------------------------------------------------------------
+
+
+def test_cli_marks_a_lossy_version(family: tuple[Repo, Path]) -> None:
+    repo, tmp = family
+    cwd = repo.root
+    code, out, err = run_cli("add", str(tmp / "tuned"), "--name", "tuned", "--parent", "base", "--lossy", "1e-3",
+                             cwd=cwd)  # fmt: skip
+    assert code == 0, err
+    assert "lossy: |error| <= 0.001" in out
+    code, out, _ = run_cli("ls", cwd=cwd)
+    assert "tuned [lossy]" in out and "base [lossy]" not in out
+    code, out, _ = run_cli("ls", "--json", cwd=cwd)
+    by_name = {m["name"]: m for m in json.loads(out)}
+    assert by_name["tuned"]["lossy"]["eps"] == 1e-3 and by_name["base"]["lossy"] is None
+    for command in ("log", "show"):
+        code, out, _ = run_cli(command, "tuned", cwd=cwd)
+        assert code == 0 and "[lossy]" in out and "|error| <= 0.001 (max " in out
+    code, out, _ = run_cli("log", "tuned", "--json", cwd=cwd)
+    assert 0 < json.loads(out)[0]["lossy"]["max_error"] <= 1e-3
+    code, out, _ = run_cli("show", "tuned", "--json", cwd=cwd)
+    assert json.loads(out)["version"]["lossy"]["tensors"] == 4
+    code, _, err = run_cli("checkout", "tuned", "-o", str(tmp / "out"), cwd=cwd)
+    assert code == 0 and "lossy reconstruction" in err and "0.001" in err
+    code, _, err = run_cli("checkout", "base", "-o", str(tmp / "out2"), cwd=cwd)
+    assert code == 0 and "lossy" not in err
+
+
+def test_cli_says_why_it_stored_losslessly(family: tuple[Repo, Path]) -> None:
+    repo, tmp = family
+    code, out, err = run_cli("add", str(tmp / "base"), "--name", "copy", "--lossy", "1e-3", cwd=repo.root)
+    assert code == 0 and "stored losslessly" in err and "[lossy]" not in out
+    code, _, err = run_cli("add", str(tmp / "tuned"), "--name", "x", "--gate", "m:f", cwd=repo.root)
+    assert code == 1 and "--lossy" in err
