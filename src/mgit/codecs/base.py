@@ -30,6 +30,18 @@ def check_oid(value: object) -> None:
         raise ValueError(f"base must be an object id, not {value!r}")
 
 
+def zigzag(signed: np.ndarray) -> np.ndarray:
+    """Signed integers -> unsigned of the same width, small magnitudes to small numbers
+    (0, -1, 1, -2 ... -> 0, 1, 2, 3 ...)."""
+    bits = 8 * signed.dtype.itemsize
+    return ((signed << 1) ^ (signed >> (bits - 1))).view(signed.dtype.str.replace("i", "u"))
+
+
+def unzigzag(unsigned: np.ndarray) -> np.ndarray:
+    """The inverse of `zigzag`, as signed integers of the same width."""
+    return ((unsigned >> 1) ^ (np.zeros_like(unsigned) - (unsigned & 1))).view(unsigned.dtype.str.replace("u", "i"))
+
+
 def byte_array(data: Buffer) -> np.ndarray:
     """Any buffer as a flat uint8 array (no copy when it is contiguous)."""
     if isinstance(data, np.ndarray):

@@ -24,6 +24,8 @@ from mgit.codecs.base import (
     byte_array,
     check_oid,
     register,
+    unzigzag,
+    zigzag,
 )
 
 
@@ -73,17 +75,13 @@ class SubDeltaCodec(Codec):
 
     def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
         out, base, n = self._views(byte_array(data).copy(), _base(self, ctx))
-        bits = 8 * self.itemsize
-        signed = np.dtype(f"<i{self.itemsize}")
-        diff = (out[:n] - base[:n]).view(signed)  # unsigned subtraction wraps modulo 2**bits
-        out[:n] = ((diff << 1) ^ (diff >> (bits - 1))).view(out.dtype)
+        diff = (out[:n] - base[:n]).view(f"<i{self.itemsize}")  # unsigned subtraction wraps modulo 2**bits
+        out[:n] = zigzag(diff)
         return out.view(np.uint8)
 
     def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
         out, base, n = self._views(byte_array(data).copy(), _base(self, ctx))
-        zz = out[:n]
-        diff = (zz >> 1) ^ (np.zeros_like(zz) - (zz & 1))  # undo zig-zag, modulo 2**bits
-        out[:n] = base[:n] + diff
+        out[:n] = base[:n] + unzigzag(out[:n]).view(out.dtype)  # wraps modulo 2**bits
         return out.view(np.uint8)
 
     def _views(self, data: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:

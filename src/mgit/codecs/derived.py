@@ -49,6 +49,25 @@ def _xor_prediction(data: Buffer, predicted: np.ndarray) -> np.ndarray:
     return out
 
 
+class PredictionCodec(Codec):
+    """A codec that XORs the content with a prediction made from its base: encode and decode
+    are the same operation. Subclasses say how to predict."""
+
+    def _predict(self, ctx: CodecContext) -> np.ndarray:
+        raise NotImplementedError
+
+    def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        return _xor_prediction(data, self._predict(ctx))
+
+    def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        return _xor_prediction(data, self._predict(ctx))
+
+
+def _check_rows(rows: object) -> None:
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+        raise ValueError(f"rows must be a positive integer, not {rows!r}")
+
+
 def to_bfloat16_bits(values: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bit patterns, rounding to nearest even (as torch does)."""
     bits = values.astype("<f4", copy=False).view("<u4")
@@ -60,7 +79,7 @@ def to_bfloat16_bits(values: np.ndarray) -> np.ndarray:
 
 @register
 @dataclass(frozen=True)
-class CastCodec(Codec):
+class CastCodec(PredictionCodec):
     name = "cast"
     base: str
     to: str  # "BF16" or "F16"
@@ -76,12 +95,6 @@ class CastCodec(Codec):
             return to_bfloat16_bits(base)
         with np.errstate(over="ignore", invalid="ignore"):
             return base.astype("<f2")
-
-    def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        return _xor_prediction(data, self._predict(ctx))
-
-    def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        return _xor_prediction(data, self._predict(ctx))
 
 
 def _rows(codec: Codec, ctx: CodecContext, rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -99,15 +112,14 @@ def _rows(codec: Codec, ctx: CodecContext, rows: int) -> tuple[np.ndarray, np.nd
 
 @register
 @dataclass(frozen=True)
-class QuantizeInt8Codec(Codec):
+class QuantizeInt8Codec(PredictionCodec):
     name = "quantize_int8"
     base: str
     rows: int
 
     def __post_init__(self) -> None:
         check_oid(self.base)
-        if not isinstance(self.rows, int) or self.rows < 1:
-            raise ValueError(f"rows must be a positive integer, not {self.rows!r}")
+        _check_rows(self.rows)
 
     def _predict(self, ctx: CodecContext) -> np.ndarray:
         matrix, scale = _rows(self, ctx, self.rows)
@@ -116,30 +128,20 @@ class QuantizeInt8Codec(Codec):
             q = np.clip(np.rint(matrix / safe), -127, 127)
         return np.nan_to_num(q).astype(np.int8)
 
-    def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        return _xor_prediction(data, self._predict(ctx))
-
-    def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        return _xor_prediction(data, self._predict(ctx))
-
 
 @register
 @dataclass(frozen=True)
-class AbsmaxScaleCodec(Codec):
+class AbsmaxScaleCodec(PredictionCodec):
     name = "absmax_scale"
     base: str
     rows: int
 
     def __post_init__(self) -> None:
         check_oid(self.base)
-        if not isinstance(self.rows, int) or self.rows < 1:
-            raise ValueError(f"rows must be a positive integer, not {self.rows!r}")
+        _check_rows(self.rows)
 
-    def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        return _xor_prediction(data, _rows(self, ctx, self.rows)[1])
-
-    def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        return _xor_prediction(data, _rows(self, ctx, self.rows)[1])
+    def _predict(self, ctx: CodecContext) -> np.ndarray:
+        return _rows(self, ctx, self.rows)[1]
 
 
 @register

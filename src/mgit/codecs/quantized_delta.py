@@ -25,6 +25,8 @@ from mgit.codecs.base import (
     byte_array,
     check_oid,
     register,
+    unzigzag,
+    zigzag,
 )
 from mgit.codecs.derived import to_bfloat16_bits
 
@@ -107,14 +109,11 @@ class QuantizedDeltaCodec(Codec):
         needed = int_bytes_for(q)
         if needed is None or needed > self.int_bytes:
             raise CodecError(f"quantized values do not fit in {self.int_bytes} bytes")
-        signed = q.astype(f"<i{self.int_bytes}")
-        bits = 8 * self.int_bytes
-        return ((signed << 1) ^ (signed >> (bits - 1))).view(f"<u{self.int_bytes}").view(np.uint8)
+        return zigzag(q.astype(f"<i{self.int_bytes}")).view(np.uint8)
 
     def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
         raw = byte_array(data)
         if raw.size % self.int_bytes:
             raise CodecError(f"{raw.size} bytes is not a whole number of {self.int_bytes}-byte integers")
-        zz = raw.view(f"<u{self.int_bytes}")
-        q = ((zz >> 1) ^ (np.zeros_like(zz) - (zz & 1))).view(f"<i{self.int_bytes}")
+        q = unzigzag(raw.view(f"<u{self.int_bytes}"))
         return reconstruct(self._base(ctx, q.size), q, self.step, self.dtype)
