@@ -289,3 +289,23 @@ def test_cli_says_why_it_stored_losslessly(family: tuple[Repo, Path]) -> None:
     assert code == 0 and "stored losslessly" in err and "[lossy]" not in out
     code, _, err = run_cli("add", str(tmp / "tuned"), "--name", "x", "--gate", "m:f", cwd=repo.root)
     assert code == 1 and "--lossy" in err
+
+
+def test_lossy_never_stores_more_than_lossless(repo: Repo, tmp_path: Path) -> None:
+    """A pruned child is a cheap exact patch of its parent; a quantized step would cost more,
+    so lossy mode keeps it exact."""
+    rng = np.random.default_rng(5)
+    parent = {"w": (rng.standard_normal((256, 256)) * 0.05).astype(np.float32)}
+    repo.add(make_model(tmp_path / "parent", state=parent), name="parent")
+    w = parent["w"]
+    pruned = {"w": np.where(np.abs(w) >= np.median(np.abs(w)), w, np.float32(0))}
+    lossless = Repo.init(tmp_path / "other")
+    lossless.add(make_model(tmp_path / "parent", state=parent), name="parent")
+    exact_cost = lossless.add(make_model(tmp_path / "pruned", state=pruned), name="pruned", parent="parent").new_bytes
+
+    result = repo.add(tmp_path / "pruned", name="pruned", parent="parent", lossy=1e-3)
+
+    assert result.lossy is None and "less than its exact form" in result.lossless_reason
+    assert result.new_bytes <= exact_cost
+    repo.checkout("pruned", tmp_path / "out")
+    assert sha256_tree(tmp_path / "out") == sha256_tree(tmp_path / "pruned")

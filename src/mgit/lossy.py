@@ -97,7 +97,8 @@ def verdict(tally: LossyTally, policy: LossyPolicy) -> tuple[dict[str, Any] | No
         return None, (f"the fidelity guard failed on {share:.0%} of the changed parameters: the changes are too "
                       f"small for a bound of {policy.eps:g} and would round back to the parent")  # fmt: skip
     if not tally.tensors:
-        return None, "no tensor could be stored lossily (none has a changed parent tensor of its dtype and shape)"
+        return None, ("no tensor could be stored lossily for less than its exact form (none has a changed parent "
+                      "tensor of its dtype and shape that a quantized step stores more cheaply)")
     record = {"eps": float(policy.eps), "mode": "abs", "max_error": tally.max_error, "tensors": tally.tensors,
               "guard": float(policy.guard)}  # fmt: skip
     return record, None

@@ -25,7 +25,7 @@ from mgit.formats.folder import ModelSource, SourceFile
 from mgit.formats.safetensors import numpy_view
 from mgit.formats.tensors import to_torch
 from mgit.lossy import LossyPolicy, LossyTally, LossyTensor, encode_lossy
-from mgit.objects import FileEntry, Manifest, TensorEntry
+from mgit.objects import FileEntry, Manifest, TensorEntry, tensor_meta
 from mgit.store import DEFAULT_MAX_DEPTH, ObjectStore, PutResult
 
 Progress = Callable[[int], None]  # called with a number of bytes just processed
@@ -143,6 +143,8 @@ def _write_file(store: ObjectStore, f: SourceFile, pool: ThreadPoolExecutor, job
         lossy = None
         if plan.lossy is not None:
             lossy = encode_lossy(store, span.dtype, span.shape, data, bases, plan.lossy, plan.max_depth)
+        if lossy is not None and lossy.chain is not None and _lossless_is_smaller(store, span, data, lossy, plan):
+            lossy = LossyTensor(data, None, 0.0, lossy.changed_params)  # e.g. a pruning patch beats any step
         if lossy is not None and lossy.chain is not None:
             data = lossy.data  # a lossy version stores, and its file digest covers, the reconstruction
         extra = [lossy.chain] if lossy is not None and lossy.chain is not None else []
@@ -162,6 +164,16 @@ def _write_file(store: ObjectStore, f: SourceFile, pool: ThreadPoolExecutor, job
         if progress:
             progress(span.nbytes)
     return FileEntry(f.path, "safetensors", f.size, digest.hexdigest(), header.oid, tuple(entries), f.converted_from)
+
+
+def _lossless_is_smaller(store: ObjectStore, span: Any, data: np.ndarray, lossy: LossyTensor, plan: DeltaPlan) -> bool:
+    """Lossy storage is only worth its error where it stores less than the exact tensor would."""
+    meta = tensor_meta(span.dtype, span.shape)
+    bases = plan.candidates(span.name)
+    exact = store.encoded_size("tensor", meta, data, bases=bases, max_depth=plan.max_depth)
+    assert lossy.chain is not None
+    approx = store.encoded_size("tensor", meta, lossy.data, bases=bases, max_depth=plan.max_depth, extra=[lossy.chain])
+    return exact <= approx
 
 
 def safe_join(root: Path, rel: str) -> Path:

@@ -215,6 +215,20 @@ class ObjectStore:
             oid = hasher.hexdigest()
         if self.has(oid):
             return PutResult(oid, self.stored_size(oid), False, "", buf.nbytes)
+        codecs, payload, depth = self._encode(kind, meta, buf, chain, bases, max_depth, extra)
+        header = ObjectHeader(kind, meta, buf.nbytes, chain_to_list(codecs), depth)
+        stored = self._write_record(oid, [_header_bytes(header), payload])
+        return PutResult(oid, stored, True, header.codec_names, buf.nbytes)
+
+    def encoded_size(self, kind: str, meta: dict[str, Any], data: Any, *, bases: Sequence[str] = (),
+                     max_depth: int = DEFAULT_MAX_DEPTH, extra: Sequence[list[Codec]] = ()) -> int:
+        """What `put` would store for `data` (payload bytes), without writing anything."""
+        buf = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
+        return len(self._encode(kind, meta, buf, None, bases, max_depth, extra)[1])
+
+    def _encode(self, kind: str, meta: dict[str, Any], buf: np.ndarray, chain: list[Codec] | None,
+                bases: Sequence[str], max_depth: int, extra: Sequence[list[Codec]]) -> tuple[list[Codec], Any, int]:  # fmt: skip
+        """The smallest encoding of `buf` among the candidates, its payload and delta depth."""
         candidates = [default_chain(kind, meta) if chain is None else chain]
         exact: list[list[Codec]] = []  # derived: tried in full, only where the dtype or shape changed
         depths: dict[str, int] = {}
@@ -246,9 +260,7 @@ class ObjectStore:
             if not np.array_equal(byte_array(decoded), buf):
                 codecs, payload = self._smallest(candidates[:1], [], buf, load)
         depth = max((depths[b] for b in ObjectHeader(kind, meta, 0, chain_to_list(codecs)).bases), default=0)
-        header = ObjectHeader(kind, meta, buf.nbytes, chain_to_list(codecs), depth)
-        stored = self._write_record(oid, [_header_bytes(header), payload])
-        return PutResult(oid, stored, True, header.codec_names, buf.nbytes)
+        return codecs, payload, depth
 
     @staticmethod
     def _smallest(candidates: list[list[Codec]], exact: list[list[Codec]], buf: np.ndarray, load: Any
