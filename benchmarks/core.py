@@ -384,12 +384,13 @@ def report(results: list[Result], baseline: dict[str, int], load: tuple[float, f
     ])  # fmt: skip
 
 
-def write_doc(section: str) -> None:
-    """Replace the core section of docs/benchmarks.md (or add it), keeping everything else."""
+def write_doc(section: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace one section of docs/benchmarks.md, between its markers (or add it at the end),
+    keeping everything else; the core section unless other markers are given."""
     text = DOC.read_text() if DOC.exists() else "# Benchmarks\n\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + section + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     DOC.parent.mkdir(parents=True, exist_ok=True)
