@@ -110,16 +110,22 @@ def _rows(codec: Codec, ctx: CodecContext, rows: int) -> tuple[np.ndarray, np.nd
     return matrix, scale
 
 
-@register
 @dataclass(frozen=True)
-class QuantizeInt8Codec(PredictionCodec):
-    name = "quantize_int8"
+class RowwiseCodec(PredictionCodec):
+    """A prediction from a float32 base read as a matrix of `rows` rows."""
+
     base: str
     rows: int
 
     def __post_init__(self) -> None:
         check_oid(self.base)
         _check_rows(self.rows)
+
+
+@register
+@dataclass(frozen=True)
+class QuantizeInt8Codec(RowwiseCodec):
+    name = "quantize_int8"
 
     def _predict(self, ctx: CodecContext) -> np.ndarray:
         matrix, scale = _rows(self, ctx, self.rows)
@@ -131,14 +137,8 @@ class QuantizeInt8Codec(PredictionCodec):
 
 @register
 @dataclass(frozen=True)
-class AbsmaxScaleCodec(PredictionCodec):
+class AbsmaxScaleCodec(RowwiseCodec):
     name = "absmax_scale"
-    base: str
-    rows: int
-
-    def __post_init__(self) -> None:
-        check_oid(self.base)
-        _check_rows(self.rows)
 
     def _predict(self, ctx: CodecContext) -> np.ndarray:
         return _rows(self, ctx, self.rows)[1]
