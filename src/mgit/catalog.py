@@ -237,9 +237,6 @@ class Catalog:
             rows.update((r.id, r) for r in self._versions(f"WHERE v.id IN ({marks})", tuple(chunk)))
         return rows
 
-    def all_versions(self) -> dict[str, VersionRow]:
-        return {r.id: r for r in self._versions("", ())}
-
     def _versions(self, where: str, args: tuple[Any, ...]) -> list[VersionRow]:
         cur = self.db.execute(
             f"""SELECT v.id, v.model, v.seq, v.manifest, v.predecessor, v.message, v.author, v.time,

@@ -312,9 +312,6 @@ class ObjectStore:
             raise CorruptObjectError(oid, "its content does not hash to its id")
         return header, arr
 
-    def get_bytes(self, oid: str) -> bytes:
-        return self.get(oid)[1].tobytes()
-
     def get_record(self, oid: str, kind: str) -> dict[str, Any]:
         header, data = self.get(oid)
         if header.kind != kind:

@@ -30,6 +30,19 @@ def check_oid(value: object) -> None:
         raise ValueError(f"base must be an object id, not {value!r}")
 
 
+def check_int_width(itemsize: object) -> None:
+    """Configuration check for codecs that view items as unsigned integers."""
+    if itemsize not in (1, 2, 4, 8) or isinstance(itemsize, bool):
+        raise ValueError(f"itemsize must be 1, 2, 4 or 8, not {itemsize!r}")
+
+
+def load_base(name: str, base: str, ctx: CodecContext) -> np.ndarray:
+    """The decoded bytes of the base object a codec is encoded against."""
+    if ctx.load_object is None:
+        raise CodecError(f"{name} needs its base object {base[:16]}, and none can be loaded here")
+    return byte_array(ctx.load_object(base))
+
+
 def zigzag(signed: np.ndarray) -> np.ndarray:
     """Signed integers -> unsigned of the same width, small magnitudes to small numbers
     (0, -1, 1, -2 ... -> 0, 1, 2, 3 ...)."""

@@ -22,7 +22,9 @@ from mgit.codecs.base import (
     CodecContext,
     CodecError,
     byte_array,
+    check_int_width,
     check_oid,
+    load_base,
     register,
     unzigzag,
     zigzag,
@@ -30,9 +32,7 @@ from mgit.codecs.base import (
 
 
 def _base(codec: XorDeltaCodec | SubDeltaCodec, ctx: CodecContext) -> np.ndarray:
-    if ctx.load_object is None:
-        raise CodecError(f"{codec.name} needs its base object {codec.base[:16]}, and none can be loaded here")
-    return byte_array(ctx.load_object(codec.base))
+    return load_base(codec.name, codec.base, ctx)
 
 
 @register
@@ -70,8 +70,7 @@ class SubDeltaCodec(Codec):
 
     def __post_init__(self) -> None:
         check_oid(self.base)
-        if self.itemsize not in (1, 2, 4, 8):
-            raise ValueError(f"itemsize must be 1, 2, 4 or 8, not {self.itemsize!r}")
+        check_int_width(self.itemsize)
 
     def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
         out, base, n = self._views(byte_array(data).copy(), _base(self, ctx))

@@ -26,15 +26,15 @@ from mgit.codecs.base import (
     CodecContext,
     CodecError,
     byte_array,
+    check_int_width,
     check_oid,
+    load_base,
     register,
 )
 
 
 def _base_f32(codec: Codec, ctx: CodecContext) -> np.ndarray:
-    if ctx.load_object is None:
-        raise CodecError(f"{codec.name} needs its base object, and none can be loaded here")
-    base = byte_array(ctx.load_object(codec.base))  # type: ignore[attr-defined]
+    base = load_base(codec.name, codec.base, ctx)  # type: ignore[attr-defined]
     if base.size % 4:
         raise CodecError(f"{codec.name}: base is not float32")
     return base.view("<f4")
@@ -156,13 +156,10 @@ class PatchCodec(Codec):
 
     def __post_init__(self) -> None:
         check_oid(self.base)
-        if self.itemsize not in (1, 2, 4, 8):
-            raise ValueError(f"itemsize must be 1, 2, 4 or 8, not {self.itemsize!r}")
+        check_int_width(self.itemsize)
 
     def _base(self, ctx: CodecContext, count: int) -> np.ndarray:
-        if ctx.load_object is None:
-            raise CodecError("patch needs its base object, and none can be loaded here")
-        base = byte_array(ctx.load_object(self.base))
+        base = load_base(self.name, self.base, ctx)
         whole = base.size - base.size % self.itemsize
         return base[:whole].view(f"<u{self.itemsize}")[:count]
 

@@ -24,6 +24,7 @@ from mgit.codecs.base import (
     CodecError,
     byte_array,
     check_oid,
+    load_base,
     register,
     unzigzag,
     zigzag,
@@ -96,9 +97,7 @@ class QuantizedDeltaCodec(Codec):
             raise ValueError(f"int_bytes must be 1, 2 or 4, not {self.int_bytes!r}")
 
     def _base(self, ctx: CodecContext, count: int) -> np.ndarray:
-        if ctx.load_object is None:
-            raise CodecError("quantized_delta needs its base object, and none can be loaded here")
-        base = as_float64(ctx.load_object(self.base), self.dtype)
+        base = as_float64(load_base(self.name, self.base, ctx), self.dtype)
         if base.size < count:
             raise CodecError(f"quantized_delta base has {base.size} elements for {count}")
         return base[:count]
