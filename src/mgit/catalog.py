@@ -46,6 +46,10 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
 ]
 
 
+# A list of ids as one JSON parameter: no hand-built "?, ?, ..." lists, no length limit, and a
+# read stays a read (a temporary table would need a write transaction).
+IDS = "(SELECT value FROM json_each(?))"
+
 DELTA_CODECS = ("xor_delta", "sub_delta", "patch", "quantized_delta")
 DERIVED_CODECS = ("cast", "quantize_int8", "absmax_scale")
 
@@ -156,14 +160,13 @@ class Catalog:
                 if row is None:  # callers index ancestors first; numbering from 1 would be wrong
                     raise RuntimeError(f"predecessor {version.predecessor[:12]} of {vid[:12]} is not indexed")
                 seq = row[0] + 1
-            tx.execute("CREATE TEMP TABLE IF NOT EXISTS pending (object TEXT PRIMARY KEY)")
-            tx.execute("DELETE FROM pending")
-            tx.executemany("INSERT OR IGNORE INTO pending VALUES (?)", [(o,) for o in objects])
+            ids = json.dumps(sorted(objects))
             stored, new = tx.execute(
-                """SELECT COALESCE(SUM(o.stored_size), 0),
+                f"""SELECT COALESCE(SUM(o.stored_size), 0),
                           COALESCE(SUM(CASE WHEN NOT EXISTS (SELECT 1 FROM version_objects vo
-                              WHERE vo.object = p.object) THEN o.stored_size ELSE 0 END), 0)
-                   FROM pending p JOIN objects o ON o.id = p.object"""
+                              WHERE vo.object = o.id) THEN o.stored_size ELSE 0 END), 0)
+                   FROM objects o WHERE o.id IN {IDS}""",
+                (ids,),
             ).fetchone()
             s = version.summary
             tx.execute(
@@ -178,8 +181,7 @@ class Catalog:
                 "INSERT INTO edges VALUES (?, ?, ?, ?)",
                 [(vid, i, p.version, p.relation) for i, p in enumerate(version.parents)],
             )
-            tx.execute("INSERT INTO version_objects SELECT ?, object FROM pending", (vid,))
-            tx.execute("DELETE FROM pending")
+            tx.execute("INSERT INTO version_objects SELECT ?, value FROM json_each(?)", (vid, ids))
 
     def set_heads(self, read_heads: Callable[[], dict[str, str]]) -> None:
         """Make the models table mirror the refs and drop versions no head reaches.
@@ -230,12 +232,7 @@ class Catalog:
             "SELECT id FROM versions WHERE id >= ? AND id < ? LIMIT 2", (prefix, prefix + "g"))]  # fmt: skip
 
     def versions_of(self, vids: list[str]) -> dict[str, VersionRow]:
-        rows: dict[str, VersionRow] = {}
-        for i in range(0, len(vids), 500):
-            chunk = vids[i : i + 500]
-            marks = ",".join("?" * len(chunk))
-            rows.update((r.id, r) for r in self._versions(f"WHERE v.id IN ({marks})", tuple(chunk)))
-        return rows
+        return {r.id: r for r in self._versions(f"WHERE v.id IN {IDS}", (json.dumps(vids),))}
 
     def _versions(self, where: str, args: tuple[Any, ...]) -> list[VersionRow]:
         cur = self.db.execute(
@@ -260,13 +257,8 @@ class Catalog:
 
     def missing_objects(self, oids: set[str]) -> set[str]:
         """The ids among `oids` that the objects table does not list."""
-        ids = sorted(oids)
-        known: set[str] = set()
-        for i in range(0, len(ids), 500):
-            chunk = ids[i : i + 500]
-            rows = self.db.execute(f"SELECT id FROM objects WHERE id IN ({','.join('?' * len(chunk))})", chunk)
-            known.update(r[0] for r in rows)
-        return set(ids) - known
+        known = self.db.execute(f"SELECT id FROM objects WHERE id IN {IDS}", (json.dumps(sorted(oids)),))
+        return oids - {r[0] for r in known}
 
     def object_users(self, oid: str) -> list[str]:
         """`model@seq` of every indexed version that uses an object (for error messages)."""
@@ -289,34 +281,26 @@ class Catalog:
         """How the tensors of these versions are stored: `deduplicated` (an earlier version
         stored the object), else by the first codec of the object's chain."""
         counts: dict[str, int] = {}
-        for i in range(0, len(vids), 500):
-            chunk = vids[i : i + 500]
-            rows = self.db.execute(
-                f"""SELECT o.codec, EXISTS (SELECT 1 FROM version_objects vo2 JOIN versions v2 ON v2.id = vo2.version
-                                            WHERE vo2.object = vo.object AND v2.rowid < v.rowid), COUNT(*)
-                    FROM version_objects vo JOIN objects o ON o.id = vo.object JOIN versions v ON v.id = vo.version
-                    WHERE vo.version IN ({",".join("?" * len(chunk))}) AND o.kind = 'tensor'
-                    GROUP BY 1, 2""",
-                chunk,
-            )
-            for codec, dedup, n in rows:
-                key = "deduplicated" if dedup else storage_class(codec)
-                counts[key] = counts.get(key, 0) + n
+        rows = self.db.execute(
+            f"""SELECT o.codec, EXISTS (SELECT 1 FROM version_objects vo2 JOIN versions v2 ON v2.id = vo2.version
+                                        WHERE vo2.object = vo.object AND v2.rowid < v.rowid), COUNT(*)
+                FROM version_objects vo JOIN objects o ON o.id = vo.object JOIN versions v ON v.id = vo.version
+                WHERE vo.version IN {IDS} AND o.kind = 'tensor'
+                GROUP BY 1, 2""",
+            (json.dumps(vids),),
+        )
+        for codec, dedup, n in rows:
+            key = "deduplicated" if dedup else storage_class(codec)
+            counts[key] = counts.get(key, 0) + n
         return counts
 
     def physical_bytes(self, vids: list[str]) -> tuple[int, int]:
         """(objects, stored bytes) of the distinct objects that these versions use."""
-        if not vids:
-            return 0, 0
-        with self.atomic() as tx:
-            tx.execute("CREATE TEMP TABLE IF NOT EXISTS selection (version TEXT PRIMARY KEY)")
-            tx.execute("DELETE FROM selection")
-            tx.executemany("INSERT OR IGNORE INTO selection VALUES (?)", [(v,) for v in vids])
-            row = tx.execute(
-                """SELECT COUNT(*), COALESCE(SUM(o.stored_size), 0) FROM objects o WHERE o.id IN
-                   (SELECT vo.object FROM version_objects vo JOIN selection s ON s.version = vo.version)"""
-            ).fetchone()
-            tx.execute("DELETE FROM selection")
+        row = self.db.execute(
+            f"""SELECT COUNT(*), COALESCE(SUM(o.stored_size), 0) FROM objects o WHERE o.id IN
+                (SELECT object FROM version_objects WHERE version IN {IDS})""",
+            (json.dumps(vids),),
+        ).fetchone()
         return row[0], row[1]
 
     def total_objects(self) -> tuple[int, int, int]:
