@@ -251,10 +251,6 @@ class Catalog:
                                   tuple(tuple(p) for p in json.loads(r[16]))))  # fmt: skip
         return out
 
-    def object_row(self, oid: str) -> ObjectRow | None:
-        r = self.db.execute("SELECT * FROM objects WHERE id = ?", (oid,)).fetchone()
-        return ObjectRow(*r) if r else None
-
     def missing_objects(self, oids: set[str]) -> set[str]:
         """The ids among `oids` that the objects table does not list."""
         known = self.db.execute(f"SELECT id FROM objects WHERE id IN {IDS}", (json.dumps(sorted(oids)),))
@@ -268,6 +264,15 @@ class Catalog:
             (oid,),
         )
         return [f"{m}@{s}" for m, s in rows]
+
+    def storage_by_codec(self, vid: str) -> list[tuple[str, int, int, int]]:
+        """(codec chain, objects, logical bytes, stored bytes) of a version's objects."""
+        return list(self.db.execute(
+            """SELECT o.codec, COUNT(*), SUM(o.logical_size), SUM(o.stored_size)
+               FROM version_objects vo JOIN objects o ON o.id = vo.object WHERE vo.version = ?
+               GROUP BY o.codec ORDER BY o.codec""",
+            (vid,),
+        ))  # fmt: skip
 
     def shared_objects(self, vid: str) -> int:
         """How many objects of a version other versions use too (deduplicated)."""

@@ -413,8 +413,9 @@ class Repo:
                  progress: Callable[[int, int], Progress] | None = None) -> CheckoutResult:  # fmt: skip
         """Rebuild the files of a version in `out_dir`, byte for byte, verifying each file."""
         vid = self.resolve(ref)
-        version = self.version(vid)
-        manifest = self.manifest(vid)
+        with self._explained():
+            version = load_version(self.store, vid)
+            manifest = load_manifest(self.store, version.manifest)
         out = Path(out_dir)
         if out.exists() and not out.is_dir():
             raise InputError(str(out), "exists and is not a folder")
@@ -435,7 +436,7 @@ class Repo:
         if version.lossy:
             notes.append(f"these files are a lossy reconstruction: every float value is within {version.lossy.get('eps'):g} "
                          f"of what was added (measured max error {version.lossy.get('max_error'):.3g})")  # fmt: skip
-        return CheckoutResult(version.model, vid, len(self.chain(vid)), str(out), _file_infos(manifest),
+        return CheckoutResult(version.model, vid, self._row(vid).seq, str(out), _file_infos(manifest),
                               manifest.logical_bytes, notes)  # fmt: skip
 
     def open(self, ref: str) -> ModelReader:
@@ -487,18 +488,9 @@ class Repo:
         dtypes: dict[str, int] = {}
         for t in manifest.tensors():
             dtypes[t.dtype] = dtypes.get(t.dtype, 0) + t.params
-        storage: dict[str, list[int]] = {}
-        oids = manifest.object_ids()
-        for oid in oids:
-            r = self.catalog.object_row(oid)
-            if r is None:
-                continue
-            s = storage.setdefault(r.codec, [0, 0, 0])
-            s[0], s[1], s[2] = s[0] + 1, s[1] + r.logical_size, s[2] + r.stored_size
-        shared = self.catalog.shared_objects(vid)
         return ShowResult(self._info(self._row(vid)), _file_infos(manifest), dtypes,
-                          [StorageInfo(k, *v) for k, v in sorted(storage.items())], shared,
-                          self.catalog.tensor_storage([vid]))  # fmt: skip
+                          [StorageInfo(*row) for row in self.catalog.storage_by_codec(vid)],
+                          self.catalog.shared_objects(vid), self.catalog.tensor_storage([vid]))  # fmt: skip
 
     def du(self) -> DuResult:
         heads = self.catalog.heads()
