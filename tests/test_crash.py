@@ -30,6 +30,17 @@ KILLED = -signal.SIGKILL
 # --- helpers ---------------------------------------------------------------------------------
 # Only the commands that are killed run in subprocesses (and one `mgit fsck` per test, for its
 # exit code); the checks after them run the same CLI in-process, which starts much faster.
+
+def kill_after(p: subprocess.Popen[str], delay: float) -> int:
+    """SIGKILL `p` unless it finishes within `delay` seconds; its exit code (0 or KILLED)."""
+    try:
+        p.wait(timeout=delay)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGKILL)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode in (0, KILLED), err
+    return p.returncode
+
 def mgit_json(root: Path, *args: str) -> Any:
     """`mgit ARGS --json`, in-process; it must succeed."""
     code, out, err = run_cli(*args, "--json", cwd=root)
@@ -220,13 +231,7 @@ def test_add_killed_at_random_times(tmp_path: Path, big_base: list[np.ndarray]) 
         message = f"v{attempt}"
         expected[message] = write_big_model(src, big_base, attempt)
         p, started = start_writing(message)
-        try:
-            p.wait(timeout=rng.uniform(0.0, 1.15) * writing)
-        except subprocess.TimeoutExpired:
-            p.send_signal(signal.SIGKILL)
-        _, err = p.communicate(timeout=60)
-        assert p.returncode in (0, KILLED), err
-        if p.returncode == 0:  # faster than measured (the machine's load changed): measure again
+        if kill_after(p, rng.uniform(0.0, 1.15) * writing) == 0:  # faster than measured (the machine's load changed): measure again
             writing = time.monotonic() - started
         outcomes.append(p.returncode)
     assert outcomes.count(KILLED) >= 4, f"too few adds were interrupted ({outcomes}, writing takes {writing:.2f}s)"
@@ -359,13 +364,7 @@ def test_checkout_killed_at_random_times_leaves_no_partial_file(tmp_path: Path,
     for attempt in range(6):
         out = tmp_path / f"out{attempt}"
         p, started = run_checkout_until_writing(root, out)
-        try:
-            p.wait(timeout=rng.uniform(0.0, 0.9) * writing)
-        except subprocess.TimeoutExpired:
-            p.send_signal(signal.SIGKILL)
-        _, err = p.communicate(timeout=60)
-        assert p.returncode in (0, KILLED), err
-        if p.returncode == 0:  # faster than measured (the machine's load changed): measure again
+        if kill_after(p, rng.uniform(0.0, 0.9) * writing) == 0:  # faster than measured (the machine's load changed): measure again
             writing = time.monotonic() - started
         for name, digest in final_files(out).items():
             assert tree.get(name) == digest, f"{name} has its final name but not its final content"
