@@ -67,7 +67,9 @@ def test_every_element_is_within_the_bound(dtype: str, n: int, eps: float, scale
     assert (np.abs(recon - original) <= eps).all()
     assert outcome.max_error == pytest.approx(float(np.abs(recon - original).max()))
     # The stored object is the reconstruction, and it decodes to exactly those bytes.
-    stored = store.put_tensor(dtype, (n,), outcome.data, bases=[parent.oid], extra=[outcome.chain])
+    encoding = store.encode("tensor", {"dtype": dtype, "shape": [n]}, outcome.data, bases=[parent.oid],
+                            extra=[outcome.chain])  # fmt: skip
+    stored = store.put_tensor(dtype, (n,), outcome.data, encoding=encoding)
     assert store.get(stored.oid)[1].tobytes() == outcome.data.tobytes()
 
 

@@ -140,16 +140,23 @@ def _write_file(store: ObjectStore, f: SourceFile, pool: ThreadPoolExecutor, job
 
     def put(span: Any, data: np.ndarray) -> tuple[Any, np.ndarray, LossyTensor | None, PutResult]:
         bases = plan.candidates(span.name)
-        lossy = None
+        lossy, encoding = None, None
         if plan.lossy is not None:
             lossy = encode_lossy(store, span.dtype, span.shape, data, bases, plan.lossy, plan.max_depth)
-        if lossy is not None and lossy.chain is not None and _lossless_is_smaller(store, span, data, lossy, plan):
-            lossy = LossyTensor(data, None, 0.0, lossy.changed_params)  # e.g. a pruning patch beats any step
         if lossy is not None and lossy.chain is not None:
-            data = lossy.data  # a lossy version stores, and its file digest covers, the reconstruction
-        extra = [lossy.chain] if lossy is not None and lossy.chain is not None else []
+            # Lossy storage is only worth its error where it stores less than the exact tensor
+            # (a pruning patch, say, beats any quantization step). Both are encoded once; the
+            # smaller is written as it is.
+            meta = tensor_meta(span.dtype, span.shape)
+            exact = store.encode("tensor", meta, data, bases=bases, max_depth=plan.max_depth)
+            approx = store.encode("tensor", meta, lossy.data, bases=bases, max_depth=plan.max_depth,
+                                  extra=[lossy.chain])  # fmt: skip
+            if len(exact.payload) <= len(approx.payload):
+                lossy, encoding = LossyTensor(data, None, 0.0, lossy.changed_params), exact
+            else:
+                data, encoding = lossy.data, approx  # the version stores, and its digest covers, the reconstruction
         return span, data, lossy, store.put_tensor(span.dtype, span.shape, data, bases=bases, max_depth=plan.max_depth,
-                                                   extra=extra)  # fmt: skip
+                                                   encoding=encoding)  # fmt: skip
 
     entries = []
     for span, data, lossy, result in ordered_map(pool, put, f.tensor_data(), jobs=jobs,
@@ -164,16 +171,6 @@ def _write_file(store: ObjectStore, f: SourceFile, pool: ThreadPoolExecutor, job
         if progress:
             progress(span.nbytes)
     return FileEntry(f.path, "safetensors", f.size, digest.hexdigest(), header.oid, tuple(entries), f.converted_from)
-
-
-def _lossless_is_smaller(store: ObjectStore, span: Any, data: np.ndarray, lossy: LossyTensor, plan: DeltaPlan) -> bool:
-    """Lossy storage is only worth its error where it stores less than the exact tensor would."""
-    meta = tensor_meta(span.dtype, span.shape)
-    bases = plan.candidates(span.name)
-    exact = store.encoded_size("tensor", meta, data, bases=bases, max_depth=plan.max_depth)
-    assert lossy.chain is not None
-    approx = store.encoded_size("tensor", meta, lossy.data, bases=bases, max_depth=plan.max_depth, extra=[lossy.chain])
-    return exact <= approx
 
 
 def safe_join(root: Path, rel: str) -> Path:

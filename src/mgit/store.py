@@ -75,6 +75,15 @@ class ObjectHeader:
 
 
 @dataclass(frozen=True)
+class Encoding:
+    """How an object would be stored: its codec chain, the encoded payload, its delta depth."""
+
+    codecs: list[Codec]
+    payload: Any
+    depth: int
+
+
+@dataclass(frozen=True)
 class PutResult:
     oid: str
     stored_size: int
@@ -200,13 +209,13 @@ class ObjectStore:
     # --- writing ------------------------------------------------------------------------
     def put(self, kind: str, meta: dict[str, Any], data: Any, *, chain: list[Codec] | None = None,
             oid: str | None = None, bases: Sequence[str] = (), max_depth: int = DEFAULT_MAX_DEPTH,
-            extra: Sequence[list[Codec]] = ()) -> PutResult:  # fmt: skip
+            extra: Sequence[list[Codec]] = (), encoding: Encoding | None = None) -> PutResult:  # fmt: skip
         """Store `data` (bytes or a uint8 array) unless an object with its id exists.
 
         With `bases` (tensors this one probably derives from), the smallest of the standalone
         encoding and a delta against each base wins, bases already `max_depth` deltas deep
         excepted. `extra` chains (a quantized delta) compete too when every base they name
-        is one of the usable `bases`.
+        is one of the usable `bases`. An `encoding` from `encode` is written as it is.
         """
         buf = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
         if oid is None:
@@ -215,16 +224,18 @@ class ObjectStore:
             oid = hasher.hexdigest()
         if self.has(oid):
             return PutResult(oid, self.stored_size(oid), False, "", buf.nbytes)
-        codecs, payload, depth = self._encode(kind, meta, buf, chain, bases, max_depth, extra)
+        if encoding is None:
+            encoding = Encoding(*self._encode(kind, meta, buf, chain, bases, max_depth, extra))
+        codecs, payload, depth = encoding.codecs, encoding.payload, encoding.depth
         header = ObjectHeader(kind, meta, buf.nbytes, chain_to_list(codecs), depth)
         stored = self._write_record(oid, [_header_bytes(header), payload])
         return PutResult(oid, stored, True, header.codec_names, buf.nbytes)
 
-    def encoded_size(self, kind: str, meta: dict[str, Any], data: Any, *, bases: Sequence[str] = (),
-                     max_depth: int = DEFAULT_MAX_DEPTH, extra: Sequence[list[Codec]] = ()) -> int:
-        """What `put` would store for `data` (payload bytes), without writing anything."""
+    def encode(self, kind: str, meta: dict[str, Any], data: Any, *, bases: Sequence[str] = (),
+               max_depth: int = DEFAULT_MAX_DEPTH, extra: Sequence[list[Codec]] = ()) -> Encoding:  # fmt: skip
+        """What `put` would store for `data`, without writing it (pass it to `put` to write it)."""
         buf = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
-        return len(self._encode(kind, meta, buf, None, bases, max_depth, extra)[1])
+        return Encoding(*self._encode(kind, meta, buf, None, bases, max_depth, extra))
 
     def _encode(self, kind: str, meta: dict[str, Any], buf: np.ndarray, chain: list[Codec] | None,
                 bases: Sequence[str], max_depth: int, extra: Sequence[list[Codec]]) -> tuple[list[Codec], Any, int]:  # fmt: skip
@@ -284,8 +295,8 @@ class ObjectStore:
         return best
 
     def put_tensor(self, dtype: str, shape: tuple[int, ...], data: np.ndarray, *, bases: Sequence[str] = (),
-                   max_depth: int = DEFAULT_MAX_DEPTH, extra: Sequence[list[Codec]] = ()) -> PutResult:  # fmt: skip
-        return self.put("tensor", tensor_meta(dtype, shape), data, bases=bases, max_depth=max_depth, extra=extra)
+                   max_depth: int = DEFAULT_MAX_DEPTH, encoding: Encoding | None = None) -> PutResult:  # fmt: skip
+        return self.put("tensor", tensor_meta(dtype, shape), data, bases=bases, max_depth=max_depth, encoding=encoding)
 
     def put_blob(self, data: Any) -> PutResult:
         return self.put("blob", {}, data)
