@@ -299,6 +299,28 @@ class Catalog:
             counts[key] = counts.get(key, 0) + n
         return counts
 
+    def storage_by_version(self, vids: list[str]) -> dict[str, tuple[int, dict[str, int]]]:
+        """Per version: (stored bytes of the objects it uses, its tensors by how they are
+        stored, as `tensor_storage` counts them). Two queries for any number of versions, so
+        a page over a thousand models does not issue a query per model."""
+        ids = json.dumps(vids)
+        out: dict[str, tuple[int, dict[str, int]]] = {
+            vid: (stored, {}) for vid, stored in self.db.execute(f"SELECT id, stored_bytes FROM versions WHERE id IN {IDS}", (ids,))
+        }
+        rows = self.db.execute(
+            f"""SELECT v.id, o.codec, EXISTS (SELECT 1 FROM version_objects vo2 JOIN versions v2 ON v2.id = vo2.version
+                                              WHERE vo2.object = vo.object AND v2.rowid < v.rowid), COUNT(*)
+                FROM version_objects vo JOIN objects o ON o.id = vo.object JOIN versions v ON v.id = vo.version
+                WHERE vo.version IN {IDS} AND o.kind = 'tensor'
+                GROUP BY 1, 2, 3""",
+            (ids,),
+        )
+        for vid, codec, dedup, n in rows:
+            counts = out[vid][1]
+            key = "deduplicated" if dedup else storage_class(codec)
+            counts[key] = counts.get(key, 0) + n
+        return out
+
     def physical_bytes(self, vids: list[str]) -> tuple[int, int]:
         """(objects, stored bytes) of the distinct objects that these versions use."""
         row = self.db.execute(
@@ -307,6 +329,17 @@ class Catalog:
             (json.dumps(vids),),
         ).fetchone()
         return row[0], row[1]
+
+    def graph_rows(self) -> tuple[list[tuple[Any, ...]], list[tuple[str, int, str, str]]]:
+        """Every indexed version (id, model, seq, predecessor, time, message, tags, params,
+        logical bytes, new bytes, lossy) and every lineage edge (child, position, parent,
+        relation): the lineage graph in two queries, fast enough for thousands of versions."""
+        versions = [(*r[:6], json.loads(r[6]), *r[7:10], json.loads(r[10]) if r[10] else None)
+                    for r in self.db.execute(
+                        """SELECT id, model, seq, predecessor, time, message, tags, params,
+                                  logical_bytes, new_bytes, lossy FROM versions""")]  # fmt: skip
+        edges = list(self.db.execute("SELECT child, position, parent, relation FROM edges ORDER BY child, position"))
+        return versions, edges
 
     def total_objects(self) -> tuple[int, int, int]:
         """(count, logical bytes, stored bytes) of every object the catalog knows."""

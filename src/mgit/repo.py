@@ -38,8 +38,10 @@ from mgit.errors import (
     UnknownRefError,
 )
 from mgit.formats.folder import ModelSource, scan_path, scan_state_dict
+from mgit.formats.model_card import CARD, read_lineage, write_lineage
 from mgit.gate import DEFAULT_TIMEOUT, GateResult, evaluate
 from mgit.integrity import check_references, load_manifest, load_version, verify_objects, walk
+from mgit.lineage import Lineage
 from mgit.locks import FileLock
 from mgit.lossy import DEFAULT_GUARD, LossyPolicy, verdict
 from mgit.objects import RELATIONS, Manifest, Parent, TensorEntry, Version
@@ -252,6 +254,15 @@ class Repo:
             cur = row.predecessor if row else load_version(self.store, cur).predecessor
         return out
 
+    def model_of(self, ref: str) -> str:
+        """The model name that a reference's version belongs to."""
+        return self._row(self.resolve(ref)).model
+
+    @property
+    def lineage(self) -> Lineage:
+        """The lineage graph as it is now (a snapshot: read it again after a change)."""
+        return Lineage.load(self.catalog)
+
     def version(self, ref: str) -> Version:
         with self._explained():
             return load_version(self.store, self.resolve(ref))
@@ -278,6 +289,7 @@ class Repo:
         gate: str | None = None,
         max_drop: float = 0.0,
         gate_timeout: float = DEFAULT_TIMEOUT,
+        model_card: bool = True,
     ) -> AddResult:
         """Store a model folder, a file or a state dict as the next version of `name`.
 
@@ -291,17 +303,26 @@ class Repo:
         metric function on the original and the reconstruction in child processes and keeps
         the lossy version only if no metric gets worse by more than `max_drop`. Whenever lossy
         storage is refused, the version is stored losslessly and the result says why.
+
+        Without `parent`, a folder's README.md front matter (`base_model`, and
+        `base_model_relation` unless `relation` is given) names the parents when those models
+        exist here (`model_card=False` ignores it); the result's notes say what was taken.
         """
         validate_model_name(name)
         policy = LossyPolicy(lossy, guard) if lossy is not None else None
         if gate is not None and policy is None:
             raise MgitError("a gate only checks lossy storage", hint="Add --lossy EPS")
+        parent_refs = [parent] if isinstance(parent, str) else list(parent or [])
+        card_notes: list[str] = []
+        if not parent_refs and model_card and not isinstance(source, Mapping):
+            parent_refs, card_relation, card_notes = self._card_parents(Path(source))
+            relation = relation or card_relation
         relation = relation or "finetune"
         if relation not in RELATIONS:
             raise MgitError(f"unknown relation {relation!r}", hint=f"Use one of: {', '.join(RELATIONS)}")
-        parent_refs = [parent] if isinstance(parent, str) else list(parent or [])
         parents = tuple(Parent(self.resolve(p), relation) for p in parent_refs)
         src: ModelSource = scan_state_dict(source) if isinstance(source, Mapping) else scan_path(Path(source))
+        src.notes.extend(card_notes)
         tick = progress(src.logical_bytes, 0) if progress else None
         plan = self._delta_plan(name, parents)
         crash_point("after-scan")
@@ -338,6 +359,25 @@ class Repo:
         self._index(vres.oid)
         self.sync_catalog()
         return self._add_result(vres.oid, version, stats, created=True, notes=src.notes, lossy=outcome)
+
+    def _card_parents(self, path: Path) -> tuple[list[str], str | None, list[str]]:
+        """Parents named by a folder's model card that exist here, their relation, and notes."""
+        card = path / CARD
+        if not path.is_dir() or not card.is_file() or card.stat().st_size > MAX_CARD_BYTES:
+            return [], None, []
+        found = read_lineage(card.read_text(encoding="utf-8", errors="replace"))
+        if found is None:
+            return [], None, []
+        known = [b for b in found.base_models if _looks_like_name(b) and self.refs.get(b) is not None]
+        missing = [b for b in found.base_models if b not in known]
+        notes = [f"{CARD} names base_model {', '.join(map(repr, missing))}, not in this repository: "
+                 "not recorded as a parent"] if missing else []  # fmt: skip
+        if not known:
+            return [], None, notes
+        relation = found.relation or ("merge" if len(known) > 1 else None)
+        notes.append(f"parent{'s' if len(known) > 1 else ''} {', '.join(known)} "
+                     f"({relation or 'finetune'}) from the base_model of {CARD}")  # fmt: skip
+        return known, relation, notes
 
     def _snapshot(self, src: ModelSource, source: Any, plan: DeltaPlan, policy: LossyPolicy | None, jobs: int,
                   tick: Progress | None, gate: tuple[str | None, float, float]
@@ -410,8 +450,12 @@ class Repo:
 
     # --- checkout and reading ---------------------------------------------------------------
     def checkout(self, ref: str, out_dir: str | os.PathLike[str], *, force: bool = False, jobs: int | None = None,
-                 progress: Callable[[int, int], Progress] | None = None) -> CheckoutResult:  # fmt: skip
-        """Rebuild the files of a version in `out_dir`, byte for byte, verifying each file."""
+                 progress: Callable[[int, int], Progress] | None = None, model_card: bool = False) -> CheckoutResult:  # fmt: skip
+        """Rebuild the files of a version in `out_dir`, byte for byte, verifying each file.
+
+        `model_card=True` then writes the version's lineage parents into README.md's front
+        matter (`base_model`, `base_model_relation`), the one file that then differs from
+        what was added."""
         vid = self.resolve(ref)
         with self._explained():
             version = load_version(self.store, vid)
@@ -433,11 +477,22 @@ class Repo:
             for f in manifest.files:
                 restore_file(self.store, f, out, pool=pool, jobs=n, progress=tick)
         notes = [f"{f.path} was rebuilt as safetensors from {f.converted_from}" for f in manifest.files if f.converted_from]
+        if model_card:
+            notes.append(self._write_card(version, out))
         if version.lossy:
             notes.append(f"these files are a lossy reconstruction: every float value is within {version.lossy.get('eps'):g} "
                          f"of what was added (measured max error {version.lossy.get('max_error'):.3g})")  # fmt: skip
         return CheckoutResult(version.model, vid, self._row(vid).seq, str(out), _file_infos(manifest),
                               manifest.logical_bytes, notes)  # fmt: skip
+
+    def _write_card(self, version: Version, out: Path) -> str:
+        if not version.parents:
+            return f"{CARD} left as it was: {version.model} has no lineage parents"
+        names = [self._row(p.version).model for p in version.parents]
+        card = out / CARD
+        text = card.read_text(encoding="utf-8") if card.is_file() else None
+        write_atomic(card, [write_lineage(text, names, version.parents[0].relation).encode()])
+        return f"{CARD}: base_model {', '.join(names)} ({version.parents[0].relation}) written into its front matter"
 
     def open(self, ref: str) -> ModelReader:
         """Tensors of a version, decoded one at a time on access."""
@@ -600,6 +655,9 @@ class ModelReader(Mapping[str, Any]):
 
 def _file_infos(manifest: Manifest) -> list[FileInfo]:
     return [FileInfo(f.path, f.type, f.size, f.digest, len(f.tensors), f.converted_from) for f in manifest.files]
+
+
+MAX_CARD_BYTES = 1 << 20  # a model card larger than this is not read for lineage
 
 
 def _looks_like_name(name: str) -> bool:

@@ -91,12 +91,14 @@ def _parse_tags(tags: tuple[str, ...]) -> dict[str, str]:
               help="How much a gate metric may get worse.")
 @click.option("--gate-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT,
               show_default=True, help="Seconds the gate may take per run.")
+@click.option("--model-card/--no-model-card", default=True, show_default=True,
+              help="Without --parent, take parents from base_model in the folder's README.md front matter.")
 @jobs_option
 @json_option
 @click.pass_context
 def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], relation: str | None,
         message: str, tags: tuple[str, ...], lossy: float | None, guard: float, gate: str | None, max_drop: float,
-        gate_timeout: float, jobs: int | None, as_json: bool) -> None:  # fmt: skip
+        gate_timeout: float, model_card: bool, jobs: int | None, as_json: bool) -> None:  # fmt: skip
     """Store a model folder, a .safetensors file or a PyTorch checkpoint as a new version.
 
     \b
@@ -110,7 +112,7 @@ def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], rela
     with progress_bar(f"Adding {name}", enabled=not as_json) as bar:
         result = repo.add(path, name=name, parent=list(parents) or None, relation=relation, message=message,
                           tags=_parse_tags(tags), jobs=jobs, progress=bar, lossy=lossy, guard=guard, gate=gate,
-                          max_drop=max_drop, gate_timeout=gate_timeout)  # fmt: skip
+                          max_drop=max_drop, gate_timeout=gate_timeout, model_card=model_card)  # fmt: skip
     if as_json:
         print_json(result.to_json())
         return
@@ -135,20 +137,24 @@ def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], rela
 @click.argument("ref")
 @click.option("--output", "-o", required=True, type=click.Path(), help="Folder to write the files into.")
 @click.option("--force", "-f", is_flag=True, help="Write into a folder that is not empty.")
+@click.option("--model-card", is_flag=True,
+              help="Write the lineage parents into README.md's front matter (base_model, base_model_relation).")
 @jobs_option
 @json_option
 @click.pass_context
-def checkout(ctx: click.Context, ref: str, output: str, force: bool, jobs: int | None, as_json: bool) -> None:
+def checkout(ctx: click.Context, ref: str, output: str, force: bool, model_card: bool, jobs: int | None,
+             as_json: bool) -> None:  # fmt: skip
     """Rebuild the files of a version, byte for byte (each file is verified).
 
     \b
     Examples:
       mgit checkout bert-sst2 -o ./bert-sst2
       mgit checkout bert-sst2@2 -o /tmp/old --force
+      mgit checkout bert-sst2 -o ./publish --model-card
     """
     repo = _repo(ctx)
     with progress_bar(f"Checking out {ref}", enabled=not as_json) as bar:
-        result = repo.checkout(ref, output, force=force, jobs=jobs, progress=bar)
+        result = repo.checkout(ref, output, force=force, jobs=jobs, progress=bar, model_card=model_card)
     if as_json:
         print_json(result.to_json())
         return
