@@ -26,6 +26,7 @@ from typing import Any
 
 from mgit.atomicfile import write_atomic
 from mgit.catalog import Catalog, ObjectRow, VersionRow
+from mgit.diff import DiffResult, diff_models, open_side
 from mgit.errors import (
     CorruptObjectError,
     FormatVersionError,
@@ -505,6 +506,20 @@ class Repo:
         with ThreadPoolExecutor(max_workers=jobs or default_jobs()) as pool:
             values = pool.map(lambda k: reader.get(k, framework=framework), names)
             return dict(zip(names, values, strict=True))
+
+    def diff(self, a: str | os.PathLike[str], b: str | os.PathLike[str], *, structural: bool = False,
+             jobs: int | None = None, progress: Callable[[int, int], Progress] | None = None) -> DiffResult:  # fmt: skip
+        """Compare two models, each a ref or the path of a model folder or file not yet added
+        (an existing path is a path, anything else a ref; see `mgit.diff`)."""
+
+        def resolve(ref: str) -> tuple[str, str, Manifest]:
+            vid = self.resolve(ref)
+            row = self._row(vid)
+            return f"{row.model}@{row.seq}", vid, self.manifest(vid)
+
+        with self._explained():
+            sides = [open_side(x, store=self.store, resolve=resolve) for x in (a, b)]
+            return diff_models(*sides, structural=structural, jobs=jobs, progress=progress)
 
     # --- queries ------------------------------------------------------------------------
     def _info(self, row: VersionRow) -> VersionInfo:
