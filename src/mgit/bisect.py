@@ -1,0 +1,138 @@
+"""Bisect: which ancestor introduced a test failure.
+
+The ancestors of a version are its lineage parents (the exact versions it was derived from)
+and its predecessor (the version before it). Starting from a failing version, bisect follows
+one line of ancestry (the model's own history, then the version its first version was
+derived from, and so on), searches it (galloping back from the failing end, then binary
+search) for a failing version whose next ancestor passes, then checks that version's other ancestors: if one of them fails too, the
+failure came from there and the search goes on along that line. It ends at a version that
+fails while every ancestor passes (the edge that introduced the failure), or at a root that
+has always failed.
+
+Results already recorded for the same test source are reused, so a second bisect, or one
+after `mgit test run`, runs few tests or none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mgit.checks import TestOutcome
+from mgit.errors import MgitError
+from mgit.reports import Report
+
+if TYPE_CHECKING:
+    from mgit.repo import Repo
+
+
+@dataclass(frozen=True)
+class BisectStep(Report):
+    ref: str
+    version: str
+    status: str
+    reused: bool
+
+
+@dataclass(frozen=True)
+class BisectResult(Report):
+    test: str
+    start: str  # the failing version bisect started from
+    culprit: str  # `model@seq`: the earliest failing version whose ancestors all pass
+    culprit_version: str
+    parent: str | None  # the passing ancestor on the edge that introduced the failure
+    parent_version: str | None
+    edge: str | None  # "lineage" (derived from the parent) or "history" (a new version); None at a root
+    relation: str | None  # the lineage relation, for a lineage edge
+    reasons: list[str]  # why the culprit fails
+    steps: list[BisectStep]  # every version whose result was needed, in the order asked
+    tests_run: int  # how many of those had to be run (the rest were recorded)
+    diff: dict[str, Any] | None = None  # summary of the diff along the edge
+
+
+class Bisector:
+    def __init__(self, repo: Repo, test: str, *, timeout: float | None = None, force: bool = False) -> None:
+        self.repo = repo
+        self.test = test
+        self.timeout = timeout
+        self.force = force
+        self.results: dict[str, TestOutcome] = {}
+        self.steps: list[BisectStep] = []
+        repo.checks.test(test)  # an unknown test fails before anything runs
+
+    def outcome(self, vid: str) -> TestOutcome:
+        if vid not in self.results:
+            o = self.repo.checks.run_one(vid, self.test, timeout=self.timeout, force=self.force)
+            self.results[vid] = o
+            self.steps.append(BisectStep(o.ref, vid, o.status, o.reused))
+        return self.results[vid]
+
+    def fails(self, vid: str) -> bool:
+        return not self.outcome(vid).passed
+
+    def ancestors(self, vid: str) -> list[tuple[str, str, str | None]]:
+        """(version, "lineage" or "history", relation) of each ancestor; for a model's first
+        version its lineage parents, otherwise its predecessor first."""
+        row = self.repo.catalog.version(vid)
+        if row is None:
+            return []
+        lineage = [(p, "lineage", rel) for p, rel in row.parents]
+        history = [(row.predecessor, "history", None)] if row.predecessor else []
+        return history + lineage
+
+    def line(self, vid: str) -> list[str]:
+        """One line of ancestry from `vid` back to a root, following first ancestors."""
+        out, seen = [vid], {vid}
+        while (steps := self.ancestors(out[-1])) and steps[0][0] not in seen:
+            out.append(steps[0][0])
+            seen.add(steps[0][0])
+        return out
+
+    def run(self, start_ref: str) -> BisectResult:
+        start = self.repo.resolve(start_ref)
+        if not self.fails(start):
+            raise MgitError(f"{self.test} passes on {self.outcome(start).ref}: there is no failure to trace",
+                            hint=f"Bisect from a version that fails. See: mgit test show {start_ref}")  # fmt: skip
+        current, visited = start, set()
+        while True:
+            visited.add(current)
+            chain = self.line(current)
+            # chain[lo] fails and chain[hi] passes (hi == len(chain): past the root). Gallop
+            # out from the failing end first (1, 2, 4, ... back), so a recent regression
+            # costs few runs and a line that failed once long ago and was fixed is not
+            # mistaken for the cause; then binary search between the two.
+            lo, hi, step = 0, len(chain), 1
+            while lo + step < len(chain):
+                if not self.fails(chain[lo + step]):
+                    hi = lo + step
+                    break
+                lo, step = lo + step, step * 2
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if self.fails(chain[mid]):
+                    lo = mid
+                else:
+                    hi = mid
+            culprit = chain[lo]
+            passing = chain[lo + 1] if lo + 1 < len(chain) else None
+            elsewhere = [a for a, _, _ in self.ancestors(culprit) if a != passing and a not in visited and self.fails(a)]
+            if not elsewhere:
+                return self._result(start, culprit, passing)
+            current = elsewhere[0]
+
+    def _result(self, start: str, culprit: str, passing: str | None) -> BisectResult:
+        kind = relation = None
+        for a, k, rel in self.ancestors(culprit):
+            if a == passing:
+                kind, relation = k, rel
+                break
+        diff = None
+        if passing is not None:
+            d = self.repo.diff(passing, culprit)
+            diff = {"summary": d.summary.to_json(), "groups": [g.to_json() for g in d.groups]}
+        bad = self.results[culprit]
+        return BisectResult(
+            self.test, self.results[start].ref, bad.ref, culprit,
+            self.results[passing].ref if passing else None, passing, kind, relation, bad.reasons,
+            self.steps, sum(1 for s in self.steps if not s.reused), diff,
+        )  # fmt: skip

@@ -1,0 +1,365 @@
+"""User tests over the lineage graph: attach, run isolated, record, compare with the parent.
+
+A test is a function (`module:function` or `file.py:function`) that takes a checked-out
+model folder and returns a dict of metrics, optionally with `passed`. Pass conditions are
+declared when it is attached (`acc >= 0.9`, `loss <= 0.5`); a run that raises, hangs, exits
+or returns a NaN fails. A test is attached to a model name, a name glob or a tag, and with
+`inherit` to every descendant of those models, present and future.
+
+Registrations and results live in `checks.sqlite`, apart from the catalog: they are not
+derived from objects and refs, so rebuilding (or losing) the catalog never touches them. A
+result is keyed by (version, test, sha256 of the test's source file): it is reused until
+the version or the source changes, or `force` is given.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import sqlite3
+import tempfile
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mgit import usercode
+from mgit.errors import MgitError, UnknownRefError
+from mgit.lineage import Lineage
+from mgit.reports import Report
+
+if TYPE_CHECKING:
+    from mgit.repo import Repo
+
+DEFAULT_TIMEOUT = 600.0
+
+MIGRATIONS: list[tuple[str, list[str]]] = [
+    ("0001_tests", [
+        """CREATE TABLE tests (name TEXT PRIMARY KEY, fn TEXT NOT NULL, target TEXT NOT NULL,
+            inherit INTEGER NOT NULL, conditions TEXT NOT NULL, timeout REAL, created TEXT NOT NULL)""",
+        """CREATE TABLE results (version TEXT NOT NULL, test TEXT NOT NULL, source TEXT NOT NULL,
+            status TEXT NOT NULL, metrics TEXT NOT NULL, reasons TEXT NOT NULL, output TEXT NOT NULL,
+            seconds REAL NOT NULL, time TEXT NOT NULL, PRIMARY KEY (version, test, source))""",
+    ]),
+]  # fmt: skip
+
+
+class TestNotFoundError(MgitError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no test named {name!r}", hint="See: mgit test ls")
+
+
+@dataclass(frozen=True)
+class Condition(Report):
+    metric: str
+    bound: str  # "min" (metric >= value) or "max" (metric <= value)
+    value: float
+
+    def check(self, metrics: dict[str, float]) -> str | None:
+        """Why the metrics break this condition, or None."""
+        got = metrics.get(self.metric)
+        if got is None:
+            return f"{self.metric} is missing"
+        if math.isnan(got) or (got < self.value if self.bound == "min" else got > self.value):
+            return f"{self.metric} {got:g} {'<' if self.bound == 'min' else '>'} {self.value:g}"
+        return None
+
+
+@dataclass(frozen=True)
+class TestSpec(Report):
+    __test__ = False  # not a pytest class
+
+    name: str
+    fn: str
+    target: str  # a model name, a glob (`bert-*`) or a tag (`tag:KEY[=VALUE]`)
+    inherit: bool
+    conditions: list[Condition]
+    timeout: float | None = None
+
+    def matches(self, model: str, tags: dict[str, str]) -> bool:
+        if self.target.startswith("tag:"):
+            key, sep, value = self.target[4:].partition("=")
+            return key in tags and (not sep or tags[key] == value)
+        return fnmatch.fnmatchcase(model, self.target)
+
+
+@dataclass(frozen=True)
+class TestOutcome(Report):
+    __test__ = False
+
+    version: str
+    model: str
+    seq: int
+    test: str
+    source: str  # sha256 of the test's source file
+    status: str  # pass, fail or error (the test could not run or returned no usable metrics)
+    metrics: dict[str, float]
+    reasons: list[str]
+    seconds: float
+    time: str
+    reused: bool = False
+    output: str = field(default="", repr=False)
+    parent: str | None = None  # `model@seq` of the lineage parent whose result is compared
+    parent_status: str | None = None
+    parent_metrics: dict[str, float] | None = None
+
+    @property
+    def ref(self) -> str:
+        return f"{self.model}@{self.seq}"
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+    def to_json(self, *, output: bool = False) -> dict[str, Any]:
+        d = super().to_json()
+        d["metrics"] = {k: (v if math.isfinite(v) else str(v)) for k, v in self.metrics.items()}
+        if not output:
+            d.pop("output")
+        return d
+
+
+@dataclass(frozen=True)
+class TestRunResult(Report):
+    __test__ = False
+
+    outcomes: list[TestOutcome]
+    skipped: list[str]  # `model@seq` with no test attached
+
+    @property
+    def failed(self) -> list[TestOutcome]:
+        return [o for o in self.outcomes if not o.passed]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"outcomes": [o.to_json() for o in self.outcomes], "skipped": self.skipped,
+                "passed": sum(o.passed for o in self.outcomes), "failed": len(self.failed)}  # fmt: skip
+
+
+class Checks:
+    """The tests of one repository: `repo.checks`."""
+
+    def __init__(self, repo: Repo) -> None:
+        self.repo = repo
+        self.path = repo.dir / "checks.sqlite"
+        self._local = threading.local()
+        with self._atomic() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
+            for name, statements in MIGRATIONS:
+                if not db.execute("SELECT 1 FROM migrations WHERE name = ?", (name,)).fetchone():
+                    for sql in statements:
+                        db.execute(sql)
+                    db.execute("INSERT INTO migrations VALUES (?, datetime('now'))", (name,))
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA busy_timeout=60000")
+            self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def _atomic(self) -> Iterator[sqlite3.Connection]:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    # --- registrations ------------------------------------------------------------------
+    def attach(self, target: str, fn: str, *, name: str | None = None, conditions: list[Condition] | None = None,
+               inherit: bool = False, timeout: float | None = None) -> TestSpec:  # fmt: skip
+        """Attach a test to a model, a glob of names or `tag:KEY[=VALUE]`. The function is
+        located (its file must exist) but not run."""
+        fn = usercode.anchored(fn, self.repo.root)
+        usercode.source_file(fn, cwd=self.repo.root)
+        spec = TestSpec(name or usercode.split_spec(fn)[1], fn, target, inherit, list(conditions or []), timeout)
+        lineage = self.repo.lineage
+        if not any(spec.matches(n, m.tags) for n, m in lineage.nodes.items()) and not _is_pattern(target):
+            raise UnknownRefError(target, "no model", hint="Attach to a model name, a glob like 'bert-*' or tag:KEY=VALUE")
+        with self._atomic() as db:
+            if db.execute("SELECT 1 FROM tests WHERE name = ?", (spec.name,)).fetchone():
+                raise MgitError(f"a test named {spec.name!r} exists", hint=f"Choose another --name or: mgit test rm {spec.name}")
+            db.execute("INSERT INTO tests VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (spec.name, spec.fn, spec.target, int(spec.inherit),
+                        json.dumps([c.to_json() for c in spec.conditions]), spec.timeout, _now()))  # fmt: skip
+        return spec
+
+    def detach(self, name: str) -> TestSpec:
+        spec = self.test(name)
+        with self._atomic() as db:
+            db.execute("DELETE FROM tests WHERE name = ?", (name,))
+        return spec
+
+    def tests(self) -> list[TestSpec]:
+        rows = self._db.execute("SELECT name, fn, target, inherit, conditions, timeout FROM tests ORDER BY name")
+        return [TestSpec(n, f, t, bool(i), [Condition(**c) for c in json.loads(cs)], to) for n, f, t, i, cs, to in rows]
+
+    def test(self, name: str) -> TestSpec:
+        for spec in self.tests():
+            if spec.name == name:
+                return spec
+        raise TestNotFoundError(name)
+
+    def applicable(self, model: str, lineage: Lineage | None = None) -> list[TestSpec]:
+        """Tests that apply to a model: attached to it (by name, glob or tag), or inherited
+        from an ancestor they were attached to with `inherit`."""
+        lineage = lineage or self.repo.lineage
+        node = lineage.node(model)
+        ancestors = [(a, lineage.nodes[a].tags) for a in lineage.ancestors(model)]
+        return [t for t in self.tests()
+                if t.matches(model, node.tags) or (t.inherit and any(t.matches(a, tags) for a, tags in ancestors))]  # fmt: skip
+
+    # --- running ------------------------------------------------------------------------
+    def run(self, refs: list[str] | None = None, *, descendants: bool = False, tests: list[str] | None = None,
+            jobs: int | None = None, timeout: float | None = None, force: bool = False) -> TestRunResult:  # fmt: skip
+        """Run the tests that apply to these versions (every model's latest by default; with
+        `descendants`, the latest of every descendant too), reusing recorded results."""
+        lineage = self.repo.lineage
+        if refs is None:
+            vids = [n.head for n in lineage.nodes.values() if not n.removed]
+        else:
+            vids = [self.repo.resolve(r) for r in refs]
+            if descendants:
+                names = {self.repo.model_of(v) for v in vids}
+                extra = {d for n in names for d in lineage.descendants(n)}
+                vids += [lineage.nodes[d].head for d in sorted(extra) if not lineage.nodes[d].removed]
+        vids = list(dict.fromkeys(vids))
+        wanted = set(tests) if tests else None
+        for t in wanted or ():
+            self.test(t)
+        work: list[tuple[str, list[TestSpec]]] = []
+        skipped = []
+        for vid in vids:
+            model = self.repo.model_of(vid)
+            specs = [t for t in self.applicable(model, lineage) if wanted is None or t.name in wanted]
+            if specs:
+                work.append((vid, specs))
+            else:
+                skipped.append(self._ref(vid))
+        sources = {t.name: usercode.source_hash(t.fn, cwd=self.repo.root) for _, specs in work for t in specs}
+        with ThreadPoolExecutor(max_workers=jobs or 2) as pool:
+            done = list(pool.map(lambda w: self._run_version(w[0], w[1], sources, timeout, force), work))
+        outcomes = [self._with_parent(o) for group in done for o in group]
+        return TestRunResult(outcomes, skipped)
+
+    def run_one(self, vid: str, test: str, *, timeout: float | None = None, force: bool = False) -> TestOutcome:
+        spec = self.test(test)
+        source = usercode.source_hash(spec.fn, cwd=self.repo.root)
+        return self._with_parent(self._run_version(vid, [spec], {spec.name: source}, timeout, force)[0])
+
+    def _run_version(self, vid: str, specs: list[TestSpec], sources: dict[str, str], timeout: float | None,
+                     force: bool) -> list[TestOutcome]:  # fmt: skip
+        results: dict[str, TestOutcome] = {}
+        if not force:
+            for spec in specs:
+                found = self.recorded(vid, spec.name, sources[spec.name])
+                if found is not None:
+                    results[spec.name] = replace(found, reused=True)
+        todo = [s for s in specs if s.name not in results]
+        if todo:
+            with tempfile.TemporaryDirectory(prefix="mgit-test-") as tmp:
+                folder = Path(tmp) / "model"
+                self.repo.checkout(vid, folder)
+                for spec in todo:
+                    results[spec.name] = self._evaluate(vid, spec, sources[spec.name], folder, timeout)
+        return [results[s.name] for s in specs]
+
+    def _evaluate(self, vid: str, spec: TestSpec, source: str, folder: Path, timeout: float | None) -> TestOutcome:
+        limit = timeout or spec.timeout or DEFAULT_TIMEOUT
+        run = usercode.run("call", spec.fn, [str(folder)], timeout=limit, cwd=self.repo.root)
+        metrics: dict[str, float] = {}
+        if not run.ok:
+            status, reasons = "error", [f"the test {run.error}"]
+        else:
+            metrics, passed, problem = usercode.metrics_of(run.value)
+            reasons = [problem] if problem else []
+            reasons += [r for c in spec.conditions if (r := c.check(metrics))]
+            if passed is False:
+                reasons.insert(0, "the test returned passed: false")
+            status = "error" if problem and not metrics else "fail" if reasons else "pass"
+        model, seq = self._model_seq(vid)
+        outcome = TestOutcome(vid, model, seq, spec.name, source, status, metrics, reasons, round(run.seconds, 3),
+                              _now(), output=run.output)  # fmt: skip
+        with self._atomic() as db:
+            db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (vid, spec.name, source, status, json.dumps(_finite(metrics)), json.dumps(reasons),
+                        run.output, outcome.seconds, outcome.time))  # fmt: skip
+        return outcome
+
+    # --- results ------------------------------------------------------------------------
+    def recorded(self, vid: str, test: str, source: str | None = None) -> TestOutcome | None:
+        """The recorded result of a test on a version (for that source, or the latest)."""
+        sql = "SELECT * FROM results WHERE version = ? AND test = ?"
+        args: tuple[Any, ...] = (vid, test)
+        if source is not None:
+            sql, args = sql + " AND source = ?", (*args, source)
+        row = self._db.execute(sql + " ORDER BY time DESC LIMIT 1", args).fetchone()
+        return self._outcome(row) if row else None
+
+    def show(self, ref: str | None = None) -> list[TestOutcome]:
+        """Recorded results (the latest per test) of a version, or of every model's latest."""
+        if ref is not None:
+            vids = [self.repo.resolve(ref)]
+        else:
+            vids = [n.head for n in self.repo.lineage.nodes.values() if not n.removed]
+        out = []
+        for vid in vids:
+            rows = self._db.execute(
+                """SELECT * FROM results r WHERE version = ? AND time = (SELECT MAX(time) FROM results r2
+                   WHERE r2.version = r.version AND r2.test = r.test) ORDER BY test""",
+                (vid,),
+            )
+            out += [self._with_parent(self._outcome(r)) for r in rows]
+        return out
+
+    def _outcome(self, row: tuple[Any, ...]) -> TestOutcome:
+        vid, test, source, status, metrics, reasons, output, seconds, time = row
+        model, seq = self._model_seq(vid)
+        return TestOutcome(vid, model, seq, test, source, status, _floats(json.loads(metrics)), json.loads(reasons),
+                           seconds, time, output=output)  # fmt: skip
+
+    def _with_parent(self, o: TestOutcome) -> TestOutcome:
+        """The outcome with its lineage parent's latest recorded result of the same test."""
+        row = self.repo.catalog.version(o.version)
+        if row is None or not row.parents:
+            return o
+        pvid = row.parents[0][0]
+        found = self.recorded(pvid, o.test)
+        if found is None:
+            return replace(o, parent=self._ref(pvid))
+        return replace(o, parent=found.ref, parent_status=found.status, parent_metrics=found.metrics)
+
+    def _model_seq(self, vid: str) -> tuple[str, int]:
+        row = self.repo.catalog.version(vid)
+        return (row.model, row.seq) if row else ("?", 0)
+
+    def _ref(self, vid: str) -> str:
+        model, seq = self._model_seq(vid)
+        return f"{model}@{seq}"
+
+
+def _is_pattern(target: str) -> bool:
+    return target.startswith("tag:") or any(c in target for c in "*?[")
+
+
+def _finite(metrics: dict[str, float]) -> dict[str, float | None]:
+    return {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
+
+
+def _floats(metrics: dict[str, float | None]) -> dict[str, float]:
+    return {k: float("nan") if v is None else float(v) for k, v in metrics.items()}
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

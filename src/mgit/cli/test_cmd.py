@@ -1,0 +1,246 @@
+"""`mgit test` (attach, run, show, list and remove tests) and `mgit bisect`."""
+
+from __future__ import annotations
+
+import math
+
+import click
+
+from mgit.checks import Condition, TestOutcome
+from mgit.cli.output import err, out, plural, print_json, table
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+
+
+@click.group(name="test")
+def test_group() -> None:
+    """Tests: checks on models (a function returning metrics) and their results.
+
+    \b
+    Examples:
+      mgit test add bert-base --fn evals.py:accuracy --metric acc --min 0.9 --inherit
+      mgit test run --all
+      mgit test show bert-sst2
+    """
+
+
+def _conditions(mins: tuple[tuple[str, float], ...], maxs: tuple[tuple[str, float], ...]) -> list[Condition]:
+    return [Condition(m, "min", v) for m, v in mins] + [Condition(m, "max", v) for m, v in maxs]
+
+
+@test_group.command(name="add")
+@click.argument("selector")
+@click.option("--fn", required=True, metavar="MODULE:FUNCTION",
+              help="The test: takes a model folder, returns a dict of metrics (FILE.py:FUNCTION works too).")
+@click.option("--name", default=None, help="The test's name (default: the function's name).")
+@click.option("--min", "mins", type=(str, float), multiple=True, metavar="METRIC VALUE",
+              help="Pass only if METRIC >= VALUE (repeatable).")
+@click.option("--max", "maxs", type=(str, float), multiple=True, metavar="METRIC VALUE",
+              help="Pass only if METRIC <= VALUE (repeatable).")
+@click.option("--metric", default=None, help="With --above/--below: the metric to bound.")
+@click.option("--above", type=float, default=None, help="Shorthand: --metric M --above X is --min M X.")
+@click.option("--below", type=float, default=None, help="Shorthand: --metric M --below X is --max M X.")
+@click.option("--inherit", is_flag=True, help="Also apply to every descendant, present and future.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds per run.")
+@json_option
+@click.pass_context
+def test_add(ctx: click.Context, selector: str, fn: str, name: str | None, mins: tuple, maxs: tuple,
+             metric: str | None, above: float | None, below: float | None, inherit: bool, timeout: float | None,
+             as_json: bool) -> None:  # fmt: skip
+    """Attach a test to a model, a name glob ('bert-*') or a tag (tag:KEY=VALUE).
+
+    The function is found but not run. Without bounds, a test passes when it returns
+    metrics (and `passed` is not false).
+
+    \b
+    Examples:
+      mgit test add bert-base --fn evals.py:accuracy --min acc 0.9 --inherit
+      mgit test add 'bert-*' --fn evals.sst2:run --name sst2 --metric loss --below 0.4
+      mgit test add tag:task=nli --fn evals.py:nli
+    """
+    if (above is not None or below is not None) and metric is None:
+        raise click.UsageError("--above and --below need --metric")
+    if metric is not None and above is None and below is None:
+        raise click.UsageError("--metric needs --above or --below (or use --min METRIC VALUE)")
+    mins += ((metric, above),) if above is not None else ()
+    maxs += ((metric, below),) if below is not None else ()
+    spec = ctx.obj.repo().checks.attach(selector, fn, name=name, conditions=_conditions(mins, maxs),
+                                        inherit=inherit, timeout=timeout)  # fmt: skip
+    if as_json:
+        print_json(spec.to_json())
+        return
+    bounds = ", ".join(f"{c.metric} {'>=' if c.bound == 'min' else '<='} {c.value:g}" for c in spec.conditions)
+    out.print(f"test {spec.name} ({spec.fn}) attached to {spec.target}"
+              + (" and its descendants" if inherit else "") + (f"; passes if {bounds}" if bounds else ""))  # fmt: skip
+
+
+@test_group.command(name="ls")
+@json_option
+@click.pass_context
+def test_ls(ctx: click.Context, as_json: bool) -> None:
+    """List attached tests.
+
+    \b
+    Example:
+      mgit test ls
+    """
+    tests = ctx.obj.repo().checks.tests()
+    if as_json:
+        print_json([t.to_json() for t in tests])
+        return
+    t = table("test", "function", "attached to", "inherit", "passes if")
+    for s in tests:
+        bounds = ", ".join(f"{c.metric} {'>=' if c.bound == 'min' else '<='} {c.value:g}" for c in s.conditions)
+        t.add_row(s.name, s.fn, s.target, "yes" if s.inherit else "no", bounds or "-")
+    out.print(t if tests else "No tests. Attach one with: mgit test add MODEL --fn FILE.py:FUNCTION")
+
+
+@test_group.command(name="rm")
+@click.argument("name")
+@click.pass_context
+def test_rm(ctx: click.Context, name: str) -> None:
+    """Detach a test (its recorded results stay).
+
+    \b
+    Example:
+      mgit test rm sst2
+    """
+    spec = ctx.obj.repo().checks.detach(name)
+    out.print(f"test {spec.name} removed")
+
+
+def _metrics(metrics: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:.4g}" if math.isfinite(v) else f"{k}={v}" for k, v in sorted(metrics.items())) or "-"
+
+
+def _change(o: TestOutcome) -> str:
+    """Against the lineage parent's result: 'acc +0.012, loss -0.1 (bert-base@2: pass)'."""
+    if o.parent is None:
+        return "-"
+    if o.parent_status is None:
+        return f"{o.parent}: not run"
+    deltas = [f"{k} {o.metrics[k] - v:+.4g}" for k, v in sorted((o.parent_metrics or {}).items())
+              if k in o.metrics and math.isfinite(v) and math.isfinite(o.metrics[k])]  # fmt: skip
+    return ", ".join(deltas) + f" ({o.parent}: {o.parent_status})" if deltas else f"{o.parent}: {o.parent_status}"
+
+
+def print_outcomes(outcomes: list[TestOutcome], *, output: bool = False) -> None:
+    t = table("model", "test", "result", "metrics", "vs parent", "why")
+    for o in outcomes:
+        result = o.status.upper() + (" (recorded)" if o.reused else "")
+        t.add_row(o.ref, o.test, result, _metrics(o.metrics), _change(o), "; ".join(o.reasons) or "-")
+    out.print(t)
+    if output:
+        for o in outcomes:
+            if o.output.strip():
+                out.print(f"--- output of {o.test} on {o.ref} ---")
+                out.print(o.output.rstrip())
+
+
+@test_group.command(name="run")
+@click.argument("ref", required=False)
+@click.option("--all", "run_all", is_flag=True, help="Every model's latest version.")
+@click.option("--descendants", is_flag=True, help="REF's descendants too.")
+@click.option("--test", "tests", multiple=True, metavar="NAME", help="Only these tests (repeatable).")
+@click.option("--jobs", "-j", type=click.IntRange(1, 64), default=None, help="Models tested at once (default 2).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds per test run.")
+@click.option("--force", is_flag=True, help="Run again even where a result for this version and source exists.")
+@click.option("--output", "show_output", is_flag=True, help="Show what each test printed.")
+@json_option
+@click.pass_context
+def test_run(ctx: click.Context, ref: str | None, run_all: bool, descendants: bool, tests: tuple[str, ...],
+             jobs: int | None, timeout: float | None, force: bool, show_output: bool, as_json: bool) -> None:  # fmt: skip
+    """Run the tests that apply, each in its own process; exit code 1 if any fails.
+
+    Results are recorded per version and test source, and reused unless --force.
+
+    \b
+    Examples:
+      mgit test run --all
+      mgit test run bert-base --descendants --jobs 2
+      mgit test run bert-sst2@3 --test sst2 --force --output
+    """
+    if bool(ref) == run_all:
+        raise click.UsageError("give a REF or --all")
+    result = ctx.obj.repo().checks.run([ref] if ref else None, descendants=descendants, tests=list(tests) or None,
+                                       jobs=jobs, timeout=timeout, force=force)  # fmt: skip
+    if as_json:
+        print_json(result.to_json())
+    else:
+        if result.outcomes:
+            print_outcomes(result.outcomes, output=show_output)
+        if result.skipped:
+            err.print(f"note: no test applies to {', '.join(result.skipped)}")
+        failed = len(result.failed)
+        out.print(f"{plural(len(result.outcomes) - failed, 'test')} passed, {failed} failed")
+    if result.failed:
+        ctx.exit(1)
+
+
+@test_group.command(name="show")
+@click.argument("ref", required=False)
+@click.option("--output", "show_output", is_flag=True, help="Show what each test printed.")
+@json_option
+@click.pass_context
+def test_show(ctx: click.Context, ref: str | None, show_output: bool, as_json: bool) -> None:
+    """Recorded results of a version (default: every model's latest).
+
+    \b
+    Examples:
+      mgit test show
+      mgit test show bert-sst2@2 --output
+    """
+    outcomes = ctx.obj.repo().checks.show(ref)
+    if as_json:
+        print_json([o.to_json(output=show_output) for o in outcomes])
+    elif outcomes:
+        print_outcomes(outcomes, output=show_output)
+    else:
+        out.print("No recorded results. Run: mgit test run --all")
+
+
+@click.command()
+@click.argument("test")
+@click.argument("ref")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds per test run.")
+@click.option("--force", is_flag=True, help="Run every needed test again instead of reusing recorded results.")
+@json_option
+@click.pass_context
+def bisect(ctx: click.Context, test: str, ref: str, timeout: float | None, force: bool, as_json: bool) -> None:
+    """Find the ancestor of REF where TEST started to fail.
+
+    Searches the lineage parents and version history of REF, running as few tests as it
+    can (binary search along each line, recorded results reused), and prints the edge
+    that introduced the failure with the diff along it.
+
+    \b
+    Example:
+      mgit bisect sst2 bert-sst2-int8
+    """
+    result = ctx.obj.repo().bisect(test, ref, timeout=timeout, force=force)
+    if as_json:
+        print_json(result.to_json())
+        return
+    for s in result.steps:
+        out.print(f"  {s.ref:<30} {s.status}{' (recorded)' if s.reused else ''}")
+    why = f": {'; '.join(result.reasons)}" if result.reasons else ""
+    if result.parent is None:
+        out.print(f"{test} fails at {result.culprit}, a root: it never passed{why}")
+    else:
+        how = f"derived by {result.relation}" if result.edge == "lineage" else "a new version"
+        out.print(f"{test} started failing at {result.culprit} ({how} from {result.parent}, which passes){why}")
+        summary = (result.diff or {}).get("summary") or {}
+        counts = summary.get("counts") or {}
+        if counts:
+            out.print("diff " + f"{result.parent} -> {result.culprit}: "
+                      + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))  # fmt: skip
+        for g in (result.diff or {}).get("groups", []):
+            if g.get("changed_values"):
+                out.print(f"  {g['name']:<40} {g['changed_values']} values changed, "
+                          f"max |change| {g['max_abs']:.3g}")  # fmt: skip
+    out.print(f"{plural(result.tests_run, 'test')} run, {len(result.steps) - result.tests_run} recorded result(s) reused")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(test_group)
+    group.add_command(bisect)

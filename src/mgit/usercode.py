@@ -1,0 +1,226 @@
+"""User code (tests, recipes, gates), referenced as `module:function` or
+`path/to/file.py:function`, and run only in a child process with a timeout.
+
+MGit never imports user code in its own process: a crash, a hang, a NaN or a stray
+`sys.exit` in a user's function fails that run alone. `source_hash` finds the file that
+defines a function without importing anything (so `mgit add --recipe` can record it without
+running user code), and hashes it: a result recorded for one source is reused only while the
+file is unchanged.
+
+Child protocol: `python -m mgit.usercode MODE SPEC ARGS...` prints, on its last marked line,
+the JSON of what the function returned; anything else it prints is kept as the run's output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.machinery
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mgit.errors import MgitError
+
+RESULT_MARK = "MGIT-RESULT "
+MAX_OUTPUT = 64 * 1024  # of a run's output kept for `mgit test show --output`
+
+
+class UserCodeError(MgitError):
+    """A function reference that does not name a function MGit can find."""
+
+    def __init__(self, spec: str, why: str) -> None:
+        super().__init__(f"cannot use {spec!r}: {why}",
+                         hint="Give MODULE:FUNCTION (importable from this folder) or FILE.py:FUNCTION")  # fmt: skip
+        self.spec = spec
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    ok: bool
+    value: Any  # what the function returned (JSON), when ok
+    error: str | None  # one line, when not ok
+    output: str  # what the child printed (stdout and stderr), the tail if long
+    seconds: float
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name or not name.isidentifier():
+        raise UserCodeError(spec, "it is not MODULE:FUNCTION or FILE.py:FUNCTION")
+    return target, name
+
+
+def source_file(spec: str, *, cwd: Path | None = None) -> Path:
+    """The file that defines a referenced function, found without importing anything."""
+    target, _ = split_spec(spec)
+    base = Path(cwd or Path.cwd())
+    if target.endswith(".py"):
+        path = Path(target) if Path(target).is_absolute() else base / target
+        if not path.is_file():
+            raise UserCodeError(spec, f"no file {target}")
+        return path
+    parts = target.split(".")
+    if not all(p.isidentifier() for p in parts):
+        raise UserCodeError(spec, f"{target!r} is not a module name")
+    search: list[str] | None = [str(base), *[p for p in sys.path if p]]
+    found = None
+    for i, part in enumerate(parts):
+        # PathFinder looks for files only; unlike importlib.util.find_spec it never runs a
+        # package's __init__.
+        found = importlib.machinery.PathFinder.find_spec(part, search)
+        if found is None:
+            raise UserCodeError(spec, f"no module {'.'.join(parts[: i + 1])} here or on the Python path")
+        search = list(found.submodule_search_locations or [])
+    assert found is not None
+    if not found.origin or not os.path.isfile(found.origin):
+        raise UserCodeError(spec, f"{target} has no source file")
+    return Path(found.origin)
+
+
+def source_hash(spec: str, *, cwd: Path | None = None) -> str:
+    """sha256 of the source file defining the function (any change to the file counts)."""
+    return hashlib.sha256(source_file(spec, cwd=cwd).read_bytes()).hexdigest()
+
+
+def anchored(spec: str, root: Path) -> str:
+    """A reference that still works from `root` (where MGit runs user code): a file path
+    (from the current folder, or else from `root`) is made relative to `root` when inside it,
+    absolute otherwise; a module name stays."""
+    target, name = split_spec(spec)
+    if not target.endswith(".py"):
+        return spec
+    path = Path(target).resolve()  # relative to the current folder, else to the work folder
+    if not path.is_file():
+        path = (root / target).resolve()
+    if not path.is_file():
+        raise UserCodeError(spec, f"no file {target}")
+    try:
+        return f"{path.relative_to(root.resolve()).as_posix()}:{name}"
+    except ValueError:
+        return f"{path}:{name}"
+
+
+def recipe_record_of(spec: str, params: Any = None, *, root: Path) -> dict[str, Any]:
+    """What a version records of its recipe: the reference (anchored at the work folder
+    `root`), its parameters (JSON values; a random seed among them makes the recipe
+    re-runnable as it was), and its source's hash."""
+    spec = anchored(spec, root)
+    params = dict(params or {})
+    try:
+        json.dumps(params, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise MgitError(f"recipe parameters must be JSON values ({exc})", hint="Use --param KEY=VALUE") from None
+    bad = [k for k in params if not isinstance(k, str) or not k.isidentifier()]
+    if bad:
+        raise MgitError(f"recipe parameter names must be identifiers, not {bad[0]!r}", hint="Use --param KEY=VALUE")
+    return {"fn": spec, "params": params, "source_sha256": source_hash(spec, cwd=root)}
+
+
+def run(mode: str, spec: str, args: list[str], *, timeout: float, cwd: Path | None = None) -> RunOutcome:
+    """Run `spec` in a child process (`mode`: `call` passes ARGS as strings; `recipe` passes
+    parent folders, an output folder and JSON keyword arguments)."""
+    start = time.monotonic()
+    env = dict(os.environ)
+    here = str(Path(cwd or Path.cwd()))
+    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "mgit.usercode", mode, spec, *args], capture_output=True,
+                              text=True, errors="replace", timeout=timeout, cwd=here, env=env)  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        output = _text(exc.stdout) + _text(exc.stderr)
+        return RunOutcome(False, None, f"did not finish within {timeout:g} s", _tail(output), time.monotonic() - start)
+    seconds = time.monotonic() - start
+    marked = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARK)]
+    output = "\n".join(ln for ln in proc.stdout.splitlines() if not ln.startswith(RESULT_MARK)) + proc.stderr
+    if proc.returncode != 0 or not marked:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        why = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
+        return RunOutcome(False, None, f"{why}: {last}", _tail(output), seconds)
+    try:
+        value = json.loads(marked[-1][len(RESULT_MARK) :])
+    except ValueError:
+        return RunOutcome(False, None, "printed a malformed result", _tail(output), seconds)
+    return RunOutcome(True, value, None, _tail(output), seconds)
+
+
+def metrics_of(value: Any) -> tuple[dict[str, float], bool | None, str | None]:
+    """(metrics, `passed` if the function returned it, a problem) from a test's return value.
+    NaN and infinite metrics are kept (as such) and reported as a problem."""
+    if not isinstance(value, dict) or not value:
+        return {}, None, "must return a non-empty dict of metrics"
+    passed = value.get("passed")
+    if passed is not None and not isinstance(passed, bool):
+        return {}, None, "'passed' must be true or false"
+    out: dict[str, float] = {}
+    for k, v in value.items():
+        if k == "passed":
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) and v is not None:
+            return {}, None, f"metric {k!r} is not a number"
+        out[k] = float("nan") if v is None else float(v)
+    bad = [k for k, v in out.items() if not math.isfinite(v)]
+    return out, passed, (f"metric {', '.join(bad)} is not finite" if bad else None)
+
+
+def load_function(spec: str) -> Any:
+    """The function a reference names (child processes only: this runs user code)."""
+    target, name = split_spec(spec)
+    if target.endswith(".py"):
+        module_spec = importlib.util.spec_from_file_location("mgit_user_module", target)
+        if module_spec is None or module_spec.loader is None:
+            raise ValueError(f"cannot load {target}")
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    return getattr(module, name)
+
+
+def _text(value: bytes | str | None) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value or ""
+
+
+def _tail(text: str) -> str:
+    return text if len(text) <= MAX_OUTPUT else "...\n" + text[-MAX_OUTPUT:]
+
+
+def _encode(value: Any) -> str:
+    # NaN stays visible as null (JSON has no NaN): a test returning NaN must fail, not crash.
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {str(k): clean(x) for k, x in v.items()}
+        if hasattr(v, "item"):  # numpy / torch scalars
+            return clean(v.item())
+        return v
+
+    return json.dumps(clean(value))
+
+
+def main(argv: list[str]) -> int:
+    mode, spec, *args = argv
+    fn = load_function(spec)
+    if mode == "call":
+        value = fn(*args)
+    elif mode == "recipe":
+        out, params, *parents = args
+        fn([Path(p) for p in parents], Path(out), **json.loads(params))
+        value = {"written": out}
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+    sys.stdout.flush()
+    sys.stdout.write("\n" + RESULT_MARK + _encode(value) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
