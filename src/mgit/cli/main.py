@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from mgit import __version__
-from mgit.cli import commands, diff_cmd, lineage_cmd
+from mgit.cli import commands, diff_cmd, graph_cmd, lineage_cmd
 from mgit.errors import MgitError
 from mgit.repo import Repo
 
@@ -47,6 +47,7 @@ def cli(ctx: click.Context, directory: str | None) -> None:
 commands.register(cli)
 diff_cmd.register(cli)
 lineage_cmd.register(cli)
+graph_cmd.register(cli)
 
 
 def _fail(message: str, code: int = 1) -> int:

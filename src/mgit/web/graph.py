@@ -1,0 +1,176 @@
+"""The lineage graph as a page and as Graphviz DOT.
+
+`render_html` writes one self-contained file: the layout is computed here (`layout.py`), the
+page's script and style are inlined from `static/`, and the graph travels as JSON inside a
+`<script type="application/json">` element. Nothing is fetched: the page works offline, and
+its Content-Security-Policy allows only its own script and style (by hash), so a model name,
+message or tag can never run code or load anything, whatever it contains.
+
+`render_dot` writes the same graph for Graphviz (`dot -Tsvg graph.dot > graph.svg`).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from mgit.lineage import LineageEdge, LineageGraph, ModelNode, VersionNode
+from mgit.web.layout import Box, layered_layout
+
+CHAR_WIDTH = 7.3  # the page draws labels in a 12px monospace font
+NODE_HEIGHT = 38.0
+MAX_LABEL = 48  # longer names are cut on the node (the panel shows them whole)
+
+
+@dataclass(frozen=True)
+class VersionStorage:
+    """How one version is stored: bytes of the objects it uses, and its tensors by kind
+    (deduplicated, delta, derived, standalone)."""
+
+    stored_bytes: int
+    tensors: dict[str, int] = field(default_factory=dict)
+
+
+def render_html(graph: LineageGraph, *, title: str = "MGit lineage",
+                storage: dict[str, VersionStorage] | None = None,
+                outside: list[LineageEdge] | None = None) -> str:  # fmt: skip
+    """The page for `graph`. `storage` (by version id) adds how each version is stored;
+    `outside` lists edges to models left out of a selection, named in the panel, not drawn."""
+    data = page_data(graph, storage=storage or {}, outside=outside or [])
+    data["title"] = title
+    script, style = _static("graph.js"), _static("graph.css")
+    values = {
+        "title": html.escape(title),
+        "csp": f"default-src 'none'; script-src '{_sha256(script)}'; style-src '{_sha256(style)}'",
+        "style": style,
+        "script": script,
+        "data": script_json(data),
+    }
+    return re.sub(r"\{\{(\w+)\}\}", lambda m: values[m[1]], _static("page.html"))
+
+
+def page_data(graph: LineageGraph, *, storage: dict[str, VersionStorage],
+              outside: list[LineageEdge]) -> dict[str, Any]:  # fmt: skip
+    """What the page's script draws: nodes with their place, edges with their route, and
+    what the panel shows for each model."""
+    boxes = [Box(n.name, _label_width(n), NODE_HEIGHT) for n in graph.nodes]
+    layout = layered_layout(boxes, [(e.parent, e.child) for e in graph.edges])
+    nodes = []
+    for n in graph.nodes:
+        x, y = layout.positions[n.name]
+        versions = graph.versions.get(n.name, [])
+        tensors: dict[str, int] = {}
+        for v in versions:
+            for kind, count in storage.get(v.id, VersionStorage(0)).tensors.items():
+                tensors[kind] = tensors.get(kind, 0) + count
+        nodes.append({
+            "name": n.name, "x": round(x, 1), "y": round(y, 1), "w": round(_label_width(n), 1), "h": NODE_HEIGHT,
+            "label": _cut(n.name), "sub": _sub_label(n), "head": n.head, "seq": n.seq, "params": n.params,
+            "logical_bytes": n.logical_bytes, "stored_bytes": n.stored_bytes, "tags": n.tags,
+            "lossy": _finite(n.lossy), "removed": n.removed, "tensors": tensors,
+            "versions": [_version(v, storage.get(v.id)) for v in versions],
+        })  # fmt: skip
+    edges = [{**_edge(e), "points": [[round(x, 1), round(y, 1)] for x, y in route]}
+             for e, route in zip(graph.edges, layout.routes, strict=True)]  # fmt: skip
+    return {"width": round(layout.width, 1), "height": round(layout.height, 1), "nodes": nodes, "edges": edges,
+            "outside": [_edge(e) for e in outside]}  # fmt: skip
+
+
+def script_json(value: Any) -> str:
+    """JSON that is safe inside a <script> element: no `<`, `>` or `&` (so no `</script>` or
+    `<!--`), and no U+2028/U+2029, each written as its \\u escape, which JSON.parse reads back."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    for ch in "<>&\u2028\u2029":
+        text = text.replace(ch, f"\\u{ord(ch):04x}")
+    return text
+
+
+def render_dot(graph: LineageGraph) -> str:
+    """Graphviz DOT, left to right. Edges say their relation and the parent version; a stale
+    edge is dashed; a removed model is grey and dashed, a lossy one has a double border."""
+    lines = ["digraph mgit {", "  rankdir=LR;",
+             '  node [shape=box, style="rounded", fontname="Helvetica", fontsize=11];',
+             '  edge [fontname="Helvetica", fontsize=9];']  # fmt: skip
+    for n in graph.nodes:
+        attrs = {"label": f"{n.name}\n@{n.seq} · {human_size(n.logical_bytes)}" + (" · lossy" if n.lossy else "")
+                 + (" · removed" if n.removed else ""), "tooltip": f"{n.name} {n.head[:12]}"}  # fmt: skip
+        if n.removed:
+            attrs.update(style="rounded,dashed", color="gray50", fontcolor="gray40")
+        if n.lossy:
+            attrs["peripheries"] = "2"
+        lines.append(f"  {dot_id(n.name)} [{_dot_attrs(attrs)}];")
+    for e in graph.edges:
+        attrs = {"label": f"{e.relation} @{e.parent_seq}" + (f" (now @{e.latest_seq})" if e.stale else "")}
+        if e.stale:
+            attrs["style"] = "dashed"
+        lines.append(f"  {dot_id(e.parent)} -> {dot_id(e.child)} [{_dot_attrs(attrs)}];")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def dot_id(text: str) -> str:
+    """A double-quoted DOT string: backslashes and quotes escaped, line breaks as `\\n`."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\r", "").replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def human_size(n: int | float) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+# --- helpers ------------------------------------------------------------------------------
+def _dot_attrs(attrs: dict[str, str]) -> str:
+    return ", ".join(f"{k}={dot_id(v)}" for k, v in attrs.items())
+
+
+def _cut(name: str) -> str:
+    return name if len(name) <= MAX_LABEL else name[: MAX_LABEL - 1] + "…"
+
+
+def _sub_label(n: ModelNode) -> str:
+    marks = (" · lossy" if n.lossy else "") + (" · removed" if n.removed else "")
+    return f"@{n.seq} · {human_size(n.logical_bytes)}{marks}"
+
+
+def _label_width(n: ModelNode) -> float:
+    return max(len(_cut(n.name)), len(_sub_label(n)), 8) * CHAR_WIDTH + 20
+
+
+def _edge(e: LineageEdge) -> dict[str, Any]:
+    return {"parent": e.parent, "child": e.child, "relation": e.relation, "parent_version": e.parent_version,
+            "parent_seq": e.parent_seq, "latest_seq": e.latest_seq, "child_version": e.child_version,
+            "child_seq": e.child_seq, "stale": e.stale}  # fmt: skip
+
+
+def _version(v: VersionNode, storage: VersionStorage | None) -> dict[str, Any]:
+    return {"id": v.id, "seq": v.seq, "time": v.time, "message": v.message, "tags": v.tags, "params": v.params,
+            "logical_bytes": v.logical_bytes, "new_bytes": v.new_bytes, "lossy": _finite(v.lossy),
+            "stored_bytes": storage.stored_bytes if storage else None,
+            "tensors": storage.tensors if storage else None}  # fmt: skip
+
+
+def _finite(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A lossy record as JSON.parse can read it (no NaN or Infinity)."""
+    if record is None:
+        return None
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+
+
+def _static(name: str) -> str:
+    return resources.files("mgit.web").joinpath("static", name).read_text(encoding="utf-8")
+
+
+def _sha256(text: str) -> str:
+    return "sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()
