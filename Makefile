@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# The browser tests drive Debian's chromium; playwright must never download a browser of its own.
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: demo test bench lint venv clean
+.PHONY: demo test bench lint venv clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,7 +23,16 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python demo/tour.py
 
-test: $(STAMP)
+# Installs Debian's chromium when it is missing (apt lists are fetched only if the first try
+# fails); MGIT_NO_BROWSER=1 skips it, and the browser tests with it.
+chromium:
+	@if [ "$$MGIT_NO_BROWSER" != 1 ] && [ ! -x $(CHROMIUM) ]; then \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  $(SUDO) apt-get install -y --no-install-recommends chromium \
+	  || { $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends chromium; }; \
+	fi
+
+test: $(STAMP) chromium
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 bench: $(STAMP)

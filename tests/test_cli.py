@@ -13,7 +13,7 @@ from mgit.cli.main import cli
 
 COMMANDS = sorted(cli.commands)
 DATA_COMMANDS = {"init": [], "add": None, "checkout": None, "ls": [], "log": ["m"], "show": ["m"], "du": [],
-                 "fsck": [], "gc": ["--dry-run"], "rm": ["m"], "diff": None}  # fmt: skip
+                 "fsck": [], "gc": ["--dry-run"], "rm": ["m"], "diff": None, "graph": []}  # fmt: skip
 
 
 def test_every_command_is_covered_here() -> None:
