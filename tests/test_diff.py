@@ -13,18 +13,10 @@ import pytest
 from conftest import make_model, run_cli, tensors
 
 from mgit import Repo
-from mgit.diff import (
-    EXACT_RANK_VALUES,
-    RANK_CAP,
-    DiffResult,
-    TensorDiff,
-    diff_paths,
-    layer_counts,
-    module_group,
-    to_float,
-)
+from mgit.diff import DiffResult, TensorDiff, diff_paths, layer_counts, module_group
 from mgit.errors import CorruptObjectError, InputError, UnknownRefError
 from mgit.formats.safetensors import build_header
+from mgit.tensorstats import OVERSAMPLE, RANK_CAP, SMALL_MATRIX, to_float
 
 
 def by_name(result: DiffResult) -> dict[str, TensorDiff]:
@@ -161,9 +153,11 @@ def test_bfloat16_models_are_compared_by_value(tmp_path: Path) -> None:
 # --- rank ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shape", [(64, 48), (640, 512)], ids=["exact-svd", "randomized"])
+@pytest.mark.parametrize(
+    "shape", [(64, 48), (48, 64), (200, 150), (640, 512), (80, 4000)],
+    ids=["gram-tall", "gram-wide", "sketch-float64", "sketch-float32", "sketch-wide-float32"],
+)  # fmt: skip
 def test_merged_lora_shows_its_rank(tmp_path: Path, shape: tuple[int, int]) -> None:
-    assert (shape[0] * shape[1] > EXACT_RANK_VALUES) == (shape[0] > 100)  # both paths are exercised
     w = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     merged = (w + lora(shape, 4, seed=2)).astype(np.float32)
     full = (w + np.random.default_rng(3).standard_normal(shape) * 1e-3).astype(np.float32)
@@ -173,10 +167,25 @@ def test_merged_lora_shows_its_rank(tmp_path: Path, shape: tuple[int, int]) -> N
     assert (result["w"].stats.rank, result["w"].stats.rank_capped) == (4, False)
     v = result["v"].stats
     assert v.rank_of == min(shape)
-    if min(shape) <= RANK_CAP:
+    if min(shape) <= RANK_CAP + OVERSAMPLE:  # the Gram matrix of D itself: exact
         assert (v.rank, v.rank_capped) == (min(shape), False)
     else:
         assert (v.rank, v.rank_capped) == (RANK_CAP, True)
+
+
+def test_rank_paths_are_exercised() -> None:
+    assert 200 * 150 <= SMALL_MATRIX < 640 * 512 and SMALL_MATRIX < 80 * 4000 and RANK_CAP + OVERSAMPLE < 80
+
+
+def test_a_low_rank_change_with_decaying_spectrum(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    u, _ = np.linalg.qr(rng.standard_normal((300, 12)))
+    v, _ = np.linalg.qr(rng.standard_normal((200, 12)))
+    sigma = np.array([10.0 ** -(i / 4) for i in range(12)])  # 1 down to 1.8e-3
+    w = rng.standard_normal((300, 200))
+    s = by_name(diff_paths(make_model(tmp_path / "a", state={"w": w}),
+                           make_model(tmp_path / "b", state={"w": w + (u * sigma) @ v.T})))["w"].stats  # fmt: skip
+    assert s.rank == 12  # float64 values: every direction above 1e-4 of the largest counts
 
 
 def test_lora_merged_into_float16_is_not_hidden_by_rounding(tmp_path: Path) -> None:

@@ -9,16 +9,14 @@ changed, dtype changed, identical (same bytes), changed. The work goes only wher
   hashed (blake3, GB/s) and its id compared before the stored tensor is decoded;
 - a tensor stored as a delta against the other side's tensor (a fine-tune against its parent)
   takes that base from memory instead of decoding it a second time;
-- pairs that differ are compared in parallel on a thread pool, in chunks cast to float64, so
-  memory stays near the two tensors of each pair in flight.
+- pairs that differ are compared in parallel on a thread pool, each in chunks
+  (`mgit.tensorstats`), so memory stays near the two tensors of each pair in flight.
 
-For a changed tensor (and a dtype change of the same shape, on values cast to float64):
-||B-A||/||A|| (Frobenius), max |B-A|, cosine similarity, the fraction of values that differ,
-and for a matrix the rank of B-A (`estimate_rank`). Non-finite values are counted per side
-and left out of the sums. Tensors are grouped by module prefix (`module_group`); text files
-(config.json, tokenizer files) are compared as unified diffs.
+A changed tensor (and a dtype change of the same shape, compared by value) gets ||B-A||/||A||,
+max |B-A|, cosine similarity, the fraction of values that differ and, for a matrix, the rank
+of B-A. Tensors are grouped by module prefix (`module_group`), one summary per group; text
+files (config.json, tokenizer files) are compared as unified diffs.
 """
-
 from __future__ import annotations
 
 import difflib
@@ -27,6 +25,7 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,39 +41,18 @@ from mgit.objects import Manifest, TensorEntry, object_id, tensor_meta
 from mgit.reports import Report
 from mgit.snapshot import Progress, default_jobs, tensor_bytes
 from mgit.store import ObjectHeader, ObjectStore
+from mgit.tensorstats import TensorStats, tensor_stats
 
-CHUNK = 1 << 18  # values per step of the statistics: 2 MB of float64 per operand
-EXACT_RANK_VALUES = 1 << 18  # matrices up to this size get an exact SVD in float64
-RANK_CAP = 64  # larger ranks are reported as ">= RANK_CAP"
-OVERSAMPLE = 8
+try:  # optional; without it a busy machine makes the rank estimates several times slower
+    from threadpoolctl import threadpool_limits
+except ImportError:  # pragma: no cover
+    threadpool_limits = None
+
 MAX_TEXT_BYTES = 1 << 20  # larger text files are compared by digest only
 STATUSES = ("changed", "dtype", "shape", "only_a", "only_b", "identical", "same")
-# Unit roundoff of each float dtype: rounding a value x to it moves x by at most UNIT * |x|.
-UNIT = {"F64": 2.0**-53, "F32": 2.0**-24, "C64": 2.0**-24, "F16": 2.0**-11, "BF16": 2.0**-8,
-        "F8_E4M3": 2.0**-4, "F8_E5M2": 2.0**-3, "F8_E8M0": 2.0**-1}  # fmt: skip
 
 
 # --- results ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TensorStats(Report):
-    """How one tensor changed. Norms are Frobenius norms over the finite values."""
-
-    values: int
-    changed: int  # values that differ (NaN against NaN counts as equal)
-    changed_fraction: float
-    norm_a: float | None
-    norm_b: float | None
-    norm_diff: float | None
-    rel_change: float | None  # ||B-A|| / ||A||; None when A is all zeros
-    max_abs: float | None  # max |B-A|
-    cosine: float | None  # None when either side is all zeros
-    nonfinite_a: int = 0
-    nonfinite_b: int = 0
-    rank: int | None = None  # of B-A, for matrices; with rank_capped it means "at least"
-    rank_capped: bool = False
-    rank_of: int | None = None  # the full rank of a matrix of this shape: min(rows, columns)
 
 
 @dataclass(frozen=True)
@@ -242,42 +220,33 @@ def _looks_like_path(text: str) -> bool:
 
 
 def stored_side(store: ObjectStore, side: DiffSide, manifest: Manifest) -> ModelSide:
-    tensors: dict[str, TensorRef] = {}
-    files: dict[str, FileRef] = {}
-    for f in manifest.files:
-        for t in f.tensors:
-            _add_tensor(tensors, TensorRef(t.name, t.dtype, t.shape, entry=t, store=store), side.label)
-        files[f.path] = FileRef(f.path, f.type, f.size, lambda f=f: f.digest,
-                                lambda f=f: store.get(f.object)[1].tobytes())  # fmt: skip
-    return _checked(ModelSide(side, tensors, files))
+    tensors = [TensorRef(t.name, t.dtype, t.shape, entry=t, store=store) for t in manifest.tensors()]
+    files = [FileRef(f.path, f.type, f.size, lambda f=f: f.digest, lambda f=f: store.get(f.object)[1].tobytes())
+             for f in manifest.files]  # fmt: skip
+    return _side(side, tensors, files)
 
 
 def folder_side(path: Path) -> ModelSide:
     source = scan_path(path)
-    tensors: dict[str, TensorRef] = {}
-    files: dict[str, FileRef] = {}
-    for f in source.files:
-        if f.is_safetensors:
-            for span, data in f.tensor_data():
-                _add_tensor(tensors, TensorRef(span.name, span.dtype, span.shape, data=data), str(path))
-        files[f.path] = FileRef(f.path, "safetensors" if f.is_safetensors else "blob", f.size,
-                                lambda f=f: _file_digest(f), lambda f=f: f.blob_data().tobytes())  # fmt: skip
-    return _checked(ModelSide(DiffSide(str(path), "path"), tensors, files, list(source.notes)))
+    tensors = [TensorRef(span.name, span.dtype, span.shape, data=data)
+               for f in source.files if f.is_safetensors for span, data in f.tensor_data()]  # fmt: skip
+    files = [FileRef(f.path, "safetensors" if f.is_safetensors else "blob", f.size, lambda f=f: _file_digest(f),
+                     lambda f=f: f.blob_data().tobytes()) for f in source.files]  # fmt: skip
+    return _side(DiffSide(str(path), "path"), tensors, files, source.notes)
 
 
-def _add_tensor(tensors: dict[str, TensorRef], t: TensorRef, where: str) -> None:
-    if t.name in tensors:
-        raise InputError(where, f"tensor {t.name!r} appears in two files", hint="Compare the files one by one")
-    tensors[t.name] = t
-
-
-def _checked(side: ModelSide) -> ModelSide:
-    if not side.tensors:
-        torch_files = [p for p in side.files if Path(p).suffix in TORCH_SUFFIXES]
-        hint = (f"Its PyTorch checkpoint is not read inside a folder: give the file itself ({torch_files[0]})"
-                if torch_files else "Compare model folders, .safetensors files, PyTorch checkpoints or refs")  # fmt: skip
-        raise InputError(side.side.label, "holds no tensors, so it is not a model to compare", hint=hint)
-    return side
+def _side(side: DiffSide, tensors: list[TensorRef], files: list[FileRef], notes: list[str] = ()) -> ModelSide:
+    """A side whose tensor names are unique and which holds at least one tensor."""
+    by_name = {t.name: t for t in tensors}
+    if len(by_name) < len(tensors):
+        twice = next(t.name for t in tensors if sum(u.name == t.name for u in tensors) > 1)
+        raise InputError(side.label, f"tensor {twice!r} appears in two files", hint="Compare the files one by one")
+    if not by_name:
+        pickles = [f.path for f in files if Path(f.path).suffix in TORCH_SUFFIXES]
+        hint = (f"Its PyTorch checkpoint is not read inside a folder: give the file itself ({pickles[0]})"
+                if pickles else "Compare model folders, .safetensors files, PyTorch checkpoints or refs")  # fmt: skip
+        raise InputError(side.label, "holds no tensors, so it is not a model to compare", hint=hint)
+    return ModelSide(side, by_name, {f.path: f for f in files}, list(notes))
 
 
 def _file_digest(f: SourceFile) -> str:
@@ -289,131 +258,6 @@ def _file_digest(f: SourceFile) -> str:
     else:
         hasher.update(f.blob_data())
     return hasher.hexdigest()
-
-
-# --- numbers ---------------------------------------------------------------------------------
-
-
-def _f8_tables() -> dict[str, np.ndarray]:
-    b = np.arange(256)
-    sign = np.where(b & 0x80, -1.0, 1.0)
-    e, m = (b >> 3) & 0xF, b & 7
-    e4m3 = sign * np.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * 2.0 ** (e - 7))
-    e4m3[(b & 0x7F) == 0x7F] = np.nan
-    e5m2 = (b.astype(np.uint16) << 8).view(np.float16).astype(np.float64)  # the top byte of a float16
-    e8m0 = 2.0 ** (b - 127.0)
-    e8m0[255] = np.nan
-    return {"F8_E4M3": e4m3, "F8_E5M2": e5m2, "F8_E8M0": e8m0}
-
-
-F8_TABLES = _f8_tables()
-
-
-def to_float(raw: np.ndarray, dtype: str, out: Any = np.float64) -> np.ndarray:
-    """Raw little-endian bytes as float values (bfloat16 and fp8 decoded here, integers and
-    bools cast, complex as pairs of reals), flat."""
-    if dtype == "BF16":
-        return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).astype(out, copy=False)
-    if dtype in F8_TABLES:
-        return F8_TABLES[dtype].astype(out, copy=False)[raw]
-    if dtype == "C64":
-        return raw.view("<f4").astype(out)
-    if dtype == "BOOL":
-        return (raw != 0).astype(out)
-    return raw.view(DTYPES[dtype][1]).astype(out, copy=False)
-
-
-def _values(raw: np.ndarray, dtype: str, lo: int, hi: int, out: Any = np.float64) -> np.ndarray:
-    size = DTYPES[dtype][0]
-    return to_float(raw[lo * size : hi * size], dtype, out)
-
-
-def _num(x: float) -> float | None:
-    return float(x) if math.isfinite(x) else None
-
-
-def tensor_stats(a: TensorRef, b: TensorRef, raw_a: np.ndarray, raw_b: np.ndarray) -> TensorStats:
-    """The statistics of B against A, in chunks of float64."""
-    n = element_count(a.shape)
-    sums = np.zeros(4)  # a.a, b.b, a.b, d.d
-    max_abs, changed, values, bad_a, bad_b = 0.0, 0, 0, 0, 0
-    for lo in range(0, n, CHUNK):
-        x, y = _values(raw_a, a.dtype, lo, min(n, lo + CHUNK)), _values(raw_b, b.dtype, lo, min(n, lo + CHUNK))
-        values += x.size
-        d = y - x
-        part = np.array([x @ x, y @ y, x @ y, d @ d])
-        if not np.isfinite(part).all():  # rare: leave non-finite values out, count them
-            fa, fb = np.isfinite(x), np.isfinite(y)
-            bad_a, bad_b = bad_a + x.size - int(fa.sum()), bad_b + y.size - int(fb.sum())
-            changed += int(np.count_nonzero((x != y) & ~(np.isnan(x) & np.isnan(y)) & ~(fa & fb)))
-            both = fa & fb
-            x, y = x[both], y[both]
-            d = y - x
-            part = np.array([x @ x, y @ y, x @ y, d @ d])
-        sums += part
-        if d.size:
-            max_abs = max(max_abs, float(np.abs(d).max()))
-            changed += int(np.count_nonzero(d))
-    na, nb, nd = (math.sqrt(s) for s in (sums[0], sums[1], sums[3]))
-    rank, capped, rank_of = None, False, None
-    if len(a.shape) == 2 and a.dtype != "C64" and b.dtype != "C64" and min(a.shape) > 0:
-        rms = math.sqrt(max(sums[0], sums[1]) / max(values - max(bad_a, bad_b), 1))
-        rank_of = min(a.shape)
-        rank, capped = estimate_rank(a, b, raw_a, raw_b, rms=rms, clean=bool(bad_a or bad_b)) if nd > 0 else (0, False)
-    return TensorStats(
-        values=values, changed=changed, changed_fraction=changed / values if values else 0.0,
-        norm_a=_num(na), norm_b=_num(nb), norm_diff=_num(nd), rel_change=_num(nd / na) if na > 0 else None,
-        max_abs=_num(max_abs), cosine=_num(sums[2] / (na * nb)) if na > 0 and nb > 0 else None,
-        nonfinite_a=bad_a, nonfinite_b=bad_b, rank=rank, rank_capped=capped, rank_of=rank_of,
-    )  # fmt: skip
-
-
-def estimate_rank(a: TensorRef, b: TensorRef, raw_a: np.ndarray, raw_b: np.ndarray, *, rms: float,
-                  clean: bool = False) -> tuple[int, bool]:  # fmt: skip
-    """The numerical rank of B-A for a matrix, and whether it is only a lower bound.
-
-    Singular values count when they exceed numpy's `matrix_rank` tolerance (s_max * max(m, n)
-    * eps of the working precision) and what rounding every value to the stored dtype could
-    produce (unit roundoff * rms * (sqrt(m) + sqrt(n)), about twice the spectral norm of such
-    rounding errors), so that a LoRA merged into bfloat16 weights still shows its own rank.
-    Up to EXACT_RANK_VALUES values: an exact SVD in float64. Larger: a randomized range finder
-    in float32 with RANK_CAP + OVERSAMPLE directions; a difference of rank RANK_CAP or more is
-    reported as (RANK_CAP, True). Two passes over row blocks, never the whole difference.
-    """
-    m, n = a.shape
-    exact = m * n <= EXACT_RANK_VALUES
-    work = np.float64 if exact else np.float32
-    rows = max(1, CHUNK // n)
-
-    def blocks() -> Iterable[tuple[int, np.ndarray]]:
-        for r in range(0, m, rows):
-            lo, hi = r * n, min(m, r + rows) * n
-            d = (_values(raw_b, b.dtype, lo, hi, work) - _values(raw_a, a.dtype, lo, hi, work)).reshape(-1, n)
-            if clean:
-                d[~np.isfinite(d)] = 0
-            yield r, d
-
-    floor = max(UNIT.get(a.dtype, 0.0), UNIT.get(b.dtype, 0.0)) * rms * (math.sqrt(m) + math.sqrt(n))
-    width = min(RANK_CAP + OVERSAMPLE, m, n)
-    if exact:
-        s = np.linalg.svd(np.concatenate([d for _, d in blocks()]), compute_uv=False)
-    else:
-        omega = np.random.default_rng(0).standard_normal((n, width)).astype(work)
-        y = np.empty((m, width), work)
-        for r, d in blocks():
-            y[r : r + len(d)] = d @ omega
-        q = np.linalg.qr(y.astype(np.float64))[0].astype(work)
-        sketch = np.zeros((width, n))
-        for r, d in blocks():
-            sketch += q[r : r + len(d)].T @ d
-        s = np.linalg.svd(sketch, compute_uv=False)
-    if not s.size or s[0] == 0:
-        return 0, False
-    tol = max(s[0] * max(m, n) * np.finfo(work).eps, floor)
-    rank = int(np.count_nonzero(s > tol))
-    if exact or width == min(m, n) or rank < RANK_CAP:
-        return rank, False
-    return RANK_CAP, True
 
 
 # --- comparing -------------------------------------------------------------------------------
@@ -454,13 +298,16 @@ def _compare(a: TensorRef, b: TensorRef) -> tuple[str, TensorStats | None, int, 
         return tensor_bytes(views.setdefault(id(t.store), _SharedDecodes(t.store)), t.entry)
 
     raw_a, raw_b = raw(a), raw(b)
-    stats = tensor_stats(a, b, raw_a, raw_b)
+    stats = tensor_stats((a.dtype, b.dtype), a.shape, raw_a, raw_b)
     status = "changed" if a.dtype == b.dtype else "dtype"
     return status, stats, sum(v.decoded for v in views.values()), sum(v.reused for v in views.values())
 
 
-def _comparable(a: str, b: str) -> bool:
-    return (a == "C64") == (b == "C64")
+def _one_blas_thread() -> AbstractContextManager[Any]:
+    """The pool already runs one comparison per core; BLAS threads inside each would
+    oversubscribe the cores, and OpenBLAS's spin while they wait (measured: 10x the CPU time
+    of the work on a busy 2-core machine)."""
+    return threadpool_limits(1, "blas") if threadpool_limits is not None else nullcontext()
 
 
 def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: int | None = None,
@@ -478,7 +325,7 @@ def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: i
             status[name] = "shape"
         elif structural:
             status[name] = "same" if ta.dtype == tb.dtype else "dtype"
-        elif ta.dtype != tb.dtype and not _comparable(ta.dtype, tb.dtype):
+        elif ta.dtype != tb.dtype and "C64" in (ta.dtype, tb.dtype):  # complex against real: no statistics
             status[name] = "dtype"
         elif ta.entry is not None and tb.entry is not None and ta.entry.object == tb.entry.object:
             status[name] = "identical"
@@ -489,7 +336,7 @@ def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: i
     if work:
         work.sort(key=lambda k: a.tensors[k].nbytes + b.tensors[k].nbytes, reverse=True)
         tick = progress(sum(a.tensors[k].nbytes + b.tensors[k].nbytes for k in work), 0) if progress else None
-        with ThreadPoolExecutor(max_workers=jobs or default_jobs(), thread_name_prefix="mgit-diff") as pool:
+        with _one_blas_thread(), ThreadPoolExecutor(max_workers=jobs or default_jobs(), thread_name_prefix="mgit-diff") as pool:
             futures = {pool.submit(_compare, a.tensors[k], b.tensors[k]): k for k in work}
             for future in as_completed(futures):
                 k = futures[future]
@@ -499,8 +346,9 @@ def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: i
                     stats[k] = found
                 if tick:
                     tick(a.tensors[k].nbytes + b.tensors[k].nbytes)
-    tensors = [_tensor_diff(name, status[name], a.tensors.get(name), b.tensors.get(name), stats.get(name))
-               for name in names]  # fmt: skip
+    tensors = [TensorDiff(k, module_group(k), status[k], *(t.dtype if t else None for t in (a.tensors.get(k), b.tensors.get(k))),
+                          *(list(t.shape) if t else None for t in (a.tensors.get(k), b.tensors.get(k))), stats.get(k))
+               for k in names]  # fmt: skip
     files = [] if structural else file_diffs(a.files, b.files)
     layers_a, layers_b = layer_counts(a.tensors), layer_counts(b.tensors)
     layers = {k: [layers_a.get(k, 0), layers_b.get(k, 0)] for k in dict.fromkeys([*layers_a, *layers_b])}
@@ -511,7 +359,7 @@ def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: i
         counts=_counts(t.status for t in tensors), **_change(list(stats.values())),
         files=_counts(f.status for f in files), decoded=decoded, reused=reused,
     )  # fmt: skip
-    return DiffResult(a.side, b.side, structural, summary, _groups(tensors, a, b), tensors, files, layers,
+    return DiffResult(a.side, b.side, structural, summary, _groups(tensors), tensors, files, layers,
                       [*a.notes, *b.notes])  # fmt: skip
 
 
@@ -519,12 +367,6 @@ def diff_paths(a: str | os.PathLike[str], b: str | os.PathLike[str], *, structur
                jobs: int | None = None, progress: Callable[[int, int], Progress] | None = None) -> DiffResult:  # fmt: skip
     """Compare two models on disk, no repository needed."""
     return diff_models(open_side(a), open_side(b), structural=structural, jobs=jobs, progress=progress)
-
-
-def _tensor_diff(name: str, status: str, a: TensorRef | None, b: TensorRef | None,
-                 stats: TensorStats | None) -> TensorDiff:  # fmt: skip
-    return TensorDiff(name, module_group(name), status, a.dtype if a else None, b.dtype if b else None,
-                      list(a.shape) if a else None, list(b.shape) if b else None, stats)  # fmt: skip
 
 
 def _counts(statuses: Iterable[str]) -> dict[str, int]:
@@ -541,7 +383,7 @@ def _change(stats: list[TensorStats]) -> dict[str, Any]:
             "max_abs": max((s.max_abs for s in stats if s.max_abs is not None), default=None)}  # fmt: skip
 
 
-def _groups(tensors: list[TensorDiff], a: ModelSide, b: ModelSide) -> list[GroupDiff]:
+def _groups(tensors: list[TensorDiff]) -> list[GroupDiff]:
     members: dict[str, list[TensorDiff]] = {}
     for t in tensors:
         members.setdefault(t.group, []).append(t)
@@ -561,26 +403,26 @@ def _groups(tensors: list[TensorDiff], a: ModelSide, b: ModelSide) -> list[Group
     return out
 
 
+def _layer(name: str) -> tuple[str, str] | None:
+    """("model.layers", "3") for "model.layers.3.mlp.up_proj.weight": the first numbered part."""
+    parts = name.split(".")
+    i = next((i for i, p in enumerate(parts[1:], 1) if p.isdigit()), None)
+    return None if i is None else (".".join(parts[:i]), parts[i])
+
+
 def module_group(name: str) -> str:
     """The module a tensor belongs to, for grouping: up to the first layer number
     (`model.layers.3.mlp.up_proj.weight` -> `model.layers.3`), else its module
     (`model.embed_tokens.weight` -> `model.embed_tokens`), else the name itself."""
-    parts = name.split(".")
-    for i, p in enumerate(parts[1:], 1):
-        if p.isdigit():
-            return ".".join(parts[: i + 1])
-    return ".".join(parts[:-1]) or name
+    layer = _layer(name)
+    return f"{layer[0]}.{layer[1]}" if layer else name.rpartition(".")[0] or name
 
 
 def layer_counts(names: Iterable[str]) -> dict[str, int]:
     """Numbered blocks and how many layers each has: {"model.layers": 32}."""
     blocks: dict[str, set[str]] = {}
-    for name in names:
-        parts = name.split(".")
-        for i, p in enumerate(parts[1:], 1):
-            if p.isdigit():
-                blocks.setdefault(".".join(parts[:i]), set()).add(p)
-                break
+    for block, index in filter(None, map(_layer, names)):
+        blocks.setdefault(block, set()).add(index)
     return {k: len(v) for k, v in blocks.items()}
 
 
