@@ -43,6 +43,12 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
             "CREATE INDEX version_objects_object ON version_objects (object)",
         ],
     ),
+    (
+        # Per version, the sketch that parent inference compares (mgit.sketch): derived from
+        # the version's tensors, so a rebuilt catalog computes it again when it is needed.
+        "0002_sketches",
+        ["CREATE TABLE sketches (version TEXT PRIMARY KEY, data BLOB NOT NULL)"],
+    ),
 ]
 
 
@@ -211,6 +217,11 @@ class Catalog:
             )
             tx.execute("DELETE FROM edges WHERE child NOT IN (SELECT id FROM versions)")
             tx.execute("DELETE FROM version_objects WHERE version NOT IN (SELECT id FROM versions)")
+            tx.execute("DELETE FROM sketches WHERE version NOT IN (SELECT id FROM versions)")
+
+    def put_sketch(self, vid: str, data: bytes) -> None:
+        with self.atomic() as tx:
+            tx.execute("INSERT OR REPLACE INTO sketches VALUES (?, ?)", (vid, data))
 
     def remove_objects(self, oids: Iterable[str]) -> None:
         with self.atomic() as tx:
@@ -250,6 +261,15 @@ class Catalog:
                                   json.loads(r[15]) if r[15] else None,
                                   tuple(tuple(p) for p in json.loads(r[16]))))  # fmt: skip
         return out
+
+    def sketches(self) -> tuple[list[tuple[str, str, int, bytes]], list[str]]:
+        """(version, model, seq, sketch) of every indexed version that has a sketch, and the
+        ids of those that have none: the whole input of parent inference in two queries."""
+        rows = list(self.db.execute(
+            "SELECT v.id, v.model, v.seq, s.data FROM versions v JOIN sketches s ON s.version = v.id ORDER BY v.rowid"))
+        missing = [r[0] for r in self.db.execute(
+            "SELECT id FROM versions WHERE id NOT IN (SELECT version FROM sketches) ORDER BY rowid")]  # fmt: skip
+        return rows, missing
 
     def missing_objects(self, oids: set[str]) -> set[str]:
         """The ids among `oids` that the objects table does not list."""
