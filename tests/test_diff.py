@@ -432,3 +432,8 @@ def test_library_errors_are_typed(repo: Repo, tmp_path: Path) -> None:
     shutil.rmtree(tmp_path / "a")
     with pytest.raises(InputError):
         diff_paths(tmp_path / "a", tmp_path / "a")
+
+
+def test_help_says_how_a_path_is_told_from_a_ref() -> None:
+    code, out, _ = run_cli("diff", "--help")
+    assert code == 0 and "exists" in out and "on disk is a path, anything else a ref" in " ".join(out.split())

@@ -235,11 +235,11 @@ def folder_side(path: Path) -> ModelSide:
     return _side(DiffSide(str(path), "path"), tensors, files, source.notes)
 
 
-def _side(side: DiffSide, tensors: list[TensorRef], files: list[FileRef], notes: list[str] = ()) -> ModelSide:
+def _side(side: DiffSide, tensors: list[TensorRef], files: list[FileRef], notes: Iterable[str] = ()) -> ModelSide:
     """A side whose tensor names are unique and which holds at least one tensor."""
     by_name = {t.name: t for t in tensors}
     if len(by_name) < len(tensors):
-        twice = next(t.name for t in tensors if sum(u.name == t.name for u in tensors) > 1)
+        twice = Counter(t.name for t in tensors).most_common(1)[0][0]
         raise InputError(side.label, f"tensor {twice!r} appears in two files", hint="Compare the files one by one")
     if not by_name:
         pickles = [f.path for f in files if Path(f.path).suffix in TORCH_SUFFIXES]
@@ -338,17 +338,23 @@ def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: i
         tick = progress(sum(a.tensors[k].nbytes + b.tensors[k].nbytes for k in work), 0) if progress else None
         with _one_blas_thread(), ThreadPoolExecutor(max_workers=jobs or default_jobs(), thread_name_prefix="mgit-diff") as pool:
             futures = {pool.submit(_compare, a.tensors[k], b.tensors[k]): k for k in work}
-            for future in as_completed(futures):
-                k = futures[future]
-                status[k], found, dec, reu = future.result()
-                decoded, reused = decoded + dec, reused + reu
-                if found is not None:
-                    stats[k] = found
-                if tick:
-                    tick(a.tensors[k].nbytes + b.tensors[k].nbytes)
-    tensors = [TensorDiff(k, module_group(k), status[k], *(t.dtype if t else None for t in (a.tensors.get(k), b.tensors.get(k))),
-                          *(list(t.shape) if t else None for t in (a.tensors.get(k), b.tensors.get(k))), stats.get(k))
-               for k in names]  # fmt: skip
+            try:
+                for future in as_completed(futures):
+                    k = futures[future]
+                    status[k], found, dec, reu = future.result()
+                    decoded, reused = decoded + dec, reused + reu
+                    if found is not None:
+                        stats[k] = found
+                    if tick:
+                        tick(a.tensors[k].nbytes + b.tensors[k].nbytes)
+            except BaseException:  # a corrupt object or ^C: do not compare the rest first
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+    tensors = []
+    for k in names:
+        ta, tb = a.tensors.get(k), b.tensors.get(k)
+        tensors.append(TensorDiff(k, module_group(k), status[k], ta and ta.dtype, tb and tb.dtype,
+                                  ta and list(ta.shape), tb and list(tb.shape), stats.get(k)))  # fmt: skip
     files = [] if structural else file_diffs(a.files, b.files)
     layers_a, layers_b = layer_counts(a.tensors), layer_counts(b.tensors)
     layers = {k: [layers_a.get(k, 0), layers_b.get(k, 0)] for k in dict.fromkeys([*layers_a, *layers_b])}
