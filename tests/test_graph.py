@@ -24,7 +24,7 @@ from conftest import run_cli, tensors
 
 from mgit import Repo
 from mgit.lineage import LineageEdge, LineageGraph, ModelNode, VersionNode
-from mgit.web import page_data, render_dot, render_html
+from mgit.web import graph_json, page_data, render_dot, render_html
 from mgit.web.layout import Box, layered_layout
 
 CHROMIUM = "/usr/bin/chromium"
@@ -49,7 +49,7 @@ def family(tmp_path: Path) -> Repo:
     return repo
 
 
-def graph_json(repo: Repo, *args: str) -> dict:
+def cli_graph(repo: Repo, *args: str) -> dict:
     code, out, err = run_cli("-C", str(repo.root), "graph", *args, "--format", "json")
     assert code == 0, err
     return json.loads(out)
@@ -114,7 +114,7 @@ def test_dot_quotes_names() -> None:
 
 # --- JSON ---------------------------------------------------------------------------------
 def test_json_is_the_subgraph_and_round_trips(family: Repo) -> None:
-    data = graph_json(family)
+    data = cli_graph(family)
     expected = json.loads(json.dumps(family.lineage.subgraph().to_json()))
     assert {k: data[k] for k in ("nodes", "edges", "versions")} == expected
     rebuilt = LineageGraph([ModelNode(**n) for n in data["nodes"]], [LineageEdge(**e) for e in data["edges"]],
@@ -126,6 +126,11 @@ def test_json_is_the_subgraph_and_round_trips(family: Repo) -> None:
         shown = family.show(ref)
         assert data["storage"][shown.version.id] == {"stored_bytes": shown.version.stored_bytes,
                                                      "tensors": shown.tensor_storage}  # fmt: skip
+
+
+def test_graph_json_is_to_json_plus_storage() -> None:
+    graph = random_graph(50, seed=2)
+    assert json.loads(json.dumps(graph_json(graph))) == {**json.loads(json.dumps(graph.to_json())), "storage": {}}
 
 
 def test_json_to_a_file(family: Repo, tmp_path: Path) -> None:
@@ -140,16 +145,16 @@ def names(data: dict) -> set[str]:
 
 
 def test_selection_options(family: Repo) -> None:
-    assert names(graph_json(family, "ft-*")) == {"ft-a", "ft-b"}
-    assert graph_json(family, "ft-*")["edges"] == []  # edges to models outside are left out
-    assert names(graph_json(family, "--tag", "task")) == {"ft-a", "ft-b"}
-    assert names(graph_json(family, "--tag", "task=nli")) == {"ft-b"}
-    assert names(graph_json(family, "--relation", "merge")) == {"merged"}
-    assert names(graph_json(family, "--around", "ft-a", "--depth", "1")) == {"base", "ft-a", "merged"}
-    assert names(graph_json(family, "--around", "ft-a@1")) == {"base", "ft-a", "merged"}
-    assert names(graph_json(family, "--around", "base")) == {"base", "ft-a", "ft-b", "merged", "q8"}
-    assert names(graph_json(family, "--around", "kid")) == {"kid", "old"}
-    assert names(graph_json(family, "m*", "--around", "base")) == {"merged"}
+    assert names(cli_graph(family, "ft-*")) == {"ft-a", "ft-b"}
+    assert cli_graph(family, "ft-*")["edges"] == []  # edges to models outside are left out
+    assert names(cli_graph(family, "--tag", "task")) == {"ft-a", "ft-b"}
+    assert names(cli_graph(family, "--tag", "task=nli")) == {"ft-b"}
+    assert names(cli_graph(family, "--relation", "merge")) == {"merged"}
+    assert names(cli_graph(family, "--around", "ft-a", "--depth", "1")) == {"base", "ft-a", "merged"}
+    assert names(cli_graph(family, "--around", "ft-a@1")) == {"base", "ft-a", "merged"}
+    assert names(cli_graph(family, "--around", "base")) == {"base", "ft-a", "ft-b", "merged", "q8"}
+    assert names(cli_graph(family, "--around", "kid")) == {"kid", "old"}
+    assert names(cli_graph(family, "m*", "--around", "base")) == {"merged"}
 
 
 @pytest.mark.parametrize(("args", "message"), [

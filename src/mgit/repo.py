@@ -16,7 +16,8 @@ import os
 import re
 import signal
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
@@ -41,6 +42,7 @@ from mgit.errors import (
 from mgit.formats.folder import ModelSource, scan_path, scan_state_dict
 from mgit.formats.model_card import CARD, read_lineage, write_lineage
 from mgit.gate import DEFAULT_TIMEOUT, GateResult, evaluate
+from mgit.inference import DEFAULT_MIN_CONFIDENCE, suggest
 from mgit.integrity import check_references, load_manifest, load_version, verify_objects, walk
 from mgit.lineage import Lineage
 from mgit.locks import FileLock
@@ -57,12 +59,14 @@ from mgit.reports import (
     ModelSummary,
     ModelUsage,
     ParentInfo,
+    ParentSuggestion,
     Problem,
     RemoveResult,
     ShowResult,
     StorageInfo,
     VersionInfo,
 )
+from mgit.sketch import Sketch, sketch_added, sketch_source, sketch_stored
 from mgit.snapshot import (
     DeltaPlan,
     Progress,
@@ -291,6 +295,7 @@ class Repo:
         max_drop: float = 0.0,
         gate_timeout: float = DEFAULT_TIMEOUT,
         model_card: bool = True,
+        auto_parent: bool = False,
     ) -> AddResult:
         """Store a model folder, a file or a state dict as the next version of `name`.
 
@@ -308,8 +313,17 @@ class Repo:
         Without `parent`, a folder's README.md front matter (`base_model`, and
         `base_model_relation` unless `relation` is given) names the parents when those models
         exist here (`model_card=False` ignores it); the result's notes say what was taken.
+
+        `auto_parent=True`, when no parent is given or named by the model card, infers the
+        parent from the weights (see `suggest_parents`) and takes the best candidate if it is
+        confident enough, with its guessed relation unless `relation` is given; the result's
+        `auto_parent` and notes say what was chosen, or why nothing was.
         """
         validate_model_name(name)
+        asked_relation = relation
+        if auto_parent and parent:
+            raise MgitError("auto_parent infers the parent; it cannot be combined with a given parent",
+                            hint="Drop --parent or --auto-parent")  # fmt: skip
         policy = LossyPolicy(lossy, guard) if lossy is not None else None
         if gate is not None and policy is None:
             raise MgitError("a gate only checks lossy storage", hint="Add --lossy EPS")
@@ -324,6 +338,12 @@ class Repo:
         parents = tuple(Parent(self.resolve(p), relation) for p in parent_refs)
         src: ModelSource = scan_state_dict(source) if isinstance(source, Mapping) else scan_path(Path(source))
         src.notes.extend(card_notes)
+        auto, sketch = None, None
+        if auto_parent and not parent_refs:
+            auto, sketch = self._auto_parents(src, name, str(source) if not isinstance(source, Mapping) else "state dict")
+            parent_refs = list(auto.parents)
+            parents = tuple(Parent(v, asked_relation or auto.relation or relation) for v in auto.parents)
+            src.notes.append(f"auto-parent: {'chose ' if auto.parents else 'no parent: '}{auto.verdict}")
         tick = progress(src.logical_bytes, 0) if progress else None
         plan = self._delta_plan(name, parents)
         crash_point("after-scan")
@@ -339,7 +359,8 @@ class Repo:
                 if prev is not None and not parent_refs:
                     parents = prev.parents
                 if prev is not None and prev.manifest == mres.oid and prev.parents == parents:
-                    return self._add_result(head, prev, stats, created=False, notes=src.notes, lossy=outcome)
+                    return replace(self._add_result(head, prev, stats, created=False, notes=src.notes, lossy=outcome),
+                                   auto_parent=auto)
                 version = Version(
                     model=name, manifest=mres.oid, parents=parents, predecessor=head, message=message,
                     author=author or os.environ.get("MGIT_AUTHOR") or _default_author(), time=_now(),
@@ -358,8 +379,10 @@ class Repo:
         stats.record("version", vres)
         self.catalog.add_objects(stats.new_objects)
         self._index(vres.oid)
+        self._save_sketch(vres.oid, manifest, src, sketch if version.lossy is None else None)
         self.sync_catalog()
-        return self._add_result(vres.oid, version, stats, created=True, notes=src.notes, lossy=outcome)
+        return replace(self._add_result(vres.oid, version, stats, created=True, notes=src.notes, lossy=outcome),
+                       auto_parent=auto)
 
     def _card_parents(self, path: Path) -> tuple[list[str], str | None, list[str]]:
         """Parents named by a folder's model card that exist here, their relation, and notes."""
@@ -448,6 +471,62 @@ class Repo:
             row = self.catalog.version(vid)
             out.append(ParentInfo(vid, row.model if row else "?", row.seq if row else 0, rel))
         return out
+
+    # --- parent inference ---------------------------------------------------------------------
+    def suggest_parents(self, source: str | os.PathLike[str] | Mapping[str, Any], *, limit: int = 5,
+                        min_confidence: float = DEFAULT_MIN_CONFIDENCE, exclude: Collection[str] = ()
+                        ) -> ParentSuggestion:  # fmt: skip
+        """Stored versions ranked as the likely parents of a model folder, file or state dict,
+        from its weights alone, with the evidence, a guessed relation and the choice that
+        `add(..., auto_parent=True)` would make (see mgit.inference). `exclude` leaves out
+        versions, by id or by model name."""
+        started = time.perf_counter()
+        src = scan_state_dict(source) if isinstance(source, Mapping) else scan_path(Path(source))
+        label = "state dict" if isinstance(source, Mapping) else str(source)
+        return self._suggest(sketch_source(src), label, limit=limit, min_confidence=min_confidence,
+                             exclude=exclude, started=started)  # fmt: skip
+
+    def _suggest(self, sketch: Sketch, label: str, *, limit: int, min_confidence: float = DEFAULT_MIN_CONFIDENCE,
+                 exclude: Collection[str] = (), started: float | None = None) -> ParentSuggestion:  # fmt: skip
+        if not len(sketch):
+            raise InputError(label, "holds no tensors to compare",
+                             hint="Give a model folder with .safetensors files, or a PyTorch checkpoint on its own")  # fmt: skip
+        left_out = set(exclude)
+        stored = [(v, ref, s) for v, ref, s in self._stored_sketches()
+                  if v not in left_out and ref.rpartition("@")[0] not in left_out]  # fmt: skip
+        return suggest(sketch, stored, label=label, limit=limit, min_confidence=min_confidence, started=started)
+
+    def _auto_parents(self, src: ModelSource, name: str, label: str) -> tuple[ParentSuggestion, Sketch]:
+        """Parents for `add(auto_parent=True)`: versions of `name` itself are history, not lineage."""
+        sketch = sketch_source(src)
+        return self._suggest(sketch, label, limit=5, exclude={name}), sketch
+
+    def _stored_sketches(self) -> list[tuple[str, str, Sketch]]:
+        """(id, model@seq, sketch) of every indexed version. A missing sketch (a rebuilt
+        catalog, a version indexed by sync after a crash) is computed from the stored tensors
+        once and saved."""
+        rows, missing = self.catalog.sketches()
+        out = []
+        for vid, model, seq, blob in rows:
+            try:
+                out.append((vid, f"{model}@{seq}", Sketch.from_bytes(blob)))
+            except ValueError:
+                missing.append(vid)
+        for vid in missing:
+            row = self._row(vid)
+            with self._explained():
+                sketch = sketch_stored(self.store, load_manifest(self.store, row.manifest))
+            self.catalog.put_sketch(vid, sketch.to_bytes())
+            out.append((vid, f"{row.model}@{row.seq}", sketch))
+        return out
+
+    def _save_sketch(self, vid: str, manifest: Manifest, src: ModelSource, sketch: Sketch | None) -> None:
+        """Store the sketch of a version just added, from its source files. The version is
+        committed already: a sketch that cannot be made now is made when it is needed."""
+        try:
+            self.catalog.put_sketch(vid, (sketch or sketch_added(manifest, src)).to_bytes())
+        except (ValueError, OSError, MgitError) as exc:
+            src.notes.append(f"no parent-inference sketch stored yet ({exc}); it is computed when needed")
 
     # --- checkout and reading ---------------------------------------------------------------
     def checkout(self, ref: str, out_dir: str | os.PathLike[str], *, force: bool = False, jobs: int | None = None,

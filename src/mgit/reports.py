@@ -65,6 +65,7 @@ class AddResult(Report):
     lossy: dict[str, Any] | None = None  # the version's lossy record when it was stored lossily
     lossless_reason: str | None = None  # why a lossy add was stored losslessly instead
     gate: dict[str, dict[str, float]] | None = None  # gate metrics: original and reconstruction
+    auto_parent: ParentSuggestion | None = None  # what auto_parent=True found, whether it was taken or not
 
 
 @dataclass(frozen=True)
@@ -194,3 +195,43 @@ class RemoveResult(Report):
     model: str
     head: str
     versions: int
+
+
+@dataclass(frozen=True)
+class ParentCandidate(Report):
+    """A stored version ranked as a parent of a model, with the evidence (see mgit.inference)."""
+
+    version: str
+    model: str
+    seq: int
+    score: float  # in [0, 1]: relatedness x proximity, halved if it looks derived from the query
+    confidence: float  # the score, discounted when an unexplained rival is nearly as good
+    relation: str  # how the model would derive from it: quantize, prune, adapter, merge, distill, finetune
+    direction: str  # "candidate -> query", "query -> candidate" (a child rather than a parent) or "unknown"
+    structure: float  # tensors with the same name and shape / all tensors of both
+    identical: float  # share of the model's float tensors that the candidate holds bit for bit
+    distance: float | None  # RMS relative distance of sampled values (unrelated: ~1.4); None if none compared
+    exact: float  # share of sampled values the candidate reproduces exactly (after a cast or requantization)
+    compared: int  # tensors compared value by value
+    merge_with: str | None = None  # the other parent when the model looks like a merge of the two
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.model}@{self.seq}"
+
+
+@dataclass(frozen=True)
+class ParentSuggestion(Report):
+    """Candidate parents of a model, best first, and the choice `--auto-parent` makes of them."""
+
+    query: str
+    tensors: int
+    compared: int  # stored versions compared
+    seconds: float
+    candidates: list[ParentCandidate]
+    min_confidence: float
+    parents: list[str]  # the chosen parents' version ids; empty when none is confident enough
+    relation: str | None  # the chosen relation
+    verdict: str  # what was chosen and why, or why nothing was
+    notes: list[str] = field(default_factory=list)

@@ -93,12 +93,14 @@ def _parse_tags(tags: tuple[str, ...]) -> dict[str, str]:
               show_default=True, help="Seconds the gate may take per run.")
 @click.option("--model-card/--no-model-card", default=True, show_default=True,
               help="Without --parent, take parents from base_model in the folder's README.md front matter.")
+@click.option("--auto-parent", is_flag=True,
+              help="Without --parent, infer the parent and relation from the weights (see: mgit lineage suggest).")
 @jobs_option
 @json_option
 @click.pass_context
 def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], relation: str | None,
         message: str, tags: tuple[str, ...], lossy: float | None, guard: float, gate: str | None, max_drop: float,
-        gate_timeout: float, model_card: bool, jobs: int | None, as_json: bool) -> None:  # fmt: skip
+        gate_timeout: float, model_card: bool, auto_parent: bool, jobs: int | None, as_json: bool) -> None:  # fmt: skip
     """Store a model folder, a .safetensors file or a PyTorch checkpoint as a new version.
 
     \b
@@ -106,13 +108,15 @@ def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], rela
       mgit add ./bert-base --name bert-base
       mgit add ./bert-sst2 --name bert-sst2 --parent bert-base -m "SST-2, 3 epochs"
       mgit add ckpt.pt --name tiny --tag stage=dev
+      mgit add ./bert-sst2-int8 --name bert-sst2-int8 --auto-parent
       mgit add ./bert-sst2 --name bert-sst2 --lossy 1e-4 --gate evals.py:sst2 --max-drop 0.002
     """
     repo = _repo(ctx)
     with progress_bar(f"Adding {name}", enabled=not as_json) as bar:
         result = repo.add(path, name=name, parent=list(parents) or None, relation=relation, message=message,
                           tags=_parse_tags(tags), jobs=jobs, progress=bar, lossy=lossy, guard=guard, gate=gate,
-                          max_drop=max_drop, gate_timeout=gate_timeout, model_card=model_card)  # fmt: skip
+                          max_drop=max_drop, gate_timeout=gate_timeout, model_card=model_card,
+                          auto_parent=auto_parent)  # fmt: skip
     if as_json:
         print_json(result.to_json())
         return

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -13,7 +12,7 @@ from mgit.errors import MgitError
 from mgit.lineage import Lineage, LineageEdge, LineageGraph
 from mgit.objects import RELATIONS
 from mgit.repo import Repo
-from mgit.web import VersionStorage, render_dot, render_html
+from mgit.web import VersionStorage, graph_json, render_dot, render_html
 
 DEFAULT_HTML = "mgit-graph.html"
 
@@ -54,7 +53,7 @@ def outside(lineage: Lineage, graph: LineageGraph) -> list[LineageEdge]:
 @click.option("--around", metavar="REF", help="Only this model, its ancestors and its descendants.")
 @click.option("--depth", type=click.IntRange(min=0), help="With --around: how many generations each way.")
 @click.option("--format", "-f", "fmt", type=click.Choice(["html", "dot", "json"]), default="html", show_default=True,
-              help="An interactive page, Graphviz DOT, or JSON.")
+              help="An interactive page, Graphviz DOT, or JSON (compact, one line: pipe it to jq).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), metavar="FILE",
               help=f"Where to write (default: {DEFAULT_HTML} for html, stdout for dot and json; '-' for stdout).")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
@@ -78,8 +77,8 @@ def graph(ctx: click.Context, pattern: str | None, tag: str | None, relation: st
     lineage = repo.lineage
     chosen = lineage.subgraph(select(lineage, pattern, tag=tag, relation=relation, around=around, depth=depth))
     if fmt == "json":
-        stored = {vid: asdict(s) for vid, s in storage(repo, chosen).items()}
-        text = json.dumps({**chosen.to_json(), "storage": stored}, indent=2) + "\n"
+        # Compact: the indented form takes the pure-Python encoder, 0.4 s for 5,000 versions.
+        text = json.dumps(graph_json(chosen, storage=storage(repo, chosen)), separators=(",", ":")) + "\n"
     elif fmt == "dot":
         text = render_dot(chosen)
     else:

@@ -83,6 +83,19 @@ def page_data(graph: LineageGraph, *, storage: dict[str, VersionStorage],
             "outside": [_edge(e) for e in outside]}  # fmt: skip
 
 
+def graph_json(graph: LineageGraph, *, storage: dict[str, VersionStorage] | None = None) -> dict[str, Any]:
+    """`graph.to_json()` plus `storage` by version id, built field by field: the records are
+    flat, and `dataclasses.asdict` (which deep-copies) took 0.4 s for 5,000 versions."""
+    flat = _flat
+    return {"nodes": [flat(n) for n in graph.nodes], "edges": [flat(e) for e in graph.edges],
+            "versions": {m: [flat(v) for v in vs] for m, vs in graph.versions.items()},
+            "storage": {vid: flat(s) for vid, s in (storage or {}).items()}}  # fmt: skip
+
+
+def _flat(record: Any) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in record.__dataclass_fields__}
+
+
 def script_json(value: Any) -> str:
     """JSON that is safe inside a <script> element: no `<`, `>` or `&` (so no `</script>` or
     `<!--`), and no U+2028/U+2029, each written as its \\u escape, which JSON.parse reads back."""

@@ -130,14 +130,20 @@
     view.k = k;
     apply();
   }
-  function fit() {
-    // The whole graph in the part of the view that the panel leaves free.
+  function fit(readable) {
+    // The whole graph in the part of the view that the panel leaves free; with `readable`
+    // (on load), a large graph starts at its roots at a scale where labels can be read.
     const r = svg.getBoundingClientRect();
     const free = Math.max(r.width - (panel.hidden ? 0 : panel.offsetWidth), 100);
     const w = Math.max(data.width, 1), hgt = Math.max(data.height, 1);
     view.k = Math.min(1.5, Math.max(0.02, Math.min((free - 40) / w, (r.height - 40) / hgt)));
     view.x = (free - w * view.k) / 2;
     view.y = Math.max(20, (r.height - hgt * view.k) / 2);
+    if (readable === true && view.k < 0.5) {
+      view.k = 0.5;
+      view.x = 20;
+      view.y = Math.max(20, (r.height - hgt * view.k) / 2);
+    }
     apply();
   }
   function centreOn(n) {
@@ -187,7 +193,7 @@
   const centre = () => { const r = svg.getBoundingClientRect(); return [r.width / 2, r.height / 2]; };
   document.getElementById("zoom-in").addEventListener("click", () => zoomAt(1.25, ...centre()));
   document.getElementById("zoom-out").addEventListener("click", () => zoomAt(0.8, ...centre()));
-  document.getElementById("fit").addEventListener("click", fit);
+  document.getElementById("fit").addEventListener("click", () => fit());
   document.addEventListener("keydown", (ev) => {
     if (ev.target === search) return;
     if (ev.key === "+" || ev.key === "=") zoomAt(1.25, ...centre());
@@ -341,6 +347,6 @@
   document.getElementById("close").addEventListener("click", () => select(null));
 
   draw();
-  fit();
+  fit(true);
   window.mgitGraph = { view, select, fit };
 })();

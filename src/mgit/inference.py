@@ -1,0 +1,507 @@
+"""Parent inference from weights: rank stored versions as candidate parents of a model, with
+the evidence for each, a guessed relation and the direction of derivation.
+
+Everything works on sketches (`mgit.sketch`): a few dozen sampled values per tensor, taken at
+the same positions in every model, so a thousand stored models are compared in well under a
+second. Three stages:
+
+1. Every stored sketch is compared with the query's on the tensors they share (same name and
+   shape): the structural match, the share of bit-identical tensors, the relative distance of
+   sampled values and the share of values the candidate reproduces exactly once cast or
+   quantized the query's way. A candidate that shares no tensor is dropped at once.
+2. The best REFINE candidates are compared again with layers matched by pattern (a distilled
+   student's layer 1 may be its teacher's layer 2), get a direction of derivation and a
+   guessed relation, and are checked in pairs for a merge.
+3. Close candidates are compared with each other: one that is a lossy copy (a cast, a
+   quantization, a pruning) of a better candidate does not make the choice ambiguous, and is
+   not preferred to its original, because a full model is rarely derived from its lossy copy.
+
+Distances are relative (to the RMS of the two tensors' samples): two unrelated zero-mean
+tensors are ~sqrt(2) apart whatever their scales, a fine-tune 0.01-0.1, a bf16 cast ~0.002. The score is in [0, 1]: relatedness (the strongest
+of identical share, exact share and a logistic of the distance, times the square root of the
+structural match) times proximity (how close the candidate is compared with the closest
+plausible one), halved when the candidate looks derived from the query rather than the
+reverse. The confidence discounts the score when another candidate, not explained by the
+first, is nearly as good.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mgit.reports import ParentCandidate, ParentSuggestion
+from mgit.sketch import CONSTANT, FLOAT, PRECISION, QUANTIZED, SCALE, Sketch, pattern, round_to
+
+HALF_RELATED = 0.5  # distance at which relatedness is 1/2 (unrelated tensors are ~1.41 apart)
+NOISE = 1e-3  # distances below this are within the noise of a 64-value sample
+TRIM = 0.8  # the distance is the RMS of the closest 80% of tensors: a bias's tiny values can
+# change by a large fraction of themselves and would otherwise drown what the matrices say
+REFINE = 24  # candidates compared in detail
+MERGE_POOL = 5  # best candidates checked in pairs for a merge
+MERGE_GAIN = 0.25  # a merge must fit at most this fraction of the distance of its better parent
+REVERSED_DIRECTION = 0.5  # score factor when the candidate looks derived from the query
+AMBIGUITY_POWER = 8  # how sharply a close runner-up lowers the confidence
+DEFAULT_MIN_CONFIDENCE = 0.5
+LAYER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+INT_RANGE = {"I8": (-128, 127), "U8": (0, 255)}
+
+
+@dataclass
+class Evidence:
+    """How a query compares with one candidate."""
+
+    structure: float = 0.0  # tensors with the same name and shape / all tensors of both (scales aside)
+    identical: float = 0.0  # share of the query's float tensors stored bit for bit in the candidate
+    distance: float = math.inf  # trimmed RMS over compared tensors of the relative distance of samples
+    exact: float = 0.0  # share of the query's nonzero samples the candidate reproduces exactly
+    compared: int = 0  # tensors whose samples were compared
+
+    @property
+    def closeness(self) -> float:
+        by_distance = 1 / (1 + (self.distance / HALF_RELATED) ** 4) if math.isfinite(self.distance) else 0.0
+        return max(self.identical, self.exact, by_distance)
+
+    @property
+    def residual(self) -> float:
+        """The distance left once exactly reproduced values are set aside (0 for an exact cast)."""
+        return self.distance * (1 - self.exact) if math.isfinite(self.distance) else math.inf
+
+    @property
+    def relatedness(self) -> float:
+        return self.closeness * math.sqrt(self.structure)
+
+
+@dataclass
+class Candidate:
+    """One stored version considered as the query's parent (library side; see `reports`)."""
+
+    version: str
+    label: str  # model@seq, for messages
+    sketch: Sketch
+    evidence: Evidence
+    score: float = 0.0
+    confidence: float = 0.0
+    relation: str = "finetune"
+    direction: int = 0  # +1: the query derives from it; -1: it seems to derive from the query
+    downstream: bool = False  # farther than the query from an ancestor of both: a descendant or a sibling
+    reasons: list[str] = field(default_factory=list)
+    merge_with: str | None = None
+
+
+# --- comparing two sketches --------------------------------------------------------------------
+
+
+def _informative(s: Sketch) -> np.ndarray:
+    return (s.roles == FLOAT) | (s.roles == QUANTIZED)
+
+
+def _comparable(s: Sketch) -> np.ndarray:
+    return _informative(s) | (s.roles == CONSTANT)
+
+
+def _name_pairs(q: Sketch, c: Sketch) -> tuple[np.ndarray, np.ndarray, int]:
+    """Indexes of tensors with the same name and shape whose values say something (floats,
+    not both constant: a norm trained away from its initial ones is compared with them), and
+    how many tensors of any kind share name and shape (for the structural match)."""
+    iq, ic, common = [], [], 0
+    q_inf, c_inf, q_cmp, c_cmp = _informative(q), _informative(c), _comparable(q), _comparable(c)
+    for j, name in enumerate(c.names):
+        i = q.index.get(name)
+        if i is None or q.shapes[i] != c.shapes[j] or c.roles[j] == SCALE:
+            continue
+        common += 1
+        if q_cmp[i] and c_cmp[j] and (q_inf[i] or c_inf[j]):
+            iq.append(i)
+            ic.append(j)
+    return np.array(iq, np.int64), np.array(ic, np.int64), common
+
+
+def _pattern_pairs(q: Sketch, c: Sketch) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair of informative tensors with the same name pattern and shape."""
+    groups: dict[tuple[str, tuple[int, ...]], list[int]] = {}
+    for j in np.flatnonzero(_comparable(c)):
+        groups.setdefault((pattern(c.names[j]), c.shapes[j]), []).append(int(j))
+    iq, ic = [], []
+    for i in np.flatnonzero(_informative(q)):
+        for j in groups.get((pattern(q.names[i]), q.shapes[i]), ()):
+            iq.append(int(i))
+            ic.append(j)
+    return np.array(iq, np.int64), np.array(ic, np.int64)
+
+
+def _reproduced(q: Sketch, iq: np.ndarray, cv: np.ndarray) -> np.ndarray:
+    """Whether each candidate sample, cast or quantized the way the query's tensor is, gives
+    the query's sample exactly."""
+    qv = q.values[iq]
+    out = np.zeros(qv.shape, bool)
+    dtypes = np.array([q.dtypes[i] for i in iq])
+    quantized = q.roles[iq] == QUANTIZED
+    for dtype in set(dtypes.tolist()):
+        rows = (dtypes == dtype) & ~quantized
+        if rows.any():
+            out[rows] = round_to(cv[rows], dtype) == qv[rows]
+        rows = (dtypes == dtype) & quantized
+        if rows.any():
+            s = q.scales[iq][rows]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                mine, theirs = qv[rows] / s, cv[rows] / s
+            if dtype in INT_RANGE:
+                lo, hi = INT_RANGE[dtype]
+                out[rows] = np.rint(mine) == np.clip(np.rint(theirs), lo, hi)
+            else:
+                out[rows] = round_to(mine, dtype) == round_to(theirs, dtype)
+    return out
+
+
+def _row_distances(q: Sketch, c: Sketch, iq: np.ndarray, ic: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per pair: the relative distance of the samples where the query is nonzero (so that a
+    pruned query is compared on what it kept), exact reproductions, and samples compared."""
+    qv, cv = q.values[iq], c.values[ic]
+    mask = np.isfinite(qv) & np.isfinite(cv) & (qv != 0)
+    qm, cm = np.where(mask, qv, 0.0), np.where(mask, cv, 0.0)
+    norm = ((qm * qm).sum(1) + (cm * cm).sum(1)) / 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dist = np.sqrt(((qm - cm) ** 2).sum(1) / norm)
+    dist = np.where(norm > 0, dist, np.where(mask.any(1), 0.0, np.nan))
+    exact = (_reproduced(q, iq, cv) & mask).sum(1)
+    return dist, exact, mask.sum(1)
+
+
+def compare(q: Sketch, c: Sketch, *, by_pattern: bool = False) -> tuple[Evidence, np.ndarray, np.ndarray]:
+    """The evidence for `c` as the parent of `q`, and the tensor pairs it rests on. With
+    `by_pattern`, each query tensor is compared with the closest candidate tensor of its name
+    pattern and shape instead of only the one of its name."""
+    iq, ic, common = _name_pairs(q, c)
+    q_names = int((q.roles != SCALE).sum())
+    c_names = int((c.roles != SCALE).sum())
+    ev = Evidence(structure=common / max(q_names + c_names - common, 1))
+    q_inf = np.flatnonzero(_informative(q))
+    if q_inf.size:
+        theirs = set(c.oids)
+        ev.identical = sum(q.oids[i] in theirs for i in q_inf) / q_inf.size
+    if by_pattern:
+        iq, ic = _pattern_pairs(q, c)
+    if not iq.size:
+        return ev, iq, ic
+    dist, exact, counted = _row_distances(q, c, iq, ic)
+    if by_pattern:  # keep, for each query tensor, its closest candidate tensor
+        order = np.lexsort((np.nan_to_num(dist, nan=np.inf), iq))
+        first = np.r_[True, iq[order][1:] != iq[order][:-1]]
+        keep = order[first]
+        iq, ic, dist, exact, counted = iq[keep], ic[keep], dist[keep], exact[keep], counted[keep]
+    ok = counted >= 2
+    if ok.any():
+        kept = np.sort(dist[ok])[: max(1, math.ceil(TRIM * ok.sum()))]
+        ev.distance = float(np.sqrt(np.mean(kept**2)))
+        ev.exact = float(exact[ok].sum() / counted[ok].sum())
+        ev.compared = int(ok.sum())
+    return ev, iq[ok], ic[ok]
+
+
+# --- relation and direction ----------------------------------------------------------------------
+
+
+def _layers(s: Sketch) -> int:
+    return len({m.group(1) for n in s.names if (m := LAYER.search(n))})
+
+
+def _is_narrower(q: Sketch, i: int, c: Sketch, j: int) -> bool:
+    if q.roles[i] == QUANTIZED and c.roles[j] != QUANTIZED:
+        return True
+    return PRECISION.get(q.dtypes[i], 99) < PRECISION.get(c.dtypes[j], 99) and c.roles[j] != QUANTIZED
+
+
+def analyse(q: Sketch, c: Sketch, iq: np.ndarray, ic: np.ndarray) -> tuple[str, int, list[str]]:
+    """The relation by which `q` would derive from `c`, the direction of derivation (+1: q
+    from c, -1: c from q, 0: no one-way evidence) and the reasons, in words."""
+    reasons: list[str] = []
+    q_plain, c_plain = q.roles != SCALE, c.roles != SCALE
+    q_names = {n for n, keep in zip(q.names, q_plain, strict=True) if keep}
+    c_names = {n for n, keep in zip(c.names, c_plain, strict=True) if keep}
+    q_params, c_params = int(q.params[q_plain].sum()), int(c.params[c_plain].sum())
+    new = sum(int(q.params[q.index[n]]) for n in q_names - c_names)
+    missing = sum(int(c.params[c.index[n]]) for n in c_names - q_names)
+    same_name = np.array([q.names[i] == c.names[j] for i, j in zip(iq, ic, strict=True)], bool)
+    changed = np.array([q.oids[i] != c.oids[j] for i, j in zip(iq, ic, strict=True)], bool) & same_name
+    narrowed = np.array([_is_narrower(q, i, c, j) for i, j in zip(iq, ic, strict=True)], bool) & changed
+    widened = np.array([_is_narrower(c, j, q, i) for i, j in zip(iq, ic, strict=True)], bool) & changed
+    weights = q.params[iq].astype(np.float64)
+    changed_params = float(weights[changed].sum())
+    zero_gain = float((weights * (q.zeros[iq] - c.zeros[ic])).sum() / weights.sum()) if iq.size else 0.0
+    vectors_changed = int(sum(len(q.shapes[i]) < 2 for i in iq[changed]))
+    q_layers, c_layers = _layers(q), _layers(c)
+
+    votes = 0
+    if changed_params and weights[narrowed].sum() >= 0.5 * changed_params:
+        votes += 1
+        reasons.append(f"{int(narrowed.sum())} tensors are lower precision or quantized in the query")
+    elif changed_params and weights[widened].sum() >= 0.5 * changed_params:
+        votes -= 1
+        reasons.append(f"{int(widened.sum())} tensors are lower precision or quantized in the candidate")
+    if zero_gain >= 0.1:
+        votes += 1
+        reasons.append(f"the query has {zero_gain:.0%} more exact zeros")
+    elif zero_gain <= -0.1:
+        votes -= 1
+        reasons.append(f"the candidate has {-zero_gain:.0%} more exact zeros")
+    if 0 < q_layers < c_layers:
+        votes += 1
+        reasons.append(f"the query has fewer layers ({q_layers} vs {c_layers})")
+    elif q_layers > c_layers > 0:
+        votes -= 1
+        reasons.append(f"the candidate has fewer layers ({c_layers} vs {q_layers})")
+    elif new and not missing and new <= 0.1 * q_params:
+        votes += 1
+        reasons.append(f"the query adds {len(q_names - c_names)} small tensors ({new:,} parameters)")
+    elif missing and not new and missing <= 0.1 * c_params:
+        votes -= 1
+        reasons.append(f"the candidate adds {len(c_names - q_names)} small tensors ({missing:,} parameters)")
+    direction = (votes > 0) - (votes < 0)
+
+    if changed_params and weights[narrowed].sum() >= 0.5 * changed_params:
+        relation = "quantize"
+    elif zero_gain >= 0.1:
+        relation = "prune"
+    elif 0 < q_layers < c_layers or (missing > 0.2 * c_params and q_params < 0.8 * c_params):
+        relation = "distill"
+    elif (new or changed.any()) and new <= 0.1 * q_params and not vectors_changed and changed.sum() <= 0.5 * same_name.sum():
+        relation = "adapter"
+        reasons.append(f"only {int(changed.sum())} of {int(same_name.sum())} shared tensors changed, "
+                       "all of them matrices (a low-rank update merged, or none)")  # fmt: skip
+    else:
+        relation = "finetune"
+    return relation, direction, reasons
+
+
+@dataclass(frozen=True)
+class MergeFit:
+    """Least squares q ~ x a + y b over the tensors all three share. Distances are on values
+    scaled per tensor (compare them with each other only); exact shares as in `compare`."""
+
+    x: float
+    y: float
+    distance: float  # of the fit
+    alone: float  # of the better of a and b on its own
+    exact: float  # of the fit
+    exact_alone: float  # of the better of a and b on its own
+
+    @property
+    def is_merge(self) -> bool:
+        """A linear merge fits to rounding error (or reproduces the query's values exactly in
+        a narrower dtype), while the middle of a fine-tune chain, which also lies between its
+        neighbours, fits only about half better."""
+        better = self.distance <= MERGE_GAIN * self.alone or self.exact >= self.exact_alone + 0.3
+        return min(self.x, self.y) >= 0.1 and self.alone > NOISE / 10 and better
+
+
+def _merge_fit(q: Sketch, a: Sketch, b: Sketch) -> MergeFit | None:
+    ia, ja, _ = _name_pairs(q, a)
+    ib, jb, _ = _name_pairs(q, b)
+    common, ka, kb = np.intersect1d(ia, ib, return_indices=True)
+    if common.size < 2:
+        return None
+    qv, av, bv = q.values[common], a.values[ja[ka]], b.values[jb[kb]]
+    mask = np.isfinite(qv) & np.isfinite(av) & np.isfinite(bv) & (qv != 0)
+    scale = np.sqrt(np.where(mask, qv * qv, 0).sum(1, keepdims=True) / np.maximum(mask.sum(1, keepdims=True), 1))
+    scale[scale == 0] = 1
+    qn, an, bn = (np.where(mask, v, 0) / scale for v in (qv, av, bv))
+    gram = np.array([[(an * an).sum(), (an * bn).sum()], [(an * bn).sum(), (bn * bn).sum()]])
+    rhs = np.array([(an * qn).sum(), (bn * qn).sum()])
+    if abs(np.linalg.det(gram)) < 1e-9 * gram.trace() ** 2:
+        return None
+    x, y = (float(v) for v in np.linalg.solve(gram, rhs))
+
+    def rms_distance(fit: np.ndarray) -> float:
+        norm = ((qn * qn).sum(1) + (fit * fit).sum(1)) / 2
+        rows = norm > 0
+        return float(np.sqrt(np.mean(((qn - fit) ** 2).sum(1)[rows] / norm[rows]))) if rows.any() else math.inf
+
+    def exact(fit: np.ndarray) -> float:
+        return float((_reproduced(q, common, fit.astype(np.float32)) & mask).sum() / max(mask.sum(), 1))
+
+    return MergeFit(x, y, rms_distance(x * an + y * bn), min(rms_distance(an), rms_distance(bn)),
+                    exact(x * av + y * bv), max(exact(av), exact(bv)))  # fmt: skip
+
+
+# --- ranking -----------------------------------------------------------------------------------
+
+
+def _rescore(ranked: list[Candidate]) -> None:
+    """Score = relatedness x proximity to the closest candidate that may be a parent, halved
+    for a candidate that looks derived from the query."""
+    plausible = [c.evidence.residual for c in ranked if c.direction >= 0]
+    best = min(plausible, default=0.0)
+    for c in ranked:
+        proximity = math.sqrt((best + NOISE) / (c.evidence.residual + NOISE)) if math.isfinite(c.evidence.residual) else 0.0
+        penalty = REVERSED_DIRECTION if c.direction < 0 or c.downstream else 1.0
+        c.score = c.evidence.relatedness * min(1.0, proximity) * penalty
+    ranked.sort(key=lambda c: -c.score)
+
+
+def _check_merges(q: Sketch, pool: list[Candidate]) -> None:
+    """Mark the pair whose combination explains the query best, if it is a merge; then mark
+    any candidate that is itself a merge of the query and another as derived from the query
+    (such a merge is closer to the query than the query's own parent)."""
+    best: tuple[MergeFit, Candidate, Candidate] | None = None
+    for i, a in enumerate(pool):
+        for b in pool[i + 1 :]:
+            fit = _merge_fit(q, a.sketch, b.sketch)
+            if fit is not None and fit.is_merge and (best is None or fit.distance < best[0].distance):
+                best = (fit, a, b)
+    if best is not None:
+        fit, a, b = best
+        for one, other in ((a, b), (b, a)):
+            one.relation, one.merge_with = "merge", other.version
+            one.reasons.append(f"the query is {fit.x:.2f} x {a.label} + {fit.y:.2f} x {b.label} "
+                               f"(residual {fit.distance:.2g}, {fit.exact:.0%} of samples exact)")  # fmt: skip
+            one.evidence.distance = min(one.evidence.distance, fit.distance)
+            one.evidence.exact = max(one.evidence.exact, fit.exact)
+    for c in pool:
+        if c.merge_with is not None:
+            continue
+        for other in pool:
+            child_fit = _merge_fit(c.sketch, q, other.sketch) if other is not c else None
+            if child_fit is not None and child_fit.is_merge:
+                c.direction = -1
+                c.reasons.append(f"it is {child_fit.x:.2f} x the query + {child_fit.y:.2f} x {other.label}: "
+                                 "a merge derived from the query")  # fmt: skip
+                break
+
+
+def _mark_downstream(ranked: list[Candidate], top: int = 8) -> None:
+    """A candidate with no one-way evidence that is farther than the query from a candidate
+    both derive from (say base -> query -> query trained further) is downstream of the query,
+    a descendant or a sibling, not its parent, however close it is."""
+    ancestors = [a for a in ranked[:top] if a.direction > 0 and a.merge_with is None]
+    for c in ranked[:top]:
+        if c.direction != 0:
+            continue
+        for a in ancestors:
+            ev, iq, ic = compare(c.sketch, a.sketch)
+            if analyse(c.sketch, a.sketch, iq, ic)[1] > 0 and ev.distance > 1.1 * a.evidence.distance:
+                c.downstream = True
+                c.reasons.append(f"it is farther than the query from {a.label}, which both derive from: "
+                                 "more likely a descendant or a sibling than the parent")  # fmt: skip
+                break
+
+
+def _is_lossy_copy(child: Sketch, original: Sketch) -> tuple[bool, float]:
+    """Whether `child` looks like a cast, quantization or pruning of `original`, and their distance."""
+    ev, iq, ic = compare(child, original)
+    relation, direction, _ = analyse(child, original, iq, ic)
+    return relation in ("quantize", "prune") and direction > 0, ev.distance
+
+
+def _settle_close(ranked: list[Candidate], top: int = 4) -> list[str]:
+    """Put an original above its lossy copy when both are close to the query; returns notes."""
+    notes = []
+    for i in range(min(top, len(ranked))):
+        for j in range(i + 1, min(top + 2, len(ranked))):
+            copy, original = ranked[i], ranked[j]
+            if original.score < 0.5 * copy.score or original.direction < 0 or copy.score <= original.score * 0.99:
+                continue
+            lossy, apart = _is_lossy_copy(copy.sketch, original.sketch)
+            if lossy and apart < copy.evidence.distance and copy.evidence.exact <= original.evidence.exact + 0.05:
+                copy.score = original.score * 0.99
+                copy.reasons.append(f"a lossy copy of {original.label}, which is likelier the parent")
+                notes.append(f"{copy.label} is a lossy copy of {original.label} ({original.label} -> {copy.label}): "
+                             "the original is ranked first")  # fmt: skip
+    ranked.sort(key=lambda c: -c.score)
+    return notes
+
+
+def _confidence(ranked: list[Candidate]) -> None:
+    """Score discounted by the best rival that is neither a merge partner nor explained by
+    this candidate (closer to it than to the query, like its own lossy copy)."""
+    for k, c in enumerate(ranked):
+        rival = 0.0
+        for other in ranked[: k + 6]:
+            if other is c or other.version == c.merge_with or other.score <= 0 or c.score <= 0:
+                continue
+            if other.score <= c.score and compare(other.sketch, c.sketch)[0].distance < other.evidence.distance:
+                continue
+            rival = max(rival, min(1.0, other.score / c.score))
+        c.confidence = c.score * (1 - 0.5 * rival**AMBIGUITY_POWER)
+
+
+def parent_candidates(query: Sketch, stored: Iterable[tuple[str, str, Sketch]], *, limit: int = 5
+                      ) -> tuple[list[Candidate], list[str], int]:  # fmt: skip
+    """Stored versions, given as (id, label, sketch), ranked as parents of `query`: the best
+    first (at most `limit`), notes on close candidates, and how many were compared."""
+    first: list[Candidate] = []
+    count = 0
+    for vid, label, sketch in stored:
+        count += 1
+        ev, _, _ = compare(query, sketch)
+        if ev.structure > 0 and (ev.compared or ev.identical):
+            first.append(Candidate(vid, label, sketch, ev))
+    first.sort(key=lambda c: (-c.evidence.relatedness, c.evidence.residual))
+    refined = first[:REFINE]
+    for c in refined:
+        by_pattern, _, _ = compare(query, c.sketch, by_pattern=True)
+        if by_pattern.distance < c.evidence.distance:
+            c.evidence.distance, c.evidence.compared = by_pattern.distance, by_pattern.compared
+            c.evidence.exact = max(c.evidence.exact, by_pattern.exact)
+        _, iq, ic = compare(query, c.sketch)
+        c.relation, c.direction, c.reasons = analyse(query, c.sketch, iq, ic)
+    _rescore(refined)
+    _check_merges(query, [c for c in refined[:MERGE_POOL] if c.direction >= 0 and c.score > 0.05])
+    _mark_downstream(refined)
+    _rescore(refined)
+    notes = _settle_close(refined)
+    _confidence(refined[: max(limit, 6)])
+    return refined[:limit], notes, count
+
+
+DIRECTIONS = {1: "candidate -> query", 0: "unknown", -1: "query -> candidate"}
+
+
+def _report(c: Candidate) -> ParentCandidate:
+    model, _, seq = c.label.rpartition("@")
+    ev = c.evidence
+    return ParentCandidate(
+        version=c.version, model=model, seq=int(seq) if seq.isdigit() else 0, score=round(c.score, 4),
+        confidence=round(c.confidence, 4), relation=c.relation, direction=DIRECTIONS[c.direction],
+        structure=round(ev.structure, 4), identical=round(ev.identical, 4),
+        distance=round(ev.distance, 6) if math.isfinite(ev.distance) else None, exact=round(ev.exact, 4),
+        compared=ev.compared, merge_with=c.merge_with, reasons=list(c.reasons),
+    )  # fmt: skip
+
+
+def _choose(ranked: list[Candidate], min_confidence: float) -> tuple[list[str], str | None, str]:
+    """What `--auto-parent` takes: the best candidate (and its merge partner) when it is
+    confident enough and does not look derived from the query; else nothing, and why."""
+    if not ranked:
+        return [], None, "no stored version shares a tensor name and shape with it"
+    best = ranked[0]
+    if best.direction < 0:
+        return [], None, f"the closest, {best.label}, looks derived from it (a child, not a parent)"
+    if best.confidence < min_confidence:
+        return [], None, (f"the best candidate, {best.label} ({best.relation}), has confidence "
+                          f"{best.confidence:.2f} < {min_confidence:.2f}")  # fmt: skip
+    parents = [best.version]
+    partner = next((c for c in ranked if c.version == best.merge_with), None)
+    if partner is not None:
+        parents.append(partner.version)
+    names = best.label + (f" and {partner.label}" if partner else "")
+    return parents, best.relation, f"{names} ({best.relation}), confidence {best.confidence:.2f}"
+
+
+def suggest(query: Sketch, stored: Iterable[tuple[str, str, Sketch]], *, label: str, limit: int = 5,
+            min_confidence: float = DEFAULT_MIN_CONFIDENCE, started: float | None = None) -> ParentSuggestion:  # fmt: skip
+    """`parent_candidates` as a report, with the choice `--auto-parent` makes; `seconds`
+    counts from `started` (a `time.perf_counter()` value) when given."""
+    started = time.perf_counter() if started is None else started
+    ranked, notes, count = parent_candidates(query, stored, limit=max(limit, 2))
+    parents, relation, verdict = _choose(ranked, min_confidence)
+    return ParentSuggestion(
+        query=label, tensors=len(query), compared=count, seconds=round(time.perf_counter() - started, 3),
+        candidates=[_report(c) for c in ranked[:limit]], min_confidence=min_confidence, parents=parents,
+        relation=relation, verdict=verdict, notes=notes,
+    )  # fmt: skip
