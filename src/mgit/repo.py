@@ -14,7 +14,6 @@ import getpass
 import json
 import os
 import re
-import signal
 import tempfile
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mgit.atomicfile import write_atomic
+from mgit.cascade import CascadeReport, run_cascade
 from mgit.catalog import Catalog, ObjectRow, VersionRow
 from mgit.diff import DiffResult, diff_models, open_side
 from mgit.errors import (
@@ -39,6 +39,7 @@ from mgit.errors import (
     RepoNotFoundError,
     UnknownRefError,
 )
+from mgit.faults import crash_point
 from mgit.formats.folder import ModelSource, scan_path, scan_state_dict
 from mgit.formats.model_card import CARD, read_lineage, write_lineage
 from mgit.gate import DEFAULT_TIMEOUT, GateResult, evaluate
@@ -84,12 +85,6 @@ from mgit.store import DEFAULT_MAX_DEPTH, LocalStore, MemoryStore, remove_leftov
 REPO_DIR = ".mgit"
 REPO_FORMAT = 1
 REF_RE = re.compile(r"^(?P<name>[^@]+)(?:@(?P<sel>[^@]+))?$")
-
-
-def crash_point(name: str) -> None:
-    """Fault injection for the crash tests: `MGIT_CRASH_AT=<name>` SIGKILLs the process here."""
-    if os.environ.get("MGIT_CRASH_AT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def find_repo_dir(start: Path | None = None) -> Path:
@@ -267,6 +262,12 @@ class Repo:
     def lineage(self) -> Lineage:
         """The lineage graph as it is now (a snapshot: read it again after a change)."""
         return Lineage.load(self.catalog)
+
+    def cascade(self, name: str, *, jobs: int = 1, only: str | None = None, timeout: float | None = None,
+                dry_run: bool = False, progress: Callable[[str, str], None] | None = None) -> CascadeReport:  # fmt: skip
+        """Rebuild the descendants of `name` on its latest version by re-running their recipes,
+        commit and test the results (see mgit.cascade); `dry_run` only plans."""
+        return run_cascade(self, name, jobs=jobs, only=only, timeout=timeout, dry_run=dry_run, progress=progress)
 
     def version(self, ref: str) -> Version:
         with self._explained():

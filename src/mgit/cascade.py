@@ -1,0 +1,400 @@
+"""Cascades: after a model gets a new version, rebuild its descendants by re-running their
+recipes on the new parent versions, commit each result as a new version and run its tests.
+
+A descendant of the cascade's model is *planned* when one of its lineage parents (the
+cascade's model or another descendant) is rebuilt in this cascade, or when the parent
+version it records is no longer that parent's latest. The second rule is what makes a
+cascade resumable: after a failure or a kill, running it again finds exactly the models
+still built on old versions, and the finished ones are up to date.
+
+A planned model without a recipe needs a manual update (the plan gives the command that
+records a recipe); everything below it is blocked, as is everything below a model whose
+recipe or tests failed, or below a parent whose tests fail.
+
+Recipes are user code: they run only here, each in a child process (`mgit.usercode`), on
+parent folders checked out into a temporary folder. The output folder is added as one
+version, atomically, so a kill leaves the old head or the new one, never half of one.
+Independent branches run in parallel on a thread pool: a model starts once all the planned
+parents it waits for are done.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import json
+import shlex
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mgit import usercode
+from mgit.errors import MgitError
+from mgit.faults import crash_point
+from mgit.lineage import Lineage, LineageEdge
+from mgit.reports import Report
+
+if TYPE_CHECKING:
+    from mgit.checks import TestOutcome
+    from mgit.repo import Repo
+
+DEFAULT_TIMEOUT = 3600.0  # per recipe run: a fine-tune can take a while
+REBUILT = ("recipe", "manual", "blocked")  # actions under which a model gets (or needs) a new version
+FAILED = ("failed-recipe", "failed-tests")
+Progress = Callable[[str, str], None]  # (model, what happens to it)
+
+
+@dataclass(frozen=True)
+class PlannedParent(Report):
+    model: str
+    relation: str
+    recorded: str  # the version the child was built on
+    recorded_ref: str
+    version: str | None  # the version to rebuild on; None when this parent is rebuilt first
+    ref: str  # `base@2`, or `ft@next` for a parent rebuilt in this cascade
+
+
+@dataclass(frozen=True)
+class CascadeStep(Report):
+    """One descendant of the cascade's model and what the cascade does with it: `recipe`
+    (re-run it), `manual` (no recipe), `blocked`, `skipped` (not matched by --only) or
+    `up-to-date`."""
+
+    model: str
+    head: str
+    head_ref: str
+    action: str
+    relation: str
+    parents: list[PlannedParent]
+    recipe: dict[str, Any] | None = None
+    source_changed: bool = False  # the recipe's file changed since the head was made
+    problem: str | None = None  # the recorded recipe cannot be found any more
+    reason: str | None = None  # why it is manual, blocked or skipped
+    command: str | None = None  # for a manual step: how to record a recipe
+
+    @property
+    def waits_for(self) -> list[str]:
+        """Planned parents that must be rebuilt before this model."""
+        return [p.model for p in self.parents if p.version is None]
+
+
+@dataclass(frozen=True)
+class CascadePlan(Report):
+    model: str
+    version: str
+    ref: str  # the cascade's model at its latest version, `base@2`
+    steps: list[CascadeStep]  # every descendant, parents before children
+
+    def count(self, action: str) -> int:
+        return sum(s.action == action for s in self.steps)
+
+
+@dataclass(frozen=True)
+class TestLine(Report):
+    """One test's result on one version."""
+
+    __test__ = False  # not a pytest class
+
+    test: str
+    status: str  # pass, fail or error
+    metrics: dict[str, float]
+    reasons: list[str]
+
+
+@dataclass(frozen=True)
+class ModelResult(Report):
+    """What the cascade did to one model. `tests_before`/`tests_after` are None when no test
+    was run, [] when none applies."""
+
+    model: str
+    status: str  # updated, failed-recipe, failed-tests, manual, blocked, skipped, up-to-date
+    old: str
+    old_ref: str
+    new: str | None = None
+    new_ref: str | None = None
+    rebuilt_on: list[str] = field(default_factory=list)
+    recipe: str | None = None
+    source_changed: bool = False
+    tests_before: list[TestLine] | None = None
+    tests_after: list[TestLine] | None = None
+    reason: str | None = None
+    command: str | None = None
+    output: str = ""  # what a failed recipe printed
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class CascadeReport(Report):
+    plan: CascadePlan
+    dry_run: bool
+    results: list[ModelResult]  # in the plan's order; empty for a dry run
+
+    @property
+    def failed(self) -> list[ModelResult]:
+        return [r for r in self.results if r.status in FAILED]
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.results)
+
+
+# --- the plan ----------------------------------------------------------------------------------
+def plan_cascade(repo: Repo, name: str, *, only: str | None = None) -> CascadePlan:
+    """What a cascade from `name` (a model, or a ref of one: its latest version counts) would
+    do, in topological order. Runs no user code: recorded test results are read, not run."""
+    top = repo.model_of(name)
+    graph = repo.lineage
+    node = graph.node(top)
+    scope = {top, *graph.descendants(top)}
+    steps: dict[str, CascadeStep] = {}
+
+    @functools.cache
+    def failing(vid: str) -> tuple[str, ...]:  # recorded results only: planning runs nothing
+        return tuple(o.test for o in repo.checks.show(vid) if o.status != "pass")
+
+    for model in graph.topological_order(scope - {top}):
+        steps[model] = _plan_step(repo, graph, model, top, scope, steps, only, failing)
+    return CascadePlan(top, node.head, f"{top}@{node.seq}", list(steps.values()))
+
+
+def _plan_step(repo: Repo, graph: Lineage, model: str, top: str, scope: set[str], steps: dict[str, CascadeStep],
+               only: str | None, failing: Callable[[str], tuple[str, ...]]) -> CascadeStep:  # fmt: skip
+    node = graph.node(model)
+    edges = graph.parents(model)
+    rebuilt = {e.parent for e in edges if e.parent in steps and steps[e.parent].action in REBUILT}
+    changed = [e for e in edges if e.parent in scope and (e.parent in rebuilt or e.stale)]
+    parents = [_planned_parent(graph, e, e.parent in rebuilt) for e in edges]
+    step = CascadeStep(model, node.head, f"{model}@{node.seq}", "up-to-date", edges[0].relation if edges else "other",
+                       parents)  # fmt: skip
+    if not changed:
+        return step
+    if only is not None and not fnmatch.fnmatchcase(model, only):
+        return replace(step, action="skipped", reason=f"not matched by --only {only}")
+    recipe = repo.version(node.head).recipe
+    step = replace(step, recipe=recipe)
+    stopped = [e.parent for e in edges if e.parent in rebuilt and steps[e.parent].action != "recipe"]
+    if stopped:
+        return replace(step, action="blocked", reason=f"below {stopped[0]}, which is {steps[stopped[0]].action}")
+    bad = [e for e in edges if e.parent in scope and e.parent != top and e.parent not in rebuilt
+           and failing(graph.node(e.parent).head)]  # fmt: skip
+    if bad:
+        p = graph.node(bad[0].parent)
+        return replace(step, action="blocked", reason=f"{p.name}@{p.seq} fails {', '.join(failing(p.head))}")
+    if recipe is None:
+        return replace(step, action="manual", reason="no recipe recorded", command=_record_command(step))
+    problem, source_changed = None, False
+    try:
+        source_changed = usercode.source_hash(str(recipe.get("fn")), cwd=repo.root) != recipe.get("source_sha256")
+    except MgitError as exc:
+        problem = str(exc)
+    return replace(step, action="recipe", source_changed=source_changed, problem=problem)
+
+
+def _planned_parent(graph: Lineage, edge: LineageEdge, rebuilt: bool) -> PlannedParent:
+    latest = graph.node(edge.parent)
+    if rebuilt:
+        return PlannedParent(edge.parent, edge.relation, edge.parent_version, edge.parent_ref, None,
+                             f"{edge.parent}@next")  # fmt: skip
+    return PlannedParent(edge.parent, edge.relation, edge.parent_version, edge.parent_ref, latest.head,
+                         f"{latest.name}@{latest.seq}")  # fmt: skip
+
+
+def _record_command(step: CascadeStep) -> str:
+    """The commands that give a model without a recipe one: its current files again, as a
+    new version on the same parents, with a recipe recorded (not run). The next cascade
+    then rebuilds it with that recipe."""
+    folder = f"{step.model.replace('/', '-')}-v{step.head_ref.rpartition('@')[2]}"
+    args = ["mgit", "add", folder, "--name", step.model]
+    for p in step.parents:
+        args += ["--parent", p.recorded_ref]
+    args += ["--relation", step.relation, "--recipe", "FILE.py:FUNCTION", "--param", "KEY=VALUE"]
+    return f"{shlex.join(['mgit', 'checkout', step.head_ref, '-o', folder])} && {shlex.join(args)}"
+
+
+# --- running it ---------------------------------------------------------------------------------
+def run_cascade(repo: Repo, name: str, *, jobs: int = 1, only: str | None = None, timeout: float | None = None,
+                dry_run: bool = False, progress: Progress | None = None) -> CascadeReport:  # fmt: skip
+    """Plan a cascade from `name` and, unless `dry_run`, carry it out (see `execute`)."""
+    plan = plan_cascade(repo, name, only=only)
+    if dry_run:
+        return CascadeReport(plan, True, [])
+    return execute(repo, plan, jobs=jobs, timeout=timeout, progress=progress)
+
+
+def execute(repo: Repo, plan: CascadePlan, *, jobs: int = 1, timeout: float | None = None,
+            progress: Progress | None = None) -> CascadeReport:  # fmt: skip
+    """Carry out a plan: rebuild its `recipe` steps, `jobs` at a time, parents first; a
+    failure blocks the models below it. `progress(model, text)` is called from this thread
+    as models start and finish."""
+    return _Cascade(repo, plan, timeout or DEFAULT_TIMEOUT, progress or (lambda model, text: None)).run(jobs)
+
+
+class _Cascade:
+    def __init__(self, repo: Repo, plan: CascadePlan, timeout: float, progress: Progress) -> None:
+        self.repo = repo
+        self.plan = plan
+        self.timeout = timeout
+        self.progress = progress
+        self.checks = repo.checks  # opened here, before worker threads share it
+        self.rebuilt: dict[str, tuple[str, str]] = {}  # model -> (new version, ref); written by the main thread
+
+    def run(self, jobs: int) -> CascadeReport:
+        results: dict[str, ModelResult] = {}
+        todo: list[CascadeStep] = []
+        for step in self.plan.steps:
+            if step.action == "recipe":
+                todo.append(step)
+            else:
+                results[step.model] = _result(step, step.action, reason=step.reason, command=step.command)
+        blocked = self._check_parents(todo, results)  # model -> why
+        jobs = max(1, jobs)
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-cascade") as pool:
+            running: dict[Future[ModelResult], CascadeStep] = {}
+            while todo or running:
+                for step in list(todo):  # parents come first: one pass propagates a block downwards
+                    below = [m for m in step.waits_for if m in blocked or m in results and results[m].status in FAILED]
+                    if step.model in blocked or below:
+                        why = blocked.get(step.model) or f"below {below[0]} ({results[below[0]].status})"
+                        results[step.model] = _result(step, "blocked", reason=why)
+                        blocked[step.model] = why
+                        todo.remove(step)
+                        self.progress(step.model, f"blocked: {why}")
+                    elif len(running) < jobs and all(m in self.rebuilt for m in step.waits_for):
+                        parents = self._parents(step)
+                        running[pool.submit(self._rebuild, step, parents)] = step
+                        todo.remove(step)
+                        self.progress(step.model, f"re-running {_fn(step)} on {', '.join(r for _, r in parents)}")
+                if not running:
+                    break
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    step = running.pop(future)
+                    result = results[step.model] = future.result()
+                    if result.status in ("updated", "up-to-date"):
+                        self.rebuilt[step.model] = (result.new or result.old, result.new_ref or result.old_ref)
+                    self.progress(step.model, _summary(result))
+        return CascadeReport(self.plan, False, [results[s.model] for s in self.plan.steps])
+
+    def _check_parents(self, todo: list[CascadeStep], results: dict[str, ModelResult]) -> dict[str, str]:
+        """Run the tests of up-to-date parents that planned models build on (recorded results
+        are reused, so this runs only what an interrupted cascade did not). A parent that
+        fails blocks the models built on it. Returns {model: why it is blocked}."""
+        ready = {p.model: p.version for s in todo for p in s.parents
+                 if p.version is not None and p.model in results and p.model != self.plan.model}  # fmt: skip
+        if not ready:
+            return {}
+        lines = self._tests(list(ready.values()))
+        stopped: dict[str, str] = {}
+        for model, vid in ready.items():
+            mine = lines.get(vid, [])
+            results[model] = replace(results[model], tests_after=mine)
+            bad = [t.test for t in mine if t.status != "pass"]
+            if bad:
+                for s in todo:
+                    if any(p.model == model for p in s.parents):
+                        stopped.setdefault(s.model, f"{results[model].old_ref} fails {', '.join(bad)}")
+        return stopped
+
+    def _parents(self, step: CascadeStep) -> list[tuple[str, str]]:
+        """(version, ref) of each parent to rebuild on, in the recorded order."""
+        return [(p.version, p.ref) if p.version is not None else self.rebuilt[p.model] for p in step.parents]
+
+    def _rebuild(self, step: CascadeStep, parents: list[tuple[str, str]]) -> ModelResult:
+        """Run one model's recipe and commit its output (a worker thread)."""
+        start = time.monotonic()
+        assert step.recipe is not None
+        fn, params = step.recipe["fn"], dict(step.recipe.get("params") or {})
+        before = self._tests([step.head]).get(step.head, [])
+        base = _result(step, "failed-recipe", rebuilt_on=[ref for _, ref in parents], tests_before=before)
+        if step.problem:
+            return replace(base, reason=step.problem, seconds=time.monotonic() - start)
+        try:
+            with tempfile.TemporaryDirectory(prefix="mgit-cascade-") as tmp:
+                folders = []
+                for i, (vid, _) in enumerate(parents):
+                    folders.append(Path(tmp) / f"parent-{i}")
+                    self.repo.checkout(vid, folders[-1])
+                out = Path(tmp) / "out"
+                out.mkdir()
+                run = usercode.run("recipe", fn, [str(out), json.dumps(params), *map(str, folders)],
+                                   timeout=self.timeout, cwd=self.repo.root)  # fmt: skip
+                if not run.ok:
+                    return replace(base, reason=f"the recipe {run.error}", output=run.output,
+                                   seconds=time.monotonic() - start)  # fmt: skip
+                if not any(out.iterdir()):
+                    return replace(base, reason="the recipe wrote nothing into its output folder", output=run.output,
+                                   seconds=time.monotonic() - start)  # fmt: skip
+                if self.repo.refs.get(step.model) != step.head:
+                    return replace(base, reason=f"{step.model} got another version during the cascade; run it again",
+                                   seconds=time.monotonic() - start)  # fmt: skip
+                message = f"cascade from {self.plan.ref}: {fn} re-run on {', '.join(ref for _, ref in parents)}"
+                added = self.repo.add(out, name=step.model, parent=[vid for vid, _ in parents], relation=step.relation,
+                                      message=message, recipe=_rooted(fn, self.repo.root), params=params,
+                                      model_card=False)  # fmt: skip
+        except (MgitError, OSError) as exc:
+            return replace(base, reason=str(exc), seconds=time.monotonic() - start)
+        crash_point("cascade-after-commit")
+        new_ref = f"{step.model}@{added.seq}"
+        done = replace(base, status="updated", new=added.version, new_ref=new_ref)
+        if not added.created:  # the same files, parents and recipe as the head: nothing new
+            return replace(done, status="up-to-date", seconds=time.monotonic() - start)
+        after = self._tests([added.version]).get(added.version, [])
+        failed = any(t.status != "pass" for t in after)
+        return replace(done, status="failed-tests" if failed else "updated", tests_after=after,
+                       reason="a test fails on the new version; the models below it are blocked" if failed else None,
+                       seconds=time.monotonic() - start)  # fmt: skip
+
+    def _tests(self, vids: list[str]) -> dict[str, list[TestLine]]:
+        """The tests that apply to each version, run or reused from recorded results."""
+        try:
+            outcomes = self.checks.run(vids).outcomes
+        except MgitError as exc:
+            return {v: [TestLine("tests", "error", {}, [str(exc)])] for v in vids}
+        lines: dict[str, list[TestLine]] = {v: [] for v in vids}
+        for o in outcomes:
+            lines.setdefault(o.version, []).append(_line(o))
+        return lines
+
+
+def _fn(step: CascadeStep) -> str:
+    return str(step.recipe["fn"]) if step.recipe else "?"
+
+
+def _line(o: TestOutcome) -> TestLine:
+    return TestLine(o.test, o.status, dict(o.metrics), list(o.reasons))
+
+
+def _result(step: CascadeStep, status: str, **extra: Any) -> ModelResult:
+    return ModelResult(step.model, status, step.head, step.head_ref,
+                       recipe=step.recipe["fn"] if step.recipe else None, source_changed=step.source_changed,
+                       **extra)  # fmt: skip
+
+
+def _rooted(spec: str, root: Path) -> str:
+    """A recorded `file.py:fn` is relative to the work folder; make it absolute so that
+    recording it again does not depend on the current folder."""
+    target, name = usercode.split_spec(spec)
+    if target.endswith(".py") and not Path(target).is_absolute():
+        return f"{root / target}:{name}"
+    return spec
+
+
+def tests_summary(lines: list[TestLine] | None) -> str:
+    """`2/3 pass` for a list of test results; `-` when none was run, `no tests` when none applies."""
+    if lines is None:
+        return "-"
+    if not lines:
+        return "no tests"
+    return f"{sum(t.status == 'pass' for t in lines)}/{len(lines)} pass"
+
+
+def _summary(r: ModelResult) -> str:
+    took = f" in {r.seconds:.1f} s"
+    if r.status == "updated":
+        return f"updated {r.old_ref} -> {r.new_ref}{took}; tests {tests_summary(r.tests_after)}"
+    if r.status == "failed-tests":
+        return f"committed {r.new_ref}{took}, but tests fail: {tests_summary(r.tests_after)}"
+    return f"{r.status}{took}: {r.reason}"

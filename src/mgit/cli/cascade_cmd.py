@@ -1,0 +1,147 @@
+"""`mgit cascade`: rebuild the descendants of a model after it got a new version."""
+
+from __future__ import annotations
+
+import math
+
+import click
+
+from mgit.cascade import (
+    CascadePlan,
+    CascadeReport,
+    CascadeStep,
+    TestLine,
+    execute,
+    plan_cascade,
+    tests_summary,
+)
+from mgit.cli.output import err, out, print_json, table
+
+OUTPUT_LINES = 15  # of a failed recipe's output, shown under the report
+
+
+@click.command()
+@click.argument("name")
+@click.option("--dry-run", is_flag=True, help="Print the plan and stop: no recipe or test is run.")
+@click.option("--jobs", "-j", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Models rebuilt at once (independent branches run in parallel).")  # fmt: skip
+@click.option("--only", metavar="GLOB", default=None, help="Rebuild only the models whose name matches GLOB.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds each recipe may take (default: 3600).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the plan (with --dry-run) or the report as JSON.")
+@click.pass_context
+def cascade(ctx: click.Context, name: str, dry_run: bool, jobs: int, only: str | None, timeout: float | None,
+            as_json: bool) -> None:  # fmt: skip
+    """Re-run the recipes of NAME's descendants on its latest version, commit and test them.
+
+    A descendant is rebuilt when a parent is rebuilt before it, or when the parent version
+    it was built on is no longer the latest. Each new version records the same relation and
+    recipe, and its tests run (with the old version's results for comparison). A failing
+    recipe or test stops only the models below it; run the cascade again after a fix or an
+    interruption and it resumes with the models still built on old versions. A model
+    without a recipe is listed with the command that records one.
+
+    \b
+    Examples:
+      mgit cascade bert-base --dry-run
+      mgit cascade bert-base --jobs 2
+      mgit cascade bert-base --only 'bert-sst2*' --json
+    """
+    repo = ctx.obj.repo()
+    plan = plan_cascade(repo, name, only=only)
+    if dry_run and as_json:
+        print_json(plan.to_json())
+        return
+    if not as_json:
+        _print_plan(plan)
+    if dry_run:
+        if plan.count("recipe"):
+            out.print("\nDry run: nothing was run.")
+        return
+    progress = None if as_json else (lambda model, text: err.print(f"{model}: {text}"))
+    report = execute(repo, plan, jobs=jobs, timeout=timeout, progress=progress)
+    if as_json:
+        print_json(report.to_json())
+    else:
+        _print_report(report)
+    if report.failed:
+        ctx.exit(1)
+
+
+def _how(step: CascadeStep) -> str:
+    if step.action == "recipe" and step.recipe:
+        params = ", ".join(f"{k}={v}" for k, v in sorted((step.recipe.get("params") or {}).items()))
+        text = f"{step.recipe['fn']}" + (f" ({params})" if params else "")
+        if step.problem:
+            text += f"  [cannot run: {step.problem}]"
+        elif step.source_changed:
+            text += "  [recipe file changed since]"
+        return text
+    return f"{step.action}: {step.reason}" if step.reason else step.action
+
+
+def _print_plan(plan: CascadePlan) -> None:
+    if not plan.steps:
+        out.print(f"{plan.ref} has no descendants: nothing to cascade.")
+        return
+    words = {"recipe": "to rebuild", "manual": "to update by hand", "blocked": "blocked", "skipped": "skipped",
+             "up-to-date": "up to date"}  # fmt: skip
+    counts = [f"{plan.count(a)} {w}" for a, w in words.items() if plan.count(a)]
+    out.print(f"Cascade from {plan.ref}: {', '.join(counts)}")
+    t = table("model", "now", "rebuild on", "how")
+    for s in plan.steps:
+        t.add_row(s.model, s.head_ref, ", ".join(p.ref for p in s.parents) if s.action != "up-to-date" else "-",
+                  _how(s))  # fmt: skip
+    out.print(t)
+    for s in plan.steps:
+        if s.action == "manual":
+            out.print(f"\n{s.model} has no recipe: update it by hand, or record one (then run the cascade again):"
+                      f"\n  {s.command}")  # fmt: skip
+
+
+def _test_cell(line: TestLine | None) -> str:
+    """`pass (acc 0.91)`: a test's status and its metrics."""
+    if line is None:
+        return "-"
+    metrics = ", ".join(f"{k} {v:.4g}" if math.isfinite(v) else f"{k} {v}" for k, v in sorted(line.metrics.items()))
+    return line.status + (f" ({metrics})" if metrics else "")
+
+
+def _print_report(report: CascadeReport) -> None:
+    if not report.results:
+        return
+    out.print()
+    t = table("model", "old -> new", "status", "tests before", "tests after")
+    for r in report.results:
+        change = f"{r.old_ref} -> {r.new_ref}" if r.new_ref and r.new != r.old else r.old_ref
+        t.add_row(r.model, change, r.status, tests_summary(r.tests_before), tests_summary(r.tests_after))
+    out.print(t)
+    tested = [r for r in report.results if r.tests_before or r.tests_after]
+    if tested:
+        out.print()
+        tt = table("model", "test", "before", "after")
+        for r in tested:
+            before = {t.test: t for t in r.tests_before or []}
+            after = {t.test: t for t in r.tests_after or []}
+            for name in sorted(before | after):
+                tt.add_row(r.model, name, _test_cell(before.get(name)), _test_cell(after.get(name)))
+        out.print(tt)
+    for r in report.results:
+        if r.source_changed and r.status != "blocked":
+            out.print(f"\nnote: the recipe file of {r.model} ({r.recipe}) changed since {r.old_ref} was made; "
+                      f"the new version records the new file's hash")  # fmt: skip
+        if r.status == "failed-recipe":
+            out.print(f"\n{r.model}: {r.reason}")
+            tail = [ln for ln in r.output.strip().splitlines()][-OUTPUT_LINES:]
+            for line in tail:
+                out.print(f"  | {line}")
+        elif r.status == "failed-tests":
+            reasons = [f"{t.test}: {'; '.join(t.reasons) or t.status}" for t in r.tests_after or [] if t.status != "pass"]
+            out.print(f"\n{r.new_ref} was committed but fails {'; '.join(reasons)}")
+    counts = [f"{report.count(s)} {s}" for s in ("updated", "failed-recipe", "failed-tests", "blocked", "manual")
+              if report.count(s)]  # fmt: skip
+    out.print(f"\n{', '.join(counts) or 'nothing to do'}.")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(cascade)
