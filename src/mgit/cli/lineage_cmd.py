@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from mgit.cli.output import out, print_json, size
+from mgit.cli.suggest_cmd import suggest
 from mgit.lineage import LineageEdge, ModelNode, TreeNode
 
 
@@ -29,6 +30,7 @@ def lineage() -> None:
       mgit lineage                 every model, from the roots down
       mgit lineage bert-base       bert-base and everything derived from it
       mgit lineage bert-sst2-int8 --up
+      mgit lineage suggest ./unknown-model   which stored models it may come from
     """
 
 
@@ -92,6 +94,9 @@ def tree(ctx: click.Context, ref: str | None, direction: str | None, depth: int 
     for t in trees:
         for line in _lines(t, "", True, True):
             out.print(line)
+
+
+lineage.add_command(suggest)
 
 
 def register(group: click.Group) -> None:
