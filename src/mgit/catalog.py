@@ -94,6 +94,7 @@ class VersionRow:
     new_bytes: int
     lossy: dict[str, Any] | None
     parents: tuple[tuple[str, str], ...]
+    recipe: dict[str, Any] | None = None
 
 
 class Catalog:
@@ -249,7 +250,7 @@ class Catalog:
         cur = self.db.execute(
             f"""SELECT v.id, v.model, v.seq, v.manifest, v.predecessor, v.message, v.author, v.time,
                        v.tags, v.files, v.tensors, v.params, v.logical_bytes, v.stored_bytes,
-                       v.new_bytes, v.lossy,
+                       v.new_bytes, v.lossy, v.recipe,
                        (SELECT json_group_array(json_array(e.parent, e.relation))
                           FROM (SELECT * FROM edges e WHERE e.child = v.id ORDER BY e.position) e)
                 FROM versions v {where}""",
@@ -259,7 +260,8 @@ class Catalog:
         for r in cur:
             out.append(VersionRow(*r[:8], json.loads(r[8]), *r[9:15],
                                   json.loads(r[15]) if r[15] else None,
-                                  tuple(tuple(p) for p in json.loads(r[16]))))  # fmt: skip
+                                  tuple(tuple(p) for p in json.loads(r[17])),
+                                  json.loads(r[16]) if r[16] else None))  # fmt: skip
         return out
 
     def sketches(self) -> tuple[list[tuple[str, str, int, bytes]], list[str]]:

@@ -21,12 +21,15 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from mgit.atomicfile import write_atomic
+from mgit.bisect import Bisector, BisectResult
 from mgit.cascade import CascadeReport, run_cascade
 from mgit.catalog import Catalog, ObjectRow, VersionRow
+from mgit.checks import Checks
 from mgit.diff import DiffResult, diff_models, open_side
 from mgit.errors import (
     CorruptObjectError,
@@ -47,7 +50,7 @@ from mgit.inference import DEFAULT_MIN_CONFIDENCE, suggest
 from mgit.integrity import check_references, load_manifest, load_version, verify_objects, walk
 from mgit.lineage import Lineage
 from mgit.locks import FileLock
-from mgit.lossy import DEFAULT_GUARD, LossyPolicy, verdict
+from mgit.lossy import DEFAULT_GUARD, LossyPolicy, describe, verdict
 from mgit.objects import RELATIONS, Manifest, Parent, TensorEntry, Version
 from mgit.refs import RefStore, validate_model_name
 from mgit.reports import (
@@ -81,6 +84,7 @@ from mgit.snapshot import (
     write_snapshot,
 )
 from mgit.store import DEFAULT_MAX_DEPTH, LocalStore, MemoryStore, remove_leftovers
+from mgit.usercode import recipe_record_of
 
 REPO_DIR = ".mgit"
 REPO_FORMAT = 1
@@ -258,6 +262,15 @@ class Repo:
         """The model name that a reference's version belongs to."""
         return self._row(self.resolve(ref)).model
 
+    @cached_property
+    def checks(self) -> Checks:
+        """The tests attached to models here, and their recorded results."""
+        return Checks(self)
+
+    def bisect(self, test: str, ref: str, *, timeout: float | None = None, force: bool = False) -> BisectResult:
+        """The edge along the ancestors of `ref` where `test` started to fail (see mgit.bisect)."""
+        return Bisector(self, test, timeout=timeout, force=force).run(ref)
+
     @property
     def lineage(self) -> Lineage:
         """The lineage graph as it is now (a snapshot: read it again after a change)."""
@@ -291,11 +304,14 @@ class Repo:
         jobs: int | None = None,
         progress: Callable[[int, int], Progress] | None = None,
         lossy: float | None = None,
+        lossy_rel: float | None = None,
         guard: float = DEFAULT_GUARD,
         gate: str | None = None,
         max_drop: float = 0.0,
         gate_timeout: float = DEFAULT_TIMEOUT,
         model_card: bool = True,
+        recipe: str | None = None,
+        params: Mapping[str, Any] | None = None,
         auto_parent: bool = False,
     ) -> AddResult:
         """Store a model folder, a file or a state dict as the next version of `name`.
@@ -305,15 +321,22 @@ class Repo:
         `progress(total_bytes, 0)` may return a callback that receives bytes as they are done.
 
         `lossy=EPS` stores float tensors that changed from a parent tensor as a quantized
-        change, every value within EPS of the original (see `mgit.lossy`; `guard` is the
-        fidelity threshold). `gate="module:function"` (or `file.py:function`) then runs that
-        metric function on the original and the reconstruction in child processes and keeps
+        change, every value within EPS of the original; `lossy_rel=R` bounds the error by R
+        times the rms of each tensor's change instead (or as well: each bound holds) (see
+        `mgit.lossy`; `guard` is the fidelity threshold). `gate="module:function"`
+        (or `file.py:function`) then runs that metric function on the original and the
+        reconstruction in child processes and keeps
         the lossy version only if no metric gets worse by more than `max_drop`. Whenever lossy
         storage is refused, the version is stored losslessly and the result says why.
 
         Without `parent`, a folder's README.md front matter (`base_model`, and
         `base_model_relation` unless `relation` is given) names the parents when those models
         exist here (`model_card=False` ignores it); the result's notes say what was taken.
+
+        `recipe="module:function"` (or `file.py:function`) with `params` records how the
+        version was made from its parents: `fn(parents, out_dir, **params)` wrote it. The
+        function is located and its source file hashed, never run here; `mgit cascade`
+        runs it again when a parent gets a new version.
 
         `auto_parent=True`, when no parent is given or named by the model card, infers the
         parent from the weights (see `suggest_parents`) and takes the best candidate if it is
@@ -325,7 +348,8 @@ class Repo:
         if auto_parent and parent:
             raise MgitError("auto_parent infers the parent; it cannot be combined with a given parent",
                             hint="Drop --parent or --auto-parent")  # fmt: skip
-        policy = LossyPolicy(lossy, guard) if lossy is not None else None
+        recipe_record = recipe_record_of(recipe, params, root=self.root) if recipe is not None else None
+        policy = LossyPolicy(lossy, guard, lossy_rel) if lossy is not None or lossy_rel is not None else None
         if gate is not None and policy is None:
             raise MgitError("a gate only checks lossy storage", hint="Add --lossy EPS")
         parent_refs = [parent] if isinstance(parent, str) else list(parent or [])
@@ -359,7 +383,10 @@ class Repo:
                 prev = load_version(self.store, head) if head else None
                 if prev is not None and not parent_refs:
                     parents = prev.parents
-                if prev is not None and prev.manifest == mres.oid and prev.parents == parents:
+                if recipe_record is None and prev is not None:
+                    recipe_record = prev.recipe  # a new version made the same way as the last
+                if (prev is not None and prev.manifest == mres.oid and prev.parents == parents
+                        and prev.recipe == recipe_record):  # fmt: skip
                     return replace(self._add_result(head, prev, stats, created=False, notes=src.notes, lossy=outcome),
                                    auto_parent=auto)
                 version = Version(
@@ -369,7 +396,7 @@ class Repo:
                     summary={"files": len(manifest.files), "tensors": len(manifest.tensors()),
                              "params": sum(t.params for t in manifest.tensors()),
                              "logical_bytes": manifest.logical_bytes},
-                    lossy=outcome.get("record"),
+                    lossy=outcome.get("record"), recipe=recipe_record,
                 )  # fmt: skip
                 vres = self.store.put_record("version", version.to_json())
                 self.store.sync()
@@ -460,7 +487,9 @@ class Repo:
             model=version.model, version=vid, seq=row.seq if row else len(self.chain(vid)), created=created,
             files=stats.files, tensors=stats.tensors, tensors_new=stats.tensors_new,
             logical_bytes=version.summary.get("logical_bytes", 0),
-            new_bytes=sum(r.stored_size for r in stats.new_objects) if created else 0,
+            # The catalog's count: a refused lossy pass may have written objects that the
+            # lossless pass then found already there.
+            new_bytes=(row.new_bytes if row else sum(r.stored_size for r in stats.new_objects)) if created else 0,
             parents=self._parent_infos(version.parents), notes=list(notes), lossy=version.lossy,
             lossless_reason=lossy.get("refusal"), gate=lossy.get("gate"),
         )  # fmt: skip
@@ -561,8 +590,8 @@ class Repo:
         if model_card:
             notes.append(self._write_card(version, out))
         if version.lossy:
-            notes.append(f"these files are a lossy reconstruction: every float value is within {version.lossy.get('eps'):g} "
-                         f"of what was added (measured max error {version.lossy.get('max_error'):.3g})")  # fmt: skip
+            notes.append(f"these files are a lossy reconstruction of what was added: {describe(version.lossy)} "
+                         f"(measured max error {version.lossy.get('max_error'):.3g})")  # fmt: skip
         return CheckoutResult(version.model, vid, self._row(vid).seq, str(out), _file_infos(manifest),
                               manifest.logical_bytes, notes)  # fmt: skip
 
@@ -607,7 +636,7 @@ class Repo:
             id=row.id, model=row.model, seq=row.seq, time=row.time, author=row.author, message=row.message,
             parents=self._parent_infos(row.parents), predecessor=row.predecessor, tags=row.tags,
             files=row.files, tensors=row.tensors, params=row.params, logical_bytes=row.logical_bytes,
-            stored_bytes=row.stored_bytes, new_bytes=row.new_bytes, lossy=row.lossy,
+            stored_bytes=row.stored_bytes, new_bytes=row.new_bytes, lossy=row.lossy, recipe=row.recipe,
         )  # fmt: skip
 
     def _row(self, vid: str) -> VersionRow:

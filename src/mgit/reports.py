@@ -43,6 +43,7 @@ class VersionInfo(Report):
     stored_bytes: int
     new_bytes: int
     lossy: dict[str, Any] | None = None
+    recipe: dict[str, Any] | None = None  # how it was made from its parents (fn, params, source hash)
 
     @property
     def ref(self) -> str:

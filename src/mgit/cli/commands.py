@@ -5,11 +5,13 @@ Each is a few lines over one `Repo` call; `--json` prints the same result as dat
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size, table
 from mgit.gate import DEFAULT_TIMEOUT
-from mgit.lossy import DEFAULT_GUARD
+from mgit.lossy import DEFAULT_GUARD, describe
 from mgit.objects import RELATIONS
 from mgit.repo import Repo
 from mgit.reports import ParentInfo, VersionInfo
@@ -41,7 +43,7 @@ def _lossy_bound(lossy: dict | None) -> str:
     """'|error| <= 0.001 (max 0.000998, 12 tensors)' for a lossy version."""
     if not lossy:
         return ""
-    return (f"|error| <= {lossy.get('eps'):g} (max {lossy.get('max_error'):.3g}, "
+    return (f"{describe(lossy)} (max {lossy.get('max_error'):.3g}, "
             f"{plural(int(lossy.get('tensors', 0)), 'tensor')}, guard {lossy.get('guard'):g})")  # fmt: skip
 
 
@@ -72,6 +74,19 @@ def _parse_tags(tags: tuple[str, ...]) -> dict[str, str]:
     return parsed
 
 
+def _parse_params(params: tuple[str, ...]) -> dict[str, object]:
+    parsed: dict[str, object] = {}
+    for p in params:
+        key, sep, value = p.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{p!r} is not key=value", param_hint="--param")
+        try:
+            parsed[key] = json.loads(value)
+        except ValueError:
+            parsed[key] = value
+    return parsed
+
+
 @click.command()
 @click.argument("path", type=click.Path(exists=False))
 @click.option("--name", "-n", required=True, help="Model name (a new version if it exists).")
@@ -82,7 +97,9 @@ def _parse_tags(tags: tuple[str, ...]) -> dict[str, str]:
 @click.option("--message", "-m", default="", help="What changed.")
 @click.option("--tag", "-t", "tags", multiple=True, metavar="KEY=VALUE", help="A tag (repeatable).")
 @click.option("--lossy", type=click.FloatRange(min=0, min_open=True), default=None, metavar="EPS",
-              help="Store changed float tensors as quantized deltas, every value within EPS (absolute).")
+              help="Store float tensors quantized (their change from the parent tensor, or themselves), every value within EPS.")
+@click.option("--lossy-rel", type=click.FloatRange(min=0, min_open=True), default=None, metavar="R",
+              help="Lossy bound relative to each tensor's change: |error| <= R x rms(new - parent).")
 @click.option("--guard", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_GUARD, show_default=True,
               help="Lossy fidelity guard: max ||recon - new|| / ||new - parent|| per tensor.")
 @click.option("--gate", default=None, metavar="MODULE:FUNCTION",
@@ -91,6 +108,10 @@ def _parse_tags(tags: tuple[str, ...]) -> dict[str, str]:
               help="How much a gate metric may get worse.")
 @click.option("--gate-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT,
               show_default=True, help="Seconds the gate may take per run.")
+@click.option("--recipe", default=None, metavar="MODULE:FUNCTION",
+              help="How this version was made from its parents: fn(parents, out_dir, **params) (recorded, not run).")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="A recipe parameter (repeatable; VALUE is JSON if it parses, else a string).")
 @click.option("--model-card/--no-model-card", default=True, show_default=True,
               help="Without --parent, take parents from base_model in the folder's README.md front matter.")
 @click.option("--auto-parent", is_flag=True,
@@ -99,8 +120,9 @@ def _parse_tags(tags: tuple[str, ...]) -> dict[str, str]:
 @json_option
 @click.pass_context
 def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], relation: str | None,
-        message: str, tags: tuple[str, ...], lossy: float | None, guard: float, gate: str | None, max_drop: float,
-        gate_timeout: float, model_card: bool, auto_parent: bool, jobs: int | None, as_json: bool) -> None:  # fmt: skip
+        message: str, tags: tuple[str, ...], lossy: float | None, lossy_rel: float | None, guard: float,
+        gate: str | None, max_drop: float, gate_timeout: float, recipe: str | None, params: tuple[str, ...], model_card: bool, auto_parent: bool,
+        jobs: int | None, as_json: bool) -> None:  # fmt: skip
     """Store a model folder, a .safetensors file or a PyTorch checkpoint as a new version.
 
     \b
@@ -110,13 +132,15 @@ def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], rela
       mgit add ckpt.pt --name tiny --tag stage=dev
       mgit add ./bert-sst2-int8 --name bert-sst2-int8 --auto-parent
       mgit add ./bert-sst2 --name bert-sst2 --lossy 1e-4 --gate evals.py:sst2 --max-drop 0.002
+      mgit add ./bert-int8 --name bert-int8 --parent bert-sst2 --relation quantize \\
+          --recipe recipes.py:quantize --param bits=8
     """
     repo = _repo(ctx)
     with progress_bar(f"Adding {name}", enabled=not as_json) as bar:
         result = repo.add(path, name=name, parent=list(parents) or None, relation=relation, message=message,
-                          tags=_parse_tags(tags), jobs=jobs, progress=bar, lossy=lossy, guard=guard, gate=gate,
-                          max_drop=max_drop, gate_timeout=gate_timeout, model_card=model_card,
-                          auto_parent=auto_parent)  # fmt: skip
+                          tags=_parse_tags(tags), jobs=jobs, progress=bar, lossy=lossy, lossy_rel=lossy_rel, guard=guard, gate=gate,
+                          max_drop=max_drop, gate_timeout=gate_timeout, model_card=model_card, recipe=recipe,
+                          params=_parse_params(params), auto_parent=auto_parent)  # fmt: skip
     if as_json:
         print_json(result.to_json())
         return
@@ -247,7 +271,11 @@ def show(ctx: click.Context, ref: str, as_json: bool) -> None:
     out.print(f"  params:  {v.params:,} ({', '.join(f'{d} {n:,}' for d, n in sorted(result.dtypes.items()))})")
     out.print(f"  stored:  {size(v.stored_bytes)} for {size(v.logical_bytes)} "
               f"({result.shared_objects} objects shared with other versions)")  # fmt: skip
-    out.print(f"  tensors: {_tensor_storage(result.tensor_storage)}\n")
+    out.print(f"  tensors: {_tensor_storage(result.tensor_storage)}")
+    if v.recipe:
+        params = " ".join(f"{k}={json.dumps(val)}" for k, val in sorted(v.recipe.get("params", {}).items()))
+        out.print(f"  recipe:  {v.recipe.get('fn')} {params} (source {short(v.recipe.get('source_sha256'))})")
+    out.print("")
     files = table("file", "type", "tensors", "size", "digest")
     for f in result.files:
         kind = f.type + (f" (from {f.converted_from})" if f.converted_from else "")

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from mgit import __version__
-from mgit.cli import cascade_cmd, commands, diff_cmd, graph_cmd, lineage_cmd
+from mgit.cli import cascade_cmd, commands, diff_cmd, graph_cmd, lineage_cmd, test_cmd
 from mgit.errors import MgitError
 from mgit.repo import Repo
 
@@ -48,6 +48,7 @@ commands.register(cli)
 diff_cmd.register(cli)
 lineage_cmd.register(cli)
 graph_cmd.register(cli)
+test_cmd.register(cli)
 cascade_cmd.register(cli)
 
 
