@@ -112,14 +112,17 @@ def family(repo: Repo, tmp_path: Path) -> tuple[Repo, Path]:
 
 def test_lossy_finetune_is_smaller_bounded_and_marked(family: tuple[Repo, Path]) -> None:
     repo, tmp = family
-    lossless = repo.add(tmp / "tuned", name="exact", parent="base")
     lossy = repo.add(tmp / "tuned", name="tuned", parent="base", lossy=1e-3)
+    lossless = repo.add(tmp / "tuned", name="exact", parent="base")
     assert lossless.lossy is None and lossy.lossless_reason is None
     assert lossy.lossy is not None and lossy.lossy["eps"] == 1e-3 and lossy.lossy["mode"] == "abs"
     assert lossy.lossy["tensors"] == 4 and lossy.lossy["guard"] == 0.1
     assert 0 < lossy.lossy["max_error"] <= 1e-3
     assert lossy.new_bytes < lossless.new_bytes / 3
     assert repo.version("tuned").lossy == lossy.lossy
+    # The exact tensors are stored now: a lossy add of the same model stores nothing lossily.
+    again = repo.add(tmp / "tuned", name="again", parent="base", lossy=1e-3)
+    assert again.lossy is None and "no tensor" in (again.lossless_reason or "")
     original = load_file(str(tmp / "tuned" / "model.safetensors"))
     restored = repo.load_state_dict("tuned")
     for name, values in original.items():
@@ -165,8 +168,40 @@ def test_a_change_smaller_than_eps_is_refused_not_rounded_back(repo: Repo, tmp_p
 
 
 def test_tensors_without_a_parent_make_no_lossy_version(repo: Repo, tmp_path: Path) -> None:
-    result = repo.add(make_model(tmp_path / "m", state=state()), name="m", lossy=1e-3)
+    result = repo.add(make_model(tmp_path / "m", state=state()), name="m", lossy=1e-3, lossy_rel=0.1)
     assert result.lossy is None and "no tensor" in (result.lossless_reason or "")
+
+
+def test_a_relative_bound_keeps_small_changes(repo: Repo, tmp_path: Path) -> None:
+    # Changes of ~4e-6, like a full fine-tune's: far below any useful absolute bound, so an
+    # absolute bound is refused by the guard; a bound relative to the change compresses them
+    # and keeps what the child changed.
+    parent = state()
+    child = finetune(parent, 4e-6)
+    make_model(tmp_path / "base", state=parent)
+    make_model(tmp_path / "ft", state=child)
+    repo.add(tmp_path / "base", name="base")
+    result = repo.add(tmp_path / "ft", name="ft", parent="base", lossy_rel=0.1)
+    both = repo.add(tmp_path / "ft", name="ft-both", parent="base", lossy=1e-7, lossy_rel=0.1)
+    refused = repo.add(tmp_path / "ft", name="ft-abs", parent="base", lossy=1e-4)
+    assert refused.lossy is None and "fidelity guard" in (refused.lossless_reason or "")
+    assert result.lossy and result.lossy["mode"] == "rel" and result.lossy["rel"] == 0.1 and result.lossy["eps"] is None
+    assert result.new_bytes < refused.new_bytes / 2  # refused: stored exactly, first
+    back = repo.load_state_dict("ft")
+    for k, v in child.items():
+        if v.dtype != np.float32:
+            assert np.array_equal(back[k], v)
+            continue
+        change = (v.astype(np.float64) - parent[k])
+        error = back[k].astype(np.float64) - v
+        assert np.abs(error).max() <= 0.1 * np.sqrt(np.mean(change**2))
+        assert np.linalg.norm(error) <= 0.1 * np.linalg.norm(change)  # the guard
+    code, out, _ = run_cli("log", "ft", cwd=repo.root)
+    assert code == 0 and "|error| <= 0.1 x rms(change)" in out
+    # Both bounds: each holds. A relative bound alone leaves a model without parent exact.
+    assert both.lossy and both.lossy["mode"] == "abs+rel" and both.lossy["max_error"] <= 1e-7
+    root = repo.add(make_model(tmp_path / "other", state=state(5)), name="root-rel", lossy_rel=0.1)
+    assert root.lossy is None and "no tensor" in (root.lossless_reason or "")
 
 
 # --- the gate -------------------------------------------------------------------------------

@@ -1,19 +1,32 @@
 """Opt-in lossy storage: a float tensor kept as its parent plus a quantized change, within a
-guaranteed absolute error bound, and never silently.
+guaranteed error bound, and never silently.
 
-For each float tensor (F16, BF16, F32, F64) whose parent has a tensor of the same name, dtype
-and shape, `encode_lossy` quantizes the change `x - parent` with a uniform step, rebuilds the
-values with the codec's own `reconstruct` and keeps that reconstruction only if
+Two bounds, either or both (every bound given holds for every element):
 
-- every element is within `eps` of the original (measured, not assumed; a finer step is tried
-  before giving up), and
+- absolute, `eps`: |recon - x| <= eps;
+- relative to the change, `rel`: |recon - x| <= rel * rms(x - parent), per tensor. It follows
+  the size of what the child changed, so a fine-tune whose changes are far below any useful
+  absolute bound still compresses, and the fidelity guard holds by construction for rel up
+  to about 0.18 at the default guard (rounding errs by at most half a step, rms about
+  step / sqrt(12); finer steps are tried when the guard fails).
+
+Tensors without a parent tensor are stored exactly: quantizing a base model would make every
+exact derivative of it (a cast, a pruning, frozen layers) differ from its stored form, and
+the guard could no longer tell a child's small changes from the parent's rounding.
+
+For each float tensor (F16, BF16, F32, F64), `encode_lossy` quantizes `x - parent` with a
+uniform step, rebuilds the values with the codec's own `reconstruct` and keeps that
+reconstruction only if
+
+- every element is within the bound (measured, not assumed; a finer step is tried before
+  giving up), and
 - the fidelity guard holds: ||recon - x|| <= guard * ||x - parent||, so that what the child
   changed survives (a change smaller than the step would otherwise round back to the parent).
 
-Otherwise the tensor is stored losslessly. Tensors with NaN or infinity, integer tensors and
-tensors without a matching parent are never touched. `verdict` then decides for the whole
-version: if the guard failed on more than half of the changed parameters, the version is
-stored losslessly and the reason is reported.
+Otherwise the tensor is stored losslessly. Tensors with NaN or infinity and integer tensors
+are never touched. `verdict` then decides for the whole version: if the guard failed on more
+than half of the changed parameters, the version is stored losslessly and the reason is
+reported.
 """
 
 from __future__ import annotations
@@ -40,7 +53,7 @@ from mgit.codecs.quantized_delta import (
     reconstruct,
 )
 from mgit.errors import CorruptObjectError, MgitError, MissingObjectError
-from mgit.objects import tensor_meta
+from mgit.objects import object_id, tensor_meta
 from mgit.store import ObjectStore
 
 DEFAULT_GUARD = 0.1  # the reconstruction error may be at most 10% of the change (L2 norms)
@@ -50,13 +63,40 @@ STEP_FACTORS = (1.9, 1.0, 0.5)  # step = factor * eps; rounding alone errs by at
 
 @dataclass(frozen=True)
 class LossyPolicy:
-    eps: float
+    eps: float | None  # absolute bound
     guard: float = DEFAULT_GUARD
+    rel: float | None = None  # bound relative to the rms of each tensor's change
 
     def __post_init__(self) -> None:
-        for what, value in (("lossy bound", self.eps), ("guard threshold", self.guard)):
+        if self.eps is None and self.rel is None:
+            raise MgitError("a lossy policy needs a bound", hint="Give --lossy EPS or --lossy-rel R")
+        checks = [("lossy bound", self.eps), ("relative lossy bound", self.rel), ("guard threshold", self.guard)]
+        for what, value in checks:
+            if value is None and what != "guard threshold":
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (np.isfinite(value) and value > 0):
                 raise MgitError(f"the {what} must be a positive number, not {value!r}")
+
+    @property
+    def mode(self) -> str:
+        return "+".join(m for m, v in (("abs", self.eps), ("rel", self.rel)) if v is not None)
+
+    def bound(self, change_rms: float) -> float:
+        """The error bound of one tensor whose change from its parent tensor has this rms."""
+        bounds = [] if self.eps is None else [float(self.eps)]
+        if self.rel is not None:
+            bounds.append(float(self.rel) * change_rms)
+        return min(bounds)
+
+
+def describe(record: dict[str, Any]) -> str:
+    """'|error| <= 0.0001' / '|error| <= 0.1 x rms(change)' / both, for people."""
+    parts = []
+    if record.get("eps") is not None:
+        parts.append(f"{record['eps']:g}")
+    if record.get("rel") is not None:
+        parts.append(f"{record['rel']:g} x rms(change)")
+    return "|error| <= " + " and <= ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -99,8 +139,10 @@ def verdict(tally: LossyTally, policy: LossyPolicy) -> tuple[dict[str, Any] | No
     if not tally.tensors:
         return None, ("no tensor could be stored lossily for less than its exact form (none has a changed parent "
                       "tensor of its dtype and shape that a quantized step stores more cheaply)")
-    record = {"eps": float(policy.eps), "mode": "abs", "max_error": tally.max_error, "tensors": tally.tensors,
-              "guard": float(policy.guard)}  # fmt: skip
+    record = {"eps": None if policy.eps is None else float(policy.eps), "mode": policy.mode,
+              "max_error": tally.max_error, "tensors": tally.tensors, "guard": float(policy.guard)}  # fmt: skip
+    if policy.rel is not None:
+        record["rel"] = float(policy.rel)
     return record, None
 
 
@@ -126,11 +168,13 @@ def encode_lossy(store: ObjectStore, dtype: str, shape: tuple[int, ...], data: n
     """The lossy form of one tensor, or None when lossy storage does not apply to it."""
     if dtype not in FLOAT_DTYPES:
         return None
+    raw = byte_array(data)
+    if store.has(object_id("tensor", tensor_meta(dtype, shape), raw)):
+        return None  # stored already, exactly: it costs nothing
     base = _parent(store, dtype, shape, bases, max_depth)
     if base is None:
         return None
     parent_bytes = store.get(base)[1]
-    raw = byte_array(data)
     if np.array_equal(parent_bytes, raw):
         return None  # the same object as the parent's: deduplicated
     x, b = as_float64(raw, dtype), as_float64(parent_bytes, dtype)
@@ -138,21 +182,26 @@ def encode_lossy(store: ObjectStore, dtype: str, shape: tuple[int, ...], data: n
     if not (np.isfinite(x).all() and np.isfinite(b).all()):
         return lossless  # NaN and infinity are kept exactly
     change = float(np.linalg.norm(x - b))
+    bound = policy.bound(change / np.sqrt(x.size) if x.size else 0.0)
+    if bound <= 0:
+        return lossless
     ctx = CodecContext(raw.nbytes, lambda _: parent_bytes)
+    guard_failed = False
     for factor in STEP_FACTORS:
-        step = float(policy.eps * factor)
+        step = float(bound * factor)
         q = quantize(x, b, step)
         int_bytes = int_bytes_for(q)
         if int_bytes is None:
             return lossless  # the change is too large for 32-bit steps of this size
         recon = reconstruct(b, q, step, dtype)
         error = np.abs(as_float64(recon, dtype) - x)
-        if not (error <= policy.eps).all():
+        if not (error <= bound).all():
             continue  # the cast to the dtype added error: try a finer step
         codec = QuantizedDeltaCodec(base=base, step=step, dtype=dtype, int_bytes=int_bytes)
         if not np.array_equal(byte_array(codec.decode(codec.encode(recon, ctx), ctx)), recon):
             continue  # the reconstruction does not map back to itself: never store what would not decode
         if float(np.linalg.norm(as_float64(recon, dtype) - x)) > policy.guard * change:
-            return LossyTensor(raw, None, 0.0, x.size, guard_failed=True)
+            guard_failed = True
+            continue  # a finer step may keep the change
         return LossyTensor(recon, [codec, *_tail(int_bytes)], float(error.max(initial=0.0)), x.size)
-    return lossless
+    return LossyTensor(raw, None, 0.0, x.size, guard_failed=True) if guard_failed else lossless

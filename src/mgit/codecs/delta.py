@@ -26,7 +26,6 @@ from mgit.codecs.base import (
     check_oid,
     load_base,
     register,
-    unzigzag,
     zigzag,
 )
 
@@ -80,7 +79,13 @@ class SubDeltaCodec(Codec):
 
     def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
         out, base, n = self._views(byte_array(data).copy(), _base(self, ctx))
-        out[:n] = base[:n] + unzigzag(out[:n]).view(out.dtype)  # wraps modulo 2**bits
+        # unzigzag and add in place, one temporary: fresh pages cost more than arithmetic.
+        u = out[:n]
+        sign = u & 1
+        np.subtract(0, sign, out=sign, dtype=u.dtype)  # 1 -> all ones (wraps modulo 2**bits)
+        u >>= 1
+        u ^= sign
+        u += base[:n]  # wraps modulo 2**bits
         return out.view(np.uint8)
 
     def _views(self, data: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
