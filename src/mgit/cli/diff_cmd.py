@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 
 import click
-from rich.table import Table
 
 from mgit.cli.commands import jobs_option, json_option
-from mgit.cli.output import err, out, plural, print_json, progress_bar, short, table
+from mgit.cli.output import PlainTable, err, out, plural, print_json, progress_bar, short, table
 from mgit.diff import DiffResult, FileDiff, GroupDiff, TensorStats, diff_paths
 from mgit.errors import RepoNotFoundError
 
@@ -120,7 +119,7 @@ def _print_files(files: list[FileDiff]) -> None:
             out.print("\n".join(f.diff))
 
 
-def _right(t: Table, *columns: int) -> Table:
+def _right(t: PlainTable, *columns: int) -> PlainTable:
     for i in columns:
         t.columns[i].justify = "right"
     return t

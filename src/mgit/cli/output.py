@@ -1,4 +1,4 @@
-"""Printing results: rich tables for people, JSON for programs, progress bars on stderr."""
+"""Printing results: plain tables for people, JSON for programs, progress bars on stderr."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
@@ -17,7 +18,6 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
-from rich.table import Table
 
 # Markup off: names and paths come from users, and "[x]" in a file name must print as itself.
 # Piped output is not cut to 80 columns: a table row stays one line for grep and logs.
@@ -49,14 +49,46 @@ def short(oid: str | None) -> str:
     return oid[:12] if oid else "-"
 
 
-def table(*columns: str, title: str | None = None) -> Table:
+@dataclass
+class Column:
+    header: str
+    justify: str = "left"
+
+
+class PlainTable:
+    """A borderless table laid out by hand: rich's Table spends ~0.4 s on a thousand rows,
+    this takes milliseconds. Cells are plain text (markup is off everywhere)."""
+
+    def __init__(self, columns: list[Column], title: str | None = None) -> None:
+        self.columns = columns
+        self.title = title
+        self.rows: list[list[str]] = []
+
+    def add_row(self, *cells: object) -> None:
+        self.rows.append([str(c) for c in cells])
+
+    def render(self) -> str:
+        widths = [max([len(c.header), *(len(r[i]) for r in self.rows if i < len(r))]) for i, c in enumerate(self.columns)]
+
+        def line(cells: list[str]) -> str:
+            parts = [cell.rjust(w) if col.justify == "right" else cell.ljust(w)
+                     for cell, w, col in zip(cells, widths, self.columns, strict=False)]  # fmt: skip
+            return "  ".join(parts).rstrip()
+
+        lines = [self.title.center(sum(widths) + 2 * (len(widths) - 1)).rstrip()] if self.title else []
+        lines.append(line([c.header for c in self.columns]))
+        lines += [line(r) for r in self.rows]
+        return "\n".join(lines)
+
+    def __rich__(self) -> str:
+        return self.render()
+
+
+def table(*columns: str, title: str | None = None) -> PlainTable:
     """A borderless table; numeric columns (by name) are right-aligned."""
-    t = Table(title=title, box=None, header_style="bold", pad_edge=False, highlight=False)
-    for c in columns:
-        right = c.lower() in {"size", "logical", "stored", "tensors", "versions", "factor", "params", "objects", "files", "new",
-                         "tensors: dedup", "delta", "derived", "standalone"}
-        t.add_column(c, justify="right" if right else "left", no_wrap=True)
-    return t
+    right = {"size", "logical", "stored", "tensors", "versions", "factor", "params", "objects", "files", "new",
+             "tensors: dedup", "delta", "derived", "standalone"}  # fmt: skip
+    return PlainTable([Column(c, "right" if c.lower() in right else "left") for c in columns], title)
 
 
 @contextmanager
