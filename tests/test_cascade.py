@@ -331,6 +331,9 @@ def test_nan_weights_fail_the_tests_and_block_the_subtree_until_fixed(tmp_path: 
     code, report = cascade(repo.root, "base")
     results = by_model(report)
     assert code == 0 and results["ft-int8"]["status"] == "blocked" and results["ft-int8"]["reason"] == "ft@2 fails quality"
+    # Nor does a cascade from ft itself build on it.
+    plan = plan_cascade(repo, "ft")
+    assert [(s.model, s.action, s.reason) for s in plan.steps] == [("ft-int8", "blocked", "ft@2 fails quality")]
     assert len(repo.log("ft-int8")) == 1
 
 

@@ -132,6 +132,7 @@ class CascadeReport(Report):
     plan: CascadePlan
     dry_run: bool
     results: list[ModelResult]  # in the plan's order; empty for a dry run
+    tests: list[TestLine] | None = None  # of the cascade's model, when models were rebuilt on it
 
     @property
     def failed(self) -> list[ModelResult]:
@@ -156,11 +157,11 @@ def plan_cascade(repo: Repo, name: str, *, only: str | None = None) -> CascadePl
         return tuple(o.test for o in repo.checks.show(vid) if o.status != "pass")
 
     for model in graph.topological_order(scope - {top}):
-        steps[model] = _plan_step(repo, graph, model, top, scope, steps, only, failing)
+        steps[model] = _plan_step(repo, graph, model, scope, steps, only, failing)
     return CascadePlan(top, node.head, f"{top}@{node.seq}", list(steps.values()))
 
 
-def _plan_step(repo: Repo, graph: Lineage, model: str, top: str, scope: set[str], steps: dict[str, CascadeStep],
+def _plan_step(repo: Repo, graph: Lineage, model: str, scope: set[str], steps: dict[str, CascadeStep],
                only: str | None, failing: Callable[[str], tuple[str, ...]]) -> CascadeStep:  # fmt: skip
     node = graph.node(model)
     edges = graph.parents(model)
@@ -178,8 +179,7 @@ def _plan_step(repo: Repo, graph: Lineage, model: str, top: str, scope: set[str]
     stopped = [e.parent for e in edges if e.parent in rebuilt and steps[e.parent].action != "recipe"]
     if stopped:
         return replace(step, action="blocked", reason=f"below {stopped[0]}, which is {steps[stopped[0]].action}")
-    bad = [e for e in edges if e.parent in scope and e.parent != top and e.parent not in rebuilt
-           and failing(graph.node(e.parent).head)]  # fmt: skip
+    bad = [e for e in edges if e.parent in scope and e.parent not in rebuilt and failing(graph.node(e.parent).head)]
     if bad:
         p = graph.node(bad[0].parent)
         return replace(step, action="blocked", reason=f"{p.name}@{p.seq} fails {', '.join(failing(p.head))}")
@@ -240,6 +240,7 @@ class _Cascade:
         self.progress = progress
         self.checks = repo.checks  # opened here, before worker threads share it
         self.rebuilt: dict[str, tuple[str, str]] = {}  # model -> (new version, ref); written by the main thread
+        self.top_tests: list[TestLine] | None = None
 
     def run(self, jobs: int) -> CascadeReport:
         results: dict[str, ModelResult] = {}
@@ -276,26 +277,28 @@ class _Cascade:
                     if result.status in ("updated", "up-to-date"):
                         self.rebuilt[step.model] = (result.new or result.old, result.new_ref or result.old_ref)
                     self.progress(step.model, _summary(result))
-        return CascadeReport(self.plan, False, [results[s.model] for s in self.plan.steps])
+        return CascadeReport(self.plan, False, [results[s.model] for s in self.plan.steps], self.top_tests)
 
     def _check_parents(self, todo: list[CascadeStep], results: dict[str, ModelResult]) -> dict[str, str]:
-        """Run the tests of up-to-date parents that planned models build on (recorded results
-        are reused, so this runs only what an interrupted cascade did not). A parent that
-        fails blocks the models built on it. Returns {model: why it is blocked}."""
-        ready = {p.model: p.version for s in todo for p in s.parents
-                 if p.version is not None and p.model in results and p.model != self.plan.model}  # fmt: skip
+        """Run the tests of the cascade's model and of up-to-date parents that planned models
+        build on (recorded results are reused, so this runs only what an interrupted cascade
+        did not). A parent that fails blocks the models built on it. Returns {model: why}."""
+        ready = {p.model: (p.version, p.ref) for s in todo for p in s.parents
+                 if p.version is not None and (p.model in results or p.model == self.plan.model)}  # fmt: skip
         if not ready:
             return {}
-        lines = self._tests(list(ready.values()))
+        lines = self._tests([vid for vid, _ in ready.values()])
         stopped: dict[str, str] = {}
-        for model, vid in ready.items():
+        for model, (vid, ref) in ready.items():
             mine = lines.get(vid, [])
-            results[model] = replace(results[model], tests_after=mine)
+            if model == self.plan.model:
+                self.top_tests = mine
+            else:
+                results[model] = replace(results[model], tests_after=mine)
             bad = [t.test for t in mine if t.status != "pass"]
-            if bad:
-                for s in todo:
-                    if any(p.model == model for p in s.parents):
-                        stopped.setdefault(s.model, f"{results[model].old_ref} fails {', '.join(bad)}")
+            for s in todo:
+                if bad and any(p.model == model for p in s.parents):
+                    stopped.setdefault(s.model, f"{ref} fails {', '.join(bad)}")
         return stopped
 
     def _parents(self, step: CascadeStep) -> list[tuple[str, str]]:

@@ -111,6 +111,8 @@ def _print_report(report: CascadeReport) -> None:
     if not report.results:
         return
     out.print()
+    if report.tests:
+        out.print(f"{report.plan.ref}, rebuilt on: tests {tests_summary(report.tests)}")
     t = table("model", "old -> new", "status", "tests before", "tests after")
     for r in report.results:
         change = f"{r.old_ref} -> {r.new_ref}" if r.new_ref and r.new != r.old else r.old_ref
