@@ -224,6 +224,17 @@ class Catalog:
         with self.atomic() as tx:
             tx.execute("INSERT OR REPLACE INTO sketches VALUES (?, ?)", (vid, data))
 
+    def set_head(self, name: str, read_head: Callable[[], str | None]) -> None:
+        """Mirror one model's ref after its writer moved it. `read_head` is called inside the
+        write transaction (as in `set_heads`), so a newer head is never overwritten by an
+        older one; a head not indexed yet is left to the next full sync."""
+        with self.atomic() as tx:
+            head = read_head()
+            if head is None:
+                return
+            if tx.execute("SELECT 1 FROM versions WHERE id = ?", (head,)).fetchone():
+                tx.execute("INSERT OR REPLACE INTO models VALUES (?, ?)", (name, head))
+
     def remove_objects(self, oids: Iterable[str]) -> None:
         with self.atomic() as tx:
             tx.executemany("DELETE FROM objects WHERE id = ?", [(o,) for o in oids])

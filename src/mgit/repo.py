@@ -408,7 +408,9 @@ class Repo:
         self.catalog.add_objects(stats.new_objects)
         self._index(vres.oid)
         self._save_sketch(vres.oid, manifest, src, sketch if version.lossy is None else None)
-        self.sync_catalog()
+        # Only this model's head moved (an add removes no version, so nothing to prune); a
+        # full sync would read every ref and walk every version, slow with thousands.
+        self.catalog.set_head(name, lambda: self.refs.get(name))
         return replace(self._add_result(vres.oid, version, stats, created=True, notes=src.notes, lossy=outcome),
                        auto_parent=auto)
 
