@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -69,8 +70,9 @@ class Evidence:
 
     @property
     def residual(self) -> float:
-        """The distance left once exactly reproduced values are set aside (0 for an exact cast)."""
-        return self.distance * (1 - self.exact) if math.isfinite(self.distance) else math.inf
+        """The distance left once exactly reproduced values are set aside (0 for an exact
+        cast); below the noise floor, the share of exact values still tells candidates apart."""
+        return (self.distance + NOISE) * (1 - self.exact) if math.isfinite(self.distance) else math.inf
 
     @property
     def relatedness(self) -> float:
@@ -159,10 +161,11 @@ def _reproduced(q: Sketch, iq: np.ndarray, cv: np.ndarray) -> np.ndarray:
     return out
 
 
-def _row_distances(q: Sketch, c: Sketch, iq: np.ndarray, ic: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per pair: the relative distance of the samples where the query is nonzero (so that a
-    pruned query is compared on what it kept), exact reproductions, and samples compared."""
-    qv, cv = q.values[iq], c.values[ic]
+def _row_distances(q: Sketch, iq: np.ndarray, cv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per pair of a query tensor and candidate samples `cv`: the relative distance of the
+    samples where the query is nonzero (a pruned query is compared on what it kept), exact
+    reproductions, and samples compared."""
+    qv = q.values[iq]
     mask = np.isfinite(qv) & np.isfinite(cv) & (qv != 0)
     qm, cm = np.where(mask, qv, 0.0), np.where(mask, cv, 0.0)
     norm = ((qm * qm).sum(1) + (cm * cm).sum(1)) / 2
@@ -189,7 +192,7 @@ def compare(q: Sketch, c: Sketch, *, by_pattern: bool = False) -> tuple[Evidence
         iq, ic = _pattern_pairs(q, c)
     if not iq.size:
         return ev, iq, ic
-    dist, exact, counted = _row_distances(q, c, iq, ic)
+    dist, exact, counted = _row_distances(q, iq, c.values[ic])
     if by_pattern:  # keep, for each query tensor, its closest candidate tensor
         order = np.lexsort((np.nan_to_num(dist, nan=np.inf), iq))
         first = np.r_[True, iq[order][1:] != iq[order][:-1]]
@@ -204,11 +207,70 @@ def compare(q: Sketch, c: Sketch, *, by_pattern: bool = False) -> tuple[Evidence
     return ev, iq[ok], ic[ok]
 
 
+def _first_pass(q: Sketch, stored: Iterable[tuple[str, str, Sketch]]) -> tuple[list[Candidate], int]:
+    """`compare` for every stored sketch at once: the matched rows of all candidates are
+    gathered into one array and reduced per candidate, and name matching is done once per
+    distinct architecture. Returns the candidates that share a tensor, and the count seen."""
+    q_cmp, q_inf = _comparable(q), _informative(q)
+    q_names = int((q.roles != SCALE).sum())
+    q_oids = Counter(q.oids[i] for i in np.flatnonzero(q_inf))
+    matches: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
+    kept: list[Candidate] = []
+    rows_q, gathered, owners = [], [], []
+    count = 0
+    for vid, label, c in stored:
+        count += 1
+        key = (tuple(c.names), tuple(c.shapes))
+        if key not in matches:
+            pairs = [(i, j) for j, n in enumerate(c.names) if (i := q.index.get(n)) is not None and q.shapes[i] == c.shapes[j]]
+            matches[key] = (np.array([i for i, _ in pairs], np.int64), np.array([j for _, j in pairs], np.int64))
+        iq, ic = matches[key]
+        named = c.roles[ic] != SCALE
+        iq, ic, common = iq[named], ic[named], int(named.sum())
+        if not common:
+            continue
+        c_names = int((c.roles != SCALE).sum())
+        ev = Evidence(structure=common / max(q_names + c_names - common, 1))
+        if q_oids:
+            ev.identical = sum(q_oids[o] for o in set(c.oids) & q_oids.keys()) / sum(q_oids.values())
+        c_cmp, c_inf = _comparable(c), _informative(c)
+        use = q_cmp[iq] & c_cmp[ic] & (q_inf[iq] | c_inf[ic])
+        kept.append(Candidate(vid, label, c, ev))
+        rows_q.append(iq[use])
+        gathered.append(c.values[ic[use]])
+        owners.append(np.full(int(use.sum()), len(kept) - 1))
+    if not kept or not sum(len(r) for r in rows_q):
+        return [c for c in kept if c.evidence.identical], count
+    iq, owner = np.concatenate(rows_q), np.concatenate(owners)
+    dist, exact, counted = _row_distances(q, iq, np.concatenate(gathered))
+    ok = counted >= 2
+    dist = np.where(ok, np.nan_to_num(dist, nan=np.inf), np.inf)
+    n = len(kept)
+    compared = np.bincount(owner[ok], minlength=n)
+    order = np.lexsort((dist, owner))  # by candidate, closest tensors first
+    start = np.r_[0, np.cumsum(np.bincount(owner, minlength=n))[:-1]]
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size) - start[owner[order]]
+    trimmed = ok & (rank < np.maximum(1, np.ceil(TRIM * compared[owner])))
+    squares = np.bincount(owner[trimmed], weights=dist[trimmed] ** 2, minlength=n)
+    hits = np.bincount(owner[ok], weights=exact[ok], minlength=n)
+    samples = np.bincount(owner[ok], weights=counted[ok], minlength=n)
+    for k, c in enumerate(kept):
+        if compared[k]:
+            kept_rows = min(compared[k], max(1, math.ceil(TRIM * compared[k])))
+            c.evidence.distance = float(np.sqrt(squares[k] / kept_rows))
+            c.evidence.exact = float(hits[k] / samples[k])
+            c.evidence.compared = int(compared[k])
+    return [c for c in kept if c.evidence.compared or c.evidence.identical], count
+
+
 # --- relation and direction ----------------------------------------------------------------------
 
 
 def _layers(s: Sketch) -> int:
-    return len({m.group(1) for n in s.names if (m := LAYER.search(n))})
+    if s.layers is None:
+        s.layers = len({m.group(1) for n in s.names if (m := LAYER.search(n))})
+    return s.layers
 
 
 def _is_narrower(q: Sketch, i: int, c: Sketch, j: int) -> bool:
@@ -335,7 +397,7 @@ def _merge_fit(q: Sketch, a: Sketch, b: Sketch) -> MergeFit | None:
 def _rescore(ranked: list[Candidate]) -> None:
     """Score = relatedness x proximity to the closest candidate that may be a parent, halved
     for a candidate that looks derived from the query."""
-    plausible = [c.evidence.residual for c in ranked if c.direction >= 0]
+    plausible = [c.evidence.residual for c in ranked if c.direction >= 0 and not c.downstream]
     best = min(plausible, default=0.0)
     for c in ranked:
         proximity = math.sqrt((best + NOISE) / (c.evidence.residual + NOISE)) if math.isfinite(c.evidence.residual) else 0.0
@@ -377,7 +439,9 @@ def _check_merges(q: Sketch, pool: list[Candidate]) -> None:
 def _mark_downstream(ranked: list[Candidate], top: int = 8) -> None:
     """A candidate with no one-way evidence that is farther than the query from a candidate
     both derive from (say base -> query -> query trained further) is downstream of the query,
-    a descendant or a sibling, not its parent, however close it is."""
+    a descendant or a sibling, not its parent, however close it is. (Without such an
+    ancestor, a chain of fine-tunes of one structure has no direction in its weights: the
+    closer of the two neighbours is taken.)"""
     ancestors = [a for a in ranked[:top] if a.direction > 0 and a.merge_with is None]
     for c in ranked[:top]:
         if c.direction != 0:
@@ -418,13 +482,14 @@ def _settle_close(ranked: list[Candidate], top: int = 4) -> list[str]:
 
 def _confidence(ranked: list[Candidate]) -> None:
     """Score discounted by the best rival that is neither a merge partner nor explained by
-    this candidate (closer to it than to the query, like its own lossy copy)."""
+    this candidate (closer to it than to the query, like its own lossy copy). Below the
+    first, every candidate has the first as a rival at least as good."""
     for k, c in enumerate(ranked):
         rival = 0.0
-        for other in ranked[: k + 6]:
+        for other in ranked[:6] if k == 0 else ranked[:1]:
             if other is c or other.version == c.merge_with or other.score <= 0 or c.score <= 0:
                 continue
-            if other.score <= c.score and compare(other.sketch, c.sketch)[0].distance < other.evidence.distance:
+            if k == 0 and compare(other.sketch, c.sketch)[0].distance < other.evidence.distance:
                 continue
             rival = max(rival, min(1.0, other.score / c.score))
         c.confidence = c.score * (1 - 0.5 * rival**AMBIGUITY_POWER)
@@ -434,20 +499,17 @@ def parent_candidates(query: Sketch, stored: Iterable[tuple[str, str, Sketch]], 
                       ) -> tuple[list[Candidate], list[str], int]:  # fmt: skip
     """Stored versions, given as (id, label, sketch), ranked as parents of `query`: the best
     first (at most `limit`), notes on close candidates, and how many were compared."""
-    first: list[Candidate] = []
-    count = 0
-    for vid, label, sketch in stored:
-        count += 1
-        ev, _, _ = compare(query, sketch)
-        if ev.structure > 0 and (ev.compared or ev.identical):
-            first.append(Candidate(vid, label, sketch, ev))
+    first, count = _first_pass(query, stored)
     first.sort(key=lambda c: (-c.evidence.relatedness, c.evidence.residual))
     refined = first[:REFINE]
     for c in refined:
+        if _layers(query) == _layers(c.sketch):
+            continue  # layers line up by name; matching by pattern only helps a student with fewer
         by_pattern, _, _ = compare(query, c.sketch, by_pattern=True)
         if by_pattern.distance < c.evidence.distance:
             c.evidence.distance, c.evidence.compared = by_pattern.distance, by_pattern.compared
             c.evidence.exact = max(c.evidence.exact, by_pattern.exact)
+    for c in refined:
         _, iq, ic = compare(query, c.sketch)
         c.relation, c.direction, c.reasons = analyse(query, c.sketch, iq, ic)
     _rescore(refined)

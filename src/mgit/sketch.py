@@ -23,7 +23,7 @@ import re
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import blake3
 import numpy as np
@@ -34,7 +34,7 @@ from mgit.objects import Manifest, TensorEntry, object_id, tensor_meta
 from mgit.snapshot import tensor_bytes
 from mgit.store import ObjectStore
 
-SKETCH_FORMAT = 1
+SKETCH_FORMAT = 2
 SAMPLES = 64  # values per tensor: enough to tell a 1e-3 change from noise on ~50 tensors
 ZERO_SAMPLES = 4096
 MAGIC = b"MGSK"
@@ -133,8 +133,16 @@ class Sketch:
     scales: np.ndarray  # float32 (n, SAMPLES): the quantization scale at each sample, 0 if none
 
     def __post_init__(self) -> None:
-        self.index = {n: i for i, n in enumerate(self.names)}
-        self.params = np.array([math.prod(s) for s in self.shapes], dtype=np.int64)
+        self.layers: int | None = None  # numbered layers, counted when parent inference needs it
+
+    # Most stored sketches are only scanned once by parent inference: these are built on demand.
+    @cached_property
+    def index(self) -> dict[str, int]:
+        return {n: i for i, n in enumerate(self.names)}
+
+    @cached_property
+    def params(self) -> np.ndarray:
+        return np.array([math.prod(s) for s in self.shapes], dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -142,9 +150,9 @@ class Sketch:
     def to_bytes(self) -> bytes:
         quantized = np.flatnonzero(self.roles == QUANTIZED)
         header = json.dumps({
-            "format": SKETCH_FORMAT, "samples": SAMPLES,
-            "tensors": [[n, d, list(s), o, round(float(z), 6), int(r)] for n, d, s, o, z, r in
-                        zip(self.names, self.dtypes, self.shapes, self.oids, self.zeros, self.roles, strict=True)],
+            "format": SKETCH_FORMAT, "samples": SAMPLES, "names": self.names, "dtypes": self.dtypes,
+            "shapes": [list(s) for s in self.shapes], "oids": self.oids,
+            "zeros": [round(float(z), 6) for z in self.zeros], "roles": [int(r) for r in self.roles],
         }, separators=(",", ":")).encode()  # fmt: skip
         body = self.values.astype("<f4").tobytes() + self.scales[quantized].astype("<f4").tobytes()
         return MAGIC + struct.pack("<I", len(header)) + header + body
@@ -165,9 +173,11 @@ class Sketch:
         header = json.loads(blob[8 : 8 + size])
         if header.get("format") != SKETCH_FORMAT or header.get("samples") != SAMPLES:
             raise ValueError("a sketch of another format")
-        rows = header["tensors"]
-        n = len(rows)
-        roles = np.array([r[5] for r in rows], dtype=np.int8)
+        names, dtypes, shapes, oids = header["names"], header["dtypes"], header["shapes"], header["oids"]
+        n = len(names)
+        roles = np.array(header["roles"], dtype=np.int8)
+        if not len(dtypes) == len(shapes) == len(oids) == len(roles) == len(header["zeros"]) == n:
+            raise ValueError("a sketch whose columns differ in length")
         quantized = np.flatnonzero(roles == QUANTIZED)
         data = np.frombuffer(blob, "<f4", offset=8 + size)
         if data.size != (n + len(quantized)) * SAMPLES:
@@ -175,8 +185,8 @@ class Sketch:
         values = data[: n * SAMPLES].reshape(n, SAMPLES)
         scales = np.zeros((n, SAMPLES), np.float32)
         scales[quantized] = data[n * SAMPLES :].reshape(len(quantized), SAMPLES)
-        return cls([r[0] for r in rows], [r[1] for r in rows], [tuple(r[2]) for r in rows], [r[3] for r in rows],
-                   roles, np.array([r[4] for r in rows], np.float32), values, scales)  # fmt: skip
+        return cls(names, dtypes, [tuple(s) for s in shapes], oids, roles, np.array(header["zeros"], np.float32),
+                   values, scales)  # fmt: skip
 
 
 def _scale_for(entry: TensorEntry, by_name: dict[str, TensorEntry]) -> tuple[TensorEntry, float] | None:
