@@ -24,7 +24,7 @@ def print_suggestion(result: ParentSuggestion) -> None:
     if not result.candidates:
         out.print(f"  none: {result.verdict}")
         return
-    t = table("#", "candidate", "id", "score", "confidence", "relation", "derived", "identical", "structure",
+    t = table("#", "candidate", "id", "score", "confidence", "relation", "direction", "identical", "structure",
               "distance", "exact")  # fmt: skip
     for i, c in enumerate(result.candidates, 1):
         relation = c.relation + (" (with another)" if c.merge_with else "")
@@ -54,7 +54,7 @@ def suggest(ctx: click.Context, path: str, limit: int, as_json: bool) -> None:
     Evidence per candidate: the share of bit-identical tensors, the structural match (tensor
     names and shapes), the distance of sampled values and the share the candidate reproduces
     exactly (once cast or quantized the model's way). The guessed relation says how the model
-    would derive from it (quantize, prune, adapter, merge, distill, finetune), "derived" the
+    would derive from it (quantize, prune, adapter, merge, distill, finetune), "direction" the
     direction. The last line says what `mgit add --auto-parent` would choose.
 
     \b
