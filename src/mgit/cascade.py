@@ -306,49 +306,50 @@ class _Cascade:
         return [(p.version, p.ref) if p.version is not None else self.rebuilt[p.model] for p in step.parents]
 
     def _rebuild(self, step: CascadeStep, parents: list[tuple[str, str]]) -> ModelResult:
-        """Run one model's recipe and commit its output (a worker thread)."""
+        """Test the old version, run the recipe, commit and test the new one (a worker thread)."""
         start = time.monotonic()
-        assert step.recipe is not None
-        fn, params = step.recipe["fn"], dict(step.recipe.get("params") or {})
         before = self._tests([step.head]).get(step.head, [])
-        base = _result(step, "failed-recipe", rebuilt_on=[ref for _, ref in parents], tests_before=before)
-        if step.problem:
-            return replace(base, reason=step.problem, seconds=time.monotonic() - start)
+        failed = _result(step, "failed-recipe", rebuilt_on=[ref for _, ref in parents], tests_before=before)
+        result = self._commit(step, parents, failed)
+        if result.status == "updated" and result.new:
+            after = self._tests([result.new]).get(result.new, [])
+            if any(t.status != "pass" for t in after):
+                result = replace(result, status="failed-tests",
+                                 reason="a test fails on the new version; the models below it are blocked")  # fmt: skip
+            result = replace(result, tests_after=after)
+        return replace(result, seconds=round(time.monotonic() - start, 3))
+
+    def _commit(self, step: CascadeStep, parents: list[tuple[str, str]], failed: ModelResult) -> ModelResult:
+        """Run the recipe on the parents' folders and add what it wrote as the next version;
+        `failed` with the reason when anything goes wrong (then nothing is committed)."""
+        if step.problem or step.recipe is None:
+            return replace(failed, reason=step.problem or "no recipe")
+        fn, params = step.recipe["fn"], dict(step.recipe.get("params") or {})
         try:
-            with tempfile.TemporaryDirectory(prefix="mgit-cascade-") as tmp:
-                folders = []
-                for i, (vid, _) in enumerate(parents):
-                    folders.append(Path(tmp) / f"parent-{i}")
-                    self.repo.checkout(vid, folders[-1])
+            with tempfile.TemporaryDirectory(prefix="mgit-cascade-", ignore_cleanup_errors=True) as tmp:
+                folders = [Path(tmp) / f"parent-{i}" for i in range(len(parents))]
+                for (vid, _), folder in zip(parents, folders, strict=True):
+                    self.repo.checkout(vid, folder)
                 out = Path(tmp) / "out"
                 out.mkdir()
                 run = usercode.run("recipe", fn, [str(out), json.dumps(params), *map(str, folders)],
                                    timeout=self.timeout, cwd=self.repo.root)  # fmt: skip
                 if not run.ok:
-                    return replace(base, reason=f"the recipe {run.error}", output=run.output,
-                                   seconds=time.monotonic() - start)  # fmt: skip
+                    return replace(failed, reason=f"the recipe {run.error}", output=run.output)
                 if not any(out.iterdir()):
-                    return replace(base, reason="the recipe wrote nothing into its output folder", output=run.output,
-                                   seconds=time.monotonic() - start)  # fmt: skip
+                    return replace(failed, reason="the recipe wrote nothing into its output folder", output=run.output)
                 if self.repo.refs.get(step.model) != step.head:
-                    return replace(base, reason=f"{step.model} got another version during the cascade; run it again",
-                                   seconds=time.monotonic() - start)  # fmt: skip
+                    return replace(failed, reason=f"{step.model} got another version during the cascade; run it again")
                 message = f"cascade from {self.plan.ref}: {fn} re-run on {', '.join(ref for _, ref in parents)}"
                 added = self.repo.add(out, name=step.model, parent=[vid for vid, _ in parents], relation=step.relation,
                                       message=message, recipe=_rooted(fn, self.repo.root), params=params,
                                       model_card=False)  # fmt: skip
         except (MgitError, OSError) as exc:
-            return replace(base, reason=str(exc), seconds=time.monotonic() - start)
+            return replace(failed, reason=str(exc))
         crash_point("cascade-after-commit")
-        new_ref = f"{step.model}@{added.seq}"
-        done = replace(base, status="updated", new=added.version, new_ref=new_ref)
-        if not added.created:  # the same files, parents and recipe as the head: nothing new
-            return replace(done, status="up-to-date", seconds=time.monotonic() - start)
-        after = self._tests([added.version]).get(added.version, [])
-        failed = any(t.status != "pass" for t in after)
-        return replace(done, status="failed-tests" if failed else "updated", tests_after=after,
-                       reason="a test fails on the new version; the models below it are blocked" if failed else None,
-                       seconds=time.monotonic() - start)  # fmt: skip
+        # Not created: the same files, parents and recipe as the head, which is then up to date.
+        return replace(failed, status="updated" if added.created else "up-to-date", new=added.version,
+                       new_ref=f"{step.model}@{added.seq}")  # fmt: skip
 
     def _tests(self, vids: list[str]) -> dict[str, list[TestLine]]:
         """The tests that apply to each version, run or reused from recorded results."""
