@@ -410,6 +410,16 @@ def test_a_changed_recipe_file_is_reported_and_recorded(tmp_path: Path) -> None:
     assert repo.version("pruned").recipe["source_sha256"] not in (old_hash, None)
 
 
+def test_report_json_has_no_nan() -> None:
+    from mgit.cascade import CascadePlan, CascadeReport, ModelResult, TestLine
+
+    line = TestLine("t", "fail", {"loss": float("nan"), "acc": 0.5}, ["loss is not finite"])
+    report = CascadeReport(CascadePlan("b", "0" * 64, "b@2", []), False,
+                           [ModelResult("m", "failed-tests", "1" * 64, "m@1", tests_after=[line])])  # fmt: skip
+    text = json.dumps(report.to_json(), allow_nan=False)
+    assert json.loads(text)["results"][0]["tests_after"][0]["metrics"] == {"loss": "nan", "acc": 0.5}
+
+
 def test_errors_are_one_line(tmp_path: Path) -> None:
     repo = build(tmp_path / "w", [], tests=False)
     code, _, err = run_cli("cascade", "nope", cwd=repo.root)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import json
+import math
 import shlex
 import tempfile
 import time
@@ -140,6 +141,20 @@ class CascadeReport(Report):
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
+
+    def to_json(self) -> dict[str, Any]:
+        return _finite(super().to_json())
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN: a non-finite metric becomes "nan" / "inf", as in `mgit test --json`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 # --- the plan ----------------------------------------------------------------------------------
