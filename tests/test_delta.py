@@ -98,6 +98,35 @@ def test_other_dtype_or_deep_base_is_not_used() -> None:
         assert store.get(oid)[1].tobytes() == current.tobytes()
 
 
+def test_a_derived_leaf_may_go_one_link_past_the_bound() -> None:
+    # base@1 (0) -> base@2 (1) -> a fine-tune of base@2 (2, the bound): an int8 copy and a
+    # pruning of that fine-tune end the family one link further; a delta of it may not.
+    store = MemoryStore()
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((64, 256)) * 0.05).astype(np.float32)
+    oid = store.put_tensor("F32", w.shape, w.view(np.uint8)).oid
+    for step in (1, 2):
+        w = finetuned(w, step, scale=1e-5)
+        oid = store.put_tensor("F32", w.shape, w.view(np.uint8), bases=[oid], max_depth=2).oid
+    assert store.header(oid).depth == 2
+    scale = np.abs(w).max(axis=1, keepdims=True) / 127
+    q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+    pruned = np.where(np.abs(w) >= np.median(np.abs(w)), w, np.float32(0))
+    for dtype, child in (("I8", q), ("F32", pruned)):
+        res = store.put_tensor(dtype, child.shape, child.view(np.uint8), bases=[oid], max_depth=2)
+        header = store.header(res.oid)
+        assert header.depth == 3 and header.bases == [oid] and header.codecs[0]["name"] in ("quantize_int8", "patch")
+        assert res.stored_size < child.nbytes / 10
+        assert store.get(res.oid)[1].tobytes() == child.tobytes()
+        # Nothing is encoded against a leaf: a change of it is stored on its own.
+        nxt = store.put_tensor(dtype, child.shape, (child + 1).astype(child.dtype).view(np.uint8),
+                               bases=[res.oid], max_depth=2)  # fmt: skip
+        assert store.header(nxt.oid).bases == []
+    ft = finetuned(w, 9, scale=1e-5)
+    res = store.put_tensor("F32", ft.shape, ft.view(np.uint8), bases=[oid], max_depth=2)
+    assert store.header(res.oid).bases == []  # an ordinary delta stays within the bound
+
+
 def write_state(path: Path, state: dict[str, np.ndarray]) -> Path:
     return make_model(path, state=state)
 

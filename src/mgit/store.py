@@ -49,6 +49,12 @@ MAX_HEADER = 1 << 20
 MAX_RECORD = 256 << 20  # manifests and versions are small; refuse to decode a forged giant
 DEFAULT_MAX_DEPTH = 2  # longer chains are cut: checkout decodes every link (benchmarks/chain_depth.py)
 MAX_DEPTH_LIMIT = 64  # no writer goes deeper; a header claiming more is forged
+# Derived tensors (casts, int8 quantizations and their scales) and patches (pruning) may be
+# encoded against a base at the depth bound, one link past it: they end a family (a
+# quantized copy of a fine-tune of a new base version), nothing is encoded against them
+# (their depth is above the bound), and their decode costs one more base. Without this a
+# cascade's rebuilt int8 copy of a rebuilt fine-tune was stored whole (20 MB instead of 34 kB).
+LEAF_CODECS = ("cast", "quantize_int8", "absmax_scale", "patch")
 PREDICTIVE_CODECS = ("cast", "quantize_int8", "absmax_scale", "quantized_delta")
 SAMPLE_FROM = 1 << 20  # tensors larger than this choose their encoding on samples
 SAMPLE_BYTES = 64 << 10
@@ -217,7 +223,7 @@ class ObjectStore:
         excepted. `extra` chains (a quantized delta) compete too when every base they name
         is one of the usable `bases`. An `encoding` from `encode` is written as it is.
         """
-        buf = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
+        buf = byte_array(data)  # flat: a 2-D array would be measured by its rows
         if oid is None:
             hasher = object_hasher(kind, meta)
             hasher.update(buf)
@@ -234,7 +240,7 @@ class ObjectStore:
     def encode(self, kind: str, meta: dict[str, Any], data: Any, *, bases: Sequence[str] = (),
                max_depth: int = DEFAULT_MAX_DEPTH, extra: Sequence[list[Codec]] = ()) -> Encoding:  # fmt: skip
         """What `put` would store for `data`, without writing it (pass it to `put` to write it)."""
-        buf = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
+        buf = byte_array(data)  # flat: a 2-D array would be measured by its rows
         return Encoding(*self._encode(kind, meta, buf, None, bases, max_depth, extra))
 
     def _encode(self, kind: str, meta: dict[str, Any], buf: np.ndarray, chain: list[Codec] | None,
@@ -248,11 +254,14 @@ class ObjectStore:
                 bh = self.header(base)
             except (CorruptObjectError, MissingObjectError):
                 continue  # a damaged base is never used; fsck reports it
-            if bh.kind != "tensor" or bh.depth >= max_depth:
+            if bh.kind != "tensor" or bh.depth > max_depth:
+                continue
+            leaf = bh.depth == max_depth  # only a leaf link may go one past the bound
+            if leaf and (max_depth == 0 or bh.depth + 1 > MAX_DEPTH_LIMIT):
                 continue
             depths[base] = bh.depth + 1
             if bh.meta["dtype"] == meta["dtype"]:
-                candidates += delta_chains(base, meta)
+                candidates += [c for c in delta_chains(base, meta) if not leaf or c[0].name in LEAF_CODECS]
             exact += derived_chains(base, bh.meta, meta)
         candidates += [c for c in extra if all(b in depths for b in ObjectHeader(kind, meta, 0, chain_to_list(c)).bases)]
         loaded: dict[str, np.ndarray] = {}
