@@ -16,8 +16,6 @@ from conftest import run_cli
 from safetensors.torch import save_file
 
 from mgit import InputError, MgitError, Repo
-from mgit.cli.lineage_cmd import lineage
-from mgit.cli.suggest_cmd import suggest
 from mgit.sketch import QUANTIZED, SCALE, Sketch, round_to, to_float
 
 VOCAB, WIDTH, LAYERS, CLASSES = 120, 32, 4, 4
@@ -267,22 +265,19 @@ def test_a_damaged_sketch_is_made_again(family: Family, repo: Repo) -> None:
     assert repo.catalog.sketches()[0][0][3] == good
 
 
-def test_bad_input_is_one_line(repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_input_is_one_line(repo: Repo, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no such file"):
         repo.suggest_parents(tmp_path / "nope")
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "README.md").write_text("hello")
     with pytest.raises(InputError, match="holds no tensors"):
         repo.suggest_parents(tmp_path / "notes")
-    monkeypatch.setitem(lineage.commands, "suggest", suggest)  # until `mgit lineage` attaches it itself
     for path in ("nope", "notes"):
         code, out, err = run_cli("lineage", "suggest", str(tmp_path / path), cwd=repo.root)
         assert code == 1 and out == "" and err.startswith("Error: ") and err.count("\n") == 1, err
 
 
-def test_cli_suggest_and_add_auto_parent(family: Family, repo: Repo, tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    monkeypatch.setitem(lineage.commands, "suggest", suggest)
+def test_cli_suggest_and_add_auto_parent(family: Family, repo: Repo, tmp_path: Path) -> None:
     repo.add(family["ft-a"][0], name="ft-a")
     repo.add(family["other"][0], name="other")
     save_file({k: v.contiguous() for k, v in quantize(family["ft-a"][0]).items()}, str(tmp_path / "int8.safetensors"))
