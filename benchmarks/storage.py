@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
-import inspect
 import os
 import shutil
 import subprocess
@@ -50,7 +49,9 @@ BEGIN, END = "<!-- storage:begin -->", "<!-- storage:end -->"
 MB = 1e6
 ZSTD_LEVEL = 3
 PROTOTYPE_EPS = 1e-4  # the original scheme's error parameter; its quantization step is 2 ln(1 + eps)
-LOSSY_EPS = (1e-4, 1e-3)  # MGit's own lossy mode, once `Repo.add` has one
+# MGit's own lossy mode: absolute bounds, a bound relative to each tensor's change, and both
+# (roots quantized within 1e-4, changes within 0.1 x their rms).
+LOSSY = ({"lossy": 1e-4}, {"lossy": 1e-3}, {"lossy_rel": 0.1}, {"lossy": 1e-4, "lossy_rel": 0.1})
 ZIPNN_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}  # what ZipNN can model
 TARGETS = {"lossless": 4.0, "lossy": 8.0, "agreement": 0.995, "add": 300.0, "checkout": 500.0}
 PAPER_REFERENCE = 5.6  # the original scheme's reduction at eps = 1e-4, as the issue quotes it
@@ -165,15 +166,21 @@ def fidelity(member: Member, folder: Path) -> Fidelity:
 # --- MGit ----------------------------------------------------------------------------------------
 
 
-def run_mgit(family: list[Member], work: Path, runs: int, lossy: float | None = None) -> SchemeResult:
+def lossy_name(options: dict[str, float]) -> str:
+    parts = ([f"eps={eps_text(options['lossy'])}"] if "lossy" in options else []) + (
+        [f"rel={options['lossy_rel']:g}"] if "lossy_rel" in options else [])
+    return "MGit lossy " + " + ".join(parts)
+
+
+def run_mgit(family: list[Member], work: Path, runs: int, lossy: dict[str, float] | None = None) -> SchemeResult:
     """MGit: add the members parents first into a fresh repository, then check each one out.
 
     Parents are given by version id, not by name: after `minilm-sentiment` gets its second
     version, its name means that version, but `minilm-sentiment-bf16` was made from the first.
     """
-    name = "MGit lossless" if lossy is None else f"MGit lossy eps={eps_text(lossy)}"
+    name = "MGit lossless" if lossy is None else lossy_name(lossy)
     result = SchemeResult(name, lossless=lossy is None)
-    options = {} if lossy is None else {"lossy": lossy}
+    options = dict(lossy or {})
     fallbacks: dict[str, set[str]] = {}
     for run in range(runs):
         repo, ids, add = Repo.init(empty_dir(work / "repo")), {}, 0.0
@@ -208,14 +215,12 @@ def checkout_all(repo: Repo, family: list[Member], ids: dict[str, str], work: Pa
     return total
 
 
-def run_mgit_lossy(family: list[Member], work: Path, runs: int, eps: float) -> SchemeResult:
-    """MGit's lossy mode, if `Repo.add` takes `lossy=`; otherwise a row that says it is not there yet."""
-    if "lossy" not in inspect.signature(Repo.add).parameters:
-        return SchemeResult(f"MGit lossy eps={eps_text(eps)}", lossless=False, note="not implemented yet")
+def run_mgit_lossy(family: list[Member], work: Path, runs: int, options: dict[str, float]) -> SchemeResult:
+    """MGit's lossy mode with these `Repo.add` options (a row that says so if they fail)."""
     try:
-        return run_mgit(family, work, runs, lossy=eps)
-    except (TypeError, ValueError, MgitError) as exc:  # the keyword exists but its contract differs
-        return SchemeResult(f"MGit lossy eps={eps_text(eps)}", lossless=False, note=f"failed: {exc}")
+        return run_mgit(family, work, runs, lossy=options)
+    except (TypeError, ValueError, MgitError) as exc:
+        return SchemeResult(lossy_name(options), lossless=False, note=f"failed: {exc}")
 
 
 # --- byte codecs: zstd per file, ZipNN per tensor ------------------------------------------------
@@ -411,9 +416,9 @@ def targets(raw: int, results: list[SchemeResult]) -> list[str]:
     by_name = {r.name: r for r in results}
     mgit, proto = by_name["MGit lossless"], next((r for r in results if r.name.startswith("MGit original")), None)
     rows = [[f"lossless >= {TARGETS['lossless']:g}x, whole family", judge(raw / mgit.total, TARGETS["lossless"], "x")]]
-    for eps in LOSSY_EPS:
-        r = by_name.get(f"MGit lossy eps={eps_text(eps)}")
-        goal = f"lossy eps={eps_text(eps)}, agreement >= {100 * TARGETS['agreement']:g}%: >= {TARGETS['lossy']:g}x"
+    for options in LOSSY:
+        r = by_name.get(lossy_name(options))
+        goal = f"{lossy_name(options)[5:]}, agreement >= {100 * TARGETS['agreement']:g}%: >= {TARGETS['lossy']:g}x"
         rows.append([goal, lossy_verdict(raw, r) if r else "not measured (--quick)"])
     if proto and proto.total:
         agreement = min(f.agreement for f in proto.fidelity.values() if f.agreement is not None)
@@ -464,9 +469,12 @@ untimed, `os.sync()` runs.
   members with a classifier head, held-out accuracy and agreement with the original's
   predictions (`minilm_family.evaluate`); *prototype's gate* is its acceptance test (accuracy
   drop at most 2%, relative), which would otherwise have stored the member uncompressed.
-- *MGit lossy eps*: as MGit lossless, with `repo.add(..., lossy=eps)`; the checkout's other
-  files are verified byte for byte, its weights as for the original scheme. Versions that MGit
-  chose to store losslessly are listed under the tables, with its reason.
+- *MGit lossy*: as MGit lossless, with `repo.add(..., lossy=eps)` (every value within eps;
+  tensors without a parent tensor are quantized themselves), `lossy_rel=r` (every value of a
+  tensor within r x the rms of its change from the parent tensor; tensors without one stay
+  exact), or both (each bound holds); the fidelity guard at its default (0.1). The checkout's
+  other files are verified byte for byte, its weights as for the original scheme. Versions
+  that MGit chose to store losslessly are listed under the tables, with its reason.
 
 The three baselines run in memory from files read beforehand, one thread per core over files
 or tensors: they show what the codec costs, not a tool's file handling; MGit's numbers include
@@ -551,8 +559,9 @@ def run_schemes(family: list[Member], work: Path, args: argparse.Namespace) -> l
         results.append(run_codec("ZipNN", family, args.runs, tensor_parts))
     print("original MGit scheme (quantized deltas + LZMA; minutes)", flush=True)
     results.append(run_prototype(family, work))
-    for eps in LOSSY_EPS:
-        results.append(run_mgit_lossy(family, work, args.runs, eps))
+    for options in LOSSY:
+        print(lossy_name(options), flush=True)
+        results.append(run_mgit_lossy(family, work, args.runs, options))
     return results
 
 
