@@ -16,7 +16,8 @@ from mgit.errors import (
     RepoNotFoundError,
     UnknownRefError,
 )
-from mgit.repo import ModelReader, Repo
+from mgit.reader import ModelReader
+from mgit.repo import Repo
 
 __version__ = "0.1.0"
 

@@ -51,7 +51,8 @@ from mgit.integrity import check_references, load_manifest, load_version, verify
 from mgit.lineage import Lineage
 from mgit.locks import FileLock
 from mgit.lossy import DEFAULT_GUARD, LossyPolicy, describe, verdict
-from mgit.objects import RELATIONS, Manifest, Parent, TensorEntry, Version
+from mgit.objects import RELATIONS, Manifest, Parent, Version
+from mgit.reader import ModelReader
 from mgit.refs import RefStore, validate_model_name
 from mgit.reports import (
     AddResult,
@@ -75,8 +76,6 @@ from mgit.snapshot import (
     DeltaPlan,
     Progress,
     SnapshotStats,
-    as_array,
-    as_torch,
     default_jobs,
     restore_file,
     restore_manifest,
@@ -608,7 +607,8 @@ class Repo:
 
     def open(self, ref: str) -> ModelReader:
         """Tensors of a version, decoded one at a time on access."""
-        return ModelReader(self, self.resolve(ref))
+        vid = self.resolve(ref)
+        return ModelReader(self.store, self.manifest(vid), vid, explained=self._explained)
 
     def load_state_dict(self, ref: str, *, framework: str = "np", jobs: int | None = None) -> dict[str, Any]:
         """Every tensor of a version: numpy arrays (`framework="np"`) or torch tensors ("pt")."""
@@ -739,44 +739,6 @@ class Repo:
                     self.store.delete(oid)
                 remove_leftovers(leftovers)
         return GcResult(dry_run, garbage, freed, len(seen.objects), len(leftovers))
-
-
-class ModelReader(Mapping[str, Any]):
-    """Lazy access to the tensors of one version: `reader[name]` decodes just that tensor."""
-
-    def __init__(self, repo: Repo, vid: str) -> None:
-        self.repo = repo
-        self.version_id = vid
-        self.manifest = repo.manifest(vid)
-        self.entries: dict[str, TensorEntry] = {}
-        for f in self.manifest.files:
-            for t in f.tensors:
-                if t.name in self.entries:
-                    raise MgitError(f"tensor {t.name!r} appears in two files of this version",
-                                    hint="Read it per file with repo.manifest(ref)")  # fmt: skip
-                self.entries[t.name] = t
-
-    def __getitem__(self, name: str) -> Any:
-        return self.get(name)
-
-    def get(self, name: str, default: Any = None, *, framework: str = "np") -> Any:  # type: ignore[override]
-        entry = self.entries.get(name)
-        if entry is None:
-            if default is not None:
-                return default
-            raise KeyError(name)
-        with self.repo._explained():
-            if framework == "pt":
-                return as_torch(self.repo.store, entry)
-            if framework != "np":
-                raise MgitError(f"unknown framework {framework!r}", hint="Use 'np' or 'pt'")
-            return as_array(self.repo.store, entry)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.entries)
-
-    def __len__(self) -> int:
-        return len(self.entries)
 
 
 def _file_infos(manifest: Manifest) -> list[FileInfo]:
