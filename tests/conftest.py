@@ -3,6 +3,7 @@
     repo                      an empty repository in a temporary folder
     make_model(dir, seed=0)   a small Hugging Face-style folder (config, tokenizer, safetensors)
     tensors(seed, scale)      a small state dict of numpy arrays
+    add_lineage(repo, "base", "ft <- base", "q <- ft : quantize")   a lineage graph in a line
     run_cli("add", ...)       the CLI in-process: (exit code, stdout, stderr)
     sha256_tree(dir)          {relative path: sha256} of every file, to compare round trips
 """
@@ -47,6 +48,16 @@ def make_model(path: Path, seed: int = 0, *, state: dict[str, np.ndarray] | None
     (path / "tokenizer").mkdir(exist_ok=True)
     (path / "tokenizer" / "vocab.txt").write_text("\n".join(f"tok{i}" for i in range(50)))
     return path
+
+
+def add_lineage(repo: Repo, *lines: str) -> None:
+    """Add models from terse lines: `name`, `name <- parent`, `name <- a b : merge`; a name
+    seen before gets a new version. Each model gets distinct small weights."""
+    for i, line in enumerate(lines):
+        head, _, relation = line.partition(":")
+        name, _, parents = head.partition("<-")
+        repo.add(tensors(1000 + i, layers=1, width=4), name=name.strip(),
+                 parent=parents.split() or None, relation=relation.strip() or None)  # fmt: skip
 
 
 def sha256_tree(root: Path) -> dict[str, str]:

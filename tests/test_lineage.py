@@ -7,6 +7,7 @@ import json
 
 import networkx as nx
 import pytest
+from conftest import add_lineage as family
 from conftest import make_model, run_cli, tensors
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,16 +15,6 @@ from hypothesis import strategies as st
 from mgit import Repo
 from mgit.formats.model_card import read_lineage, write_lineage
 from mgit.lineage import Lineage, NoPathError, VersionNode
-
-
-def family(repo: Repo, *lines: str) -> None:
-    """Add models from terse lines: `name`, `name <- parent`, `name <- a b : merge`; a name
-    seen before gets a new version. Each model gets distinct small weights."""
-    for i, line in enumerate(lines):
-        head, _, relation = line.partition(":")
-        name, _, parents = head.partition("<-")
-        repo.add(tensors(1000 + i, layers=1, width=4), name=name.strip(),
-                 parent=parents.split() or None, relation=relation.strip() or None)  # fmt: skip
 
 
 # --- a pure graph, built without a repository, against a reference implementation ------------
