@@ -117,7 +117,7 @@ def cascade(base: Path, work: Path) -> None:
     """A new base version reaches every descendant through their recipes, tested before and after."""
     print("\n== Tests: held-out accuracy, attached to the fine-tune and inherited by its variants ==", flush=True)
     mgit("test", "add", "minilm-sentiment", "--fn", f"{DEMO / 'evals.py'}:sentiment_accuracy", "--name", "accuracy",
-         "--min", "accuracy", "0.8", "--inherit", cwd=work)  # fmt: skip
+         "--metric", "accuracy", "--min", "0.8", "--inherit", cwd=work)  # fmt: skip
     print(f"\n== A new version of the base (its encoder trained {BASE_V2_STEPS} more steps): everything derived "
           "from it is now stale ==", flush=True)  # fmt: skip
     folder = base_v2(base)

@@ -327,6 +327,10 @@ def test_nan_weights_fail_the_tests_and_block_the_subtree_until_fixed(tmp_path: 
     assert [t["status"] for t in results["ft"]["tests_after"]] == ["fail"]
     assert results["ft-int8"]["status"] == "blocked" and results["ft-int8"]["reason"] == "below ft (failed-tests)"
     assert repo.resolve("ft") == repo.resolve("ft@2")  # committed, but nothing was built on it
+    # Bisect finds the edge the poisoned recipe introduced: ft@2, whose ancestors all pass.
+    found = repo.bisect("quality", "ft")
+    assert (found.culprit, found.parent, found.edge) == ("ft@2", "ft@1", "history")
+    assert found.also == ["finetune from base@2"] and found.reasons == ["finite 0 < 1"]
     # Run again: ft is up to date but fails its test, so ft-int8 stays blocked.
     code, report = cascade(repo.root, "base")
     results = by_model(report)

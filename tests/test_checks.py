@@ -142,8 +142,16 @@ def test_conditions_and_change_against_the_parent(work: Repo) -> None:
     work.add(train(base, 40, seed=1, flip=True), name="flipped", parent="base")
     work.checks.attach("base", "evals.py:accuracy", name="acc", conditions=[], inherit=True)
     code, out, _ = run_cli("test", "add", "base", "--fn", "evals.py:accuracy", "--name", "strict",
-                           "--metric", "acc", "--above", "0.9", "--inherit", cwd=work.root)  # fmt: skip
+                           "--metric", "acc", "--min", "0.9", "--inherit", cwd=work.root)  # fmt: skip
     assert code == 0 and "passes if acc >= 0.9" in out
+    code, out, _ = run_cli("test", "add", "base", "--fn", "evals.py:accuracy", "--name", "two",
+                           "--min", "acc=0.5", "--max", "loss=2", cwd=work.root)  # fmt: skip
+    assert code == 0 and "passes if acc >= 0.5, loss <= 2" in out
+    code, _, err = run_cli("test", "add", "base", "--fn", "evals.py:accuracy", "--min", "0.9", cwd=work.root)
+    assert code == 2 and "say which metric" in err
+    code, _, err = run_cli("test", "add", "base", "--fn", "evals.py:accuracy", "--min", "acc=high", cwd=work.root)
+    assert code == 2 and "'high' is not a number" in err
+    run_cli("test", "rm", "two", cwd=work.root)
     result = work.checks.run(["base"], descendants=True)
     by = {(o.model, o.test): o for o in result.outcomes}
     assert by[("base", "strict")].passed and not by[("flipped", "strict")].passed
@@ -205,7 +213,7 @@ def test_bisect_follows_lineage_to_the_ancestor_that_broke(work: Repo) -> None:
     work.add(ft2, name="ft", parent="base")
     work.add({k: v.astype(np.float16).astype(np.float32) for k, v in ft2.items()}, name="q", parent="ft",
              relation="quantize")  # fmt: skip
-    run_cli("test", "add", "base", "--fn", "evals.py:accuracy", "--name", "acc", "--min", "acc", "0.8",
+    run_cli("test", "add", "base", "--fn", "evals.py:accuracy", "--name", "acc", "--min", "acc=0.8",
             "--inherit", cwd=work.root)  # fmt: skip
     code, out, err = run_cli("bisect", "acc", "q", cwd=work.root)
     assert code == 0, err

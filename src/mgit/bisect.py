@@ -15,7 +15,7 @@ after `mgit test run`, runs few tests or none.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mgit.checks import TestOutcome
@@ -48,6 +48,7 @@ class BisectResult(Report):
     steps: list[BisectStep]  # every version whose result was needed, in the order asked
     tests_run: int  # how many of those had to be run (the rest were recorded)
     diff: dict[str, Any] | None = None  # summary of the diff along the edge
+    also: list[str] = field(default_factory=list)  # its other ancestors, all passing: "relation from model@seq"
 
 
 class Bisector:
@@ -131,8 +132,10 @@ class Bisector:
             d = self.repo.diff(passing, culprit)
             diff = {"summary": d.summary.to_json(), "groups": [g.to_json() for g in d.groups]}
         bad = self.results[culprit]
+        also = [f"{rel or 'new version'} from {self.outcome(a).ref}" for a, _, rel in self.ancestors(culprit)
+                if a != passing]  # fmt: skip
         return BisectResult(
             self.test, self.results[start].ref, bad.ref, culprit,
             self.results[passing].ref if passing else None, passing, kind, relation, bad.reasons,
-            self.steps, sum(1 for s in self.steps if not s.reused), diff,
+            self.steps, sum(1 for s in self.steps if not s.reused), diff, also,
         )  # fmt: skip

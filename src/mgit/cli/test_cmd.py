@@ -24,8 +24,20 @@ def test_group() -> None:
     """
 
 
-def _conditions(mins: tuple[tuple[str, float], ...], maxs: tuple[tuple[str, float], ...]) -> list[Condition]:
-    return [Condition(m, "min", v) for m, v in mins] + [Condition(m, "max", v) for m, v in maxs]
+def _conditions(metric: str | None, mins: tuple[str, ...], maxs: tuple[str, ...]) -> list[Condition]:
+    """`--metric acc --min 0.9`, or `--min acc=0.9` (repeatable, for several metrics)."""
+    out = []
+    for bound, values in (("min", mins), ("max", maxs)):
+        for v in values:
+            name, sep, number = v.rpartition("=")
+            name = name if sep else metric
+            if not name:
+                raise click.UsageError(f"--{bound} {v}: say which metric (--metric M --{bound} X, or --{bound} M=X)")
+            try:
+                out.append(Condition(name, bound, float(number)))
+            except ValueError:
+                raise click.BadParameter(f"{number!r} is not a number", param_hint=f"--{bound}") from None
+    return out
 
 
 @test_group.command(name="add")
@@ -33,19 +45,17 @@ def _conditions(mins: tuple[tuple[str, float], ...], maxs: tuple[tuple[str, floa
 @click.option("--fn", required=True, metavar="MODULE:FUNCTION",
               help="The test: takes a model folder, returns a dict of metrics (FILE.py:FUNCTION works too).")
 @click.option("--name", default=None, help="The test's name (default: the function's name).")
-@click.option("--min", "mins", type=(str, float), multiple=True, metavar="METRIC VALUE",
-              help="Pass only if METRIC >= VALUE (repeatable).")
-@click.option("--max", "maxs", type=(str, float), multiple=True, metavar="METRIC VALUE",
-              help="Pass only if METRIC <= VALUE (repeatable).")
-@click.option("--metric", default=None, help="With --above/--below: the metric to bound.")
-@click.option("--above", type=float, default=None, help="Shorthand: --metric M --above X is --min M X.")
-@click.option("--below", type=float, default=None, help="Shorthand: --metric M --below X is --max M X.")
+@click.option("--metric", default=None, help="The metric that --min and --max bound.")
+@click.option("--min", "mins", multiple=True, metavar="[METRIC=]VALUE",
+              help="Pass only if the metric >= VALUE (repeatable).")
+@click.option("--max", "maxs", multiple=True, metavar="[METRIC=]VALUE",
+              help="Pass only if the metric <= VALUE (repeatable).")
 @click.option("--inherit", is_flag=True, help="Also apply to every descendant, present and future.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds per run.")
 @json_option
 @click.pass_context
-def test_add(ctx: click.Context, selector: str, fn: str, name: str | None, mins: tuple, maxs: tuple,
-             metric: str | None, above: float | None, below: float | None, inherit: bool, timeout: float | None,
+def test_add(ctx: click.Context, selector: str, fn: str, name: str | None, metric: str | None,
+             mins: tuple[str, ...], maxs: tuple[str, ...], inherit: bool, timeout: float | None,
              as_json: bool) -> None:  # fmt: skip
     """Attach a test to a model, a name glob ('bert-*') or a tag (tag:KEY=VALUE).
 
@@ -54,17 +64,14 @@ def test_add(ctx: click.Context, selector: str, fn: str, name: str | None, mins:
 
     \b
     Examples:
-      mgit test add bert-base --fn evals.py:accuracy --min acc 0.9 --inherit
-      mgit test add 'bert-*' --fn evals.sst2:run --name sst2 --metric loss --below 0.4
+      mgit test add bert-base --fn evals.py:accuracy --metric acc --min 0.9 --inherit
+      mgit test add 'bert-*' --fn evals.sst2:run --name sst2 --min acc=0.9 --max loss=0.4
       mgit test add tag:task=nli --fn evals.py:nli
     """
-    if (above is not None or below is not None) and metric is None:
-        raise click.UsageError("--above and --below need --metric")
-    if metric is not None and above is None and below is None:
-        raise click.UsageError("--metric needs --above or --below (or use --min METRIC VALUE)")
-    mins += ((metric, above),) if above is not None else ()
-    maxs += ((metric, below),) if below is not None else ()
-    spec = ctx.obj.repo().checks.attach(selector, fn, name=name, conditions=_conditions(mins, maxs),
+    conditions = _conditions(metric, mins, maxs)
+    if metric is not None and not conditions:
+        raise click.UsageError("--metric needs --min or --max")
+    spec = ctx.obj.repo().checks.attach(selector, fn, name=name, conditions=conditions,
                                         inherit=inherit, timeout=timeout)  # fmt: skip
     if as_json:
         print_json(spec.to_json())
@@ -229,6 +236,8 @@ def bisect(ctx: click.Context, test: str, ref: str, timeout: float | None, force
     else:
         how = f"derived by {result.relation}" if result.edge == "lineage" else "a new version"
         out.print(f"{test} started failing at {result.culprit} ({how} from {result.parent}, which passes){why}")
+        if result.also:
+            out.print(f"  its other ancestors pass too: {'; '.join(result.also)}")
         summary = (result.diff or {}).get("summary") or {}
         counts = summary.get("counts") or {}
         if counts:
