@@ -26,7 +26,6 @@ from mgit.codecs.base import (
     check_oid,
     load_base,
     register,
-    zigzag,
 )
 
 
@@ -73,8 +72,12 @@ class SubDeltaCodec(Codec):
 
     def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
         out, base, n = self._views(byte_array(data).copy(), _base(self, ctx))
-        diff = (out[:n] - base[:n]).view(f"<i{self.itemsize}")  # unsigned subtraction wraps modulo 2**bits
-        out[:n] = zigzag(diff)
+        # Difference and zig-zag in place, one temporary (a sampled add encodes this often).
+        u = out[:n]
+        u -= base[:n]  # unsigned subtraction wraps modulo 2**bits
+        sign = u.view(f"<i{self.itemsize}") >> (8 * self.itemsize - 1)  # 0 or -1 (all ones)
+        u <<= 1
+        u ^= sign.view(u.dtype)
         return out.view(np.uint8)
 
     def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
