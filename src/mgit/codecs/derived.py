@@ -131,8 +131,11 @@ class QuantizeInt8Codec(RowwiseCodec):
         matrix, scale = _rows(self, ctx, self.rows)
         safe = np.where(scale == 0, np.float32(1), scale)[:, None]
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            q = np.clip(np.rint(matrix / safe), -127, 127)
-        return np.nan_to_num(q).astype(np.int8)
+            q = matrix / safe  # one temporary; the rest in place (this runs on every checkout)
+            np.rint(q, out=q)
+            np.clip(q, -127, 127, out=q)  # infinities become +-127
+        q[np.isnan(q)] = 0  # as nan_to_num would
+        return q.astype(np.int8)
 
 
 @register
