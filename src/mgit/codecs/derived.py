@@ -71,7 +71,12 @@ def _check_rows(rows: object) -> None:
 def to_bfloat16_bits(values: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bit patterns, rounding to nearest even (as torch does)."""
     bits = values.astype("<f4", copy=False).view("<u4")
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+    tmp = bits >> 16  # one temporary, then in place: (bits + 0x7FFF + lsb) >> 16, wrapping as uint32
+    tmp &= 1
+    tmp += 0x7FFF
+    tmp += bits
+    tmp >>= 16
+    rounded = tmp.astype("<u2")
     nan = np.isnan(values)
     rounded[nan] = ((bits[nan] >> 16) | 0x0040).astype("<u2")  # quiet NaN, sign kept
     return rounded
