@@ -270,16 +270,25 @@ def measure(model: Model, work: Path, runs: int) -> Result:
 # --- report ------------------------------------------------------------------------------------
 
 
+def _head() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+# Read when a benchmark starts (it imports this module), not when it reports: a commit made
+# during a long run must not be named as the code the run measured.
+COMMIT_AT_START = _head()
+
+
 def machine() -> str:
     """One line naming the machine and the versions that matter for these numbers."""
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor() or "unknown CPU")  # fmt: skip
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+    commit = COMMIT_AT_START
     return (f"{cpu}, {os.cpu_count()} cores, {ram:.1f} GiB RAM, {platform.system()} {platform.release()}; "
             f"Python {platform.python_version()}, numpy {np.__version__}, zstandard {zstandard.__version__}, "
             f"blake3 {blake3.__version__}, mgit {mgit.__version__} (commit {commit})")  # fmt: skip
