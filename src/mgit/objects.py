@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import blake3
@@ -27,6 +28,11 @@ RECORD_FORMAT = 1
 
 class RecordError(ValueError):
     """A record that does not have the shape this version of MGit writes."""
+
+
+def utc_now() -> str:
+    """A record's time: UTC, ISO 8601, microseconds, `Z`."""
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def canonical_json(value: Any) -> bytes:

@@ -32,6 +32,14 @@ def validate_model_name(name: str) -> str:
     return name
 
 
+def is_model_name(name: str) -> bool:
+    try:
+        validate_model_name(name)
+        return True
+    except InvalidNameError:
+        return False
+
+
 class RefStore:
     """Heads of models under `<repo>/refs/models`, locks under `<repo>/locks/refs`."""
 

@@ -10,21 +10,18 @@ the next `Repo()` notices the ref it does not know and indexes it.
 from __future__ import annotations
 
 import difflib
-import getpass
 import json
 import os
 import re
-import tempfile
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import replace
-from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from mgit.adding import add_version
 from mgit.atomicfile import write_atomic
 from mgit.bisect import Bisector, BisectResult
 from mgit.cascade import CascadeReport, run_cascade
@@ -42,18 +39,17 @@ from mgit.errors import (
     RepoNotFoundError,
     UnknownRefError,
 )
-from mgit.faults import crash_point
-from mgit.formats.folder import ModelSource, scan_path, scan_state_dict
-from mgit.formats.model_card import CARD, read_lineage, write_lineage
-from mgit.gate import DEFAULT_TIMEOUT, GateResult, evaluate
+from mgit.formats.folder import scan_path, scan_state_dict
+from mgit.formats.model_card import CARD, write_lineage
+from mgit.gate import DEFAULT_TIMEOUT
 from mgit.inference import DEFAULT_MIN_CONFIDENCE, suggest
 from mgit.integrity import check_references, load_manifest, load_version, verify_objects, walk
 from mgit.lineage import Lineage
 from mgit.locks import FileLock
-from mgit.lossy import DEFAULT_GUARD, LossyPolicy, describe, verdict
-from mgit.objects import RELATIONS, Manifest, Parent, Version
+from mgit.lossy import DEFAULT_GUARD, LossyPolicy, describe
+from mgit.objects import Manifest, Parent, Version, utc_now
 from mgit.reader import ModelReader
-from mgit.refs import RefStore, validate_model_name
+from mgit.refs import RefStore, is_model_name, validate_model_name
 from mgit.reports import (
     AddResult,
     CheckoutResult,
@@ -71,18 +67,14 @@ from mgit.reports import (
     StorageInfo,
     VersionInfo,
 )
-from mgit.sketch import Sketch, sketch_added, sketch_source, sketch_stored
+from mgit.sketch import Sketch, sketch_source, sketch_stored
 from mgit.snapshot import (
-    DeltaPlan,
     Progress,
-    SnapshotStats,
     default_jobs,
     restore_file,
-    restore_manifest,
     safe_join,
-    write_snapshot,
 )
-from mgit.store import DEFAULT_MAX_DEPTH, LocalStore, MemoryStore, remove_leftovers
+from mgit.store import DEFAULT_MAX_DEPTH, LocalStore, remove_leftovers
 from mgit.usercode import recipe_record_of
 
 REPO_DIR = ".mgit"
@@ -130,7 +122,7 @@ class Repo:
             raise RepoExistsError(str(target))
         for sub in ("objects", "refs/models", "locks"):
             (target / sub).mkdir(parents=True, exist_ok=True)
-        config = {"format": REPO_FORMAT, "fsync": True, "created": _now()}
+        config = {"format": REPO_FORMAT, "fsync": True, "created": utc_now()}
         write_atomic(target / "config.json", [json.dumps(config, indent=2).encode() + b"\n"])
         return cls(target)
 
@@ -218,7 +210,7 @@ class Repo:
         if not m:
             raise UnknownRefError(str(ref), "no version", hint="Use NAME, NAME@N or NAME@HEXPREFIX")
         name, sel = m["name"], m["sel"]
-        head = self.refs.get(name) if _looks_like_name(name) else None
+        head = self.refs.get(name) if is_model_name(name) else None
         if head is not None:
             if sel is None:
                 return head
@@ -343,157 +335,23 @@ class Repo:
         `auto_parent` and notes say what was chosen, or why nothing was.
         """
         validate_model_name(name)
-        asked_relation = relation
         if auto_parent and parent:
             raise MgitError("auto_parent infers the parent; it cannot be combined with a given parent",
                             hint="Drop --parent or --auto-parent")  # fmt: skip
-        recipe_record = recipe_record_of(recipe, params, root=self.root) if recipe is not None else None
         policy = LossyPolicy(lossy, guard, lossy_rel) if lossy is not None or lossy_rel is not None else None
         if gate is not None and policy is None:
             raise MgitError("a gate only checks lossy storage", hint="Add --lossy EPS")
-        parent_refs = [parent] if isinstance(parent, str) else list(parent or [])
-        card_notes: list[str] = []
-        if not parent_refs and model_card and not isinstance(source, Mapping):
-            parent_refs, card_relation, card_notes = self._card_parents(Path(source))
-            relation = relation or card_relation
-        relation = relation or "finetune"
-        if relation not in RELATIONS:
-            raise MgitError(f"unknown relation {relation!r}", hint=f"Use one of: {', '.join(RELATIONS)}")
-        parents = tuple(Parent(self.resolve(p), relation) for p in parent_refs)
-        src: ModelSource = scan_state_dict(source) if isinstance(source, Mapping) else scan_path(Path(source))
-        src.notes.extend(card_notes)
-        auto, sketch = None, None
-        if auto_parent and not parent_refs:
-            auto, sketch = self._auto_parents(src, name, str(source) if not isinstance(source, Mapping) else "state dict")
-            parent_refs = list(auto.parents)
-            parents = tuple(Parent(v, asked_relation or auto.relation or relation) for v in auto.parents)
-            src.notes.append(f"auto-parent: {'chose ' if auto.parents else 'no parent: '}{auto.verdict}")
-        tick = progress(src.logical_bytes, 0) if progress else None
-        plan = self._delta_plan(name, parents)
-        crash_point("after-scan")
-        with self._writer_lock():
-            manifest, stats, outcome = self._snapshot(src, source, plan, policy, jobs or default_jobs(), tick,
-                                                      (gate, max_drop, gate_timeout))  # fmt: skip
-            crash_point("after-objects")
-            mres = self.store.put_record("manifest", manifest.to_json())
-            self.store.sync()
-            with self.refs.lock(name):
-                head = self.refs.get(name)
-                prev = load_version(self.store, head) if head else None
-                if prev is not None and not parent_refs:
-                    parents = prev.parents
-                if recipe_record is None and prev is not None:
-                    recipe_record = prev.recipe  # a new version made the same way as the last
-                if (prev is not None and prev.manifest == mres.oid and prev.parents == parents
-                        and prev.recipe == recipe_record):  # fmt: skip
-                    return replace(self._add_result(head, prev, stats, created=False, notes=src.notes, lossy=outcome),
-                                   auto_parent=auto)
-                version = Version(
-                    model=name, manifest=mres.oid, parents=parents, predecessor=head, message=message,
-                    author=author or os.environ.get("MGIT_AUTHOR") or _default_author(), time=_now(),
-                    tags=dict(tags or {}),
-                    summary={"files": len(manifest.files), "tensors": len(manifest.tensors()),
-                             "params": sum(t.params for t in manifest.tensors()),
-                             "logical_bytes": manifest.logical_bytes},
-                    lossy=outcome.get("record"), recipe=recipe_record,
-                )  # fmt: skip
-                vres = self.store.put_record("version", version.to_json())
-                self.store.sync()
-                crash_point("before-ref")
-                self.refs.set_locked(name, vres.oid, expected=head)
-                crash_point("after-ref")
-        stats.record("manifest", mres)
-        stats.record("version", vres)
-        self.catalog.add_objects(stats.new_objects)
-        self._index(vres.oid)
-        self._save_sketch(vres.oid, manifest, src, sketch if version.lossy is None else None)
-        # Only this model's head moved (an add removes no version, so nothing to prune); a
-        # full sync would read every ref and walk every version, slow with thousands.
-        self.catalog.set_head(name, lambda: self.refs.get(name))
-        return replace(self._add_result(vres.oid, version, stats, created=True, notes=src.notes, lossy=outcome),
-                       auto_parent=auto)
-
-    def _card_parents(self, path: Path) -> tuple[list[str], str | None, list[str]]:
-        """Parents named by a folder's model card that exist here, their relation, and notes."""
-        card = path / CARD
-        if not path.is_dir() or not card.is_file() or card.stat().st_size > MAX_CARD_BYTES:
-            return [], None, []
-        found = read_lineage(card.read_text(encoding="utf-8", errors="replace"))
-        if found is None:
-            return [], None, []
-        known = [b for b in found.base_models if _looks_like_name(b) and self.refs.get(b) is not None]
-        missing = [b for b in found.base_models if b not in known]
-        notes = [f"{CARD} names base_model {', '.join(map(repr, missing))}, not in this repository: "
-                 "not recorded as a parent"] if missing else []  # fmt: skip
-        if not known:
-            return [], None, notes
-        relation = found.relation or ("merge" if len(known) > 1 else None)
-        notes.append(f"parent{'s' if len(known) > 1 else ''} {', '.join(known)} "
-                     f"({relation or 'finetune'}) from the base_model of {CARD}")  # fmt: skip
-        return known, relation, notes
-
-    def _snapshot(self, src: ModelSource, source: Any, plan: DeltaPlan, policy: LossyPolicy | None, jobs: int,
-                  tick: Progress | None, gate: tuple[str | None, float, float]
-                  ) -> tuple[Manifest, SnapshotStats, dict[str, Any]]:  # fmt: skip
-        """Write the objects of a version: lossily if asked and accepted, else losslessly.
-        Lossy objects are written first but only become visible if the version is committed;
-        when refused they stay unreferenced (gc removes them) and the files are added again."""
-        if policy is None:
-            return *write_snapshot(self.store, src, jobs=jobs, progress=tick, plan=plan), {}
-        manifest, stats = write_snapshot(self.store, src, jobs=jobs, progress=tick, plan=replace(plan, lossy=policy))
-        record, refusal = verdict(stats.lossy, policy)
-        outcome: dict[str, Any] = {}
-        spec, max_drop, timeout = gate
-        if record is not None and spec is not None:
-            result = self._run_gate(src, source, manifest, spec, max_drop, timeout, jobs)
-            outcome["gate"] = {"original": result.original, "reconstruction": result.reconstruction}
-            if not result.passed:
-                record, refusal = None, f"the gate refused it: {result.reason}"
-        if record is None:
-            manifest, stats = write_snapshot(self.store, src, jobs=jobs, plan=plan)
-        return manifest, stats, {**outcome, "record": record, "refusal": refusal}
-
-    def _run_gate(self, src: ModelSource, source: Any, manifest: Manifest, spec: str, max_drop: float,
-                  timeout: float, jobs: int) -> GateResult:  # fmt: skip
-        """The gate on the source folder and on the reconstruction rebuilt from the new objects
-        (a file or a state dict is first written out as it will check out, losslessly)."""
-        with tempfile.TemporaryDirectory(prefix="mgit-gate-") as tmp:
-            recon = Path(tmp) / "reconstruction"
-            restore_manifest(self.store, manifest, recon, jobs=jobs)
-            if not isinstance(source, Mapping) and Path(source).is_dir():
-                original = Path(source)
-            else:
-                original, scratch = Path(tmp) / "original", MemoryStore()
-                restore_manifest(scratch, write_snapshot(scratch, src, jobs=jobs)[0], original, jobs=jobs)
-            return evaluate(spec, original, recon, max_drop=max_drop, timeout=timeout)
-
-    def _delta_plan(self, name: str, parents: tuple[Parent, ...]) -> DeltaPlan:
-        """Tensors of the previous version of `name` and of the lineage parents, as delta bases.
-        Only a hint for compression: a head that moves meanwhile costs space, never correctness."""
-        related = [v for v in [self.refs.get(name), *(p.version for p in parents)] if v]
-        if not related and not parents:
-            return DeltaPlan(max_depth=self.max_depth)
-        with self._explained():
-            manifests = [load_manifest(self.store, load_version(self.store, v).manifest) for v in dict.fromkeys(related)]
-        return DeltaPlan.from_parents(manifests, max_depth=self.max_depth)
+        return add_version(
+            self, source, name=name, parents=[parent] if isinstance(parent, str) else list(parent or []),
+            relation=relation, message=message, tags=dict(tags or {}), author=author, jobs=jobs or default_jobs(),
+            progress=progress, policy=policy, gate=(gate, max_drop, gate_timeout), model_card=model_card,
+            recipe=recipe_record_of(recipe, params, root=self.root) if recipe is not None else None,
+            auto_parent=auto_parent,
+        )  # fmt: skip
 
     @property
     def max_depth(self) -> int:
         return int(self.config.get("delta_max_depth", DEFAULT_MAX_DEPTH))
-
-    def _add_result(self, vid: str, version: Version, stats: Any, *, created: bool, notes: list[str],
-                    lossy: dict[str, Any]) -> AddResult:  # fmt: skip
-        row = self.catalog.version(vid)
-        return AddResult(
-            model=version.model, version=vid, seq=row.seq if row else len(self.chain(vid)), created=created,
-            files=stats.files, tensors=stats.tensors, tensors_new=stats.tensors_new,
-            logical_bytes=version.summary.get("logical_bytes", 0),
-            # The catalog's count: a refused lossy pass may have written objects that the
-            # lossless pass then found already there.
-            new_bytes=(row.new_bytes if row else sum(r.stored_size for r in stats.new_objects)) if created else 0,
-            parents=self._parent_infos(version.parents), notes=list(notes), lossy=version.lossy,
-            lossless_reason=lossy.get("refusal"), gate=lossy.get("gate"),
-        )  # fmt: skip
 
     def _parent_infos(self, parents: tuple[Parent, ...] | tuple[tuple[str, str], ...]) -> list[ParentInfo]:
         out = []
@@ -527,11 +385,6 @@ class Repo:
                   if v not in left_out and ref.rpartition("@")[0] not in left_out]  # fmt: skip
         return suggest(sketch, stored, label=label, limit=limit, min_confidence=min_confidence, started=started)
 
-    def _auto_parents(self, src: ModelSource, name: str, label: str) -> tuple[ParentSuggestion, Sketch]:
-        """Parents for `add(auto_parent=True)`: versions of `name` itself are history, not lineage."""
-        sketch = sketch_source(src)
-        return self._suggest(sketch, label, limit=5, exclude={name}), sketch
-
     def _stored_sketches(self) -> list[tuple[str, str, Sketch]]:
         """(id, model@seq, sketch) of every indexed version. A missing sketch (a rebuilt
         catalog, a version indexed by sync after a crash) is computed from the stored tensors
@@ -550,14 +403,6 @@ class Repo:
             self.catalog.put_sketch(vid, sketch.to_bytes())
             out.append((vid, f"{row.model}@{row.seq}", sketch))
         return out
-
-    def _save_sketch(self, vid: str, manifest: Manifest, src: ModelSource, sketch: Sketch | None) -> None:
-        """Store the sketch of a version just added, from its source files. The version is
-        committed already: a sketch that cannot be made now is made when it is needed."""
-        try:
-            self.catalog.put_sketch(vid, (sketch or sketch_added(manifest, src)).to_bytes())
-        except (ValueError, OSError, MgitError) as exc:
-            src.notes.append(f"no parent-inference sketch stored yet ({exc}); it is computed when needed")
 
     # --- checkout and reading ---------------------------------------------------------------
     def checkout(self, ref: str, out_dir: str | os.PathLike[str], *, force: bool = False, jobs: int | None = None,
@@ -743,26 +588,3 @@ class Repo:
 
 def _file_infos(manifest: Manifest) -> list[FileInfo]:
     return [FileInfo(f.path, f.type, f.size, f.digest, len(f.tensors), f.converted_from) for f in manifest.files]
-
-
-MAX_CARD_BYTES = 1 << 20  # a model card larger than this is not read for lineage
-
-
-def _looks_like_name(name: str) -> bool:
-    try:
-        validate_model_name(name)
-        return True
-    except MgitError:
-        return False
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-def _default_author() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return f"{user}@{os.uname().nodename}"
