@@ -126,6 +126,7 @@ def _card_parents(repo: Repo, path: Path) -> tuple[list[str], str | None, list[s
                  f"({relation or 'finetune'}) from the base_model of {CARD}")  # fmt: skip
     return known, relation, notes
 
+
 def _snapshot(repo: Repo, src: ModelSource, source: Any, plan: DeltaPlan, policy: LossyPolicy | None, jobs: int,
               tick: Progress | None, gate: tuple[str | None, float, float]
               ) -> tuple[Manifest, SnapshotStats, dict[str, Any]]:  # fmt: skip
@@ -146,6 +147,7 @@ def _snapshot(repo: Repo, src: ModelSource, source: Any, plan: DeltaPlan, policy
     if record is None:
         manifest, stats = write_snapshot(repo.store, src, jobs=jobs, plan=plan)
     return manifest, stats, {**outcome, "record": record, "refusal": refusal}
+
 
 def _run_gate(repo: Repo, src: ModelSource, source: Any, manifest: Manifest, spec: str, max_drop: float,
               timeout: float, jobs: int) -> GateResult:  # fmt: skip
