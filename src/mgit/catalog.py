@@ -10,14 +10,12 @@ named migration recorded in the same transaction that applies it.
 from __future__ import annotations
 
 import json
-import sqlite3
-import threading
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mgit.database import Database
 from mgit.objects import Version
 
 MIGRATIONS: list[tuple[str, list[str]]] = [
@@ -97,56 +95,9 @@ class VersionRow:
     recipe: dict[str, Any] | None = None
 
 
-class Catalog:
+class Catalog(Database):
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self._local = threading.local()
-        self.migrate()
-
-    @property
-    def db(self) -> sqlite3.Connection:
-        # One connection per thread: sqlite3 connections must not be shared across threads.
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA busy_timeout=60000")
-            self._local.conn = conn
-        return conn
-
-    def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
-
-    @contextmanager
-    def atomic(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (BEGIN IMMEDIATE takes the write lock up front, so two
-        writers queue instead of failing on upgrade); rolled back on any exception."""
-        db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
-
-    def migrate(self) -> list[str]:
-        db = self.db
-        db.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
-        applied = []
-        for name, statements in MIGRATIONS:
-            with self.atomic() as tx:
-                if tx.execute("SELECT 1 FROM migrations WHERE name = ?", (name,)).fetchone():
-                    continue
-                for sql in statements:
-                    tx.execute(sql)
-                tx.execute("INSERT INTO migrations VALUES (?, datetime('now'))", (name,))
-                applied.append(name)
-        return applied
+        super().__init__(path, MIGRATIONS, synchronous="NORMAL")  # derived data: a lost commit is re-derived
 
     # --- writing ------------------------------------------------------------------------
     def add_objects(self, rows: Iterable[ObjectRow]) -> None:

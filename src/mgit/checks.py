@@ -17,18 +17,15 @@ from __future__ import annotations
 import fnmatch
 import json
 import math
-import sqlite3
 import tempfile
-import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mgit import usercode
+from mgit.database import Database
 from mgit.errors import MgitError, UnknownRefError
 from mgit.lineage import Lineage
 from mgit.reports import Report
@@ -145,36 +142,7 @@ class Checks:
 
     def __init__(self, repo: Repo) -> None:
         self.repo = repo
-        self.path = repo.dir / "checks.sqlite"
-        self._local = threading.local()
-        with self._atomic() as db:
-            db.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
-            for name, statements in MIGRATIONS:
-                if not db.execute("SELECT 1 FROM migrations WHERE name = ?", (name,)).fetchone():
-                    for sql in statements:
-                        db.execute(sql)
-                    db.execute("INSERT INTO migrations VALUES (?, datetime('now'))", (name,))
-
-    @property
-    def _db(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA busy_timeout=60000")
-            self._local.conn = conn
-        return conn
-
-    @contextmanager
-    def _atomic(self) -> Iterator[sqlite3.Connection]:
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        self._sql = Database(repo.dir / "checks.sqlite", MIGRATIONS)
 
     # --- registrations ------------------------------------------------------------------
     def attach(self, target: str, fn: str, *, name: str | None = None, conditions: list[Condition] | None = None,
@@ -187,7 +155,7 @@ class Checks:
         lineage = self.repo.lineage
         if not any(spec.matches(n, m.tags) for n, m in lineage.nodes.items()) and not _is_pattern(target):
             raise UnknownRefError(target, "no model", hint="Attach to a model name, a glob like 'bert-*' or tag:KEY=VALUE")
-        with self._atomic() as db:
+        with self._sql.atomic() as db:
             if db.execute("SELECT 1 FROM tests WHERE name = ?", (spec.name,)).fetchone():
                 raise MgitError(f"a test named {spec.name!r} exists", hint=f"Choose another --name or: mgit test rm {spec.name}")
             db.execute("INSERT INTO tests VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -197,12 +165,12 @@ class Checks:
 
     def detach(self, name: str) -> TestSpec:
         spec = self.test(name)
-        with self._atomic() as db:
+        with self._sql.atomic() as db:
             db.execute("DELETE FROM tests WHERE name = ?", (name,))
         return spec
 
     def tests(self) -> list[TestSpec]:
-        rows = self._db.execute("SELECT name, fn, target, inherit, conditions, timeout FROM tests ORDER BY name")
+        rows = self._sql.db.execute("SELECT name, fn, target, inherit, conditions, timeout FROM tests ORDER BY name")
         return [TestSpec(n, f, t, bool(i), [Condition(**c) for c in json.loads(cs)], to) for n, f, t, i, cs, to in rows]
 
     def test(self, name: str) -> TestSpec:
@@ -291,7 +259,7 @@ class Checks:
         model, seq = self._model_seq(vid)
         outcome = TestOutcome(vid, model, seq, spec.name, source, status, metrics, reasons, round(run.seconds, 3),
                               _now(), output=run.output)  # fmt: skip
-        with self._atomic() as db:
+        with self._sql.atomic() as db:
             db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (vid, spec.name, source, status, json.dumps(_finite(metrics)), json.dumps(reasons),
                         run.output, outcome.seconds, outcome.time))  # fmt: skip
@@ -304,7 +272,7 @@ class Checks:
         args: tuple[Any, ...] = (vid, test)
         if source is not None:
             sql, args = sql + " AND source = ?", (*args, source)
-        row = self._db.execute(sql + " ORDER BY time DESC LIMIT 1", args).fetchone()
+        row = self._sql.db.execute(sql + " ORDER BY time DESC LIMIT 1", args).fetchone()
         return self._outcome(row) if row else None
 
     def show(self, ref: str | None = None) -> list[TestOutcome]:
@@ -315,7 +283,7 @@ class Checks:
             vids = [n.head for n in self.repo.lineage.nodes.values() if not n.removed]
         out = []
         for vid in vids:
-            rows = self._db.execute(
+            rows = self._sql.db.execute(
                 """SELECT * FROM results r WHERE version = ? AND time = (SELECT MAX(time) FROM results r2
                    WHERE r2.version = r.version AND r2.test = r.test) ORDER BY test""",
                 (vid,),

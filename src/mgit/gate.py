@@ -14,8 +14,6 @@ more than `max_drop`; any other metric must not fall by more than `max_drop`.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import math
 import re
@@ -23,7 +21,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from mgit.usercode import load_function
 
 DEFAULT_TIMEOUT = 600.0
 LOWER_IS_BETTER = frozenset({"loss", "error", "err", "perplexity", "ppl", "mse", "mae", "rmse", "wer", "cer", "latency"})
@@ -100,25 +99,9 @@ def evaluate(spec: str, original: Path, reconstruction: Path, *, max_drop: float
     return GateResult(not failures, "; ".join(failures) or None, before, after)
 
 
-def load_function(spec: str) -> Any:
-    """`module:function` or `path/to/file.py:function` -> the function (child process only)."""
-    target, sep, name = spec.rpartition(":")
-    if not sep or not target or not name:
-        raise ValueError(f"gate {spec!r} is not MODULE:FUNCTION or FILE.py:FUNCTION")
-    if target.endswith(".py"):
-        module_spec = importlib.util.spec_from_file_location("mgit_gate_module", target)
-        if module_spec is None or module_spec.loader is None:
-            raise ValueError(f"cannot load {target}")
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
-    return getattr(module, name)
-
-
 def main(argv: list[str]) -> int:
     spec, folder = argv
-    result = load_function(spec)(folder)
+    result = load_function(spec)(folder)  # user code: this runs in the child process only
     sys.stdout.write("\n" + RESULT_MARK + json.dumps(result, default=float) + "\n")
     return 0
 
