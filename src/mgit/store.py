@@ -267,8 +267,10 @@ class ObjectStore:
         loaded: dict[str, np.ndarray] = {}
 
         def load(base: str) -> np.ndarray:
-            if base not in loaded:
-                loaded[base] = self.get(base)[1]
+            if base not in loaded:  # the base's own bases land in `loaded` too (often the same ones)
+                arr = self.get(base, decoded=loaded)[1]
+                arr.flags.writeable = False
+                loaded[base] = arr
             return loaded[base]
 
         codecs, payload = self._smallest(candidates, exact, buf, load)
@@ -317,12 +319,24 @@ class ObjectStore:
     def header(self, oid: str) -> ObjectHeader:
         return parse_record(oid, self._read_record(oid))[0]
 
-    def get(self, oid: str) -> tuple[ObjectHeader, np.ndarray]:
-        """Decode an object and check that its content hashes to its id."""
+    def get(self, oid: str, *, decoded: dict[str, np.ndarray] | None = None) -> tuple[ObjectHeader, np.ndarray]:
+        """Decode an object and check that its content hashes to its id. `decoded` memoizes
+        the bases decoded on the way (read-only arrays), for a caller that decodes several
+        objects sharing bases."""
         header, payload = parse_record(oid, self._read_record(oid))
+
+        def base(o: str) -> np.ndarray:
+            if decoded is None:
+                return self.get(o)[1]
+            if o not in decoded:
+                arr = self.get(o, decoded=decoded)[1]
+                arr.flags.writeable = False
+                decoded[o] = arr
+            return decoded[o]
+
         try:
             chain = chain_from_list(header.codecs)
-            data = decode_chain(chain, payload, CodecContext(size=header.size, load_object=lambda o: self.get(o)[1]))
+            data = decode_chain(chain, payload, CodecContext(size=header.size, load_object=base))
         except CodecError as exc:
             raise CorruptObjectError(oid, exc.message) from None
         arr = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
