@@ -349,3 +349,37 @@ def test_lossy_never_stores_more_than_lossless(repo: Repo, tmp_path: Path) -> No
     assert repo.store.stored_size(tensor.object) == lossless.store.stored_size(tensor.object)
     repo.checkout("pruned", tmp_path / "out")
     assert sha256_tree(tmp_path / "out") == sha256_tree(tmp_path / "pruned")
+
+
+def test_a_pruned_copy_of_a_lossy_parent_snaps_to_its_reconstruction(repo: Repo, tmp_path: Path) -> None:
+    # base -> fine-tune (stored lossily, relative bound) -> 50% pruning of the fine-tune. The
+    # pruning differs from the fine-tune's reconstruction everywhere by a little (the
+    # fine-tune's rounding) and by a lot where it was pruned: snapped to the reconstruction
+    # within the bound, it is an exact patch of it, and its zeros stay zeros.
+    parent = state(rows=128)
+    child = finetune(parent, 1e-5)
+    pruned = {k: (np.where(np.abs(v) >= np.median(np.abs(v)), v, np.float32(0)) if v.dtype == np.float32 else v)
+              for k, v in child.items()}  # fmt: skip
+    for name, st in (("base", parent), ("ft", child), ("pruned", pruned)):
+        make_model(tmp_path / name, state=st)
+    repo.add(tmp_path / "base", name="base")
+    assert repo.add(tmp_path / "ft", name="ft", parent="base", lossy_rel=0.1).lossy
+    exact = Repo.init(tmp_path / "exact")
+    exact.add(tmp_path / "base", name="base")
+    exact.add(tmp_path / "ft", name="ft", parent="base", lossy_rel=0.1)
+    refused = exact.add(tmp_path / "pruned", name="pruned", parent="ft", relation="prune")  # lossless
+    result = repo.add(tmp_path / "pruned", name="pruned", parent="ft", relation="prune", lossy_rel=0.1)
+    assert result.lossy and result.new_bytes < refused.new_bytes / 3
+    back = repo.load_state_dict("pruned")
+    ft_back = repo.load_state_dict("ft")
+    for k, v in pruned.items():
+        if v.dtype != np.float32:
+            continue
+        assert np.array_equal(back[k] == 0, v == 0)  # the mask, exactly
+        kept = v != 0
+        assert np.array_equal(back[k][kept], ft_back[k][kept])  # snapped to the parent's reconstruction
+        change = v.astype(np.float64) - ft_back[k]
+        assert np.abs(back[k].astype(np.float64) - v).max() <= 0.1 * np.sqrt(np.mean(change**2))
+    floats = [t for t in repo.manifest("pruned").tensors() if t.dtype == "F32"]
+    assert {repo.store.header(t.object).codecs[0]["name"] for t in floats} == {"patch"}
+

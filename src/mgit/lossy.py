@@ -23,6 +23,10 @@ reconstruction only if
 - the fidelity guard holds: ||recon - x|| <= guard * ||x - parent||, so that what the child
   changed survives (a change smaller than the step would otherwise round back to the parent).
 
+A child most of whose values are within the bound of the parent's stored values (a pruned
+copy of a lossily stored fine-tune) is instead *snapped* to the parent: those values take the
+parent's, exact zeros stay, and an exact patch of the parent stores the rest.
+
 Otherwise the tensor is stored losslessly. Tensors with NaN or infinity and integer tensors
 are never touched. `verdict` then decides for the whole version: if the guard failed on more
 than half of the changed parameters, the version is stored losslessly and the reason is
@@ -59,6 +63,7 @@ from mgit.store import ObjectStore
 DEFAULT_GUARD = 0.1  # the reconstruction error may be at most 10% of the change (L2 norms)
 REFUSE_SHARE = 0.5  # guard failures on more than this share of changed parameters: all lossless
 STEP_FACTORS = (1.9, 1.0, 0.5)  # step = factor * eps; rounding alone errs by at most step / 2
+SNAP_SHARE = 0.5  # share of values within the bound of the parent's above which the child is snapped to it
 
 
 @dataclass(frozen=True)
@@ -185,6 +190,9 @@ def encode_lossy(store: ObjectStore, dtype: str, shape: tuple[int, ...], data: n
     bound = policy.bound(change / np.sqrt(x.size) if x.size else 0.0)
     if bound <= 0:
         return lossless
+    snapped = _snap_to_parent(x, b, parent_bytes, raw, dtype, bound, policy.guard * change)
+    if snapped is not None:
+        return snapped
     ctx = CodecContext(raw.nbytes, lambda _: parent_bytes)
     guard_failed = False
     for factor in STEP_FACTORS:
@@ -205,3 +213,22 @@ def encode_lossy(store: ObjectStore, dtype: str, shape: tuple[int, ...], data: n
             continue  # a finer step may keep the change
         return LossyTensor(recon, [codec, *_tail(int_bytes)], float(error.max(initial=0.0)), x.size)
     return LossyTensor(raw, None, 0.0, x.size, guard_failed=True) if guard_failed else lossless
+
+
+def _snap_to_parent(x: np.ndarray, b: np.ndarray, parent_bytes: np.ndarray, raw: np.ndarray, dtype: str,
+                    bound: float, guard_norm: float) -> LossyTensor | None:  # fmt: skip
+    """The child with every value within `bound` of the parent's stored value replaced by it,
+    when that is most of them: a pruned copy of a lossily stored fine-tune then differs from
+    its parent's reconstruction only where it was pruned, which an exact patch stores for
+    little. Exact zeros are kept (a pruning's mask is structure, not noise). Both arrays'
+    values are representable in the dtype, so the mix is taken bytewise."""
+    close = (np.abs(x - b) <= bound) & (x != 0)
+    if not close.any() or close.mean() < SNAP_SHARE:
+        return None
+    size = raw.size // x.size
+    mask = np.repeat(close, size)
+    recon = np.where(mask, parent_bytes[: raw.size], raw)
+    error = np.abs(np.where(close, b, x) - x)
+    if float(np.linalg.norm(error)) > guard_norm:
+        return None
+    return LossyTensor(recon, [], float(error.max(initial=0.0)), x.size)
