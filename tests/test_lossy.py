@@ -360,8 +360,8 @@ def test_a_pruned_copy_of_a_lossy_parent_snaps_to_its_reconstruction(repo: Repo,
     child = finetune(parent, 1e-5)
     pruned = {k: (np.where(np.abs(v) >= np.median(np.abs(v)), v, np.float32(0)) if v.dtype == np.float32 else v)
               for k, v in child.items()}  # fmt: skip
-    for name, st in (("base", parent), ("ft", child), ("pruned", pruned)):
-        make_model(tmp_path / name, state=st)
+    for name, weights in (("base", parent), ("ft", child), ("pruned", pruned)):
+        make_model(tmp_path / name, state=weights)
     repo.add(tmp_path / "base", name="base")
     assert repo.add(tmp_path / "ft", name="ft", parent="base", lossy_rel=0.1).lossy
     exact = Repo.init(tmp_path / "exact")
