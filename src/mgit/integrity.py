@@ -11,10 +11,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from mgit.catalog import Catalog
 from mgit.errors import CorruptObjectError, MgitError, MissingObjectError
 from mgit.objects import Manifest, RecordError, Version
-from mgit.reports import Problem
-from mgit.store import ObjectStore
+from mgit.refs import RefStore
+from mgit.reports import FsckResult, GcResult, Problem
+from mgit.store import ObjectStore, remove_leftovers
 
 
 @dataclass
@@ -131,3 +133,45 @@ def check_references(store: ObjectStore, seen: Reachable) -> list[Problem]:
                 if header.kind != kind or (tensor and header.meta != {"dtype": tensor.dtype, "shape": list(tensor.shape)}):
                     problems.append(Problem(oid, "corrupt", f"is not the {kind} that {f.path} expects", users))
     return problems
+
+
+def fsck(store: ObjectStore, refs: RefStore, catalog: Catalog, *, jobs: int,
+         progress: Callable[[int, int], Callable[[int], None]] | None = None) -> FsckResult:  # fmt: skip
+    """Re-hash every object and check every reference; problems are listed, not raised."""
+    heads = refs.all()
+    seen = walk(store, heads)
+    oids = list(store.ids())
+    tick = progress(len(oids), 0) if progress else None
+    problems, checked = verify_objects(store, oids, jobs=jobs, progress=tick)
+    bad = {p.object for p in problems}
+    problems += [p for p in seen.problems if p.object not in bad]
+    problems += [p for p in check_references(store, seen) if p.object not in bad]
+    problems = [p if p.used_by else type(p)(p.object, p.kind, p.message, catalog.object_users(p.object))
+                for p in problems]  # fmt: skip
+    if heads != catalog.heads():
+        problems.append(Problem("catalog", "catalog", "the catalog does not list the same heads as refs/"))
+    leftovers = len(store.temporary_files()) + len(refs.temporary_files())
+    return FsckResult(len(oids), checked, len(heads), len(seen.versions), problems, leftovers)
+
+
+def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, *, dry_run: bool = False) -> GcResult:
+    """Delete objects that no ref reaches, and leftovers of interrupted writes (the caller
+    holds the repository's exclusive lock)."""
+    heads = refs.all()
+    seen = walk(store, heads)
+    if seen.problems:
+        p = seen.problems[0]
+        raise MgitError(f"cannot collect garbage: object {p.object[:16]} is {p.kind}",
+                        hint="Run: mgit fsck, and repair the repository first")  # fmt: skip
+    garbage = [oid for oid in store.ids() if oid not in seen.objects]
+    freed = sum(store.stored_size(oid) for oid in garbage)
+    leftovers = store.temporary_files() + refs.temporary_files()
+    if not dry_run:
+        # Rows first: a gc killed midway leaves files no row names, which the next gc finds by
+        # listing the store; the reverse would leave rows for missing files.
+        catalog.set_heads(refs.all)
+        catalog.remove_objects(garbage)
+        for oid in garbage:
+            store.delete(oid)
+        remove_leftovers(leftovers)
+    return GcResult(dry_run, garbage, freed, len(seen.objects), len(leftovers))

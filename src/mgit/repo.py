@@ -43,7 +43,7 @@ from mgit.formats.folder import scan_path, scan_state_dict
 from mgit.formats.model_card import CARD, write_lineage
 from mgit.gate import DEFAULT_TIMEOUT
 from mgit.inference import DEFAULT_MIN_CONFIDENCE, suggest
-from mgit.integrity import check_references, load_manifest, load_version, verify_objects, walk
+from mgit.integrity import fsck, gc, load_manifest, load_version
 from mgit.lineage import Lineage
 from mgit.locks import FileLock
 from mgit.lossy import DEFAULT_GUARD, LossyPolicy, describe
@@ -61,7 +61,6 @@ from mgit.reports import (
     ModelUsage,
     ParentInfo,
     ParentSuggestion,
-    Problem,
     RemoveResult,
     ShowResult,
     StorageInfo,
@@ -74,7 +73,7 @@ from mgit.snapshot import (
     restore_file,
     safe_join,
 )
-from mgit.store import DEFAULT_MAX_DEPTH, LocalStore, remove_leftovers
+from mgit.store import DEFAULT_MAX_DEPTH, LocalStore
 from mgit.usercode import recipe_record_of
 
 REPO_DIR = ".mgit"
@@ -548,42 +547,12 @@ class Repo:
 
     def fsck(self, *, jobs: int | None = None, progress: Callable[[int, int], Progress] | None = None) -> FsckResult:
         """Re-hash every object and check every reference; problems are listed, not raised."""
-        heads = self.refs.all()
-        seen = walk(self.store, heads)
-        oids = list(self.store.ids())
-        tick = progress(len(oids), 0) if progress else None
-        problems, checked = verify_objects(self.store, oids, jobs=jobs or default_jobs(), progress=tick)
-        bad = {p.object for p in problems}
-        problems += [p for p in seen.problems if p.object not in bad]
-        problems += [p for p in check_references(self.store, seen) if p.object not in bad]
-        problems = [p if p.used_by else type(p)(p.object, p.kind, p.message, self.catalog.object_users(p.object))
-                    for p in problems]  # fmt: skip
-        if heads != self.catalog.heads():
-            problems.append(Problem("catalog", "catalog", "the catalog does not list the same heads as refs/"))
-        leftovers = len(self.store.temporary_files()) + len(self.refs.temporary_files())
-        return FsckResult(len(oids), checked, len(heads), len(seen.versions), problems, leftovers)
+        return fsck(self.store, self.refs, self.catalog, jobs=jobs or default_jobs(), progress=progress)
 
     def gc(self, *, dry_run: bool = False) -> GcResult:
         """Delete objects that no ref reaches, and leftovers of interrupted writes."""
         with self._writer_lock(exclusive=True):
-            heads = self.refs.all()
-            seen = walk(self.store, heads)
-            if seen.problems:
-                p = seen.problems[0]
-                raise MgitError(f"cannot collect garbage: object {p.object[:16]} is {p.kind}",
-                                hint="Run: mgit fsck, and repair the repository first")  # fmt: skip
-            garbage = [oid for oid in self.store.ids() if oid not in seen.objects]
-            freed = sum(self.store.stored_size(oid) for oid in garbage)
-            leftovers = self.store.temporary_files() + self.refs.temporary_files()
-            if not dry_run:
-                # Rows first: a gc killed midway leaves files no row names, which the next gc
-                # finds by listing the store; the reverse would leave rows for missing files.
-                self.catalog.set_heads(self.refs.all)
-                self.catalog.remove_objects(garbage)
-                for oid in garbage:
-                    self.store.delete(oid)
-                remove_leftovers(leftovers)
-        return GcResult(dry_run, garbage, freed, len(seen.objects), len(leftovers))
+            return gc(self.store, self.refs, self.catalog, dry_run=dry_run)
 
 
 def _file_infos(manifest: Manifest) -> list[FileInfo]:
