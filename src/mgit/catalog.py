@@ -267,43 +267,36 @@ class Catalog(Database):
         ).fetchone()[0]
 
     def tensor_storage(self, vids: list[str]) -> dict[str, int]:
-        """How the tensors of these versions are stored: `deduplicated` (an earlier version
-        stored the object), else by the first codec of the object's chain."""
+        """How the tensors of these versions are stored, together (see `tensor_counts`)."""
         counts: dict[str, int] = {}
-        rows = self.db.execute(
-            f"""SELECT o.codec, EXISTS (SELECT 1 FROM version_objects vo2 JOIN versions v2 ON v2.id = vo2.version
-                                        WHERE vo2.object = vo.object AND v2.rowid < v.rowid), COUNT(*)
-                FROM version_objects vo JOIN objects o ON o.id = vo.object JOIN versions v ON v.id = vo.version
-                WHERE vo.version IN {IDS} AND o.kind = 'tensor'
-                GROUP BY 1, 2""",
-            (json.dumps(vids),),
-        )
-        for codec, dedup, n in rows:
-            key = "deduplicated" if dedup else storage_class(codec)
-            counts[key] = counts.get(key, 0) + n
+        for per_version in self.tensor_counts(vids).values():
+            for key, n in per_version.items():
+                counts[key] = counts.get(key, 0) + n
         return counts
 
-    def storage_by_version(self, vids: list[str]) -> dict[str, tuple[int, dict[str, int]]]:
-        """Per version: (stored bytes of the objects it uses, its tensors by how they are
-        stored, as `tensor_storage` counts them). Two queries for any number of versions, so
-        a page over a thousand models does not issue a query per model."""
-        ids = json.dumps(vids)
-        out: dict[str, tuple[int, dict[str, int]]] = {
-            vid: (stored, {}) for vid, stored in self.db.execute(f"SELECT id, stored_bytes FROM versions WHERE id IN {IDS}", (ids,))
-        }
+    def tensor_counts(self, vids: list[str]) -> dict[str, dict[str, int]]:
+        """Per version, how its tensors are stored: `deduplicated` (an earlier version stored
+        the object), else by the first codec of the object's chain. One query for any number
+        of versions, so a page over a thousand models does not issue a query per model."""
+        out: dict[str, dict[str, int]] = {v: {} for v in vids}
         rows = self.db.execute(
             f"""SELECT v.id, o.codec, EXISTS (SELECT 1 FROM version_objects vo2 JOIN versions v2 ON v2.id = vo2.version
                                               WHERE vo2.object = vo.object AND v2.rowid < v.rowid), COUNT(*)
                 FROM version_objects vo JOIN objects o ON o.id = vo.object JOIN versions v ON v.id = vo.version
                 WHERE vo.version IN {IDS} AND o.kind = 'tensor'
                 GROUP BY 1, 2, 3""",
-            (ids,),
+            (json.dumps(vids),),
         )
         for vid, codec, dedup, n in rows:
-            counts = out[vid][1]
             key = "deduplicated" if dedup else storage_class(codec)
-            counts[key] = counts.get(key, 0) + n
+            out[vid][key] = out[vid].get(key, 0) + n
         return out
+
+    def storage_by_version(self, vids: list[str]) -> dict[str, tuple[int, dict[str, int]]]:
+        """Per version: (stored bytes of the objects it uses, `tensor_counts`)."""
+        counts = self.tensor_counts(vids)
+        rows = self.db.execute(f"SELECT id, stored_bytes FROM versions WHERE id IN {IDS}", (json.dumps(vids),))
+        return {vid: (stored, counts.get(vid, {})) for vid, stored in rows}
 
     def physical_bytes(self, vids: list[str]) -> tuple[int, int]:
         """(objects, stored bytes) of the distinct objects that these versions use."""
