@@ -8,7 +8,7 @@ import os
 import click
 
 from mgit.cli.commands import jobs_option, json_option
-from mgit.cli.output import PlainTable, err, out, plural, print_json, progress_bar, short, table
+from mgit.cli.output import err, out, plural, print_json, progress_bar, short, table
 from mgit.diff import DiffResult, FileDiff, GroupDiff, TensorStats, diff_paths
 from mgit.errors import RepoNotFoundError
 
@@ -69,7 +69,7 @@ def print_result(r: DiffResult, *, every_tensor: bool) -> None:
     side = [f"{s.label} ({short(s.version)})" if s.version else s.label for s in (r.a, r.b)]
     out.print(f"A: {side[0]}\nB: {side[1]}")
     numbers = ("rel change", "max |B-A|", "min cosine", "max rank") if not r.structural else ()
-    t = _right(table("group", "tensors", "status", *numbers), 1, *range(3, 3 + len(numbers)))
+    t = table("group", "tensors", "status", *numbers)
     for g in r.groups:
         cells = [_g(g.rel_change), _g(g.max_abs), _cos(g.min_cosine), _group_rank(g)] if numbers else []
         t.add_row(g.name, str(g.tensors), _statuses(g.counts), *cells)
@@ -94,7 +94,7 @@ def _print_tensors(r: DiffResult, every_tensor: bool) -> None:
     if not shown:
         return
     numbers = ("rel change", "max |B-A|", "cosine", "changed", "rank") if not r.structural else ()
-    t = _right(table("tensor", "status", "dtype", "shape", *numbers), *range(4, 4 + len(numbers)))
+    t = table("tensor", "status", "dtype", "shape", *numbers)
     for d in shown:
         dtype = d.dtype_a if d.dtype_a == d.dtype_b else f"{d.dtype_a or '-'} -> {d.dtype_b or '-'}"
         shape = _shape(d.shape_a) if d.shape_a == d.shape_b else f"{_shape(d.shape_a)} -> {_shape(d.shape_b)}"
@@ -117,12 +117,6 @@ def _print_files(files: list[FileDiff]) -> None:
     for f in files:
         if f.diff:
             out.print("\n".join(f.diff))
-
-
-def _right(t: PlainTable, *columns: int) -> PlainTable:
-    for i in columns:
-        t.columns[i].justify = "right"
-    return t
 
 
 def _statuses(counts: dict[str, int]) -> str:

@@ -87,7 +87,8 @@ class PlainTable:
 def table(*columns: str, title: str | None = None) -> PlainTable:
     """A borderless table; numeric columns (by name) are right-aligned."""
     right = {"size", "logical", "stored", "tensors", "versions", "factor", "params", "objects", "files", "new",
-             "tensors: dedup", "delta", "derived", "standalone"}  # fmt: skip
+             "tensors: dedup", "delta", "derived", "standalone", "rel change", "max |b-a|", "min cosine",
+             "max rank", "cosine", "changed", "rank"}  # fmt: skip
     return PlainTable([Column(c, "right" if c.lower() in right else "left") for c in columns], title)
 
 
