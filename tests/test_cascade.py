@@ -20,6 +20,7 @@ from conftest import run_cli, run_mgit
 from mgit import Repo
 from mgit.cascade import plan_cascade
 from mgit.checks import Condition
+from mgit.errors import RefConflictError
 
 torch = pytest.importorskip("torch")
 
@@ -430,3 +431,27 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
     assert code == 1 and err.startswith("Error: no model named 'nope'")
     code, out, _ = run_cli("cascade", "base", cwd=repo.root)
     assert code == 0 and "base@2 has no descendants: nothing to cascade." in out
+
+
+def test_a_cascade_keeps_tags_and_the_tests_attached_by_them(tmp_path: Path) -> None:
+    repo = build(tmp_path / "w", PRUNED, tests=False)
+    head = repo.resolve("pruned")
+    repo.add(repo.checkout("pruned", tmp_path / "p").out_dir, name="pruned", tags={"team": "edge"})  # tag the head
+    assert repo.version("pruned").predecessor == head
+    repo.checks.attach("tag:team=edge", "evals.py:quality", conditions=[Condition("finite", "min", 1.0)])
+    code, report = cascade(repo.root, "base")
+    results = by_model(report)
+    assert code == 0 and results["pruned"]["status"] == "updated"
+    assert repo.version("pruned").tags == {"team": "edge"}
+    assert [t["test"] for t in results["pruned"]["tests_after"]] == ["quality"]
+
+
+def test_an_add_with_an_expected_head_commits_nothing_if_the_model_moved(tmp_path: Path) -> None:
+    repo = build(tmp_path / "w", PRUNED[:1], tests=False)
+    old = repo.resolve("pruned")
+    folder = repo.checkout("pruned", tmp_path / "p").out_dir
+    repo.add(folder, name="pruned", message="someone else's version", tags={"k": "v"})
+    with pytest.raises(RefConflictError, match="moved while updating it"):
+        repo.add(folder, name="pruned", message="mine", expected_head=old)
+    assert repo.log("pruned")[0].message == "someone else's version"
+

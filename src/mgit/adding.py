@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mgit.errors import MgitError
+from mgit.errors import MgitError, RefConflictError
 from mgit.faults import crash_point
 from mgit.formats.folder import ModelSource, scan_path, scan_state_dict
 from mgit.formats.model_card import CARD, read_lineage
@@ -42,7 +42,7 @@ def add_version(repo: Repo, source: str | os.PathLike[str] | Mapping[str, Any], 
                 relation: str | None, message: str, tags: dict[str, str], author: str | None, jobs: int,
                 progress: Callable[[int, int], Progress] | None, policy: LossyPolicy | None,
                 gate: tuple[str | None, float, float], model_card: bool, recipe: dict[str, Any] | None,
-                auto_parent: bool) -> AddResult:  # fmt: skip
+                auto_parent: bool, expected_head: str | None = None) -> AddResult:  # fmt: skip
     """The body of `Repo.add` (see its docstring), with its options checked and resolved."""
     asked_relation = relation
     recipe_record = recipe
@@ -73,13 +73,17 @@ def add_version(repo: Repo, source: str | os.PathLike[str] | Mapping[str, Any], 
         repo.store.sync()
         with repo.refs.lock(name):
             head = repo.refs.get(name)
+            if expected_head is not None and head != expected_head:
+                raise RefConflictError(name, expected_head, head)
             prev = load_version(repo.store, head) if head else None
             if prev is not None and not parent_refs:
                 lineage = prev.parents
             if recipe_record is None and prev is not None:
                 recipe_record = prev.recipe  # a new version made the same way as the last
+            if not tags and prev is not None:
+                tags = dict(prev.tags)  # and tagged the same way, unless new tags are given
             if (prev is not None and prev.manifest == mres.oid and prev.parents == lineage
-                    and prev.recipe == recipe_record):  # fmt: skip
+                    and prev.recipe == recipe_record and prev.tags == tags):  # fmt: skip
                 return replace(_add_result(repo, head, prev, stats, created=False, notes=src.notes, lossy=outcome),
                                auto_parent=auto)
             version = Version(

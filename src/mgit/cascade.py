@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mgit import usercode
-from mgit.errors import MgitError
+from mgit.errors import MgitError, RefConflictError
 from mgit.faults import crash_point
 from mgit.lineage import Lineage, LineageEdge
 from mgit.reports import Report
@@ -353,12 +353,15 @@ class _Cascade:
                     return replace(failed, reason=f"the recipe {run.error}", output=run.output)
                 if not any(out.iterdir()):
                     return replace(failed, reason="the recipe wrote nothing into its output folder", output=run.output)
-                if self.repo.refs.get(step.model) != step.head:
-                    return replace(failed, reason=f"{step.model} got another version during the cascade; run it again")
                 message = f"cascade from {self.plan.ref}: {fn} re-run on {', '.join(ref for _, ref in parents)}"
+                # Same tags as the version it replaces (tests attached by tag must still apply),
+                # and committed only if no one added a version meanwhile (checked under the lock).
                 added = self.repo.add(out, name=step.model, parent=[vid for vid, _ in parents], relation=step.relation,
                                       message=message, recipe=_rooted(fn, self.repo.root), params=params,
-                                      model_card=False)  # fmt: skip
+                                      tags=self.repo.version(step.head).tags, model_card=False,
+                                      expected_head=step.head)  # fmt: skip
+        except RefConflictError:
+            return replace(failed, reason=f"{step.model} got another version during the cascade; run it again")
         except (MgitError, OSError) as exc:
             return replace(failed, reason=str(exc))
         crash_point("cascade-after-commit")

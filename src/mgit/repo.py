@@ -303,11 +303,13 @@ class Repo:
         recipe: str | None = None,
         params: Mapping[str, Any] | None = None,
         auto_parent: bool = False,
+        expected_head: str | None = None,
     ) -> AddResult:
         """Store a model folder, a file or a state dict as the next version of `name`.
 
         `parent` names lineage parents (refs); when omitted, a new version keeps the parents
-        of the version before it. Adding the same content as the head changes nothing.
+        of the version before it, and likewise its tags and recipe. Adding the same content,
+        parents, tags and recipe as the head changes nothing.
         `progress(total_bytes, 0)` may return a callback that receives bytes as they are done.
 
         `lossy=EPS` stores float tensors that changed from a parent tensor as a quantized
@@ -332,6 +334,9 @@ class Repo:
         parent from the weights (see `suggest_parents`) and takes the best candidate if it is
         confident enough, with its guessed relation unless `relation` is given; the result's
         `auto_parent` and notes say what was chosen, or why nothing was.
+
+        `expected_head` makes the add a compare-and-swap: if the model's latest version is not
+        that one when the ref is locked, nothing is committed (RefConflictError).
         """
         validate_model_name(name)
         if auto_parent and parent:
@@ -345,7 +350,7 @@ class Repo:
             relation=relation, message=message, tags=dict(tags or {}), author=author, jobs=jobs or default_jobs(),
             progress=progress, policy=policy, gate=(gate, max_drop, gate_timeout), model_card=model_card,
             recipe=recipe_record_of(recipe, params, root=self.root) if recipe is not None else None,
-            auto_parent=auto_parent,
+            auto_parent=auto_parent, expected_head=expected_head,
         )  # fmt: skip
 
     @property
