@@ -152,6 +152,7 @@ def test_selection_options(family: Repo) -> None:
     assert names(cli_graph(family, "--relation", "merge")) == {"merged"}
     assert names(cli_graph(family, "--around", "ft-a", "--depth", "1")) == {"base", "ft-a", "merged"}
     assert names(cli_graph(family, "--around", "ft-a@1")) == {"base", "ft-a", "merged"}
+    assert names(cli_graph(family, "--around", family.resolve("ft-a")[:12])) == {"base", "ft-a", "merged"}
     assert names(cli_graph(family, "--around", "base")) == {"base", "ft-a", "ft-b", "merged", "q8"}
     assert names(cli_graph(family, "--around", "kid")) == {"kid", "old"}
     assert names(cli_graph(family, "m*", "--around", "base")) == {"merged"}

@@ -22,7 +22,7 @@ def select(lineage: Lineage, pattern: str | None, *, tag: str | None, relation: 
     """The models the options name; every given criterion must hold."""
     names = lineage.select(pattern, tag=tag, relation=relation)
     if around is not None:
-        centre = lineage.node(around.partition("@")[0]).name
+        centre = lineage.node(around).name
         near = {centre, *lineage.ancestors(centre, depth=depth), *lineage.descendants(centre, depth=depth)}
         names = [n for n in names if n in near]
     if not names:
@@ -75,6 +75,7 @@ def graph(ctx: click.Context, pattern: str | None, tag: str | None, relation: st
     fmt = "json" if as_json else fmt
     repo = ctx.obj.repo()
     lineage = repo.lineage
+    around = repo.model_of(around) if around is not None else None  # NAME@N, a version id: its model
     chosen = lineage.subgraph(select(lineage, pattern, tag=tag, relation=relation, around=around, depth=depth))
     if fmt == "json":
         # Compact: the indented form takes the pure-Python encoder, 0.4 s for 5,000 versions.
