@@ -174,6 +174,8 @@ def test_each_derived_model_gets_its_parent_and_relation_first(family: Family, e
     assert best.confidence >= result.min_confidence and best.direction != "query -> candidate"
     if relation == "merge":
         assert best.merge_with is not None and everything.model_of(best.merge_with) in parents
+    # Showing one candidate does not change the choice (a merge's partner may rank below it).
+    assert everything.suggest_parents(state, exclude={name}, limit=1).parents == result.parents
     unrelated = {"wide"} | ({"other", "other-ft"} if name != "other-ft" else {n for n in family if n not in ("other", "wide")})
     assert all(c.score < 0.1 for c in result.candidates if c.model in unrelated)
 

@@ -242,7 +242,9 @@ def suggest(query: Sketch, stored: Iterable[tuple[str, str, Sketch]], *, label: 
     """`parent_candidates` as a report, with the choice `--auto-parent` makes; `seconds`
     counts from `started` (a `time.perf_counter()` value) when given."""
     started = time.perf_counter() if started is None else started
-    ranked, notes, count = parent_candidates(query, stored, limit=max(limit, 2))
+    # Choose from every refined candidate, not the shown ones: a merge partner may rank below
+    # `limit`, and `--auto-parent` must choose what `suggest -n 1` says it would.
+    ranked, notes, count = parent_candidates(query, stored, limit=REFINE)
     parents, relation, verdict = _choose(ranked, min_confidence)
     return ParentSuggestion(
         query=label, tensors=len(query), compared=count, seconds=round(time.perf_counter() - started, 3),
