@@ -1,6 +1,6 @@
 """Lineage at scale: `mgit ls`, `mgit lineage` and `mgit graph` over 1,000 models x 5 versions.
 
-    python benchmarks/lineage_scale.py                 # build (once, ~1-2 min) and measure
+    python benchmarks/lineage_scale.py                 # build (once; the section records how long) and measure
     python benchmarks/lineage_scale.py --runs 5 --no-doc
     python benchmarks/lineage_scale.py --models 200 --versions 3 --no-doc   # a quick look
 

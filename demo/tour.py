@@ -128,7 +128,7 @@ def cascade(base: Path, work: Path) -> None:
     started = time.perf_counter()
     code = mgit("cascade", "minilm-base", "--jobs", "2", cwd=work, ok=(0, 1))
     print(f"(cascade took {time.perf_counter() - started:.0f} s"
-          + ("; a test failed, so the models below it were not rebuilt)" if code else ")"))  # fmt: skip
+          + ("; a recipe or a test failed: the report above says which, and what it blocked)" if code else ")"))  # fmt: skip
     mgit("lineage", "minilm-base", cwd=work)
     mgit("log", "minilm-sentiment-int8", cwd=work)
 
