@@ -28,6 +28,7 @@ from functools import cached_property, lru_cache
 import blake3
 import numpy as np
 
+from mgit.codecs.derived import to_bfloat16_bits
 from mgit.formats.folder import ModelSource
 from mgit.formats.safetensors import DTYPES, TensorSpan, is_float
 from mgit.objects import Manifest, TensorEntry, object_id, tensor_meta
@@ -101,11 +102,11 @@ def to_float(raw: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def round_to(values: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 values rounded to a narrower float encoding and back (round to nearest even)."""
+    """float32 values rounded to a narrower float encoding and back: to nearest even for
+    BF16 and F16 (as a cast does), to the nearest fp8 value (ties to the lower) for fp8."""
     if dtype == "BF16":
-        bits = values.astype(np.float32).view(np.uint32)
-        rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) & np.uint32(0xFFFF0000)
-        return np.where(np.isfinite(values), rounded.view(np.float32), values)
+        rounded = (to_bfloat16_bits(values.astype(np.float32)).astype(np.uint32) << 16).view(np.float32)
+        return np.where(np.isfinite(values), rounded, values)
     if dtype == "F16":
         with np.errstate(over="ignore"):
             return values.astype(np.float16).astype(np.float32)
