@@ -15,8 +15,8 @@ from conftest import make_model, run_cli, tensors
 from mgit import Repo
 from mgit.diff import DiffResult, TensorDiff, diff_paths, layer_counts, module_group
 from mgit.errors import CorruptObjectError, InputError, UnknownRefError
-from mgit.formats.safetensors import build_header
-from mgit.tensorstats import OVERSAMPLE, RANK_CAP, SMALL_MATRIX, to_float
+from mgit.formats.safetensors import build_header, to_float
+from mgit.tensorstats import OVERSAMPLE, RANK_CAP, SMALL_MATRIX
 
 
 def by_name(result: DiffResult) -> dict[str, TensorDiff]:

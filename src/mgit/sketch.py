@@ -29,8 +29,9 @@ import blake3
 import numpy as np
 
 from mgit.codecs.derived import to_bfloat16_bits
+from mgit.formats import safetensors
 from mgit.formats.folder import ModelSource
-from mgit.formats.safetensors import DTYPES, TensorSpan, is_float
+from mgit.formats.safetensors import DTYPES, FP8_VALUES, TensorSpan, is_float
 from mgit.objects import Manifest, TensorEntry, object_id, tensor_meta
 from mgit.snapshot import tensor_bytes
 from mgit.store import ObjectStore
@@ -68,37 +69,11 @@ def positions(name_pattern: str, shape: tuple[int, ...]) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).integers(0, n, SAMPLES))
 
 
-@lru_cache(maxsize=8)
-def _fp8_table(dtype: str) -> np.ndarray:
-    """The float32 value of each of the 256 codes of an fp8 format (OCP E4M3FN or E5M2)."""
-    codes = np.arange(256, dtype=np.int64)
-    sign = np.where(codes & 0x80, -1.0, 1.0)
-    ebits, bias = (4, 7) if dtype == "F8_E4M3" else (5, 15)
-    mbits = 7 - ebits
-    e, m = (codes >> mbits) & ((1 << ebits) - 1), codes & ((1 << mbits) - 1)
-    normal = (1 + m / (1 << mbits)) * np.exp2(e - bias)
-    sub = (m / (1 << mbits)) * np.exp2(1 - bias)
-    out = sign * np.where(e == 0, sub, normal)
-    if dtype == "F8_E4M3":
-        out[(codes & 0x7F) == 0x7F] = np.nan
-    else:
-        out[e == 31] = np.where(m[e == 31] == 0, sign[e == 31] * np.inf, np.nan)
-    return out.astype(np.float32)
-
-
 def to_float(raw: np.ndarray, dtype: str) -> np.ndarray:
-    """Elements of a tensor (given as little-endian bytes) as float32."""
-    if dtype == "BF16":
-        return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
-    if dtype in ("F8_E4M3", "F8_E5M2"):
-        return _fp8_table(dtype)[raw.view(np.uint8)]
-    if dtype == "F8_E8M0":
-        return np.exp2(raw.view(np.uint8).astype(np.float32) - 127)
-    if dtype == "BOOL":
-        return raw.view(np.uint8).astype(np.float32)
+    """Elements of a tensor (given as little-endian bytes) as float32; complex as magnitudes."""
     if dtype == "C64":
         return np.abs(raw.view("<c8")).astype(np.float32)
-    return raw.view(DTYPES[dtype][1]).astype(np.float32)
+    return safetensors.to_float(raw, dtype, np.float32)
 
 
 def round_to(values: np.ndarray, dtype: str) -> np.ndarray:
@@ -111,7 +86,7 @@ def round_to(values: np.ndarray, dtype: str) -> np.ndarray:
         with np.errstate(over="ignore"):
             return values.astype(np.float16).astype(np.float32)
     if dtype in ("F8_E4M3", "F8_E5M2"):
-        table = _fp8_table(dtype)
+        table = FP8_VALUES[dtype]
         finite = np.sort(np.unique(table[np.isfinite(table)]))
         idx = np.clip(np.searchsorted(finite, values), 1, len(finite) - 1)
         lo, hi = finite[idx - 1], finite[idx]

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from mgit.formats.safetensors import DTYPES, element_count
+from mgit.formats.safetensors import DTYPES, element_count, to_float
 from mgit.reports import Report
 
 CHUNK = 1 << 18  # values per step: 2 MB of float64 per operand
@@ -48,35 +48,6 @@ class TensorStats(Report):
     rank: int | None = None  # of B-A, for matrices; with rank_capped it means "at least"
     rank_capped: bool = False
     rank_of: int | None = None  # the full rank of a matrix of this shape: min(rows, columns)
-
-
-def _f8_tables() -> dict[str, np.ndarray]:
-    b = np.arange(256)
-    sign = np.where(b & 0x80, -1.0, 1.0)
-    e, m = (b >> 3) & 0xF, b & 7
-    e4m3 = sign * np.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * 2.0 ** (e - 7))
-    e4m3[(b & 0x7F) == 0x7F] = np.nan
-    e5m2 = (b.astype(np.uint16) << 8).view(np.float16).astype(np.float64)  # the top byte of a float16
-    e8m0 = 2.0 ** (b - 127.0)
-    e8m0[255] = np.nan
-    return {"F8_E4M3": e4m3, "F8_E5M2": e5m2, "F8_E8M0": e8m0}
-
-
-F8_TABLES = _f8_tables()
-
-
-def to_float(raw: np.ndarray, dtype: str, out: Any = np.float64) -> np.ndarray:
-    """Raw little-endian bytes as float values (bfloat16 and fp8 decoded here, integers and
-    bools cast, complex as pairs of reals), flat."""
-    if dtype == "BF16":
-        return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).astype(out, copy=False)
-    if dtype in F8_TABLES:
-        return F8_TABLES[dtype].astype(out, copy=False)[raw]
-    if dtype == "C64":
-        return raw.view("<f4").astype(out)
-    if dtype == "BOOL":
-        return (raw != 0).astype(out)
-    return raw.view(DTYPES[dtype][1]).astype(out, copy=False)
 
 
 def _values(raw: np.ndarray, dtype: str, lo: int, hi: int, out: Any = np.float64) -> np.ndarray:

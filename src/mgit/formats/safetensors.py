@@ -14,6 +14,7 @@ import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -74,6 +75,39 @@ class SafetensorsLayout:
 
 def itemsize(dtype: str) -> int:
     return DTYPES[dtype][0]
+
+
+def _fp8_values() -> dict[str, np.ndarray]:
+    """The value of each of the 256 codes of the fp8 formats (OCP E4M3FN, E5M2, E8M0)."""
+    b = np.arange(256)
+    sign = np.where(b & 0x80, -1.0, 1.0)
+    e, m = (b >> 3) & 0xF, b & 7
+    e4m3 = sign * np.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * 2.0 ** (e - 7))
+    e4m3[(b & 0x7F) == 0x7F] = np.nan
+    e5m2 = (b.astype(np.uint16) << 8).view(np.float16).astype(np.float64)  # the top byte of a float16
+    e8m0 = 2.0 ** (b - 127.0)
+    e8m0[255] = np.nan
+    return {"F8_E4M3": e4m3, "F8_E5M2": e5m2, "F8_E8M0": e8m0}
+
+
+FP8_VALUES = _fp8_values()
+
+
+def to_float(raw: np.ndarray, dtype: str, out: Any = np.float64) -> np.ndarray:
+    """A tensor's raw little-endian bytes as float values, flat: bfloat16 and fp8 decoded,
+    integers and bools cast, complex as pairs of reals. The one decoder of every dtype
+    (diff's statistics and parent inference's sketches both use it)."""
+    if dtype == "BF16":
+        return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).astype(out, copy=False)
+    if dtype in FP8_VALUES:
+        with np.errstate(over="ignore", invalid="ignore"):  # E8M0's 2**128 is inf in float32
+            table = FP8_VALUES[dtype].astype(out, copy=False)
+        return table[raw.view(np.uint8)]
+    if dtype == "C64":
+        return raw.view("<f4").astype(out)
+    if dtype == "BOOL":
+        return (raw != 0).astype(out)
+    return raw.view(DTYPES[dtype][1]).astype(out, copy=False)
 
 
 def is_float(dtype: str) -> bool:
