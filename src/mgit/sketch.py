@@ -254,11 +254,16 @@ def _source_tensors(source: ModelSource) -> dict[str, tuple[TensorSpan, np.ndarr
 
 
 def sketch_source(source: ModelSource) -> Sketch:
-    """The sketch of a model not stored yet (its tensors' object ids are computed here)."""
+    """The sketch of a model not stored yet (its tensors' object ids are computed here).
+    Hashing reads every page: they are released after, as the snapshot releases them."""
     data = _source_tensors(source)
     entries = [TensorEntry(name, span.dtype, span.shape, object_id("tensor", tensor_meta(span.dtype, span.shape), raw))
                for name, (span, raw) in data.items()]  # fmt: skip
-    return sketch_tensors(entries, lambda e: data[e.name][1])
+    sketch = sketch_tensors(entries, lambda e: data[e.name][1])
+    for f in source.files:
+        for span in f.layout.tensors if f.layout is not None else ():
+            f.release(span)
+    return sketch
 
 
 def sketch_added(manifest: Manifest, source: ModelSource) -> Sketch:
