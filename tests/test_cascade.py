@@ -339,6 +339,9 @@ def test_nan_weights_fail_the_tests_and_block_the_subtree_until_fixed(tmp_path: 
     # Nor does a cascade from ft itself build on it.
     plan = plan_cascade(repo, "ft")
     assert [(s.model, s.action, s.reason) for s in plan.steps] == [("ft-int8", "blocked", "ft@2 fails quality")]
+    # A detached test no longer judges: its old failure does not block the plan.
+    repo.checks.detach("quality")
+    assert [(s.model, s.action) for s in plan_cascade(repo, "ft").steps] == [("ft-int8", "recipe")]
     assert len(repo.log("ft-int8")) == 1
 
 

@@ -169,7 +169,7 @@ def plan_cascade(repo: Repo, name: str, *, only: str | None = None) -> CascadePl
 
     @functools.cache
     def failing(vid: str) -> tuple[str, ...]:  # recorded results only: planning runs nothing
-        return tuple(o.test for o in repo.checks.show(vid) if o.status != "pass")
+        return tuple(repo.checks.failing(vid, graph))
 
     for model in graph.topological_order(scope - {top}):
         steps[model] = _plan_step(repo, graph, model, scope, steps, only, failing)

@@ -275,6 +275,20 @@ class Checks:
         row = self._sql.db.execute(sql + " ORDER BY time DESC LIMIT 1", args).fetchone()
         return self._outcome(row) if row else None
 
+    def failing(self, vid: str, lineage: Lineage | None = None) -> list[str]:
+        """The tests that apply to a version now whose recorded result for their current
+        source is not a pass. Runs nothing: a test never run, or whose file is gone, is not
+        counted (a detached test, or one whose source changed since, no longer judges)."""
+        out = []
+        for t in self.applicable(self.repo.model_of(vid), lineage):
+            try:
+                found = self.recorded(vid, t.name, usercode.source_hash(t.fn, cwd=self.repo.root))
+            except MgitError:
+                continue
+            if found is not None and not found.passed:
+                out.append(t.name)
+        return out
+
     def show(self, ref: str | None = None) -> list[TestOutcome]:
         """Recorded results (the latest per test) of a version, or of every model's latest."""
         if ref is not None:
