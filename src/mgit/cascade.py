@@ -189,7 +189,7 @@ def _plan_step(repo: Repo, graph: Lineage, model: str, scope: set[str], steps: d
         return step
     if only is not None and not fnmatch.fnmatchcase(model, only):
         return replace(step, action="skipped", reason=f"not matched by --only {only}")
-    recipe = repo.version(node.head).recipe
+    recipe = repo.catalog.versions_of([node.head])[node.head].recipe  # the catalog row, not the record
     step = replace(step, recipe=recipe)
     stopped = [e.parent for e in edges if e.parent in rebuilt and steps[e.parent].action != "recipe"]
     if stopped:

@@ -1,5 +1,5 @@
 """Fault injection for the crash tests: `MGIT_CRASH_AT=<name>` SIGKILLs the process at the
-crash point of that name (in `add`, `gc`, a cascade...). A module of its own so that any layer
+crash point of that name (in `add` and after a cascade's commit). A module of its own so that any layer
 can place one without importing upwards."""
 
 from __future__ import annotations
