@@ -12,6 +12,7 @@ from mgit.codecs import (
     ByteplanesCodec,
     CodecContext,
     CodecError,
+    PcoCodec,
     ZstdCodec,
     chain_from_list,
     chain_to_list,
@@ -19,7 +20,8 @@ from mgit.codecs import (
     encode_chain,
 )
 from mgit.formats.safetensors import DTYPES
-from mgit.store import default_chain
+from mgit.codecs.pco import PCO_DTYPES
+from mgit.store import default_chain, standalone_chains
 
 SPECIAL_F32 = np.array([np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-45, -1e-45, 1.17e-38, 3.4e38],
                        dtype=np.float32)  # fmt: skip
@@ -47,10 +49,78 @@ def raw_tensors(draw: st.DrawFn) -> tuple[str, np.ndarray]:
 
 @settings(max_examples=300, deadline=None)
 @given(raw_tensors())
-def test_default_chain_roundtrips_any_bytes_of_any_dtype(sample: tuple[str, np.ndarray]) -> None:
+def test_standalone_chains_roundtrip_any_bytes_of_any_dtype(sample: tuple[str, np.ndarray]) -> None:
     dtype, data = sample
-    chain = default_chain("tensor", {"dtype": dtype, "shape": [data.size // DTYPES[dtype][0]]})
-    assert roundtrip(chain, data) == data.tobytes()
+    chains = standalone_chains("tensor", {"dtype": dtype, "shape": [data.size // DTYPES[dtype][0]]})
+    assert chains[0] == default_chain("tensor", {"dtype": dtype, "shape": []})
+    for chain in chains:
+        assert roundtrip(chain, data) == data.tobytes()
+
+
+@st.composite
+def pco_numbers(draw: st.DrawFn) -> tuple[str, np.ndarray]:
+    """Numbers pcodec sees: random bit patterns, or weight-like values (a narrow normal
+    distribution, which its float modes and binning are built for) with specials mixed in."""
+    dtype = draw(st.sampled_from(PCO_DTYPES))
+    count = draw(st.integers(0, 3000))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    if draw(st.booleans()):
+        return dtype, rng.integers(0, 256, count * np.dtype(dtype).itemsize, dtype=np.uint8)
+    with np.errstate(over="ignore", invalid="ignore"):
+        values = (rng.normal(0, draw(st.sampled_from([1e-6, 0.02, 1e3])), count)).astype(dtype)
+        if count and values.dtype.kind == "f":
+            special = np.resize(SPECIAL_F32.astype(values.dtype), min(count, 10))
+            values[rng.choice(count, special.size, replace=False)] = special
+    return dtype, values.view(np.uint8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pco_numbers())
+def test_pco_roundtrips_bit_exactly(sample: tuple[str, np.ndarray]) -> None:
+    dtype, data = sample
+    assert roundtrip([PcoCodec(dtype=dtype)], data) == data.tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["<f4", "<f2", "<f8"])
+def test_pco_keeps_nan_payloads_and_signed_zeros(dtype: str) -> None:
+    with np.errstate(over="ignore", invalid="ignore"):
+        values = np.concatenate([SPECIAL_F32, NAN_PAYLOAD, np.linspace(-1, 1, 1000, dtype=np.float32)]).astype(dtype)
+    if dtype == "<f4":
+        assert values[10:12].view("<u4").tolist() == NAN_PAYLOAD.view("<u4").tolist()
+    assert roundtrip([PcoCodec(dtype=dtype)], values) == values.tobytes()
+
+
+def test_pco_codes_a_narrow_distribution_in_few_bits() -> None:
+    deltas = np.random.default_rng(0).laplace(0, 300, 100_000).astype("<i4")  # a fine-tune's ~11-bit deltas
+    encoded = encode_chain([PcoCodec(dtype="<i4")], deltas.view(np.uint8), CodecContext(deltas.nbytes))
+    planes = encode_chain([ByteplanesCodec(itemsize=4), ZstdCodec(level=1)], deltas.view(np.uint8), CodecContext(deltas.nbytes))
+    assert len(encoded) < 0.95 * len(planes)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda b: b[: len(b) // 2], "does not decode"),
+        (lambda b: b"not pco at all, no", "does not decode"),
+    ],
+    ids=["truncated", "garbage"],
+)
+def test_damaged_pco_data_is_refused(damage, message: str) -> None:
+    values = np.random.default_rng(1).normal(0, 0.02, 5000).astype("<f4")
+    encoded = encode_chain([PcoCodec(dtype="<f4")], values.view(np.uint8), CodecContext(values.nbytes))
+    with pytest.raises(CodecError, match=message):
+        decode_chain([PcoCodec(dtype="<f4")], damage(encoded), CodecContext(values.nbytes))
+
+
+def test_pco_data_of_another_count_or_type_is_refused() -> None:
+    values = np.arange(1000, dtype="<u4")
+    encoded = encode_chain([PcoCodec(dtype="<u4")], values.view(np.uint8), CodecContext(values.nbytes))
+    with pytest.raises(CodecError, match="different number of values"):
+        PcoCodec(dtype="<u4").decode(encoded, CodecContext(values.nbytes - 4))
+    with pytest.raises(CodecError, match="different number of values"):
+        PcoCodec(dtype="<u4").decode(encoded, CodecContext(values.nbytes + 4))
+    with pytest.raises(CodecError, match="does not decode"):
+        PcoCodec(dtype="<f4").decode(encoded, CodecContext(values.nbytes))
 
 
 @pytest.mark.parametrize("values", [SPECIAL_F32, NAN_PAYLOAD], ids=["specials", "nan-payload"])
@@ -88,6 +158,8 @@ def test_chain_is_recorded_as_data() -> None:
         ([{"name": "lzma9"}], "unknown codec 'lzma9'"),
         ([{"name": "zstd", "configuration": {"level": 99}}], "bad configuration"),
         ([{"name": "byteplanes", "configuration": {"itemsize": 0}}], "bad configuration"),
+        ([{"name": "pco", "configuration": {"dtype": "<u1"}}], "bad configuration"),
+        ([{"name": "pco", "configuration": {"dtype": "<f4", "level": 13}}], "bad configuration"),
         ([{"name": "zstd", "configuration": {"bogus": 1}}], "bad configuration"),
         ([{"nom": "zstd"}], "malformed codec entry"),
         ({"name": "zstd"}, "malformed codec chain"),

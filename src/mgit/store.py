@@ -29,6 +29,7 @@ from mgit.codecs import (
     CodecContext,
     CodecError,
     PatchCodec,
+    PcoCodec,
     QuantizeInt8Codec,
     SubDeltaCodec,
     XorDeltaCodec,
@@ -54,6 +55,9 @@ MAX_DEPTH_LIMIT = 64  # no writer goes deeper; a header claiming more is forged
 # quantized copy of a fine-tune of a new base version), nothing is encoded against them
 # (their depth is above the bound), and their decode costs one more base. Without this a
 # cascade's rebuilt int8 copy of a rebuilt fine-tune was stored whole (20 MB instead of 34 kB).
+# The number type pcodec reads a standalone tensor as (bfloat16: its bit patterns).
+PCO_NUMBERS = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2",
+               "I64": "<i8", "I32": "<i4", "I16": "<i2", "U64": "<u8", "U32": "<u4", "U16": "<u2"}  # fmt: skip
 LEAF_CODECS = ("cast", "quantize_int8", "absmax_scale", "patch")
 PREDICTIVE_CODECS = ("cast", "quantize_int8", "absmax_scale", "quantized_delta")
 SAMPLE_FROM = 1 << 20  # tensors larger than this choose their encoding on samples
@@ -151,15 +155,27 @@ def default_chain(kind: str, meta: dict[str, Any]) -> list[Codec]:
     return [ZstdCodec(level=3)]
 
 
+def standalone_chains(kind: str, meta: dict[str, Any]) -> list[list[Codec]]:
+    """The encodings that need no base: the default chain and, for tensors of numbers that
+    pcodec codes (16 bits and wider), pcodec on those numbers (bfloat16 as its bit patterns)."""
+    chains = [default_chain(kind, meta)]
+    if kind == "tensor" and (number := PCO_NUMBERS.get(meta["dtype"])):
+        chains.append([PcoCodec(dtype=number)])
+    return chains
+
+
 def delta_chains(base: str, meta: dict[str, Any]) -> list[list[Codec]]:
     """Lossless encodings of a tensor against a base of the same dtype: XOR and zig-zag
-    difference of the bit patterns (each followed by the tensor's standalone chain), and a
-    patch of the items that differ (pruning, sparse updates)."""
+    difference of the bit patterns (each followed by the tensor's standalone chain, and the
+    difference also by pcodec on its integers), and a patch of the items that differ
+    (pruning, sparse updates)."""
     tail = default_chain("tensor", meta)
     chains: list[list[Codec]] = [[XorDeltaCodec(base=base), *tail]]
     size = itemsize(meta["dtype"])
     if size in (1, 2, 4, 8):
         chains.append([SubDeltaCodec(base=base, itemsize=size), *tail])
+        if size > 1:
+            chains.append([SubDeltaCodec(base=base, itemsize=size), PcoCodec(dtype=f"<u{size}")])
         chains.append([PatchCodec(base=base, itemsize=size), ZstdCodec(level=1)])
     return chains
 
@@ -246,7 +262,7 @@ class ObjectStore:
     def _encode(self, kind: str, meta: dict[str, Any], buf: np.ndarray, chain: list[Codec] | None,
                 bases: Sequence[str], max_depth: int, extra: Sequence[list[Codec]]) -> tuple[list[Codec], Any, int]:  # fmt: skip
         """The smallest encoding of `buf` among the candidates, its payload and delta depth."""
-        candidates = [default_chain(kind, meta) if chain is None else chain]
+        candidates = standalone_chains(kind, meta) if chain is None else [chain]
         exact: list[list[Codec]] = []  # derived: tried in full, only where the dtype or shape changed
         depths: dict[str, int] = {}
         for base in bases if kind == "tensor" else ():

@@ -15,6 +15,7 @@ from mgit.codecs.base import (
 from mgit.codecs.byteplanes import ByteplanesCodec
 from mgit.codecs.delta import SubDeltaCodec, XorDeltaCodec
 from mgit.codecs.derived import AbsmaxScaleCodec, CastCodec, PatchCodec, QuantizeInt8Codec
+from mgit.codecs.pco import PcoCodec
 from mgit.codecs.quantized_delta import QuantizedDeltaCodec
 from mgit.codecs.zstd import ZstdCodec
 
@@ -22,6 +23,7 @@ __all__ = [
     "AbsmaxScaleCodec",
     "CastCodec",
     "PatchCodec",
+    "PcoCodec",
     "QuantizedDeltaCodec",
     "QuantizeInt8Codec",
     "ByteplanesCodec",

@@ -1,0 +1,71 @@
+"""Pcodec: entropy coding of a buffer read as numbers.
+
+Byte planes + zstd code each byte of a number apart from the others, with Huffman tables that
+cannot go below one bit per byte. Pcodec (`pcodec`) reads the buffer as numbers of one
+type, bins their distribution and codes the bins with tANS, so a fine-tune's delta (zig-zag
+integers of ~11 significant bits) or a base's float32 weights cost close to their entropy:
+11% less than byte planes + zstd on the MiniLM fine-tunes' deltas, 1.3% less on the base,
+and decoding is faster too (benchmarks/storage.py). It releases the GIL, so tensors encode
+in parallel.
+
+The configuration names the numeric type (`<u4`, `<f2` ...) so that decoding needs nothing but
+the object; the standalone format of pcodec 1.x is stable across its releases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from pcodec import ChunkConfig, DeltaSpec, ModeSpec, standalone
+
+from mgit.codecs.base import Buffer, Codec, CodecContext, CodecError, byte_array, register
+
+# Pcodec's number types (8-bit ones it advises against: zstd does better on bytes).
+PCO_DTYPES = ("<u2", "<i2", "<f2", "<u4", "<i4", "<f4", "<u8", "<i8", "<f8")
+
+
+@register
+@dataclass(frozen=True)
+class PcoCodec(Codec):
+    name = "pco"
+    dtype: str
+    level: int = 8
+
+    def __post_init__(self) -> None:
+        if self.dtype not in PCO_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(PCO_DTYPES)}, not {self.dtype!r}")
+        if not isinstance(self.level, int) or isinstance(self.level, bool) or not 0 <= self.level <= 12:
+            raise ValueError(f"level must be an integer from 0 to 12, not {self.level!r}")
+
+    def _config(self) -> ChunkConfig:
+        # No delta along the sequence: neighbouring weights are not ordered values.
+        return ChunkConfig(compression_level=self.level, delta_spec=DeltaSpec.no_op(), mode_spec=ModeSpec.auto())
+
+    def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        raw = byte_array(data)
+        size = np.dtype(self.dtype).itemsize
+        if raw.size % size:
+            raise CodecError(f"{raw.size} bytes is not a whole number of {self.dtype} numbers")
+        numbers = raw.view(self.dtype)
+        if not numbers.flags.aligned:  # a tensor at an odd offset of its file
+            numbers = numbers.copy()
+        try:
+            return standalone.simple_compress(numbers, self._config())
+        except RuntimeError as exc:
+            raise CodecError(f"pco cannot encode this buffer: {exc}") from None
+
+    def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        size = np.dtype(self.dtype).itemsize
+        if ctx.size % size:
+            raise CodecError(f"{ctx.size} bytes is not a whole number of {self.dtype} numbers")
+        # Into a buffer of the size the header promises: a forged stream cannot make it grow.
+        out = np.empty(ctx.size // size, self.dtype)
+        src = data if isinstance(data, bytes) else bytes(byte_array(data))
+        try:
+            progress = standalone.simple_decompress_into(src, out)
+        except (RuntimeError, TypeError) as exc:
+            raise CodecError(f"pco data does not decode: {str(exc).splitlines()[0]}") from None
+        if progress.n_processed != out.size or not progress.finished:
+            raise CodecError(f"pco data holds a different number of values than the {out.size} expected")
+        return out.view(np.uint8)
