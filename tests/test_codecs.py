@@ -114,11 +114,16 @@ def test_damaged_pco_data_is_refused(damage, message: str) -> None:
 
 def test_pco_data_of_another_count_or_type_is_refused() -> None:
     values = np.arange(1000, dtype="<u4")
-    encoded = encode_chain([PcoCodec(dtype="<u4")], values.view(np.uint8), CodecContext(values.nbytes))
-    with pytest.raises(CodecError, match="different number of values"):
-        PcoCodec(dtype="<u4").decode(encoded, CodecContext(values.nbytes - 4))
-    with pytest.raises(CodecError, match="different number of values"):
-        PcoCodec(dtype="<u4").decode(encoded, CodecContext(values.nbytes + 4))
+    chain = [PcoCodec(dtype="<u4")]
+    encoded = encode_chain(chain, values.view(np.uint8), CodecContext(values.nbytes))
+    for size in (values.nbytes - 4, values.nbytes + 4):
+        with pytest.raises(CodecError, match="bytes where"):
+            decode_chain(chain, encoded, CodecContext(size))
+    zeros = np.zeros(1_000_000, "<u4")
+    bomb = encode_chain(chain, zeros.view(np.uint8), CodecContext(zeros.nbytes))
+    assert len(bomb) < 1000
+    with pytest.raises(CodecError, match="more numbers than the object can hold"):
+        PcoCodec(dtype="<u4").decode(bomb, CodecContext(16))  # far more than 4 x 16 bytes + 64 KiB
     with pytest.raises(CodecError, match="does not decode"):
         PcoCodec(dtype="<f4").decode(encoded, CodecContext(values.nbytes))
 

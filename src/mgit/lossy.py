@@ -42,11 +42,10 @@ from typing import Any
 import numpy as np
 
 from mgit.codecs import (
-    ByteplanesCodec,
     Codec,
     CodecContext,
+    PcoCodec,
     QuantizedDeltaCodec,
-    ZstdCodec,
     byte_array,
 )
 from mgit.codecs.quantized_delta import (
@@ -165,7 +164,8 @@ def _parent(store: ObjectStore, dtype: str, shape: tuple[int, ...], bases: Seque
 
 
 def _tail(int_bytes: int) -> list[Codec]:
-    return [ZstdCodec(level=1)] if int_bytes == 1 else [ByteplanesCodec(itemsize=int_bytes), ZstdCodec(level=1)]
+    # pcodec codes the steps near their entropy (a few bits each); it reads 16 bits and wider.
+    return [PcoCodec(dtype=f"<u{int_bytes}")]
 
 
 def encode_lossy(store: ObjectStore, dtype: str, shape: tuple[int, ...], data: np.ndarray, bases: Sequence[str],
@@ -199,6 +199,8 @@ def encode_lossy(store: ObjectStore, dtype: str, shape: tuple[int, ...], data: n
         step = float(bound * factor)
         q = quantize(x, b, step)
         int_bytes = int_bytes_for(q)
+        if int_bytes is not None:
+            int_bytes = max(int_bytes, 2)  # pcodec's smallest number
         if int_bytes is None:
             return lossless  # the change is too large for 32-bit steps of this size
         recon = reconstruct(b, q, step, dtype)
