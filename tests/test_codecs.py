@@ -19,8 +19,8 @@ from mgit.codecs import (
     decode_chain,
     encode_chain,
 )
-from mgit.formats.safetensors import DTYPES
 from mgit.codecs.pco import PCO_DTYPES
+from mgit.formats.safetensors import DTYPES
 from mgit.store import default_chain, standalone_chains
 
 SPECIAL_F32 = np.array([np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-45, -1e-45, 1.17e-38, 3.4e38],

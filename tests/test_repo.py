@@ -92,7 +92,7 @@ def test_open_decodes_lazily(repo: Repo, tmp_path: Path, monkeypatch: pytest.Mon
     reader = repo.open("lazy")
     calls = []
     original = repo.store.get
-    monkeypatch.setattr(repo.store, "get", lambda oid: calls.append(oid) or original(oid))
+    monkeypatch.setattr(repo.store, "get", lambda oid, **kw: calls.append(oid) or original(oid, **kw))
     assert set(reader) == set(state) and len(reader) == len(state)
     assert calls == []
     assert np.array_equal(reader["layer.1.weight"], state["layer.1.weight"])

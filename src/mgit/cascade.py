@@ -267,7 +267,8 @@ class _Cascade:
                 results[step.model] = _result(step, step.action, reason=step.reason, command=step.command)
         blocked = self._check_parents(todo, results)  # model -> why
         jobs = max(1, jobs)
-        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-cascade") as pool:
+        # One session: each parent is checked out and encoded against by all its children.
+        with self.repo.caching(), ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-cascade") as pool:
             running: dict[Future[ModelResult], CascadeStep] = {}
             while todo or running:
                 for step in list(todo):  # parents come first: one pass propagates a block downwards

@@ -216,7 +216,8 @@ class Checks:
             else:
                 skipped.append(self._ref(vid))
         sources = {t.name: usercode.source_hash(t.fn, cwd=self.repo.root) for _, specs in work for t in specs}
-        with ThreadPoolExecutor(max_workers=jobs or 2) as pool:
+        # One session: versions of a family share parents, decoded once for all their checkouts.
+        with self.repo.caching(), ThreadPoolExecutor(max_workers=jobs or 2) as pool:
             done = list(pool.map(lambda w: self._run_version(w[0], w[1], sources, timeout, force), work))
         outcomes = [self._with_parent(o) for group in done for o in group]
         return TestRunResult(outcomes, skipped)

@@ -40,7 +40,7 @@ from mgit.formats.tensors import TORCH_SUFFIXES
 from mgit.objects import Manifest, TensorEntry, object_id, tensor_meta
 from mgit.reports import Report
 from mgit.snapshot import Progress, default_jobs, tensor_bytes
-from mgit.store import ObjectHeader, ObjectStore
+from mgit.store import DecodedCache, ObjectHeader, ObjectStore
 from mgit.tensorstats import TensorStats, tensor_stats
 
 try:  # optional; without it a busy machine makes the rank estimates several times slower
@@ -276,12 +276,12 @@ class _SharedDecodes(ObjectStore):
     def _read_record(self, oid: str) -> bytes | np.ndarray:
         return self.store._read_record(oid)
 
-    def get(self, oid: str) -> tuple[ObjectHeader, np.ndarray]:
+    def get(self, oid: str, *, memo: DecodedCache | None = None) -> tuple[ObjectHeader, np.ndarray]:
         if oid in self.objects:
             self.reused += 1
             return self.objects[oid]
         self.decoded += 1
-        self.objects[oid] = found = super().get(oid)
+        self.objects[oid] = found = super().get(oid, memo=memo)
         return found
 
 

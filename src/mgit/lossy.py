@@ -57,7 +57,7 @@ from mgit.codecs.quantized_delta import (
 )
 from mgit.errors import CorruptObjectError, MgitError, MissingObjectError
 from mgit.objects import object_id, tensor_meta
-from mgit.store import ObjectStore
+from mgit.store import DecodedCache, ObjectStore
 
 DEFAULT_GUARD = 0.1  # the reconstruction error may be at most 10% of the change (L2 norms)
 REFUSE_SHARE = 0.5  # guard failures on more than this share of changed parameters: all lossless
@@ -169,7 +169,7 @@ def _tail(int_bytes: int) -> list[Codec]:
 
 
 def encode_lossy(store: ObjectStore, dtype: str, shape: tuple[int, ...], data: np.ndarray, bases: Sequence[str],
-                 policy: LossyPolicy, max_depth: int) -> LossyTensor | None:  # fmt: skip
+                 policy: LossyPolicy, max_depth: int, memo: DecodedCache | None = None) -> LossyTensor | None:  # fmt: skip
     """The lossy form of one tensor, or None when lossy storage does not apply to it."""
     if dtype not in FLOAT_DTYPES:
         return None
@@ -179,7 +179,7 @@ def encode_lossy(store: ObjectStore, dtype: str, shape: tuple[int, ...], data: n
     base = _parent(store, dtype, shape, bases, max_depth)
     if base is None:
         return None
-    parent_bytes = store.get(base)[1]
+    parent_bytes = store.get(base)[1] if memo is None else store.get_memoized(base, memo)
     if np.array_equal(parent_bytes, raw):
         return None  # the same object as the parent's: deduplicated
     x, b = as_float64(raw, dtype), as_float64(parent_bytes, dtype)

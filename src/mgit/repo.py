@@ -73,7 +73,13 @@ from mgit.snapshot import (
     restore_file,
     safe_join,
 )
-from mgit.store import DEFAULT_MAX_DEPTH, LocalStore
+from mgit.store import (
+    CHECKOUT_BASES,
+    DEFAULT_MAX_DEPTH,
+    SESSION_CACHE_BYTES,
+    DecodedCache,
+    LocalStore,
+)
 from mgit.usercode import recipe_record_of
 
 REPO_DIR = ".mgit"
@@ -191,6 +197,26 @@ class Repo:
             self.catalog.index_version(v, version, objects)
 
     @contextmanager
+    def caching(self, max_bytes: int = SESSION_CACHE_BYTES) -> Iterator[DecodedCache]:
+        """Keep decoded tensors (up to `max_bytes`, least recently used out first) for every
+        operation inside: checking out or adding the members of a family in turn decodes a
+        shared parent once instead of once per member. Nested calls share the outer cache.
+
+        Example:
+            with repo.caching():
+                for ref in refs:
+                    repo.checkout(ref, out / ref)
+        """
+        if self.store.cache is not None:
+            yield self.store.cache
+            return
+        self.store.cache = DecodedCache(max_bytes)
+        try:
+            yield self.store.cache
+        finally:
+            self.store.cache = None
+
+    @contextmanager
     def _explained(self) -> Iterator[None]:
         """Name the models that use an object when reading it fails."""
         try:
@@ -259,7 +285,8 @@ class Repo:
 
     def bisect(self, test: str, ref: str, *, timeout: float | None = None, force: bool = False) -> BisectResult:
         """The edge along the ancestors of `ref` where `test` started to fail (see mgit.bisect)."""
-        return Bisector(self, test, timeout=timeout, force=force).run(ref)
+        with self.caching():  # the ancestors it checks out share their parents
+            return Bisector(self, test, timeout=timeout, force=force).run(ref)
 
     @property
     def lineage(self) -> Lineage:
@@ -433,9 +460,10 @@ class Repo:
         out.mkdir(parents=True, exist_ok=True)
         tick = progress(manifest.logical_bytes, 0) if progress else None
         n = jobs or default_jobs()
+        memo = DecodedCache(CHECKOUT_BASES)  # delta bases, shared by the files of a sharded checkpoint
         with self._explained(), ThreadPoolExecutor(max_workers=n, thread_name_prefix="mgit-checkout") as pool:
             for f in manifest.files:
-                restore_file(self.store, f, out, pool=pool, jobs=n, progress=tick)
+                restore_file(self.store, f, out, pool=pool, jobs=n, progress=tick, memo=memo)
         notes = [f"{f.path} was rebuilt as safetensors from {f.converted_from}" for f in manifest.files if f.converted_from]
         if model_card:
             notes.append(self._write_card(version, out))

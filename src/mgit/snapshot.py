@@ -26,7 +26,7 @@ from mgit.formats.safetensors import numpy_view
 from mgit.formats.tensors import to_torch
 from mgit.lossy import LossyPolicy, LossyTally, LossyTensor, encode_lossy
 from mgit.objects import FileEntry, Manifest, TensorEntry, tensor_meta
-from mgit.store import DEFAULT_MAX_DEPTH, ObjectStore, PutResult
+from mgit.store import CHECKOUT_BASES, DEFAULT_MAX_DEPTH, DecodedCache, ObjectStore, PutResult
 
 Progress = Callable[[int], None]  # called with a number of bytes just processed
 T = TypeVar("T")
@@ -112,14 +112,15 @@ def write_snapshot(store: ObjectStore, source: ModelSource, *, jobs: int, progre
     """Store every file of `source`; return its manifest and what was new."""
     stats = SnapshotStats()
     entries: list[FileEntry] = []
+    memo = DecodedCache(CHECKOUT_BASES)  # parent tensors decoded as delta bases, for the next that need them
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-add") as pool:
         for f in source.files:
-            entries.append(_write_file(store, f, pool, jobs, stats, progress, plan or DeltaPlan()))
+            entries.append(_write_file(store, f, pool, jobs, stats, progress, plan or DeltaPlan(), memo))
     return Manifest(tuple(entries)), stats
 
 
 def _write_file(store: ObjectStore, f: SourceFile, pool: ThreadPoolExecutor, jobs: int,
-                stats: SnapshotStats, progress: Progress | None, plan: DeltaPlan) -> FileEntry:  # fmt: skip
+                stats: SnapshotStats, progress: Progress | None, plan: DeltaPlan, memo: DecodedCache) -> FileEntry:  # fmt: skip
     stats.files += 1
     if not f.is_safetensors:
         data = f.blob_data()
@@ -142,21 +143,21 @@ def _write_file(store: ObjectStore, f: SourceFile, pool: ThreadPoolExecutor, job
         bases = plan.candidates(span.name)
         lossy, encoding = None, None
         if plan.lossy is not None:
-            lossy = encode_lossy(store, span.dtype, span.shape, data, bases, plan.lossy, plan.max_depth)
+            lossy = encode_lossy(store, span.dtype, span.shape, data, bases, plan.lossy, plan.max_depth, memo)
         if lossy is not None and lossy.chain is not None:
             # Lossy storage is only worth its error where it stores less than the exact tensor
             # (a pruning patch, say, beats any quantization step). Both are encoded once; the
             # smaller is written as it is.
             meta = tensor_meta(span.dtype, span.shape)
-            exact = store.encode("tensor", meta, data, bases=bases, max_depth=plan.max_depth)
+            exact = store.encode("tensor", meta, data, bases=bases, max_depth=plan.max_depth, memo=memo)
             approx = store.encode("tensor", meta, lossy.data, bases=bases, max_depth=plan.max_depth,
-                                  extra=[lossy.chain])  # fmt: skip
+                                  extra=[lossy.chain], memo=memo)  # fmt: skip
             if len(exact.payload) <= len(approx.payload):
                 lossy, encoding = LossyTensor(data, None, 0.0, lossy.changed_params), exact
             else:
                 data, encoding = lossy.data, approx  # the version stores, and its digest covers, the reconstruction
         return span, data, lossy, store.put_tensor(span.dtype, span.shape, data, bases=bases, max_depth=plan.max_depth,
-                                                   encoding=encoding)  # fmt: skip
+                                                   encoding=encoding, memo=memo)  # fmt: skip
 
     entries = []
     for span, data, lossy, result in ordered_map(pool, put, f.tensor_data(), jobs=jobs,
@@ -195,23 +196,25 @@ def safe_join(root: Path, rel: str) -> Path:
     return target
 
 
-def tensor_bytes(store: ObjectStore, entry: TensorEntry) -> np.ndarray:
-    header, data = store.get(entry.object)
+def tensor_bytes(store: ObjectStore, entry: TensorEntry, *, memo: DecodedCache | None = None) -> np.ndarray:
+    header, data = store.get(entry.object, memo=memo)
     if header.kind != "tensor" or header.meta != {"dtype": entry.dtype, "shape": list(entry.shape)}:
         raise CorruptObjectError(entry.object, f"is not the {entry.dtype}{list(entry.shape)} tensor {entry.name!r}")
     return data
 
 
-def iter_file_chunks(store: ObjectStore, entry: FileEntry, pool: ThreadPoolExecutor, jobs: int
-                     ) -> Iterator[np.ndarray]:  # fmt: skip
-    """The bytes of a file, in order, decoding tensors ahead on the pool."""
+def iter_file_chunks(store: ObjectStore, entry: FileEntry, pool: ThreadPoolExecutor, jobs: int,
+                     memo: DecodedCache | None = None) -> Iterator[np.ndarray]:  # fmt: skip
+    """The bytes of a file, in order, decoding tensors ahead on the pool (delta bases that
+    several tensors share decoded once, in `memo`)."""
     yield store.get(entry.object)[1]
-    yield from ordered_map(pool, lambda t: tensor_bytes(store, t), ((t,) for t in entry.tensors), jobs=jobs,
-                           size=lambda item: item[0].nbytes)  # fmt: skip
+    memo = memo if memo is not None else DecodedCache(CHECKOUT_BASES)
+    yield from ordered_map(pool, lambda t: tensor_bytes(store, t, memo=memo), ((t,) for t in entry.tensors),
+                           jobs=jobs, size=lambda item: item[0].nbytes)  # fmt: skip
 
 
 def restore_file(store: ObjectStore, entry: FileEntry, out_dir: Path, *, pool: ThreadPoolExecutor, jobs: int,
-                 progress: Progress | None = None) -> Path:  # fmt: skip
+                 progress: Progress | None = None, memo: DecodedCache | None = None) -> Path:  # fmt: skip
     """Rebuild one file under `out_dir` atomically and check its size and digest."""
     target = safe_join(out_dir, entry.path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -219,7 +222,7 @@ def restore_file(store: ObjectStore, entry: FileEntry, out_dir: Path, *, pool: T
     hasher, size = blake3.blake3(), 0
     try:
         with open(tmp, "xb") as fh:
-            for chunk in iter_file_chunks(store, entry, pool, jobs):
+            for chunk in iter_file_chunks(store, entry, pool, jobs, memo):
                 hasher.update(chunk)
                 size += fh.write(chunk)
                 if progress:
@@ -241,14 +244,16 @@ def restore_file(store: ObjectStore, entry: FileEntry, out_dir: Path, *, pool: T
 
 def restore_manifest(store: ObjectStore, manifest: Manifest, out_dir: Path, *, jobs: int) -> None:
     """Rebuild every file of a manifest under `out_dir` (a version need not exist yet)."""
+    memo = DecodedCache(CHECKOUT_BASES)
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-restore") as pool:
         for f in manifest.files:
-            restore_file(store, f, out_dir, pool=pool, jobs=jobs)
+            restore_file(store, f, out_dir, pool=pool, jobs=jobs, memo=memo)
 
 
 def as_array(store: ObjectStore, entry: TensorEntry) -> np.ndarray:
-    """A tensor as a numpy array of its own dtype and shape."""
-    return numpy_view(tensor_bytes(store, entry), entry.dtype, entry.shape)
+    """A tensor as a numpy array of its own dtype and shape (writable: a cached one is copied)."""
+    data = tensor_bytes(store, entry)
+    return numpy_view(data if data.flags.writeable else data.copy(), entry.dtype, entry.shape)
 
 
 def as_torch(store: ObjectStore, entry: TensorEntry) -> Any:

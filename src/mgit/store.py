@@ -13,6 +13,7 @@ import json
 import os
 import struct
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,8 +61,11 @@ PCO_NUMBERS = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2",
                "I64": "<i8", "I32": "<i4", "I16": "<i2", "U64": "<u8", "U32": "<u4", "U16": "<u2"}  # fmt: skip
 LEAF_CODECS = ("cast", "quantize_int8", "absmax_scale", "patch")
 PREDICTIVE_CODECS = ("cast", "quantize_int8", "absmax_scale", "quantized_delta")
-SAMPLE_FROM = 1 << 20  # tensors larger than this choose their encoding on samples
-SAMPLE_BYTES = 64 << 10
+UNBOUNDED = 1 << 62  # a DecodedCache budget for a short-lived memo
+CHECKOUT_BASES = 512 << 20  # delta bases one checkout keeps for the tensors that share them
+SESSION_CACHE_BYTES = 1 << 30  # decoded tensors `Repo.caching` keeps by default
+SAMPLE_FROM = 256 << 10  # tensors larger than this choose their encoding on samples
+SAMPLE_BYTES = 32 << 10
 SAMPLES = 4
 
 
@@ -165,17 +169,17 @@ def standalone_chains(kind: str, meta: dict[str, Any]) -> list[list[Codec]]:
 
 
 def delta_chains(base: str, meta: dict[str, Any]) -> list[list[Codec]]:
-    """Lossless encodings of a tensor against a base of the same dtype: XOR and zig-zag
-    difference of the bit patterns (each followed by the tensor's standalone chain, and the
-    difference also by pcodec on its integers), and a patch of the items that differ
-    (pruning, sparse updates)."""
+    """Lossless encodings of a tensor against a base of the same dtype: XOR of the bit
+    patterns (followed by the tensor's default chain), their zig-zag difference (followed by
+    pcodec on those integers), and a patch of the items that differ (pruning, sparse updates)."""
     tail = default_chain("tensor", meta)
     chains: list[list[Codec]] = [[XorDeltaCodec(base=base), *tail]]
     size = itemsize(meta["dtype"])
     if size in (1, 2, 4, 8):
+        # The difference goes to pcodec when it reads the numbers: byte planes + zstd never
+        # stored one smaller (on the MiniLM family), and every candidate costs a sampled encode.
+        tail = [PcoCodec(dtype=f"<u{size}")] if size > 1 else tail
         chains.append([SubDeltaCodec(base=base, itemsize=size), *tail])
-        if size > 1:
-            chains.append([SubDeltaCodec(base=base, itemsize=size), PcoCodec(dtype=f"<u{size}")])
         chains.append([PatchCodec(base=base, itemsize=size), ZstdCodec(level=1)])
     return chains
 
@@ -203,8 +207,54 @@ def _sample_slices(nbytes: int) -> list[slice]:
     return [slice(o, o + SAMPLE_BYTES) for o in (i * step // 64 * 64 for i in range(SAMPLES))]
 
 
+class DecodedCache:
+    """Decoded tensors by object id, within a byte budget, least recently used out first.
+
+    An id is the hash of its content, so an entry never goes stale. Entries are read-only
+    arrays shared by every caller. Decoding a delta decodes its base first; a checkout or an
+    add that meets the same base again (an int8 copy's weights and their scales, the versions
+    of one family checked out in turn) takes it from here instead. Safe across threads.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, tuple[ObjectHeader, np.ndarray]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, oid: str) -> tuple[ObjectHeader, np.ndarray] | None:
+        with self._lock:
+            found = self._items.get(oid)
+            if found is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(oid)
+            self.hits += 1
+            return found
+
+    def put(self, oid: str, header: ObjectHeader, arr: np.ndarray) -> None:
+        if header.kind != "tensor" or arr.nbytes > self.max_bytes // 2:
+            return  # one object may not push out everything else
+        arr.flags.writeable = False
+        with self._lock:
+            if oid in self._items:
+                return
+            self._items[oid] = (header, arr)
+            self._bytes += arr.nbytes
+            while self._bytes > self.max_bytes:
+                self._bytes -= self._items.popitem(last=False)[1][1].nbytes
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+
 class ObjectStore:
     """Encoding, hashing and verification shared by every backend."""
+
+    # Decoded tensors kept for reuse (`Repo.caching`), or None: each get decodes afresh.
+    cache: DecodedCache | None = None
 
     # --- backend primitives -------------------------------------------------------------
     def has(self, oid: str) -> bool:
@@ -231,13 +281,16 @@ class ObjectStore:
     # --- writing ------------------------------------------------------------------------
     def put(self, kind: str, meta: dict[str, Any], data: Any, *, chain: list[Codec] | None = None,
             oid: str | None = None, bases: Sequence[str] = (), max_depth: int = DEFAULT_MAX_DEPTH,
-            extra: Sequence[list[Codec]] = (), encoding: Encoding | None = None) -> PutResult:  # fmt: skip
+            extra: Sequence[list[Codec]] = (), encoding: Encoding | None = None,
+            memo: DecodedCache | None = None) -> PutResult:  # fmt: skip
         """Store `data` (bytes or a uint8 array) unless an object with its id exists.
 
         With `bases` (tensors this one probably derives from), the smallest of the standalone
         encoding and a delta against each base wins, bases already `max_depth` deltas deep
         excepted. `extra` chains (a quantized delta) compete too when every base they name
-        is one of the usable `bases`. An `encoding` from `encode` is written as it is.
+        is one of the usable `bases`. An `encoding` from `encode` is written as it is. `memo`
+        keeps decoded bases for the next tensors that use them (an int8 copy's weight and
+        its scales share one).
         """
         buf = byte_array(data)  # flat: a 2-D array would be measured by its rows
         if oid is None:
@@ -247,20 +300,22 @@ class ObjectStore:
         if self.has(oid):
             return PutResult(oid, self.stored_size(oid), False, "", buf.nbytes)
         if encoding is None:
-            encoding = Encoding(*self._encode(kind, meta, buf, chain, bases, max_depth, extra))
+            encoding = Encoding(*self._encode(kind, meta, buf, chain, bases, max_depth, extra, memo))
         codecs, payload, depth = encoding.codecs, encoding.payload, encoding.depth
         header = ObjectHeader(kind, meta, buf.nbytes, chain_to_list(codecs), depth)
         stored = self._write_record(oid, [_header_bytes(header), payload])
         return PutResult(oid, stored, True, header.codec_names, buf.nbytes)
 
     def encode(self, kind: str, meta: dict[str, Any], data: Any, *, bases: Sequence[str] = (),
-               max_depth: int = DEFAULT_MAX_DEPTH, extra: Sequence[list[Codec]] = ()) -> Encoding:  # fmt: skip
+               max_depth: int = DEFAULT_MAX_DEPTH, extra: Sequence[list[Codec]] = (),
+               memo: DecodedCache | None = None) -> Encoding:  # fmt: skip
         """What `put` would store for `data`, without writing it (pass it to `put` to write it)."""
         buf = byte_array(data)  # flat: a 2-D array would be measured by its rows
-        return Encoding(*self._encode(kind, meta, buf, None, bases, max_depth, extra))
+        return Encoding(*self._encode(kind, meta, buf, None, bases, max_depth, extra, memo))
 
     def _encode(self, kind: str, meta: dict[str, Any], buf: np.ndarray, chain: list[Codec] | None,
-                bases: Sequence[str], max_depth: int, extra: Sequence[list[Codec]]) -> tuple[list[Codec], Any, int]:  # fmt: skip
+                bases: Sequence[str], max_depth: int, extra: Sequence[list[Codec]],
+                memo: DecodedCache | None = None) -> tuple[list[Codec], Any, int]:  # fmt: skip
         """The smallest encoding of `buf` among the candidates, its payload and delta depth."""
         candidates = standalone_chains(kind, meta) if chain is None else [chain]
         exact: list[list[Codec]] = []  # derived: tried in full, only where the dtype or shape changed
@@ -280,14 +335,10 @@ class ObjectStore:
                 candidates += [c for c in delta_chains(base, meta) if not leaf or c[0].name in LEAF_CODECS]
             exact += derived_chains(base, bh.meta, meta)
         candidates += [c for c in extra if all(b in depths for b in ObjectHeader(kind, meta, 0, chain_to_list(c)).bases)]
-        loaded: dict[str, np.ndarray] = {}
+        loaded = memo if memo is not None else DecodedCache(UNBOUNDED)  # each base decoded once
 
         def load(base: str) -> np.ndarray:
-            if base not in loaded:  # the base's own bases land in `loaded` too (often the same ones)
-                arr = self.get(base, decoded=loaded)[1]
-                arr.flags.writeable = False
-                loaded[base] = arr
-            return loaded[base]
+            return self.get_memoized(base, loaded)  # its own bases land in `loaded` too (often the same ones)
 
         codecs, payload = self._smallest(candidates, exact, buf, load)
         if any(c.name in PREDICTIVE_CODECS for c in codecs):
@@ -322,8 +373,10 @@ class ObjectStore:
         return best
 
     def put_tensor(self, dtype: str, shape: tuple[int, ...], data: np.ndarray, *, bases: Sequence[str] = (),
-                   max_depth: int = DEFAULT_MAX_DEPTH, encoding: Encoding | None = None) -> PutResult:  # fmt: skip
-        return self.put("tensor", tensor_meta(dtype, shape), data, bases=bases, max_depth=max_depth, encoding=encoding)
+                   max_depth: int = DEFAULT_MAX_DEPTH, encoding: Encoding | None = None,
+                   memo: DecodedCache | None = None) -> PutResult:  # fmt: skip
+        return self.put("tensor", tensor_meta(dtype, shape), data, bases=bases, max_depth=max_depth, encoding=encoding,
+                        memo=memo)  # fmt: skip
 
     def put_blob(self, data: Any) -> PutResult:
         return self.put("blob", {}, data)
@@ -335,20 +388,18 @@ class ObjectStore:
     def header(self, oid: str) -> ObjectHeader:
         return parse_record(oid, self._read_record(oid))[0]
 
-    def get(self, oid: str, *, decoded: dict[str, np.ndarray] | None = None) -> tuple[ObjectHeader, np.ndarray]:
-        """Decode an object and check that its content hashes to its id. `decoded` memoizes
-        the bases decoded on the way (read-only arrays), for a caller that decodes several
-        objects sharing bases."""
+    def get(self, oid: str, *, memo: DecodedCache | None = None) -> tuple[ObjectHeader, np.ndarray]:
+        """Decode an object and check that its content hashes to its id. `memo` keeps the
+        delta bases decoded on the way, for a caller that decodes several objects sharing
+        bases. With a `cache`, decoded tensors come from it and go to it. Arrays from either
+        are read-only."""
+        cache = self.cache
+        if cache is not None and (found := cache.get(oid)) is not None:
+            return found
         header, payload = parse_record(oid, self._read_record(oid))
 
         def base(o: str) -> np.ndarray:
-            if decoded is None:
-                return self.get(o)[1]
-            if o not in decoded:
-                arr = self.get(o, decoded=decoded)[1]
-                arr.flags.writeable = False
-                decoded[o] = arr
-            return decoded[o]
+            return self.get(o)[1] if memo is None else self.get_memoized(o, memo)
 
         try:
             chain = chain_from_list(header.codecs)
@@ -360,7 +411,18 @@ class ObjectStore:
         hasher.update(arr)
         if hasher.hexdigest() != oid:
             raise CorruptObjectError(oid, "its content does not hash to its id")
+        if cache is not None:
+            cache.put(oid, header, arr)
         return header, arr
+
+    def get_memoized(self, oid: str, memo: DecodedCache) -> np.ndarray:
+        """The decoded content of `oid` from `memo`, decoded (its bases too) and kept there
+        if it is not in it yet (read-only)."""
+        found = memo.get(oid)
+        if found is None:
+            found = self.get(oid, memo=memo)
+            memo.put(oid, *found)
+        return found[1]
 
     def get_record(self, oid: str, kind: str) -> dict[str, Any]:
         header, data = self.get(oid)
