@@ -9,7 +9,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mgit.codecs import AbsmaxScaleCodec, CastCodec, CodecContext, PatchCodec, QuantizeInt8Codec
+from mgit.codecs import (
+    AbsmaxScaleCodec,
+    CastCodec,
+    CodecContext,
+    CodecError,
+    LowRankCodec,
+    PatchCodec,
+    PcoCodec,
+    QuantizeInt8Codec,
+    SubDeltaCodec,
+)
+from mgit.codecs.base import byte_array, encode_chain
+from mgit.codecs.derived import _low_rank_prediction, low_rank_of
 from mgit.store import MemoryStore
 
 BASE = "cd" * 32
@@ -29,6 +41,7 @@ def test_every_derived_codec_roundtrips_any_child(rows: int, cols: int, data: st
         (CastCodec(base=BASE, to="BF16"), 2, n), (CastCodec(base=BASE, to="F16"), 2, n),
         (QuantizeInt8Codec(base=BASE, rows=rows), 1, n), (AbsmaxScaleCodec(base=BASE, rows=rows), 4, rows),
         (PatchCodec(base=BASE, itemsize=4), 4, data.draw(st.integers(0, n + 3))),
+        (LowRankCodec(base=BASE, rows=rows, rank=data.draw(st.integers(1, min(rows, cols)))), 4, n),
     ]:  # fmt: skip
         child = np.frombuffer(data.draw(st.binary(min_size=itemsize * count, max_size=itemsize * count)), np.uint8)
         assert roundtrip(codec, child, base) == child.tobytes()
@@ -95,3 +108,65 @@ def test_a_prediction_that_does_not_decode_is_never_written(monkeypatch: pytest.
     monkeypatch.setattr(CastCodec, "decode", broken)
     size, codec = stored_cost("BF16", cast, w)
     assert not codec.startswith("cast")
+
+
+def merged_lora(rows: int = 256, cols: int = 192, rank: int = 8, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A base matrix and the same with a trained-looking LoRA merged in by torch: W + (B @ A) * alpha / r."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(rows, cols, generator=g) * 0.05
+    a, b = torch.randn(rank, cols, generator=g) * 0.02, torch.randn(rows, rank, generator=g) * 0.01
+    merged = w.clone()
+    merged += (b @ a) * (16.0 / rank)
+    return merged.numpy(), w.numpy()
+
+
+@pytest.mark.parametrize("rank", [1, 4, 8])
+def test_a_merged_lora_costs_little_more_than_its_factors(rank: int) -> None:
+    merged, w = merged_lora(rank=rank)
+    assert low_rank_of(merged, w, merged.shape[0]) == rank
+    size, codec = stored_cost("F32", merged, w)
+    factors = rank * sum(merged.shape) * 4
+    ctx = CodecContext(merged.nbytes, lambda oid: w.reshape(-1).view(np.uint8))
+    delta = len(encode_chain([SubDeltaCodec(base=BASE, itemsize=4), PcoCodec(dtype="<u4")], merged.view(np.uint8), ctx))
+    assert codec.startswith("low_rank") and size < factors + merged.nbytes / 8, (size, factors)
+    assert size < delta / 2, (size, delta)
+
+
+def test_changes_of_full_rank_are_not_taken_for_an_adapter() -> None:
+    w = np.random.default_rng(0).standard_normal((256, 192)).astype(np.float32)
+    tuned = w + np.random.default_rng(1).standard_normal(w.shape).astype(np.float32) * 1e-3
+    assert low_rank_of(tuned, w, 256) is None
+    assert low_rank_of(w, w, 256) is None  # no change at all
+    assert low_rank_of(w[:100], w[:100], 100) is None  # too small to judge
+    size, codec = stored_cost("F32", tuned, w)
+    assert not codec.startswith("low_rank")
+
+
+def test_the_prediction_is_the_same_float_arithmetic_everywhere() -> None:
+    """Decoding on another machine must give the same bits: the prediction is plain IEEE
+    double arithmetic in a fixed order, which Python's floats reproduce one value at a time."""
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((5, 7)).astype(np.float32)
+    u, v = rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal((3, 7)).astype(np.float32)
+    expected = np.empty_like(base)
+    for i in range(5):
+        for j in range(7):
+            acc = float(base[i, j])
+            for k in range(3):
+                acc += float(u[i, k]) * float(v[k, j])
+            expected[i, j] = np.float32(acc)
+    assert _low_rank_prediction(base, u, v).tobytes() == expected.tobytes()
+
+
+def test_low_rank_data_of_the_wrong_size_or_rank_is_refused() -> None:
+    merged, w = merged_lora()
+    codec = LowRankCodec(base=BASE, rows=256, rank=8)
+    ctx = CodecContext(merged.nbytes, lambda oid: w.reshape(-1).view(np.uint8))
+    encoded = byte_array(codec.encode(merged.reshape(-1).view(np.uint8), ctx))
+    with pytest.raises(CodecError, match="bytes where"):
+        codec.decode(encoded[:-4], ctx)
+    with pytest.raises(CodecError, match="does not match"):
+        LowRankCodec(base=BASE, rows=256, rank=8).decode(encoded, CodecContext(merged.nbytes - 4, ctx.load_object))
+    for bad in (0, 65, True):
+        with pytest.raises(ValueError, match="rank"):
+            LowRankCodec(base=BASE, rows=256, rank=bad)

@@ -25,7 +25,6 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,14 +38,9 @@ from mgit.formats.safetensors import DTYPES, element_count
 from mgit.formats.tensors import TORCH_SUFFIXES
 from mgit.objects import Manifest, TensorEntry, object_id, tensor_meta
 from mgit.reports import Report
-from mgit.snapshot import Progress, default_jobs, tensor_bytes
+from mgit.snapshot import Progress, default_jobs, one_blas_thread, tensor_bytes
 from mgit.store import DecodedCache, ObjectHeader, ObjectStore
 from mgit.tensorstats import TensorStats, tensor_stats
-
-try:  # optional; without it a busy machine makes the rank estimates several times slower
-    from threadpoolctl import threadpool_limits
-except ImportError:  # pragma: no cover
-    threadpool_limits = None
 
 MAX_TEXT_BYTES = 1 << 20  # larger text files are compared by digest only
 STATUSES = ("changed", "dtype", "shape", "only_a", "only_b", "identical", "same")
@@ -303,13 +297,6 @@ def _compare(a: TensorRef, b: TensorRef) -> tuple[str, TensorStats | None, int, 
     return status, stats, sum(v.decoded for v in views.values()), sum(v.reused for v in views.values())
 
 
-def _one_blas_thread() -> AbstractContextManager[Any]:
-    """The pool already runs one comparison per core; BLAS threads inside each would
-    oversubscribe the cores, and OpenBLAS's spin while they wait (measured: 10x the CPU time
-    of the work on a busy 2-core machine)."""
-    return threadpool_limits(1, "blas") if threadpool_limits is not None else nullcontext()
-
-
 def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: int | None = None,
                 progress: Callable[[int, int], Progress] | None = None) -> DiffResult:  # fmt: skip
     """Compare two sides. `structural` compares only names, shapes, dtypes and layer counts
@@ -336,7 +323,7 @@ def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: i
     if work:
         work.sort(key=lambda k: a.tensors[k].nbytes + b.tensors[k].nbytes, reverse=True)
         tick = progress(sum(a.tensors[k].nbytes + b.tensors[k].nbytes for k in work), 0) if progress else None
-        with _one_blas_thread(), ThreadPoolExecutor(max_workers=jobs or default_jobs(), thread_name_prefix="mgit-diff") as pool:
+        with one_blas_thread(), ThreadPoolExecutor(max_workers=jobs or default_jobs(), thread_name_prefix="mgit-diff") as pool:
             futures = {pool.submit(_compare, a.tensors[k], b.tensors[k]): k for k in work}
             try:
                 for future in as_completed(futures):

@@ -29,6 +29,7 @@ from mgit.codecs import (
     Codec,
     CodecContext,
     CodecError,
+    LowRankCodec,
     PatchCodec,
     PcoCodec,
     QuantizeInt8Codec,
@@ -42,6 +43,7 @@ from mgit.codecs import (
     decode_chain,
     encode_chain,
 )
+from mgit.codecs.derived import low_rank_of
 from mgit.errors import CorruptObjectError, MissingObjectError
 from mgit.formats.safetensors import DTYPES, element_count, is_float, itemsize
 from mgit.objects import KINDS, OID_RE, canonical_json, object_hasher, tensor_meta
@@ -60,7 +62,7 @@ MAX_DEPTH_LIMIT = 64  # no writer goes deeper; a header claiming more is forged
 PCO_NUMBERS = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2",
                "I64": "<i8", "I32": "<i4", "I16": "<i2", "U64": "<u8", "U32": "<u4", "U16": "<u2"}  # fmt: skip
 LEAF_CODECS = ("cast", "quantize_int8", "absmax_scale", "patch")
-PREDICTIVE_CODECS = ("cast", "quantize_int8", "absmax_scale", "quantized_delta")
+PREDICTIVE_CODECS = ("cast", "quantize_int8", "absmax_scale", "quantized_delta", "low_rank")
 UNBOUNDED = 1 << 62  # a DecodedCache budget for a short-lived memo
 CHECKOUT_BASES = 512 << 20  # delta bases one checkout keeps for the tensors that share them
 SESSION_CACHE_BYTES = 1 << 30  # decoded tensors `Repo.caching` keeps by default
@@ -320,6 +322,7 @@ class ObjectStore:
         candidates = standalone_chains(kind, meta) if chain is None else [chain]
         exact: list[list[Codec]] = []  # derived: tried in full, only where the dtype or shape changed
         depths: dict[str, int] = {}
+        matrix_bases: list[str] = []  # same-shape float32 matrices: a merged adapter's parent?
         for base in bases if kind == "tensor" else ():
             try:
                 bh = self.header(base)
@@ -333,12 +336,19 @@ class ObjectStore:
             depths[base] = bh.depth + 1
             if bh.meta["dtype"] == meta["dtype"]:
                 candidates += [c for c in delta_chains(base, meta) if not leaf or c[0].name in LEAF_CODECS]
+                if not leaf and meta["dtype"] == "F32" and len(meta["shape"]) == 2 and bh.meta["shape"] == meta["shape"]:
+                    matrix_bases.append(base)
             exact += derived_chains(base, bh.meta, meta)
         candidates += [c for c in extra if all(b in depths for b in ObjectHeader(kind, meta, 0, chain_to_list(c)).bases)]
         loaded = memo if memo is not None else DecodedCache(UNBOUNDED)  # each base decoded once
 
         def load(base: str) -> np.ndarray:
             return self.get_memoized(base, loaded)  # its own bases land in `loaded` too (often the same ones)
+
+        for base in matrix_bases:
+            rows = meta["shape"][0]
+            if (rank := low_rank_of(buf, load(base), rows)) is not None:
+                exact.append([LowRankCodec(base=base, rows=rows, rank=rank), PcoCodec(dtype="<u4")])
 
         codecs, payload = self._smallest(candidates, exact, buf, load)
         if any(c.name in PREDICTIVE_CODECS for c in codecs):

@@ -14,7 +14,13 @@ from mgit.codecs.base import (
 )
 from mgit.codecs.byteplanes import ByteplanesCodec
 from mgit.codecs.delta import SubDeltaCodec, XorDeltaCodec
-from mgit.codecs.derived import AbsmaxScaleCodec, CastCodec, PatchCodec, QuantizeInt8Codec
+from mgit.codecs.derived import (
+    AbsmaxScaleCodec,
+    CastCodec,
+    LowRankCodec,
+    PatchCodec,
+    QuantizeInt8Codec,
+)
 from mgit.codecs.pco import PcoCodec
 from mgit.codecs.quantized_delta import QuantizedDeltaCodec
 from mgit.codecs.zstd import ZstdCodec
@@ -30,6 +36,7 @@ __all__ = [
     "Codec",
     "CodecContext",
     "CodecError",
+    "LowRankCodec",
     "SubDeltaCodec",
     "XorDeltaCodec",
     "ZstdCodec",

@@ -12,6 +12,8 @@ the prediction: a wrong guess costs space, never correctness.
 - `absmax_scale`: the float32 per-row scales of that quantization.
 - `patch`: elements equal to the parent cost one bit; the others are stored as they are
   (magnitude pruning: the kept half is the parent's, the pruned half is zeros).
+- `low_rank`: a float32 matrix that is its parent's plus a product of two thin factors (a
+  merged LoRA adapter): the factors, then the exact residual.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from mgit.codecs.base import (
     check_oid,
     load_base,
     register,
+    unzigzag,
+    zigzag,
 )
 
 
@@ -197,4 +201,109 @@ class PatchCodec(Codec):
         out = np.empty(count, f"<u{self.itemsize}")
         out[: base.size] = base
         out[~same] = differ.view(f"<u{self.itemsize}")
+        return out.view(np.uint8)
+
+
+# --- low rank: a merged adapter ---------------------------------------------------------------
+
+LOW_RANK_MAX = 64  # ranks above this are not adapters; the delta codecs store them as well
+_PROBE = 64  # side of the sub-block whose singular values reveal a low rank
+_GAP = 1e-4  # singular values below this share of the largest are rounding, not rank
+
+
+def low_rank_of(child: Buffer, base: Buffer, rows: int) -> int | None:
+    """The rank of `child - base` (float32 matrices of `rows` rows, as bytes) when it is
+    small, as a merged LoRA adapter makes it (W + B A), else None. Judged on a sub-block of
+    at most 64 x 64 (a rank-r matrix has rank r in almost every sub-block): cheap enough to
+    ask of every changed matrix."""
+    c32, b32 = byte_array(child), byte_array(base)
+    if c32.size != b32.size or c32.size % (4 * rows):
+        return None
+    c32, b32 = c32.view("<f4"), b32.view("<f4")
+    cols = c32.size // rows
+    if rows < 2 * _PROBE or cols < 2 * _PROBE:
+        return None
+    step_r, step_c = rows // _PROBE, cols // _PROBE
+    c = c32.reshape(rows, cols)[::step_r, ::step_c][:_PROBE, :_PROBE].astype(np.float64)
+    b = b32.reshape(rows, cols)[::step_r, ::step_c][:_PROBE, :_PROBE].astype(np.float64)
+    delta = c - b
+    if not np.isfinite(delta).all() or not delta.any():
+        return None
+    s = np.linalg.svd(delta, compute_uv=False)
+    rank = int((s > s[0] * _GAP).sum())
+    if rank > min(LOW_RANK_MAX, _PROBE // 4) or rank * (rows + cols) > rows * cols // 4:
+        return None
+    return rank
+
+
+def _factors(delta: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """U (rows x rank) and V (rank x cols), float32, with U V close to `delta`: a randomized
+    range finder with two power iterations, then an exact SVD of the small projection."""
+    rng = np.random.default_rng(0)
+    y = delta @ rng.standard_normal((delta.shape[1], rank + 8))
+    for _ in range(2):
+        y = delta @ (delta.T @ np.linalg.qr(y)[0])
+    q = np.linalg.qr(y)[0]
+    u, s, vt = np.linalg.svd(q.T @ delta, full_matrices=False)
+    return (q @ u[:, :rank] * s[:rank]).astype("<f4"), vt[:rank].astype("<f4")
+
+
+def _low_rank_prediction(base: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """float32(base + sum_k u[:, k] v[k]) in float64, term by term in order: every product of
+    two float32 numbers is exact in float64 and each sum is one IEEE addition, so any machine
+    computes the same bits (a BLAS matmul would not promise that)."""
+    with np.errstate(over="ignore", invalid="ignore"):  # signalling NaNs, overflow: bits are bits
+        acc = base.astype(np.float64)
+        for k in range(u.shape[1]):
+            acc += np.multiply.outer(u[:, k].astype(np.float64), v[k].astype(np.float64))
+        return acc.astype("<f4")
+
+
+@register
+@dataclass(frozen=True)
+class LowRankCodec(Codec):
+    """A float32 matrix predicted as its base plus a product of two thin factors (a merged
+    LoRA adapter: W + B A), and the exact residual. Output: U (`rows` x `rank` float32),
+    V (`rank` x cols float32), then the zig-zag difference of the content's bit patterns
+    and the prediction's (as `sub_delta`): zero wherever the prediction is exact."""
+
+    name = "low_rank"
+    base: str
+    rows: int
+    rank: int
+
+    def __post_init__(self) -> None:
+        check_oid(self.base)
+        _check_rows(self.rows)
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or not 1 <= self.rank <= LOW_RANK_MAX:
+            raise ValueError(f"rank must be an integer from 1 to {LOW_RANK_MAX}, not {self.rank!r}")
+
+    def _base(self, ctx: CodecContext, size: int) -> np.ndarray:
+        base = _base_f32(self, ctx)
+        if base.size * 4 != size or base.size % self.rows:
+            raise CodecError(f"{self.name}: base of {base.size} values does not match {size // 4} in {self.rows} rows")
+        return base.reshape(self.rows, -1)
+
+    def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        raw = byte_array(data)
+        base = self._base(ctx, raw.size)
+        child = raw.view("<f4").reshape(base.shape)
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN and infinity: the residual keeps them
+            delta = np.nan_to_num(child.astype(np.float64) - base, nan=0.0, posinf=0.0, neginf=0.0)
+        u, v = _factors(delta, self.rank)
+        residual = child.view("<u4") - _low_rank_prediction(base, u, v).view("<u4")  # wraps modulo 2**32
+        return np.concatenate([u.reshape(-1).view(np.uint8), v.reshape(-1).view(np.uint8),
+                               zigzag(residual.view("<i4")).reshape(-1).view(np.uint8)])  # fmt: skip
+
+    def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        raw = byte_array(data)
+        base = self._base(ctx, ctx.size)
+        rows, cols = base.shape
+        nu, nv = rows * self.rank * 4, self.rank * cols * 4
+        if raw.size != nu + nv + ctx.size:
+            raise CodecError(f"low_rank data has {raw.size} bytes where {nu + nv + ctx.size} were expected")
+        u = raw[:nu].copy().view("<f4").reshape(rows, self.rank)
+        v = raw[nu : nu + nv].copy().view("<f4").reshape(self.rank, cols)
+        out = unzigzag(raw[nu + nv :].copy().view("<u4")).view("<u4")
+        out += _low_rank_prediction(base, u, v).reshape(-1).view("<u4")  # wraps modulo 2**32
         return out.view(np.uint8)
