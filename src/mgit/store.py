@@ -366,19 +366,31 @@ class ObjectStore:
                   ) -> tuple[list[Codec], Any]:  # fmt: skip
         """The chain with the smallest output, and that output (raw if nothing saves a byte).
         Large buffers choose among `candidates` on a few samples, then encode once; `exact`
-        chains (their transforms need whole tensors) are always encoded in full."""
-        if len(candidates) > 1 and buf.nbytes > SAMPLE_FROM:
+        chains (their transforms need whole tensors) are always encoded in full, first: when
+        one stores the tensor in under half of what the samples promise for the best
+        candidate (a cast, a quantization, a merged adapter), that candidate is not encoded."""
+        estimate = None
+        if buf.nbytes > SAMPLE_FROM and (len(candidates) > 1 or exact):
             slices = _sample_slices(buf.nbytes)
 
             def sampled(chain: list[Codec]) -> int:
                 return sum(len(encode_chain(chain, buf[s], CodecContext(s.stop - s.start, lambda o, s=s: load(o)[s])))
                            for s in slices)  # fmt: skip
 
-            candidates = [min(candidates, key=sampled)]
+            sizes = [sampled(c) for c in candidates]
+            pick = min(range(len(candidates)), key=sizes.__getitem__)
+            candidates = [candidates[pick]]
+            estimate = sizes[pick] * buf.nbytes / sum(s.stop - s.start for s in slices)
         best: tuple[list[Codec], Any] = ([], buf)
-        for chain in [*candidates, *exact]:
-            payload = encode_chain(chain, buf, CodecContext(buf.nbytes, load)) if chain else buf
+        for chain in exact:
+            payload = encode_chain(chain, buf, CodecContext(buf.nbytes, load))
             if len(payload) < len(best[1]):
+                best = (chain, payload)
+        for chain in candidates:
+            if exact and estimate is not None and len(best[1]) < estimate / 2:
+                break
+            payload = encode_chain(chain, buf, CodecContext(buf.nbytes, load)) if chain else buf
+            if len(payload) <= len(best[1]):
                 best = (chain, payload)
         return best
 
