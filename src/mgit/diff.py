@@ -39,7 +39,7 @@ from mgit.formats.tensors import TORCH_SUFFIXES
 from mgit.objects import Manifest, TensorEntry, object_id, tensor_meta
 from mgit.reports import Report
 from mgit.snapshot import Progress, default_jobs, one_blas_thread, tensor_bytes
-from mgit.store import DecodedCache, ObjectHeader, ObjectStore
+from mgit.store import UNBOUNDED, DecodedCache, ObjectStore
 from mgit.tensorstats import TensorStats, tensor_stats
 
 MAX_TEXT_BYTES = 1 << 20  # larger text files are compared by digest only
@@ -257,44 +257,24 @@ def _file_digest(f: SourceFile) -> str:
 # --- comparing -------------------------------------------------------------------------------
 
 
-class _SharedDecodes(ObjectStore):
-    """A read view of a store that keeps what it decodes for one pair of tensors: when one is
-    stored as a delta against the other (or both against a common base), the base comes from
-    memory instead of being decoded again. Every object is still verified once."""
-
-    def __init__(self, store: ObjectStore) -> None:
-        self.store = store
-        self.objects: dict[str, tuple[ObjectHeader, np.ndarray]] = {}
-        self.decoded = self.reused = 0
-
-    def _read_record(self, oid: str) -> bytes | np.ndarray:
-        return self.store._read_record(oid)
-
-    def get(self, oid: str, *, memo: DecodedCache | None = None) -> tuple[ObjectHeader, np.ndarray]:
-        if oid in self.objects:
-            self.reused += 1
-            return self.objects[oid]
-        self.decoded += 1
-        self.objects[oid] = found = super().get(oid, memo=memo)
-        return found
-
-
 def _compare(a: TensorRef, b: TensorRef) -> tuple[str, TensorStats | None, int, int]:
     """(status, statistics, objects decoded, decodes saved) for two tensors of the same shape."""
     if a.dtype == b.dtype and a.object_id() == b.object_id():
         return "identical", None, 0, 0
-    views: dict[int, _SharedDecodes] = {}
+    # What one side decodes is kept for the other: when one is stored as a delta against the
+    # other (or both against a common base), that base is decoded once. Each decode verifies.
+    memos: dict[int, DecodedCache] = {}
 
     def raw(t: TensorRef) -> np.ndarray:
         if t.data is not None:
             return t.data
         assert t.store is not None and t.entry is not None
-        return tensor_bytes(views.setdefault(id(t.store), _SharedDecodes(t.store)), t.entry)
+        return tensor_bytes(t.store, t.entry, memo=memos.setdefault(id(t.store), DecodedCache(UNBOUNDED)), keep=True)
 
     raw_a, raw_b = raw(a), raw(b)
     stats = tensor_stats((a.dtype, b.dtype), a.shape, raw_a, raw_b)
     status = "changed" if a.dtype == b.dtype else "dtype"
-    return status, stats, sum(v.decoded for v in views.values()), sum(v.reused for v in views.values())
+    return status, stats, sum(m.misses for m in memos.values()), sum(m.hits for m in memos.values())
 
 
 def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: int | None = None,

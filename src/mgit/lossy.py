@@ -179,7 +179,7 @@ def encode_lossy(store: ObjectStore, dtype: str, shape: tuple[int, ...], data: n
     base = _parent(store, dtype, shape, bases, max_depth)
     if base is None:
         return None
-    parent_bytes = store.get(base)[1] if memo is None else store.get_memoized(base, memo)
+    parent_bytes = (store.get(base) if memo is None else store.get_memoized(base, memo))[1]
     if np.array_equal(parent_bytes, raw):
         return None  # the same object as the parent's: deduplicated
     x, b = as_float64(raw, dtype), as_float64(parent_bytes, dtype)

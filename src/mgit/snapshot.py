@@ -205,8 +205,11 @@ def safe_join(root: Path, rel: str) -> Path:
     return target
 
 
-def tensor_bytes(store: ObjectStore, entry: TensorEntry, *, memo: DecodedCache | None = None) -> np.ndarray:
-    header, data = store.get(entry.object, memo=memo)
+def tensor_bytes(store: ObjectStore, entry: TensorEntry, *, memo: DecodedCache | None = None,
+                 keep: bool = False) -> np.ndarray:  # fmt: skip
+    """A stored tensor's bytes, checked against its entry. `memo` keeps the delta bases
+    decoded on the way and, with `keep`, the tensor itself (read-only)."""
+    header, data = store.get_memoized(entry.object, memo) if keep and memo is not None else store.get(entry.object, memo=memo)
     if header.kind != "tensor" or header.meta != {"dtype": entry.dtype, "shape": list(entry.shape)}:
         raise CorruptObjectError(entry.object, f"is not the {entry.dtype}{list(entry.shape)} tensor {entry.name!r}")
     return data

@@ -343,7 +343,7 @@ class ObjectStore:
         loaded = memo if memo is not None else DecodedCache(UNBOUNDED)  # each base decoded once
 
         def load(base: str) -> np.ndarray:
-            return self.get_memoized(base, loaded)  # its own bases land in `loaded` too (often the same ones)
+            return self.get_memoized(base, loaded)[1]  # its own bases land in `loaded` too (often the same ones)
 
         for base in matrix_bases:
             rows = meta["shape"][0]
@@ -421,7 +421,7 @@ class ObjectStore:
         header, payload = parse_record(oid, self._read_record(oid))
 
         def base(o: str) -> np.ndarray:
-            return self.get(o)[1] if memo is None else self.get_memoized(o, memo)
+            return (self.get(o) if memo is None else self.get_memoized(o, memo))[1]
 
         try:
             chain = chain_from_list(header.codecs)
@@ -437,14 +437,13 @@ class ObjectStore:
             cache.put(oid, header, arr)
         return header, arr
 
-    def get_memoized(self, oid: str, memo: DecodedCache) -> np.ndarray:
-        """The decoded content of `oid` from `memo`, decoded (its bases too) and kept there
-        if it is not in it yet (read-only)."""
+    def get_memoized(self, oid: str, memo: DecodedCache) -> tuple[ObjectHeader, np.ndarray]:
+        """`get` through `memo`: from it, or decoded (its bases too) and kept there (read-only)."""
         found = memo.get(oid)
         if found is None:
             found = self.get(oid, memo=memo)
             memo.put(oid, *found)
-        return found[1]
+        return found
 
     def get_record(self, oid: str, kind: str) -> dict[str, Any]:
         header, data = self.get(oid)
