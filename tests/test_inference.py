@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from conftest import make_model, run_cli
 from safetensors.torch import save_file
 
 from mgit import InputError, MgitError, Repo
@@ -321,3 +321,23 @@ def test_a_quantized_tensor_is_sketched_dequantized_with_its_scale(family: Famil
     assert np.allclose(sketch.values[i], dense[pos], atol=float(np.abs(dense).max()) / 127)
     assert math.isclose(float(sketch.zeros[i]), float(np.mean(family["ft-a-int8"][0]["layers.0.fc1.weight"].numpy() == 0)),
                         abs_tol=1e-6)  # fmt: skip
+
+
+def test_sketching_an_added_model_releases_each_tensor_it_sampled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sample strided across a memory-mapped tensor faults in most of its pages: each
+    tensor's pages are released once it is sampled (and once more after the object ids are
+    hashed for --auto-parent), so an add's resident size does not grow to the model's."""
+    from mgit.formats.folder import SourceFile
+
+    rng = np.random.default_rng(0)
+    state = {f"layer.{i}.weight": rng.standard_normal((256, 256)).astype(np.float32) for i in range(4)}
+    make_model(tmp_path / "m", state=state)
+    released: list[str] = []
+    original = SourceFile.release
+    monkeypatch.setattr(SourceFile, "release", lambda self, span: released.append(span.name) or original(self, span))
+    repo = Repo.init(tmp_path / "repo")
+    repo.add(tmp_path / "m", name="m")
+    assert sorted(released) == sorted(2 * list(state))  # once when stored, once when sketched
+    released.clear()
+    repo.add(tmp_path / "m", name="m2", auto_parent=True)
+    assert sorted(released) == sorted(3 * list(state))  # hashed for the ranking, stored, sketched

@@ -30,7 +30,7 @@ import numpy as np
 
 from mgit.codecs.derived import to_bfloat16_bits
 from mgit.formats import safetensors
-from mgit.formats.folder import ModelSource
+from mgit.formats.folder import ModelSource, SourceFile
 from mgit.formats.safetensors import DTYPES, FP8_VALUES, TensorSpan, is_float
 from mgit.objects import Manifest, TensorEntry, object_id, tensor_meta
 from mgit.snapshot import tensor_bytes
@@ -201,8 +201,10 @@ def _varies(values: np.ndarray) -> bool:
     return finite.size > 1 and bool(finite.max() > finite.min())
 
 
-def sketch_tensors(entries: Sequence[TensorEntry], read: Callable[[TensorEntry], np.ndarray]) -> Sketch:
-    """The sketch of a model's tensors; `read(entry)` gives a tensor's raw bytes (uint8)."""
+def sketch_tensors(entries: Sequence[TensorEntry], read: Callable[[TensorEntry], np.ndarray],
+                   after: Callable[[TensorEntry], None] | None = None) -> Sketch:  # fmt: skip
+    """The sketch of a model's tensors; `read(entry)` gives a tensor's raw bytes (uint8), and
+    `after(entry)` is called once a tensor has been sampled (to release its pages)."""
     by_name: dict[str, TensorEntry] = {}
     for e in entries:
         by_name.setdefault(e.name, e)
@@ -239,39 +241,51 @@ def sketch_tensors(entries: Sequence[TensorEntry], read: Callable[[TensorEntry],
         elif is_float(e.dtype) and count and np.any(strided != 0):
             roles[i] = CONSTANT  # like a norm's initial ones; all zeros say nothing about a trained tensor
         values[i, : len(pos)] = sample
+        if after is not None:
+            after(e)
     listed = list(by_name.values())
     return Sketch([e.name for e in listed], [e.dtype for e in listed], [e.shape for e in listed],
                   [e.object for e in listed], roles, zeros, values, scales)  # fmt: skip
 
 
-def _source_tensors(source: ModelSource) -> dict[str, tuple[TensorSpan, np.ndarray]]:
-    data: dict[str, tuple[TensorSpan, np.ndarray]] = {}
+def _source_tensors(source: ModelSource) -> dict[str, tuple[SourceFile, TensorSpan, np.ndarray]]:
+    data: dict[str, tuple[SourceFile, TensorSpan, np.ndarray]] = {}
     for f in source.files:
         if f.is_safetensors:
             for span, raw in f.tensor_data():
-                data.setdefault(span.name, (span, np.asarray(raw).reshape(-1)))
+                data.setdefault(span.name, (f, span, np.asarray(raw).reshape(-1)))
     return data
+
+
+def _sketch_source_tensors(entries: list[TensorEntry], data: dict[str, tuple[SourceFile, TensorSpan, np.ndarray]]
+                           ) -> Sketch:  # fmt: skip
+    """Sample memory-mapped source tensors, releasing each one's pages once it is sampled: a
+    sample strided across a tensor faults in most of its pages, and for a large model those
+    would otherwise stay resident until the add ends."""
+
+    def release(e: TensorEntry) -> None:
+        f, span, _ = data[e.name]
+        f.release(span)
+
+    return sketch_tensors(entries, lambda e: data[e.name][2], release)
 
 
 def sketch_source(source: ModelSource) -> Sketch:
     """The sketch of a model not stored yet (its tensors' object ids are computed here).
     Hashing reads every page: they are released after, as the snapshot releases them."""
     data = _source_tensors(source)
-    entries = [TensorEntry(name, span.dtype, span.shape, object_id("tensor", tensor_meta(span.dtype, span.shape), raw))
-               for name, (span, raw) in data.items()]  # fmt: skip
-    sketch = sketch_tensors(entries, lambda e: data[e.name][1])
-    for f in source.files:
-        for span in f.layout.tensors if f.layout is not None else ():
-            f.release(span)
-    return sketch
+    entries = []
+    for name, (f, span, raw) in data.items():
+        entries.append(TensorEntry(name, span.dtype, span.shape, object_id("tensor", tensor_meta(span.dtype, span.shape), raw)))
+        f.release(span)  # hashing read every page of it
+    return _sketch_source_tensors(entries, data)
 
 
 def sketch_added(manifest: Manifest, source: ModelSource) -> Sketch:
     """The sketch of a version just added, read from its source files (still in the page
     cache) rather than decoded from the store. A lossy version's values differ from the
     source by at most its bound, far below what a sketch resolves."""
-    data = _source_tensors(source)
-    return sketch_tensors(manifest.tensors(), lambda e: data[e.name][1])
+    return _sketch_source_tensors(list(manifest.tensors()), _source_tensors(source))
 
 
 def sketch_stored(store: ObjectStore, manifest: Manifest) -> Sketch:
