@@ -134,3 +134,55 @@ def test_a_session_still_verifies_what_it_decodes(repo: Repo, tmp_path: Path) ->
     path.write_bytes(bytes(raw))
     with repo.caching(), pytest.raises(CorruptObjectError, match=victim[:12]):
         repo.checkout("base-int8", tmp_path / "out")
+
+
+def test_threads_wanting_the_same_object_decode_it_once() -> None:
+    cache = DecodedCache(1 << 20)
+    calls: list[int] = []
+    gate = threading.Event()
+
+    def slow_decode() -> tuple[ObjectHeader, np.ndarray]:
+        calls.append(1)
+        gate.wait(5)
+        return header(10), np.arange(10, dtype=np.uint8)
+
+    results: list[np.ndarray] = []
+    threads = [threading.Thread(target=lambda: results.append(cache.get_or_decode("x", slow_decode)[1]))
+               for _ in range(4)]  # fmt: skip
+    for t in threads:
+        t.start()
+    while cache.misses + cache.hits < 4:  # every thread has asked (one decodes, three wait)
+        threading.Event().wait(0.01)
+    gate.set()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(results) == 4 and all(r is results[0] for r in results)
+    assert (cache.misses, cache.hits) == (1, 3)
+
+
+def test_a_failed_decode_fails_every_waiter_and_is_not_kept() -> None:
+    cache = DecodedCache(1 << 20)
+    gate = threading.Event()
+
+    def broken() -> tuple[ObjectHeader, np.ndarray]:
+        gate.wait(5)
+        raise CorruptObjectError("ab" * 32, "its content does not hash to its id")
+
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            cache.get_or_decode("x", broken)
+        except CorruptObjectError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(3)]
+    for t in threads:
+        t.start()
+    while cache.misses + cache.hits < 3:
+        threading.Event().wait(0.01)
+    gate.set()
+    for t in threads:
+        t.join()
+    assert len(errors) == 3 and cache.get("x") is None
+    assert cache.get_or_decode("x", lambda: (header(1), np.zeros(1, np.uint8)))[1].tolist() == [0]

@@ -14,7 +14,8 @@ import os
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -207,15 +208,50 @@ class DecodedCache:
     An id is the hash of its content, so an entry never goes stale. Entries are read-only
     arrays shared by every caller. Decoding a delta decodes its base first; a checkout or an
     add that meets the same base again (an int8 copy's weights and their scales, the versions
-    of one family checked out in turn) takes it from here instead. Safe across threads.
+    of one family checked out in turn) takes it from here instead. Safe across threads: two
+    threads that need the same object at once decode it once (`get_or_decode`).
     """
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._items: OrderedDict[str, tuple[ObjectHeader, np.ndarray]] = OrderedDict()
+        self._pending: dict[str, Future[tuple[ObjectHeader, np.ndarray]]] = {}
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = self.misses = 0
+
+    def get_or_decode(self, oid: str, decode: Callable[[], tuple[ObjectHeader, np.ndarray]]
+                      ) -> tuple[ObjectHeader, np.ndarray]:  # fmt: skip
+        """The entry for `oid`, decoded by `decode()` and kept if it is not here. A thread
+        that asks while another decodes it waits for that decode (and gets its error)."""
+        with self._lock:
+            found = self._items.get(oid)
+            if found is not None:
+                self._items.move_to_end(oid)
+                self.hits += 1
+                return found
+            pending = self._pending.get(oid)
+            owner = pending is None
+            if pending is None:
+                pending = self._pending[oid] = Future()
+                self.misses += 1
+            else:
+                self.hits += 1
+        if not owner:
+            return pending.result()
+        try:
+            found = decode()
+            found[1].flags.writeable = False
+            self.put(oid, *found)
+        except BaseException as exc:
+            with self._lock:
+                del self._pending[oid]
+            pending.set_exception(exc)
+            raise
+        with self._lock:
+            del self._pending[oid]
+        pending.set_result(found)
+        return found
 
     def get(self, oid: str) -> tuple[ObjectHeader, np.ndarray] | None:
         with self._lock:
@@ -431,11 +467,7 @@ class ObjectStore:
 
     def get_memoized(self, oid: str, memo: DecodedCache) -> tuple[ObjectHeader, np.ndarray]:
         """`get` through `memo`: from it, or decoded (its bases too) and kept there (read-only)."""
-        found = memo.get(oid)
-        if found is None:
-            found = self.get(oid, memo=memo)
-            memo.put(oid, *found)
-        return found
+        return memo.get_or_decode(oid, lambda: self.get(oid, memo=memo))
 
     def get_record(self, oid: str, kind: str) -> dict[str, Any]:
         header, data = self.get(oid)
