@@ -170,3 +170,13 @@ def test_low_rank_data_of_the_wrong_size_or_rank_is_refused() -> None:
     for bad in (0, 65, True):
         with pytest.raises(ValueError, match="rank"):
             LowRankCodec(base=BASE, rows=256, rank=bad)
+
+
+def test_show_and_du_count_a_merged_adapter_as_derived(tmp_path) -> None:
+    from mgit import Repo
+
+    merged, w = merged_lora()
+    repo = Repo.init(tmp_path)
+    repo.add({"q.weight": w, "norm": np.ones(192, np.float32)}, name="base")
+    repo.add({"q.weight": merged, "norm": np.ones(192, np.float32)}, name="base-lora", parent=["base"], relation="adapter")
+    assert repo.show("base-lora").tensor_storage == {"deduplicated": 1, "derived": 1}
