@@ -348,7 +348,7 @@ class ObjectStore:
                 memo: DecodedCache | None = None) -> tuple[list[Codec], Any, int]:  # fmt: skip
         """The smallest encoding of `buf` among the candidates, its payload and delta depth."""
         candidates = [default_chain(kind, meta) if chain is None else chain]
-        exact: list[list[Codec]] = []  # derived: tried in full, only where the dtype or shape changed
+        exact: list[list[Codec]] = []  # transforms, tried in full: casts, quantizations, a merged adapter
         depths: dict[str, int] = {}
         matrix_bases: list[str] = []  # same-shape float32 matrices: a merged adapter's parent?
         for base in bases if kind == "tensor" else ():
