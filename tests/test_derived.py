@@ -19,6 +19,7 @@ from mgit.codecs import (
     PcoCodec,
     QuantizeInt8Codec,
     SubDeltaCodec,
+    TransposeCodec,
 )
 from mgit.codecs.base import byte_array, encode_chain
 from mgit.codecs.derived import _low_rank_prediction, low_rank_of
@@ -42,6 +43,7 @@ def test_every_derived_codec_roundtrips_any_child(rows: int, cols: int, data: st
         (QuantizeInt8Codec(base=BASE, rows=rows), 1, n), (AbsmaxScaleCodec(base=BASE, rows=rows), 4, rows),
         (PatchCodec(base=BASE, itemsize=4), 4, data.draw(st.integers(0, n + 3))),
         (LowRankCodec(base=BASE, rows=rows, rank=data.draw(st.integers(1, min(rows, cols)))), 4, n),
+        (TransposeCodec(base=BASE, rows=rows, itemsize=4), 4, n), (TransposeCodec(base=BASE, rows=rows, itemsize=2), 2, 2 * n),
     ]:  # fmt: skip
         child = np.frombuffer(data.draw(st.binary(min_size=itemsize * count, max_size=itemsize * count)), np.uint8)
         assert roundtrip(codec, child, base) == child.tobytes()
@@ -180,3 +182,25 @@ def test_show_and_du_count_a_merged_adapter_as_derived(tmp_path) -> None:
     repo.add({"q.weight": w, "norm": np.ones(192, np.float32)}, name="base")
     repo.add({"q.weight": merged, "norm": np.ones(192, np.float32)}, name="base-lora", parent=["base"], relation="adapter")
     assert repo.show("base-lora").tensor_storage == {"deduplicated": 1, "derived": 1}
+
+
+@pytest.mark.parametrize("dtype", ["F32", "BF16", "I8"])
+def test_a_transposed_matrix_costs_almost_nothing(dtype: str) -> None:
+    """A checkpoint converted between layouts (a linear layer stored in x out, or out x in)."""
+    w = np.nan_to_num(weights(96, 80), nan=0.0, posinf=0.0)
+    base = {"F32": w, "BF16": torch.from_numpy(w).to(torch.bfloat16).view(torch.int16).numpy(),
+            "I8": np.clip(np.rint(w * 1000), -127, 127).astype(np.int8)}[dtype]  # fmt: skip
+    size, codec = stored_cost(dtype, np.ascontiguousarray(base.T), base, base_dtype=dtype)
+    assert codec.startswith("transpose") and size < base.nbytes / 20
+
+
+def test_per_tensor_int8_quantization_and_its_scale_cost_almost_nothing() -> None:
+    w = np.nan_to_num(weights(), nan=0.0, posinf=0.0)
+    t = torch.from_numpy(w)
+    scale = t.abs().max() / 127  # one scale for the whole tensor, as torch's per-tensor symmetric scheme
+    q = torch.clamp(torch.round(t / scale), -127, 127).to(torch.int8).numpy()
+    size, codec = stored_cost("I8", q, w)
+    assert codec.startswith("quantize_int8") and size < q.nbytes / 20
+    s = np.array([scale.item()], np.float32)  # 4 bytes: stored raw, but the transform explains it exactly
+    ctx = CodecContext(4, lambda oid: w.reshape(-1).view(np.uint8))
+    assert not np.any(byte_array(AbsmaxScaleCodec(base=BASE, rows=1).encode(s.view(np.uint8), ctx)))

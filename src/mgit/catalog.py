@@ -55,7 +55,7 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
 IDS = "(SELECT value FROM json_each(?))"
 
 DELTA_CODECS = ("xor_delta", "sub_delta", "patch", "quantized_delta")
-DERIVED_CODECS = ("cast", "quantize_int8", "absmax_scale", "low_rank")
+DERIVED_CODECS = ("cast", "quantize_int8", "absmax_scale", "low_rank", "transpose")
 
 
 def storage_class(codec_names: str) -> str:

@@ -35,6 +35,7 @@ from mgit.codecs import (
     PcoCodec,
     QuantizeInt8Codec,
     SubDeltaCodec,
+    TransposeCodec,
     XorDeltaCodec,
     ZstdCodec,
     byte_array,
@@ -59,8 +60,8 @@ MAX_DEPTH_LIMIT = 64  # no writer goes deeper; a header claiming more is forged
 # quantized copy of a fine-tune of a new base version), nothing is encoded against them
 # (their depth is above the bound), and their decode costs one more base. Without this a
 # cascade's rebuilt int8 copy of a rebuilt fine-tune was stored whole (20 MB instead of 34 kB).
-LEAF_CODECS = ("cast", "quantize_int8", "absmax_scale", "patch")
-PREDICTIVE_CODECS = ("cast", "quantize_int8", "absmax_scale", "quantized_delta", "low_rank")
+LEAF_CODECS = ("cast", "quantize_int8", "absmax_scale", "patch", "transpose")
+PREDICTIVE_CODECS = ("cast", "quantize_int8", "absmax_scale", "quantized_delta", "low_rank", "transpose")
 UNBOUNDED = 1 << 62  # a DecodedCache budget for a short-lived memo
 CHECKOUT_BASES = 512 << 20  # delta bases one checkout keeps for the tensors that share them
 SESSION_CACHE_BYTES = 1 << 30  # decoded tensors `Repo.caching` keeps by default
@@ -180,20 +181,28 @@ def delta_chains(base: str, meta: dict[str, Any]) -> list[list[Codec]]:
 
 
 def derived_chains(base: str, base_meta: dict[str, Any], meta: dict[str, Any]) -> list[list[Codec]]:
-    """Encodings of a tensor predicted from a float32 base of another dtype or shape: a cast,
-    an int8 quantization of a matrix, or that quantization's per-row scales."""
-    if base_meta["dtype"] != "F32":
-        return []
+    """Encodings of a tensor predicted from a base of another dtype or shape: the transpose
+    of a matrix (any dtype); from a float32 base, a cast, a symmetric int8 quantization (per
+    row of a matrix, or of the whole tensor) or that quantization's scales."""
     shape, base_shape, dtype = meta["shape"], base_meta["shape"], meta["dtype"]
     tail: list[Codec] = [ZstdCodec(level=1)]
+    chains: list[list[Codec]] = []
+    if (dtype == base_meta["dtype"] and len(shape) == 2 and shape == base_shape[::-1] and shape != base_shape
+            and shape[0] > 0 and shape[1] > 0 and itemsize(dtype) in (1, 2, 4, 8)):  # fmt: skip
+        chains.append([TransposeCodec(base=base, rows=base_shape[0], itemsize=itemsize(dtype)), *tail])
+    if base_meta["dtype"] != "F32" or not element_count(tuple(base_shape)):
+        return chains
     if dtype in ("BF16", "F16") and shape == base_shape:
-        return [[CastCodec(base=base, to=dtype), *tail]]
-    if len(base_shape) == 2 and base_shape[0] > 0:
-        if dtype == "I8" and shape == base_shape:
-            return [[QuantizeInt8Codec(base=base, rows=base_shape[0]), *tail]]
-        if dtype == "F32" and shape == [base_shape[0]]:
-            return [[AbsmaxScaleCodec(base=base, rows=base_shape[0]), *tail]]
-    return []
+        chains.append([CastCodec(base=base, to=dtype), *tail])
+    if dtype == "I8" and shape == base_shape:
+        if len(base_shape) == 2:
+            chains.append([QuantizeInt8Codec(base=base, rows=base_shape[0]), *tail])
+        chains.append([QuantizeInt8Codec(base=base, rows=1), *tail])  # one scale for the tensor
+    if dtype == "F32" and len(base_shape) == 2 and shape == [base_shape[0]]:
+        chains.append([AbsmaxScaleCodec(base=base, rows=base_shape[0]), *tail])
+    if dtype == "F32" and shape in ([], [1]):
+        chains.append([AbsmaxScaleCodec(base=base, rows=1), *tail])
+    return chains
 
 
 def _sample_slices(nbytes: int) -> list[slice]:
@@ -411,6 +420,8 @@ class ObjectStore:
             estimate = sizes[pick] * buf.nbytes / sum(s.stop - s.start for s in slices)
         best: tuple[list[Codec], Any] = ([], buf)
         for chain in exact:
+            if len(best[1]) * 64 < buf.nbytes:
+                break  # a transform already explains it (per-row int8: no need to try per-tensor)
             payload = encode_chain(chain, buf, CodecContext(buf.nbytes, load))
             if len(payload) < len(best[1]):
                 best = (chain, payload)

@@ -20,6 +20,7 @@ from mgit.codecs.derived import (
     LowRankCodec,
     PatchCodec,
     QuantizeInt8Codec,
+    TransposeCodec,
 )
 from mgit.codecs.pco import PcoCodec
 from mgit.codecs.quantized_delta import QuantizedDeltaCodec
@@ -38,6 +39,7 @@ __all__ = [
     "CodecError",
     "LowRankCodec",
     "SubDeltaCodec",
+    "TransposeCodec",
     "XorDeltaCodec",
     "ZstdCodec",
     "byte_array",

@@ -307,3 +307,27 @@ class LowRankCodec(Codec):
         out = unzigzag(raw[nu + nv :].copy().view("<u4")).view("<u4")
         out += _low_rank_prediction(base, u, v).reshape(-1).view("<u4")  # wraps modulo 2**32
         return out.view(np.uint8)
+
+
+@register
+@dataclass(frozen=True)
+class TransposeCodec(PredictionCodec):
+    """A matrix that is its base's transpose (a checkpoint converted between layouts that
+    store a linear layer's weight as in x out or out x in): XOR with the base, read as `rows`
+    rows of `itemsize`-byte items, transposed. Any dtype."""
+
+    name = "transpose"
+    base: str
+    rows: int
+    itemsize: int
+
+    def __post_init__(self) -> None:
+        check_oid(self.base)
+        _check_rows(self.rows)
+        check_int_width(self.itemsize)
+
+    def _predict(self, ctx: CodecContext) -> np.ndarray:
+        base = load_base(self.name, self.base, ctx)
+        if base.size % (self.rows * self.itemsize):
+            raise CodecError(f"{self.name}: base of {base.size} bytes has no {self.rows} equal rows")
+        return np.ascontiguousarray(base.view(f"<u{self.itemsize}").reshape(self.rows, -1).T)
