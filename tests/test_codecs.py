@@ -191,3 +191,12 @@ def test_decoded_size_must_match() -> None:
     encoded = encode_chain(chain, b"12345678", CodecContext(size=8))
     with pytest.raises(CodecError, match="expected"):
         decode_chain(chain, encoded, CodecContext(size=4))
+
+
+def test_pco_inside_a_chain_may_hold_more_numbers_than_the_object_has_bytes_for() -> None:
+    """After a quantized delta of a float16 tensor in 4-byte steps, pcodec's numbers take
+    twice the object's size: decoding makes room for them (within zstd's bound)."""
+    steps = np.arange(1000, dtype="<u4")
+    encoded = encode_chain([PcoCodec(dtype="<u4")], steps.view(np.uint8), CodecContext(steps.nbytes))
+    out = PcoCodec(dtype="<u4").decode(encoded, CodecContext(steps.nbytes // 2))
+    assert bytes(out) == steps.tobytes()

@@ -58,15 +58,17 @@ class PcoCodec(Codec):
 
     def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
         # pcodec writes no total count up front, and inside a chain (after a quantized delta)
-        # the numbers are not the object's size: decode into room for as much as zstd may
-        # produce (untouched pages cost nothing), and refuse data that would need more.
+        # the numbers need not fill the object's size: decode into room for the object's size
+        # (where pcodec is the whole chain, exactly its numbers), then, only if more numbers
+        # follow, into room for as much as zstd may produce, and refuse data that needs more.
         size = np.dtype(self.dtype).itemsize
-        out = np.empty((4 * ctx.size + 65536) // size, self.dtype)
         src = data if isinstance(data, bytes) else bytes(byte_array(data))
-        try:
-            progress = standalone.simple_decompress_into(src, out)
-        except (RuntimeError, TypeError) as exc:
-            raise CodecError(f"pco data does not decode: {str(exc).splitlines()[0]}") from None
-        if not progress.finished:
-            raise CodecError("pco data holds more numbers than the object can hold")
-        return out[: progress.n_processed].view(np.uint8)
+        for room in (ctx.size // size, (4 * ctx.size + 65536) // size):
+            out = np.empty(room, self.dtype)
+            try:
+                progress = standalone.simple_decompress_into(src, out)
+            except (RuntimeError, TypeError) as exc:
+                raise CodecError(f"pco data does not decode: {str(exc).splitlines()[0]}") from None
+            if progress.finished:
+                return out[: progress.n_processed].view(np.uint8)
+        raise CodecError("pco data holds more numbers than the object can hold")
