@@ -216,17 +216,16 @@ def tensor_bytes(store: ObjectStore, entry: TensorEntry, *, memo: DecodedCache |
 
 
 def iter_file_chunks(store: ObjectStore, entry: FileEntry, pool: ThreadPoolExecutor, jobs: int,
-                     memo: DecodedCache | None = None) -> Iterator[np.ndarray]:  # fmt: skip
+                     memo: DecodedCache) -> Iterator[np.ndarray]:  # fmt: skip
     """The bytes of a file, in order, decoding tensors ahead on the pool (delta bases that
     several tensors share decoded once, in `memo`)."""
     yield store.get(entry.object)[1]
-    memo = memo if memo is not None else DecodedCache(CHECKOUT_BASES)
     yield from ordered_map(pool, lambda t: tensor_bytes(store, t, memo=memo), ((t,) for t in entry.tensors),
                            jobs=jobs, size=lambda item: item[0].nbytes)  # fmt: skip
 
 
 def restore_file(store: ObjectStore, entry: FileEntry, out_dir: Path, *, pool: ThreadPoolExecutor, jobs: int,
-                 progress: Progress | None = None, memo: DecodedCache | None = None) -> Path:  # fmt: skip
+                 memo: DecodedCache, progress: Progress | None = None) -> Path:  # fmt: skip
     """Rebuild one file under `out_dir` atomically and check its size and digest."""
     target = safe_join(out_dir, entry.path)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -234,10 +234,8 @@ class DecodedCache:
         """The entry for `oid`, decoded by `decode()` and kept if it is not here. A thread
         that asks while another decodes it waits for that decode (and gets its error)."""
         with self._lock:
-            found = self._items.get(oid)
+            found = self._hit(oid)
             if found is not None:
-                self._items.move_to_end(oid)
-                self.hits += 1
                 return found
             pending = self._pending.get(oid)
             owner = pending is None
@@ -264,13 +262,17 @@ class DecodedCache:
 
     def get(self, oid: str) -> tuple[ObjectHeader, np.ndarray] | None:
         with self._lock:
-            found = self._items.get(oid)
-            if found is None:
-                self.misses += 1
-                return None
+            found = self._hit(oid)
+            self.misses += found is None
+            return found
+
+    def _hit(self, oid: str) -> tuple[ObjectHeader, np.ndarray] | None:
+        """The entry, marked most recently used and counted, or None (under the lock)."""
+        found = self._items.get(oid)
+        if found is not None:
             self._items.move_to_end(oid)
             self.hits += 1
-            return found
+        return found
 
     def put(self, oid: str, header: ObjectHeader, arr: np.ndarray) -> None:
         if header.kind != "tensor" or arr.nbytes > self.max_bytes // 2:
