@@ -8,9 +8,12 @@ from mgit.codecs.base import (
     byte_view,
     chain_from_list,
     chain_to_list,
+    codec_class,
     codec_from_dict,
     decode_chain,
+    decoded_bound,
     encode_chain,
+    storage_of,
 )
 from mgit.codecs.byteplanes import ByteplanesCodec
 from mgit.codecs.delta import SubDeltaCodec, XorDeltaCodec
@@ -46,7 +49,10 @@ __all__ = [
     "byte_view",
     "chain_from_list",
     "chain_to_list",
+    "codec_class",
     "codec_from_dict",
     "decode_chain",
+    "decoded_bound",
     "encode_chain",
+    "storage_of",
 ]

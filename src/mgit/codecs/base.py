@@ -80,9 +80,23 @@ class CodecContext:
 
 
 class Codec:
-    """Base class: subclasses are frozen dataclasses with a class-level `name`."""
+    """Base class: subclasses are frozen dataclasses with a class-level `name`, and say
+    what they are with three more class attributes (one place to read, nothing to keep in
+    step elsewhere):
+
+    - `storage`: how a tensor whose chain starts with this codec counts in `du` and `show`:
+      `standalone` (coded on its own), `delta` (the difference from a base object) or
+      `derived` (a transform of a base object plus a residual);
+    - `predictive`: it codes the content against a prediction, which writers check by
+      decoding before they keep it (exact deltas are bijections and need no such check);
+    - `ends_family`: it may be coded against a base at the delta-depth bound, one link past
+      it (a cast, quantized, pruned or transposed copy: nothing is ever coded against it).
+    """
 
     name: ClassVar[str]
+    storage: ClassVar[str] = "standalone"
+    predictive: ClassVar[bool] = False
+    ends_family: ClassVar[bool] = False
 
     def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
         raise NotImplementedError
@@ -92,6 +106,12 @@ class Codec:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "configuration": dataclasses.asdict(self)}  # type: ignore[call-overload]
+
+    def max_decoded(self, n: int) -> int:
+        """The most bytes `decode` can make of `n` bytes (most codecs keep the size; the
+        compressors say how far they expand). Readers bound a declared size by it before
+        they allocate anything."""
+        return n
 
 
 class CodecError(MgitError):
@@ -105,6 +125,18 @@ def register(cls: type[Codec]) -> type[Codec]:
     """Class decorator: make a codec known by its name."""
     _REGISTRY[cls.name] = cls
     return cls
+
+
+def codec_class(name: str) -> type[Codec] | None:
+    """The registered codec class of a name, or None."""
+    return _REGISTRY.get(name)
+
+
+def storage_of(codec_names: str) -> str:
+    """`standalone`, `delta` or `derived`: how an object whose chain is recorded as
+    `a+b+c` (or `raw`) is stored, judged by its first codec."""
+    cls = _REGISTRY.get(codec_names.split("+")[0])
+    return cls.storage if cls is not None else "standalone"
 
 
 def codec_from_dict(spec: Any) -> Codec:
@@ -140,6 +172,13 @@ def encode_chain(chain: Sequence[Codec], data: Buffer, ctx: CodecContext) -> byt
     for codec in chain:
         data = codec.encode(data, ctx)
     return data if isinstance(data, bytes) else bytes(byte_view(data))
+
+
+def decoded_bound(chain: Sequence[Codec], n: int) -> int:
+    """The most bytes a chain can decode `n` stored bytes into."""
+    for codec in reversed(chain):
+        n = codec.max_decoded(n)
+    return n
 
 
 def decode_chain(chain: Sequence[Codec], data: Buffer, ctx: CodecContext) -> Buffer:

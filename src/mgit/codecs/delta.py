@@ -37,6 +37,7 @@ def _base(codec: XorDeltaCodec | SubDeltaCodec, ctx: CodecContext) -> np.ndarray
 @dataclass(frozen=True)
 class XorDeltaCodec(Codec):
     name = "xor_delta"
+    storage = "delta"
     base: str
 
     def __post_init__(self) -> None:
@@ -63,6 +64,7 @@ class SubDeltaCodec(Codec):
     negative and positive differences both become small unsigned numbers."""
 
     name = "sub_delta"
+    storage = "delta"
     base: str
     itemsize: int
 

@@ -57,6 +57,10 @@ class PredictionCodec(Codec):
     """A codec that XORs the content with a prediction made from its base: encode and decode
     are the same operation. Subclasses say how to predict."""
 
+    storage = "derived"
+    predictive = True
+    ends_family = True
+
     def _predict(self, ctx: CodecContext) -> np.ndarray:
         raise NotImplementedError
 
@@ -163,6 +167,8 @@ class PatchCodec(Codec):
     items that differ, in order. Items past the end of the base always differ."""
 
     name = "patch"
+    storage = "delta"
+    ends_family = True
     base: str
     itemsize: int
 
@@ -174,6 +180,9 @@ class PatchCodec(Codec):
         base = load_base(self.name, self.base, ctx)
         whole = base.size - base.size % self.itemsize
         return base[:whole].view(f"<u{self.itemsize}")[:count]
+
+    def max_decoded(self, n: int) -> int:
+        return 8 * n * self.itemsize  # one bit of bitmap per item at the least
 
     def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
         raw = byte_array(data)
@@ -268,6 +277,8 @@ class LowRankCodec(Codec):
     and the prediction's (as `sub_delta`): zero wherever the prediction is exact."""
 
     name = "low_rank"
+    storage = "derived"
+    predictive = True
     base: str
     rows: int
     rank: int

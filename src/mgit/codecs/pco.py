@@ -43,6 +43,12 @@ class PcoCodec(Codec):
         # No delta along the sequence: neighbouring weights are not ordered values.
         return ChunkConfig(compression_level=self.level, delta_spec=DeltaSpec.no_op(), mode_spec=ModeSpec.auto())
 
+    def max_decoded(self, n: int) -> int:
+        # A constant chunk of 2**18 numbers takes ~16 bytes (measured: 8-byte numbers
+        # 117,000x at 4 Mi numbers); allow 16 bytes per chunk and one chunk more.
+        chunk = (1 << 18) * np.dtype(self.dtype).itemsize
+        return (n // 16 + 1) * chunk
+
     def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
         raw = byte_array(data)
         size = np.dtype(self.dtype).itemsize

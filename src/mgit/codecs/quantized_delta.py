@@ -82,6 +82,8 @@ def int_bytes_for(q: np.ndarray) -> int | None:
 @dataclass(frozen=True)
 class QuantizedDeltaCodec(Codec):
     name = "quantized_delta"
+    storage = "delta"
+    predictive = True
     base: str
     step: float
     dtype: str
@@ -95,6 +97,9 @@ class QuantizedDeltaCodec(Codec):
             raise ValueError(f"step must be a positive finite number, not {self.step!r}")
         if self.int_bytes not in (1, 2, 4):
             raise ValueError(f"int_bytes must be 1, 2 or 4, not {self.int_bytes!r}")
+
+    def max_decoded(self, n: int) -> int:
+        return n // self.int_bytes * np.dtype(_STORAGE[self.dtype]).itemsize
 
     def _base(self, ctx: CodecContext, count: int) -> np.ndarray:
         base = as_float64(load_base(self.name, self.base, ctx), self.dtype)

@@ -40,6 +40,10 @@ class ZstdCodec(Codec):
         if not isinstance(self.level, int) or not -7 <= self.level <= 22:
             raise ValueError(f"level must be an integer from -7 to 22, not {self.level!r}")
 
+    def max_decoded(self, n: int) -> int:
+        # An RLE block: 4 bytes for up to 128 KiB (the largest block); a frame header.
+        return n * 32768 + (128 << 10)
+
     def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
         return _compressor(self.level).compress(byte_view(data))
 
