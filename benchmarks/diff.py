@@ -36,7 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from core import CACHE, MB, ROOT, cpu_seconds, empty_dir, machine, table, warm_page_cache, write_doc  # noqa: E402
 
 from mgit import Repo  # noqa: E402
-from mgit import diff as diff_module  # noqa: E402
 from mgit.diff import DiffResult  # noqa: E402
 
 WORK = CACHE / "diff"
@@ -115,7 +114,7 @@ def main() -> None:
     parser.add_argument("--no-doc", action="store_true", help="print the results, leave docs/ alone")
     args = parser.parse_args()
     load = os.getloadavg()[0]
-    blas = "held to one thread (threadpoolctl)" if diff_module.threadpool_limits else "not limited (no threadpoolctl)"
+    blas = "held to one thread (threadpoolctl)"  # mgit.parallel.one_blas_thread, a core dependency
     base_dir, ft_dir = make_models(SPEC)
     size = (base_dir / "model.safetensors").stat().st_size
     repo = Repo.init(empty_dir(WORK / "repo"))

@@ -58,6 +58,7 @@ from core import CACHE, ROOT, machine, table, write_doc  # noqa: E402
 from mgit import Repo  # noqa: E402
 from mgit.inference import DEFAULT_MIN_CONFIDENCE  # noqa: E402
 from mgit.reports import ParentSuggestion  # noqa: E402
+from mgit.sketch import stored_sketches  # noqa: E402
 
 BEGIN, END = "<!-- inference:begin -->", "<!-- inference:end -->"
 TARGETS = {"parent": 0.95, "relation": 0.90, "seconds": 2.0}
@@ -400,7 +401,7 @@ def measure_scale(count: int, runs: int) -> ScaleResult:
         times.append(time.perf_counter() - started)
     assert result is not None
     started = time.perf_counter()
-    stored = repo._stored_sketches()
+    stored = stored_sketches(repo.store, repo.catalog)
     load = time.perf_counter() - started
     rows, _ = repo.catalog.sketches()
     tmp = CACHE / "inference-query.safetensors"

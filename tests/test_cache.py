@@ -13,8 +13,9 @@ import pytest
 from conftest import sha256_tree
 
 from mgit import Repo
+from mgit.cache import DecodedCache
 from mgit.errors import CorruptObjectError
-from mgit.store import DecodedCache, ObjectHeader
+from mgit.objectformat import ObjectHeader
 
 
 def header(n: int) -> ObjectHeader:
@@ -24,23 +25,23 @@ def header(n: int) -> ObjectHeader:
 def test_least_recently_used_goes_first_within_the_budget() -> None:
     cache = DecodedCache(300)
     for name in "abc":
-        cache.put(name, header(100), np.zeros(100, np.uint8))
-    assert cache.get("a") is not None  # a is now the most recent
-    cache.put("d", header(100), np.zeros(100, np.uint8))
-    assert cache.get("b") is None and cache.get("a") is not None and cache.get("d") is not None
+        cache.put(name, (header(100), np.zeros(100, np.uint8)))
+    assert cache.lookup("a") is not None  # a is now the most recent
+    cache.put("d", (header(100), np.zeros(100, np.uint8)))
+    assert cache.lookup("b") is None and cache.lookup("a") is not None and cache.lookup("d") is not None
     assert cache.nbytes == 300
-    cache.put("huge", header(200), np.zeros(200, np.uint8))  # over half the budget: never kept
-    assert cache.get("huge") is None and cache.nbytes == 300
+    cache.put("huge", (header(200), np.zeros(200, np.uint8)))  # over half the budget: never kept
+    assert cache.lookup("huge") is None and cache.nbytes == 300
 
 
 def test_entries_are_read_only_and_records_are_not_kept() -> None:
     cache = DecodedCache(1 << 20)
     arr = np.ones(10, np.uint8)
-    cache.put("t", header(10), arr)
+    cache.put("t", (header(10), arr))
     with pytest.raises(ValueError, match="read-only"):
-        cache.get("t")[1][0] = 5
-    cache.put("m", ObjectHeader("manifest", {}, 10, []), np.ones(10, np.uint8))
-    assert cache.get("m") is None
+        cache.lookup("t")[1][0] = 5
+    cache.put("m", (ObjectHeader("manifest", {}, 10, []), np.ones(10, np.uint8)))
+    assert cache.lookup("m") is None
 
 
 def test_threads_racing_on_one_cache_keep_it_within_budget() -> None:
@@ -52,9 +53,9 @@ def test_threads_racing_on_one_cache_keep_it_within_budget() -> None:
         try:
             for _ in range(2000):
                 key = str(rng.integers(200))
-                if cache.get(key) is None:
-                    cache.put(key, header(1000), np.full(1000, int(key) % 256, np.uint8))
-                found = cache.get(key)
+                if cache.lookup(key) is None:
+                    cache.put(key, (header(1000), np.full(1000, int(key) % 256, np.uint8)))
+                found = cache.lookup(key)
                 assert found is None or found[1][0] == int(key) % 256
                 assert cache.nbytes <= cache.max_bytes
         except BaseException as exc:  # pragma: no cover - reported below
@@ -71,8 +72,8 @@ def test_threads_racing_on_one_cache_keep_it_within_budget() -> None:
 
 def count_reads(repo: Repo, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     reads: Counter[str] = Counter()
-    original = repo.store._read_record
-    monkeypatch.setattr(repo.store, "_read_record", lambda oid: reads.update([oid]) or original(oid))
+    original = repo.store.read_record
+    monkeypatch.setattr(repo.store, "read_record", lambda oid: reads.update([oid]) or original(oid))
     return reads
 
 
@@ -120,14 +121,16 @@ def test_a_session_decodes_a_shared_parent_once_and_gives_the_same_bytes(repo: R
         arrays = repo.load_state_dict("base")
         arrays["layer.0.weight"][0, 0] = 42.0  # a caller's copy: the cached tensor stays as it was
     assert warm == cold
-    assert repo.store.cache is None
+    before = reads.copy()
+    repo.checkout("base-int8", tmp_path / "after")  # the session is over: decoded again
+    assert all(reads[oid] > before[oid] for oid in {t.object for f in repo.manifest("base").files for t in f.tensors})
     assert repo.load_state_dict("base")["layer.0.weight"][0, 0] != 42.0
 
 
 def test_a_session_still_verifies_what_it_decodes(repo: Repo, tmp_path: Path) -> None:
     parent, _ = int8_family(repo)
     victim = next(t.object for f in repo.manifest("base").files for t in f.tensors)
-    path = repo.store._path(victim)
+    path = repo.store.path_of(victim)
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 0xFF
     path.chmod(0o644)
@@ -184,5 +187,5 @@ def test_a_failed_decode_fails_every_waiter_and_is_not_kept() -> None:
     gate.set()
     for t in threads:
         t.join()
-    assert len(errors) == 3 and cache.get("x") is None
+    assert len(errors) == 3 and cache.lookup("x") is None
     assert cache.get_or_decode("x", lambda: (header(1), np.zeros(1, np.uint8)))[1].tolist() == [0]

@@ -18,11 +18,16 @@ import pytest
 from conftest import run_cli, run_mgit
 
 from mgit import Repo
+from mgit.bisect import bisect
 from mgit.cascade import plan_cascade
-from mgit.checks import Condition
+from mgit.checks import Checks, Condition
 from mgit.errors import RefConflictError
 
-torch = pytest.importorskip("torch")
+try:
+    import torch
+except ImportError:  # only the tests marked needs_torch are skipped
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (pip install 'mgit[torch]')")
 
 RECIPES = '''
 """Recipes: fn(parents, out_dir, **params) writes out_dir/model.safetensors. The fine-tune
@@ -182,7 +187,7 @@ def build(root: Path, members: list[Member], *, tests: bool = True) -> Repo:
         repo.add(folders[name], name=name, parent=parent, relation=relation, params=params,
                  recipe=f"{root / 'recipes.py'}:{recipe}" if recipe else None)  # fmt: skip
     if tests:
-        repo.checks.attach("base", "evals.py:quality", conditions=[Condition("finite", "min", 1.0)], inherit=True)
+        Checks(repo).attach("base", "evals.py:quality", conditions=[Condition("finite", "min", 1.0)], inherit=True)
     shutil.rmtree(root / "made")
     v2 = root / "base-v2"
     v2.mkdir()
@@ -213,6 +218,7 @@ def heads(repo: Repo) -> dict[str, str]:
 
 
 # --- tests -------------------------------------------------------------------------------------
+@needs_torch
 def test_dry_run_plans_parents_first_and_runs_nothing(tmp_path: Path) -> None:
     members = [*FT, ("hand", "base", "finetune", None, {"seed": 2}, "finetune"),
                ("hand-int8", "hand", "quantize", "quantize_int8", {}, "quantize_int8")]  # fmt: skip
@@ -236,11 +242,13 @@ def test_dry_run_plans_parents_first_and_runs_nothing(tmp_path: Path) -> None:
     assert code == 0, err
     assert "Cascade from base@2: 3 to rebuild, 1 to update by hand, 1 blocked" in out
     assert "mgit checkout hand@1 -o hand-v1 && mgit add hand-v1" in out and "Dry run: nothing was run." in out
-    code, plan_json = cascade(repo.root, "base", "--dry-run")
-    assert code == 0 and [s["model"] for s in plan_json["steps"]] == order
-    assert heads(repo) == before and repo.checks.show("ft") == []  # no recipe and no test was run
+    code, dry = cascade(repo.root, "base", "--dry-run")  # the report of a run, with no results
+    assert code == 0 and dry["dry_run"] and dry["results"] == []
+    assert [s["model"] for s in dry["plan"]["steps"]] == order
+    assert heads(repo) == before and Checks(repo).show("ft") == []  # no recipe and no test was run
 
 
+@needs_torch
 def test_cascade_rebuilds_descendants_on_the_new_base_and_tests_them(tmp_path: Path) -> None:
     repo = build(tmp_path / "w", FT)
     old = {m: repo.resolve(m) for m in ("ft", "ft-int8", "ft-pruned")}
@@ -267,7 +275,7 @@ def test_cascade_rebuilds_descendants_on_the_new_base_and_tests_them(tmp_path: P
     assert (pruned["0.weight"] == 0).mean() == 0.5
 
     # Test results before (on the old versions) and after, per model.
-    assert [t.status for t in repo.checks.show("ft@1")] == ["pass"] and [t.status for t in repo.checks.show("ft")] == ["pass"]
+    assert [t.status for t in Checks(repo).show("ft@1")] == ["pass"] and [t.status for t in Checks(repo).show("ft")] == ["pass"]
     assert re.search(r"\nft-int8 +quality +pass \(finite 1, mean_abs_output [0-9.]+\) +pass", out)
     # Nothing is left to do: every model is up to date, and a second run changes nothing.
     code, report = cascade(repo.root, "base")
@@ -275,6 +283,7 @@ def test_cascade_rebuilds_descendants_on_the_new_base_and_tests_them(tmp_path: P
     assert repo.resolve("ft") == repo.resolve("ft@2")
 
 
+@needs_torch
 def test_manual_model_gives_the_command_to_record_a_recipe(tmp_path: Path) -> None:
     members = [("hand", "base", "finetune", None, {"seed": 2}, "finetune"),
                ("hand-int8", "hand", "quantize", "quantize_int8", {}, "quantize_int8")]  # fmt: skip
@@ -297,6 +306,7 @@ def test_manual_model_gives_the_command_to_record_a_recipe(tmp_path: Path) -> No
     assert [p.version for p in repo.version("hand").parents] == [repo.resolve("base@2")]
 
 
+@needs_torch
 def test_a_failing_recipe_stops_only_its_subtree(tmp_path: Path) -> None:
     members = [*FT[:2], ("bad", "base", "finetune", "broken", {}, "finetune"),
                ("bad-pruned", "bad", "prune", "prune", {}, "prune")]  # fmt: skip
@@ -316,6 +326,7 @@ def test_a_failing_recipe_stops_only_its_subtree(tmp_path: Path) -> None:
     assert repo.resolve("ft") == repo.resolve("ft@2") and repo.resolve("ft-int8") == repo.resolve("ft-int8@2")
 
 
+@needs_torch
 def test_nan_weights_fail_the_tests_and_block_the_subtree_until_fixed(tmp_path: Path) -> None:
     members = [("ft", "base", "finetune", "poison", {"seed": 1}, "finetune"),
                ("ft-int8", "ft", "quantize", "quantize_int8", {}, "quantize_int8"),
@@ -329,7 +340,7 @@ def test_nan_weights_fail_the_tests_and_block_the_subtree_until_fixed(tmp_path: 
     assert results["ft-int8"]["status"] == "blocked" and results["ft-int8"]["reason"] == "below ft (failed-tests)"
     assert repo.resolve("ft") == repo.resolve("ft@2")  # committed, but nothing was built on it
     # Bisect finds the edge the poisoned recipe introduced: ft@2, whose ancestors all pass.
-    found = repo.bisect("quality", "ft")
+    found = bisect(repo, "quality", "ft")
     assert (found.culprit, found.parent, found.edge) == ("ft@2", "ft@1", "history")
     assert found.also == ["finetune from base@2"] and found.reasons == ["finite 0 < 1"]
     # Run again: ft is up to date but fails its test, so ft-int8 stays blocked.
@@ -340,11 +351,12 @@ def test_nan_weights_fail_the_tests_and_block_the_subtree_until_fixed(tmp_path: 
     plan = plan_cascade(repo, "ft")
     assert [(s.model, s.action, s.reason) for s in plan.steps] == [("ft-int8", "blocked", "ft@2 fails quality")]
     # A detached test no longer judges: its old failure does not block the plan.
-    repo.checks.detach("quality")
+    Checks(repo).detach("quality")
     assert [(s.model, s.action) for s in plan_cascade(repo, "ft").steps] == [("ft-int8", "recipe")]
     assert len(repo.log("ft-int8")) == 1
 
 
+@needs_torch
 def test_a_killed_cascade_resumes_without_redoing_finished_models(tmp_path: Path) -> None:
     repo = build(tmp_path / "w", PRUNED)
     proc = run_mgit("cascade", "base", cwd=repo.root,
@@ -352,7 +364,7 @@ def test_a_killed_cascade_resumes_without_redoing_finished_models(tmp_path: Path
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     repo = Repo(repo.root)
     assert [len(repo.log(m)) for m in ("pruned", "pruned-int8", "pruned-more")] == [2, 1, 1]
-    assert repo.checks.show("pruned") == []  # killed before its tests ran
+    assert Checks(repo).show("pruned") == []  # killed before its tests ran
     code, report = cascade(repo.root, "base")
     results = by_model(report)
     assert code == 0
@@ -365,6 +377,7 @@ def test_a_killed_cascade_resumes_without_redoing_finished_models(tmp_path: Path
     assert code == 0 and json.loads(out)["ok"], err
 
 
+@needs_torch
 def test_only_restricts_the_cascade_and_the_rest_follows_later(tmp_path: Path) -> None:
     repo = build(tmp_path / "w", PRUNED, tests=False)
     code, report = cascade(repo.root, "base", "--only", "pruned")
@@ -379,6 +392,7 @@ def test_only_restricts_the_cascade_and_the_rest_follows_later(tmp_path: Path) -
     assert code == 0 and [r["status"] for r in report["results"]] == ["up-to-date", "updated", "skipped"]
 
 
+@needs_torch
 def test_parallel_jobs_give_the_same_versions(tmp_path: Path) -> None:
     members = [*FT[:2], ("other", "base", "prune", "prune", {"sparsity": 0.25}, "prune")]
     one = build(tmp_path / "one", members, tests=False)
@@ -391,6 +405,7 @@ def test_parallel_jobs_give_the_same_versions(tmp_path: Path) -> None:
         assert len(one.log(model)) == len(two.log(model)) == 2
 
 
+@needs_torch
 def test_recipes_run_only_in_a_cascade(tmp_path: Path) -> None:
     repo = build(tmp_path / "w", PRUNED[:2], tests=False)
     marker = tmp_path / "imported.marker"
@@ -407,6 +422,7 @@ def test_recipes_run_only_in_a_cascade(tmp_path: Path) -> None:
     assert marker.read_text() == "imported"
 
 
+@needs_torch
 def test_a_changed_recipe_file_is_reported_and_recorded(tmp_path: Path) -> None:
     repo = build(tmp_path / "w", PRUNED[:1], tests=False)
     old_hash = repo.version("pruned").recipe["source_sha256"]
@@ -425,9 +441,10 @@ def test_report_json_has_no_nan() -> None:
     report = CascadeReport(CascadePlan("b", "0" * 64, "b@2", []), False,
                            [ModelResult("m", "failed-tests", "1" * 64, "m@1", tests_after=[line])])  # fmt: skip
     text = json.dumps(report.to_json(), allow_nan=False)
-    assert json.loads(text)["results"][0]["tests_after"][0]["metrics"] == {"loss": "nan", "acc": 0.5}
+    assert json.loads(text)["results"][0]["tests_after"][0]["metrics"] == {"loss": None, "acc": 0.5}
 
 
+@needs_torch
 def test_errors_are_one_line(tmp_path: Path) -> None:
     repo = build(tmp_path / "w", [], tests=False)
     code, _, err = run_cli("cascade", "nope", cwd=repo.root)
@@ -436,12 +453,13 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
     assert code == 0 and "base@2 has no descendants: nothing to cascade." in out
 
 
+@needs_torch
 def test_a_cascade_keeps_tags_and_the_tests_attached_by_them(tmp_path: Path) -> None:
     repo = build(tmp_path / "w", PRUNED, tests=False)
     head = repo.resolve("pruned")
     repo.add(repo.checkout("pruned", tmp_path / "p").out_dir, name="pruned", tags={"team": "edge"})  # tag the head
     assert repo.version("pruned").predecessor == head
-    repo.checks.attach("tag:team=edge", "evals.py:quality", conditions=[Condition("finite", "min", 1.0)])
+    Checks(repo).attach("tag:team=edge", "evals.py:quality", conditions=[Condition("finite", "min", 1.0)])
     code, report = cascade(repo.root, "base")
     results = by_model(report)
     assert code == 0 and results["pruned"]["status"] == "updated"
@@ -449,6 +467,7 @@ def test_a_cascade_keeps_tags_and_the_tests_attached_by_them(tmp_path: Path) -> 
     assert [t["test"] for t in results["pruned"]["tests_after"]] == ["quality"]
 
 
+@needs_torch
 def test_an_add_with_an_expected_head_commits_nothing_if_the_model_moved(tmp_path: Path) -> None:
     repo = build(tmp_path / "w", PRUNED[:1], tests=False)
     old = repo.resolve("pruned")

@@ -12,10 +12,15 @@ import pytest
 from conftest import run_cli, run_mgit
 
 from mgit import Repo
-from mgit.checks import Condition
+from mgit.bisect import bisect
+from mgit.checks import Checks, Condition
 from mgit.errors import MgitError
 
-torch = pytest.importorskip("torch")
+try:
+    import torch
+except ImportError:  # only the tests marked needs_torch are skipped
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (pip install 'mgit[torch]')")
 
 EVALS = '''
 import json, os, pathlib, time
@@ -90,12 +95,13 @@ def calls(repo: Repo) -> int:
     return len(log.read_text().splitlines()) if log.exists() else 0
 
 
+@needs_torch
 def test_attach_by_name_glob_tag_and_inherit(work: Repo) -> None:
     base = train(None, 30, seed=0)
     work.add(base, name="base")
     work.add(train(base, 5, seed=1), name="base-ft", parent="base")
     work.add(train(base, 5, seed=2), name="other", tags={"task": "x"})
-    checks = work.checks
+    checks = Checks(work)
     checks.attach("base", "evals.py:accuracy", name="inherited", inherit=True)
     checks.attach("base-*", "evals.py:accuracy", name="glob")
     checks.attach("tag:task=x", "evals.py:accuracy", name="tagged")
@@ -118,9 +124,10 @@ def test_attach_by_name_glob_tag_and_inherit(work: Repo) -> None:
     assert not (work.root / "imported.marker").exists()  # attaching never imports user code
 
 
+@needs_torch
 def test_run_records_reuses_and_reruns_on_source_change(work: Repo) -> None:
     work.add(train(None, 30, seed=0), name="base")
-    work.checks.attach("base", "evals.py:accuracy", conditions=[])
+    Checks(work).attach("base", "evals.py:accuracy", conditions=[])
     code, out, err = run_cli("test", "run", "base", cwd=work.root)
     assert code == 0, err
     assert "PASS" in out and "acc=" in out and calls(work) == 1
@@ -136,11 +143,12 @@ def test_run_records_reuses_and_reruns_on_source_change(work: Repo) -> None:
     assert shown["status"] == "pass" and 0.5 < shown["metrics"]["acc"] <= 1.0
 
 
+@needs_torch
 def test_conditions_and_change_against_the_parent(work: Repo) -> None:
     base = train(None, 40, seed=0)
     work.add(base, name="base")
     work.add(train(base, 40, seed=1, flip=True), name="flipped", parent="base")
-    work.checks.attach("base", "evals.py:accuracy", name="acc", conditions=[], inherit=True)
+    Checks(work).attach("base", "evals.py:accuracy", name="acc", conditions=[], inherit=True)
     code, out, _ = run_cli("test", "add", "base", "--fn", "evals.py:accuracy", "--name", "strict",
                            "--metric", "acc", "--min", "0.9", "--inherit", cwd=work.root)  # fmt: skip
     assert code == 0 and "passes if acc >= 0.9" in out
@@ -152,7 +160,7 @@ def test_conditions_and_change_against_the_parent(work: Repo) -> None:
     code, _, err = run_cli("test", "add", "base", "--fn", "evals.py:accuracy", "--min", "acc=high", cwd=work.root)
     assert code == 2 and "'high' is not a number" in err
     run_cli("test", "rm", "two", cwd=work.root)
-    result = work.checks.run(["base"], descendants=True)
+    result = Checks(work).run(["base"], descendants=True)
     by = {(o.model, o.test): o for o in result.outcomes}
     assert by[("base", "strict")].passed and not by[("flipped", "strict")].passed
     assert by[("flipped", "strict")].reasons[0].startswith("acc ") and "< 0.9" in by[("flipped", "strict")].reasons[0]
@@ -163,11 +171,12 @@ def test_conditions_and_change_against_the_parent(work: Repo) -> None:
     assert code == 1 and "FAIL" in out and "acc -0." in out and "(base@1: pass)" in out
 
 
+@needs_torch
 def test_each_test_runs_isolated(work: Repo) -> None:
     work.add(train(None, 30, seed=0), name="m")
     for fn in ("accuracy", "crash", "hang", "exits", "nan", "verdict"):
-        work.checks.attach("m", f"evals.py:{fn}", timeout=5 if fn == "hang" else None)
-    result = work.checks.run(["m"])
+        Checks(work).attach("m", f"evals.py:{fn}", timeout=5 if fn == "hang" else None)
+    result = Checks(work).run(["m"])
     by = {o.test: o for o in result.outcomes}
     assert by["accuracy"].status == "pass"
     assert by["crash"].status == "error" and "RuntimeError: boom in the test" in by["crash"].reasons[0]
@@ -180,6 +189,7 @@ def test_each_test_runs_isolated(work: Repo) -> None:
     assert code == 0 and "--- output of crash on m@1 ---" in out and "boom in the test" in out
 
 
+@needs_torch
 def test_bisect_finds_the_planted_bug_with_few_runs(work: Repo) -> None:
     state = train(None, 30, seed=0)
     for i in range(1, 9):  # base@1..@8: continued training; @5 plants a bias that later steps keep
@@ -188,16 +198,17 @@ def test_bisect_finds_the_planted_bug_with_few_runs(work: Repo) -> None:
         if i == 5:
             state["linear.bias"][1] += 1000.0
         work.add(state, name="base", message=f"step {i}")
-    work.checks.attach("base", "evals.py:accuracy", name="acc", conditions=[Condition("acc", "min", 0.8)])
-    result = work.bisect("acc", "base")
+    Checks(work).attach("base", "evals.py:accuracy", name="acc", conditions=[Condition("acc", "min", 0.8)])
+    result = bisect(work, "acc", "base")
     assert (result.culprit, result.parent, result.edge) == ("base@5", "base@4", "history")
     assert result.reasons[0].startswith("acc 0.") and result.reasons[0].endswith("< 0.8")
     assert result.tests_run <= 6 < 8  # galloping and binary search, not a walk over all eight versions
     assert result.diff and result.diff["summary"]["counts"].get("changed", 0) >= 1
-    again = work.bisect("acc", "base@8")
+    again = bisect(work, "acc", "base@8")
     assert again.culprit == "base@5" and again.tests_run == 0  # every result was recorded
 
 
+@needs_torch
 def test_bisect_follows_lineage_to_the_ancestor_that_broke(work: Repo) -> None:
     # base@1 -> ft@1 -> q@1 pass; base@2 trained on flipped labels; ft@2 and q@2 are rebuilt
     # on it (as a cascade would) and fail. The failure came from base@1 -> base@2.
@@ -218,7 +229,7 @@ def test_bisect_follows_lineage_to_the_ancestor_that_broke(work: Repo) -> None:
     code, out, err = run_cli("bisect", "acc", "q", cwd=work.root)
     assert code == 0, err
     assert "acc started failing at base@2 (a new version from base@1, which passes)" in out
-    result = work.bisect("acc", "q")
+    result = bisect(work, "acc", "q")
     assert (result.culprit, result.parent) == ("base@2", "base@1") and result.tests_run == 0
 
     # A bug planted in one derivation edge: a quantization that writes a NaN.
@@ -228,29 +239,32 @@ def test_bisect_follows_lineage_to_the_ancestor_that_broke(work: Repo) -> None:
     broken = {k: v.copy() for k, v in ft3.items()}
     broken["linear.bias"][1] = np.nan
     work.add(broken, name="q-nan", parent="ft", relation="quantize")
-    result = work.bisect("acc", "q-nan")
+    result = bisect(work, "acc", "q-nan")
     assert (result.culprit, result.parent, result.edge, result.relation) == ("q-nan@1", "ft@3", "lineage", "quantize")
 
 
+@needs_torch
 def test_bisect_errors(work: Repo) -> None:
     work.add(train(None, 30, seed=0), name="m")
-    work.checks.attach("m", "evals.py:accuracy", name="acc")
+    Checks(work).attach("m", "evals.py:accuracy", name="acc")
     code, _, err = run_cli("bisect", "acc", "m", cwd=work.root)
     assert code == 1 and "Error: acc passes on m@1: there is no failure to trace" in err
     code, _, err = run_cli("bisect", "nope", "m", cwd=work.root)
     assert code == 1 and err.strip() == "Error: no test named 'nope'. See: mgit test ls"
 
 
+@needs_torch
 def test_results_survive_a_catalog_rebuild(work: Repo) -> None:
     work.add(train(None, 30, seed=0), name="m")
-    work.checks.attach("m", "evals.py:accuracy")
-    work.checks.run(["m"])
+    Checks(work).attach("m", "evals.py:accuracy")
+    Checks(work).run(["m"])
     code, _, err = run_cli("fsck", "--rebuild-catalog", cwd=work.root)
     assert code == 0, err
-    again = Repo(work.root).checks.run(["m"])
+    again = Checks(Repo(work.root)).run(["m"])
     assert [o.reused for o in again.outcomes] == [True] and calls(work) == 1
 
 
+@needs_torch
 def test_user_code_runs_only_in_commands_that_run_it(work: Repo, tmp_path: Path) -> None:
     marker = work.root / "imported.marker"
     work.add(train(None, 30, seed=0), name="m")
@@ -271,6 +285,7 @@ def test_user_code_runs_only_in_commands_that_run_it(work: Repo, tmp_path: Path)
     assert proc.returncode == 0 and marker.read_text() == "yes"
 
 
+@needs_torch
 def test_add_records_a_recipe_without_running_it(work: Repo, tmp_path: Path) -> None:
     (work.root / "recipes.py").write_text("import pathlib\npathlib.Path('imported.marker').write_text('r')\n"
                                           "def tune(parents, out, seed=0):\n    pass\n")  # fmt: skip

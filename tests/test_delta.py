@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from mgit import CorruptObjectError, MissingObjectError, Repo
 from mgit.codecs import CodecContext, SubDeltaCodec, XorDeltaCodec, decode_chain, encode_chain
+from mgit.encoding import SAMPLE_FROM, delta_chains
 from mgit.formats.safetensors import DTYPES
-from mgit.store import SAMPLE_FROM, MemoryStore, delta_chains
+from mgit.memorystore import MemoryStore
 
 BASE = "ab" * 32
 
@@ -188,7 +189,7 @@ def test_damaged_or_missing_base_is_detected(repo: Repo, tmp_path: Path) -> None
     repo.add(write_state(tmp_path / "ft", {k: finetuned(v, 1) for k, v in base.items()}), name="ft", parent="base")
     entry = next(t for t in repo.manifest("ft").tensors() if repo.store.header(t.object).bases)
     base_oid = repo.store.header(entry.object).bases[0]
-    path = repo.store._path(base_oid)
+    path = repo.store.path_of(base_oid)
     path.chmod(0o644)
     raw = bytearray(path.read_bytes())
     raw[-7] ^= 0x04

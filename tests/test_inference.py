@@ -16,7 +16,7 @@ from conftest import make_model, run_cli
 from safetensors.torch import save_file
 
 from mgit import InputError, MgitError, Repo
-from mgit.sketch import QUANTIZED, SCALE, Sketch, round_to, to_float
+from mgit.sketch import QUANTIZED, SCALE, Sketch, element_values, round_to
 
 VOCAB, WIDTH, LAYERS, CLASSES = 120, 32, 4, 4
 State = dict[str, torch.Tensor]
@@ -304,7 +304,7 @@ def test_decoding_and_rounding_match_torch() -> None:
                         (torch.float8_e5m2, "F8_E5M2")):  # fmt: skip
         narrow = x.clamp(-400, 400).to(dtype) if name.startswith("F8") else x.to(dtype)
         raw = narrow.view(torch.uint8).numpy() if narrow.element_size() == 1 else narrow.view(torch.int16).numpy().view(np.uint8)
-        assert np.array_equal(to_float(raw, name), narrow.float().numpy(), equal_nan=True), name
+        assert np.array_equal(element_values(raw, name), narrow.float().numpy(), equal_nan=True), name
         if name in ("BF16", "F16"):
             assert np.array_equal(round_to(x.numpy(), name), narrow.float().numpy()), name
 

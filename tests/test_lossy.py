@@ -21,7 +21,7 @@ from mgit.codecs import CodecContext, QuantizedDeltaCodec
 from mgit.codecs.quantized_delta import as_float64
 from mgit.gate import compare, lower_is_better
 from mgit.lossy import LossyPolicy, encode_lossy
-from mgit.store import MemoryStore
+from mgit.memorystore import MemoryStore
 
 TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 SAME_SIZE_INT = {"F64": torch.int64, "F32": torch.int32, "F16": torch.int16, "BF16": torch.int16}
@@ -383,3 +383,22 @@ def test_a_pruned_copy_of_a_lossy_parent_snaps_to_its_reconstruction(repo: Repo,
     floats = [t for t in repo.manifest("pruned").tensors() if t.dtype == "F32"]
     assert {repo.store.header(t.object).codecs[0]["name"] for t in floats} == {"patch"}
 
+
+
+def test_a_relative_bound_whose_guard_fails_everywhere_is_stored_losslessly_with_its_reason(
+        repo: Repo, tmp_path: Path) -> None:  # fmt: skip
+    # A guard of 0.01 is beyond what rel 0.1 can meet (rounding errs by ~step / sqrt(12)):
+    # every step fails the guard, and the reason names the relative bound (no eps to format).
+    parent = state()
+    make_model(tmp_path / "base", state=parent)
+    make_model(tmp_path / "ft", state=finetune(parent, 4e-6))
+    assert run_cli("add", str(tmp_path / "base"), "--name", "base", cwd=repo.root)[0] == 0
+    code, out, err = run_cli("add", str(tmp_path / "ft"), "--name", "ft", "--parent", "base", "--lossy-rel", "0.1",
+                             "--guard", "0.01", cwd=repo.root)  # fmt: skip
+    assert code == 0, err
+    assert "Traceback" not in err
+    assert "stored losslessly: the fidelity guard failed on 100% of the changed parameters" in err
+    assert "bound of 0.1 x rms(change)" in err
+    assert repo.version("ft").lossy is None
+    repo.checkout("ft", tmp_path / "out")
+    assert sha256_tree(tmp_path / "out") == sha256_tree(tmp_path / "ft")

@@ -92,3 +92,12 @@ def test_lock_of_a_killed_holder_is_released(tmp_path: Path) -> None:
 def test_shared_locks_coexist(tmp_path: Path) -> None:
     with FileLock(tmp_path / "r.lock", what="repo", shared=True), FileLock(tmp_path / "r.lock", what="repo", shared=True, timeout=0.5):
         pass
+
+
+def test_a_ref_value_that_is_no_version_id_is_an_mgit_error(tmp_path: Path) -> None:
+    from mgit.errors import MgitError
+
+    refs = RefStore(tmp_path)
+    with pytest.raises(MgitError, match="must name a version id"):
+        refs.update("m", "not-a-version", expected=None)
+    assert refs.get("m") is None

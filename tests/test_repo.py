@@ -218,7 +218,7 @@ def test_corrupt_object_is_named_with_its_users(repo: Repo, tmp_path: Path) -> N
     repo.add(make_model(tmp_path / "m", seed=1), name="m")
     repo.add(make_model(tmp_path / "m", seed=1), name="copy")
     entry = next(t for t in repo.manifest("m").tensors() if t.name == "layer.0.weight")
-    path = repo.store._path(entry.object)
+    path = repo.store.path_of(entry.object)
     path.chmod(0o644)
     raw = bytearray(path.read_bytes())
     raw[-5] ^= 0x10
@@ -271,8 +271,8 @@ def test_catalog_catches_up_with_refs(repo: Repo, tmp_path: Path) -> None:
     other = Repo.init(tmp_path / "other")
     res = other.add(make_model(tmp_path / "b", seed=2), name="b")
     for oid in other.store.ids():
-        src = other.store._path(oid)
-        dst = repo.store._path(oid)
+        src = other.store.path_of(oid)
+        dst = repo.store.path_of(oid)
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(src, dst)
     repo.refs.update("b", res.version, expected=None)
@@ -316,3 +316,92 @@ def test_gc_removes_leftovers_of_interrupted_ref_writes(repo: Repo, tmp_path: Pa
     assert [m.name for m in repo.ls()] == ["m"]
     assert repo.gc().leftovers == 2
     assert repo.fsck().leftovers == 0
+
+
+# --- references: `NAME@DIGITS` ------------------------------------------------------------------
+def test_a_digit_only_selector_is_a_sequence_number_else_an_id_prefix(repo: Repo) -> None:
+    # Versions until one id starts with four decimal digits (about one in seven does).
+    for i in range(200):
+        repo.add({"w": np.full(4, i, np.float32)}, name="m")
+        head = repo.resolve("m")
+        if head[:4].isdigit():
+            break
+    else:
+        pytest.skip("no version id began with four digits")
+    count = len(repo.log("m"))
+    assert int(head[:4]) > count  # no version has that number: the digits are an id prefix
+    assert repo.resolve(f"m@{head[:4]}") == head
+    assert repo.resolve(f"m@{head[:8]}") == head
+    assert repo.resolve("m@1") == repo.log("m")[-1].id  # short digits are always a number
+
+
+def test_a_selector_that_is_both_a_number_and_an_id_prefix_names_both() -> None:
+    from mgit.repo import pick_version
+
+    chain = ["0003" + "a" * 60, "1" * 64, "0003" + "b" * 60]  # newest first: @3 is "0003a..."
+    assert pick_version("m@2", "m", chain, "2") == "1" * 64
+    with pytest.raises(UnknownRefError, match=r"ambiguous \(version 3 \(0003aaaaaaaa\), id 0003aaaaaaaa, id 0003bbbbbbbb\)"):
+        pick_version("m@0003", "m", chain, "0003")
+    assert pick_version("m@0003b", "m", chain, "0003b") == "0003" + "b" * 60
+    with pytest.raises(UnknownRefError, match="has 3 versions; no version"):
+        pick_version("m@7", "m", chain, "7")
+
+
+def test_an_unreadable_config_is_one_error_with_a_hint(repo: Repo) -> None:
+    from mgit.errors import RepoConfigError
+
+    (repo.dir / "config.json").write_text("{not json")
+    with pytest.raises(RepoConfigError, match="unreadable repository config") as caught:
+        Repo(repo.root)
+    assert caught.value.hint
+
+
+# --- reading tensors: ModelReader is a Mapping --------------------------------------------------
+def test_reader_membership_decodes_nothing_and_get_has_a_default(repo: Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = tensors(5)
+    repo.add(state, name="m")
+    reader = repo.open("m")
+    reads: list[str] = []
+    original = repo.store.read_record
+    monkeypatch.setattr(repo.store, "read_record", lambda oid: reads.append(oid) or original(oid))
+    assert "embed.weight" in reader and "nope" not in reader
+    assert reads == []
+    assert reader.get("nope") is None and reader.get("nope", 5) == 5
+    with pytest.raises(KeyError):
+        reader["nope"]
+    assert np.array_equal(reader.get("embed.weight"), state["embed.weight"]) and len(reads) == 1
+
+
+def test_a_rebuilt_file_that_misses_its_digest_is_refused(repo: Repo, tmp_path: Path) -> None:
+    from mgit.errors import ChecksumMismatchError
+    from mgit.objects import FileEntry, Manifest, Version
+
+    data = b"hello"
+    oid = repo.store.put_blob(data).oid
+    entry = FileEntry("a.txt", "blob", len(data), "0" * 64, oid)  # a digest that is not the file's
+    manifest = repo.store.put_record("manifest", Manifest((entry,)).to_json()).oid
+    vid = repo.store.put_record("version", Version("m", manifest, author="x", time="t").to_json()).oid
+    repo.refs.update("m", vid, expected=None)
+    with pytest.raises(ChecksumMismatchError, match="a.txt does not match the digest recorded at add time"):
+        repo.checkout("m", tmp_path / "out")
+    assert not (tmp_path / "out" / "a.txt").exists()
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt"])
+def test_gc_refuses_while_a_reachable_tensor_is_damaged(repo: Repo, tmp_path: Path, damage: str) -> None:
+    from mgit.errors import GcRefusedError
+
+    repo.add(make_model(tmp_path / "a", seed=1), name="a")
+    repo.add(make_model(tmp_path / "b", seed=2), name="b")
+    repo.rm("b")  # garbage to collect
+    victim = next(t.object for t in repo.manifest("a").tensors())
+    path = repo.store.path_of(victim)
+    if damage == "missing":
+        path.unlink()
+    else:
+        path.chmod(0o644)
+        path.write_bytes(b"MGITOBJ\x01" + b"\xff" * 4)
+    before = set(repo.store.ids())
+    with pytest.raises(GcRefusedError, match=f"object {victim[:16]} is {damage}"):
+        repo.gc()
+    assert set(repo.store.ids()) == before

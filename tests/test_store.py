@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 
 from mgit.errors import CorruptObjectError, MissingObjectError
+from mgit.localstore import LocalStore
+from mgit.memorystore import MemoryStore
+from mgit.objectformat import MAGIC, ObjectHeader
 from mgit.objects import object_id, tensor_meta
-from mgit.store import MAGIC, LocalStore, MemoryStore, ObjectStore
+from mgit.store import ObjectStore
 
 
 class StoreContract:
@@ -118,6 +121,24 @@ class StoreContract:
         with pytest.raises(CorruptObjectError, match="unknown codec 'zzzz'"):
             store.get(oid)
 
+    @pytest.mark.parametrize("chain", [[{"name": "zstd", "configuration": {"level": 1}}],
+                                       [{"name": "pco", "configuration": {"dtype": "<u8", "level": 8}}],
+                                       [{"name": "byteplanes", "configuration": {"itemsize": 8}}]])  # fmt: skip
+    def test_a_declared_size_the_record_cannot_hold_is_refused_before_allocating(self, store: ObjectStore,
+                                                                               chain: list) -> None:  # fmt: skip
+        # A forged header claims 1 TiB behind a 64-byte payload: no codec expands 64 bytes that far.
+        size = 1 << 40
+        header = ObjectHeader("tensor", {"dtype": "U8", "shape": [size]}, size, chain)
+        oid = "ab" * 32
+        store.write_record(oid, [header.to_bytes(), b"\x00" * 64])
+        with pytest.raises(CorruptObjectError, match="declares 1099511627776 bytes, more than its 64 stored bytes"):
+            store.get(oid)
+
+    def test_put_offers_no_way_to_store_content_under_an_unchecked_id(self, store: ObjectStore) -> None:
+        import inspect
+
+        assert not {"oid", "chain"} & set(inspect.signature(store.put).parameters)
+
     def test_delete_and_ids(self, store: ObjectStore) -> None:
         a = store.put_blob(b"a" * 10).oid
         b = store.put_blob(b"b" * 10).oid
@@ -132,7 +153,7 @@ class TestLocalStore(StoreContract):
         return LocalStore(tmp_path / "objects")
 
     def damage(self, store: LocalStore, oid: str, fn) -> None:
-        path = store._path(oid)
+        path = store.path_of(oid)
         raw = path.read_bytes()
         path.chmod(0o644)
         path.write_bytes(fn(raw))
@@ -146,7 +167,7 @@ class TestLocalStore(StoreContract):
 
     def test_header_reads_only_the_header(self, store: LocalStore) -> None:
         oid = store.put_tensor("F32", (1000,), np.zeros(1000, np.float32).view(np.uint8)).oid
-        path = store._path(oid)
+        path = store.path_of(oid)
         path.chmod(0o644)
         path.write_bytes(path.read_bytes()[:-5])  # payload cut: get() fails, header() does not
         assert store.header(oid).size == 4000
@@ -161,3 +182,32 @@ class TestMemoryStore(StoreContract):
 
     def damage(self, store: MemoryStore, oid: str, fn) -> None:
         store.records[oid] = fn(store.records[oid])
+
+
+# --- records: what a manifest may hold ------------------------------------------------------------
+@pytest.mark.parametrize("path", ["../x", "a/../../x", "/etc/passwd", "a\\b", "./x", "a//b", "x\x00", ""])
+def test_a_manifest_path_that_could_escape_is_refused_when_read(path: str) -> None:
+    from mgit.objects import FileEntry, RecordError
+
+    entry = {"path": path, "type": "blob", "size": 1, "digest": "0" * 64, "object": "1" * 64}
+    with pytest.raises(RecordError, match="refusing path"):
+        FileEntry.from_json(entry)
+    assert FileEntry.from_json({**entry, "path": "sub/ok.txt"}).path == "sub/ok.txt"
+
+
+def test_a_manifest_listing_a_file_twice_is_refused() -> None:
+    from mgit.objects import Manifest, RecordError
+
+    entry = {"path": "a.txt", "type": "blob", "size": 1, "digest": "0" * 64, "object": "1" * 64}
+    with pytest.raises(RecordError, match="listed twice"):
+        Manifest.from_json({"format": 1, "files": [entry, entry]})
+
+
+def test_a_forged_manifest_path_is_a_corrupt_object_on_read() -> None:
+    from mgit.objects import FileEntry, Manifest
+
+    store = MemoryStore()
+    bad = FileEntry("../evil", "blob", 1, "0" * 64, "1" * 64)
+    oid = store.put_record("manifest", Manifest((bad,)).to_json()).oid
+    with pytest.raises(CorruptObjectError, match="refusing path '../evil'"):
+        store.get_manifest(oid)

@@ -5,21 +5,30 @@
     >>> repo.add("bert-base/", name="bert-base")
     >>> repo.add("bert-sst2/", name="bert-sst2", parent="bert-base", relation="finetune")
     >>> repo.checkout("bert-sst2", "out/")
+
+The names below are imported on first use, so that `import mgit.usercode` (the child
+process that runs a user's test or recipe) and a command that needs no tensors do not load
+the whole library and numpy.
 """
 
-from mgit.errors import (
-    CorruptObjectError,
-    InputError,
-    LockTimeoutError,
-    MgitError,
-    MissingObjectError,
-    RepoNotFoundError,
-    UnknownRefError,
-)
-from mgit.reader import ModelReader
-from mgit.repo import Repo
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "Repo": "mgit.repo",
+    "ModelReader": "mgit.reader",
+    "CorruptObjectError": "mgit.errors",
+    "InputError": "mgit.errors",
+    "LockTimeoutError": "mgit.errors",
+    "MgitError": "mgit.errors",
+    "MissingObjectError": "mgit.errors",
+    "RepoNotFoundError": "mgit.errors",
+    "UnknownRefError": "mgit.errors",
+}
 
 __all__ = [
     "CorruptObjectError",
@@ -33,3 +42,25 @@ __all__ = [
     "UnknownRefError",
     "__version__",
 ]
+
+if TYPE_CHECKING:
+    from mgit.errors import (
+        CorruptObjectError,
+        InputError,
+        LockTimeoutError,
+        MgitError,
+        MissingObjectError,
+        RepoNotFoundError,
+        UnknownRefError,
+    )
+    from mgit.reader import ModelReader
+    from mgit.repo import Repo
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mgit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

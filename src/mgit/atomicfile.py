@@ -1,18 +1,23 @@
 """Atomic, durable file replacement: write a temporary file in the same folder, fsync it,
 rename it over the target, fsync the folder. A reader sees the old file or the new one,
-never a part; a crash leaves at most a temporary file that `gc` removes."""
+never a part; a crash leaves at most a temporary file that `gc` removes. A full disk is
+one error (`StorageFullError`), raised here and nowhere else.
+"""
 
 from __future__ import annotations
 
 import errno
 import os
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from mgit.errors import StorageFullError
 
 TMP_PREFIX = ".tmp-"
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def temporary_sibling(path: Path) -> Path:
@@ -27,16 +32,14 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(
-    path: Path, chunks: Iterable[bytes | memoryview], *, fsync: bool = True, mode: int = 0o644, sync_dir: bool = True
-) -> int:
-    """Replace `path` with the concatenated chunks; return the number of bytes written."""
+@contextmanager
+def atomic_writer(path: Path, *, fsync: bool = True, mode: int = 0o644, sync_dir: bool = True) -> Iterator[BinaryIO]:
+    """`with atomic_writer(path) as fh:` writes `fh` to a temporary sibling that replaces
+    `path` when the block ends, and is removed if it raises (as dulwich's GitFile does)."""
     tmp = temporary_sibling(path)
-    written = 0
     try:
         with open(tmp, "xb") as fh:
-            for chunk in chunks:
-                written += fh.write(chunk)
+            yield fh
             fh.flush()
             if fsync:
                 os.fsync(fh.fileno())
@@ -44,7 +47,7 @@ def write_atomic(
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno in DISK_FULL:
             raise StorageFullError(str(path)) from None
         raise
     except BaseException:
@@ -52,4 +55,25 @@ def write_atomic(
         raise
     if fsync and sync_dir:
         fsync_dir(path.parent)
+
+
+def write_atomic(path: Path, chunks: Iterable[bytes | memoryview], *, fsync: bool = True, mode: int = 0o644,
+                 sync_dir: bool = True) -> int:  # fmt: skip
+    """Replace `path` with the concatenated chunks; return the number of bytes written."""
+    written = 0
+    with atomic_writer(path, fsync=fsync, mode=mode, sync_dir=sync_dir) as fh:
+        for chunk in chunks:
+            written += fh.write(chunk)
     return written
+
+
+def remove_files(paths: Iterable[Path]) -> int:
+    """Remove files that may already be gone; return how many were removed."""
+    count = 0
+    for p in paths:
+        try:
+            os.unlink(p)
+            count += 1
+        except FileNotFoundError:
+            pass
+    return count

@@ -16,14 +16,19 @@ after `mgit test run`, runs few tests or none.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mgit.checks import TestOutcome
+from mgit.checks import Checks, TestOutcome
 from mgit.errors import MgitError
+from mgit.repo import Repo
 from mgit.reports import Report
 
-if TYPE_CHECKING:
-    from mgit.repo import Repo
+
+class NothingToBisectError(MgitError):
+    def __init__(self, test: str, ref: str, start_ref: str) -> None:
+        super().__init__(f"{test} passes on {ref}: there is no failure to trace",
+                         hint=f"Bisect from a version that fails. See: mgit test show {start_ref}")  # fmt: skip
+        self.test = test
 
 
 @dataclass(frozen=True)
@@ -51,19 +56,26 @@ class BisectResult(Report):
     also: list[str] = field(default_factory=list)  # its other ancestors, all passing: "relation from model@seq"
 
 
+def bisect(repo: Repo, test: str, ref: str, *, timeout: float | None = None, force: bool = False) -> BisectResult:
+    """The edge along the ancestors of `ref` where `test` started to fail (see above)."""
+    with repo.caching():  # the ancestors it checks out share their parents
+        return Bisector(repo, test, timeout=timeout, force=force).run(ref)
+
+
 class Bisector:
     def __init__(self, repo: Repo, test: str, *, timeout: float | None = None, force: bool = False) -> None:
         self.repo = repo
+        self.checks = Checks(repo)
         self.test = test
         self.timeout = timeout
         self.force = force
         self.results: dict[str, TestOutcome] = {}
         self.steps: list[BisectStep] = []
-        repo.checks.test(test)  # an unknown test fails before anything runs
+        self.checks.test(test)  # an unknown test fails before anything runs
 
     def outcome(self, vid: str) -> TestOutcome:
         if vid not in self.results:
-            o = self.repo.checks.run_one(vid, self.test, timeout=self.timeout, force=self.force)
+            o = self.checks.run_one(vid, self.test, timeout=self.timeout, force=self.force)
             self.results[vid] = o
             self.steps.append(BisectStep(o.ref, vid, o.status, o.reused))
         return self.results[vid]
@@ -74,11 +86,9 @@ class Bisector:
     def ancestors(self, vid: str) -> list[tuple[str, str, str | None]]:
         """(version, "lineage" or "history", relation) of each ancestor; for a model's first
         version its lineage parents, otherwise its predecessor first."""
-        row = self.repo.catalog.version(vid)
-        if row is None:
-            return []
-        lineage = [(p, "lineage", rel) for p, rel in row.parents]
-        history = [(row.predecessor, "history", None)] if row.predecessor else []
+        info = self.repo.info(vid)
+        lineage = [(p.version, "lineage", p.relation) for p in info.parents]
+        history = [(info.predecessor, "history", None)] if info.predecessor else []
         return history + lineage
 
     def line(self, vid: str) -> list[str]:
@@ -92,8 +102,7 @@ class Bisector:
     def run(self, start_ref: str) -> BisectResult:
         start = self.repo.resolve(start_ref)
         if not self.fails(start):
-            raise MgitError(f"{self.test} passes on {self.outcome(start).ref}: there is no failure to trace",
-                            hint=f"Bisect from a version that fails. See: mgit test show {start_ref}")  # fmt: skip
+            raise NothingToBisectError(self.test, self.outcome(start).ref, start_ref)
         current, visited = start, set()
         while True:
             visited.add(current)

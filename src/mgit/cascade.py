@@ -23,7 +23,6 @@ from __future__ import annotations
 import fnmatch
 import functools
 import json
-import math
 import shlex
 import tempfile
 import time
@@ -31,19 +30,17 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mgit import usercode
+from mgit.checks import Checks, TestOutcome
 from mgit.errors import MgitError, RefConflictError
 from mgit.faults import crash_point
 from mgit.lineage import Lineage, LineageEdge
+from mgit.repo import Repo
 from mgit.reports import Report
 
-if TYPE_CHECKING:
-    from mgit.checks import TestOutcome
-    from mgit.repo import Repo
-
-DEFAULT_TIMEOUT = 3600.0  # per recipe run: a fine-tune can take a while
+RECIPE_TIMEOUT = 3600.0  # per recipe run: a fine-tune can take a while
 REBUILT = ("recipe", "manual", "blocked")  # actions under which a model gets (or needs) a new version
 FAILED = ("failed-recipe", "failed-tests")
 Progress = Callable[[str, str], None]  # (model, what happens to it)
@@ -142,20 +139,6 @@ class CascadeReport(Report):
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
 
-    def to_json(self) -> dict[str, Any]:
-        return _finite(super().to_json())
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no NaN: a non-finite metric becomes "nan" / "inf", as in `mgit test --json`."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
 
 # --- the plan ----------------------------------------------------------------------------------
 def plan_cascade(repo: Repo, name: str, *, only: str | None = None) -> CascadePlan:
@@ -166,10 +149,11 @@ def plan_cascade(repo: Repo, name: str, *, only: str | None = None) -> CascadePl
     node = graph.node(top)
     scope = {top, *graph.descendants(top)}
     steps: dict[str, CascadeStep] = {}
+    checks = Checks(repo)
 
     @functools.cache
     def failing(vid: str) -> tuple[str, ...]:  # recorded results only: planning runs nothing
-        return tuple(repo.checks.failing(vid, graph))
+        return tuple(checks.failing(vid, graph))
 
     for model in graph.topological_order(scope - {top}):
         steps[model] = _plan_step(repo, graph, model, scope, steps, only, failing)
@@ -189,7 +173,7 @@ def _plan_step(repo: Repo, graph: Lineage, model: str, scope: set[str], steps: d
         return step
     if only is not None and not fnmatch.fnmatchcase(model, only):
         return replace(step, action="skipped", reason=f"not matched by --only {only}")
-    recipe = repo.catalog.versions_of([node.head])[node.head].recipe  # the catalog row, not the record
+    recipe = repo.info(node.head).recipe
     step = replace(step, recipe=recipe)
     stopped = [e.parent for e in edges if e.parent in rebuilt and steps[e.parent].action != "recipe"]
     if stopped:
@@ -230,21 +214,23 @@ def _record_command(step: CascadeStep) -> str:
 
 
 # --- running it ---------------------------------------------------------------------------------
-def run_cascade(repo: Repo, name: str, *, jobs: int = 1, only: str | None = None, timeout: float | None = None,
-                dry_run: bool = False, progress: Progress | None = None) -> CascadeReport:  # fmt: skip
-    """Plan a cascade from `name` and, unless `dry_run`, carry it out (see `execute`)."""
+def cascade(repo: Repo, name: str, *, jobs: int = 1, only: str | None = None, timeout: float | None = None,
+            dry_run: bool = False, progress: Progress | None = None) -> CascadeReport:  # fmt: skip
+    """Rebuild the descendants of `name` on its latest version by re-running their recipes,
+    commit and test the results: plan it and, unless `dry_run`, carry it out (see
+    `execute`). A dry run's report holds the plan and no results."""
     plan = plan_cascade(repo, name, only=only)
-    if dry_run:
-        return CascadeReport(plan, True, [])
-    return execute(repo, plan, jobs=jobs, timeout=timeout, progress=progress)
+    return execute(repo, plan, jobs=jobs, timeout=timeout, dry_run=dry_run, progress=progress)
 
 
-def execute(repo: Repo, plan: CascadePlan, *, jobs: int = 1, timeout: float | None = None,
+def execute(repo: Repo, plan: CascadePlan, *, jobs: int = 1, timeout: float | None = None, dry_run: bool = False,
             progress: Progress | None = None) -> CascadeReport:  # fmt: skip
     """Carry out a plan: rebuild its `recipe` steps, `jobs` at a time, parents first; a
     failure blocks the models below it. `progress(model, text)` is called from this thread
-    as models start and finish."""
-    return _Cascade(repo, plan, timeout or DEFAULT_TIMEOUT, progress or (lambda model, text: None)).run(jobs)
+    as models start and finish. A dry run runs nothing and reports the plan alone."""
+    if dry_run:
+        return CascadeReport(plan, True, [])
+    return _Cascade(repo, plan, timeout or RECIPE_TIMEOUT, progress or (lambda model, text: None)).run(jobs)
 
 
 class _Cascade:
@@ -253,7 +239,7 @@ class _Cascade:
         self.plan = plan
         self.timeout = timeout
         self.progress = progress
-        self.checks = repo.checks  # opened here, before worker threads share it
+        self.checks = Checks(repo)  # opened here, before worker threads share it
         self.rebuilt: dict[str, tuple[str, str]] = {}  # model -> (new version, ref); written by the main thread
         self.top_tests: list[TestLine] | None = None
 

@@ -1,7 +1,7 @@
 """The catalog: a SQLite index of models, versions, lineage edges and object sizes.
 
-Everything in it is derived from objects and refs (test registrations and results, added
-later, will be the exception), so it can be dropped and rebuilt. It exists for speed: `ls`,
+Everything in it is derived from objects and refs (test registrations and results live in
+checks.sqlite instead), so it can be dropped and rebuilt (`index`, `sync`). It exists for speed: `ls`,
 `log`, `du` and graph queries read it instead of decoding records. WAL mode lets readers run
 beside a writer; each write is one transaction (`atomic()`), and each schema change is a
 named migration recorded in the same transaction that applies it.
@@ -10,13 +10,20 @@ named migration recorded in the same transaction that applies it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mgit.database import Database
-from mgit.objects import Version
+from mgit.errors import CatalogError, CorruptObjectError, MissingObjectError
+from mgit.objects import Parent, Version
+from mgit.reports import ParentInfo
+
+if TYPE_CHECKING:  # the store's types only: indexing reads records through it
+    from mgit.refs import RefStore
+    from mgit.store import ObjectStore, PutResult
 
 MIGRATIONS: list[tuple[str, list[str]]] = [
     (
@@ -54,14 +61,13 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
 # read stays a read (a temporary table would need a write transaction).
 IDS = "(SELECT value FROM json_each(?))"
 
-DELTA_CODECS = ("xor_delta", "sub_delta", "patch", "quantized_delta")
-DERIVED_CODECS = ("cast", "quantize_int8", "absmax_scale", "low_rank", "transpose")
-
-
 def storage_class(codec_names: str) -> str:
-    """`delta`, `derived` or `standalone`, from a chain's names as recorded (`a+b+c`)."""
-    first = codec_names.split("+")[0]
-    return "delta" if first in DELTA_CODECS else "derived" if first in DERIVED_CODECS else "standalone"
+    """`delta`, `derived` or `standalone`, from a chain's names as recorded (`a+b+c`): each
+    codec's class says which (imported here, not above, so that commands which never ask
+    do not load numpy and the codecs)."""
+    from mgit.codecs import storage_of
+
+    return storage_of(codec_names)
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,11 @@ class ObjectRow:
     logical_size: int
     stored_size: int
     codec: str
+
+    @classmethod
+    def written(cls, result: PutResult) -> ObjectRow:
+        """The row of an object a store just wrote."""
+        return cls(result.oid, result.kind, result.size, result.stored_size, result.codec)
 
 
 @dataclass(frozen=True)
@@ -116,7 +127,7 @@ class Catalog(Database):
             if version.predecessor:
                 row = tx.execute("SELECT seq FROM versions WHERE id = ?", (version.predecessor,)).fetchone()
                 if row is None:  # callers index ancestors first; numbering from 1 would be wrong
-                    raise RuntimeError(f"predecessor {version.predecessor[:12]} of {vid[:12]} is not indexed")
+                    raise CatalogError(f"predecessor {version.predecessor[:12]} of version {vid[:12]} is not indexed")
                 seq = row[0] + 1
             ids = json.dumps(sorted(objects))
             stored, new = tx.execute(
@@ -170,6 +181,64 @@ class Catalog(Database):
             tx.execute("DELETE FROM edges WHERE child NOT IN (SELECT id FROM versions)")
             tx.execute("DELETE FROM version_objects WHERE version NOT IN (SELECT id FROM versions)")
             tx.execute("DELETE FROM sketches WHERE version NOT IN (SELECT id FROM versions)")
+
+    def index(self, store: ObjectStore, vid: str) -> None:
+        """Index `vid` and every version it links to that is not indexed yet, ancestors
+        first (a version's position in its history is its predecessor's plus one), reading
+        their records and object headers from `store`."""
+        order: list[tuple[str, Version]] = []
+        loaded: dict[str, Version] = {}
+        stack: list[tuple[str, bool]] = [(vid, False)]
+        while stack:  # iterative post-order: histories can be longer than the recursion limit
+            v, expanded = stack.pop()
+            if expanded:
+                order.append((v, loaded[v]))
+                continue
+            if v in loaded or self.has_version(v):
+                continue
+            loaded[v] = store.get_version(v)
+            stack.append((v, True))
+            stack.extend((linked, False) for linked in loaded[v].linked_versions())
+        for v, version in order:
+            manifest = store.get_manifest(version.manifest)
+            objects = manifest.object_ids() | {version.manifest, v}
+            rows = []
+            for oid in self.missing_objects(objects):
+                header = store.header(oid)
+                rows.append(ObjectRow(oid, header.kind, header.size, store.stored_size(oid), header.codec_names))
+            self.add_objects(rows)
+            self.index_version(v, version, objects)
+
+    def sync(self, store: ObjectStore, refs: RefStore) -> None:
+        """Index any head the catalog does not know (a writer killed after moving its ref,
+        versions that arrived from a remote) and mirror the refs."""
+        heads = refs.all()
+        if heads == self.heads():
+            return
+        for vid in heads.values():
+            self.index(store, vid)
+        self.set_heads(refs.all)
+
+    @contextmanager
+    def explained(self) -> Iterator[None]:
+        """Name the models that use an object when reading it fails."""
+        try:
+            yield
+        except (CorruptObjectError, MissingObjectError) as exc:
+            if not exc.used_by:
+                exc.used_by = self.object_users(exc.oid)
+                if exc.used_by:
+                    exc.message += f" (used by {', '.join(exc.used_by)})"
+            raise
+
+    def parent_infos(self, parents: Iterable[Parent] | Iterable[tuple[str, str]]) -> list[ParentInfo]:
+        """Lineage parents with their model names and sequence numbers."""
+        out = []
+        for p in parents:
+            vid, rel = (p.version, p.relation) if isinstance(p, Parent) else p
+            row = self.version(vid)
+            out.append(ParentInfo(vid, row.model if row else "?", row.seq if row else 0, rel))
+        return out
 
     def put_sketch(self, vid: str, data: bytes) -> None:
         with self.atomic() as tx:

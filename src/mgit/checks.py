@@ -20,20 +20,17 @@ import math
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mgit import usercode
 from mgit.database import Database
 from mgit.errors import MgitError, UnknownRefError
 from mgit.lineage import Lineage
-from mgit.reports import Report
-
-if TYPE_CHECKING:
-    from mgit.repo import Repo
-
-DEFAULT_TIMEOUT = 600.0
+from mgit.objects import utc_now
+from mgit.repo import Repo
+from mgit.reports import Report, json_safe
+from mgit.usercode import DEFAULT_TIMEOUT
 
 MIGRATIONS: list[tuple[str, list[str]]] = [
     ("0001_tests", [
@@ -47,8 +44,19 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
 
 
 class TestNotFoundError(MgitError):
+    __test__ = False  # not a pytest class
+
     def __init__(self, name: str) -> None:
         super().__init__(f"no test named {name!r}", hint="See: mgit test ls")
+        self.name = name
+
+
+class TestExistsError(MgitError):
+    __test__ = False
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"a test named {name!r} exists", hint=f"Choose another --name or: mgit test rm {name}")
+        self.name = name
 
 
 @dataclass(frozen=True)
@@ -114,8 +122,7 @@ class TestOutcome(Report):
         return self.status == "pass"
 
     def to_json(self, *, output: bool = False) -> dict[str, Any]:
-        d = super().to_json()
-        d["metrics"] = {k: (v if math.isfinite(v) else str(v)) for k, v in self.metrics.items()}
+        d = super().to_json()  # a non-finite metric is null, as everywhere in mgit's JSON
         if not output:
             d.pop("output")
         return d
@@ -138,7 +145,8 @@ class TestRunResult(Report):
 
 
 class Checks:
-    """The tests of one repository: `repo.checks`."""
+    """The tests of one repository: `Checks(repo)`. Built from Repo's public verbs
+    (lineage, resolve, info, checkout); registrations and results in `checks.sqlite`."""
 
     def __init__(self, repo: Repo) -> None:
         self.repo = repo
@@ -157,10 +165,10 @@ class Checks:
             raise UnknownRefError(target, "no model", hint="Attach to a model name, a glob like 'bert-*' or tag:KEY=VALUE")
         with self._sql.atomic() as db:
             if db.execute("SELECT 1 FROM tests WHERE name = ?", (spec.name,)).fetchone():
-                raise MgitError(f"a test named {spec.name!r} exists", hint=f"Choose another --name or: mgit test rm {spec.name}")
+                raise TestExistsError(spec.name)
             db.execute("INSERT INTO tests VALUES (?, ?, ?, ?, ?, ?, ?)",
                        (spec.name, spec.fn, spec.target, int(spec.inherit),
-                        json.dumps([c.to_json() for c in spec.conditions]), spec.timeout, _now()))  # fmt: skip
+                        json.dumps([c.to_json() for c in spec.conditions]), spec.timeout, utc_now()))  # fmt: skip
         return spec
 
     def detach(self, name: str) -> TestSpec:
@@ -259,10 +267,10 @@ class Checks:
             status = "error" if problem and not metrics else "fail" if reasons else "pass"
         model, seq = self._model_seq(vid)
         outcome = TestOutcome(vid, model, seq, spec.name, source, status, metrics, reasons, round(run.seconds, 3),
-                              _now(), output=run.output)  # fmt: skip
+                              utc_now(), output=run.output)  # fmt: skip
         with self._sql.atomic() as db:
             db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (vid, spec.name, source, status, json.dumps(_finite(metrics)), json.dumps(reasons),
+                       (vid, spec.name, source, status, json.dumps(json_safe(metrics)), json.dumps(reasons),
                         run.output, outcome.seconds, outcome.time))  # fmt: skip
         return outcome
 
@@ -314,18 +322,24 @@ class Checks:
 
     def _with_parent(self, o: TestOutcome) -> TestOutcome:
         """The outcome with its lineage parent's latest recorded result of the same test."""
-        row = self.repo.catalog.version(o.version)
-        if row is None or not row.parents:
+        try:
+            parents = self.repo.info(o.version).parents
+        except MgitError:  # a result recorded for a version removed since
             return o
-        pvid = row.parents[0][0]
+        if not parents:
+            return o
+        pvid = parents[0].version
         found = self.recorded(pvid, o.test)
         if found is None:
             return replace(o, parent=self._ref(pvid))
         return replace(o, parent=found.ref, parent_status=found.status, parent_metrics=found.metrics)
 
     def _model_seq(self, vid: str) -> tuple[str, int]:
-        row = self.repo.catalog.version(vid)
-        return (row.model, row.seq) if row else ("?", 0)
+        try:
+            info = self.repo.info(vid)
+        except MgitError:
+            return "?", 0
+        return info.model, info.seq
 
     def _ref(self, vid: str) -> str:
         model, seq = self._model_seq(vid)
@@ -336,13 +350,5 @@ def _is_pattern(target: str) -> bool:
     return target.startswith("tag:") or any(c in target for c in "*?[")
 
 
-def _finite(metrics: dict[str, float]) -> dict[str, float | None]:
-    return {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
-
-
 def _floats(metrics: dict[str, float | None]) -> dict[str, float]:
     return {k: float("nan") if v is None else float(v) for k, v in metrics.items()}
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

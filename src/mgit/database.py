@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from mgit.errors import StorageFullError
+
 Migrations = list[tuple[str, list[str]]]
 
 
@@ -45,13 +47,18 @@ class Database:
         """One write transaction (BEGIN IMMEDIATE takes the write lock up front, so two
         writers queue instead of failing on upgrade); rolled back on any exception."""
         db = self.db
-        db.execute("BEGIN IMMEDIATE")
         try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            if "full" in str(exc):  # SQLITE_FULL: "database or disk is full"
+                raise StorageFullError(str(self.path)) from None
             raise
-        db.execute("COMMIT")
 
     def migrate(self) -> list[str]:
         """Apply the migrations not applied yet, each with its record in one transaction."""

@@ -32,14 +32,16 @@ from typing import Any
 import blake3
 import numpy as np
 
+from mgit.cache import UNBOUNDED, DecodedCache
 from mgit.errors import InputError, MgitError, UnknownRefError
 from mgit.formats.folder import SourceFile, scan_path
 from mgit.formats.safetensors import DTYPES, element_count
 from mgit.formats.tensors import TORCH_SUFFIXES
 from mgit.objects import Manifest, TensorEntry, object_id, tensor_meta
+from mgit.parallel import Progress, default_jobs, one_blas_thread
+from mgit.reader import tensor_bytes
 from mgit.reports import Report
-from mgit.snapshot import Progress, default_jobs, one_blas_thread, tensor_bytes
-from mgit.store import UNBOUNDED, DecodedCache, ObjectStore
+from mgit.store import ObjectStore
 from mgit.tensorstats import TensorStats, tensor_stats
 
 MAX_TEXT_BYTES = 1 << 20  # larger text files are compared by digest only
@@ -257,30 +259,33 @@ def _file_digest(f: SourceFile) -> str:
 # --- comparing -------------------------------------------------------------------------------
 
 
-def _compare(a: TensorRef, b: TensorRef) -> tuple[str, TensorStats | None, int, int]:
+def _compare(a: TensorRef, b: TensorRef, reuse: DecodedCache | None) -> tuple[str, TensorStats | None, int, int]:
     """(status, statistics, objects decoded, decodes saved) for two tensors of the same shape."""
     if a.dtype == b.dtype and a.object_id() == b.object_id():
         return "identical", None, 0, 0
     # What one side decodes is kept for the other: when one is stored as a delta against the
     # other (or both against a common base), that base is decoded once. Each decode verifies.
-    memos: dict[int, DecodedCache] = {}
+    cache = reuse if reuse is not None else DecodedCache(UNBOUNDED, keep_all=True)
+    hits, misses = cache.hits, cache.misses
 
     def raw(t: TensorRef) -> np.ndarray:
         if t.data is not None:
             return t.data
         assert t.store is not None and t.entry is not None
-        return tensor_bytes(t.store, t.entry, memo=memos.setdefault(id(t.store), DecodedCache(UNBOUNDED)), keep=True)
+        return tensor_bytes(t.store, t.entry, reuse=cache)
 
     raw_a, raw_b = raw(a), raw(b)
     stats = tensor_stats((a.dtype, b.dtype), a.shape, raw_a, raw_b)
     status = "changed" if a.dtype == b.dtype else "dtype"
-    return status, stats, sum(m.misses for m in memos.values()), sum(m.hits for m in memos.values())
+    return status, stats, cache.misses - misses, cache.hits - hits
 
 
 def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: int | None = None,
-                progress: Callable[[int, int], Progress] | None = None) -> DiffResult:  # fmt: skip
+                progress: Callable[[int, int], Progress] | None = None,
+                reuse: DecodedCache | None = None) -> DiffResult:  # fmt: skip
     """Compare two sides. `structural` compares only names, shapes, dtypes and layer counts
-    (no tensor data and no files are read). `progress(total_bytes, 0)` may return a callback."""
+    (no tensor data and no files are read). `progress(total_bytes, 0)` may return a callback.
+    `reuse` (a session's cache) keeps what is decoded; by default each pair has its own."""
     names = list(dict.fromkeys([*a.tensors, *b.tensors]))
     status: dict[str, str] = {}
     work: list[str] = []
@@ -304,7 +309,7 @@ def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: i
         work.sort(key=lambda k: a.tensors[k].nbytes + b.tensors[k].nbytes, reverse=True)
         tick = progress(sum(a.tensors[k].nbytes + b.tensors[k].nbytes for k in work), 0) if progress else None
         with one_blas_thread(), ThreadPoolExecutor(max_workers=jobs or default_jobs(), thread_name_prefix="mgit-diff") as pool:
-            futures = {pool.submit(_compare, a.tensors[k], b.tensors[k]): k for k in work}
+            futures = {pool.submit(_compare, a.tensors[k], b.tensors[k], reuse): k for k in work}
             try:
                 for future in as_completed(futures):
                     k = futures[future]

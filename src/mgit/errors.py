@@ -33,7 +33,8 @@ class RepoNotFoundError(MgitError):
 
 class RepoExistsError(MgitError):
     def __init__(self, path: str) -> None:
-        super().__init__(f"a repository already exists at {path}")
+        super().__init__(f"a repository already exists at {path}",
+                         hint="Use it as it is (see: mgit ls), or init another folder")  # fmt: skip
         self.path = path
 
 
@@ -143,3 +144,61 @@ class StorageFullError(MgitError):
             hint="Free some space and run the command again (mgit gc removes the partial objects)",
         )
         self.path = path
+
+
+class InvalidOptionError(MgitError):
+    """Options or arguments of a verb that cannot go together or are out of range (the CLI
+    checks what it can before calling; this is what the library checks)."""
+
+
+class RepoConfigError(MgitError):
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"unreadable repository config {path} ({why})",
+                         hint="Restore config.json from a copy of the repository")  # fmt: skip
+        self.path = path
+
+
+class DamagedRefError(MgitError):
+    """A ref file that does not hold a version id."""
+
+    def __init__(self, name: str, value: str) -> None:
+        super().__init__(f"the head of model {name!r} is damaged ({value[:20]!r})", hint="Run: mgit fsck")
+        self.name = name
+
+
+class CatalogError(MgitError):
+    """The catalog disagrees with the objects it indexes (it is derived: rebuild it)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, hint="Run: mgit fsck --rebuild-catalog")
+
+
+class ChecksumMismatchError(MgitError):
+    """A file rebuilt from objects that does not match the digest recorded when it was added."""
+
+    def __init__(self, path: str, version: str | None = None) -> None:
+        of = f" of version {version[:12]}" if version else ""
+        super().__init__(f"rebuilt {path}{of} does not match the digest recorded at add time",
+                         hint="Nothing was written; run: mgit fsck")  # fmt: skip
+        self.path = path
+
+
+class GcRefusedError(MgitError):
+    """gc will not run on a repository where something reachable is damaged: what it would
+    delete could be what a repair needs."""
+
+    def __init__(self, oid: str, kind: str) -> None:
+        super().__init__(f"cannot collect garbage: object {oid[:16]} is {kind}",
+                         hint="Run: mgit fsck, and repair the repository first")  # fmt: skip
+        self.oid = oid
+
+
+class NoMatchError(MgitError):
+    """A selection of models (a glob, a tag, a relation) that matches none."""
+
+    def __init__(self, asked: str | None) -> None:
+        if asked is None:
+            super().__init__("no models yet", hint="Add one with: mgit add PATH --name NAME")
+        else:
+            super().__init__(f"no model matches {asked}", hint="See: mgit ls")
+        self.asked = asked

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mgit import usercode
+from mgit.usercode import DEFAULT_TIMEOUT
 
-DEFAULT_TIMEOUT = 600.0
 LOWER_IS_BETTER = frozenset({"loss", "error", "err", "perplexity", "ppl", "mse", "mae", "rmse", "wer", "cer", "latency"})
 
 

@@ -11,12 +11,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from mgit.atomicfile import remove_files
 from mgit.catalog import Catalog
-from mgit.errors import CorruptObjectError, MgitError, MissingObjectError
-from mgit.objects import Manifest, RecordError, Version
+from mgit.errors import CorruptObjectError, GcRefusedError, MgitError, MissingObjectError
+from mgit.objects import Manifest, Version
 from mgit.refs import RefStore
 from mgit.reports import FsckResult, GcResult, Problem
-from mgit.store import ObjectStore, remove_leftovers
+from mgit.store import ObjectStore
 
 
 @dataclass
@@ -25,20 +26,6 @@ class Reachable:
     manifests: dict[str, Manifest] = field(default_factory=dict)
     objects: set[str] = field(default_factory=set)
     problems: list[Problem] = field(default_factory=list)
-
-
-def load_version(store: ObjectStore, vid: str) -> Version:
-    try:
-        return Version.from_json(store.get_record(vid, "version"))
-    except RecordError as exc:
-        raise CorruptObjectError(vid, f"not a valid version record ({exc})") from None
-
-
-def load_manifest(store: ObjectStore, oid: str) -> Manifest:
-    try:
-        return Manifest.from_json(store.get_record(oid, "manifest"))
-    except RecordError as exc:
-        raise CorruptObjectError(oid, f"not a valid manifest ({exc})") from None
 
 
 def walk(store: ObjectStore, heads: dict[str, str]) -> Reachable:
@@ -51,7 +38,7 @@ def walk(store: ObjectStore, heads: dict[str, str]) -> Reachable:
             continue
         seen.objects.add(vid)
         try:
-            version = load_version(store, vid)
+            version = store.get_version(vid)
         except (CorruptObjectError, MissingObjectError) as exc:
             seen.problems.append(_problem(vid, exc, [via]))
             continue
@@ -62,7 +49,7 @@ def walk(store: ObjectStore, heads: dict[str, str]) -> Reachable:
             continue
         seen.objects.add(version.manifest)
         try:
-            manifest = load_manifest(store, version.manifest)
+            manifest = store.get_manifest(version.manifest)
         except (CorruptObjectError, MissingObjectError) as exc:
             seen.problems.append(_problem(version.manifest, exc, [label]))
             continue
@@ -160,9 +147,16 @@ def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, *, dry_run: bool = 
     heads = refs.all()
     seen = walk(store, heads)
     if seen.problems:
-        p = seen.problems[0]
-        raise MgitError(f"cannot collect garbage: object {p.object[:16]} is {p.kind}",
-                        hint="Run: mgit fsck, and repair the repository first")  # fmt: skip
+        raise GcRefusedError(seen.problems[0].object, seen.problems[0].kind)
+    # A reachable tensor whose header cannot be read hides the delta bases it needs: deleting
+    # them would leave a copy of it that a repair brings back undecodable. (A file's blob has
+    # no bases: one that is missing makes collection no less safe.)
+    for manifest in seen.manifests.values():
+        for t in manifest.tensors():
+            try:
+                store.header(t.object)
+            except (CorruptObjectError, MissingObjectError) as exc:
+                raise GcRefusedError(t.object, "missing" if isinstance(exc, MissingObjectError) else "corrupt") from None
     garbage = [oid for oid in store.ids() if oid not in seen.objects]
     freed = sum(store.stored_size(oid) for oid in garbage)
     leftovers = store.temporary_files() + refs.temporary_files()
@@ -173,5 +167,5 @@ def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, *, dry_run: bool = 
         catalog.remove_objects(garbage)
         for oid in garbage:
             store.delete(oid)
-        remove_leftovers(leftovers)
+        remove_files(leftovers)
     return GcResult(dry_run, garbage, freed, len(seen.objects), len(leftovers))

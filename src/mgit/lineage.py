@@ -23,8 +23,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from mgit.catalog import Catalog
-from mgit.errors import MgitError, UnknownRefError
-from mgit.reports import Report
+from mgit.errors import MgitError, NoMatchError, UnknownRefError
+from mgit.reports import Report, json_safe
 
 
 class FlatReport(Report):
@@ -32,7 +32,8 @@ class FlatReport(Report):
     cost most of `mgit lineage --json` on a thousand models."""
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        values = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        return {k: json_safe(v) if isinstance(v, (dict, float)) else v for k, v in values.items()}
 
 
 @dataclass(frozen=True)
@@ -281,6 +282,30 @@ class Lineage:
                 continue
             out.append(name)
         return out
+
+    def selection(self, pattern: str | None = None, *, tag: str | None = None, relation: str | None = None,
+                  around: str | None = None, depth: int | None = None) -> list[str]:  # fmt: skip
+        """`select`, narrowed to a model (`around`), its ancestors and its descendants (up to
+        `depth` generations each way); NoMatchError when nothing is left."""
+        names = self.select(pattern, tag=tag, relation=relation)
+        if around is not None:
+            centre = self.node(around).name
+            near = {centre, *self.ancestors(centre, depth=depth), *self.descendants(centre, depth=depth)}
+            names = [n for n in names if n in near]
+        if not names:
+            if not self.nodes:
+                raise NoMatchError(None)
+            asked = " ".join(f"{k} {v}" for k, v in (("name", pattern), ("--tag", tag), ("--relation", relation),
+                                                      ("--around", around)) if v is not None)  # fmt: skip
+            raise NoMatchError(asked)
+        return names
+
+    def edges_leaving(self, names: Iterable[str]) -> list[LineageEdge]:
+        """Edges between a model of `names` and one left out of them."""
+        order = list(dict.fromkeys(names))
+        chosen = set(order)
+        return [e for n in order for e in [*self._parents.get(n, []), *self._children.get(n, [])]
+                if (e.parent in chosen) != (e.child in chosen)]  # fmt: skip
 
     def subgraph(self, names: Iterable[str] | None = None) -> LineageGraph:
         """The models named (all by default) and the edges among them, in topological order,

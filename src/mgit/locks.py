@@ -15,7 +15,7 @@ from types import TracebackType
 
 from mgit.errors import LockTimeoutError
 
-DEFAULT_TIMEOUT = float(os.environ.get("MGIT_LOCK_TIMEOUT", "60"))
+LOCK_TIMEOUT = float(os.environ.get("MGIT_LOCK_TIMEOUT", "60"))  # seconds a writer waits for a lock
 
 
 class FileLock:
@@ -25,7 +25,7 @@ class FileLock:
         self.path = path
         self.what = what
         self.shared = shared
-        self.timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        self.timeout = LOCK_TIMEOUT if timeout is None else timeout
         self._fd: int | None = None
 
     def acquire(self) -> None:

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from mgit.cache import DecodedCache
 from mgit.codecs import (
     Codec,
     CodecContext,
@@ -55,9 +56,9 @@ from mgit.codecs.quantized_delta import (
     quantize,
     reconstruct,
 )
-from mgit.errors import CorruptObjectError, MgitError, MissingObjectError
+from mgit.errors import CorruptObjectError, InvalidOptionError, MissingObjectError
 from mgit.objects import object_id, tensor_meta
-from mgit.store import DecodedCache, ObjectStore
+from mgit.store import ObjectStore
 
 DEFAULT_GUARD = 0.1  # the reconstruction error may be at most 10% of the change (L2 norms)
 REFUSE_SHARE = 0.5  # guard failures on more than this share of changed parameters: all lossless
@@ -73,13 +74,13 @@ class LossyPolicy:
 
     def __post_init__(self) -> None:
         if self.eps is None and self.rel is None:
-            raise MgitError("a lossy policy needs a bound", hint="Give --lossy EPS or --lossy-rel R")
+            raise InvalidOptionError("a lossy policy needs a bound", hint="Give --lossy EPS or --lossy-rel R")
         checks = [("lossy bound", self.eps), ("relative lossy bound", self.rel), ("guard threshold", self.guard)]
         for what, value in checks:
             if value is None and what != "guard threshold":
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (np.isfinite(value) and value > 0):
-                raise MgitError(f"the {what} must be a positive number, not {value!r}")
+                raise InvalidOptionError(f"the {what} must be a positive number, not {value!r}")
 
     @property
     def mode(self) -> str:
@@ -91,6 +92,11 @@ class LossyPolicy:
         if self.rel is not None:
             bounds.append(float(self.rel) * change_rms)
         return min(bounds)
+
+
+def describe_policy(policy: LossyPolicy) -> str:
+    """The bound of a policy as people read it: `1e-05`, `0.1 x rms(change)` or both."""
+    return describe({"eps": policy.eps, "rel": policy.rel}).removeprefix("|error| <= ")
 
 
 def describe(record: dict[str, Any]) -> str:
@@ -139,7 +145,7 @@ def verdict(tally: LossyTally, policy: LossyPolicy) -> tuple[dict[str, Any] | No
     if tally.changed_params and tally.refused_params > REFUSE_SHARE * tally.changed_params:
         share = tally.refused_params / tally.changed_params
         return None, (f"the fidelity guard failed on {share:.0%} of the changed parameters: the changes are too "
-                      f"small for a bound of {policy.eps:g} and would round back to the parent")  # fmt: skip
+                      f"small for a bound of {describe_policy(policy)} and would round back to the parent")  # fmt: skip
     if not tally.tensors:
         return None, ("no tensor could be stored lossily for less than its exact form (none has a changed parent "
                       "tensor of its dtype and shape that a quantized step stores more cheaply)")
@@ -169,7 +175,7 @@ def _tail(int_bytes: int) -> list[Codec]:
 
 
 def encode_lossy(store: ObjectStore, dtype: str, shape: tuple[int, ...], data: np.ndarray, bases: Sequence[str],
-                 policy: LossyPolicy, max_depth: int, memo: DecodedCache | None = None) -> LossyTensor | None:  # fmt: skip
+                 policy: LossyPolicy, max_depth: int, reuse: DecodedCache | None = None) -> LossyTensor | None:  # fmt: skip
     """The lossy form of one tensor, or None when lossy storage does not apply to it."""
     if dtype not in FLOAT_DTYPES:
         return None
@@ -179,7 +185,7 @@ def encode_lossy(store: ObjectStore, dtype: str, shape: tuple[int, ...], data: n
     base = _parent(store, dtype, shape, bases, max_depth)
     if base is None:
         return None
-    parent_bytes = (store.get(base) if memo is None else store.get_memoized(base, memo))[1]
+    parent_bytes = store.load_base(base, reuse)
     if np.array_equal(parent_bytes, raw):
         return None  # the same object as the parent's: deduplicated
     x, b = as_float64(raw, dtype), as_float64(parent_bytes, dtype)

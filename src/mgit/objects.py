@@ -11,6 +11,7 @@ a damaged or forged record raises instead of flowing on.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -18,6 +19,7 @@ from typing import Any
 
 import blake3
 
+from mgit.errors import UnsafePathError
 from mgit.formats.safetensors import DTYPES, element_count, itemsize
 
 OID_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -54,6 +56,16 @@ def object_id(kind: str, meta: dict[str, Any], data: Any) -> str:
 
 def tensor_meta(dtype: str, shape: tuple[int, ...]) -> dict[str, Any]:
     return {"dtype": dtype, "shape": list(shape)}
+
+
+def check_relative_path(rel: str) -> str:
+    """A file path as a manifest may hold it: relative, `/`-separated, no empty, `.` or `..`
+    part, no backslash or NUL (docs/format.md). Anything else could escape a checkout."""
+    parts = rel.split("/") if isinstance(rel, str) else [""]
+    if (not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel or os.path.isabs(rel)
+            or any(p in ("", ".", "..") for p in parts)):  # fmt: skip
+        raise UnsafePathError(str(rel), "it is absolute or climbs out of the output folder")
+    return rel
 
 
 def _check(cond: bool, what: str) -> None:
@@ -136,6 +148,10 @@ class FileEntry:
         _check(isinstance(tensors, list), "tensors is not a list")
         conv = d.get("converted_from")
         _check(conv is None or isinstance(conv, str), "converted_from is not a string")
+        try:
+            check_relative_path(_str(d.get("path"), "file path"))
+        except UnsafePathError as exc:
+            raise RecordError(exc.message) from None
         return cls(_str(d.get("path"), "file path"), kind, _int(d.get("size"), "file size"),
                    _oid(d.get("digest"), "file digest"), _oid(d.get("object"), "file object"),
                    tuple(TensorEntry.from_json(t) for t in tensors), conv)  # fmt: skip
@@ -153,7 +169,9 @@ class Manifest:
         _check(isinstance(d, dict) and d.get("format") == RECORD_FORMAT, "not a manifest of format 1")
         files = d.get("files")
         _check(isinstance(files, list), "files is not a list")
-        return cls(tuple(FileEntry.from_json(f) for f in files))
+        entries = tuple(FileEntry.from_json(f) for f in files)
+        _check(len({f.path for f in entries}) == len(entries), "a file is listed twice")
+        return cls(entries)
 
     def tensors(self) -> list[TensorEntry]:
         return [t for f in self.files for t in f.tensors]

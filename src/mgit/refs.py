@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from mgit.atomicfile import TMP_PREFIX, write_atomic
-from mgit.errors import InvalidNameError, MgitError, RefConflictError
+from mgit.errors import DamagedRefError, InvalidNameError, InvalidOptionError, RefConflictError
 from mgit.locks import FileLock
 from mgit.objects import OID_RE
 
@@ -60,8 +60,7 @@ class RefStore:
         except FileNotFoundError:
             return None
         if not OID_RE.match(value):
-            raise MgitError(f"the head of model {name!r} is damaged ({value[:20]!r})",
-                            hint="Run: mgit fsck")  # fmt: skip
+            raise DamagedRefError(name, value)
         return value
 
     def all(self) -> dict[str, str]:
@@ -93,7 +92,7 @@ class RefStore:
             path.unlink(missing_ok=True)
             return
         if not OID_RE.match(new):
-            raise ValueError(f"not a version id: {new!r}")
+            raise InvalidOptionError(f"a ref must name a version id, not {new!r}")
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, [f"{new}\n".encode()], fsync=self.fsync)
 

@@ -1,10 +1,13 @@
-"""`Repo`: the verbs over a repository (init, add, checkout, load, open, ls, log, show, du,
-rm, fsck, gc).
+"""`Repo`: the core verbs over a repository (init, add, checkout, load, open, resolve, ls,
+log, show, du, diff, rm, fsck, gc).
 
 Write order of `add`, which makes a crash at any point harmless: objects (fsynced), the
 manifest, the version record, then the ref moves under the model's lock. Until the ref moves
 nothing is visible; afterwards the catalog is brought up to date, and if that step is lost
 the next `Repo()` notices the ref it does not know and indexes it.
+
+The verbs built from these (tests, bisect, cascades, remotes) are porcelain above this
+module: `mgit.checks`, `mgit.bisect`, `mgit.cascade`.
 """
 
 from __future__ import annotations
@@ -17,37 +20,35 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from mgit.adding import add_version
+from mgit.adding import add_version, suggest_parents
 from mgit.atomicfile import write_atomic
-from mgit.bisect import Bisector, BisectResult
-from mgit.cascade import CascadeReport, run_cascade
-from mgit.catalog import Catalog, ObjectRow, VersionRow
-from mgit.checks import Checks
+from mgit.cache import CHECKOUT_BASES, SESSION_CACHE_BYTES, DecodedCache
+from mgit.catalog import Catalog, VersionRow
+from mgit.checkout import restore_file, safe_join
 from mgit.diff import DiffResult, diff_models, open_side
+from mgit.encoding import DEFAULT_MAX_DEPTH
 from mgit.errors import (
-    CorruptObjectError,
     FormatVersionError,
     InputError,
-    MgitError,
-    MissingObjectError,
+    InvalidOptionError,
     OutputNotEmptyError,
+    RepoConfigError,
     RepoExistsError,
     RepoNotFoundError,
     UnknownRefError,
 )
 from mgit.formats.folder import scan_path, scan_state_dict
 from mgit.formats.model_card import CARD, write_lineage
-from mgit.gate import DEFAULT_TIMEOUT
-from mgit.inference import DEFAULT_MIN_CONFIDENCE, suggest
-from mgit.integrity import fsck, gc, load_manifest, load_version
+from mgit.inference import DEFAULT_MIN_CONFIDENCE
+from mgit.integrity import fsck, gc
 from mgit.lineage import Lineage
-from mgit.locks import FileLock
+from mgit.localstore import LocalStore
 from mgit.lossy import DEFAULT_GUARD, LossyPolicy, describe
-from mgit.objects import Manifest, Parent, Version, utc_now
+from mgit.objects import Manifest, Version, utc_now
+from mgit.parallel import Progress, default_jobs
 from mgit.reader import ModelReader
 from mgit.refs import RefStore, is_model_name, validate_model_name
 from mgit.reports import (
@@ -59,32 +60,20 @@ from mgit.reports import (
     GcResult,
     ModelSummary,
     ModelUsage,
-    ParentInfo,
     ParentSuggestion,
     RemoveResult,
     ShowResult,
     StorageInfo,
     VersionInfo,
+    VersionStorage,
 )
-from mgit.sketch import Sketch, sketch_source, sketch_stored
-from mgit.snapshot import (
-    Progress,
-    default_jobs,
-    restore_file,
-    safe_join,
-)
-from mgit.store import (
-    CHECKOUT_BASES,
-    DEFAULT_MAX_DEPTH,
-    SESSION_CACHE_BYTES,
-    DecodedCache,
-    LocalStore,
-)
-from mgit.usercode import recipe_record_of
+from mgit.sketch import sketch_source
+from mgit.usercode import DEFAULT_TIMEOUT, recipe_record_of
 
 REPO_DIR = ".mgit"
 REPO_FORMAT = 1
 REF_RE = re.compile(r"^(?P<name>[^@]+)(?:@(?P<sel>[^@]+))?$")
+MIN_PREFIX = 4  # hex digits of a version id prefix given alone or as digits only
 
 
 def find_repo_dir(start: Path | None = None) -> Path:
@@ -98,6 +87,28 @@ def find_repo_dir(start: Path | None = None) -> Path:
         if (d / REPO_DIR / "config.json").is_file():
             return d / REPO_DIR
     raise RepoNotFoundError(str(here))
+
+
+def pick_version(ref: str, name: str, chain: list[str], sel: str) -> str:
+    """The version of a model's history (`chain`, newest first) that `sel` names: its
+    sequence number if it has that many versions, else an id prefix (all digits only from
+    MIN_PREFIX digits on, so that `NAME@1` never means an id); both at once is an error."""
+    by_seq = None
+    if sel.isdigit() and 1 <= int(sel) <= len(chain):
+        by_seq = chain[len(chain) - int(sel)]
+    by_id = [v for v in chain if v.startswith(sel.lower())] if not sel.isdigit() or len(sel) >= MIN_PREFIX else []
+    if by_seq is not None and by_id and by_id != [by_seq]:
+        listed = ", ".join([f"version {int(sel)} ({by_seq[:12]})", *(f"id {v[:12]}" for v in by_id)])
+        raise UnknownRefError(ref, f"ambiguous ({listed}): no single version",
+                              hint=f"Give more hex digits of the id. See: mgit log {name}")  # fmt: skip
+    if by_seq is not None:
+        return by_seq
+    if len(by_id) == 1:
+        return by_id[0]
+    if sel.isdigit() and not by_id:
+        count = f"{len(chain)} version" + ("s" if len(chain) != 1 else "")
+        raise UnknownRefError(ref, f"model {name!r} has {count}; no version", hint=f"See: mgit log {name}")
+    raise UnknownRefError(ref, "ambiguous version prefix" if by_id else "no version", hint=f"See: mgit log {name}")
 
 
 class Repo:
@@ -114,10 +125,11 @@ class Repo:
             raise RepoNotFoundError(str(self.dir))
         self.config = self._read_config()
         fsync = bool(self.config.get("fsync", True))
-        self.store = LocalStore(self.dir / "objects", fsync=fsync)
+        self.store = LocalStore(self.dir / "objects", fsync=fsync, lock_path=self.dir / "locks" / "repo.lock")
         self.refs = RefStore(self.dir, fsync=fsync)
         self.catalog = Catalog(self.dir / "catalog.sqlite")
-        self.sync_catalog()
+        self._session: DecodedCache | None = None
+        self.catalog.sync(self.store, self.refs)
 
     @classmethod
     def init(cls, path: str | os.PathLike[str] = ".") -> Repo:
@@ -132,10 +144,11 @@ class Repo:
         return cls(target)
 
     def _read_config(self) -> dict[str, Any]:
+        path = self.dir / "config.json"
         try:
-            config = json.loads((self.dir / "config.json").read_text())
+            config = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
-            raise MgitError(f"unreadable repository config {self.dir / 'config.json'} ({exc})") from None
+            raise RepoConfigError(str(path), str(exc)) from None
         fmt = config.get("format") if isinstance(config, dict) else None
         if fmt != REPO_FORMAT:
             raise FormatVersionError(
@@ -146,21 +159,17 @@ class Repo:
 
     @property
     def root(self) -> Path:
+        """The work folder (the one holding `.mgit`)."""
         return self.dir.parent
 
-    def _writer_lock(self, *, exclusive: bool = False) -> FileLock:
-        # Writers share it; gc takes it alone, so it never deletes objects an add is about to use.
-        return FileLock(self.dir / "locks" / "repo.lock", what="the repository", shared=not exclusive)
+    @property
+    def max_depth(self) -> int:
+        return int(self.config.get("delta_max_depth", DEFAULT_MAX_DEPTH))
 
     # --- catalog upkeep -----------------------------------------------------------------
     def sync_catalog(self) -> None:
         """Index any head the catalog does not know (a writer killed after moving its ref)."""
-        heads = self.refs.all()
-        if heads == self.catalog.heads():
-            return
-        for vid in heads.values():
-            self._index(vid)
-        self.catalog.set_heads(self.refs.all)
+        self.catalog.sync(self.store, self.refs)
 
     def rebuild_catalog(self) -> None:
         """Drop and rebuild the catalog from objects and refs."""
@@ -169,32 +178,6 @@ class Repo:
             Path(f"{self.dir / 'catalog.sqlite'}{suffix}").unlink(missing_ok=True)
         self.catalog = Catalog(self.dir / "catalog.sqlite")
         self.sync_catalog()
-
-    def _index(self, vid: str) -> None:
-        """Index `vid` and every version it links to that the catalog lacks, ancestors first
-        (a version's position in its history is its predecessor's plus one)."""
-        order: list[tuple[str, Version]] = []
-        loaded: dict[str, Version] = {}
-        stack: list[tuple[str, bool]] = [(vid, False)]
-        while stack:  # iterative post-order: histories can be longer than the recursion limit
-            v, expanded = stack.pop()
-            if expanded:
-                order.append((v, loaded[v]))
-                continue
-            if v in loaded or self.catalog.has_version(v):
-                continue
-            loaded[v] = load_version(self.store, v)
-            stack.append((v, True))
-            stack.extend((linked, False) for linked in loaded[v].linked_versions())
-        for v, version in order:
-            manifest = load_manifest(self.store, version.manifest)
-            objects = manifest.object_ids() | {version.manifest, v}
-            rows = []
-            for oid in self.catalog.missing_objects(objects):
-                header = self.store.header(oid)
-                rows.append(ObjectRow(oid, header.kind, header.size, self.store.stored_size(oid), header.codec_names))
-            self.catalog.add_objects(rows)
-            self.catalog.index_version(v, version, objects)
 
     @contextmanager
     def caching(self, max_bytes: int = SESSION_CACHE_BYTES) -> Iterator[DecodedCache]:
@@ -207,51 +190,32 @@ class Repo:
                 for ref in refs:
                     repo.checkout(ref, out / ref)
         """
-        if self.store.cache is not None:
-            yield self.store.cache
+        if self._session is not None:
+            yield self._session
             return
-        self.store.cache = DecodedCache(max_bytes)
+        self._session = DecodedCache(max_bytes, keep_all=True)
         try:
-            yield self.store.cache
+            yield self._session
         finally:
-            self.store.cache = None
+            self._session = None
 
-    @contextmanager
-    def _explained(self) -> Iterator[None]:
-        """Name the models that use an object when reading it fails."""
-        try:
-            yield
-        except (CorruptObjectError, MissingObjectError) as exc:
-            if not exc.used_by:
-                exc.used_by = self.catalog.object_users(exc.oid)
-                if exc.used_by:
-                    exc.message += f" (used by {', '.join(exc.used_by)})"
-            raise
+    def _reuse(self) -> DecodedCache:
+        """The decoded-object cache of one operation: the session's, or one for its bases."""
+        return self._session if self._session is not None else DecodedCache(CHECKOUT_BASES)
 
     # --- references -----------------------------------------------------------------------
     def resolve(self, ref: str) -> str:
-        """A version id from `NAME`, `NAME@N`, `NAME@HEXPREFIX` or a unique id prefix."""
+        """A version id from `NAME`, `NAME@N`, `NAME@HEXPREFIX` or a unique id prefix.
+
+        `NAME@1234` is the 1,234th version if the model has one, else a version whose id
+        starts with 1234; when both exist, the error names both."""
         m = REF_RE.match(ref.strip()) if isinstance(ref, str) else None
         if not m:
             raise UnknownRefError(str(ref), "no version", hint="Use NAME, NAME@N or NAME@HEXPREFIX")
         name, sel = m["name"], m["sel"]
         head = self.refs.get(name) if is_model_name(name) else None
         if head is not None:
-            if sel is None:
-                return head
-            chain = self.chain(head)
-            if sel.isdigit():
-                n = int(sel)
-                if 1 <= n <= len(chain):
-                    return chain[len(chain) - n]
-                count = f"{len(chain)} version" + ("s" if len(chain) != 1 else "")
-                raise UnknownRefError(ref, f"model {name!r} has {count}; no version",
-                                      hint=f"See: mgit log {name}")  # fmt: skip
-            found = [v for v in chain if v.startswith(sel.lower())]
-            if len(found) == 1:
-                return found[0]
-            raise UnknownRefError(ref, "ambiguous version prefix" if found else "no version",
-                                  hint=f"See: mgit log {name}")  # fmt: skip
+            return head if sel is None else pick_version(ref, name, self.chain(head), sel)
         if sel is None and re.fullmatch(r"[0-9a-fA-F]{4,64}", name):
             found = self.catalog.versions_by_prefix(name.lower())
             if len(found) == 1:
@@ -271,41 +235,29 @@ class Repo:
         while cur and cur not in out:
             out.append(cur)
             row = self.catalog.version(cur)
-            cur = row.predecessor if row else load_version(self.store, cur).predecessor
+            cur = row.predecessor if row else self.store.get_version(cur).predecessor
         return out
 
     def model_of(self, ref: str) -> str:
         """The model name that a reference's version belongs to."""
         return self._row(self.resolve(ref)).model
 
-    @cached_property
-    def checks(self) -> Checks:
-        """The tests attached to models here, and their recorded results."""
-        return Checks(self)
-
-    def bisect(self, test: str, ref: str, *, timeout: float | None = None, force: bool = False) -> BisectResult:
-        """The edge along the ancestors of `ref` where `test` started to fail (see mgit.bisect)."""
-        with self.caching():  # the ancestors it checks out share their parents
-            return Bisector(self, test, timeout=timeout, force=force).run(ref)
+    def info(self, ref: str) -> VersionInfo:
+        """One version as `log` lists it: model, sequence number, parents, tags, recipe, sizes."""
+        return self._info(self._row(self.resolve(ref)))
 
     @property
     def lineage(self) -> Lineage:
         """The lineage graph as it is now (a snapshot: read it again after a change)."""
         return Lineage.load(self.catalog)
 
-    def cascade(self, name: str, *, jobs: int = 1, only: str | None = None, timeout: float | None = None,
-                dry_run: bool = False, progress: Callable[[str, str], None] | None = None) -> CascadeReport:  # fmt: skip
-        """Rebuild the descendants of `name` on its latest version by re-running their recipes,
-        commit and test the results (see mgit.cascade); `dry_run` only plans."""
-        return run_cascade(self, name, jobs=jobs, only=only, timeout=timeout, dry_run=dry_run, progress=progress)
-
     def version(self, ref: str) -> Version:
-        with self._explained():
-            return load_version(self.store, self.resolve(ref))
+        with self.catalog.explained():
+            return self.store.get_version(self.resolve(ref))
 
     def manifest(self, ref: str) -> Manifest:
-        with self._explained():
-            return load_manifest(self.store, self.version(ref).manifest)
+        with self.catalog.explained():
+            return self.store.get_manifest(self.version(ref).manifest)
 
     # --- add ----------------------------------------------------------------------------
     def add(
@@ -342,9 +294,9 @@ class Repo:
         `lossy=EPS` stores float tensors that changed from a parent tensor as a quantized
         change, every value within EPS of the original; `lossy_rel=R` bounds the error by R
         times the rms of each tensor's change instead (or as well: each bound holds) (see
-        `mgit.lossy`; `guard` is the fidelity threshold). `gate="module:function"`
-        (or `file.py:function`) then runs that metric function on the original and the
-        reconstruction in child processes and keeps
+        `mgit.lossy`; `guard` is the fidelity threshold). Tensors without a parent tensor are
+        stored exactly. `gate="module:function"` (or `file.py:function`) then runs that
+        metric function on the original and the reconstruction in child processes and keeps
         the lossy version only if no metric gets worse by more than `max_drop`. Whenever lossy
         storage is refused, the version is stored losslessly and the result says why.
 
@@ -367,30 +319,19 @@ class Repo:
         """
         validate_model_name(name)
         if auto_parent and parent:
-            raise MgitError("auto_parent infers the parent; it cannot be combined with a given parent",
-                            hint="Drop --parent or --auto-parent")  # fmt: skip
+            raise InvalidOptionError("auto_parent infers the parent; it cannot be combined with a given parent",
+                                     hint="Drop --parent or --auto-parent")  # fmt: skip
         policy = LossyPolicy(lossy, guard, lossy_rel) if lossy is not None or lossy_rel is not None else None
         if gate is not None and policy is None:
-            raise MgitError("a gate only checks lossy storage", hint="Add --lossy EPS")
+            raise InvalidOptionError("a gate only checks lossy storage", hint="Add --lossy EPS or --lossy-rel R")
+        parents = [self.resolve(p) for p in ([parent] if isinstance(parent, str) else list(parent or []))]
         return add_version(
-            self, source, name=name, parents=[parent] if isinstance(parent, str) else list(parent or []),
-            relation=relation, message=message, tags=dict(tags or {}), author=author, jobs=jobs or default_jobs(),
-            progress=progress, policy=policy, gate=(gate, max_drop, gate_timeout), model_card=model_card,
+            self.store, self.refs, self.catalog, source, name=name, parents=parents, relation=relation,
+            message=message, tags=dict(tags or {}), author=author, jobs=jobs or default_jobs(), progress=progress,
+            policy=policy, gate=(gate, max_drop, gate_timeout), model_card=model_card,
             recipe=recipe_record_of(recipe, params, root=self.root) if recipe is not None else None,
-            auto_parent=auto_parent, expected_head=expected_head,
+            auto_parent=auto_parent, max_depth=self.max_depth, expected_head=expected_head, reuse=self._session,
         )  # fmt: skip
-
-    @property
-    def max_depth(self) -> int:
-        return int(self.config.get("delta_max_depth", DEFAULT_MAX_DEPTH))
-
-    def _parent_infos(self, parents: tuple[Parent, ...] | tuple[tuple[str, str], ...]) -> list[ParentInfo]:
-        out = []
-        for p in parents:
-            vid, rel = (p.version, p.relation) if isinstance(p, Parent) else p
-            row = self.catalog.version(vid)
-            out.append(ParentInfo(vid, row.model if row else "?", row.seq if row else 0, rel))
-        return out
 
     # --- parent inference ---------------------------------------------------------------------
     def suggest_parents(self, source: str | os.PathLike[str] | Mapping[str, Any], *, limit: int = 5,
@@ -403,37 +344,8 @@ class Repo:
         started = time.perf_counter()
         src = scan_state_dict(source) if isinstance(source, Mapping) else scan_path(Path(source))
         label = "state dict" if isinstance(source, Mapping) else str(source)
-        return self._suggest(sketch_source(src), label, limit=limit, min_confidence=min_confidence,
-                             exclude=exclude, started=started)  # fmt: skip
-
-    def _suggest(self, sketch: Sketch, label: str, *, limit: int, min_confidence: float = DEFAULT_MIN_CONFIDENCE,
-                 exclude: Collection[str] = (), started: float | None = None) -> ParentSuggestion:  # fmt: skip
-        if not len(sketch):
-            raise InputError(label, "holds no tensors to compare",
-                             hint="Give a model folder with .safetensors files, or a PyTorch checkpoint on its own")  # fmt: skip
-        left_out = set(exclude)
-        stored = [(v, ref, s) for v, ref, s in self._stored_sketches()
-                  if v not in left_out and ref.rpartition("@")[0] not in left_out]  # fmt: skip
-        return suggest(sketch, stored, label=label, limit=limit, min_confidence=min_confidence, started=started)
-
-    def _stored_sketches(self) -> list[tuple[str, str, Sketch]]:
-        """(id, model@seq, sketch) of every indexed version. A missing sketch (a rebuilt
-        catalog, a version indexed by sync after a crash) is computed from the stored tensors
-        once and saved."""
-        rows, missing = self.catalog.sketches()
-        out = []
-        for vid, model, seq, blob in rows:
-            try:
-                out.append((vid, f"{model}@{seq}", Sketch.from_bytes(blob)))
-            except ValueError:
-                missing.append(vid)
-        for vid in missing:
-            row = self._row(vid)
-            with self._explained():
-                sketch = sketch_stored(self.store, load_manifest(self.store, row.manifest))
-            self.catalog.put_sketch(vid, sketch.to_bytes())
-            out.append((vid, f"{row.model}@{row.seq}", sketch))
-        return out
+        return suggest_parents(self.store, self.catalog, sketch_source(src), label, limit=limit,
+                               min_confidence=min_confidence, exclude=exclude, started=started)  # fmt: skip
 
     # --- checkout and reading ---------------------------------------------------------------
     def checkout(self, ref: str, out_dir: str | os.PathLike[str], *, force: bool = False, jobs: int | None = None,
@@ -444,26 +356,23 @@ class Repo:
         matter (`base_model`, `base_model_relation`), the one file that then differs from
         what was added."""
         vid = self.resolve(ref)
-        with self._explained():
-            version = load_version(self.store, vid)
-            manifest = load_manifest(self.store, version.manifest)
+        with self.catalog.explained():
+            version = self.store.get_version(vid)
+            manifest = self.store.get_manifest(version.manifest)
         out = Path(out_dir)
         if out.exists() and not out.is_dir():
             raise InputError(str(out), "exists and is not a folder")
         if out.is_dir() and any(out.iterdir()) and not force:
             raise OutputNotEmptyError(str(out))
-        paths = [f.path for f in manifest.files]
-        if len(set(paths)) != len(paths):
-            raise CorruptObjectError(version.manifest, "names the same file twice")
-        for p in paths:
-            safe_join(out, p)
+        for f in manifest.files:
+            safe_join(out, f.path)
         out.mkdir(parents=True, exist_ok=True)
         tick = progress(manifest.logical_bytes, 0) if progress else None
         n = jobs or default_jobs()
-        memo = DecodedCache(CHECKOUT_BASES)  # delta bases, shared by the files of a sharded checkpoint
-        with self._explained(), ThreadPoolExecutor(max_workers=n, thread_name_prefix="mgit-checkout") as pool:
+        reuse = self._reuse()  # delta bases, shared by the files of a sharded checkpoint
+        with self.catalog.explained(), ThreadPoolExecutor(max_workers=n, thread_name_prefix="mgit-checkout") as pool:
             for f in manifest.files:
-                restore_file(self.store, f, out, pool=pool, jobs=n, progress=tick, memo=memo)
+                restore_file(self.store, f, out, pool=pool, jobs=n, progress=tick, reuse=reuse)
         notes = [f"{f.path} was rebuilt as safetensors from {f.converted_from}" for f in manifest.files if f.converted_from]
         if model_card:
             notes.append(self._write_card(version, out))
@@ -485,7 +394,8 @@ class Repo:
     def open(self, ref: str) -> ModelReader:
         """Tensors of a version, decoded one at a time on access."""
         vid = self.resolve(ref)
-        return ModelReader(self.store, self.manifest(vid), vid, explained=self._explained)
+        return ModelReader(self.store, self.manifest(vid), vid, explained=self.catalog.explained,
+                           reuse=self._session)  # fmt: skip
 
     def load_state_dict(self, ref: str, *, framework: str = "np", jobs: int | None = None) -> dict[str, Any]:
         """Every tensor of a version: numpy arrays (`framework="np"`) or torch tensors ("pt")."""
@@ -505,15 +415,15 @@ class Repo:
             row = self._row(vid)
             return f"{row.model}@{row.seq}", vid, self.manifest(vid)
 
-        with self._explained():
+        with self.catalog.explained():
             sides = [open_side(x, store=self.store, resolve=resolve) for x in (a, b)]
-            return diff_models(*sides, structural=structural, jobs=jobs, progress=progress)
+            return diff_models(*sides, structural=structural, jobs=jobs, progress=progress, reuse=self._session)
 
     # --- queries ------------------------------------------------------------------------
     def _info(self, row: VersionRow) -> VersionInfo:
         return VersionInfo(
             id=row.id, model=row.model, seq=row.seq, time=row.time, author=row.author, message=row.message,
-            parents=self._parent_infos(row.parents), predecessor=row.predecessor, tags=row.tags,
+            parents=self.catalog.parent_infos(row.parents), predecessor=row.predecessor, tags=row.tags,
             files=row.files, tensors=row.tensors, params=row.params, logical_bytes=row.logical_bytes,
             stored_bytes=row.stored_bytes, new_bytes=row.new_bytes, lossy=row.lossy, recipe=row.recipe,
         )  # fmt: skip
@@ -521,7 +431,8 @@ class Repo:
     def _row(self, vid: str) -> VersionRow:
         row = self.catalog.version(vid)
         if row is None:
-            self._index(vid)
+            with self.catalog.explained():
+                self.catalog.index(self.store, vid)
             row = self.catalog.version(vid)
         assert row is not None
         return row
@@ -532,7 +443,7 @@ class Repo:
         out = []
         for name, head in heads.items():
             row = rows.get(head) or self._row(head)
-            out.append(ModelSummary(name, head, row.seq, row.seq, self._parent_infos(row.parents),
+            out.append(ModelSummary(name, head, row.seq, row.seq, self.catalog.parent_infos(row.parents),
                                     row.logical_bytes, row.time, row.lossy))  # fmt: skip
         return out
 
@@ -550,11 +461,17 @@ class Repo:
                           [StorageInfo(*row) for row in self.catalog.storage_by_codec(vid)],
                           self.catalog.shared_objects(vid), self.catalog.tensor_storage([vid]))  # fmt: skip
 
+    def storage(self, vids: list[str]) -> dict[str, VersionStorage]:
+        """How each of these versions is stored: the bytes of the objects it uses and its
+        tensors by kind (deduplicated, delta, derived, standalone), in one query."""
+        found = self.catalog.storage_by_version(vids)
+        return {vid: VersionStorage(stored, tensors) for vid, (stored, tensors) in found.items()}
+
     def du(self) -> DuResult:
         heads = self.catalog.heads()
         models, live = [], []
         for name, head in heads.items():
-            vids = [v for v in self.chain(head)]
+            vids = self.chain(head)
             rows = self.catalog.versions_of(vids)
             count, stored = self.catalog.physical_bytes(vids)
             models.append(ModelUsage(name, len(vids), sum(r.logical_bytes for r in rows.values()), stored, count,
@@ -584,7 +501,7 @@ class Repo:
 
     def gc(self, *, dry_run: bool = False) -> GcResult:
         """Delete objects that no ref reaches, and leftovers of interrupted writes."""
-        with self._writer_lock(exclusive=True):
+        with self.store.lock(exclusive=True):
             return gc(self.store, self.refs, self.catalog, dry_run=dry_run)
 
 

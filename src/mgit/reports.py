@@ -4,13 +4,39 @@ as `to_json()`: one code path for people and programs."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 
+def json_safe(value: Any) -> Any:
+    """A value as strict JSON holds it: a non-finite float (a NaN metric, an infinite
+    distance) becomes null, numpy and torch scalars become numbers. The one convention of
+    the CLI's `--json`, recorded results and the web pages (docs/format.md)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):
+        return json_safe(value.item())  # numpy and torch scalars
+    return value
+
+
+def human_size(n: int | float) -> str:
+    """Bytes in a short human form, binary units: `512 B`, `86.7 MiB`, `1.2 TiB`."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
 class Report:
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        return json_safe(dataclasses.asdict(self))  # type: ignore[call-overload,no-any-return]
 
 
 @dataclass(frozen=True)
@@ -111,6 +137,15 @@ class ShowResult(Report):
 
 
 @dataclass(frozen=True)
+class VersionStorage(Report):
+    """How one version is stored: bytes of the objects it uses, and its tensors by kind
+    (deduplicated, delta, derived, standalone)."""
+
+    stored_bytes: int
+    tensors: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ModelSummary(Report):
     name: str
     head: str
@@ -136,7 +171,7 @@ class ModelUsage(Report):
         return self.logical_bytes / self.stored_bytes if self.stored_bytes else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "reduction": round(self.reduction, 3)}
+        return {**super().to_json(), "reduction": round(self.reduction, 3)}
 
 
 @dataclass(frozen=True)
@@ -153,7 +188,7 @@ class DuResult(Report):
         return self.logical_bytes / self.stored_bytes if self.stored_bytes else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "models": [m.to_json() for m in self.models],
+        return {**super().to_json(), "models": [m.to_json() for m in self.models],
                 "reduction": round(self.reduction, 3)}  # fmt: skip
 
 
@@ -179,7 +214,7 @@ class FsckResult(Report):
         return not self.problems
 
     def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "ok": self.ok}
+        return {**super().to_json(), "ok": self.ok}
 
 
 @dataclass(frozen=True)

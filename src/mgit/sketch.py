@@ -24,6 +24,7 @@ import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from typing import TYPE_CHECKING
 
 import blake3
 import numpy as np
@@ -33,8 +34,11 @@ from mgit.formats import safetensors
 from mgit.formats.folder import ModelSource, SourceFile
 from mgit.formats.safetensors import DTYPES, FP8_VALUES, TensorSpan, is_float
 from mgit.objects import Manifest, TensorEntry, object_id, tensor_meta
-from mgit.snapshot import tensor_bytes
+from mgit.reader import tensor_bytes
 from mgit.store import ObjectStore
+
+if TYPE_CHECKING:
+    from mgit.catalog import Catalog
 
 SKETCH_FORMAT = 2
 SAMPLES = 64  # values per tensor: enough to tell a 1e-3 change from noise on ~50 tensors
@@ -69,11 +73,12 @@ def positions(name_pattern: str, shape: tuple[int, ...]) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).integers(0, n, SAMPLES))
 
 
-def to_float(raw: np.ndarray, dtype: str) -> np.ndarray:
-    """Elements of a tensor (given as little-endian bytes) as float32; complex as magnitudes."""
-    if dtype == "C64":
-        return np.abs(raw.view("<c8")).astype(np.float32)
-    return safetensors.to_float(raw, dtype, np.float32)
+def element_values(raw: np.ndarray, dtype: str) -> np.ndarray:
+    """One float32 per element of a tensor (given as little-endian bytes), decoded by the
+    formats' one decoder; a complex element, which it gives as a pair of reals, is sampled
+    by its magnitude."""
+    values = safetensors.to_float(raw, dtype, np.float32)
+    return np.hypot(values[0::2], values[1::2]) if dtype == "C64" else values
 
 
 def round_to(values: np.ndarray, dtype: str) -> np.ndarray:
@@ -221,16 +226,16 @@ def sketch_tensors(entries: Sequence[TensorEntry], read: Callable[[TensorEntry],
         size = itemsize = DTYPES[e.dtype][0]
         count = raw.size // itemsize
         step = max(1, count // ZERO_SAMPLES)
-        strided = to_float(raw.reshape(count, size)[::step].reshape(-1), e.dtype) if count else np.zeros(0, np.float32)
+        strided = element_values(raw.reshape(count, size)[::step].reshape(-1), e.dtype) if count else np.zeros(0, np.float32)
         zeros[i] = float(np.mean(strided == 0)) if count else 0.0
         pos = positions(pattern(e.name), e.shape)
         picked = raw.reshape(count, size)[pos].reshape(-1)
-        sample = to_float(picked, e.dtype)
+        sample = element_values(picked, e.dtype)
         if e.name in companions:
             scale_entry, factor = companions[e.name]
             to_scale = _scale_index(e.shape, scale_entry.shape)
             assert to_scale is not None
-            s = to_float(read(scale_entry), scale_entry.dtype)[to_scale(pos)] * np.float32(factor)
+            s = element_values(read(scale_entry), scale_entry.dtype)[to_scale(pos)] * np.float32(factor)
             scales[i, : len(pos)] = s
             sample = sample * s
             roles[i] = QUANTIZED
@@ -291,3 +296,25 @@ def sketch_added(manifest: Manifest, source: ModelSource) -> Sketch:
 def sketch_stored(store: ObjectStore, manifest: Manifest) -> Sketch:
     """The sketch of a stored version, decoding each of its tensors once."""
     return sketch_tensors(manifest.tensors(), lambda e: tensor_bytes(store, e))
+
+
+def stored_sketches(store: ObjectStore, catalog: Catalog) -> list[tuple[str, str, Sketch]]:
+    """(id, model@seq, sketch) of every indexed version: what parent inference compares. A
+    missing or unreadable sketch (a rebuilt catalog, a version indexed by a sync after a
+    crash or a fetch) is computed from the stored tensors once and saved."""
+    rows, missing = catalog.sketches()
+    out = []
+    for vid, model, seq, blob in rows:
+        try:
+            out.append((vid, f"{model}@{seq}", Sketch.from_bytes(blob)))
+        except ValueError:
+            missing.append(vid)
+    for vid in missing:
+        row = catalog.version(vid)
+        if row is None:
+            continue
+        with catalog.explained():
+            sketch = sketch_stored(store, store.get_manifest(row.manifest))
+        catalog.put_sketch(vid, sketch.to_bytes())
+        out.append((vid, f"{row.model}@{row.seq}", sketch))
+    return out

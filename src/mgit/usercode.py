@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mgit.errors import MgitError
+from mgit.errors import InvalidOptionError, MgitError
+from mgit.reports import json_safe
 
+DEFAULT_TIMEOUT = 600.0  # seconds a test or gate run may take unless told otherwise
 RESULT_MARK = "MGIT-RESULT "
 MAX_OUTPUT = 64 * 1024  # of a run's output kept for `mgit test show --output`
 
@@ -117,10 +119,11 @@ def recipe_record_of(spec: str, params: Any = None, *, root: Path) -> dict[str, 
     try:
         json.dumps(params, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise MgitError(f"recipe parameters must be JSON values ({exc})", hint="Use --param KEY=VALUE") from None
+        raise InvalidOptionError(f"recipe parameters must be JSON values ({exc})", hint="Use --param KEY=VALUE") from None
     bad = [k for k in params if not isinstance(k, str) or not k.isidentifier()]
     if bad:
-        raise MgitError(f"recipe parameter names must be identifiers, not {bad[0]!r}", hint="Use --param KEY=VALUE")
+        raise InvalidOptionError(f"recipe parameter names must be identifiers, not {bad[0]!r}",
+                                 hint="Use --param KEY=VALUE")  # fmt: skip
     return {"fn": spec, "params": params, "source_sha256": source_hash(spec, cwd=root)}
 
 
@@ -194,16 +197,7 @@ def _tail(text: str) -> str:
 
 def _encode(value: Any) -> str:
     # NaN stays visible as null (JSON has no NaN): a test returning NaN must fail, not crash.
-    def clean(v: Any) -> Any:
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        if isinstance(v, dict):
-            return {str(k): clean(x) for k, x in v.items()}
-        if hasattr(v, "item"):  # numpy / torch scalars
-            return clean(v.item())
-        return v
-
-    return json.dumps(clean(value))
+    return json.dumps(json_safe(value))
 
 
 def main(argv: list[str]) -> int:

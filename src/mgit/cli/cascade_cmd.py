@@ -49,19 +49,15 @@ def cascade(ctx: click.Context, name: str, dry_run: bool, jobs: int, only: str |
     """
     repo = ctx.obj.repo()
     plan = plan_cascade(repo, name, only=only)
-    if dry_run and as_json:
-        print_json(plan.to_json())
-        return
     if not as_json:
         _print_plan(plan)
-    if dry_run:
-        if plan.count("recipe"):
-            out.print("\nDry run: nothing was run.")
-        return
     progress = None if as_json else (lambda model, text: err.print(f"{model}: {text}"))
-    report = execute(repo, plan, jobs=jobs, timeout=timeout, progress=progress)
+    report = execute(repo, plan, jobs=jobs, timeout=timeout, dry_run=dry_run, progress=progress)
     if as_json:
         print_json(report.to_json())
+    elif dry_run:
+        if report.plan.count("recipe"):
+            out.print("\nDry run: nothing was run.")
     else:
         _print_report(report)
     if report.failed:

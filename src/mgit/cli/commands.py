@@ -10,11 +10,11 @@ import json
 import click
 
 from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size, table
-from mgit.gate import DEFAULT_TIMEOUT
 from mgit.lossy import DEFAULT_GUARD, describe
 from mgit.objects import RELATIONS
 from mgit.repo import Repo
 from mgit.reports import ParentInfo, VersionInfo
+from mgit.usercode import DEFAULT_TIMEOUT
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 jobs_option = click.option("--jobs", "-j", type=click.IntRange(1, 64), default=None,
@@ -97,7 +97,8 @@ def _parse_params(params: tuple[str, ...]) -> dict[str, object]:
 @click.option("--message", "-m", default="", help="What changed.")
 @click.option("--tag", "-t", "tags", multiple=True, metavar="KEY=VALUE", help="A tag (repeatable).")
 @click.option("--lossy", type=click.FloatRange(min=0, min_open=True), default=None, metavar="EPS",
-              help="Store float tensors quantized (their change from the parent tensor, or themselves), every value within EPS.")
+              help="Store float tensors that changed from a parent tensor as a quantized change, every value within EPS "
+                   "(tensors without a parent tensor stay exact).")
 @click.option("--lossy-rel", type=click.FloatRange(min=0, min_open=True), default=None, metavar="R",
               help="Lossy bound relative to each tensor's change: |error| <= R x rms(new - parent).")
 @click.option("--guard", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_GUARD, show_default=True,

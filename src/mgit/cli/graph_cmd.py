@@ -8,42 +8,10 @@ from pathlib import Path
 import click
 
 from mgit.cli.output import out, plural
-from mgit.errors import MgitError
-from mgit.lineage import Lineage, LineageEdge, LineageGraph
 from mgit.objects import RELATIONS
-from mgit.repo import Repo
-from mgit.web import VersionStorage, graph_json, render_dot, render_html
+from mgit.web import graph_json, render_dot, render_html
 
 DEFAULT_HTML = "mgit-graph.html"
-
-
-def select(lineage: Lineage, pattern: str | None, *, tag: str | None, relation: str | None,
-           around: str | None, depth: int | None) -> list[str]:  # fmt: skip
-    """The models the options name; every given criterion must hold."""
-    names = lineage.select(pattern, tag=tag, relation=relation)
-    if around is not None:
-        centre = lineage.node(around).name
-        near = {centre, *lineage.ancestors(centre, depth=depth), *lineage.descendants(centre, depth=depth)}
-        names = [n for n in names if n in near]
-    if not names:
-        if not lineage.nodes:
-            raise MgitError("no models yet", hint="Add one with: mgit add PATH --name NAME")
-        asked = " ".join(f"{k} {v}" for k, v in (("name", pattern), ("--tag", tag), ("--relation", relation),
-                                                  ("--around", around)) if v is not None)  # fmt: skip
-        raise MgitError(f"no model matches {asked}", hint="See: mgit ls")
-    return names
-
-
-def storage(repo: Repo, graph: LineageGraph) -> dict[str, VersionStorage]:
-    ids = [v.id for versions in graph.versions.values() for v in versions]
-    return {vid: VersionStorage(stored, tensors) for vid, (stored, tensors) in repo.catalog.storage_by_version(ids).items()}
-
-
-def outside(lineage: Lineage, graph: LineageGraph) -> list[LineageEdge]:
-    """Edges between a model of the selection and one left out of it."""
-    chosen = {n.name for n in graph.nodes}
-    return [e for n in graph.nodes for e in [*lineage.parents(n.name), *lineage.children(n.name)]
-            if (e.parent in chosen) != (e.child in chosen)]  # fmt: skip
 
 
 @click.command()
@@ -76,16 +44,19 @@ def graph(ctx: click.Context, pattern: str | None, tag: str | None, relation: st
     repo = ctx.obj.repo()
     lineage = repo.lineage
     around = repo.model_of(around) if around is not None else None  # NAME@N, a version id: its model
-    chosen = lineage.subgraph(select(lineage, pattern, tag=tag, relation=relation, around=around, depth=depth))
-    if fmt == "json":
-        # Compact: the indented form takes the pure-Python encoder, 0.4 s for 5,000 versions.
-        text = json.dumps(graph_json(chosen, storage=storage(repo, chosen)), separators=(",", ":")) + "\n"
-    elif fmt == "dot":
+    names = lineage.selection(pattern, tag=tag, relation=relation, around=around, depth=depth)
+    chosen = lineage.subgraph(names)
+    if fmt == "dot":
         text = render_dot(chosen)
     else:
+        storage = repo.storage([v.id for versions in chosen.versions.values() for v in versions])
+    if fmt == "json":
+        # Compact: the indented form takes the pure-Python encoder, 0.4 s for 5,000 versions.
+        text = json.dumps(graph_json(chosen, storage=storage), separators=(",", ":")) + "\n"
+    elif fmt == "html":
         scope = f" ({pattern})" if pattern else ""
-        text = render_html(chosen, title=f"MGit lineage: {repo.root.name}{scope}", storage=storage(repo, chosen),
-                           outside=outside(lineage, chosen))  # fmt: skip
+        text = render_html(chosen, title=f"MGit lineage: {repo.root.name}{scope}", storage=storage,
+                           outside=lineage.edges_leaving(n.name for n in chosen.nodes))  # fmt: skip
         output = output or DEFAULT_HTML
     if output in (None, "-"):
         click.echo(text, nl=False)

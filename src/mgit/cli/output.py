@@ -19,6 +19,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from mgit.reports import human_size, json_safe
+
 # Markup off: names and paths come from users, and "[x]" in a file name must print as itself.
 # Piped output is not cut to 80 columns: a table row stays one line for grep and logs.
 out = Console(soft_wrap=True, highlight=False, markup=False)
@@ -28,17 +30,11 @@ if not out.is_terminal:
 
 
 def print_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+    """Strict JSON on stdout (a non-finite number is null, as in every `to_json`)."""
+    sys.stdout.write(json.dumps(json_safe(value), indent=2, default=str, allow_nan=False) + "\n")
 
 
-def size(n: int | float) -> str:
-    """Bytes in a short human form (binary units)."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
+size = human_size
 
 
 def plural(n: int, word: str) -> str:

@@ -6,7 +6,8 @@ import math
 
 import click
 
-from mgit.checks import Condition, TestOutcome
+from mgit.bisect import bisect as bisect_test
+from mgit.checks import Checks, Condition, TestOutcome
 from mgit.cli.output import err, out, plural, print_json, table
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -71,7 +72,7 @@ def test_add(ctx: click.Context, selector: str, fn: str, name: str | None, metri
     conditions = _conditions(metric, mins, maxs)
     if metric is not None and not conditions:
         raise click.UsageError("--metric needs --min or --max")
-    spec = ctx.obj.repo().checks.attach(selector, fn, name=name, conditions=conditions,
+    spec = Checks(ctx.obj.repo()).attach(selector, fn, name=name, conditions=conditions,
                                         inherit=inherit, timeout=timeout)  # fmt: skip
     if as_json:
         print_json(spec.to_json())
@@ -91,7 +92,7 @@ def test_ls(ctx: click.Context, as_json: bool) -> None:
     Example:
       mgit test ls
     """
-    tests = ctx.obj.repo().checks.tests()
+    tests = Checks(ctx.obj.repo()).tests()
     if as_json:
         print_json([t.to_json() for t in tests])
         return
@@ -112,7 +113,7 @@ def test_rm(ctx: click.Context, name: str) -> None:
     Example:
       mgit test rm sst2
     """
-    spec = ctx.obj.repo().checks.detach(name)
+    spec = Checks(ctx.obj.repo()).detach(name)
     out.print(f"test {spec.name} removed")
 
 
@@ -169,7 +170,7 @@ def test_run(ctx: click.Context, ref: str | None, run_all: bool, descendants: bo
     """
     if bool(ref) == run_all:
         raise click.UsageError("give a REF or --all")
-    result = ctx.obj.repo().checks.run([ref] if ref else None, descendants=descendants, tests=list(tests) or None,
+    result = Checks(ctx.obj.repo()).run([ref] if ref else None, descendants=descendants, tests=list(tests) or None,
                                        jobs=jobs, timeout=timeout, force=force)  # fmt: skip
     if as_json:
         print_json(result.to_json())
@@ -197,7 +198,7 @@ def test_show(ctx: click.Context, ref: str | None, show_output: bool, as_json: b
       mgit test show
       mgit test show bert-sst2@2 --output
     """
-    outcomes = ctx.obj.repo().checks.show(ref)
+    outcomes = Checks(ctx.obj.repo()).show(ref)
     if as_json:
         print_json([o.to_json(output=show_output) for o in outcomes])
     elif outcomes:
@@ -224,7 +225,7 @@ def bisect(ctx: click.Context, test: str, ref: str, timeout: float | None, force
     Example:
       mgit bisect sst2 bert-sst2-int8
     """
-    result = ctx.obj.repo().bisect(test, ref, timeout=timeout, force=force)
+    result = bisect_test(ctx.obj.repo(), test, ref, timeout=timeout, force=force)
     if as_json:
         print_json(result.to_json())
         return

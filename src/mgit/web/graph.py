@@ -15,27 +15,17 @@ import base64
 import hashlib
 import html
 import json
-import math
 import re
-from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
 from mgit.lineage import LineageEdge, LineageGraph, ModelNode, VersionNode
+from mgit.reports import VersionStorage, human_size, json_safe
 from mgit.web.layout import Box, layered_layout
 
 CHAR_WIDTH = 7.3  # the page draws labels in a 12px monospace font
 NODE_HEIGHT = 38.0
 MAX_LABEL = 48  # longer names are cut on the node (the panel shows them whole)
-
-
-@dataclass(frozen=True)
-class VersionStorage:
-    """How one version is stored: bytes of the objects it uses, and its tensors by kind
-    (deduplicated, delta, derived, standalone)."""
-
-    stored_bytes: int
-    tensors: dict[str, int] = field(default_factory=dict)
 
 
 def render_html(graph: LineageGraph, *, title: str = "MGit lineage",
@@ -74,7 +64,7 @@ def page_data(graph: LineageGraph, *, storage: dict[str, VersionStorage],
             "name": n.name, "x": round(x, 1), "y": round(y, 1), "w": round(_label_width(n), 1), "h": NODE_HEIGHT,
             "label": _cut(n.name), "sub": _sub_label(n), "head": n.head, "seq": n.seq, "params": n.params,
             "logical_bytes": n.logical_bytes, "stored_bytes": n.stored_bytes, "tags": n.tags,
-            "lossy": _finite(n.lossy), "removed": n.removed, "tensors": tensors,
+            "lossy": json_safe(n.lossy), "removed": n.removed, "tensors": tensors,
             "versions": [_version(v, storage.get(v.id)) for v in versions],
         })  # fmt: skip
     edges = [{**e.to_json(), "points": [[round(x, 1), round(y, 1)] for x, y in route]}
@@ -130,15 +120,6 @@ def dot_id(text: str) -> str:
     return f'"{escaped}"'
 
 
-def human_size(n: int | float) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
-
-
 # --- helpers ------------------------------------------------------------------------------
 def _dot_attrs(attrs: dict[str, str]) -> str:
     return ", ".join(f"{k}={dot_id(v)}" for k, v in attrs.items())
@@ -159,16 +140,9 @@ def _label_width(n: ModelNode) -> float:
 
 def _version(v: VersionNode, storage: VersionStorage | None) -> dict[str, Any]:
     return {"id": v.id, "seq": v.seq, "time": v.time, "message": v.message, "tags": v.tags, "params": v.params,
-            "logical_bytes": v.logical_bytes, "new_bytes": v.new_bytes, "lossy": _finite(v.lossy),
+            "logical_bytes": v.logical_bytes, "new_bytes": v.new_bytes, "lossy": json_safe(v.lossy),
             "stored_bytes": storage.stored_bytes if storage else None,
             "tensors": storage.tensors if storage else None}  # fmt: skip
-
-
-def _finite(record: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A lossy record as JSON.parse can read it (no NaN or Infinity)."""
-    if record is None:
-        return None
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
 
 
 def _static(name: str) -> str:

@@ -1,0 +1,105 @@
+"""Decoded tensors kept for reuse, by object id, within a byte budget.
+
+Decoding a delta decodes its base first. A checkout or an add that meets the same base again
+(an int8 copy's weights and their scales, the shards of one checkpoint, the members of a
+family checked out in turn) takes it from a `DecodedCache` instead of decoding it again.
+An id is the hash of its content, so an entry never goes stale. `ObjectStore.get(oid,
+reuse=cache)` is the one way to use one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+UNBOUNDED = 1 << 62  # the budget of a short-lived cache (one pair of a diff)
+CHECKOUT_BASES = 512 << 20  # delta bases one checkout or add keeps for the tensors that share them
+SESSION_CACHE_BYTES = 1 << 30  # decoded tensors `Repo.caching` keeps by default
+
+Entry = tuple[Any, np.ndarray]  # (ObjectHeader, the decoded bytes, read-only)
+
+
+class DecodedCache:
+    """Decoded objects by id, least recently used out first once over `max_bytes`.
+
+    What it keeps is its own policy: every cache keeps the delta bases decoded through it;
+    one made with `keep_all` (a session, a diff of two sides) also keeps the objects asked
+    for themselves. Entries are read-only arrays shared by every caller. Safe across
+    threads: two threads that need the same object at once decode it once.
+    """
+
+    def __init__(self, max_bytes: int, *, keep_all: bool = False) -> None:
+        self.max_bytes = max_bytes
+        self.keep_all = keep_all
+        self._items: OrderedDict[str, Entry] = OrderedDict()
+        self._pending: dict[str, Future[Entry]] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def lookup(self, oid: str) -> Entry | None:
+        """The entry for `oid` if it is here (marked most recently used), else None."""
+        with self._lock:
+            found = self._items.get(oid)
+            if found is not None:
+                self._items.move_to_end(oid)
+                self.hits += 1
+            return found
+
+    def get_or_decode(self, oid: str, decode: Callable[[], Entry]) -> Entry:
+        """The entry for `oid`, decoded by `decode()` and kept if it is not here. A thread
+        that asks while another decodes it waits for that decode (and gets its error)."""
+        with self._lock:
+            found = self._items.get(oid)
+            if found is not None:
+                self._items.move_to_end(oid)
+                self.hits += 1
+                return found
+            pending = self._pending.get(oid)
+            owner = pending is None
+            if pending is None:
+                pending = self._pending[oid] = Future()
+                self.misses += 1
+            else:
+                self.hits += 1
+        if not owner:
+            return pending.result()
+        try:
+            found = decode()
+            self.put(oid, found)
+        except BaseException as exc:
+            with self._lock:
+                del self._pending[oid]
+            pending.set_exception(exc)
+            raise
+        with self._lock:
+            del self._pending[oid]
+        pending.set_result(found)
+        return found
+
+    def put(self, oid: str, entry: Entry) -> None:
+        """Keep a decoded object (a tensor no larger than half the budget), read-only."""
+        arr = entry[1]
+        arr.flags.writeable = False
+        if entry[0].kind != "tensor" or arr.nbytes > self.max_bytes // 2:
+            return  # one object may not push out everything else
+        with self._lock:
+            if oid in self._items:
+                return
+            self._items[oid] = entry
+            self._bytes += arr.nbytes
+            while self._bytes > self.max_bytes:
+                self._bytes -= self._items.popitem(last=False)[1][1].nbytes
+
+    def __contains__(self, oid: str) -> bool:
+        with self._lock:
+            return oid in self._items
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes

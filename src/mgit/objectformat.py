@@ -1,0 +1,93 @@
+"""The stored form of an object: `MGITOBJ\\x01`, a u32 little-endian header length, a JSON
+header (`kind`, `meta`, logical `size`, `codecs`: the chain that produced the payload, and
+`depth` for a delta), then the payload. docs/format.md specifies it.
+
+Every field read from a file is checked here before anything trusts it: the magic, the header
+length against the bytes present, the kind, a tensor's size against its dtype and shape, the
+delta depth, and a record's size against the largest record any writer makes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from mgit.errors import CorruptObjectError
+from mgit.formats.safetensors import DTYPES, element_count, itemsize
+from mgit.objects import KINDS, canonical_json
+
+MAGIC = b"MGITOBJ\x01"
+PREFIX = len(MAGIC) + 4  # magic and the header length
+MAX_HEADER = 1 << 20
+MAX_RECORD = 256 << 20  # manifests and versions are small; refuse to decode a forged giant
+MAX_DEPTH_LIMIT = 64  # no writer goes deeper; a header claiming more is forged
+
+
+@dataclass(frozen=True)
+class ObjectHeader:
+    kind: str
+    meta: dict[str, Any]
+    size: int
+    codecs: list[dict[str, Any]]
+    depth: int = 0  # how many delta bases must be decoded before this object (0: none)
+
+    @property
+    def codec_names(self) -> str:
+        return "+".join(c["name"] for c in self.codecs) or "raw"
+
+    @property
+    def bases(self) -> list[str]:
+        """Objects this one is encoded against (they must be kept while it is)."""
+        return [c["configuration"]["base"] for c in self.codecs
+                if isinstance(c.get("configuration"), dict) and isinstance(c["configuration"].get("base"), str)]  # fmt: skip
+
+    def to_bytes(self) -> bytes:
+        """The magic, the header length and the header: what precedes the payload."""
+        fields = {"kind": self.kind, "meta": self.meta, "size": self.size, "codecs": self.codecs}
+        if self.depth:
+            fields["depth"] = self.depth
+        body = canonical_json(fields)
+        return MAGIC + struct.pack("<I", len(body)) + body
+
+
+def header_length(oid: str, prefix: bytes) -> int:
+    """The header length that the first PREFIX bytes of an object declare (checked)."""
+    if len(prefix) < PREFIX or prefix[: len(MAGIC)] != MAGIC:
+        raise CorruptObjectError(oid, "not an mgit object (bad magic bytes)")
+    (n,) = struct.unpack("<I", prefix[len(MAGIC) : PREFIX])
+    if n > MAX_HEADER:
+        raise CorruptObjectError(oid, f"header length {n} is out of range")
+    return n
+
+
+def parse_record(oid: str, raw: Any) -> tuple[ObjectHeader, memoryview]:
+    """Split a stored object into its validated header and its payload."""
+    view = memoryview(raw)
+    n = header_length(oid, bytes(view[:PREFIX]))
+    if PREFIX + n > len(view):
+        raise CorruptObjectError(oid, f"header length {n} is out of range")
+    try:
+        h = json.loads(bytes(view[PREFIX : PREFIX + n]))
+        kind, meta, size, codecs, depth = h["kind"], h["meta"], h["size"], h["codecs"], h.get("depth", 0)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptObjectError(oid, f"unreadable header ({exc})") from None
+    if kind not in KINDS or not isinstance(meta, dict) or not isinstance(codecs, list):
+        raise CorruptObjectError(oid, "malformed header")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise CorruptObjectError(oid, "malformed size")
+    if not isinstance(depth, int) or not 0 <= depth <= MAX_DEPTH_LIMIT:
+        raise CorruptObjectError(oid, f"malformed delta depth {depth!r}")
+    if kind == "tensor":
+        _check_tensor_meta(oid, meta, size)
+    elif kind in ("manifest", "version") and size > MAX_RECORD:
+        raise CorruptObjectError(oid, f"a {kind} of {size} bytes is larger than any mgit writes")
+    return ObjectHeader(kind, meta, size, codecs, depth), view[PREFIX + n :]
+
+
+def _check_tensor_meta(oid: str, meta: dict[str, Any], size: int) -> None:
+    dtype, shape = meta.get("dtype"), meta.get("shape")
+    ok = dtype in DTYPES and isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
+    if not ok or element_count(tuple(shape)) * itemsize(dtype) != size:
+        raise CorruptObjectError(oid, "tensor header does not match its size")
