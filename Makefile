@@ -32,7 +32,9 @@ chromium:
 	  || { $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends chromium; }; \
 	fi
 
+# The import contract (pyproject.toml, [tool.importlinter]) first: a layering break fails fast.
 test: $(STAMP) chromium
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 bench: $(STAMP)
@@ -40,6 +42,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks demo
+	$(BIN)/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .hypothesis

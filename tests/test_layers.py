@@ -1,0 +1,109 @@
+"""The shape of the package: what the child process that runs user code imports, which
+errors the library raises, codecs that describe themselves, modules small enough to read.
+(The import layers themselves are checked by import-linter in `make test` and `make lint`;
+pyproject.toml states them.)"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "mgit"
+BUILTIN = ("RuntimeError", "ValueError", "Exception")
+
+
+def test_the_user_code_child_imports_neither_the_library_nor_numpy() -> None:
+    probe = ("import json, sys, mgit.usercode; "
+             "print(json.dumps(sorted(m for m in sys.modules if m == 'numpy' or m.split('.')[0] == 'mgit')))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(done.stdout) == ["mgit", "mgit.errors", "mgit.reports", "mgit.usercode"]
+
+
+def test_the_package_still_offers_its_names_lazily() -> None:
+    import mgit
+
+    assert mgit.Repo.__module__ == "mgit.repo" and issubclass(mgit.UnknownRefError, mgit.MgitError)
+    with pytest.raises(AttributeError):
+        mgit.NoSuchThing  # noqa: B018
+
+
+def _bare_root_errors() -> list[str]:
+    """`MgitError(...)` constructed anywhere but in a subclass's `super().__init__`."""
+    found = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "MgitError":
+                found.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    return found
+
+
+def test_every_error_is_a_specific_subclass_with_what_is_at_fault() -> None:
+    assert _bare_root_errors() == []
+
+
+def test_no_builtin_error_is_raised_where_a_user_could_meet_it() -> None:
+    # RuntimeError and ValueError escape the CLI's one-line mapping. Codec configuration
+    # checks raise ValueError on purpose: codec_from_dict turns it into a CodecError.
+    allowed = {"codecs", "formats"}
+    found = []
+    for path in SRC.rglob("*.py"):
+        if path.relative_to(SRC).parts[0] in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            call = node.exc if isinstance(node, ast.Raise) else None
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in BUILTIN:
+                found.append(f"{path.relative_to(SRC)}:{node.lineno} {call.func.id}")
+    # sketch.py parses its own blob and turns ValueError into "computed again"; usercode's
+    # child reports any exception as the run's failure.
+    assert [f for f in found if not f.startswith(("sketch.py", "usercode.py"))] == []
+
+
+def test_catalog_inconsistency_is_an_mgit_error_with_a_hint(tmp_path: Path) -> None:
+    from mgit.catalog import Catalog
+    from mgit.errors import CatalogError
+    from mgit.objects import Version
+
+    catalog = Catalog(tmp_path / "catalog.sqlite")
+    orphan = Version("m", "a" * 64, predecessor="b" * 64)
+    with pytest.raises(CatalogError, match="predecessor bbbbbbbbbbbb of version cccccccccccc is not indexed") as caught:
+        catalog.index_version("c" * 64, orphan, set())
+    assert "rebuild-catalog" in (caught.value.hint or "")
+
+
+def test_a_codec_says_what_it_is_and_nothing_else_needs_to_know() -> None:
+    from mgit.catalog import storage_class
+    from mgit.codecs import Codec, codec_class
+    from mgit.codecs.base import register
+
+    expected = {"xor_delta": "delta", "sub_delta": "delta", "patch": "delta", "quantized_delta": "delta",
+                "cast": "derived", "quantize_int8": "derived", "absmax_scale": "derived", "low_rank": "derived",
+                "transpose": "derived", "byteplanes": "standalone", "zstd": "standalone", "pco": "standalone"}  # fmt: skip
+    assert {name: codec_class(name).storage for name in expected} == expected
+    assert {n for n in expected if codec_class(n).ends_family} == {"cast", "quantize_int8", "absmax_scale", "patch",
+                                                                    "transpose"}  # fmt: skip
+    assert {n for n in expected if codec_class(n).predictive} == {"cast", "quantize_int8", "absmax_scale",
+                                                                   "quantized_delta", "low_rank", "transpose"}  # fmt: skip
+
+    @register
+    @dataclass(frozen=True)
+    class HalvesCodec(Codec):  # a new codec: its own class and one registration
+        name = "test_halves"
+        storage = "derived"
+
+    assert storage_class("test_halves+zstd") == "derived" and storage_class("raw") == "standalone"
+
+
+def test_modules_are_small_enough_to_read_or_say_why_not() -> None:
+    long = []
+    for path in SRC.rglob("*.py"):
+        text = path.read_text()
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        if text.count("\n") > 520 and "not split" not in doc:
+            long.append(f"{path.relative_to(SRC)}: {text.count(chr(10))} lines")
+    assert long == []
