@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 
 import click
+import numpy as np
 import pytest
-from conftest import make_model, run_cli, run_mgit, sha256_tree
+from conftest import make_model, run_cli, run_mgit, sha256_tree, tensors
 
 from mgit.cli.main import cli
 
@@ -25,15 +26,15 @@ def _leaves(group: click.Group, prefix: tuple[str, ...] = ()) -> list[str]:
 
 
 COMMANDS = _leaves(cli)
-DATA_COMMANDS = {"init": [], "add": None, "checkout": None, "ls": [], "log": ["m"], "show": ["m"], "du": [],
-                 "fsck": [], "gc": ["--dry-run"], "rm": ["m"], "diff": None, "graph": [], "lineage tree": [],
-                 "lineage suggest": None, "test add": None, "test ls": [], "test run": None, "test show": [],
-                 "bisect": None, "cascade": None}  # fmt: skip
+# Each prints its result as data with --json (see the tests of the JSON twins below).
+DATA_COMMANDS = {"init", "add", "checkout", "ls", "log", "show", "du", "fsck", "gc", "rm", "diff", "graph",
+                 "lineage tree", "lineage suggest", "test add", "test ls", "test run", "test show", "bisect",
+                 "cascade"}  # fmt: skip
 NO_DATA = {"test rm"}  # prints one confirmation line
 
 
 def test_every_command_is_covered_here() -> None:
-    assert set(COMMANDS) == set(DATA_COMMANDS) | NO_DATA
+    assert set(COMMANDS) == DATA_COMMANDS | NO_DATA
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -95,6 +96,167 @@ def test_tour_through_the_commands(work: Path) -> None:
     assert gc["removed"] and not gc["dry_run"]
 
 
+# --- JSON twins (the tour above covers add, ls, log, show, du, fsck, rm and gc) -----------------
+
+EVALS = """
+import json, pathlib
+
+
+def accuracy(folder):
+    \"\"\"The accuracy that the model's config.json states.\"\"\"
+    return {"acc": json.loads((pathlib.Path(folder) / "config.json").read_text())["acc"]}
+"""
+
+RECIPES = """
+import json, pathlib, shutil
+
+
+def tune(parents, out_dir, acc=0.5):
+    \"\"\"The parent's files, with the accuracy `acc` in config.json.\"\"\"
+    shutil.copytree(parents[0], out_dir, dirs_exist_ok=True)
+    config = pathlib.Path(out_dir) / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "acc": acc}))
+"""
+
+
+def scored_model(path: Path, seed: int, acc: float) -> Path:
+    """A model folder whose config.json states its accuracy (what evals.py:accuracy reads)."""
+    make_model(path, seed=seed)
+    (path / "config.json").write_text(json.dumps({"model_type": "toy", "seed": seed, "acc": acc}))
+    return path
+
+
+@pytest.fixture
+def family(work: Path) -> Path:
+    """base@1 (acc 0.9); ft@1 (acc 0.85), derived from it by the recipe recipes.py:tune; the
+    test `acc` (acc >= 0.5) attached to base and inherited by ft. Nothing run yet."""
+    (work / "evals.py").write_text(EVALS)
+    (work / "recipes.py").write_text(RECIPES)
+    cli_json("add", str(scored_model(work / "base-v1", 1, 0.9)), "--name", "base", cwd=work)
+    cli_json("add", str(scored_model(work / "ft-v1", 2, 0.85)), "--name", "ft", "--parent", "base",
+             "--recipe", "recipes.py:tune", "--param", "acc=0.85", cwd=work)  # fmt: skip
+    code, _, err = run_cli("test", "add", "base", "--fn", "evals.py:accuracy", "--name", "acc", "--min", "acc=0.5",
+                           "--inherit", cwd=work)  # fmt: skip
+    assert code == 0, err
+    return work
+
+
+def test_init_json(tmp_path: Path) -> None:
+    assert cli_json("init", str(tmp_path / "r"), cwd=tmp_path) == {"path": str(tmp_path / "r" / ".mgit")}
+    assert (tmp_path / "r" / ".mgit").is_dir()
+
+
+def test_checkout_json(work: Path) -> None:
+    added = cli_json("add", "base", "--name", "base", cwd=work)
+
+    done = cli_json("checkout", "base", "-o", str(work / "out"), cwd=work)
+
+    assert (done["model"], done["seq"], done["version"]) == ("base", 1, added["version"])
+    assert done["out_dir"] == str(work / "out") and done["bytes"] == added["logical_bytes"]
+    files = {f["path"]: f for f in done["files"]}
+    assert sorted(files) == sorted(sha256_tree(work / "out")) == sorted(sha256_tree(work / "base"))
+    assert files["model.safetensors"]["tensors"] == 6 and files["config.json"]["tensors"] == 0
+    assert all(f["size"] == (work / "out" / path).stat().st_size for path, f in files.items())
+
+
+def test_test_commands_json(family: Path) -> None:
+    attached = cli_json("test", "add", "ft", "--fn", "evals.py:accuracy", "--name", "strict", "--metric", "acc",
+                        "--min", "0.99", cwd=family)  # fmt: skip
+    assert attached == {"name": "strict", "fn": "evals.py:accuracy", "target": "ft", "inherit": False,
+                        "conditions": [{"metric": "acc", "bound": "min", "value": 0.99}], "timeout": None}  # fmt: skip
+    listed = cli_json("test", "ls", cwd=family)
+    assert [t["name"] for t in listed] == ["acc", "strict"] and listed[1] == attached
+    assert listed[0]["target"] == "base" and listed[0]["inherit"] is True
+
+    code, out, err = run_cli("test", "run", "--all", "--json", cwd=family)
+    assert code == 1, err  # strict fails on ft
+    run = json.loads(out)
+    got = {(o["model"], o["test"]): (o["status"], o["metrics"], o["reused"]) for o in run["outcomes"]}
+    assert got == {("base", "acc"): ("pass", {"acc": 0.9}, False), ("ft", "acc"): ("pass", {"acc": 0.85}, False),
+                   ("ft", "strict"): ("fail", {"acc": 0.85}, False)}  # fmt: skip
+    assert (run["passed"], run["failed"], run["skipped"]) == (2, 1, [])
+    ft_strict = next(o for o in run["outcomes"] if o["test"] == "strict")
+    assert ft_strict["reasons"] == ["acc 0.85 < 0.99"] and ft_strict["parent"] == "base@1"
+
+    shown = cli_json("test", "show", "ft", cwd=family)
+    assert [(o["test"], o["status"], o["metrics"]) for o in shown] == [("acc", "pass", {"acc": 0.85}),
+                                                                        ("strict", "fail", {"acc": 0.85})]  # fmt: skip
+    assert shown[0]["parent_status"] == "pass" and shown[0]["parent_metrics"] == {"acc": 0.9}
+
+
+def test_bisect_json(family: Path) -> None:
+    cli_json("add", str(scored_model(family / "base-v2", 1, 0.2)), "--name", "base", "-m", "regressed", cwd=family)
+    code, out, err = run_cli("test", "run", "base", "--json", cwd=family)
+    assert code == 1 and json.loads(out)["failed"] == 1, err
+
+    found = cli_json("bisect", "acc", "base", cwd=family)
+
+    assert (found["start"], found["culprit"], found["parent"], found["edge"]) == ("base@2", "base@2", "base@1", "history")
+    assert found["reasons"] == ["acc 0.2 < 0.5"]
+    assert [(s["ref"], s["status"]) for s in found["steps"]] == [("base@2", "fail"), ("base@1", "pass")]
+    assert found["tests_run"] == 1  # base@2's result was recorded by the run above
+    assert found["diff"]["summary"]["files"] == {"changed": 1, "identical": 2}  # only config.json differs
+
+
+def test_cascade_json(family: Path) -> None:
+    new_base = cli_json("add", str(scored_model(family / "base-v2", 3, 0.95)), "--name", "base", cwd=family)
+    old_ft = cli_json("log", "ft", cwd=family)[0]["id"]
+
+    dry = cli_json("cascade", "base", "--dry-run", cwd=family)  # a report with the plan and no results
+    assert dry["dry_run"] is True and dry["results"] == []
+    plan = dry["plan"]
+
+    assert (plan["ref"], plan["version"]) == ("base@2", new_base["version"])
+    [step] = plan["steps"]
+    assert (step["model"], step["head_ref"], step["action"]) == ("ft", "ft@1", "recipe")
+    assert [(p["recorded_ref"], p["ref"]) for p in step["parents"]] == [("base@1", "base@2")]
+    assert step["recipe"]["fn"] == "recipes.py:tune" and step["recipe"]["params"] == {"acc": 0.85}
+    assert cli_json("log", "ft", cwd=family)[0]["id"] == old_ft  # a dry run changes nothing
+
+    report = cli_json("cascade", "base", cwd=family)
+
+    [result] = report["results"]
+    assert (result["model"], result["status"], result["old_ref"], result["new_ref"]) == ("ft", "updated", "ft@1", "ft@2")
+    assert result["rebuilt_on"] == ["base@2"] and report["dry_run"] is False
+    assert [(t["test"], t["status"], t["metrics"]) for t in result["tests_after"]] == [("acc", "pass", {"acc": 0.85})]
+    ft = cli_json("show", "ft", cwd=family)["version"]
+    assert ft["id"] == result["new"] and ft["parents"][0]["version"] == new_base["version"]
+    code, _, err = run_cli("checkout", "ft", "-o", str(family / "ft-v2"), cwd=family)
+    assert code == 0, err
+    assert json.loads((family / "ft-v2" / "config.json").read_text())["acc"] == 0.85  # the recipe ran on base@2
+    assert sha256_tree(family / "ft-v2")["model.safetensors"] == sha256_tree(family / "base-v2")["model.safetensors"]
+
+
+def test_lineage_graph_diff_and_suggest_json(family: Path) -> None:
+    cli_json("add", str(scored_model(family / "base-v2", 3, 0.95)), "--name", "base", cwd=family)
+
+    [tree] = cli_json("lineage", cwd=family)
+    assert (tree["model"]["name"], tree["model"]["seq"], tree["edge"]) == ("base", 2, None)
+    [child] = tree["children"]
+    assert child["model"]["name"] == "ft" and child["children"] == []
+    edge = child["edge"]
+    assert (edge["relation"], edge["parent_seq"], edge["latest_seq"], edge["stale"]) == ("finetune", 1, 2, True)
+    [up] = cli_json("lineage", "tree", "ft", "--up", cwd=family)
+    assert [up["model"]["name"], up["children"][0]["model"]["name"]] == ["ft", "base"]
+
+    graph = cli_json("graph", cwd=family)
+    assert [n["name"] for n in graph["nodes"]] == ["base", "ft"]
+    assert [(e["parent"], e["child"], e["stale"]) for e in graph["edges"]] == [("base", "ft", True)]
+
+    diff = cli_json("diff", "base@1", "base@2", cwd=family)  # "base" alone is the folder of that name
+    assert (diff["a"]["label"], diff["b"]["label"]) == ("base@1", "base@2")
+    assert diff["summary"]["counts"] == {"changed": 3, "identical": 3}  # new weights; zero biases, positions
+    assert {f["path"]: f["status"] for f in diff["files"]}["config.json"] == "changed"
+
+    state = tensors(1)  # base@1's weights, cast to float16: a quantization of it
+    quantized = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in state.items()}
+    make_model(family / "q", state=quantized)
+    suggestion = cli_json("lineage", "suggest", str(family / "q"), cwd=family)
+    best = suggestion["candidates"][0]
+    assert (best["model"], best["seq"], best["relation"]) == ("base", 1, "quantize")
+    assert suggestion["parents"] == [best["version"]] and suggestion["verdict"].startswith("base@1 (quantize)")
+
+
 def test_unchanged_add_says_so(work: Path) -> None:
     run_cli("add", "base", "--name", "base", cwd=work)
     code, out, _ = run_cli("add", "base", "--name", "base", cwd=work)
@@ -109,14 +271,23 @@ def test_unchanged_add_says_so(work: Path) -> None:
         (["checkout", "nope", "-o", "x"], "Error: no model named 'nope'"),
         (["add", "missing-folder", "--name", "x"], "Error: missing-folder: no such file or folder"),
         (["add", "base", "--name", "../x"], "Error: invalid model name '../x'"),
+        (["init"], "Error: a repository already exists at .mgit"),
+        (["init", "{work}"], "Error: a repository already exists at {work}/.mgit"),
+        (["test", "rm", "nope"], "Error: no test named 'nope'. See: mgit test ls"),
+        (["test", "show", "nope"], "Error: no model named 'nope'. See: mgit ls"),
+        (["test", "show", "bsae"], "Error: no model named 'bsae'. Did you mean 'base'? See: mgit ls"),
+        (["test", "show", "base@2"], "Error: model 'base' has 1 version; no version named 'base@2'. See: mgit log base"),
     ],
 )
 def test_errors_are_one_line_with_exit_code_1(work: Path, args: list[str], message: str) -> None:
     run_cli("add", "base", "--name", "base", cwd=work)
-    code, out, err = run_cli(*args, cwd=work)
-    assert code == 1
+    before = {sub: sha256_tree(work / ".mgit" / sub) for sub in ("objects", "refs")}
+    code, out, err = run_cli(*(a.format(work=work) for a in args), cwd=work)
+    assert code == 1 and out == ""
+    message = message.format(work=work)
     assert err.startswith(message), err
     assert err.count("\n") == 1 and "Traceback" not in err
+    assert {sub: sha256_tree(work / ".mgit" / sub) for sub in ("objects", "refs")} == before
 
 
 @pytest.mark.parametrize(
@@ -156,6 +327,30 @@ def test_fsck_exits_1_on_corruption(work: Path) -> None:
     assert code == 1 and "corrupt" in out and "base@1" in out
 
 
+@pytest.mark.parametrize("damage", ["missing", "corrupt"])
+def test_gc_refuses_when_a_reachable_object_is_damaged(work: Path, damage: str) -> None:
+    cli_json("add", "base", "--name", "base", cwd=work)
+    cli_json("add", "ft", "--name", "ft", "--parent", "base", cwd=work)
+    cli_json("add", "ft", "--name", "old", cwd=work)
+    cli_json("rm", "old", cwd=work)
+    assert cli_json("gc", "--dry-run", cwd=work)["removed"]  # there is garbage to collect
+    vid = cli_json("log", "ft", cwd=work)[0]["id"]
+    record = work / ".mgit" / "objects" / vid[:2] / vid[2:]  # ft's head version: reachable
+    if damage == "missing":
+        record.unlink()
+    else:
+        record.chmod(0o644)
+        record.write_bytes(record.read_bytes()[:-3] + b"XXX")
+    objects = sha256_tree(work / ".mgit" / "objects")
+
+    code, out, err = run_cli("gc", cwd=work)
+
+    assert code == 1 and out == ""
+    assert err.startswith(f"Error: cannot collect garbage: object {vid[:16]} is {damage}. Run: mgit fsck"), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert sha256_tree(work / ".mgit" / "objects") == objects  # nothing removed
+
+
 def test_real_process_exit_codes_and_debug_traceback(work: Path) -> None:
     proc = run_mgit("show", "nope", cwd=work)
     assert proc.returncode == 1 and proc.stderr.startswith("Error: ") and "Traceback" not in proc.stderr
@@ -163,3 +358,17 @@ def test_real_process_exit_codes_and_debug_traceback(work: Path) -> None:
     assert proc.returncode == 1 and "Traceback" in proc.stderr
     proc = run_mgit("--version", cwd=work)
     assert proc.returncode == 0 and "mgit" in proc.stdout
+
+
+def test_a_nan_metric_is_null_in_every_json(family: Path) -> None:
+    # One convention for numbers JSON cannot hold: null, in the run, the recorded results and
+    # the cascade's report alike (never the string "nan").
+    (family / "evals.py").write_text(EVALS + "\n\ndef broken(folder):\n    return {'loss': float('nan'), 'acc': 1.0}\n")
+    code, _, err = run_cli("test", "add", "base", "--fn", "evals.py:broken", "--name", "broken", cwd=family)
+    assert code == 0, err
+    code, out, _ = run_cli("test", "run", "base", "--test", "broken", "--json", cwd=family)
+    assert code == 1 and '"nan"' not in out and "NaN" not in out
+    [outcome] = json.loads(out)["outcomes"]
+    assert outcome["metrics"] == {"loss": None, "acc": 1.0} and outcome["status"] == "fail"
+    [shown] = [o for o in cli_json("test", "show", "base", cwd=family) if o["test"] == "broken"]
+    assert shown["metrics"] == {"loss": None, "acc": 1.0}

@@ -4,7 +4,9 @@ refs against folders, structural mode, text files, bad input through the CLI."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 from conftest import make_model, run_cli, tensors
 
 from mgit import Repo
-from mgit.diff import DiffResult, TensorDiff, diff_paths, layer_counts, module_group
+from mgit.diff import STATUSES, DiffResult, TensorDiff, diff_paths, layer_counts, module_group
 from mgit.errors import CorruptObjectError, InputError, UnknownRefError
 from mgit.formats.safetensors import build_header, to_float
 from mgit.tensorstats import OVERSAMPLE, RANK_CAP, SMALL_MATRIX
@@ -173,8 +175,49 @@ def test_merged_lora_shows_its_rank(tmp_path: Path, shape: tuple[int, int]) -> N
         assert (v.rank, v.rank_capped) == (RANK_CAP, True)
 
 
-def test_rank_paths_are_exercised() -> None:
-    assert 200 * 150 <= SMALL_MATRIX < 640 * 512 and SMALL_MATRIX < 80 * 4000 and RANK_CAP + OVERSAMPLE < 80
+def change_of_rank(shape: tuple[int, int], rank: int, seed: int) -> np.ndarray:
+    """A float64 matrix of exactly this rank, its nonzero singular values between 1 and 2."""
+    rng = np.random.default_rng(seed)
+    u, _ = np.linalg.qr(rng.standard_normal((shape[0], rank)))
+    v, _ = np.linalg.qr(rng.standard_normal((shape[1], rank)))
+    return (u * np.linspace(1.0, 2.0, rank)) @ v.T
+
+
+GRAM = RANK_CAP + OVERSAMPLE  # up to this many columns, the rank comes from D's own Gram matrix
+
+
+@pytest.mark.parametrize(("cols", "rank", "found", "printed"), [
+    (GRAM, GRAM, (GRAM, False), f"full ({GRAM})"),
+    (GRAM + 1, RANK_CAP - 1, (RANK_CAP - 1, False), f"{RANK_CAP - 1} of {GRAM + 1}"),
+    (GRAM + 1, RANK_CAP, (RANK_CAP, True), f">= {RANK_CAP} of {GRAM + 1}"),
+    (GRAM + 1, GRAM + 1, (RANK_CAP, True), f">= {RANK_CAP} of {GRAM + 1}"),
+], ids=["gram-exact-above-the-cap", "sketch-just-below-the-cap", "sketch-at-the-cap", "sketch-full-rank"])  # fmt: skip
+def test_a_rank_below_the_cap_is_exact_and_from_the_cap_on_a_lower_bound(tmp_path: Path, cols: int, rank: int,
+                                                                        found: tuple[int, bool], printed: str) -> None:  # fmt: skip
+    w = np.random.default_rng(0).standard_normal((100, cols))
+    a = make_model(tmp_path / "a", state={"w": w})
+    b = make_model(tmp_path / "b", state={"w": w + change_of_rank((100, cols), rank, seed=1)})
+
+    s = by_name(diff_paths(a, b))["w"].stats
+
+    assert (s.rank, s.rank_capped, s.rank_of) == (*found, cols)
+    code, out, err = run_cli("diff", str(a), str(b), "--tensors", cwd=tmp_path)
+    assert code == 0, err
+    [row] = re.findall(r"^w +changed +F64 .*$", out, re.M)  # the tensor's row, not its group's
+    assert row.endswith(f" {printed}")
+
+
+@pytest.mark.parametrize("extra", [0, 1], ids=["float64-up-to-the-limit", "float32-above-it"])
+def test_a_merged_lora_shows_its_rank_on_both_sides_of_the_float32_switch(tmp_path: Path, extra: int) -> None:
+    rows = math.isqrt(SMALL_MATRIX)
+    shape = (rows, SMALL_MATRIX // rows + extra)  # SMALL_MATRIX values at most, or just more
+    w = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    merged = (w + lora(shape, 4, seed=2)).astype(np.float32)
+
+    s = by_name(diff_paths(make_model(tmp_path / "a", state={"w": w}),
+                           make_model(tmp_path / "b", state={"w": merged})))["w"].stats  # fmt: skip
+
+    assert (s.rank, s.rank_capped, s.rank_of) == (4, False, min(shape))
 
 
 def test_a_low_rank_change_with_decaying_spectrum(tmp_path: Path) -> None:
@@ -283,6 +326,33 @@ def test_structural_mode_reads_no_data(repo: Repo, family) -> None:
     assert (status["layer.2.bias"], status["layer.3.weight"]) == ("only_a", "only_b")
     assert result.layers == {"layer": [3, 4]} and result.files == []
     assert all(t.stats is None for t in result.tensors) and result.summary.decoded == 0
+
+
+# --- statuses --------------------------------------------------------------------------------
+
+
+def test_every_status_is_counted_and_named(tmp_path: Path, family) -> None:
+    # A full and a structural diff of the family give every status between them; each
+    # tensor is counted once in the summary and in its group, and the CLI names each status.
+    base_dir, ft_dir, _, _ = family
+    full, structural = diff_paths(base_dir, ft_dir), diff_paths(base_dir, ft_dir, structural=True)
+    assert {t.status for t in full.tensors} | {t.status for t in structural.tensors} == set(STATUSES)
+    for result in (full, structural):
+        assert sum(result.summary.counts.values()) == len(result.tensors) == 10
+        assert all(sum(g.counts.values()) == g.tensors for g in result.groups)
+
+    code, out, err = run_cli("diff", str(base_dir), str(ft_dir), "--tensors", cwd=tmp_path)
+    assert code == 0, err
+    assert ("Total: 9 tensors in A, 9 in B: 3 changed, 1 dtype changed, 1 shape changed, 1 only in A, 1 only in B, "
+            "3 identical;") in out  # fmt: skip
+    rows = {"position_ids": "changed", "layer.0.weight": "changed", "head.weight": "dtype changed",
+            "embed.weight": "shape changed", "layer.2.bias": "only in A", "layer.3.weight": "only in B"}  # fmt: skip
+    for name, word in rows.items():
+        assert re.search(rf"^{re.escape(name)} +{word}  ", out, re.M), (name, word)
+    code, out, err = run_cli("diff", str(base_dir), str(ft_dir), "--structural", cwd=tmp_path)
+    assert code == 0, err
+    assert "Total: 9 tensors in A, 9 in B: 1 dtype changed, 1 shape changed, 1 only in A, 1 only in B, 6 unchanged\n" in out
+    assert re.search(r"^layer\.2 +2 +1 only in A, 1 unchanged$", out, re.M)
 
 
 # --- files ---------------------------------------------------------------------------------
