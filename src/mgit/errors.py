@@ -202,3 +202,54 @@ class NoMatchError(MgitError):
         else:
             super().__init__(f"no model matches {asked}", hint="See: mgit ls")
         self.asked = asked
+
+
+class RemoteError(MgitError):
+    """Something about a remote: unreachable, refused, missing, or not what it claims."""
+
+
+class RemoteNotFoundError(RemoteError):
+    """The remote (a folder, a bucket, a prefix laid out by `mgit init --bare`) is not there."""
+
+
+class RemoteAuthError(RemoteError):
+    def __init__(self, url: str, why: str) -> None:
+        super().__init__(f"{url}: {why}",
+                         hint="Credentials come from the standard AWS chain: AWS_ACCESS_KEY_ID and "
+                              "AWS_SECRET_ACCESS_KEY, ~/.aws/credentials, or --profile")  # fmt: skip
+        self.url = url
+
+
+class RemoteUnavailableError(RemoteError):
+    """The remote kept failing (dropped connections, 5xx, SlowDown) after every retry."""
+
+    def __init__(self, url: str, why: str) -> None:
+        super().__init__(f"{url} did not answer: {why}",
+                         hint="Nothing was changed on either side that a re-run does not finish; try again")  # fmt: skip
+        self.url = url
+
+
+class RemoteConflictError(RemoteError):
+    """A conditional write on a remote found another value than expected (compare-and-swap)."""
+
+    def __init__(self, url: str, key: str) -> None:
+        super().__init__(f"{key} on {url} changed while it was being updated", hint="Nothing was changed; try again")
+        self.url = url
+        self.key = key
+
+
+class RemoteTooLargeError(RemoteError):
+    """A remote key holds more bytes than what it should hold can be."""
+
+    def __init__(self, url: str, key: str, size: int, limit: int) -> None:
+        super().__init__(f"{key} on {url} holds {size} bytes, more than the {limit} it can legitimately hold",
+                         hint="The remote is damaged or hostile; nothing of it was kept")  # fmt: skip
+        self.url = url
+        self.key = key
+
+
+class MissingKeyError(RemoteError):
+    def __init__(self, url: str, key: str) -> None:
+        super().__init__(f"{key} is missing from {url}", hint="Run: mgit fsck on the remote")
+        self.url = url
+        self.key = key

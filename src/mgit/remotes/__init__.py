@@ -1,0 +1,68 @@
+"""Remotes: where a repository is shared. A URL names one (`/path`, `file:///path` or
+`s3://bucket/prefix`); `open_backend` gives the backend that reads and writes its keys.
+
+Credentials never appear in a URL or in the repository: an S3 remote takes them from the
+standard AWS chain (environment, shared config and credentials files, `--profile`), and a
+URL that holds any is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from mgit.errors import InvalidOptionError
+from mgit.remotes.base import Backend
+
+S3_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+@dataclass(frozen=True)
+class RemoteSpec:
+    """A remote as recorded in config.json: where it is and how to reach it (no secrets)."""
+
+    url: str
+    endpoint_url: str | None = None
+    region: str | None = None
+    profile: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return "s3" if self.url.startswith("s3://") else "folder"
+
+
+def normalize_url(url: str, *, cwd: Path | None = None) -> str:
+    """`s3://bucket/prefix` (no trailing slash) or an absolute folder path; a URL holding
+    credentials, or of a scheme MGit does not speak, is refused."""
+    parts = urlsplit(url)
+    if parts.username or parts.password or "@" in parts.netloc:
+        raise InvalidOptionError(f"refusing a remote URL that holds credentials ({parts.scheme}://…@{parts.hostname})",
+                                 hint="Give credentials through the AWS chain (AWS_ACCESS_KEY_ID, "
+                                      "~/.aws/credentials, --profile), never in the URL")  # fmt: skip
+    if parts.scheme == "s3":
+        if not S3_BUCKET_RE.match(parts.netloc or ""):
+            raise InvalidOptionError(f"{url!r} does not name an S3 bucket", hint="Use s3://BUCKET/PREFIX")
+        prefix = "/".join(p for p in parts.path.split("/") if p)
+        if any(p in (".", "..") for p in prefix.split("/")):
+            raise InvalidOptionError(f"{url!r} has '.' or '..' in its prefix")
+        return f"s3://{parts.netloc}" + (f"/{prefix}" if prefix else "")
+    if parts.scheme == "file":
+        return str(Path(parts.path).resolve())
+    if parts.scheme and len(parts.scheme) > 1:  # (a Windows drive letter is one letter)
+        raise InvalidOptionError(f"remote URL scheme {parts.scheme!r} is not supported",
+                                 hint="Use a folder path, file:///PATH or s3://BUCKET/PREFIX")  # fmt: skip
+    return str((cwd or Path.cwd()).joinpath(os.path.expanduser(url)).resolve())
+
+
+def open_backend(spec: RemoteSpec) -> Backend:
+    """The backend of a remote (S3's client is imported only for an s3:// remote)."""
+    if spec.kind == "s3":
+        from mgit.remotes.s3 import S3Backend
+
+        return S3Backend(spec.url, endpoint_url=spec.endpoint_url, region=spec.region, profile=spec.profile)
+    from mgit.remotes.folder import FolderBackend
+
+    return FolderBackend(Path(spec.url), url=spec.url)

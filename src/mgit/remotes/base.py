@@ -1,0 +1,78 @@
+"""The contract every remote backend fulfils: keys (`/`-separated paths under the remote's
+root) holding bytes, with one conditional write for the few keys that change.
+
+A remote holds what a repository holds, in the same layout (docs/format.md, "Remotes"):
+immutable objects under `objects/ab/cdef...`, a ref per model under `refs/models/<name>`,
+and a few index files. Objects are written once and never change, so a plain `write` is
+enough for them; a ref changes only by `write_if` (compare-and-swap on a version token: an
+S3 ETag, or a folder file's hash under its lock), which is what makes two pushes of one
+model at the same instant land one and refuse the other.
+
+Every read takes a `limit`: nothing read from a remote is trusted, its size included.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from mgit.errors import RemoteError
+
+KEY_RE = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
+
+
+def check_key(key: str) -> str:
+    """A key as backends accept it: relative, no empty part, none starting with `.` (a
+    folder backend must never read or write outside its root, nor its temporary files), and
+    nothing under `locks/` (a folder remote's lock files)."""
+    if not KEY_RE.match(key) or any(p in (".", "..") or p.startswith(".") for p in key.split("/")) or key.startswith("locks/"):
+        raise RemoteError(f"not a remote key: {key!r}")
+    return key
+
+
+class Backend:
+    """Bytes under keys. Implementations: `FolderBackend` (a folder), `S3Backend` (a bucket
+    and prefix). Safe to call from several threads at once."""
+
+    url: str  # as the user wrote it (never with credentials)
+
+    def check(self) -> None:
+        """Raise RemoteNotFoundError unless the remote's root exists (a folder, a bucket)."""
+        raise NotImplementedError
+
+    def read(self, key: str, *, limit: int) -> bytes:
+        """The bytes of `key` (MissingKeyError if absent; RemoteTooLargeError past `limit`)."""
+        raise NotImplementedError
+
+    def read_into(self, key: str, path: Path, *, limit: int) -> int:
+        """Stream `key` into a new file `path` (parallel ranges where the backend has them);
+        return its size. Nothing past `limit` bytes is written."""
+        raise NotImplementedError
+
+    def write(self, key: str, data: bytes | Path) -> None:
+        """Store bytes (or a file's bytes) under `key`, atomically: a reader sees the old
+        value or the new one, never a part. Large files go in parallel parts."""
+        raise NotImplementedError
+
+    def exists(self, key: str) -> bool:
+        raise NotImplementedError
+
+    def list(self, prefix: str) -> Iterator[str]:
+        """Every key that starts with `prefix` (a folder prefix ends with `/`), sorted."""
+        raise NotImplementedError
+
+    def read_versioned(self, key: str, *, limit: int) -> tuple[bytes | None, str | None]:
+        """The bytes of `key` and a token naming this version of it, or (None, None). A
+        token is opaque and follows the content (a folder's is its blake3, S3's its ETag):
+        writing the same bytes again keeps it, which a compare-and-swap allows."""
+        raise NotImplementedError
+
+    def write_if(self, key: str, data: bytes, *, token: str | None) -> None:
+        """Write `key` only if it is still at version `token` (from `read_versioned`), or,
+        with `token=None`, only if it does not exist; else RemoteConflictError."""
+        raise NotImplementedError
+
+    def delete(self, key: str) -> None:
+        """Remove `key` if it is there."""
+        raise NotImplementedError

@@ -1,0 +1,49 @@
+"""Named remotes, kept in the repository's config.json under "remotes" (URL, endpoint,
+region, profile: never a secret). A change is a read-modify-write under the config's lock,
+written atomically."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mgit.atomicfile import write_atomic
+from mgit.errors import InvalidOptionError, RemoteNotFoundError
+from mgit.locks import FileLock
+from mgit.remotes import RemoteSpec
+
+REMOTE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def validate_remote_name(name: str) -> str:
+    if not REMOTE_NAME_RE.match(name or "") or name.endswith((".lock", ".")):
+        raise InvalidOptionError(f"invalid remote name {name!r}",
+                                 hint="Use letters, digits, '.', '_' and '-' (like origin)")  # fmt: skip
+    return name
+
+
+def remotes_of(config: dict[str, Any]) -> dict[str, RemoteSpec]:
+    found = config.get("remotes") or {}
+    fields = ("url", "endpoint_url", "region", "profile")
+    return {name: RemoteSpec(**{k: spec.get(k) for k in fields}) for name, spec in sorted(found.items())
+            if isinstance(spec, dict) and isinstance(spec.get("url"), str)}  # fmt: skip
+
+
+def remote_of(config: dict[str, Any], name: str) -> RemoteSpec:
+    spec = remotes_of(config).get(name)
+    if spec is None:
+        raise RemoteNotFoundError(f"no remote named {name!r}", hint="See: mgit remote ls; add one with: mgit remote add")
+    return spec
+
+
+def update_config(repo_dir: Path, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Apply `change` to config.json under its lock; return the new config."""
+    path = repo_dir / "config.json"
+    with FileLock(repo_dir / "locks" / "config.lock", what="the repository's config"):
+        config = json.loads(path.read_text())
+        change(config)
+        write_atomic(path, [json.dumps(config, indent=2).encode() + b"\n"])
+    return config

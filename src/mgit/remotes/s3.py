@@ -1,0 +1,326 @@
+"""A remote in an S3 bucket (`s3://bucket/prefix`, on AWS or any S3-compatible server): the
+keys of `Backend` are objects under `prefix/`; compare-and-swap is S3's conditional PutObject
+(`If-None-Match: *` to create, `If-Match: <ETag>` to replace; 412 or 409 refuse).
+
+Why boto3: AWS's maintained SDK, so credentials come from the standard chain (environment,
+shared files and profiles, SSO, credential_process, container and instance roles) with no code
+of ours; s3transfer's parallel multipart uploads and ranged downloads; botocore's "standard"
+retries with backoff on dropped connections, 5xx and SlowDown. obstore (Rust object_store) has
+the same conditional puts, but its own credentials stop at environment variables, web identity,
+container and instance roles: profiles and SSO would need boto3 anyway, as a Python callback.
+
+Nothing a bucket says is trusted: a size is checked against the caller's limit before a body
+is read, at most limit + 1 bytes are read, and a download that comes short or changes on the
+way leaves no file behind.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO
+from urllib.parse import urlsplit
+
+from mgit.errors import (
+    InvalidOptionError,
+    MissingDependencyError,
+    MissingKeyError,
+    RemoteAuthError,
+    RemoteConflictError,
+    RemoteError,
+    RemoteNotFoundError,
+    RemoteTooLargeError,
+    RemoteUnavailableError,
+)
+from mgit.remotes.base import KEY_RE, Backend, check_key
+
+try:
+    import boto3
+    import botocore.exceptions as boto_errors
+    import s3transfer.exceptions as transfer_errors
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+    from botocore.config import Config
+    from s3transfer.subscribers import BaseSubscriber
+except ImportError as exc:  # boto3 is the optional extra mgit[s3]
+    raise MissingDependencyError("boto3", "An S3 remote", "s3") from exc
+
+MiB = 1 << 20
+MULTIPART_THRESHOLD = 64 * MiB  # from here on, files go up and come down in parallel parts
+PART_SIZE = 16 * MiB  # s3transfer enlarges it to stay under S3's 10,000 parts
+ATTEMPTS = 8  # per request, with botocore's jittered exponential backoff; MGIT_S3_ATTEMPTS overrides
+CONNECT_TIMEOUT, READ_TIMEOUT = 10, 60  # seconds
+CHUNK = 8 * MiB
+MAX_LIST_PAGES = 100_000  # 10^8 keys: a listing that never ends comes from a broken server
+AWS_HOST = re.compile(r"(^|\.)amazonaws\.com(\.cn)?$")
+AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+              "TokenRefreshRequired", "RequestTimeTooSkewed", "AllAccessDisabled"}  # fmt: skip
+BUSY_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "ServiceUnavailable",
+              "InternalError", "RequestLimitExceeded"}  # fmt: skip
+CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
+CREDENTIAL_ERRORS = (boto_errors.PartialCredentialsError, boto_errors.CredentialRetrievalError,
+                     boto_errors.TokenRetrievalError, boto_errors.SSOError)  # fmt: skip
+
+
+def attempts_from_env() -> int:
+    """Attempts per request: MGIT_S3_ATTEMPTS (1 fails at once, as tests of failure want)."""
+    raw = os.environ.get("MGIT_S3_ATTEMPTS", str(ATTEMPTS))
+    if not raw.isdigit() or not 1 <= int(raw) <= 100:
+        raise InvalidOptionError(f"MGIT_S3_ATTEMPTS={raw!r} is not a number of attempts", hint="Use 1 to 100")
+    return int(raw)
+
+
+def transfer_config(*, max_workers: int = 16, threshold: int = MULTIPART_THRESHOLD,
+                    part_size: int = PART_SIZE) -> TransferConfig:  # fmt: skip
+    """How files move: one request below `threshold`, else `part_size` parts on `max_workers`
+    threads. A benchmark passes the same object to a plain boto3 `upload_file` to compare."""
+    return TransferConfig(multipart_threshold=threshold, multipart_chunksize=part_size,
+                          max_concurrency=max_workers, preferred_transfer_client="classic")  # fmt: skip
+
+
+class S3Backend(Backend):
+    """Keys under `prefix/` in one bucket. `client` (one boto3 client, shared by every thread)
+    and `transfer` (how large files move) are public, so a benchmark can run plain boto3 alike."""
+
+    def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None,
+                 profile: str | None = None, max_workers: int = 16) -> None:  # fmt: skip
+        parts = urlsplit(url)
+        if parts.scheme != "s3" or not parts.netloc:
+            raise InvalidOptionError(f"{url!r} does not name an S3 bucket", hint="Use s3://BUCKET/PREFIX")
+        if endpoint_url and (urlsplit(endpoint_url).scheme not in ("http", "https") or "@" in endpoint_url):
+            raise InvalidOptionError("an S3 endpoint is http(s)://HOST[:PORT], without credentials")
+        self.url = url
+        self.bucket = parts.netloc
+        self.prefix = parts.path.strip("/") + "/" if parts.path.strip("/") else ""
+        self.attempts = attempts_from_env()
+        self.transfer = transfer_config(max_workers=max_workers)
+        self.client = self._connect(endpoint_url, region, profile, max_workers)
+
+    def _connect(self, endpoint_url: str | None, region: str | None, profile: str | None, workers: int) -> Any:
+        config = Config(retries={"mode": "standard", "total_max_attempts": self.attempts},
+                        connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT,
+                        max_pool_connections=workers + 4)  # fmt: skip
+        try:
+            session = boto3.session.Session(profile_name=profile, region_name=region)
+            client = session.client("s3", endpoint_url=endpoint_url, config=config)
+            if endpoint_url or not AWS_HOST.search(urlsplit(client.meta.endpoint_url).hostname or ""):
+                # An S3-compatible server, named here or by AWS_ENDPOINT_URL(_S3) or the AWS
+                # config: its buckets are paths, since BUCKET.HOST rarely resolves.
+                path_style = config.merge(Config(s3={"addressing_style": "path"}))
+                client = session.client("s3", endpoint_url=endpoint_url, config=path_style)
+        except boto_errors.ProfileNotFound:
+            raise RemoteAuthError(self.url, f"no AWS profile named {profile!r}") from None
+        return client
+
+    def _key(self, key: str) -> str:
+        return self.prefix + check_key(key)
+
+    @contextmanager
+    def _translated(self, key: str | None = None, *, conditional: bool = False) -> Iterator[None]:
+        """What botocore raises, as MGit's remote errors: one line each, never a secret."""
+        try:
+            yield
+        except boto_errors.ClientError as exc:
+            raise self._error(exc, key, conditional) from exc
+        except boto_errors.NoCredentialsError as exc:
+            raise RemoteAuthError(self.url, "no AWS credentials found") from exc
+        except CREDENTIAL_ERRORS as exc:  # partial, expired SSO, a failing credential_process
+            raise RemoteAuthError(self.url, _line(exc)) from exc
+        except (boto_errors.ConnectionError, boto_errors.HTTPClientError) as exc:
+            raise RemoteUnavailableError(self.url, f"{_line(exc)} ({self.attempts} attempts)") from exc
+        except boto_errors.BotoCoreError as exc:
+            raise RemoteError(f"{self.url}: {_line(exc)}") from exc
+
+    def _error(self, exc: boto_errors.ClientError, key: str | None, conditional: bool) -> RemoteError:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        said = _line(exc.response.get("Error", {}).get("Message") or code)
+        if code == "NoSuchBucket" or (status == 404 and key is None):
+            return RemoteNotFoundError(f"bucket {self.bucket!r} of {self.url} does not exist",
+                                       hint="MGit never creates buckets: create it with your S3 tools, "
+                                            "or check the URL and the endpoint")  # fmt: skip
+        if conditional and (code in CONFLICT_CODES or status == 404):  # 404: If-Match on a missing key
+            return RemoteConflictError(self.url, str(key))
+        if status == 404:
+            return MissingKeyError(self.url, str(key))
+        if status in (401, 403) or code in AUTH_CODES:
+            return RemoteAuthError(self.url, f"access refused ({code}: {said})")
+        if status >= 500 or code in BUSY_CODES:
+            return RemoteUnavailableError(self.url, f"{code}: {said} ({self.attempts} attempts)")
+        return RemoteError(f"{self.url}: S3 error {code or status}: {said}")
+
+    def check(self) -> None:
+        with self._translated():
+            self.client.head_bucket(Bucket=self.bucket)
+
+    def _fetch(self, key: str, sink: BinaryIO, limit: int, **condition: str) -> str:
+        """GET `key` into `sink` (from its start) and return its ETag. The announced length is
+        checked before the body is read; a body that breaks off is fetched again."""
+        reason = ""
+        for attempt in range(1, self.attempts + 1):
+            with self._translated(key, conditional=bool(condition)):
+                got = self.client.get_object(Bucket=self.bucket, Key=self._key(key), **condition)
+            body, size = got["Body"], got["ContentLength"]
+            try:
+                if size > limit:
+                    raise RemoteTooLargeError(self.url, key, size, limit)
+                sink.seek(0)
+                sink.truncate()
+                copied = _copy(body, sink, limit + 1)
+                if copied > limit:  # it said less than it sent
+                    raise RemoteTooLargeError(self.url, key, copied, limit)
+                if copied == size:
+                    return got["ETag"]
+                reason = f"{copied} of {size} bytes arrived"
+            except (boto_errors.HTTPClientError, boto_errors.IncompleteReadError) as exc:
+                reason = _line(exc)
+            finally:
+                body.close()
+            if attempt < self.attempts:
+                time.sleep(random.random() * min(0.1 * 2**attempt, 20))  # botocore's pace for a drop
+        raise RemoteUnavailableError(self.url, f"reading {key}: {reason} ({self.attempts} attempts)")
+
+    def read(self, key: str, *, limit: int) -> bytes:
+        sink = io.BytesIO()
+        self._fetch(key, sink, limit)
+        return sink.getvalue()
+
+    def read_into(self, key: str, path: Path, *, limit: int) -> int:
+        with self._translated(key):
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        size, etag = head["ContentLength"], head["ETag"]
+        if size > limit:
+            raise RemoteTooLargeError(self.url, key, size, limit)
+        with open(path, "xb") as fh:  # an existing file is refused, and kept
+            try:
+                if size < self.transfer.multipart_threshold:
+                    self._fetch(key, fh, limit, IfMatch=etag)
+                else:
+                    self._download(key, _BoundedFile(fh, size, self.url, key), size, etag)
+                fh.flush()
+                if (written := os.fstat(fh.fileno()).st_size) != size:
+                    raise RemoteUnavailableError(self.url, f"reading {key}: {written} of {size} bytes arrived")
+            except BaseException:
+                path.unlink(missing_ok=True)
+                raise
+        return size
+
+    def _download(self, key: str, sink: _BoundedFile, size: int, etag: str) -> None:
+        """Parallel ranged GETs, each If-Match the ETag: parts of two versions never mix."""
+        with create_transfer_manager(self.client, self.transfer) as manager, self._translated(key):
+            try:
+                manager.download(self.bucket, self._key(key), sink, subscribers=[_KnownObject(size, etag)]).result()
+            except transfer_errors.S3DownloadFailedError as exc:  # s3transfer's word for a 412 on If-Match
+                raise RemoteConflictError(self.url, key) from exc
+            except transfer_errors.RetriesExceededError as exc:  # a body that kept breaking off
+                raise RemoteUnavailableError(self.url, f"reading {key}: {_line(exc.last_exception)}") from exc
+
+    def write(self, key: str, data: bytes | Path) -> None:
+        with self._translated(key):
+            if isinstance(data, bytes):
+                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+            elif data.stat().st_size < self.transfer.multipart_threshold:
+                with open(data, "rb") as fh:
+                    self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=fh)
+            else:  # parallel parts; the object appears only when the upload completes
+                with create_transfer_manager(self.client, self.transfer) as manager:
+                    manager.upload(str(data), self.bucket, self._key(key)).result()
+
+    def exists(self, key: str) -> bool:
+        try:
+            with self._translated(key):
+                self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except MissingKeyError:
+            return False
+        return True
+
+    def list(self, prefix: str) -> Iterator[str]:
+        if top := prefix.rpartition("/")[0]:
+            check_key(top)
+        start, keys = self.prefix + prefix, []
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start)
+        with self._translated():
+            for number, page in enumerate(pages):
+                if number >= MAX_LIST_PAGES:
+                    raise RemoteError(f"{self.url}: listing {prefix!r} did not end after {number} pages")
+                keys += [o["Key"][len(self.prefix) :] for o in page.get("Contents", ()) if o["Key"].startswith(start)]
+        yield from sorted(k for k in keys if _listed(k))
+
+    def read_versioned(self, key: str, *, limit: int) -> tuple[bytes | None, str | None]:
+        sink = io.BytesIO()
+        try:
+            etag = self._fetch(key, sink, limit)
+        except MissingKeyError:
+            return None, None
+        return sink.getvalue(), etag
+
+    def write_if(self, key: str, data: bytes, *, token: str | None) -> None:
+        condition = {"IfNoneMatch": "*"} if token is None else {"IfMatch": token}
+        with self._translated(key, conditional=True):
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **condition)
+            except boto_errors.ClientError as exc:
+                # A retried put refused as a conflict may be refused because its first try
+                # landed and only the answer was lost: then the key holds exactly our bytes.
+                if not (exc.response.get("ResponseMetadata", {}).get("RetryAttempts") and self._holds(key, data)):
+                    raise
+
+    def _holds(self, key: str, data: bytes) -> bool:
+        try:
+            return self.read_versioned(key, limit=len(data))[0] == data
+        except RemoteError:
+            return False
+
+    def delete(self, key: str) -> None:
+        with self._translated(key):
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+
+def _line(what: object) -> str:
+    """The first line of a message, short (botocore's can quote a whole request)."""
+    return (str(what).strip().splitlines() or [""])[0][:200]
+
+
+def _copy(body: Any, sink: BinaryIO, most: int) -> int:
+    """Copy at most `most` bytes of a response body into `sink`; return how many."""
+    copied = 0
+    while copied < most and (chunk := body.read(min(CHUNK, most - copied))):
+        copied += sink.write(chunk)
+    return copied
+
+
+def _listed(key: str) -> bool:
+    """A key `list` shows: valid, with no hidden part (as the folder backend shows files)."""
+    return bool(KEY_RE.match(key)) and not any(p.startswith(".") for p in key.split("/"))
+
+
+class _BoundedFile:
+    """A file s3transfer writes parts into at their offsets, refusing any byte past `size`."""
+
+    def __init__(self, fh: BinaryIO, size: int, url: str, key: str) -> None:
+        self._fh, self._size, self._url, self._key = fh, size, url, key
+
+    def __getattr__(self, name: str) -> Any:  # seekable, seek, tell: the file's own
+        return getattr(self._fh, name)
+
+    def write(self, data: bytes) -> int:
+        if (end := self._fh.tell() + len(data)) > self._size:
+            raise RemoteTooLargeError(self._url, self._key, end, self._size)
+        return self._fh.write(data)
+
+
+class _KnownObject(BaseSubscriber):
+    """Hands s3transfer the size and ETag from our HEAD: no second HEAD, and every ranged GET
+    carries If-Match, so parts of two versions of an object are never mixed."""
+
+    def __init__(self, size: int, etag: str) -> None:
+        self._size, self._etag = size, etag
+
+    def on_queued(self, future: Any, **kwargs: Any) -> None:
+        future.meta.provide_transfer_size(self._size)
+        future.meta.provide_object_etag(self._etag)

@@ -1,0 +1,497 @@
+"""Every remote backend keeps the contract of remotes/base.py. `BackendContract` states it once
+and runs against a folder and against a real S3 server (moto, in a child process) under a
+prefix. The S3-only tests cover what a folder cannot have: a missing bucket, credentials
+(right, wrong, absent), the endpoint chain, and a server that fails requests (FaultProxy),
+ridden out by retries or reported in one line when it persists.
+"""
+# ruff: noqa: F811  (test arguments named after the imported fixtures are how pytest injects them)
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import pytest
+from s3server import UNSET_AWS_VARIABLES, FaultProxy, S3Server, aws_env, s3_bucket, s3_server  # noqa: F401
+
+from mgit.errors import (
+    InvalidOptionError,
+    MissingDependencyError,
+    MissingKeyError,
+    RemoteAuthError,
+    RemoteConflictError,
+    RemoteError,
+    RemoteNotFoundError,
+    RemoteTooLargeError,
+    RemoteUnavailableError,
+)
+from mgit.remotes import RemoteSpec, open_backend
+from mgit.remotes.base import Backend
+from mgit.remotes.folder import FolderBackend
+
+MiB = 1 << 20
+PART = 5 * MiB  # S3's smallest part: the S3 backend's multipart threshold in these tests
+LARGE = 12 * MiB + 7  # three parts on S3; several MiB for a folder
+CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                        "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN")  # fmt: skip
+
+
+requires_s3 = pytest.mark.skipif(not (importlib.util.find_spec("boto3") and importlib.util.find_spec("moto")),
+                                 reason="needs the S3 extra (boto3) and moto")  # fmt: skip
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def s3_backend(url: str, **options: object) -> Backend:
+    """An S3Backend whose large files go in 5 MiB parts (so multipart stays fast to test)."""
+    from mgit.remotes.s3 import S3Backend, transfer_config
+
+    backend = S3Backend(url, **options)  # type: ignore[arg-type]
+    backend.transfer = transfer_config(max_workers=4, threshold=PART, part_size=PART)
+    return backend
+
+
+def one_line(error: BaseException) -> str:
+    message = str(error)
+    assert "\n" not in message and "Traceback" not in message, message
+    return message
+
+
+class BackendContract:
+    """What every backend does. A subclass supplies `backend` (an empty remote) and `absent`
+    (a remote whose root is not there), and says whether its conditional writes are atomic."""
+
+    atomic_conditional_writes = True
+
+    @pytest.fixture
+    def backend(self) -> Backend:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def absent(self) -> Backend:
+        raise NotImplementedError
+
+    def test_check_finds_the_remote_or_says_it_is_missing(self, backend, absent):
+        backend.check()
+        with pytest.raises(RemoteNotFoundError) as failed:
+            absent.check()
+        one_line(failed.value)
+
+    def test_bytes_round_trip(self, backend):
+        blobs = {"objects/ab/cdef01": os.urandom(1000), "index.json": b'{"models": []}', "empty": b""}
+        for key, data in blobs.items():
+            backend.write(key, data)
+        assert {key: backend.read(key, limit=len(data)) for key, data in blobs.items()} == blobs
+        backend.write("index.json", b"replaced")
+        assert backend.read("index.json", limit=100) == b"replaced"
+
+    @pytest.mark.parametrize("size", [0, 3 * MiB + 1, LARGE])
+    def test_file_round_trip_is_byte_identical(self, backend, tmp_path, size):
+        source = tmp_path / "source.bin"
+        source.write_bytes(os.urandom(size))
+        backend.write("objects/ab/file", source)
+        out = tmp_path / "out.bin"
+        assert backend.read_into("objects/ab/file", out, limit=size) == size
+        assert sha256(out) == sha256(source)
+        assert hashlib.sha256(backend.read("objects/ab/file", limit=size)).hexdigest() == sha256(source)
+
+    def test_a_missing_key_is_missing_key_error(self, backend, tmp_path):
+        with pytest.raises(MissingKeyError) as failed:
+            backend.read("objects/00/absent", limit=10)
+        assert "objects/00/absent" in one_line(failed.value)
+        with pytest.raises(MissingKeyError):
+            backend.read_into("objects/00/absent", tmp_path / "out", limit=10)
+        assert not (tmp_path / "out").exists()
+
+    def test_read_refuses_more_than_the_limit(self, backend):
+        backend.write("objects/ab/k", b"x" * 1000)
+        with pytest.raises(RemoteTooLargeError) as failed:
+            backend.read("objects/ab/k", limit=999)
+        assert "1000 bytes" in one_line(failed.value)
+        assert backend.read("objects/ab/k", limit=1000) == b"x" * 1000
+
+    @pytest.mark.parametrize("size", [1000, LARGE])
+    def test_read_into_refuses_more_than_the_limit_and_leaves_no_file(self, backend, tmp_path, size):
+        source = tmp_path / "source.bin"
+        source.write_bytes(os.urandom(size))
+        backend.write("objects/ab/k", source)
+        with pytest.raises(RemoteTooLargeError):
+            backend.read_into("objects/ab/k", tmp_path / "out", limit=size - 1)
+        assert not (tmp_path / "out").exists()
+
+    def test_read_into_never_replaces_an_existing_file(self, backend, tmp_path):
+        backend.write("objects/ab/k", b"remote")
+        mine = tmp_path / "mine"
+        mine.write_bytes(b"local")
+        with pytest.raises(FileExistsError):
+            backend.read_into("objects/ab/k", mine, limit=100)
+        assert mine.read_bytes() == b"local"
+
+    def test_exists(self, backend):
+        assert not backend.exists("objects/ab/k")
+        backend.write("objects/ab/k", b"1")
+        assert backend.exists("objects/ab/k")
+        assert not backend.exists("objects/ab")  # a folder of keys is not a key
+        assert not backend.exists("objects/ab/k2")
+
+    def test_list_gives_sorted_keys_under_a_prefix(self, backend):
+        keys = ["index.json", "objects/ab/cd01", "objects/ab/cd00", "objects/ff/0011", "refs/models/bert",
+                "refs/models/org/gpt2", "refs/models/bert-sst2"]  # fmt: skip
+        for key in keys:
+            backend.write(key, b"v")
+        assert list(backend.list("objects/")) == ["objects/ab/cd00", "objects/ab/cd01", "objects/ff/0011"]
+        assert list(backend.list("objects/a")) == ["objects/ab/cd00", "objects/ab/cd01"]
+        assert list(backend.list("refs/models/")) == ["refs/models/bert", "refs/models/bert-sst2",
+                                                      "refs/models/org/gpt2"]  # fmt: skip
+        assert list(backend.list("refs/models/org/")) == ["refs/models/org/gpt2"]
+        assert list(backend.list("refs/models/bert")) == ["refs/models/bert", "refs/models/bert-sst2"]
+        assert list(backend.list("nothing/")) == []
+
+    def test_list_of_everything_shows_every_key_and_no_lock_or_temporary_file(self, backend):
+        keys = ["index.json", "objects/ab/cd00", "refs/models/bert", "refs/models/org/gpt2"]
+        for key in keys[:2]:
+            backend.write(key, b"v")
+        for key in keys[2:]:  # conditional writes take a lock where the backend has locks
+            backend.write_if(key, b"v", token=None)
+        assert list(backend.list("")) == sorted(keys)
+
+    def test_write_if_without_token_creates_only_once(self, backend):
+        key = "refs/models/bert"
+        assert backend.read_versioned(key, limit=100) == (None, None)
+        backend.write_if(key, b"v1", token=None)
+        with pytest.raises(RemoteConflictError) as failed:
+            backend.write_if(key, b"v2", token=None)
+        assert key in one_line(failed.value)
+        data, token = backend.read_versioned(key, limit=100)
+        assert data == b"v1" and token
+
+    def test_write_if_is_compare_and_swap_on_the_token(self, backend):
+        key = "refs/models/bert"
+        backend.write_if(key, b"v1", token=None)
+        _, first = backend.read_versioned(key, limit=100)
+        assert backend.read_versioned(key, limit=100) == (b"v1", first)  # a token names a version
+        backend.write_if(key, b"v2", token=first)
+        data, second = backend.read_versioned(key, limit=100)
+        assert data == b"v2" and second != first
+        with pytest.raises(RemoteConflictError):
+            backend.write_if(key, b"v3", token=first)  # stale
+        assert backend.read(key, limit=100) == b"v2"
+        backend.write_if(key, b"v3", token=second)
+        assert backend.read(key, limit=100) == b"v3"
+
+    def test_write_if_with_a_token_on_a_missing_key_conflicts(self, backend):
+        backend.write_if("refs/models/a", b"v", token=None)
+        _, token = backend.read_versioned("refs/models/a", limit=100)
+        with pytest.raises(RemoteConflictError):
+            backend.write_if("refs/models/b", b"v", token=token)
+        assert not backend.exists("refs/models/b")
+
+    def test_one_of_concurrent_conditional_writers_wins(self, backend):
+        key, writers = "refs/models/raced", 8
+        backend.write_if(key, b"start", token=None)
+        _, token = backend.read_versioned(key, limit=100)
+        start, outcomes = threading.Barrier(writers), [""] * writers
+
+        def write(i: int) -> None:
+            start.wait()
+            try:
+                backend.write_if(key, f"writer {i}".encode(), token=token)
+                outcomes[i] = "won"
+            except RemoteConflictError:
+                outcomes[i] = "refused"
+            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                outcomes[i] = repr(exc)
+
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert set(outcomes) <= {"won", "refused"}, outcomes
+        winners = [i for i, outcome in enumerate(outcomes) if outcome == "won"]
+        if self.atomic_conditional_writes:
+            assert len(winners) == 1, outcomes
+        else:
+            assert winners, outcomes
+        assert backend.read(key, limit=100) in {f"writer {i}".encode() for i in winners}
+
+    def test_delete(self, backend):
+        backend.write("objects/ab/k", b"1")
+        backend.delete("objects/ab/k")
+        assert not backend.exists("objects/ab/k")
+        with pytest.raises(MissingKeyError):
+            backend.read("objects/ab/k", limit=10)
+        assert list(backend.list("")) == []
+        backend.delete("objects/ab/k")  # deleting what is not there is not an error
+
+    @pytest.mark.parametrize("key", ["../escape", "/absolute", "a//b", "a/./b", "a/../b", "", "has space"])
+    def test_refuses_what_is_not_a_key(self, backend, key):
+        with pytest.raises(RemoteError, match="not a remote key"):
+            backend.write(key, b"x")
+        with pytest.raises(RemoteError, match="not a remote key"):
+            backend.read(key, limit=10)
+
+
+class TestFolderBackend(BackendContract):
+    @pytest.fixture
+    def backend(self, tmp_path):
+        root = tmp_path / "remote"
+        root.mkdir()
+        return FolderBackend(root)
+
+    @pytest.fixture
+    def absent(self, tmp_path):
+        return FolderBackend(tmp_path / "nowhere")
+
+
+@requires_s3
+class TestS3Backend(BackendContract):
+    """moto's server checks a conditional PUT's precondition and then writes, in two steps
+    that other requests can come between: racing conditional writers can all pass the check.
+    So here the race test asks only that someone wins and nobody fails otherwise (on AWS,
+    one writer wins and the others get 412 or 409)."""
+
+    atomic_conditional_writes = False
+
+    @pytest.fixture
+    def backend(self, s3_bucket):
+        return s3_backend(f"{s3_bucket.url}/team/models")  # endpoint and credentials: the environment
+
+    @pytest.fixture
+    def absent(self, s3_bucket):
+        return s3_backend("s3://mgit-test-no-such-bucket/team")
+
+    def test_keys_live_under_the_prefix_and_nothing_else_is_listed(self, backend, s3_bucket):
+        raw = s3_bucket.client()
+        for key in ("team/models-old/objects/x", "team/other", "elsewhere/objects/y", "team/models/.hidden"):
+            raw.put_object(Bucket=s3_bucket.name, Key=key, Body=b"not ours")
+        backend.write("objects/ab/k", b"ours")
+        assert raw.get_object(Bucket=s3_bucket.name, Key="team/models/objects/ab/k")["Body"].read() == b"ours"
+        assert list(backend.list("")) == ["objects/ab/k"]
+
+    def test_large_files_go_in_parallel_parts(self, backend, s3_bucket, tmp_path):
+        source = tmp_path / "source.bin"
+        source.write_bytes(os.urandom(LARGE))
+        backend.write("objects/ab/big", source)
+        head = s3_bucket.client().head_object(Bucket=s3_bucket.name, Key="team/models/objects/ab/big")
+        assert head["ETag"].endswith('-3"') and head["ContentLength"] == LARGE  # three parts
+
+    @pytest.mark.parametrize("size", [1000, LARGE])
+    def test_an_object_that_changes_while_downloaded_leaves_no_file(self, backend, tmp_path, size):
+        backend.write("objects/ab/k", os.urandom(size))
+        gets, replace_at = [], 1 if size < PART else 2  # before the only GET, or between ranges
+
+        def another_writer(**kwargs: object) -> None:
+            gets.append(1)
+            if len(gets) == replace_at:
+                backend.client.put_object(Bucket=backend.bucket, Key="team/models/objects/ab/k", Body=b"new")
+
+        backend.client.meta.events.register("before-call.s3.GetObject", another_writer)
+        with pytest.raises(RemoteConflictError):
+            backend.read_into("objects/ab/k", tmp_path / "out", limit=size)
+        assert not (tmp_path / "out").exists()
+
+    @pytest.mark.parametrize("breaks", [1, 2])
+    def test_a_body_that_breaks_off_is_fetched_again_or_leaves_no_file(self, s3_bucket, tmp_path, monkeypatch,
+                                                                       breaks):  # fmt: skip
+        from botocore.response import StreamingBody
+
+        monkeypatch.setenv("MGIT_S3_ATTEMPTS", "2")
+        backend = s3_backend(f"{s3_bucket.url}/team/models")
+        data = os.urandom(100_000)
+        backend.write("objects/ab/k", data)
+        broken = []
+
+        def break_off(parsed: dict, **kwargs: object) -> None:  # the connection drops halfway
+            if len(broken) < breaks:
+                broken.append(1)
+                parsed["Body"].close()
+                parsed["Body"] = StreamingBody(io.BytesIO(data[:50_000]), len(data))
+
+        backend.client.meta.events.register("after-call.s3.GetObject", break_off)
+        if breaks < backend.attempts:
+            assert backend.read("objects/ab/k", limit=len(data)) == data
+            broken.clear()
+            assert backend.read_into("objects/ab/k", tmp_path / "out", limit=len(data)) == len(data)
+            assert (tmp_path / "out").read_bytes() == data
+        else:
+            with pytest.raises(RemoteUnavailableError, match="objects/ab/k"):
+                backend.read("objects/ab/k", limit=len(data))
+            broken.clear()
+            with pytest.raises(RemoteUnavailableError):
+                backend.read_into("objects/ab/k", tmp_path / "out", limit=len(data))
+            assert not (tmp_path / "out").exists()
+
+
+# --- S3 only: buckets, credentials, endpoints ---------------------------------------------------
+
+
+@requires_s3
+def test_a_missing_bucket_is_named_in_one_line_and_never_created(s3_bucket, tmp_path):
+    backend = s3_backend("s3://mgit-test-no-such-bucket/team")
+    calls = [backend.check, lambda: backend.read("objects/ab/k", limit=10), lambda: backend.write("k", b"x"),
+             lambda: list(backend.list("")), lambda: backend.write_if("refs/models/m", b"x", token=None)]  # fmt: skip
+    for call in calls:
+        with pytest.raises(RemoteNotFoundError) as failed:
+            call()
+        assert "'mgit-test-no-such-bucket' of s3://mgit-test-no-such-bucket/team does not exist" in one_line(failed.value)
+        assert "never creates buckets" in str(failed.value)
+    buckets = [b["Name"] for b in s3_bucket.client().list_buckets()["Buckets"]]
+    assert "mgit-test-no-such-bucket" not in buckets
+
+
+@dataclass(frozen=True)
+class StrictServer:
+    endpoint: str
+    bucket: str
+    key_id: str
+    secret: str
+
+
+@pytest.fixture(scope="module")
+def strict_server():
+    """A moto server that checks signatures and keys. By default moto accepts any credentials;
+    POST /moto-api/reset-auth with a count N makes it serve N requests unchecked (here: an IAM
+    user, its key, its policy, a bucket) and authenticate every one after them."""
+    import boto3
+
+    with S3Server() as server:
+        switch = urllib.request.Request(server.endpoint + "/moto-api/reset-auth", data=b"4", method="POST",
+                                        headers={"Content-Type": "application/octet-stream"})  # fmt: skip
+        urllib.request.build_opener(urllib.request.ProxyHandler({})).open(switch, timeout=10).close()
+        iam = boto3.client("iam", endpoint_url=server.endpoint, region_name="us-east-1",
+                           aws_access_key_id="setup", aws_secret_access_key="setup")  # fmt: skip
+        iam.create_user(UserName="mgit")
+        key = iam.create_access_key(UserName="mgit")["AccessKey"]
+        allow_s3 = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+        iam.put_user_policy(UserName="mgit", PolicyName="s3", PolicyDocument=json.dumps(allow_s3))
+        server.client().create_bucket(Bucket="mgit-strict")
+        yield StrictServer(server.endpoint, "mgit-strict", key["AccessKeyId"], key["SecretAccessKey"])
+
+
+def use_aws_env(monkeypatch: pytest.MonkeyPatch, endpoint: str, **overrides: str) -> None:
+    for name in UNSET_AWS_VARIABLES + CREDENTIAL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {**aws_env(endpoint), **overrides}.items():
+        monkeypatch.setenv(name, value)
+
+
+@requires_s3
+def test_right_credentials_pass_and_wrong_ones_are_refused_in_one_line(strict_server, monkeypatch):
+    url = f"s3://{strict_server.bucket}/team"
+    use_aws_env(monkeypatch, strict_server.endpoint, AWS_ACCESS_KEY_ID=strict_server.key_id,
+                AWS_SECRET_ACCESS_KEY=strict_server.secret)  # fmt: skip
+    good = s3_backend(url)
+    good.write("objects/ab/k", b"v")
+    assert good.read("objects/ab/k", limit=10) == b"v"
+    for key_id, secret, code in [(strict_server.key_id, "not-the-secret", "SignatureDoesNotMatch"),
+                                 ("AKIAUNKNOWNKEY000000", "not-the-secret", "InvalidAccessKeyId")]:  # fmt: skip
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+        bad = s3_backend(url)
+        for call in (bad.check, partial(bad.exists, "objects/ab/k"), partial(bad.read, "objects/ab/k", limit=10),
+                     partial(bad.write, "objects/ab/k", b"x")):  # fmt: skip
+            with pytest.raises(RemoteAuthError) as failed:
+                call()
+            message = one_line(failed.value)
+            assert url in message and "AWS_ACCESS_KEY_ID" in message  # the hint names the chain
+            assert "not-the-secret" not in message and strict_server.secret not in message
+        with pytest.raises(RemoteAuthError, match=code):
+            bad.read("objects/ab/k", limit=10)
+    assert good.read("objects/ab/k", limit=10) == b"v"
+
+
+@requires_s3
+def test_no_credentials_at_all_is_an_auth_error_with_a_hint(s3_bucket, monkeypatch):
+    for name in CREDENTIAL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    backend = s3_backend(s3_bucket.url)
+    with pytest.raises(RemoteAuthError, match="no AWS credentials found") as failed:
+        backend.check()
+    assert "AWS_ACCESS_KEY_ID" in one_line(failed.value)
+
+
+@requires_s3
+def test_an_unknown_profile_is_an_auth_error(s3_bucket):
+    with pytest.raises(RemoteAuthError, match="no AWS profile named 'nobody'"):
+        s3_backend(s3_bucket.url, profile="nobody")
+
+
+@requires_s3
+def test_an_endpoint_from_the_environment_or_given_is_addressed_by_path(s3_bucket, monkeypatch):
+    localhost = s3_bucket.endpoint.replace("127.0.0.1", "localhost")  # BUCKET.localhost would not resolve
+    monkeypatch.setenv("AWS_ENDPOINT_URL", localhost)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", localhost)
+    for backend in (s3_backend(s3_bucket.url), s3_backend(s3_bucket.url, endpoint_url=s3_bucket.endpoint)):
+        assert backend.client.meta.config.s3["addressing_style"] == "path"
+        backend.write("k", backend.client.meta.endpoint_url.encode())
+        assert backend.read("k", limit=100) == backend.client.meta.endpoint_url.encode()
+    assert s3_backend(s3_bucket.url).client.meta.endpoint_url == localhost
+    assert s3_backend(s3_bucket.url, endpoint_url=s3_bucket.endpoint).client.meta.endpoint_url == s3_bucket.endpoint
+
+
+def test_without_boto3_an_s3_remote_asks_for_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "boto3", None)  # what `import boto3` meets when it is not installed
+    monkeypatch.delitem(sys.modules, "mgit.remotes.s3", raising=False)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'mgit\[s3\]'"):
+        open_backend(RemoteSpec("s3://some-bucket/team"))
+
+
+@requires_s3
+def test_attempts_must_be_a_small_whole_number(s3_bucket, monkeypatch):
+    monkeypatch.setenv("MGIT_S3_ATTEMPTS", "lots")
+    with pytest.raises(InvalidOptionError, match="MGIT_S3_ATTEMPTS"):
+        s3_backend(s3_bucket.url)
+
+
+# --- S3 only: a server that fails requests -------------------------------------------------------
+
+
+@requires_s3
+@pytest.mark.parametrize("mode", ["503", "500", "drop"])
+def test_retries_ride_out_a_server_failing_every_third_request(s3_bucket, tmp_path, mode):
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(2 * PART + 1))
+    blobs = {f"objects/0{i}/blob": os.urandom(1000 + i) for i in range(3)}
+    with FaultProxy(s3_bucket.endpoint, every=3, mode=mode) as proxy:
+        backend = s3_backend(f"{s3_bucket.url}/team", endpoint_url=proxy.endpoint)  # given wins over the env
+        for key, data in blobs.items():
+            backend.write(key, data)
+        backend.write("objects/big", big)
+        backend.write_if("refs/models/m", b"v1", token=None)
+        _, token = backend.read_versioned("refs/models/m", limit=10)
+        backend.write_if("refs/models/m", b"v2", token=token)
+        assert {key: backend.read(key, limit=2000) for key in blobs} == blobs
+        backend.read_into("objects/big", tmp_path / "out.bin", limit=2 * PART + 1)
+        assert list(backend.list("objects/0")) == sorted(blobs)
+        assert backend.exists("refs/models/m") and backend.read("refs/models/m", limit=10) == b"v2"
+        assert proxy.faults >= 5 and all(r.fault in (None, mode) for r in proxy.seen)
+    assert sha256(tmp_path / "out.bin") == sha256(big)
+
+
+@requires_s3
+@pytest.mark.parametrize("mode", ["503", "500", "drop"])
+def test_a_server_that_keeps_failing_is_unavailable_in_one_line_and_soon(s3_bucket, monkeypatch, mode):
+    s3_bucket.client().put_object(Bucket=s3_bucket.name, Key="team/objects/ab/k", Body=b"v")
+    monkeypatch.setenv("MGIT_S3_ATTEMPTS", "2")
+    with FaultProxy(s3_bucket.endpoint, every=1, mode=mode) as proxy:
+        backend = s3_backend(f"{s3_bucket.url}/team", endpoint_url=proxy.endpoint)
+        started = time.monotonic()
+        with pytest.raises(RemoteUnavailableError) as failed:
+            backend.read("objects/ab/k", limit=10)
+        assert time.monotonic() - started < 10
+        assert proxy.requests == 2  # MGIT_S3_ATTEMPTS bounds the attempts
+    message = one_line(failed.value)
+    assert message.startswith(f"{s3_bucket.url}/team did not answer: ") and "2 attempts" in message
