@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from conftest import make_model, run_cli, run_mgit, sha256_tree, tensors
 
+from mgit import Repo
 from mgit.cli.main import cli
 
 
@@ -29,7 +30,8 @@ COMMANDS = _leaves(cli)
 # Each prints its result as data with --json (see the tests of the JSON twins below).
 DATA_COMMANDS = {"init", "add", "checkout", "ls", "log", "show", "du", "fsck", "gc", "rm", "diff", "graph",
                  "lineage tree", "lineage suggest", "test add", "test ls", "test run", "test show", "bisect",
-                 "cascade"}  # fmt: skip
+                 "cascade", "remote add", "remote ls", "remote rm", "remote show", "push", "fetch", "pull",
+                 "clone"}  # fmt: skip
 NO_DATA = {"test rm"}  # prints one confirmation line
 
 
@@ -142,7 +144,8 @@ def family(work: Path) -> Path:
 
 
 def test_init_json(tmp_path: Path) -> None:
-    assert cli_json("init", str(tmp_path / "r"), cwd=tmp_path) == {"path": str(tmp_path / "r" / ".mgit")}
+    assert cli_json("init", str(tmp_path / "r"), cwd=tmp_path) == {"path": str(tmp_path / "r" / ".mgit"), "bare": False}
+    assert cli_json("init", "--bare", str(tmp_path / "b"), cwd=tmp_path) == {"path": str(tmp_path / "b"), "bare": True}
     assert (tmp_path / "r" / ".mgit").is_dir()
 
 
@@ -162,10 +165,12 @@ def test_checkout_json(work: Path) -> None:
 def test_test_commands_json(family: Path) -> None:
     attached = cli_json("test", "add", "ft", "--fn", "evals.py:accuracy", "--name", "strict", "--metric", "acc",
                         "--min", "0.99", cwd=family)  # fmt: skip
+    source = attached.pop("source")  # the source file, stored as an object when attached
     assert attached == {"name": "strict", "fn": "evals.py:accuracy", "target": "ft", "inherit": False,
                         "conditions": [{"metric": "acc", "bound": "min", "value": 0.99}], "timeout": None}  # fmt: skip
+    assert Repo(family).store.get(source)[1].tobytes() == (family / "evals.py").read_bytes()
     listed = cli_json("test", "ls", cwd=family)
-    assert [t["name"] for t in listed] == ["acc", "strict"] and listed[1] == attached
+    assert [t["name"] for t in listed] == ["acc", "strict"] and listed[1] == {**attached, "source": source}
     assert listed[0]["target"] == "base" and listed[0]["inherit"] is True
 
     code, out, err = run_cli("test", "run", "--all", "--json", cwd=family)

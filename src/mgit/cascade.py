@@ -70,7 +70,8 @@ class CascadeStep(Report):
     parents: list[PlannedParent]
     recipe: dict[str, Any] | None = None
     source_changed: bool = False  # the recipe's file changed since the head was made
-    problem: str | None = None  # the recorded recipe cannot be found any more
+    recorded_source: bool = False  # runs the source recorded with the version (its file is not here, or asked)
+    problem: str | None = None  # the recipe can be run neither from its file nor from a recorded source
     reason: str | None = None  # why it is manual, blocked or skipped
     command: str | None = None  # for a manual step: how to record a recipe
 
@@ -141,7 +142,7 @@ class CascadeReport(Report):
 
 
 # --- the plan ----------------------------------------------------------------------------------
-def plan_cascade(repo: Repo, name: str, *, only: str | None = None) -> CascadePlan:
+def plan_cascade(repo: Repo, name: str, *, only: str | None = None, recorded_source: bool = False) -> CascadePlan:
     """What a cascade from `name` (a model, or a ref of one: its latest version counts) would
     do, in topological order. Runs no user code: recorded test results are read, not run."""
     top = repo.model_of(name)
@@ -156,12 +157,12 @@ def plan_cascade(repo: Repo, name: str, *, only: str | None = None) -> CascadePl
         return tuple(checks.failing(vid, graph))
 
     for model in graph.topological_order(scope - {top}):
-        steps[model] = _plan_step(repo, graph, model, scope, steps, only, failing)
+        steps[model] = _plan_step(repo, graph, model, scope, steps, only, failing, recorded_source)
     return CascadePlan(top, node.head, f"{top}@{node.seq}", list(steps.values()))
 
 
 def _plan_step(repo: Repo, graph: Lineage, model: str, scope: set[str], steps: dict[str, CascadeStep],
-               only: str | None, failing: Callable[[str], tuple[str, ...]]) -> CascadeStep:  # fmt: skip
+               only: str | None, failing: Callable[[str], tuple[str, ...]], recorded_source: bool) -> CascadeStep:  # fmt: skip
     node = graph.node(model)
     edges = graph.parents(model)
     rebuilt = {e.parent for e in edges if e.parent in steps and steps[e.parent].action in REBUILT}
@@ -184,12 +185,14 @@ def _plan_step(repo: Repo, graph: Lineage, model: str, scope: set[str], steps: d
         return replace(step, action="blocked", reason=f"{p.name}@{p.seq} fails {', '.join(failing(p.head))}")
     if recipe is None:
         return replace(step, action="manual", reason="no recipe recorded", command=_record_command(step))
-    problem, source_changed = None, False
+    problem, source_changed, stored = None, False, recorded_source and recipe.get("source") is not None
     try:
         source_changed = usercode.source_hash(str(recipe.get("fn")), cwd=repo.root) != recipe.get("source_sha256")
     except MgitError as exc:
-        problem = str(exc)
-    return replace(step, action="recipe", source_changed=source_changed, problem=problem)
+        stored = recipe.get("source") is not None  # a teammate's recipe: run what was recorded
+        problem = None if stored else str(exc)
+    return replace(step, action="recipe", source_changed=source_changed and not stored, recorded_source=stored,
+                   problem=problem)  # fmt: skip
 
 
 def _planned_parent(graph: Lineage, edge: LineageEdge, rebuilt: bool) -> PlannedParent:
@@ -215,11 +218,13 @@ def _record_command(step: CascadeStep) -> str:
 
 # --- running it ---------------------------------------------------------------------------------
 def cascade(repo: Repo, name: str, *, jobs: int = 1, only: str | None = None, timeout: float | None = None,
-            dry_run: bool = False, progress: Progress | None = None) -> CascadeReport:  # fmt: skip
+            dry_run: bool = False, recorded_source: bool = False, progress: Progress | None = None) -> CascadeReport:  # fmt: skip
     """Rebuild the descendants of `name` on its latest version by re-running their recipes,
     commit and test the results: plan it and, unless `dry_run`, carry it out (see
-    `execute`). A dry run's report holds the plan and no results."""
-    plan = plan_cascade(repo, name, only=only)
+    `execute`). A dry run's report holds the plan and no results. A recipe runs from its
+    file here, or from the source recorded with the version when the file is not here (a
+    teammate's clone) or `recorded_source` asks for it."""
+    plan = plan_cascade(repo, name, only=only, recorded_source=recorded_source)
     return execute(repo, plan, jobs=jobs, timeout=timeout, dry_run=dry_run, progress=progress)
 
 
@@ -327,6 +332,7 @@ class _Cascade:
         if step.problem or step.recipe is None:
             return replace(failed, reason=step.problem or "no recipe")
         fn, params = step.recipe["fn"], dict(step.recipe.get("params") or {})
+        source = self.repo.store.get(step.recipe["source"])[1].tobytes() if step.recorded_source else None
         try:
             with tempfile.TemporaryDirectory(prefix="mgit-cascade-", ignore_cleanup_errors=True) as tmp:
                 folders = [Path(tmp) / f"parent-{i}" for i in range(len(parents))]
@@ -335,7 +341,7 @@ class _Cascade:
                 out = Path(tmp) / "out"
                 out.mkdir()
                 run = usercode.run("recipe", fn, [str(out), json.dumps(params), *map(str, folders)],
-                                   timeout=self.timeout, cwd=self.repo.root)  # fmt: skip
+                                   timeout=self.timeout, cwd=self.repo.root, source=source)  # fmt: skip
                 if not run.ok:
                     return replace(failed, reason=f"the recipe {run.error}", output=run.output)
                 if not any(out.iterdir()):
@@ -344,7 +350,8 @@ class _Cascade:
                 # Same tags as the version it replaces (tests attached by tag must still apply),
                 # and committed only if no one added a version meanwhile (checked under the lock).
                 added = self.repo.add(out, name=step.model, parent=[vid for vid, _ in parents], relation=step.relation,
-                                      message=message, recipe=_rooted(fn, self.repo.root), params=params,
+                                      message=message, params=params,
+                                      recipe=step.recipe if source is not None else _rooted(fn, self.repo.root),
                                       tags=self.repo.version(step.head).tags, model_card=False,
                                       expected_head=step.head)  # fmt: skip
         except RefConflictError:

@@ -54,6 +54,14 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
         "0002_sketches",
         ["CREATE TABLE sketches (version TEXT PRIMARY KEY, data BLOB NOT NULL)"],
     ),
+    (
+        # The delta bases each object is coded against (JSON list; NULL: not recorded yet),
+        # so that what an object needs is known without its file: a lazy clone fetches a
+        # version's objects with their bases in one go, and gc keeps the bases of objects
+        # that live only on the remote.
+        "0003_object_bases",
+        ["ALTER TABLE objects ADD COLUMN bases TEXT"],
+    ),
 ]
 
 
@@ -77,11 +85,12 @@ class ObjectRow:
     logical_size: int
     stored_size: int
     codec: str
+    bases: tuple[str, ...] = ()
 
     @classmethod
     def written(cls, result: PutResult) -> ObjectRow:
         """The row of an object a store just wrote."""
-        return cls(result.oid, result.kind, result.size, result.stored_size, result.codec)
+        return cls(result.oid, result.kind, result.size, result.stored_size, result.codec, result.bases)
 
 
 @dataclass(frozen=True)
@@ -114,8 +123,9 @@ class Catalog(Database):
     def add_objects(self, rows: Iterable[ObjectRow]) -> None:
         with self.atomic() as tx:
             tx.executemany(
-                "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?)",
-                [(r.id, r.kind, r.logical_size, r.stored_size, r.codec) for r in rows],
+                "INSERT OR REPLACE INTO objects (id, kind, logical_size, stored_size, codec, bases) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [(r.id, r.kind, r.logical_size, r.stored_size, r.codec, json.dumps(list(r.bases))) for r in rows],
             )
 
     def index_version(self, vid: str, version: Version, objects: set[str]) -> None:
@@ -180,7 +190,8 @@ class Catalog(Database):
             )
             tx.execute("DELETE FROM edges WHERE child NOT IN (SELECT id FROM versions)")
             tx.execute("DELETE FROM version_objects WHERE version NOT IN (SELECT id FROM versions)")
-            tx.execute("DELETE FROM sketches WHERE version NOT IN (SELECT id FROM versions)")
+            # Sketches stay: a fetched version's (from a remote's pack) is wanted once a pull
+            # makes it reachable; gc removes those of versions it deletes.
 
     def index(self, store: ObjectStore, vid: str) -> None:
         """Index `vid` and every version it links to that is not indexed yet, ancestors
@@ -201,11 +212,12 @@ class Catalog(Database):
             stack.extend((linked, False) for linked in loaded[v].linked_versions())
         for v, version in order:
             manifest = store.get_manifest(version.manifest)
-            objects = manifest.object_ids() | {version.manifest, v}
+            objects = manifest.object_ids() | version.linked_objects() | {v}
             rows = []
             for oid in self.missing_objects(objects):
                 header = store.header(oid)
-                rows.append(ObjectRow(oid, header.kind, header.size, store.stored_size(oid), header.codec_names))
+                rows.append(ObjectRow(oid, header.kind, header.size, store.stored_size(oid), header.codec_names,
+                                      tuple(header.bases)))  # fmt: skip
             self.add_objects(rows)
             self.index_version(v, version, objects)
 
@@ -255,9 +267,24 @@ class Catalog(Database):
             if tx.execute("SELECT 1 FROM versions WHERE id = ?", (head,)).fetchone():
                 tx.execute("INSERT OR REPLACE INTO models VALUES (?, ?)", (name, head))
 
+    def object_rows(self, oids: Iterable[str]) -> dict[str, ObjectRow]:
+        """The rows of these objects that the catalog has (bases () when not recorded)."""
+        rows = self.db.execute(
+            f"SELECT id, kind, logical_size, stored_size, codec, bases FROM objects WHERE id IN {IDS}",
+            (json.dumps(sorted(set(oids))),),
+        )
+        return {r[0]: ObjectRow(*r[:5], tuple(json.loads(r[5])) if r[5] else ()) for r in rows}
+
     def remove_objects(self, oids: Iterable[str]) -> None:
+        """Forget objects gc deleted (and the sketches of versions among them)."""
+        gone = [(o,) for o in oids]
         with self.atomic() as tx:
-            tx.executemany("DELETE FROM objects WHERE id = ?", [(o,) for o in oids])
+            tx.executemany("DELETE FROM objects WHERE id = ?", gone)
+            tx.executemany("DELETE FROM sketches WHERE version = ?", gone)
+
+    def sketch(self, vid: str) -> bytes | None:
+        row = self.db.execute("SELECT data FROM sketches WHERE version = ?", (vid,)).fetchone()
+        return None if row is None else bytes(row[0])
 
     # --- reading ------------------------------------------------------------------------
     def heads(self) -> dict[str, str]:
@@ -375,6 +402,16 @@ class Catalog(Database):
             (json.dumps(vids),),
         ).fetchone()
         return row[0], row[1]
+
+    def object_sizes(self, vids: list[str]) -> dict[str, int]:
+        """{object: stored bytes} of the distinct objects these versions use (the logical
+        size where the stored one is not known yet: a lazy clone's object not fetched)."""
+        rows = self.db.execute(
+            f"""SELECT o.id, CASE WHEN o.stored_size > 0 THEN o.stored_size ELSE o.logical_size END FROM objects o
+                WHERE o.id IN (SELECT object FROM version_objects WHERE version IN {IDS})""",
+            (json.dumps(vids),),
+        )
+        return dict(rows)
 
     def graph_rows(self) -> tuple[list[tuple[Any, ...]], list[tuple[str, int, str, str]]]:
         """Every indexed version (id, model, seq, predecessor, time, message, tags, params,

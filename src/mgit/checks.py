@@ -15,6 +15,7 @@ the version or the source changes, or `force` is given.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import math
 import tempfile
@@ -25,9 +26,9 @@ from typing import Any
 
 from mgit import usercode
 from mgit.database import Database
-from mgit.errors import MgitError, UnknownRefError
+from mgit.errors import MgitError, RemoteError, UnknownRefError
 from mgit.lineage import Lineage
-from mgit.objects import utc_now
+from mgit.objects import OID_RE, utc_now
 from mgit.repo import Repo
 from mgit.reports import Report, json_safe
 from mgit.usercode import DEFAULT_TIMEOUT
@@ -40,7 +41,14 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
             status TEXT NOT NULL, metrics TEXT NOT NULL, reasons TEXT NOT NULL, output TEXT NOT NULL,
             seconds REAL NOT NULL, time TEXT NOT NULL, PRIMARY KEY (version, test, source))""",
     ]),
+    # The test's source file as an object (so a teammate without the file can run it), and
+    # where each result was recorded (`user@host`; results travel with push and pull).
+    ("0002_sources_and_origins", [
+        "ALTER TABLE tests ADD COLUMN source TEXT",
+        "ALTER TABLE results ADD COLUMN origin TEXT NOT NULL DEFAULT ''",
+    ]),
 ]  # fmt: skip
+RESULT_COLUMNS = "version, test, source, status, metrics, reasons, output, seconds, time, origin"
 
 
 class TestNotFoundError(MgitError):
@@ -85,6 +93,7 @@ class TestSpec(Report):
     inherit: bool
     conditions: list[Condition]
     timeout: float | None = None
+    source: str | None = None  # the object holding the function's source file when attached
 
     def matches(self, model: str, tags: dict[str, str]) -> bool:
         if self.target.startswith("tag:"):
@@ -109,6 +118,7 @@ class TestOutcome(Report):
     time: str
     reused: bool = False
     output: str = field(default="", repr=False)
+    origin: str = ""  # where it was recorded: `user@host`
     parent: str | None = None  # `model@seq` of the lineage parent whose result is compared
     parent_status: str | None = None
     parent_metrics: dict[str, float] | None = None
@@ -134,13 +144,14 @@ class TestRunResult(Report):
 
     outcomes: list[TestOutcome]
     skipped: list[str]  # `model@seq` with no test attached
+    notes: list[str] = field(default_factory=list)  # recorded sources used, local files changed since
 
     @property
     def failed(self) -> list[TestOutcome]:
         return [o for o in self.outcomes if not o.passed]
 
     def to_json(self) -> dict[str, Any]:
-        return {"outcomes": [o.to_json() for o in self.outcomes], "skipped": self.skipped,
+        return {"outcomes": [o.to_json() for o in self.outcomes], "skipped": self.skipped, "notes": self.notes,
                 "passed": sum(o.passed for o in self.outcomes), "failed": len(self.failed)}  # fmt: skip
 
 
@@ -158,18 +169,25 @@ class Checks:
         """Attach a test to a model, a glob of names or `tag:KEY[=VALUE]`. The function is
         located (its file must exist) but not run."""
         fn = usercode.anchored(fn, self.repo.root)
-        usercode.source_file(fn, cwd=self.repo.root)
-        spec = TestSpec(name or usercode.split_spec(fn)[1], fn, target, inherit, list(conditions or []), timeout)
+        source = self.repo.store.put_blob(usercode.source_file(fn, cwd=self.repo.root).read_bytes()).oid
+        self.repo.refs.pin(source)  # kept through gc, sent by push: a teammate runs it without the file
+        spec = TestSpec(name or usercode.split_spec(fn)[1], fn, target, inherit, list(conditions or []), timeout,
+                        source)  # fmt: skip
         lineage = self.repo.lineage
         if not any(spec.matches(n, m.tags) for n, m in lineage.nodes.items()) and not _is_pattern(target):
             raise UnknownRefError(target, "no model", hint="Attach to a model name, a glob like 'bert-*' or tag:KEY=VALUE")
         with self._sql.atomic() as db:
             if db.execute("SELECT 1 FROM tests WHERE name = ?", (spec.name,)).fetchone():
                 raise TestExistsError(spec.name)
-            db.execute("INSERT INTO tests VALUES (?, ?, ?, ?, ?, ?, ?)",
-                       (spec.name, spec.fn, spec.target, int(spec.inherit),
-                        json.dumps([c.to_json() for c in spec.conditions]), spec.timeout, utc_now()))  # fmt: skip
+            self._insert_test(db, spec, utc_now())
         return spec
+
+    @staticmethod
+    def _insert_test(db: Any, spec: TestSpec, created: str) -> None:
+        db.execute("INSERT INTO tests (name, fn, target, inherit, conditions, timeout, created, source) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                   (spec.name, spec.fn, spec.target, int(spec.inherit),
+                    json.dumps([c.to_json() for c in spec.conditions]), spec.timeout, created, spec.source))  # fmt: skip
 
     def detach(self, name: str) -> TestSpec:
         spec = self.test(name)
@@ -178,8 +196,10 @@ class Checks:
         return spec
 
     def tests(self) -> list[TestSpec]:
-        rows = self._sql.db.execute("SELECT name, fn, target, inherit, conditions, timeout FROM tests ORDER BY name")
-        return [TestSpec(n, f, t, bool(i), [Condition(**c) for c in json.loads(cs)], to) for n, f, t, i, cs, to in rows]
+        rows = self._sql.db.execute(
+            "SELECT name, fn, target, inherit, conditions, timeout, source FROM tests ORDER BY name")
+        return [TestSpec(n, f, t, bool(i), [Condition(**c) for c in json.loads(cs)], to, src)
+                for n, f, t, i, cs, to, src in rows]  # fmt: skip
 
     def test(self, name: str) -> TestSpec:
         for spec in self.tests():
@@ -198,9 +218,13 @@ class Checks:
 
     # --- running ------------------------------------------------------------------------
     def run(self, refs: list[str] | None = None, *, descendants: bool = False, tests: list[str] | None = None,
-            jobs: int | None = None, timeout: float | None = None, force: bool = False) -> TestRunResult:  # fmt: skip
+            jobs: int | None = None, timeout: float | None = None, force: bool = False,
+            recorded_source: bool = False) -> TestRunResult:  # fmt: skip
         """Run the tests that apply to these versions (every model's latest by default; with
-        `descendants`, the latest of every descendant too), reusing recorded results."""
+        `descendants`, the latest of every descendant too), reusing recorded results.
+
+        A test runs from its file here; from the source recorded when it was attached if
+        the file is not here (a teammate's clone) or with `recorded_source`."""
         lineage = self.repo.lineage
         if refs is None:
             vids = [n.head for n in lineage.nodes.values() if not n.removed]
@@ -223,24 +247,48 @@ class Checks:
                 work.append((vid, specs))
             else:
                 skipped.append(self._ref(vid))
-        sources = {t.name: usercode.source_hash(t.fn, cwd=self.repo.root) for _, specs in work for t in specs}
+        notes: list[str] = []
+        sources = {t.name: self.source_of(t, recorded=recorded_source, notes=notes) for _, specs in work for t in specs}
         # One session: versions of a family share parents, decoded once for all their checkouts.
         with self.repo.caching(), ThreadPoolExecutor(max_workers=jobs or 2) as pool:
             done = list(pool.map(lambda w: self._run_version(w[0], w[1], sources, timeout, force), work))
         outcomes = [self._with_parent(o) for group in done for o in group]
-        return TestRunResult(outcomes, skipped)
+        return TestRunResult(outcomes, skipped, notes)
 
     def run_one(self, vid: str, test: str, *, timeout: float | None = None, force: bool = False) -> TestOutcome:
         spec = self.test(test)
-        source = usercode.source_hash(spec.fn, cwd=self.repo.root)
-        return self._with_parent(self._run_version(vid, [spec], {spec.name: source}, timeout, force)[0])
+        return self._with_parent(self._run_version(vid, [spec], {spec.name: self.source_of(spec)}, timeout, force)[0])
 
-    def _run_version(self, vid: str, specs: list[TestSpec], sources: dict[str, str], timeout: float | None,
-                     force: bool) -> list[TestOutcome]:  # fmt: skip
+    def source_of(self, spec: TestSpec, *, recorded: bool = False, notes: list[str] | None = None
+                  ) -> tuple[str, bytes | None]:  # fmt: skip
+        """(sha256 of the source a run uses, its bytes when it is the recorded one rather
+        than the file here). A local file that differs from the recorded source is noted."""
+        try:
+            local = usercode.source_file(spec.fn, cwd=self.repo.root)
+        except usercode.UserCodeError:
+            if spec.source is None:
+                raise
+            local = None
+        if local is not None and not recorded:
+            data = local.read_bytes()
+            if spec.source is not None and notes is not None and blob_sha256(self.repo, spec.source) != sha256(data):
+                notes.append(f"{spec.fn} changed since test {spec.name} was attached; it ran as it is here "
+                             "(--recorded-source runs the recorded one)")  # fmt: skip
+            return sha256(data), None
+        if spec.source is None:
+            raise usercode.UserCodeError(spec.fn, "no source was recorded for it when it was attached")
+        data = self.repo.store.get(spec.source)[1].tobytes()
+        if notes is not None:
+            notes.append(f"test {spec.name} ran from the source recorded when it was attached"
+                         + ("" if local is not None else f" ({spec.fn} is not here)"))  # fmt: skip
+        return sha256(data), data
+
+    def _run_version(self, vid: str, specs: list[TestSpec], sources: dict[str, tuple[str, bytes | None]],
+                     timeout: float | None, force: bool) -> list[TestOutcome]:  # fmt: skip
         results: dict[str, TestOutcome] = {}
         if not force:
             for spec in specs:
-                found = self.recorded(vid, spec.name, sources[spec.name])
+                found = self.recorded(vid, spec.name, sources[spec.name][0])
                 if found is not None:
                     results[spec.name] = replace(found, reused=True)
         todo = [s for s in specs if s.name not in results]
@@ -252,9 +300,11 @@ class Checks:
                     results[spec.name] = self._evaluate(vid, spec, sources[spec.name], folder, timeout)
         return [results[s.name] for s in specs]
 
-    def _evaluate(self, vid: str, spec: TestSpec, source: str, folder: Path, timeout: float | None) -> TestOutcome:
+    def _evaluate(self, vid: str, spec: TestSpec, source_used: tuple[str, bytes | None], folder: Path,
+                  timeout: float | None) -> TestOutcome:  # fmt: skip
         limit = timeout or spec.timeout or DEFAULT_TIMEOUT
-        run = usercode.run("call", spec.fn, [str(folder)], timeout=limit, cwd=self.repo.root)
+        source, recorded = source_used
+        run = usercode.run("call", spec.fn, [str(folder)], timeout=limit, cwd=self.repo.root, source=recorded)
         metrics: dict[str, float] = {}
         if not run.ok:
             status, reasons = "error", [f"the test {run.error}"]
@@ -267,17 +317,17 @@ class Checks:
             status = "error" if problem and not metrics else "fail" if reasons else "pass"
         model, seq = self._model_seq(vid)
         outcome = TestOutcome(vid, model, seq, spec.name, source, status, metrics, reasons, round(run.seconds, 3),
-                              utc_now(), output=run.output)  # fmt: skip
+                              utc_now(), output=run.output, origin=usercode.origin())  # fmt: skip
         with self._sql.atomic() as db:
-            db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            db.execute(f"INSERT OR REPLACE INTO results ({RESULT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (vid, spec.name, source, status, json.dumps(json_safe(metrics)), json.dumps(reasons),
-                        run.output, outcome.seconds, outcome.time))  # fmt: skip
+                        run.output, outcome.seconds, outcome.time, outcome.origin))  # fmt: skip
         return outcome
 
     # --- results ------------------------------------------------------------------------
     def recorded(self, vid: str, test: str, source: str | None = None) -> TestOutcome | None:
         """The recorded result of a test on a version (for that source, or the latest)."""
-        sql = "SELECT * FROM results WHERE version = ? AND test = ?"
+        sql = f"SELECT {RESULT_COLUMNS} FROM results WHERE version = ? AND test = ?"
         args: tuple[Any, ...] = (vid, test)
         if source is not None:
             sql, args = sql + " AND source = ?", (*args, source)
@@ -291,7 +341,7 @@ class Checks:
         out = []
         for t in self.applicable(self.repo.model_of(vid), lineage):
             try:
-                found = self.recorded(vid, t.name, usercode.source_hash(t.fn, cwd=self.repo.root))
+                found = self.recorded(vid, t.name, self.source_of(t)[0])
             except MgitError:
                 continue
             if found is not None and not found.passed:
@@ -307,18 +357,62 @@ class Checks:
         out = []
         for vid in vids:
             rows = self._sql.db.execute(
-                """SELECT * FROM results r WHERE version = ? AND time = (SELECT MAX(time) FROM results r2
+                f"""SELECT {RESULT_COLUMNS} FROM results r WHERE version = ? AND time = (SELECT MAX(time) FROM results r2
                    WHERE r2.version = r.version AND r2.test = r.test) ORDER BY test""",
                 (vid,),
             )
             out += [self._with_parent(self._outcome(r)) for r in rows]
         return out
 
+    # --- travelling with push and pull --------------------------------------------------------
+    def registrations(self) -> list[dict[str, Any]]:
+        """Every registration as data (what a push sends)."""
+        rows = self._sql.db.execute("SELECT name, created FROM tests ORDER BY name")
+        created = dict(rows)
+        return [{**t.to_json(), "created": created[t.name]} for t in self.tests()]
+
+    def add_registration(self, record: Any) -> str:
+        """Take a registration from a remote: `added`, `same` (here already), or `differs`
+        (a test of that name here is another one: the one here is kept)."""
+        spec, created = _registration(record)
+        with self._sql.atomic() as db:
+            row = db.execute("SELECT 1 FROM tests WHERE name = ?", (spec.name,)).fetchone()
+            if row is None:
+                self._insert_test(db, spec, created)
+                if spec.source is not None:
+                    self.repo.refs.pin(spec.source)
+                return "added"
+        here = self.test(spec.name)
+        return "same" if (here.fn, here.target, here.inherit, here.conditions) == (
+            spec.fn, spec.target, spec.inherit, spec.conditions) else "differs"  # fmt: skip
+
+    def result_records(self) -> list[dict[str, Any]]:
+        """Every recorded result as data, output and origin included (what a push sends)."""
+        names = RESULT_COLUMNS.split(", ")
+        rows = self._sql.db.execute(f"SELECT {RESULT_COLUMNS} FROM results ORDER BY version, test, source")
+        return [dict(zip(names, r, strict=True)) for r in rows]
+
+    def add_results(self, records: list[Any]) -> int:
+        """Take recorded results from a remote (a result already here for the same version,
+        test and source stays as it is); return how many were new."""
+        rows = [_result_row(r) for r in records]
+        with self._sql.atomic() as db:
+            before = db.total_changes
+            db.executemany(f"INSERT OR IGNORE INTO results ({RESULT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           rows)  # fmt: skip
+            return db.total_changes - before
+
+    def copy_results(self, renamed: dict[str, str]) -> int:
+        """Give versions rewritten with the same content (a pull that replays local versions
+        after the remote's) the results of the versions they replace."""
+        copied = [{**r, "version": renamed[r["version"]]} for r in self.result_records() if r["version"] in renamed]
+        return self.add_results(copied)
+
     def _outcome(self, row: tuple[Any, ...]) -> TestOutcome:
-        vid, test, source, status, metrics, reasons, output, seconds, time = row
+        vid, test, source, status, metrics, reasons, output, seconds, time, origin = row
         model, seq = self._model_seq(vid)
         return TestOutcome(vid, model, seq, test, source, status, _floats(json.loads(metrics)), json.loads(reasons),
-                           seconds, time, output=output)  # fmt: skip
+                           seconds, time, output=output, origin=origin)  # fmt: skip
 
     def _with_parent(self, o: TestOutcome) -> TestOutcome:
         """The outcome with its lineage parent's latest recorded result of the same test."""
@@ -348,6 +442,53 @@ class Checks:
 
 def _is_pattern(target: str) -> bool:
     return target.startswith("tag:") or any(c in target for c in "*?[")
+
+
+def _registration(record: Any) -> tuple[TestSpec, str]:
+    """A registration from a remote, checked field by field (a RemoteError if malformed)."""
+    try:
+        conditions = [Condition(str(c["metric"]), c["bound"], float(c["value"])) for c in record["conditions"]]
+        spec = TestSpec(record["name"], record["fn"], record["target"], record["inherit"], conditions,
+                        record.get("timeout"), record.get("source"))  # fmt: skip
+        ok = (all(isinstance(v, str) and 0 < len(v) <= 1024 for v in (spec.name, spec.fn, spec.target))
+              and isinstance(spec.inherit, bool) and all(c.bound in ("min", "max") for c in conditions)
+              and (spec.timeout is None or (isinstance(spec.timeout, (int, float)) and spec.timeout > 0))
+              and (spec.source is None or (isinstance(spec.source, str) and OID_RE.match(spec.source) is not None))
+              and isinstance(record.get("created"), str))  # fmt: skip
+        usercode.split_spec(spec.fn)
+    except (KeyError, TypeError, ValueError, MgitError):
+        ok = False
+    if not ok:
+        raise RemoteError(f"a malformed test registration {str(record)[:80]!r}")
+    return spec, record["created"]
+
+
+def _result_row(record: Any) -> tuple[Any, ...]:
+    """A recorded result from a remote as a row, checked field by field."""
+    try:
+        names = RESULT_COLUMNS.split(", ")
+        row = tuple(record[n] for n in names)
+        vid, test, source, status, metrics, reasons, output, seconds, time, origin = row
+        json.loads(metrics), json.loads(reasons)
+        ok = (OID_RE.match(vid) is not None and status in ("pass", "fail", "error")
+              and all(isinstance(v, str) for v in (test, source, metrics, reasons, output, time, origin))
+              and isinstance(seconds, (int, float)) and len(output) <= 2 * usercode.MAX_OUTPUT)  # fmt: skip
+    except (KeyError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise RemoteError(f"a malformed test result {str(record)[:80]!r}")
+    return row
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def blob_sha256(repo: Repo, oid: str) -> str | None:
+    try:
+        return sha256(repo.store.get(oid)[1].tobytes())
+    except MgitError:
+        return None
 
 
 def _floats(metrics: dict[str, float | None]) -> dict[str, float]:

@@ -28,9 +28,21 @@ class Reachable:
     problems: list[Problem] = field(default_factory=list)
 
 
-def walk(store: ObjectStore, heads: dict[str, str]) -> Reachable:
-    """Everything reachable from `heads`; unreadable records become problems, not exceptions."""
+def root_heads(refs: RefStore) -> dict[str, str]:
+    """What gc keeps: every model's head and every remote-tracking head (`origin/NAME`)."""
+    heads = dict(refs.all())
+    remotes = refs.root / "refs" / "remotes"
+    for remote in sorted(remotes.iterdir()) if remotes.is_dir() else []:
+        tracking = RefStore(refs.root, namespace=f"remotes/{remote.name}")
+        heads.update({f"{remote.name}/{name}": vid for name, vid in tracking.all().items()})
+    return heads
+
+
+def walk(store: ObjectStore, heads: dict[str, str], *, pins: set[str] | frozenset[str] = frozenset()) -> Reachable:
+    """Everything reachable from `heads` (and the pinned objects); unreadable records become
+    problems, not exceptions."""
     seen = Reachable()
+    seen.objects |= pins
     stack = [(vid, f"head of {name}") for name, vid in heads.items()]
     while stack:
         vid, via = stack.pop()
@@ -45,6 +57,7 @@ def walk(store: ObjectStore, heads: dict[str, str]) -> Reachable:
         seen.versions[vid] = version
         label = f"{version.model} version {vid[:12]}"
         stack.extend((v, label) for v in version.linked_versions())
+        seen.objects |= version.linked_objects() - {version.manifest}  # a recipe's source
         if version.manifest in seen.manifests:
             continue
         seen.objects.add(version.manifest)
@@ -65,15 +78,16 @@ def _add_delta_bases(store: ObjectStore, oids: list[str], seen: Reachable, label
     stack = list(oids)
     while stack:
         oid = stack.pop()
+        promised = store.promised(oid)  # on the remote only: its bases as recorded, nothing fetched
         try:
-            header = store.header(oid)
+            bases = promised if promised is not None else store.header(oid).bases
         except (CorruptObjectError, MissingObjectError):
             continue  # reported by the object checks, with the models that use it
-        for base in header.bases:
+        for base in bases:
             if base not in seen.objects:
                 seen.objects.add(base)
                 stack.append(base)
-            if not store.has(base):
+            if not store.has(base) and store.promised(base) is None:
                 seen.problems.append(Problem(base, "missing", f"delta base of {oid[:16]} is missing", [label]))
 
 
@@ -112,6 +126,8 @@ def check_references(store: ObjectStore, seen: Reachable) -> list[Problem]:
         for f in manifest.files:
             wanted = [(f.object, "blob", None)] + [(t.object, "tensor", t) for t in f.tensors]
             for oid, kind, tensor in wanted:
+                if store.promised(oid) is not None:
+                    continue  # a lazy clone's object that lives on the remote
                 try:
                     header = store.header(oid)
                 except (CorruptObjectError, MissingObjectError) as exc:
@@ -125,8 +141,8 @@ def check_references(store: ObjectStore, seen: Reachable) -> list[Problem]:
 def fsck(store: ObjectStore, refs: RefStore, catalog: Catalog, *, jobs: int,
          progress: Callable[[int, int], Callable[[int], None]] | None = None) -> FsckResult:  # fmt: skip
     """Re-hash every object and check every reference; problems are listed, not raised."""
-    heads = refs.all()
-    seen = walk(store, heads)
+    heads = root_heads(refs)
+    seen = walk(store, heads, pins=refs.pins())
     oids = list(store.ids())
     tick = progress(len(oids), 0) if progress else None
     problems, checked = verify_objects(store, oids, jobs=jobs, progress=tick)
@@ -135,17 +151,16 @@ def fsck(store: ObjectStore, refs: RefStore, catalog: Catalog, *, jobs: int,
     problems += [p for p in check_references(store, seen) if p.object not in bad]
     problems = [p if p.used_by else type(p)(p.object, p.kind, p.message, catalog.object_users(p.object))
                 for p in problems]  # fmt: skip
-    if heads != catalog.heads():
+    if refs.all() != catalog.heads():
         problems.append(Problem("catalog", "catalog", "the catalog does not list the same heads as refs/"))
     leftovers = len(store.temporary_files()) + len(refs.temporary_files())
-    return FsckResult(len(oids), checked, len(heads), len(seen.versions), problems, leftovers)
+    return FsckResult(len(oids), checked, len(refs.all()), len(seen.versions), problems, leftovers)
 
 
 def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, *, dry_run: bool = False) -> GcResult:
     """Delete objects that no ref reaches, and leftovers of interrupted writes (the caller
     holds the repository's exclusive lock)."""
-    heads = refs.all()
-    seen = walk(store, heads)
+    seen = walk(store, root_heads(refs), pins=refs.pins())
     if seen.problems:
         raise GcRefusedError(seen.problems[0].object, seen.problems[0].kind)
     # A reachable tensor whose header cannot be read hides the delta bases it needs: deleting
@@ -153,6 +168,8 @@ def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, *, dry_run: bool = 
     # no bases: one that is missing makes collection no less safe.)
     for manifest in seen.manifests.values():
         for t in manifest.tensors():
+            if store.promised(t.object) is not None:
+                continue
             try:
                 store.header(t.object)
             except (CorruptObjectError, MissingObjectError) as exc:

@@ -234,6 +234,8 @@ class Version:
         _check(isinstance(summary, dict), "bad summary")
         for key in ("recipe", "lossy"):
             _check(d.get(key) is None or isinstance(d.get(key), dict), f"bad {key}")
+        if d.get("recipe") and d["recipe"].get("source") is not None:
+            _oid(d["recipe"]["source"], "recipe source")
         return cls(
             model=_str(d.get("model"), "model"), manifest=_oid(d.get("manifest"), "manifest"),
             parents=tuple(parsed), predecessor=None if pred is None else _oid(pred, "predecessor"),
@@ -246,3 +248,8 @@ class Version:
     def linked_versions(self) -> list[str]:
         """Versions this one points to (predecessor first, then lineage parents)."""
         return ([self.predecessor] if self.predecessor else []) + [p.version for p in self.parents]
+
+    def linked_objects(self) -> set[str]:
+        """Objects this record names besides versions: its manifest and its recipe's source."""
+        source = (self.recipe or {}).get("source")
+        return {self.manifest} | ({source} if isinstance(source, str) else set())

@@ -41,18 +41,25 @@ def is_model_name(name: str) -> bool:
 
 
 class RefStore:
-    """Heads of models under `<repo>/refs/models`, locks under `<repo>/locks/refs`."""
+    """Heads of models under `<repo>/refs/models`, locks under `<repo>/locks/refs`.
 
-    def __init__(self, root: Path, *, fsync: bool = True) -> None:
-        self.dir = root / "refs" / "models"
-        self.lock_dir = root / "locks" / "refs"
+    Other namespaces hold other heads: `remotes/<remote>` the heads a remote had when last
+    fetched from (remote-tracking refs, as git's `refs/remotes/origin`). `refs/pins/<id>`
+    keeps an object that no version names (a test's recorded source) from gc."""
+
+    def __init__(self, root: Path, *, fsync: bool = True, namespace: str = "models") -> None:
+        self.root = root
+        self.namespace = namespace
+        self.dir = root / "refs" / namespace
+        self.lock_dir = root / "locks" / "refs" / ("" if namespace == "models" else namespace)
         self.fsync = fsync
 
     def _path(self, name: str) -> Path:
         return self.dir / validate_model_name(name)
 
     def lock(self, name: str) -> FileLock:
-        return FileLock(self.lock_dir / f"{validate_model_name(name)}.lock", what=f"model {name!r}")
+        what = f"model {name!r}" if self.namespace == "models" else f"{self.namespace}/{name}"
+        return FileLock(self.lock_dir / f"{validate_model_name(name)}.lock", what=what)
 
     def get(self, name: str) -> str | None:
         try:
@@ -99,3 +106,17 @@ class RefStore:
     def update(self, name: str, new: str | None, *, expected: str | None) -> None:
         with self.lock(name):
             self.set_locked(name, new, expected=expected)
+
+    # --- pins: objects kept without a version naming them -----------------------------------
+    def pin(self, oid: str) -> None:
+        """Keep object `oid` through gc (idempotent)."""
+        if not OID_RE.match(oid):
+            raise InvalidOptionError(f"a pin must name an object id, not {oid!r}")
+        path = self.root / "refs" / "pins" / oid
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, [b""], fsync=self.fsync)
+
+    def pins(self) -> set[str]:
+        folder = self.root / "refs" / "pins"
+        return {p.name for p in folder.iterdir() if OID_RE.match(p.name)} if folder.is_dir() else set()

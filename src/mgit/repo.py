@@ -13,7 +13,6 @@ module: `mgit.checks`, `mgit.bisect`, `mgit.cascade`.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import re
 import time
@@ -26,31 +25,30 @@ from typing import Any
 from mgit.adding import add_version, suggest_parents
 from mgit.atomicfile import write_atomic
 from mgit.cache import CHECKOUT_BASES, SESSION_CACHE_BYTES, DecodedCache
-from mgit.catalog import Catalog, VersionRow
+from mgit.catalog import Catalog, ObjectRow, VersionRow
 from mgit.checkout import restore_file, safe_join
 from mgit.diff import DiffResult, diff_models, open_side
 from mgit.encoding import DEFAULT_MAX_DEPTH
 from mgit.errors import (
-    FormatVersionError,
     InputError,
     InvalidOptionError,
     OutputNotEmptyError,
-    RepoConfigError,
-    RepoExistsError,
-    RepoNotFoundError,
     UnknownRefError,
 )
 from mgit.formats.folder import scan_path, scan_state_dict
 from mgit.formats.model_card import CARD, write_lineage
 from mgit.inference import DEFAULT_MIN_CONFIDENCE
 from mgit.integrity import fsck, gc
+from mgit.layout import create, locate, open_store, read_config
+from mgit.lazystore import LazyStore
 from mgit.lineage import Lineage
 from mgit.localstore import LocalStore
 from mgit.lossy import DEFAULT_GUARD, LossyPolicy, describe
-from mgit.objects import Manifest, Version, utc_now
+from mgit.objects import Manifest, Version
 from mgit.parallel import Progress, default_jobs
 from mgit.reader import ModelReader
 from mgit.refs import RefStore, is_model_name, validate_model_name
+from mgit.refspec import REF_RE, pick_version
 from mgit.reports import (
     AddResult,
     CheckoutResult,
@@ -68,47 +66,7 @@ from mgit.reports import (
     VersionStorage,
 )
 from mgit.sketch import sketch_source
-from mgit.usercode import DEFAULT_TIMEOUT, recipe_record_of
-
-REPO_DIR = ".mgit"
-REPO_FORMAT = 1
-REF_RE = re.compile(r"^(?P<name>[^@]+)(?:@(?P<sel>[^@]+))?$")
-MIN_PREFIX = 4  # hex digits of a version id prefix given alone or as digits only
-
-
-def find_repo_dir(start: Path | None = None) -> Path:
-    """The `.mgit` folder for `start`: `MGIT_DIR`, else `start` or the nearest parent holding one."""
-    env = os.environ.get("MGIT_DIR")
-    if start is None and env:
-        p = Path(env)
-        return p if p.name == REPO_DIR or (p / "config.json").exists() else p / REPO_DIR
-    here = (start or Path.cwd()).resolve()
-    for d in (here, *here.parents):
-        if (d / REPO_DIR / "config.json").is_file():
-            return d / REPO_DIR
-    raise RepoNotFoundError(str(here))
-
-
-def pick_version(ref: str, name: str, chain: list[str], sel: str) -> str:
-    """The version of a model's history (`chain`, newest first) that `sel` names: its
-    sequence number if it has that many versions, else an id prefix (all digits only from
-    MIN_PREFIX digits on, so that `NAME@1` never means an id); both at once is an error."""
-    by_seq = None
-    if sel.isdigit() and 1 <= int(sel) <= len(chain):
-        by_seq = chain[len(chain) - int(sel)]
-    by_id = [v for v in chain if v.startswith(sel.lower())] if not sel.isdigit() or len(sel) >= MIN_PREFIX else []
-    if by_seq is not None and by_id and by_id != [by_seq]:
-        listed = ", ".join([f"version {int(sel)} ({by_seq[:12]})", *(f"id {v[:12]}" for v in by_id)])
-        raise UnknownRefError(ref, f"ambiguous ({listed}): no single version",
-                              hint=f"Give more hex digits of the id. See: mgit log {name}")  # fmt: skip
-    if by_seq is not None:
-        return by_seq
-    if len(by_id) == 1:
-        return by_id[0]
-    if sel.isdigit() and not by_id:
-        count = f"{len(chain)} version" + ("s" if len(chain) != 1 else "")
-        raise UnknownRefError(ref, f"model {name!r} has {count}; no version", hint=f"See: mgit log {name}")
-    raise UnknownRefError(ref, "ambiguous version prefix" if by_id else "no version", hint=f"See: mgit log {name}")
+from mgit.usercode import DEFAULT_TIMEOUT, recipe_record_of, source_file
 
 
 class Repo:
@@ -116,51 +74,39 @@ class Repo:
     creates one."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        start = Path(path) if path is not None else None
-        if start is not None and start.name == REPO_DIR and (start / "config.json").exists():
-            self.dir = start
-        else:
-            self.dir = find_repo_dir(start)
-        if not (self.dir / "config.json").is_file():
-            raise RepoNotFoundError(str(self.dir))
-        self.config = self._read_config()
+        self.dir = locate(Path(path) if path is not None else None)
+        self.config = read_config(self.dir)
         fsync = bool(self.config.get("fsync", True))
-        self.store = LocalStore(self.dir / "objects", fsync=fsync, lock_path=self.dir / "locks" / "repo.lock")
+        self.store: LocalStore = open_store(self.dir, self.config)
         self.refs = RefStore(self.dir, fsync=fsync)
         self.catalog = Catalog(self.dir / "catalog.sqlite")
+        if isinstance(self.store, LazyStore):
+            self.store.describe = lambda oids: {r.id: (r.logical_size, r.bases)
+                                                for r in self.catalog.object_rows(oids).values()}  # fmt: skip
+            self.store.on_fetched = self._describe_fetched
         self._session: DecodedCache | None = None
         self.catalog.sync(self.store, self.refs)
 
     @classmethod
-    def init(cls, path: str | os.PathLike[str] = ".") -> Repo:
-        root = Path(path)
-        target = root / REPO_DIR
-        if (target / "config.json").exists():
-            raise RepoExistsError(str(target))
-        for sub in ("objects", "refs/models", "locks"):
-            (target / sub).mkdir(parents=True, exist_ok=True)
-        config = {"format": REPO_FORMAT, "fsync": True, "created": utc_now()}
-        write_atomic(target / "config.json", [json.dumps(config, indent=2).encode() + b"\n"])
-        return cls(target)
-
-    def _read_config(self) -> dict[str, Any]:
-        path = self.dir / "config.json"
-        try:
-            config = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise RepoConfigError(str(path), str(exc)) from None
-        fmt = config.get("format") if isinstance(config, dict) else None
-        if fmt != REPO_FORMAT:
-            raise FormatVersionError(
-                f"repository format {fmt!r} is not supported by this mgit (it reads format {REPO_FORMAT})",
-                hint="Upgrade mgit",
-            )
-        return config
+    def init(cls, path: str | os.PathLike[str] = ".", *, bare: bool = False) -> Repo:
+        """Create a repository in `path/.mgit`, or with `bare` in `path` itself: a folder
+        remote that others push to and clone from (docs/format.md, "Remotes")."""
+        return cls(create(Path(path), bare=bare))
 
     @property
     def root(self) -> Path:
-        """The work folder (the one holding `.mgit`)."""
-        return self.dir.parent
+        """The work folder (the one holding `.mgit`; a bare repository's own folder)."""
+        return self.dir if self.bare else self.dir.parent
+
+    @property
+    def bare(self) -> bool:
+        """A repository that is a remote (`mgit init --bare`): no work folder around it."""
+        return bool(self.config.get("bare"))
+
+    @property
+    def lazy(self) -> bool:
+        """A lazy clone: objects it lacks are fetched from its remote when first read."""
+        return isinstance(self.store, LazyStore)
 
     @property
     def max_depth(self) -> int:
@@ -198,6 +144,15 @@ class Repo:
             yield self._session
         finally:
             self._session = None
+
+    def _describe_fetched(self, oids: list[str]) -> None:
+        """A lazy clone's catalog rows from the headers of objects just fetched (the remote's
+        pack described them; now the real sizes and codecs are here)."""
+        rows = []
+        for oid in oids:
+            h = self.store.header(oid)
+            rows.append(ObjectRow(oid, h.kind, h.size, self.store.stored_size(oid), h.codec_names, tuple(h.bases)))
+        self.catalog.add_objects(rows)
 
     def _reuse(self) -> DecodedCache:
         """The decoded-object cache of one operation: the session's, or one for its bases."""
@@ -279,7 +234,7 @@ class Repo:
         max_drop: float = 0.0,
         gate_timeout: float = DEFAULT_TIMEOUT,
         model_card: bool = True,
-        recipe: str | None = None,
+        recipe: str | Mapping[str, Any] | None = None,
         params: Mapping[str, Any] | None = None,
         auto_parent: bool = False,
         expected_head: str | None = None,
@@ -306,8 +261,9 @@ class Repo:
 
         `recipe="module:function"` (or `file.py:function`) with `params` records how the
         version was made from its parents: `fn(parents, out_dir, **params)` wrote it. The
-        function is located and its source file hashed, never run here; `mgit cascade`
-        runs it again when a parent gets a new version.
+        function is located, its source file hashed and stored as an object (so a teammate
+        without the file can run it), never run here; `mgit cascade` runs it again when a
+        parent gets a new version. A recipe record as versions hold it is taken as it is.
 
         `auto_parent=True`, when no parent is given or named by the model card, infers the
         parent from the weights (see `suggest_parents`) and takes the best candidate if it is
@@ -329,9 +285,19 @@ class Repo:
             self.store, self.refs, self.catalog, source, name=name, parents=parents, relation=relation,
             message=message, tags=dict(tags or {}), author=author, jobs=jobs or default_jobs(), progress=progress,
             policy=policy, gate=(gate, max_drop, gate_timeout), model_card=model_card,
-            recipe=recipe_record_of(recipe, params, root=self.root) if recipe is not None else None,
+            recipe=self._recipe_record(recipe, params),
             auto_parent=auto_parent, max_depth=self.max_depth, expected_head=expected_head, reuse=self._session,
         )  # fmt: skip
+
+    def _recipe_record(self, recipe: str | Mapping[str, Any] | None, params: Mapping[str, Any] | None
+                       ) -> dict[str, Any] | None:  # fmt: skip
+        if recipe is None:
+            return None
+        if isinstance(recipe, Mapping):  # recorded already (a cascade running a recorded source)
+            return dict(recipe)
+        record = recipe_record_of(recipe, params, root=self.root)
+        record["source"] = self.store.put_blob(source_file(record["fn"], cwd=self.root).read_bytes()).oid
+        return record
 
     # --- parent inference ---------------------------------------------------------------------
     def suggest_parents(self, source: str | os.PathLike[str] | Mapping[str, Any], *, limit: int = 5,
@@ -367,6 +333,9 @@ class Repo:
         for f in manifest.files:
             safe_join(out, f.path)
         out.mkdir(parents=True, exist_ok=True)
+        if isinstance(self.store, LazyStore):  # everything it reads, fetched at once, in parallel
+            with self.catalog.explained():
+                self.store.fetch(manifest.object_ids())
         tick = progress(manifest.logical_bytes, 0) if progress else None
         n = jobs or default_jobs()
         reuse = self._reuse()  # delta bases, shared by the files of a sharded checkpoint
@@ -480,8 +449,14 @@ class Repo:
         all_rows = self.catalog.versions_of(sorted(set(live)))
         count, stored = self.catalog.physical_bytes(sorted(set(live)))
         _, _, on_disk = self.catalog.total_objects()
+        remote_only, local = 0, None
+        if isinstance(self.store, LazyStore):
+            sizes = self.catalog.object_sizes(sorted(set(live)))
+            remote_only = sum(n for oid, n in sizes.items() if not self.store.has(oid))
+            local = sum(sizes.values()) - remote_only
+            on_disk = sum(self.store.stored_size(oid) for oid in self.store.ids())
         return DuResult(models, sum(r.logical_bytes for r in all_rows.values()), stored, count, on_disk,
-                        max(on_disk - stored, 0))  # fmt: skip
+                        max(on_disk - stored, 0) if local is None else max(on_disk - local, 0), remote_only, local)  # fmt: skip
 
     # --- maintenance --------------------------------------------------------------------
     def rm(self, name: str) -> RemoveResult:

@@ -182,6 +182,8 @@ class DuResult(Report):
     objects: int
     on_disk_bytes: int  # every object on disk, reachable or not
     unreachable_bytes: int
+    remote_only_bytes: int = 0  # a lazy clone's: objects its versions use that are still on the remote only
+    local_bytes: int | None = None  # a lazy clone's: those it has here
 
     @property
     def reduction(self) -> float:

@@ -31,7 +31,7 @@ from mgit.codecs import (
 )
 from mgit.encoding import DEFAULT_MAX_DEPTH, Encoding, choose_encoding
 from mgit.errors import CorruptObjectError
-from mgit.objectformat import ObjectHeader, parse_record
+from mgit.objectformat import MAX_DEPTH_LIMIT, ObjectHeader, parse_record
 from mgit.objects import Manifest, RecordError, Version, canonical_json, object_hasher, tensor_meta
 
 
@@ -43,6 +43,7 @@ class PutResult:
     new: bool
     codec: str
     size: int  # logical bytes
+    bases: tuple[str, ...] = ()  # objects it was encoded against (known when it was new)
 
 
 class ObjectStore:
@@ -84,6 +85,11 @@ class ObjectStore:
     def header(self, oid: str) -> ObjectHeader:
         return parse_record(oid, self.read_record(oid))[0]
 
+    def promised(self, oid: str) -> tuple[str, ...] | None:
+        """For an object not here that the store can fetch when read (a lazy clone's), the
+        delta bases it needs; None for any other object (here, or unknown)."""
+        return None
+
     # --- writing ------------------------------------------------------------------------
     def put(self, kind: str, meta: dict[str, Any], data: Any, *, bases: Sequence[str] = (),
             max_depth: int = DEFAULT_MAX_DEPTH, extra: Sequence[list[Codec]] = (), encoding: Encoding | None = None,
@@ -105,7 +111,7 @@ class ObjectStore:
             encoding = self.encode(kind, meta, buf, bases=bases, max_depth=max_depth, extra=extra, reuse=reuse)
         header = ObjectHeader(kind, meta, buf.nbytes, chain_to_list(encoding.codecs), encoding.depth)
         stored = self.write_record(oid, [header.to_bytes(), encoding.payload])
-        return PutResult(oid, kind, stored, True, header.codec_names, buf.nbytes)
+        return PutResult(oid, kind, stored, True, header.codec_names, buf.nbytes, tuple(header.bases))
 
     def encode(self, kind: str, meta: dict[str, Any], data: Any, *, bases: Sequence[str] = (),
                max_depth: int = DEFAULT_MAX_DEPTH, extra: Sequence[list[Codec]] = (),
@@ -143,18 +149,21 @@ class ObjectStore:
             return reuse.get_or_decode(oid, lambda: self._decode(oid, reuse))
         return self._decode(oid, reuse)
 
-    def load_base(self, oid: str, reuse: DecodedCache | None) -> np.ndarray:
+    def load_base(self, oid: str, reuse: DecodedCache | None, *, _within: tuple[str, ...] = ()) -> np.ndarray:
         """The decoded bytes of an object that others are coded against (a delta's base, a
         parent tensor an add encodes against), kept in `reuse` for the next that need it."""
+        if oid in _within or len(_within) > MAX_DEPTH_LIMIT:
+            # Writers never make a cycle or a chain this long: a forged object did.
+            raise CorruptObjectError(_within[-1], f"its delta bases form a cycle or a chain over {MAX_DEPTH_LIMIT}")
         if reuse is None:
-            return self._decode(oid, None)[1]
-        return reuse.get_or_decode(oid, lambda: self._decode(oid, reuse))[1]
+            return self._decode(oid, None, _within)[1]
+        return reuse.get_or_decode(oid, lambda: self._decode(oid, reuse, _within))[1]
 
-    def _decode(self, oid: str, reuse: DecodedCache | None) -> Entry:
+    def _decode(self, oid: str, reuse: DecodedCache | None, within: tuple[str, ...] = ()) -> Entry:
         header, payload = parse_record(oid, self.read_record(oid))
 
         def base(o: str) -> np.ndarray:
-            return self.load_base(o, reuse)
+            return self.load_base(o, reuse, _within=(*within, oid))
 
         try:
             chain = chain_from_list(header.codecs)

@@ -13,6 +13,7 @@ the JSON of what the function returned; anything else it prints is kept as the r
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import importlib
 import importlib.machinery
@@ -22,6 +23,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,9 +129,27 @@ def recipe_record_of(spec: str, params: Any = None, *, root: Path) -> dict[str, 
     return {"fn": spec, "params": params, "source_sha256": source_hash(spec, cwd=root)}
 
 
-def run(mode: str, spec: str, args: list[str], *, timeout: float, cwd: Path | None = None) -> RunOutcome:
+def origin() -> str:
+    """Where a result is recorded: `user@host` (results travel with push and pull)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{os.uname().nodename}"
+
+
+def run(mode: str, spec: str, args: list[str], *, timeout: float, cwd: Path | None = None,
+        source: bytes | None = None) -> RunOutcome:  # fmt: skip
     """Run `spec` in a child process (`mode`: `call` passes ARGS as strings; `recipe` passes
-    parent folders, an output folder and JSON keyword arguments)."""
+    parent folders, an output folder and JSON keyword arguments). With `source`, the
+    function's file is that recorded source instead of the file `spec` names (which may not
+    be on this machine): it is written to a temporary folder and run from there."""
+    if source is not None:
+        target, name = split_spec(spec)
+        file = Path(target).name if target.endswith(".py") else f"{target.rpartition('.')[2]}.py"
+        with tempfile.TemporaryDirectory(prefix="mgit-source-") as tmp:
+            (Path(tmp) / file).write_bytes(source)
+            return run(mode, f"{Path(tmp) / file}:{name}", args, timeout=timeout, cwd=cwd)
     start = time.monotonic()
     env = dict(os.environ)
     here = str(Path(cwd or Path.cwd()))

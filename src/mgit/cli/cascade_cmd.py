@@ -28,10 +28,12 @@ OUTPUT_LINES = 15  # of a failed recipe's output, shown under the report
 @click.option("--only", metavar="GLOB", default=None, help="Rebuild only the models whose name matches GLOB.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds each recipe may take (default: 3600).")  # fmt: skip
+@click.option("--recorded-source", is_flag=True,
+              help="Run each recipe from the source recorded with its version, not from the file here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan (with --dry-run) or the report as JSON.")
 @click.pass_context
 def cascade(ctx: click.Context, name: str, dry_run: bool, jobs: int, only: str | None, timeout: float | None,
-            as_json: bool) -> None:  # fmt: skip
+            recorded_source: bool, as_json: bool) -> None:  # fmt: skip
     """Re-run the recipes of NAME's descendants on its latest version, commit and test them.
 
     A descendant is rebuilt when a parent is rebuilt before it, or when the parent version
@@ -48,7 +50,7 @@ def cascade(ctx: click.Context, name: str, dry_run: bool, jobs: int, only: str |
       mgit cascade bert-base --only 'bert-sst2*' --json
     """
     repo = ctx.obj.repo()
-    plan = plan_cascade(repo, name, only=only)
+    plan = plan_cascade(repo, name, only=only, recorded_source=recorded_source)
     if not as_json:
         _print_plan(plan)
     progress = None if as_json else (lambda model, text: err.print(f"{model}: {text}"))
@@ -70,6 +72,8 @@ def _how(step: CascadeStep) -> str:
         text = f"{step.recipe['fn']}" + (f" ({params})" if params else "")
         if step.problem:
             text += f"  [cannot run: {step.problem}]"
+        elif step.recorded_source:
+            text += "  [runs the recorded source]"
         elif step.source_changed:
             text += "  [recipe file changed since]"
         return text

@@ -48,20 +48,35 @@ def _lossy_bound(lossy: dict | None) -> str:
 
 
 @click.command()
-@click.argument("directory", default=".", type=click.Path(file_okay=False))
+@click.argument("directory", default=".")
+@click.option("--bare", is_flag=True, help="A remote others push to: DIR itself (no .mgit), or s3://BUCKET/PREFIX.")
+@click.option("--endpoint-url", metavar="URL", help="With --bare s3://...: an S3-compatible endpoint.")
+@click.option("--region", metavar="REGION", help="With --bare s3://...: the S3 region.")
+@click.option("--profile", metavar="NAME", help="With --bare s3://...: a profile of the AWS shared config files.")
 @json_option
-def init(directory: str, as_json: bool) -> None:
-    """Create an empty repository (DIR/.mgit).
+def init(directory: str, bare: bool, endpoint_url: str | None, region: str | None, profile: str | None,
+         as_json: bool) -> None:  # fmt: skip
+    """Create an empty repository (DIR/.mgit), or with --bare an empty remote.
 
     \b
-    Example:
+    Examples:
       mgit init models/
+      mgit init --bare /mnt/shared/bert.mgit
+      mgit init --bare s3://team-models/bert     (the bucket must exist)
     """
-    repo = Repo.init(directory)
-    if as_json:
-        print_json({"path": str(repo.dir)})
+    if bare:
+        from mgit.sync import init_bare
+
+        info = init_bare(directory, endpoint_url=endpoint_url, region=region, profile=profile)
+        path = info.url
     else:
-        out.print(f"Initialized empty mgit repository in {repo.dir}")
+        if directory.startswith("s3://"):
+            raise click.UsageError("an s3:// location can only hold a bare remote: add --bare")
+        path = str(Repo.init(directory).dir)
+    if as_json:
+        print_json({"path": path, "bare": bare})
+    else:
+        out.print(f"Initialized empty mgit {'remote' if bare else 'repository'} in {path}")
 
 
 def _parse_tags(tags: tuple[str, ...]) -> dict[str, str]:
@@ -311,27 +326,42 @@ def du(ctx: click.Context, as_json: bool) -> None:
               size(result.stored_bytes), f"{result.reduction:.2f}x")  # fmt: skip
     out.print(t)
     out.print("(a model's stored bytes count every object it uses, shared ones included)")
+    if result.local_bytes is not None:
+        out.print(f"lazy clone: {size(result.local_bytes)} here, {size(result.remote_only_bytes)} on the remote only "
+                  "(fetched when read; mgit fetch --objects REF brings them now)")  # fmt: skip
     if result.unreachable_bytes:
         out.print(f"{size(result.unreachable_bytes)} in objects no model uses; free them with: mgit gc")
 
 
 @click.command()
+@click.argument("url", required=False)
 @jobs_option
 @click.option("--rebuild-catalog", is_flag=True, help="Drop and rebuild the SQLite catalog first.")
+@click.option("--endpoint-url", metavar="URL", help="With an s3:// URL: an S3-compatible endpoint.")
 @json_option
 @click.pass_context
-def fsck(ctx: click.Context, jobs: int | None, rebuild_catalog: bool, as_json: bool) -> None:
+def fsck(ctx: click.Context, url: str | None, jobs: int | None, rebuild_catalog: bool, endpoint_url: str | None,
+         as_json: bool) -> None:  # fmt: skip
     """Re-hash every object and check every reference. Exit code 1 if anything is wrong.
 
+    With a URL (a bare remote: a folder or s3://BUCKET/PREFIX), checks that remote,
+    downloading every object.
+
     \b
-    Example:
+    Examples:
       mgit fsck
+      mgit fsck s3://team-models/bert
     """
-    repo = _repo(ctx)
-    if rebuild_catalog:
-        repo.rebuild_catalog()
-    with progress_bar("Checking objects", enabled=not as_json, unit_bytes=False) as bar:
-        result = repo.fsck(jobs=jobs, progress=bar)
+    if url is not None:
+        from mgit.sync import fsck_remote
+
+        result = fsck_remote(url, endpoint_url=endpoint_url, jobs=jobs or 4)
+    else:
+        repo = _repo(ctx)
+        if rebuild_catalog:
+            repo.rebuild_catalog()
+        with progress_bar("Checking objects", enabled=not as_json, unit_bytes=False) as bar:
+            result = repo.fsck(jobs=jobs, progress=bar)
     if as_json:
         print_json(result.to_json())
     else:

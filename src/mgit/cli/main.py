@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from mgit import __version__
-from mgit.cli import cascade_cmd, commands, diff_cmd, graph_cmd, lineage_cmd, test_cmd
+from mgit.cli import cascade_cmd, commands, diff_cmd, graph_cmd, lineage_cmd, remote_cmd, test_cmd
 from mgit.errors import MgitError
 from mgit.repo import Repo
 
@@ -50,6 +50,7 @@ lineage_cmd.register(cli)
 graph_cmd.register(cli)
 test_cmd.register(cli)
 cascade_cmd.register(cli)
+remote_cmd.register(cli)
 
 
 def _fail(message: str, code: int = 1) -> int:

@@ -154,10 +154,13 @@ def print_outcomes(outcomes: list[TestOutcome], *, output: bool = False) -> None
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds per test run.")
 @click.option("--force", is_flag=True, help="Run again even where a result for this version and source exists.")
 @click.option("--output", "show_output", is_flag=True, help="Show what each test printed.")
+@click.option("--recorded-source", is_flag=True,
+              help="Run each test from the source recorded when it was attached, not from the file here.")
 @json_option
 @click.pass_context
 def test_run(ctx: click.Context, ref: str | None, run_all: bool, descendants: bool, tests: tuple[str, ...],
-             jobs: int | None, timeout: float | None, force: bool, show_output: bool, as_json: bool) -> None:  # fmt: skip
+             jobs: int | None, timeout: float | None, force: bool, show_output: bool, recorded_source: bool,
+             as_json: bool) -> None:  # fmt: skip
     """Run the tests that apply, each in its own process; exit code 1 if any fails.
 
     Results are recorded per version and test source, and reused unless --force.
@@ -171,10 +174,12 @@ def test_run(ctx: click.Context, ref: str | None, run_all: bool, descendants: bo
     if bool(ref) == run_all:
         raise click.UsageError("give a REF or --all")
     result = Checks(ctx.obj.repo()).run([ref] if ref else None, descendants=descendants, tests=list(tests) or None,
-                                       jobs=jobs, timeout=timeout, force=force)  # fmt: skip
+                                       jobs=jobs, timeout=timeout, force=force, recorded_source=recorded_source)  # fmt: skip
     if as_json:
         print_json(result.to_json())
     else:
+        for note in result.notes:
+            err.print(f"note: {note}")
         if result.outcomes:
             print_outcomes(result.outcomes, output=show_output)
         if result.skipped:

@@ -1,0 +1,268 @@
+"""Sharing: `mgit remote add|ls|rm|show`, `push`, `fetch`, `pull`, `clone`. Each is a few
+lines over `mgit.sync`; `--json` prints the same result as data."""
+
+from __future__ import annotations
+
+import click
+
+from mgit import sync
+from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size, table
+from mgit.sync.reports import FetchResult, ModelUpdate
+from mgit.transfer import TransferStats
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+endpoint_option = click.option("--endpoint-url", metavar="URL",
+                               help="An S3-compatible endpoint (default: AWS, or AWS_ENDPOINT_URL).")  # fmt: skip
+region_option = click.option("--region", metavar="REGION", help="The S3 region (default: the AWS chain's).")
+profile_option = click.option("--profile", metavar="NAME", help="A profile of the AWS shared config files.")
+
+
+def _traffic(verb: str, stats: TransferStats) -> str:
+    skipped = f"; {stats.skipped} already there" if stats.skipped else ""
+    return f"{verb} {plural(stats.objects, 'object')} ({size(stats.bytes)}){skipped}"
+
+
+def _updates(updates: list[ModelUpdate], where: str) -> None:
+    for u in updates:
+        if u.status == "up-to-date":
+            continue
+        arrow = f"{short(u.old)} -> {short(u.new)}" if u.old else short(u.new)
+        out.print(f"  {u.model:<30} {u.status:<13} {arrow}{f'  ({u.note})' if u.note else ''}")
+    if not [u for u in updates if u.status != "up-to-date"]:
+        out.print(f"  everything up to date {where}")
+
+
+@click.group(name="remote")
+def remote_group() -> None:
+    """Remotes: where this repository is shared (a folder, or s3://BUCKET/PREFIX).
+
+    \b
+    Examples:
+      mgit remote add origin s3://team-models/bert --region eu-west-1
+      mgit remote add shared /mnt/models/bert.mgit
+      mgit remote show origin
+    """
+
+
+@remote_group.command(name="add")
+@click.argument("name")
+@click.argument("url")
+@endpoint_option
+@region_option
+@profile_option
+@json_option
+@click.pass_context
+def remote_add(ctx: click.Context, name: str, url: str, endpoint_url: str | None, region: str | None,
+               profile: str | None, as_json: bool) -> None:  # fmt: skip
+    """Record a remote (nothing is contacted). Credentials are never stored: S3 remotes use
+    the standard AWS chain (environment, ~/.aws files, --profile).
+
+    \b
+    Examples:
+      mgit remote add origin s3://team-models/bert
+      mgit remote add minio s3://models/bert --endpoint-url http://127.0.0.1:9000
+      mgit remote add shared /mnt/models/bert.mgit
+    """
+    info = sync.add_remote(ctx.obj.repo(), name, url, endpoint_url=endpoint_url, region=region, profile=profile)
+    if as_json:
+        print_json(info.to_json())
+    else:
+        out.print(f"remote {info.name}: {info.url}")
+
+
+@remote_group.command(name="ls")
+@json_option
+@click.pass_context
+def remote_ls(ctx: click.Context, as_json: bool) -> None:
+    """List remotes.
+
+    \b
+    Example:
+      mgit remote ls
+    """
+    remotes = sync.list_remotes(ctx.obj.repo())
+    if as_json:
+        print_json([r.to_json() for r in remotes])
+        return
+    if not remotes:
+        out.print("No remotes. Add one with: mgit remote add origin URL")
+        return
+    t = table("remote", "url", "endpoint", "region", "profile")
+    for r in remotes:
+        t.add_row(r.name, r.url, r.endpoint_url or "-", r.region or "-", r.profile or "-")
+    out.print(t)
+
+
+@remote_group.command(name="rm")
+@click.argument("name")
+@json_option
+@click.pass_context
+def remote_rm(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Forget a remote (and its remote-tracking heads); nothing on it changes.
+
+    \b
+    Example:
+      mgit remote rm old-origin
+    """
+    info = sync.remove_remote(ctx.obj.repo(), name)
+    if as_json:
+        print_json(info.to_json())
+    else:
+        out.print(f"removed remote {info.name} ({info.url})")
+
+
+@remote_group.command(name="show")
+@click.argument("name", default=sync.DEFAULT_REMOTE)
+@json_option
+@click.pass_context
+def remote_show(ctx: click.Context, name: str, as_json: bool) -> None:
+    """How each model here compares with the remote: same, ahead, behind, diverged.
+
+    \b
+    Example:
+      mgit remote show origin
+    """
+    result = sync.remote_show(ctx.obj.repo(), name)
+    if as_json:
+        print_json(result.to_json())
+        return
+    out.print(f"remote {result.remote.name}: {result.remote.url}")
+    t = table("model", "state", "here", "there", "ahead", "behind")
+    for m in result.models:
+        t.add_row(m.model, m.state, short(m.local), short(m.remote), str(m.ahead), str(m.behind))
+    out.print(t)
+
+
+@click.command()
+@click.argument("remote", default=sync.DEFAULT_REMOTE)
+@click.argument("targets", nargs=-1, metavar="[REF|GLOB]...")
+@click.option("--force", is_flag=True, help="Move the remote's head even where it is not an ancestor (says what it drops).")
+@json_option
+@click.pass_context
+def push(ctx: click.Context, remote: str, targets: tuple[str, ...], force: bool, as_json: bool) -> None:
+    """Send models (default: every one) to a remote: only the objects it lacks travel, and
+    its heads move by compare-and-swap, last.
+
+    \b
+    Examples:
+      mgit push
+      mgit push origin 'bert-*'
+      mgit push origin bert-sst2 --force
+    """
+    with progress_bar(f"Pushing to {remote}", enabled=not as_json) as bar:
+        result = sync.push(ctx.obj.repo(), remote, list(targets) or None, force=force, progress=bar)
+    if as_json:
+        print_json(result.to_json())
+        return
+    out.print(f"{result.url}: {_traffic('sent', result.sent)}, {plural(result.versions, 'version')}")
+    _updates(result.models, "on " + result.remote)
+    if result.checks.registrations or result.checks.results:
+        out.print(f"  tests: {result.checks.registrations} registrations, {result.checks.results} results sent")
+
+
+def _print_fetch(result: FetchResult) -> None:
+    lazy = " (lazy: objects come when read)" if result.lazy else ""
+    out.print(f"{result.url}: {_traffic('received', result.received)}, "
+              f"{plural(result.versions, 'version')}{lazy}")  # fmt: skip
+    for u in result.models:
+        out.print(f"  {result.remote}/{u.model:<30} {short(u.old)} -> {short(u.new)}")
+    c = result.checks
+    if c.registrations or c.results:
+        out.print(f"  tests: {c.registrations} registrations, {c.results} results received")
+    for name in c.differing:
+        err.print(f"note: test {name} differs on {result.remote}; the one here is kept")
+
+
+@click.command()
+@click.argument("args", nargs=-1, metavar="[REMOTE] | --objects REF...")
+@click.option("--models", metavar="GLOB", help="Only the models matching GLOB.")
+@click.option("--objects", "objects", is_flag=True,
+              help="In a lazy clone: bring every object of the REFs here now, for work offline.")
+@json_option
+@click.pass_context
+def fetch(ctx: click.Context, args: tuple[str, ...], models: str | None, objects: bool, as_json: bool) -> None:
+    """Bring a remote's new versions here (verified) and record its heads as REMOTE/NAME;
+    local heads are not moved (mgit pull does that).
+
+    \b
+    Examples:
+      mgit fetch
+      mgit fetch origin --models 'bert-*'
+      mgit fetch --objects bert-sst2 bert-base@2
+    """
+    repo = ctx.obj.repo()
+    if objects:
+        if not args:
+            raise click.UsageError("--objects needs the refs whose objects to fetch")
+        stats = sync.prefetch(repo, list(args))
+        if as_json:
+            print_json(stats.to_json())
+        else:
+            out.print(_traffic("fetched", stats))
+        return
+    if len(args) > 1:
+        raise click.UsageError("give one REMOTE (refs only with --objects)")
+    with progress_bar("Fetching", enabled=not as_json) as bar:
+        result = sync.fetch(repo, args[0] if args else sync.DEFAULT_REMOTE, models=models, progress=bar)
+    if as_json:
+        print_json(result.to_json())
+    else:
+        _print_fetch(result)
+
+
+@click.command()
+@click.argument("remote", default=sync.DEFAULT_REMOTE)
+@click.option("--ff-only", is_flag=True, help="Refuse instead of replaying local versions after the remote's.")
+@json_option
+@click.pass_context
+def pull(ctx: click.Context, remote: str, ff_only: bool, as_json: bool) -> None:
+    """Fetch, then bring local heads up to the remote's. Where both sides added versions to
+    a model, yours are replayed after the remote's (same content, new numbers).
+
+    \b
+    Examples:
+      mgit pull
+      mgit pull origin --ff-only
+    """
+    with progress_bar("Pulling", enabled=not as_json) as bar:
+        result = sync.pull(ctx.obj.repo(), remote, ff_only=ff_only, progress=bar)
+    if as_json:
+        print_json(result.to_json())
+        return
+    _print_fetch(result.fetch)
+    _updates(result.models, "here")
+    for r in result.renumbered:
+        out.print(f"  renumbered {r.old_ref} -> {r.new_ref} (replayed after {result.fetch.remote}'s versions)")
+
+
+@click.command()
+@click.argument("url")
+@click.argument("directory", required=False)
+@click.option("--models", metavar="GLOB", help="Only the models matching GLOB (with what they derive from).")
+@click.option("--lazy", is_flag=True, help="Records only: objects are fetched when something reads them.")
+@endpoint_option
+@region_option
+@profile_option
+@json_option
+def clone(url: str, directory: str | None, models: str | None, lazy: bool, endpoint_url: str | None,
+          region: str | None, profile: str | None, as_json: bool) -> None:  # fmt: skip
+    """A new repository from a remote, its remote named origin.
+
+    \b
+    Examples:
+      mgit clone s3://team-models/bert bert
+      mgit clone /mnt/models/bert.mgit --lazy --models 'bert-sst2*'
+    """
+    with progress_bar("Cloning", enabled=not as_json) as bar:
+        result = sync.clone(url, directory, models=models, lazy=lazy, endpoint_url=endpoint_url, region=region,
+                            profile=profile, progress=bar)  # fmt: skip
+    if as_json:
+        print_json(result.to_json())
+        return
+    _print_fetch(result.fetch)
+    out.print(f"cloned {plural(len(result.models), 'model')} into {result.path}")
+
+
+def register(group: click.Group) -> None:
+    for command in (remote_group, push, fetch, pull, clone):
+        group.add_command(command)

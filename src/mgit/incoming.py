@@ -1,0 +1,132 @@
+"""Objects arriving from a remote, kept apart until each is verified against its id.
+
+A fetch writes what it downloads into a quarantine folder inside the repository (as git's
+receive quarantine does), reads it through `overlay` (the quarantine first, then the
+repository, so a delta's base may be on either side), decodes and re-hashes every object,
+and only then moves the files into `objects/`. A damaged or forged object therefore never
+enters the repository, and a fetch that fails or is killed leaves only the quarantine
+folder, which the next fetch or gc removes.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+
+from mgit.atomicfile import fsync_dir
+from mgit.cache import CHECKOUT_BASES, DecodedCache, Entry
+from mgit.errors import MissingObjectError
+from mgit.localstore import LocalStore
+from mgit.objectformat import ObjectHeader
+from mgit.store import ObjectStore
+
+INCOMING = "incoming"
+
+
+class OverlayStore(ObjectStore):
+    """Reads from the quarantine, then from the repository's store; writes nothing."""
+
+    def __init__(self, quarantine: LocalStore, store: ObjectStore) -> None:
+        self.quarantine = quarantine
+        self.store = store
+
+    def has(self, oid: str) -> bool:
+        return self.quarantine.has(oid) or self.store.has(oid)
+
+    def read_record(self, oid: str) -> bytes | np.ndarray:
+        try:
+            return self.quarantine.read_record(oid)
+        except MissingObjectError:
+            return self.store.read_record(oid)
+
+    def header(self, oid: str) -> ObjectHeader:
+        try:
+            return self.quarantine.header(oid)
+        except MissingObjectError:
+            return self.store.header(oid)
+
+    def stored_size(self, oid: str) -> int:
+        try:
+            return self.quarantine.stored_size(oid)
+        except MissingObjectError:
+            return self.store.stored_size(oid)
+
+
+class Incoming:
+    """`with Incoming(store) as inc:` a quarantine for one fetch, removed when it ends."""
+
+    def __init__(self, store: LocalStore) -> None:
+        self.store = store
+        self.dir = store.root.parent / INCOMING / f"{os.getpid()}-{secrets.token_hex(6)}"
+        self.quarantine = LocalStore(self.dir, fsync=False)
+        self.overlay = OverlayStore(self.quarantine, store)
+        self.arrived: list[str] = []
+
+    def path_for(self, oid: str) -> Path:
+        """Where a download of `oid` goes (its folder created)."""
+        path = self.quarantine.path_of(oid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.arrived.append(oid)
+        return path
+
+    def verify(self, oids: list[str], *, jobs: int, progress: Callable[[int], None] | None = None) -> None:
+        """Decode and re-hash each object (CorruptObjectError names the first that fails).
+        Bases decoded on the way are kept for the objects that share them."""
+        cache = DecodedCache(CHECKOUT_BASES)
+
+        def check(oid: str) -> Entry:
+            found = self.overlay.get(oid, reuse=cache)
+            if progress:
+                progress(1)
+            return found
+
+        # Bases first (they are decoded as bases anyway), one object per worker at a time.
+        order = sorted(oids, key=lambda o: self.overlay.header(o).depth)
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-verify") as pool:
+            for _ in pool.map(check, order):
+                pass
+
+    def promote(self) -> list[str]:
+        """Move every verified object into the repository, durably; return their ids."""
+        arrived = [o for o in dict.fromkeys(self.arrived) if self.quarantine.path_of(o).is_file()]
+        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="mgit-fsync") as pool:
+            list(pool.map(lambda o: _fsync(self.quarantine.path_of(o)), arrived))  # data first, then the names
+        for oid in arrived:
+            self.store.adopt(oid, self.quarantine.path_of(oid))
+        self.store.sync()
+        return arrived
+
+    def discard(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+        parent = self.dir.parent
+        if parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+            fsync_dir(parent.parent)
+
+    def __enter__(self) -> Incoming:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.discard()
+
+
+def leftover_quarantines(store: LocalStore) -> Iterator[Path]:
+    """Quarantine folders of fetches that were killed (only safe to remove with no fetch running)."""
+    folder = store.root.parent / INCOMING
+    if folder.is_dir():
+        yield from (p for p in folder.iterdir() if p.is_dir())
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

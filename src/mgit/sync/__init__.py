@@ -1,0 +1,12 @@
+"""Sharing repositories: remotes (a folder or an S3 prefix), push, fetch, pull, clone and
+lazy clone. Porcelain over `Repo` and the transfer layer (mgit.transfer, mgit.remotes);
+docs/format.md ("Remotes") specifies what a remote holds."""
+
+from mgit.sync.connection import DEFAULT_REMOTE, add_remote, list_remotes, remove_remote
+from mgit.sync.fetch import clone, fetch
+from mgit.sync.pull import pull
+from mgit.sync.push import push
+from mgit.sync.status import fsck_remote, init_bare, prefetch, remote_show
+
+__all__ = ["DEFAULT_REMOTE", "add_remote", "clone", "fetch", "fsck_remote", "init_bare", "list_remotes", "prefetch",
+           "pull", "push", "remote_show", "remove_remote"]

@@ -1,0 +1,118 @@
+"""`pull`: fetch, then bring each local head up to the remote's.
+
+A model the remote has and this repository does not gets a head; a local head that the
+remote's descends from fast-forwards to it; a local head ahead of the remote's stays. When
+both sides added versions to one model, the local ones are replayed after the remote's, as
+`git pull --rebase` does: the same content, parents, message and time, each with the next
+sequence number, and any local version of another model derived from a replayed one is
+replayed too, so lineage links point at the new ids. `ff_only` refuses instead. Recorded
+test results follow the versions they were recorded for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from mgit.checks import Checks
+from mgit.errors import RemoteError
+from mgit.objects import Parent
+from mgit.repo import Repo
+from mgit.sync.connection import DEFAULT_REMOTE, connect
+from mgit.sync.fetch import fetch_from
+from mgit.sync.reports import ModelUpdate, PullResult, Renumbered
+from mgit.transfer import history
+
+Progress = Callable[[int], None]
+
+
+class DivergedError(RemoteError):
+    def __init__(self, model: str, remote: str, others: int) -> None:
+        more = f" (and {others} more model{'s' if others > 1 else ''})" if others else ""
+        super().__init__(f"{model} has versions here and on {remote} that the other side lacks{more}",
+                         hint=f"Run: mgit pull {remote} without --ff-only to replay yours after theirs")  # fmt: skip
+        self.model = model
+
+
+def pull(repo: Repo, remote: str = DEFAULT_REMOTE, *, ff_only: bool = False,
+         progress: Callable[[int, int], Progress] | None = None) -> PullResult:  # fmt: skip
+    conn = connect(repo, remote)
+    try:
+        fetched = fetch_from(repo, conn, progress=progress)
+    finally:
+        conn.close()
+    if conn.tracking is None:
+        raise RemoteError("pull needs a named remote (its heads are remembered as origin/NAME)",
+                          hint="Add it first: mgit remote add NAME URL")  # fmt: skip
+    theirs = conn.tracking.all()
+    mine = repo.refs.all()
+    plan: dict[str, tuple[str, str | None, str]] = {}  # model -> (status, old local head, new head)
+    diverged = []
+    for name, head in theirs.items():
+        local = mine.get(name)
+        if local is None:
+            plan[name] = ("new", None, head)
+        elif local == head or head in repo.chain(local):
+            continue
+        elif local in repo.chain(head):
+            plan[name] = ("fast-forward", local, head)
+        else:
+            diverged.append(name)
+    if diverged and ff_only:
+        raise DivergedError(diverged[0], conn.name, len(diverged) - 1)
+    remote_known = set(history(repo.store, theirs.values()))
+    renamed: dict[str, str] = {}
+    for name in diverged:
+        local = mine[name]
+        own = [v for v in repo.chain(local) if v not in remote_known][::-1]  # oldest first
+        plan[name] = ("rebased", local, _replay(repo, own, theirs[name], renamed))
+    _replay_dependents(repo, mine, plan, remote_known, renamed)
+    updates = []
+    for name, (status, old, new) in sorted(plan.items()):
+        repo.refs.update(name, new, expected=old)
+        updates.append(ModelUpdate(name, status, old, new))
+    repo.sync_catalog()
+    renumbered = [_renumbered(repo, old, new) for old, new in renamed.items()]
+    if renamed and (repo.dir / "checks.sqlite").exists():
+        Checks(repo).copy_results(renamed)
+    return PullResult(fetched, updates, renumbered)
+
+
+def _replay(repo: Repo, own: list[str], onto: str, renamed: dict[str, str]) -> str:
+    """Write `own` (oldest first) again, the first after `onto`, parents renamed; return
+    the new head."""
+    head = onto
+    for vid in own:
+        version = repo.store.get_version(vid)
+        parents = tuple(Parent(renamed.get(p.version, p.version), p.relation) for p in version.parents)
+        head = repo.store.put_record("version", replace(version, predecessor=head, parents=parents).to_json()).oid
+        renamed[vid] = head
+    repo.store.sync()
+    return head
+
+
+def _replay_dependents(repo: Repo, mine: dict[str, str], plan: dict[str, tuple[str, str | None, str]],
+                       remote_known: set[str], renamed: dict[str, str]) -> None:  # fmt: skip
+    """Local-only versions of other models that name a replayed version (as a lineage
+    parent): replay them from the first that does, until nothing changes."""
+    for _ in range(len(mine) + 1):
+        changed = False
+        for name, head in mine.items():
+            if name in plan and plan[name][0] != "fast-forward":
+                continue
+            chain = [v for v in repo.chain(head) if v not in remote_known and v not in renamed][::-1]
+            first = next((i for i, v in enumerate(chain)
+                          if any(p.version in renamed for p in repo.store.get_version(v).parents)), None)  # fmt: skip
+            if first is None:
+                continue
+            start = repo.store.get_version(chain[first]).predecessor
+            new = _replay(repo, chain[first:], renamed.get(start, start) if start else None, renamed)  # type: ignore[arg-type]
+            plan[name] = ("rebased", head, new)
+            changed = True
+        if not changed:
+            return
+
+
+def _renumbered(repo: Repo, old: str, new: str) -> Renumbered:
+    info = repo.info(new)
+    return Renumbered(info.model, old, new, f"{info.model}@{len(repo.chain(old))}", info.ref)

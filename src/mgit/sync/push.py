@@ -1,0 +1,196 @@
+"""`push`: send versions the remote lacks, then move its refs by compare-and-swap.
+
+In order, so that a kill at any point leaves both sides consistent: the remote's heads are
+read (with the tokens a compare-and-swap needs); each model's move is judged (new,
+fast-forward, or refused unless forced: the remote's head must be an ancestor of what is
+pushed); the objects the remote lacks are sent (decided by ids: what the versions it already
+has need is never asked about, the rest is asked about once); a metadata pack describing
+the sent versions is written; test registrations and results follow; the refs move last,
+each by compare-and-swap, so of two pushes of one model at the same instant one lands and
+the other is refused. A re-run after a kill sends only what is still missing.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+
+from mgit.catalog import storage_class
+from mgit.errors import MgitError, RemoteConflictError, RemoteError
+from mgit.faults import crash_point
+from mgit.memorystore import MemoryStore
+from mgit.remotes.pack import MetadataPack
+from mgit.repo import Repo
+from mgit.sync.connection import DEFAULT_REMOTE, Connection, connect
+from mgit.sync.reports import ModelUpdate, PushResult
+from mgit.sync.results import push_checks
+from mgit.transfer import RECORD_LIMIT, TransferStats, closure, history, upload, version_objects
+
+Progress = Callable[[int], None]
+MAX_WALK = 10_000  # remote records read to number a head this repository does not have
+
+
+class PushRefusedError(RemoteError):
+    """The remote's head is not an ancestor of what would be pushed (without --force)."""
+
+    def __init__(self, model: str, remote: str, theirs: str, others: int) -> None:
+        more = f" (and {others} more model{'s' if others > 1 else ''})" if others else ""
+        super().__init__(f"{model} on {remote} has {theirs} that you do not have{more}",
+                         hint=f"Run: mgit pull {remote} (or push --force to drop it)")  # fmt: skip
+        self.model = model
+
+
+def choose_models(repo: Repo, targets: list[str] | None) -> dict[str, str]:
+    """{model: version to push}: every model by default; names, globs or `NAME@N`."""
+    local = repo.refs.all()
+    if not targets:
+        return local
+    chosen: dict[str, str] = {}
+    for target in targets:
+        if any(c in target for c in "*?["):
+            matched = {n: v for n, v in local.items() if fnmatch.fnmatchcase(n, target)}
+            if not matched:
+                raise RemoteError(f"no model matches {target!r}", hint="See: mgit ls")
+            chosen.update(matched)
+        else:
+            vid = repo.resolve(target)
+            chosen[repo.model_of(vid)] = vid
+    return chosen
+
+
+def push(repo: Repo, remote: str = DEFAULT_REMOTE, targets: list[str] | None = None, *, force: bool = False,
+         progress: Callable[[int, int], Progress] | None = None) -> PushResult:  # fmt: skip
+    """Send models (every one by default) to a remote; see the module docstring."""
+    conn = connect(repo, remote)
+    try:
+        return _push(repo, conn, choose_models(repo, targets), force=force, progress=progress)
+    finally:
+        conn.close()
+
+
+def _push(repo: Repo, conn: Connection, chosen: dict[str, str], *, force: bool,
+          progress: Callable[[int, int], Progress] | None) -> PushResult:  # fmt: skip
+    remote, store = conn.remote, repo.store
+    remote.check()
+    theirs = remote.heads(chosen)
+    updates, moving, refused = [], {}, []
+    for name, vid in chosen.items():
+        old, token = theirs.get(name, (None, None))
+        if old == vid:
+            updates.append(ModelUpdate(name, "up-to-date", old, vid))
+            continue
+        if old is None:
+            status = "new"
+        elif old in repo.chain(vid):
+            status = "fast-forward"
+        elif force:
+            status = "forced"
+        else:
+            refused.append((name, old))
+            continue
+        note = _dropped(repo, conn, old, vid) if status == "forced" else None
+        updates.append(ModelUpdate(name, status, old, vid, note))
+        moving[name] = (vid, old, token)
+    if refused:
+        name, old = refused[0]
+        raise PushRefusedError(name, conn.name, _describe(repo, conn, old), len(refused) - 1)
+
+    # What the remote has: every version its heads reach (the ones read now, and those it
+    # had when last seen: remotes never delete), as far as this repository knows them.
+    known_tips = [h for h, _ in theirs.values()] + list(conn.tracking.all().values() if conn.tracking else [])
+    known = set(history(store, [t for t in known_tips if store.has(t)]))
+    versions = history(store, [vid for vid, _, _ in moving.values()], stop=known.__contains__)
+    sent = TransferStats()
+    if versions:
+        needed = closure(store, versions)
+        boundary = {v for vid in versions for v in store.get_version(vid).linked_versions() if v in known}
+        candidates = needed - closure(store, boundary)
+        present = remote.has_objects(candidates)
+        missing = candidates - present
+        tick = progress(sum(store.stored_size(o) for o in missing), 0) if progress else None
+        sent = upload(remote, store, missing, progress=tick)
+        crash_point("push-after-objects")
+        sent.skipped = len(needed) - len(missing)
+        sent.skipped_bytes = sum(store.stored_size(o) for o in present)
+        pid, data = _pack(repo, versions, needed).to_bytes()
+        remote.write_pack(pid, data)
+    checks = push_checks(repo, conn, known | set(versions))
+    crash_point("push-before-refs")
+    conflicts = []
+    for i, (name, (vid, old, token)) in enumerate(moving.items()):
+        if i:
+            crash_point("push-between-refs")
+        try:
+            remote.move_head(name, vid, expected=old, token=token)
+        except RemoteConflictError:
+            conflicts.append(name)
+            continue
+        if conn.tracking is not None:
+            conn.tracking.update(name, vid, expected=conn.tracking.get(name))
+    if conflicts:
+        raise RemoteConflictError(conn.name, f"{conflicts[0]} (another push landed first; run: mgit pull)")
+    return PushResult(conn.name, remote.url, updates, len(versions), sent, checks)
+
+
+def _remote_chain(repo: Repo, conn: Connection, vid: str) -> tuple[list[str], str | None]:
+    """The remote's history from `vid` back to the first version this repository has:
+    (the versions only the remote has, newest first; that first shared version or None).
+    Records are read and verified one by one, at most MAX_WALK of them."""
+    scratch = MemoryStore()
+    walked: list[str] = []
+    cur: str | None = vid
+    while cur is not None and not repo.store.has(cur):
+        if len(walked) >= MAX_WALK:
+            raise RemoteError(f"the history of {vid[:12]} on {conn.name} is longer than {MAX_WALK} versions")
+        scratch.write_record(cur, [conn.remote.read_object(cur, limit=RECORD_LIMIT)])
+        walked.append(cur)
+        cur = scratch.get_version(cur).predecessor
+    return walked, cur
+
+
+def _describe(repo: Repo, conn: Connection, vid: str) -> str:
+    """`@4`: the remote head's number in its model's history."""
+    try:
+        walked, shared = _remote_chain(repo, conn, vid)
+        return f"@{len(walked) + (len(repo.chain(shared)) if shared else 0)}"
+    except MgitError:
+        return f"a version ({vid[:12]})"
+
+
+def _dropped(repo: Repo, conn: Connection, theirs: str, mine: str) -> str:
+    """What a forced push drops: the remote's versions that `mine` does not descend from."""
+    ours = set(repo.chain(mine))
+    try:
+        if theirs in ours:
+            return ""
+        walked, shared = _remote_chain(repo, conn, theirs)
+        base = len(repo.chain(shared)) if shared else 0
+        here = [v for v in repo.chain(shared) if v not in ours] if shared else []
+        count = len(walked) + len(here)
+        return f"drops {count} version{'s' if count != 1 else ''} of {conn.name}'s history, up to @{base + len(walked)}"
+    except MgitError:
+        return f"drops {conn.name}'s head {theirs[:12]} and what only it had"
+
+
+def _pack(repo: Repo, versions: list[str], needed: set[str]) -> MetadataPack:
+    """What a clone needs to know about these versions: their records, a row per object
+    they need (with its delta bases), their sketches."""
+    store, catalog = repo.store, repo.catalog
+    pack = MetadataPack()
+    for vid in versions:
+        version, _, _ = version_objects(store, vid)
+        for oid in {vid} | version.linked_objects():
+            pack.records[oid] = store.path_of(oid).read_bytes()
+        sketch = catalog.sketch(vid)
+        if sketch is not None:
+            pack.sketches[vid] = sketch
+    rows = catalog.object_rows(needed)
+    for oid in sorted(needed):
+        row = rows.get(oid)
+        if row is None or (not row.bases and storage_class(row.codec) != "standalone"):  # bases not recorded
+            header = store.header(oid)
+            pack.objects.append((oid, header.kind, header.size, store.stored_size(oid), header.codec_names,
+                                 tuple(header.bases)))  # fmt: skip
+        else:
+            pack.objects.append((oid, row.kind, row.logical_size, row.stored_size, row.codec, row.bases))
+    return pack

@@ -1,0 +1,140 @@
+"""Looking at a remote without changing anything here: how each model compares (`remote
+show`), laying out an empty one (`init --bare`), checking one (`fsck URL`), and bringing a
+lazy clone's objects here ahead of time (`fetch --objects`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from mgit.errors import InvalidOptionError, MissingKeyError, MissingObjectError
+from mgit.incoming import Incoming
+from mgit.integrity import check_references, verify_objects, walk
+from mgit.lazystore import LazyStore
+from mgit.objects import Version
+from mgit.remotes import RemoteSpec, normalize_url, open_backend
+from mgit.remotes.repository import RemoteRepository, object_key
+from mgit.repo import Repo
+from mgit.reports import FsckResult
+from mgit.store import ObjectStore
+from mgit.sync.connection import DEFAULT_REMOTE, Connection, connect
+from mgit.sync.fetch import fetch_records
+from mgit.sync.reports import RemoteInfo, RemoteModel, RemoteShow
+from mgit.transfer import TransferStats
+
+MAX_OBJECT = 1 << 40  # fsck reads whatever objects a remote holds; the largest tensor it could be
+
+
+def remote_show(repo: Repo, remote: str = DEFAULT_REMOTE) -> RemoteShow:
+    """Per model: the same here and there, ahead, behind, diverged, or on one side only. The
+    remote's records needed to tell are read into a quarantine that is then thrown away."""
+    conn = connect(repo, remote)
+    try:
+        return _show(repo, conn)
+    finally:
+        conn.close()
+
+
+def _show(repo: Repo, conn: Connection) -> RemoteShow:
+    remote = conn.remote
+    remote.check()
+    theirs = {n: h for n, (h, _) in remote.heads().items()}
+    mine = repo.refs.all()
+    with Incoming(repo.store) as incoming:
+        fetch_records(conn, incoming, list(theirs.values()), TransferStats())
+
+        def chain(vid: str) -> list[str]:
+            out: list[str] = []
+            cur: str | None = vid
+            while cur and cur not in out:
+                out.append(cur)
+                cur = incoming.overlay.get_version(cur).predecessor
+            return out
+
+        models = []
+        for name in sorted(set(theirs) | set(mine)):
+            local, there = mine.get(name), theirs.get(name)
+            if there is None or local is None:
+                models.append(RemoteModel(name, "local only" if there is None else "remote only", local, there))
+                continue
+            ours, others = chain(local), chain(there)
+            ahead = len([v for v in ours if v not in set(others)])
+            behind = len([v for v in others if v not in set(ours)])
+            state = "same" if local == there else "ahead" if not behind else "behind" if not ahead else "diverged"
+            models.append(RemoteModel(name, state, local, there, ahead, behind))
+    spec = repo.config.get("remotes", {}).get(conn.name, {})
+    info = RemoteInfo(conn.name, remote.url, spec.get("endpoint_url"), spec.get("region"), spec.get("profile"))
+    return RemoteShow(info, models)
+
+
+def init_bare(url: str, *, endpoint_url: str | None = None, region: str | None = None,
+              profile: str | None = None) -> RemoteInfo:  # fmt: skip
+    """An empty remote: a bare repository in a folder, or the layout of one under an S3
+    prefix of a bucket that exists (a missing bucket is an error, never created)."""
+    spec = RemoteSpec(normalize_url(url), endpoint_url, region, profile)
+    if spec.kind == "folder":
+        folder = Path(spec.url)
+        if folder.exists() and any(folder.iterdir()):
+            raise InvalidOptionError(f"{folder} exists and is not empty", hint="Lay a remote out in a new folder")
+        Repo.init(folder, bare=True)
+    else:
+        remote = RemoteRepository(open_backend(spec))
+        try:
+            remote.init_bare()
+        finally:
+            remote.close()
+    return RemoteInfo("", spec.url, endpoint_url, region, profile)
+
+
+class RemoteStore(ObjectStore):
+    """A remote's objects read through the store contract (for fsck): every read downloads."""
+
+    def __init__(self, remote: RemoteRepository) -> None:
+        self.remote = remote
+
+    def has(self, oid: str) -> bool:
+        return self.remote.backend.exists(object_key(oid))
+
+    def read_record(self, oid: str) -> np.ndarray:
+        try:
+            return np.frombuffer(self.remote.read_object(oid, limit=MAX_OBJECT), np.uint8)
+        except MissingKeyError:
+            raise MissingObjectError(oid) from None
+
+    def ids(self) -> Iterator[str]:
+        return iter(self.remote.object_ids())
+
+    def stored_size(self, oid: str) -> int:
+        return int(self.read_record(oid).size)
+
+
+def fsck_remote(url: str, *, endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
+                jobs: int = 4) -> FsckResult:  # fmt: skip
+    """Re-hash every object of a remote (downloading each) and check what its refs reach."""
+    spec = RemoteSpec(normalize_url(url), endpoint_url, region, profile)
+    remote = RemoteRepository(open_backend(spec))
+    try:
+        remote.check()
+        heads = {n: h for n, (h, _) in remote.heads().items()}
+        store = RemoteStore(remote)
+        seen = walk(store, heads)
+        oids = store.ids()
+        problems, checked = verify_objects(store, list(oids), jobs=jobs)
+        bad = {p.object for p in problems}
+        problems += [p for p in seen.problems + check_references(store, seen) if p.object not in bad]
+        return FsckResult(len(remote.object_ids()), checked, len(heads), len(seen.versions), problems, 0)
+    finally:
+        remote.close()
+
+
+def prefetch(repo: Repo, refs: list[str], *, jobs: int = 8) -> TransferStats:
+    """Bring every object these versions read into a lazy clone, for work offline."""
+    if not isinstance(repo.store, LazyStore):
+        raise InvalidOptionError("this repository is not a lazy clone: it has every object already")
+    wanted: set[str] = set()
+    for ref in refs:
+        version: Version = repo.version(ref)
+        wanted |= repo.store.get_manifest(version.manifest).object_ids() | version.linked_objects()
+    return repo.store.fetch(sorted(wanted))
