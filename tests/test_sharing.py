@@ -282,6 +282,20 @@ class SharingContract:
     def offline(self, url: str, monkeypatch: pytest.MonkeyPatch) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def test_a_lazy_clone_pushes_what_it_adds_and_fetches_nothing_more_to_do_it(self, alice: Repo, url: str,
+                                                                               tmp_path: Path) -> None:  # fmt: skip
+        family(alice, tmp_path)
+        sync.push(alice)
+        lazy = Repo(sync.clone(url, tmp_path / "lazy", lazy=True).path)
+        newer = make_model(tmp_path / "ft3", state=finetune(3))
+        lazy.add(newer, name="ft", message="from the lazy clone")  # encoded against ft@1's tensors: fetched
+        before = set(lazy.store.ids())
+        pushed = sync.push(lazy)
+        assert set(lazy.store.ids()) == before and pushed.models[1].status == "fast-forward"
+        bob = Repo(sync.clone(url, tmp_path / "bob").path)
+        bob.checkout("ft", tmp_path / "out")
+        assert sha256_tree(tmp_path / "out") == sha256_tree(newer) and bob.fsck().ok
+
     # --- nothing from a remote is trusted -----------------------------------------------------
     @pytest.mark.parametrize("damage", ["flip", "truncate"])
     def test_a_damaged_object_is_refused_and_nothing_is_kept(self, alice: Repo, url: str, tmp_path: Path,

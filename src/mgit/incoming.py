@@ -21,7 +21,7 @@ from types import TracebackType
 import numpy as np
 
 from mgit.atomicfile import fsync_dir
-from mgit.cache import CHECKOUT_BASES, DecodedCache, Entry
+from mgit.cache import CHECKOUT_BASES, DecodedCache
 from mgit.errors import MissingObjectError
 from mgit.localstore import LocalStore
 from mgit.objectformat import ObjectHeader
@@ -36,11 +36,13 @@ class OverlayStore(ObjectStore):
     def __init__(self, quarantine: LocalStore, store: ObjectStore) -> None:
         self.quarantine = quarantine
         self.store = store
+        self.decoded: set[str] = set()  # every object read to be decoded (and so re-hashed)
 
     def has(self, oid: str) -> bool:
         return self.quarantine.has(oid) or self.store.has(oid)
 
     def read_record(self, oid: str) -> bytes | np.ndarray:
+        self.decoded.add(oid)
         try:
             return self.quarantine.read_record(oid)
         except MissingObjectError:
@@ -81,14 +83,15 @@ class Incoming:
         Bases decoded on the way are kept for the objects that share them."""
         cache = DecodedCache(CHECKOUT_BASES)
 
-        def check(oid: str) -> Entry:
-            found = self.overlay.get(oid, reuse=cache)
+        def check(oid: str) -> None:
+            if oid not in self.overlay.decoded:  # decoded already as another's base: verified
+                self.overlay.get(oid, reuse=cache)
             if progress:
                 progress(1)
-            return found
 
-        # Bases first (they are decoded as bases anyway), one object per worker at a time.
-        order = sorted(oids, key=lambda o: self.overlay.header(o).depth)
+        # The deepest first: decoding a delta decodes (and re-hashes) its bases, so each
+        # object is decoded once, as a base or on its own.
+        order = sorted(oids, key=lambda o: self.overlay.header(o).depth, reverse=True)
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-verify") as pool:
             for _ in pool.map(check, order):
                 pass

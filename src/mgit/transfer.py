@@ -80,7 +80,12 @@ def closure(store: ObjectStore, versions: Iterable[str], *, bases_of: Callable[[
     needed: set[str] = set()
     for vid in versions:
         needed |= version_objects(store, vid)[2]
-    bases_of = bases_of or (lambda o: store.header(o).bases)
+
+    def recorded_bases(oid: str) -> Iterable[str]:  # a lazy clone's remote-only object: not fetched to see
+        promised = store.promised(oid)
+        return promised if promised is not None else store.header(oid).bases
+
+    bases_of = bases_of or recorded_bases
     stack = list(needed)
     while stack:
         for base in bases_of(stack.pop()):

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from mgit.catalog import storage_class
 from mgit.errors import MgitError, RemoteConflictError, RemoteError
 from mgit.faults import crash_point
+from mgit.lazystore import LazyStore
 from mgit.memorystore import MemoryStore
 from mgit.remotes.pack import MetadataPack
 from mgit.repo import Repo
@@ -107,11 +108,14 @@ def _push(repo: Repo, conn: Connection, chosen: dict[str, str], *, force: bool,
         candidates = needed - closure(store, boundary)
         present = remote.has_objects(candidates)
         missing = candidates - present
+        if isinstance(store, LazyStore):  # a lazy clone sends elsewhere what it has not fetched yet
+            store.fetch([o for o in missing if not store.has(o)])
         tick = progress(sum(store.stored_size(o) for o in missing), 0) if progress else None
         sent = upload(remote, store, missing, progress=tick)
         crash_point("push-after-objects")
         sent.skipped = len(needed) - len(missing)
-        sent.skipped_bytes = sum(store.stored_size(o) for o in present)
+        rows = repo.catalog.object_rows(present)
+        sent.skipped_bytes = sum(rows[o].stored_size if o in rows else 0 for o in present)
         pid, data = _pack(repo, versions, needed).to_bytes()
         remote.write_pack(pid, data)
     checks = push_checks(repo, conn, known | set(versions))
@@ -187,10 +191,10 @@ def _pack(repo: Repo, versions: list[str], needed: set[str]) -> MetadataPack:
     rows = catalog.object_rows(needed)
     for oid in sorted(needed):
         row = rows.get(oid)
-        if row is None or (not row.bases and storage_class(row.codec) != "standalone"):  # bases not recorded
+        if store.has(oid) and (row is None or (not row.bases and storage_class(row.codec) != "standalone")):
             header = store.header(oid)
             pack.objects.append((oid, header.kind, header.size, store.stored_size(oid), header.codec_names,
                                  tuple(header.bases)))  # fmt: skip
-        else:
+        elif row is not None:  # (a lazy clone's object it has not fetched: described as its rows say)
             pack.objects.append((oid, row.kind, row.logical_size, row.stored_size, row.codec, row.bases))
     return pack
