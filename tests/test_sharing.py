@@ -397,6 +397,9 @@ class SharingContract:
                                 env={**env, "MGIT_CRASH_AT": point})  # fmt: skip
         assert killed.returncode == -signal.SIGKILL
         assert Repo(target).fsck().ok and Repo(target).refs.all() == {}
+        if point == "fetch-after-download":  # the quarantine is left, nothing of it kept; gc removes it
+            assert any((target / ".mgit" / "incoming").iterdir())
+            assert Repo(target).gc().leftovers == 1 and not any((target / ".mgit" / "incoming").iterdir())
         again = subprocess.run([*MGIT, "clone", url, str(target), "--json"], capture_output=True, text=True,
                                timeout=120, env=env)  # fmt: skip
         assert again.returncode == 0, again.stderr

@@ -87,7 +87,8 @@ class LazyStore(LocalStore):
                 if unknown:  # not in any version this clone knows: nothing to ask the remote for
                     raise MissingObjectError(unknown[0])
                 limits = {o: rows[o][0] + SLACK for o in mine}
-                stats = fetch_objects(self.remote, self, limits, jobs=self.jobs)
+                with self.lock():  # gc waits: it removes leftover quarantines
+                    stats = fetch_objects(self.remote, self, limits, jobs=self.jobs)
                 self.on_fetched(list(mine))
         except BaseException as exc:
             self._settle(mine, exc)

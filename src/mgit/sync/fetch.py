@@ -31,7 +31,7 @@ from mgit.repo import Repo
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, add_remote, connect
 from mgit.sync.reports import ChecksTravel, CloneResult, FetchResult, ModelUpdate
 from mgit.sync.results import pull_checks
-from mgit.transfer import RECORD_LIMIT, TransferStats, limits, receive
+from mgit.transfer import RECORD_LIMIT, SLACK, TransferStats, limits, receive
 
 Progress = Callable[[int], None]
 
@@ -54,30 +54,32 @@ def fetch_from(repo: Repo, conn: Connection, *, models: str | None = None,
     if models is not None and not heads:
         raise RemoteError(f"no model on {conn.name} matches {models!r}")
     received = TransferStats()
-    with Incoming(repo.store) as incoming:
+    moved = []
+    # Shared with adds, exclusive for gc: what arrives is not deleted before a ref names it.
+    with repo.store.lock(), Incoming(repo.store) as incoming:
         rows, sketches = _read_packs(repo, conn, incoming, received)
         versions = fetch_records(conn, incoming, list(heads.values()), received)
         if lazy:  # records and a recipe's source only: tensors and files come when read
             wanted = {o: RECORD_LIMIT for v in versions for o in {v} | incoming.overlay.get_version(v).linked_objects()}
         else:
             wanted = limits(incoming.overlay, versions)
-        tick = progress(sum(wanted.values()), 0) if progress else None
+        known = {r.id: r.stored_size for r in rows}
+        tick = progress(sum(known.get(o, n - SLACK) for o, n in wanted.items()), 0) if progress else None
         received.add(receive(remote, incoming, wanted, progress=tick))
         arrived = list(dict.fromkeys(incoming.arrived))
         crash_point("fetch-after-download")
         incoming.verify(arrived, jobs=os.cpu_count() or 2)
         incoming.promote()
         crash_point("fetch-after-promote")
-    if lazy:
-        _describe_objects(repo, versions, rows)
-    _keep_sketches(repo, sketches)
-    moved = []
-    if conn.tracking is not None:
-        for name, head in heads.items():
-            old = conn.tracking.get(name)
-            if old != head:
-                conn.tracking.update(name, head, expected=old)
-                moved.append(ModelUpdate(name, "new" if old is None else "fast-forward", old, head))
+        if lazy:
+            _describe_objects(repo, versions, rows)
+        _keep_sketches(repo, sketches)
+        if conn.tracking is not None:
+            for name, head in heads.items():
+                old = conn.tracking.get(name)
+                if old != head:
+                    conn.tracking.update(name, head, expected=old)
+                    moved.append(ModelUpdate(name, "new" if old is None else "fast-forward", old, head))
     checks = pull_checks(repo, conn) if not repo.bare else ChecksTravel()
     return FetchResult(conn.name, remote.url, moved, len(versions), received, lazy, checks)
 

@@ -62,15 +62,16 @@ def pull(repo: Repo, remote: str = DEFAULT_REMOTE, *, ff_only: bool = False,
         raise DivergedError(diverged[0], conn.name, len(diverged) - 1)
     remote_known = set(history(repo.store, theirs.values()))
     renamed: dict[str, str] = {}
-    for name in diverged:
-        local = mine[name]
-        own = [v for v in repo.chain(local) if v not in remote_known][::-1]  # oldest first
-        plan[name] = ("rebased", local, _replay(repo, own, theirs[name], renamed))
-    _replay_dependents(repo, mine, plan, remote_known, renamed)
     updates = []
-    for name, (status, old, new) in sorted(plan.items()):
-        repo.refs.update(name, new, expected=old)
-        updates.append(ModelUpdate(name, status, old, new))
+    with repo.store.lock():  # replayed records are not collected before the refs name them
+        for name in diverged:
+            local = mine[name]
+            own = [v for v in repo.chain(local) if v not in remote_known][::-1]  # oldest first
+            plan[name] = ("rebased", local, _replay(repo, own, theirs[name], renamed))
+        _replay_dependents(repo, mine, plan, remote_known, renamed)
+        for name, (status, old, new) in sorted(plan.items()):
+            repo.refs.update(name, new, expected=old)
+            updates.append(ModelUpdate(name, status, old, new))
     repo.sync_catalog()
     renumbered = [_renumbered(repo, old, new) for old, new in renamed.items()]
     if renamed and (repo.dir / "checks.sqlite").exists():
