@@ -282,6 +282,26 @@ class SharingContract:
     def offline(self, url: str, monkeypatch: pytest.MonkeyPatch) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def test_fetch_objects_readies_a_lazy_clone_for_work_offline_and_clone_can_take_some_models(
+            self, alice: Repo, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+        folders = family(alice, tmp_path)
+        alice.add(make_model(tmp_path / "other", state=tensors(20, width=64)), name="other")
+        sync.push(alice)
+        lazy = Repo(sync.clone(url, tmp_path / "lazy", lazy=True).path)
+        code, out, err = mgit_cli(lazy.root, "fetch", "--objects", "ft", "--json")
+        assert code == 0 and json.loads(out)["objects"] > 0, err
+        with self.offline(url, monkeypatch):
+            lazy.checkout("ft", tmp_path / "out")
+            one_line_error(mgit_cli(lazy.root, "checkout", "other", "-o", str(tmp_path / "other-out")))
+        assert sha256_tree(tmp_path / "out") == sha256_tree(folders["ft"])
+        some = sync.clone(url, tmp_path / "some", models="f*")
+        picked = Repo(some.path)
+        assert some.models == ["ft"] and list(picked.refs.all()) == ["ft"]
+        picked.checkout("ft", tmp_path / "out2")  # its base's tensors came along: ft is stored against them
+        assert sha256_tree(tmp_path / "out2") == sha256_tree(folders["ft"]) and picked.fsck().ok
+        own = alice.manifest("other").object_ids() - alice.manifest("ft").object_ids() - alice.manifest("base").object_ids()
+        assert own and not any(picked.store.has(o) for o in own)  # the models not asked for stay there
+
     def test_a_lazy_clone_pushes_what_it_adds_and_fetches_nothing_more_to_do_it(self, alice: Repo, url: str,
                                                                                tmp_path: Path) -> None:  # fmt: skip
         family(alice, tmp_path)
