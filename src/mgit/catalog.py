@@ -122,45 +122,53 @@ class Catalog(Database):
     # --- writing ------------------------------------------------------------------------
     def add_objects(self, rows: Iterable[ObjectRow]) -> None:
         with self.atomic() as tx:
-            tx.executemany(
-                "INSERT OR REPLACE INTO objects (id, kind, logical_size, stored_size, codec, bases) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                [(r.id, r.kind, r.logical_size, r.stored_size, r.codec, json.dumps(list(r.bases))) for r in rows],
-            )
+            self._insert_objects(tx, rows)
+
+    @staticmethod
+    def _insert_objects(tx: Any, rows: Iterable[ObjectRow]) -> None:
+        tx.executemany(
+            "INSERT OR REPLACE INTO objects (id, kind, logical_size, stored_size, codec, bases) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [(r.id, r.kind, r.logical_size, r.stored_size, r.codec, json.dumps(list(r.bases))) for r in rows],
+        )
 
     def index_version(self, vid: str, version: Version, objects: set[str]) -> None:
         """Record a version whose objects are already in the `objects` table."""
         with self.atomic() as tx:
-            if tx.execute("SELECT 1 FROM versions WHERE id = ?", (vid,)).fetchone():
-                return
-            seq = 1
-            if version.predecessor:
-                row = tx.execute("SELECT seq FROM versions WHERE id = ?", (version.predecessor,)).fetchone()
-                if row is None:  # callers index ancestors first; numbering from 1 would be wrong
-                    raise CatalogError(f"predecessor {version.predecessor[:12]} of version {vid[:12]} is not indexed")
-                seq = row[0] + 1
-            ids = json.dumps(sorted(objects))
-            stored, new = tx.execute(
-                f"""SELECT COALESCE(SUM(o.stored_size), 0),
-                          COALESCE(SUM(CASE WHEN NOT EXISTS (SELECT 1 FROM version_objects vo
-                              WHERE vo.object = o.id) THEN o.stored_size ELSE 0 END), 0)
-                   FROM objects o WHERE o.id IN {IDS}""",
-                (ids,),
-            ).fetchone()
-            s = version.summary
-            tx.execute(
-                "INSERT INTO versions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (vid, version.model, seq, version.manifest, version.predecessor, version.message,
-                 version.author, version.time, json.dumps(version.tags), s.get("files", 0),
-                 s.get("tensors", 0), s.get("params", 0), s.get("logical_bytes", 0), stored, new,
-                 json.dumps(version.lossy) if version.lossy else None,
-                 json.dumps(version.recipe) if version.recipe else None),  # fmt: skip
-            )
-            tx.executemany(
-                "INSERT INTO edges VALUES (?, ?, ?, ?)",
-                [(vid, i, p.version, p.relation) for i, p in enumerate(version.parents)],
-            )
-            tx.execute("INSERT INTO version_objects SELECT ?, value FROM json_each(?)", (vid, ids))
+            self._index_version(tx, vid, version, objects)
+
+    @staticmethod
+    def _index_version(tx: Any, vid: str, version: Version, objects: set[str]) -> None:
+        if tx.execute("SELECT 1 FROM versions WHERE id = ?", (vid,)).fetchone():
+            return
+        seq = 1
+        if version.predecessor:
+            row = tx.execute("SELECT seq FROM versions WHERE id = ?", (version.predecessor,)).fetchone()
+            if row is None:  # callers index ancestors first; numbering from 1 would be wrong
+                raise CatalogError(f"predecessor {version.predecessor[:12]} of version {vid[:12]} is not indexed")
+            seq = row[0] + 1
+        ids = json.dumps(sorted(objects))
+        stored, new = tx.execute(
+            f"""SELECT COALESCE(SUM(o.stored_size), 0),
+                      COALESCE(SUM(CASE WHEN NOT EXISTS (SELECT 1 FROM version_objects vo
+                          WHERE vo.object = o.id) THEN o.stored_size ELSE 0 END), 0)
+               FROM objects o WHERE o.id IN {IDS}""",
+            (ids,),
+        ).fetchone()
+        s = version.summary
+        tx.execute(
+            "INSERT INTO versions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (vid, version.model, seq, version.manifest, version.predecessor, version.message,
+             version.author, version.time, json.dumps(version.tags), s.get("files", 0),
+             s.get("tensors", 0), s.get("params", 0), s.get("logical_bytes", 0), stored, new,
+             json.dumps(version.lossy) if version.lossy else None,
+             json.dumps(version.recipe) if version.recipe else None),  # fmt: skip
+        )
+        tx.executemany(
+            "INSERT INTO edges VALUES (?, ?, ?, ?)",
+            [(vid, i, p.version, p.relation) for i, p in enumerate(version.parents)],
+        )
+        tx.execute("INSERT INTO version_objects SELECT ?, value FROM json_each(?)", (vid, ids))
 
     def set_heads(self, read_heads: Callable[[], dict[str, str]]) -> None:
         """Make the models table mirror the refs and drop versions no head reaches.
@@ -193,13 +201,13 @@ class Catalog(Database):
             # Sketches stay: a fetched version's (from a remote's pack) is wanted once a pull
             # makes it reachable; gc removes those of versions it deletes.
 
-    def index(self, store: ObjectStore, vid: str) -> None:
-        """Index `vid` and every version it links to that is not indexed yet, ancestors
-        first (a version's position in its history is its predecessor's plus one), reading
-        their records and object headers from `store`."""
+    def index(self, store: ObjectStore, *vids: str) -> None:
+        """Index these versions and every version they link to that is not indexed yet,
+        ancestors first (a version's position in its history is its predecessor's plus one),
+        reading their records and object headers from `store`; one transaction for all."""
         order: list[tuple[str, Version]] = []
         loaded: dict[str, Version] = {}
-        stack: list[tuple[str, bool]] = [(vid, False)]
+        stack: list[tuple[str, bool]] = [(v, False) for v in reversed(vids)]  # the first first
         while stack:  # iterative post-order: histories can be longer than the recursion limit
             v, expanded = stack.pop()
             if expanded:
@@ -210,16 +218,20 @@ class Catalog(Database):
             loaded[v] = store.get_version(v)
             stack.append((v, True))
             stack.extend((linked, False) for linked in loaded[v].linked_versions())
-        for v, version in order:
-            manifest = store.get_manifest(version.manifest)
-            objects = manifest.object_ids() | version.linked_objects() | {v}
-            rows = []
-            for oid in self.missing_objects(objects):
-                header = store.header(oid)
-                rows.append(ObjectRow(oid, header.kind, header.size, store.stored_size(oid), header.codec_names,
-                                      tuple(header.bases)))  # fmt: skip
-            self.add_objects(rows)
-            self.index_version(v, version, objects)
+        if not order:
+            return
+        objects = {v: store.get_manifest(version.manifest).object_ids() | version.linked_objects() | {v}
+                   for v, version in order}  # fmt: skip
+        missing = self.missing_objects(set().union(*objects.values()))
+        rows = []
+        for oid in sorted(missing):
+            header = store.header(oid)
+            rows.append(ObjectRow(oid, header.kind, header.size, store.stored_size(oid), header.codec_names,
+                                  tuple(header.bases)))  # fmt: skip
+        with self.atomic() as tx:
+            self._insert_objects(tx, rows)
+            for v, version in order:
+                self._index_version(tx, v, version, objects[v])
 
     def sync(self, store: ObjectStore, refs: RefStore) -> None:
         """Index any head the catalog does not know (a writer killed after moving its ref,
@@ -227,8 +239,7 @@ class Catalog(Database):
         heads = refs.all()
         if heads == self.heads():
             return
-        for vid in heads.values():
-            self.index(store, vid)
+        self.index(store, *heads.values())
         self.set_heads(refs.all)
 
     @contextmanager

@@ -20,7 +20,7 @@ from types import TracebackType
 
 import numpy as np
 
-from mgit.atomicfile import fsync_dir
+from mgit.atomicfile import sync_files
 from mgit.cache import CHECKOUT_BASES, DecodedCache
 from mgit.errors import MissingObjectError
 from mgit.localstore import LocalStore
@@ -37,12 +37,16 @@ class OverlayStore(ObjectStore):
         self.quarantine = quarantine
         self.store = store
         self.decoded: set[str] = set()  # every object read to be decoded (and so re-hashed)
+        self.held: dict[str, bytes] = {}  # small records that arrived in memory (a pack's), also on disk
 
     def has(self, oid: str) -> bool:
         return self.quarantine.has(oid) or self.store.has(oid)
 
     def read_record(self, oid: str) -> bytes | np.ndarray:
         self.decoded.add(oid)
+        held = self.held.get(oid)
+        if held is not None:
+            return held
         try:
             return self.quarantine.read_record(oid)
         except MissingObjectError:
@@ -78,6 +82,13 @@ class Incoming:
         self.arrived.append(oid)
         return path
 
+    def hold(self, records: dict[str, bytes]) -> None:
+        """Records that arrived in memory (a metadata pack's): read from memory while the
+        fetch runs, written to the quarantine (in parallel) to be kept like any object."""
+        self.overlay.held.update(records)
+        for oid, raw in records.items():  # small files: threads would only contend for the GIL
+            self.path_for(oid).write_bytes(raw)
+
     def verify(self, oids: list[str], *, jobs: int, progress: Callable[[int], None] | None = None) -> None:
         """Decode and re-hash each object (CorruptObjectError names the first that fails).
         Bases decoded on the way are kept for the objects that share them."""
@@ -99,19 +110,18 @@ class Incoming:
     def promote(self) -> list[str]:
         """Move every verified object into the repository, durably; return their ids."""
         arrived = [o for o in dict.fromkeys(self.arrived) if self.quarantine.path_of(o).is_file()]
-        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="mgit-fsync") as pool:
-            list(pool.map(lambda o: _fsync(self.quarantine.path_of(o)), arrived))  # data first, then the names
+        sync_files([self.quarantine.path_of(o) for o in arrived])  # data first, then the names
         for oid in arrived:
             self.store.adopt(oid, self.quarantine.path_of(oid))
+            record = self.overlay.parsed(oid)
+            if record is not None:  # verified here: the repository's readers need not parse it again
+                self.store.remember(oid, record)
         self.store.sync()
         return arrived
 
     def discard(self) -> None:
+        # The shared incoming/ folder stays: another fetch may be creating its quarantine.
         shutil.rmtree(self.dir, ignore_errors=True)
-        parent = self.dir.parent
-        if parent.is_dir() and not any(parent.iterdir()):
-            parent.rmdir()
-            fsync_dir(parent.parent)
 
     def __enter__(self) -> Incoming:
         return self
@@ -125,11 +135,3 @@ def leftover_quarantines(store: LocalStore) -> Iterator[Path]:
     folder = store.root.parent / INCOMING
     if folder.is_dir():
         yield from (p for p in folder.iterdir() if p.is_dir())
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -53,7 +53,7 @@ def walk(store: ObjectStore, heads: dict[str, str], *, pins: set[str] | frozense
             continue
         seen.objects.add(vid)
         try:
-            version = store.get_version(vid)
+            version = store.get_version(vid, fresh=True)
         except (CorruptObjectError, MissingObjectError) as exc:
             seen.problems.append(_problem(vid, exc, [via]))
             continue
@@ -65,7 +65,7 @@ def walk(store: ObjectStore, heads: dict[str, str], *, pins: set[str] | frozense
             continue
         seen.objects.add(version.manifest)
         try:
-            manifest = store.get_manifest(version.manifest)
+            manifest = store.get_manifest(version.manifest, fresh=True)
         except (CorruptObjectError, MissingObjectError) as exc:
             seen.problems.append(_problem(version.manifest, exc, [label]))
             continue

@@ -28,12 +28,16 @@ class LocalStore(ObjectStore):
         self.lock_path = lock_path
         self._dirty: set[Path] = set()
         self._lock = threading.Lock()
+        self._fanout: dict[str, Path] = {}
 
     def path_of(self, oid: str) -> Path:
         """The file that holds (or would hold) an object."""
         if not OID_RE.match(oid):
             raise MissingObjectError(oid)
-        return self.root / oid[:2] / oid[2:]
+        fanout = self._fanout.get(oid[:2])
+        if fanout is None:  # 256 folders at most: joined once (pathlib is slow in walks of thousands)
+            fanout = self._fanout[oid[:2]] = self.root / oid[:2]
+        return fanout / oid[2:]
 
     def has(self, oid: str) -> bool:
         return self.path_of(oid).exists()
@@ -97,6 +101,7 @@ class LocalStore(ObjectStore):
         return parse_record(oid, head)[0]
 
     def delete(self, oid: str) -> None:
+        self.forget(oid)
         self.path_of(oid).unlink(missing_ok=True)
 
     def stored_size(self, oid: str) -> int:

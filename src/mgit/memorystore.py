@@ -30,6 +30,7 @@ class MemoryStore(ObjectStore):
             raise MissingObjectError(oid) from None
 
     def delete(self, oid: str) -> None:
+        self.forget(oid)
         self.records.pop(oid, None)
 
     def stored_size(self, oid: str) -> int:

@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from mgit.atomicfile import TMP_PREFIX, write_atomic
+from mgit.atomicfile import TMP_PREFIX, fsync_dir, sync_files, temporary_sibling, write_atomic
 from mgit.errors import DamagedRefError, InvalidNameError, InvalidOptionError, RefConflictError
 from mgit.locks import FileLock
 from mgit.objects import OID_RE
@@ -89,7 +89,7 @@ class RefStore:
         """Leftovers of ref writes that were interrupted (safe to remove with no writer running)."""
         return list(self.dir.rglob(f"{TMP_PREFIX}*")) if self.dir.is_dir() else []
 
-    def set_locked(self, name: str, new: str | None, *, expected: str | None) -> None:
+    def set_locked(self, name: str, new: str | None, *, expected: str | None, sync_dir: bool = True) -> None:
         """Compare-and-swap; the caller holds `lock(name)`. `new=None` deletes the ref."""
         current = self.get(name)
         if current != expected:
@@ -101,11 +101,49 @@ class RefStore:
         if not OID_RE.match(new):
             raise InvalidOptionError(f"a ref must name a version id, not {new!r}")
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, [f"{new}\n".encode()], fsync=self.fsync)
+        write_atomic(path, [f"{new}\n".encode()], fsync=self.fsync, sync_dir=sync_dir)
 
     def update(self, name: str, new: str | None, *, expected: str | None) -> None:
         with self.lock(name):
             self.set_locked(name, new, expected=expected)
+
+    def update_many(self, changes: dict[str, tuple[str | None, str | None]]) -> None:
+        """`update` for many models ({name: (new, expected)}), each a compare-and-swap under
+        its lock: the new values are written to temporary files and made durable at once,
+        then each ref is compared and renamed into place (a clone of a thousand models)."""
+        staged: dict[str, tuple[Path | None, str | None]] = {}
+        for name, (new, expected) in changes.items():
+            if new is not None and not OID_RE.match(new):
+                raise InvalidOptionError(f"a ref must name a version id, not {new!r}")
+            tmp = None
+            if new is not None:
+                path = self._path(name)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = temporary_sibling(path)
+                tmp.write_bytes(f"{new}\n".encode())
+            staged[name] = (tmp, expected)
+        try:
+            if self.fsync:
+                sync_files([t for t, _ in staged.values() if t is not None])
+            folders = set()
+            for name, (tmp, expected) in staged.items():
+                with self.lock(name):
+                    current = self.get(name)
+                    if current != expected:
+                        raise RefConflictError(name, expected, current)
+                    path = self._path(name)
+                    if tmp is None:
+                        path.unlink(missing_ok=True)
+                    else:
+                        os.replace(tmp, path)
+                    folders.add(path.parent)
+            if self.fsync:
+                for folder in folders:
+                    fsync_dir(folder)
+        finally:
+            for tmp, _ in staged.values():
+                if tmp is not None:
+                    tmp.unlink(missing_ok=True)
 
     # --- pins: objects kept without a version naming them -----------------------------------
     def pin(self, oid: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,8 @@ from mgit.encoding import DEFAULT_MAX_DEPTH, Encoding, choose_encoding
 from mgit.errors import CorruptObjectError
 from mgit.objectformat import MAX_DEPTH_LIMIT, ObjectHeader, parse_record
 from mgit.objects import Manifest, RecordError, Version, canonical_json, object_hasher, tensor_meta
+
+PARSED_RECORDS = 16384  # versions and manifests kept parsed (a few KB each)
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,12 @@ class ObjectStore:
         raise NotImplementedError
 
     def delete(self, oid: str) -> None:
+        """Remove an object (backends; they also call `forget`)."""
         raise NotImplementedError
+
+    def forget(self, oid: str) -> None:
+        """Drop what was parsed of an object (it is being deleted)."""
+        self._parsed_records().pop(oid, None)
 
     def ids(self) -> Iterator[str]:
         raise NotImplementedError
@@ -191,16 +198,51 @@ class ObjectStore:
             raise CorruptObjectError(oid, f"{kind} is not a JSON object")
         return record
 
-    def get_version(self, vid: str) -> Version:
-        """A version record, validated field by field."""
+    def get_version(self, vid: str, *, fresh: bool = False) -> Version:
+        """A version record, validated field by field (`fresh`: read and verified again
+        even if parsed before, as fsck and gc want)."""
+        found = None if fresh else self._parsed_records().get(vid)
+        if isinstance(found, Version):
+            return found
         try:
-            return Version.from_json(self.get_record(vid, "version"))
+            version = Version.from_json(self.get_record(vid, "version"))
         except RecordError as exc:
             raise CorruptObjectError(vid, f"not a valid version record ({exc})") from None
+        self._remember(vid, version)
+        return version
 
-    def get_manifest(self, oid: str) -> Manifest:
+    def get_manifest(self, oid: str, *, fresh: bool = False) -> Manifest:
         """A manifest record, validated field by field (paths included)."""
+        found = None if fresh else self._parsed_records().get(oid)
+        if isinstance(found, Manifest):
+            return found
         try:
-            return Manifest.from_json(self.get_record(oid, "manifest"))
+            manifest = Manifest.from_json(self.get_record(oid, "manifest"))
         except RecordError as exc:
             raise CorruptObjectError(oid, f"not a valid manifest ({exc})") from None
+        self._remember(oid, manifest)
+        return manifest
+
+    def remember(self, oid: str, record: Version | Manifest) -> None:
+        """Keep a record parsed and verified elsewhere (a fetch's quarantine) for this store's
+        readers; the caller has just kept its object here."""
+        self._remember(oid, record)
+
+    def parsed(self, oid: str) -> Version | Manifest | None:
+        """The record of `oid` if it was parsed and verified here already."""
+        return self._parsed_records().get(oid)
+
+    # Records verified and parsed once are kept (they never change: an id names one content),
+    # so walks over thousands of versions (index, fetch, push) read each record once.
+    def _parsed_records(self) -> dict[str, Version | Manifest]:
+        parsed = self.__dict__.get("_parsed")
+        if parsed is None:
+            parsed = self.__dict__["_parsed"] = {}
+        return parsed  # type: ignore[no-any-return]
+
+    def _remember(self, oid: str, record: Version | Manifest) -> None:
+        parsed = self._parsed_records()
+        if len(parsed) >= PARSED_RECORDS:
+            with suppress(StopIteration, KeyError, RuntimeError):  # another thread got there first
+                parsed.pop(next(iter(parsed)))  # the oldest (dicts keep insertion order)
+        parsed[oid] = record

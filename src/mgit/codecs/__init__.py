@@ -14,6 +14,7 @@ from mgit.codecs.base import (
     decoded_bound,
     encode_chain,
     storage_of,
+    writable,
 )
 from mgit.codecs.byteplanes import ByteplanesCodec
 from mgit.codecs.delta import SubDeltaCodec, XorDeltaCodec
@@ -55,4 +56,5 @@ __all__ = [
     "decoded_bound",
     "encode_chain",
     "storage_of",
+    "writable",
 ]

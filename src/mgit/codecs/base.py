@@ -62,6 +62,14 @@ def byte_array(data: Buffer) -> np.ndarray:
     return np.frombuffer(data, np.uint8)
 
 
+def writable(data: Buffer) -> np.ndarray:
+    """`data` as a flat uint8 array a decoder may change in place: itself when it is a
+    writable array (decode_chain hands each codec the output of the one after it, which
+    nothing else holds), else a copy (a read-only payload, bytes)."""
+    arr = byte_array(data)
+    return arr if arr.flags.writeable else arr.copy()
+
+
 def byte_view(data: Buffer) -> memoryview:
     """Any buffer as a flat view of bytes (no copy for contiguous data, empty ones included)."""
     if isinstance(data, np.ndarray):
@@ -102,6 +110,8 @@ class Codec:
         raise NotImplementedError
 
     def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
+        """The inverse of `encode`. It may change `data` in place when it is a writable
+        array (see `writable`); `encode` never changes its input (a user's tensor)."""
         raise NotImplementedError
 
     def to_dict(self) -> dict[str, Any]:

@@ -26,7 +26,10 @@ from mgit.codecs.base import (
     check_oid,
     load_base,
     register,
+    writable,
 )
+
+BLOCK = 1 << 20  # items per block of the elementwise passes
 
 
 def _base(codec: XorDeltaCodec | SubDeltaCodec, ctx: CodecContext) -> np.ndarray:
@@ -44,14 +47,14 @@ class XorDeltaCodec(Codec):
         check_oid(self.base)
 
     def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        return _xor(byte_array(data), _base(self, ctx))
+        return _xor(byte_array(data).copy(), _base(self, ctx))
 
     def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        return _xor(byte_array(data), _base(self, ctx))
+        return _xor(writable(data), _base(self, ctx))
 
 
 def _xor(data: np.ndarray, base: np.ndarray) -> np.ndarray:
-    out = data.copy()
+    out = data
     n = min(out.size, base.size)
     np.bitwise_xor(out[:n], base[:n], out=out[:n])
     return out
@@ -74,23 +77,25 @@ class SubDeltaCodec(Codec):
 
     def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
         out, base, n = self._views(byte_array(data).copy(), _base(self, ctx))
-        # Difference and zig-zag in place, one temporary (a sampled add encodes this often).
-        u = out[:n]
-        u -= base[:n]  # unsigned subtraction wraps modulo 2**bits
-        sign = u.view(f"<i{self.itemsize}") >> (8 * self.itemsize - 1)  # 0 or -1 (all ones)
-        u <<= 1
-        u ^= sign.view(u.dtype)
+        # Difference and zig-zag in place, block by block: the temporaries stay small and
+        # in cache (fresh pages for whole-tensor temporaries cost more than the arithmetic).
+        for lo in range(0, n, BLOCK):
+            u = out[lo : min(n, lo + BLOCK)]
+            u -= base[lo : lo + u.size]  # unsigned subtraction wraps modulo 2**bits
+            sign = u.view(f"<i{self.itemsize}") >> (8 * self.itemsize - 1)  # 0 or -1 (all ones)
+            u <<= 1
+            u ^= sign.view(u.dtype)
         return out.view(np.uint8)
 
     def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        out, base, n = self._views(byte_array(data).copy(), _base(self, ctx))
-        # unzigzag and add in place, one temporary: fresh pages cost more than arithmetic.
-        u = out[:n]
-        sign = u & 1
-        np.subtract(0, sign, out=sign, dtype=u.dtype)  # 1 -> all ones (wraps modulo 2**bits)
-        u >>= 1
-        u ^= sign
-        u += base[:n]  # wraps modulo 2**bits
+        out, base, n = self._views(writable(data), _base(self, ctx))
+        for lo in range(0, n, BLOCK):  # unzigzag and add in place, block by block (as encode)
+            u = out[lo : min(n, lo + BLOCK)]
+            sign = u & 1
+            np.subtract(0, sign, out=sign, dtype=u.dtype)  # 1 -> all ones (wraps modulo 2**bits)
+            u >>= 1
+            u ^= sign
+            u += base[lo : lo + u.size]  # wraps modulo 2**bits
         return out.view(np.uint8)
 
     def _views(self, data: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:

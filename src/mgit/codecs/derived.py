@@ -33,6 +33,7 @@ from mgit.codecs.base import (
     load_base,
     register,
     unzigzag,
+    writable,
     zigzag,
 )
 
@@ -44,8 +45,8 @@ def _base_f32(codec: Codec, ctx: CodecContext) -> np.ndarray:
     return base.view("<f4")
 
 
-def _xor_prediction(data: Buffer, predicted: np.ndarray) -> np.ndarray:
-    out = byte_array(data).copy()
+def _xor_prediction(data: Buffer, predicted: np.ndarray, *, decoding: bool = False) -> np.ndarray:
+    out = writable(data) if decoding else byte_array(data).copy()
     pred = predicted.reshape(-1).view(np.uint8)
     if pred.size != out.size:
         raise CodecError(f"prediction has {pred.size} bytes for {out.size}")
@@ -68,7 +69,7 @@ class PredictionCodec(Codec):
         return _xor_prediction(data, self._predict(ctx))
 
     def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        return _xor_prediction(data, self._predict(ctx))
+        return _xor_prediction(data, self._predict(ctx), decoding=True)
 
 
 def _check_rows(rows: object) -> None:

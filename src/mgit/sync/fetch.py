@@ -75,11 +75,10 @@ def fetch_from(repo: Repo, conn: Connection, *, models: str | None = None,
             _describe_objects(repo, versions, rows)
         _keep_sketches(repo, sketches)
         if conn.tracking is not None:
-            for name, head in heads.items():
-                old = conn.tracking.get(name)
-                if old != head:
-                    conn.tracking.update(name, head, expected=old)
-                    moved.append(ModelUpdate(name, "new" if old is None else "fast-forward", old, head))
+            known = conn.tracking.all()
+            changes = {n: (h, known.get(n)) for n, h in heads.items() if known.get(n) != h}
+            conn.tracking.update_many(changes)
+            moved = [ModelUpdate(n, "new" if old is None else "fast-forward", old, h) for n, (h, old) in changes.items()]
     checks = pull_checks(repo, conn) if not repo.bare else ChecksTravel()
     return FetchResult(conn.name, remote.url, moved, len(versions), received, lazy, checks)
 
@@ -97,10 +96,9 @@ def _read_packs(repo: Repo, conn: Connection, incoming: Incoming, stats: Transfe
     for pid, data in zip(new, remote.map(lambda p: remote.read_pack(p, limit=MAX_PACK), new), strict=True):
         pack = MetadataPack.from_bytes(pid, data, where=conn.name)
         stats.bytes += len(data)
-        for oid, raw in pack.records.items():
-            if not incoming.overlay.has(oid):
-                incoming.path_for(oid).write_bytes(raw)
-                stats.objects += 1
+        new_records = {oid: raw for oid, raw in pack.records.items() if not incoming.overlay.has(oid)}
+        incoming.hold(new_records)
+        stats.objects += len(new_records)
         rows += [ObjectRow(*r) for r in pack.objects]
         sketches.update(pack.sketches)
     if seen_file is not None and new:
@@ -174,8 +172,7 @@ def clone(url: str, directory: str | os.PathLike[str] | None = None, *, models: 
     result = fetch(repo, DEFAULT_REMOTE, models=models, progress=progress)
     heads = RefStore(repo.dir, namespace=f"remotes/{DEFAULT_REMOTE}").all()
     crash_point("clone-before-heads")
-    for name, head in heads.items():
-        repo.refs.update(name, head, expected=None)
+    repo.refs.update_many({name: (head, None) for name, head in heads.items()})
     repo.sync_catalog()
     return CloneResult(str(repo.root), result.url, lazy, sorted(heads), result)
 
