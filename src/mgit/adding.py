@@ -10,7 +10,6 @@ head or the new one (the crash points mark where the crash tests kill).
 
 from __future__ import annotations
 
-import getpass
 import os
 import tempfile
 from collections.abc import Callable, Collection, Mapping
@@ -29,7 +28,7 @@ from mgit.gate import GateResult, evaluate
 from mgit.inference import DEFAULT_MIN_CONFIDENCE, suggest
 from mgit.lossy import LossyPolicy, verdict
 from mgit.memorystore import MemoryStore
-from mgit.objects import RELATIONS, Manifest, Parent, Version, utc_now
+from mgit.objects import RELATIONS, Manifest, Parent, Version, user_at_host, utc_now
 from mgit.parallel import Progress
 from mgit.refs import RefStore, is_model_name
 from mgit.reports import AddResult, ParentSuggestion
@@ -97,7 +96,7 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
                                auto_parent=auto)
             version = Version(
                 model=name, manifest=mres.oid, parents=lineage, predecessor=head, message=message,
-                author=author or os.environ.get("MGIT_AUTHOR") or default_author(), time=utc_now(), tags=tags,
+                author=author or os.environ.get("MGIT_AUTHOR") or user_at_host(), time=utc_now(), tags=tags,
                 summary={"files": len(manifest.files), "tensors": len(manifest.tensors()),
                          "params": sum(t.params for t in manifest.tensors()),
                          "logical_bytes": manifest.logical_bytes},
@@ -227,11 +226,3 @@ def _save_sketch(catalog: Catalog, vid: str, manifest: Manifest, src: ModelSourc
         catalog.put_sketch(vid, (sketch or sketch_added(manifest, src)).to_bytes())
     except (ValueError, OSError, MgitError) as exc:
         src.notes.append(f"no parent-inference sketch stored yet ({exc}); it is computed when needed")
-
-
-def default_author() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return f"{user}@{os.uname().nodename}"

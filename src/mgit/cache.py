@@ -45,20 +45,22 @@ class DecodedCache:
     def lookup(self, oid: str) -> Entry | None:
         """The entry for `oid` if it is here (marked most recently used), else None."""
         with self._lock:
-            found = self._items.get(oid)
-            if found is not None:
-                self._items.move_to_end(oid)
-                self.hits += 1
-            return found
+            return self._hit(oid)
+
+    def _hit(self, oid: str) -> Entry | None:
+        """`lookup` under the lock."""
+        found = self._items.get(oid)
+        if found is not None:
+            self._items.move_to_end(oid)
+            self.hits += 1
+        return found
 
     def get_or_decode(self, oid: str, decode: Callable[[], Entry]) -> Entry:
         """The entry for `oid`, decoded by `decode()` and kept if it is not here. A thread
         that asks while another decodes it waits for that decode (and gets its error)."""
         with self._lock:
-            found = self._items.get(oid)
+            found = self._hit(oid)
             if found is not None:
-                self._items.move_to_end(oid)
-                self.hits += 1
                 return found
             pending = self._pending.get(oid)
             owner = pending is None

@@ -28,7 +28,7 @@ from mgit import usercode
 from mgit.database import Database
 from mgit.errors import MgitError, RemoteError, UnknownRefError
 from mgit.lineage import Lineage
-from mgit.objects import OID_RE, utc_now
+from mgit.objects import OID_RE, user_at_host, utc_now
 from mgit.repo import Repo
 from mgit.reports import Report, json_safe
 from mgit.usercode import DEFAULT_TIMEOUT
@@ -317,7 +317,7 @@ class Checks:
             status = "error" if problem and not metrics else "fail" if reasons else "pass"
         model, seq = self._model_seq(vid)
         outcome = TestOutcome(vid, model, seq, spec.name, source, status, metrics, reasons, round(run.seconds, 3),
-                              utc_now(), output=run.output, origin=usercode.origin())  # fmt: skip
+                              utc_now(), output=run.output, origin=user_at_host())  # fmt: skip
         with self._sql.atomic() as db:
             db.execute(f"INSERT OR REPLACE INTO results ({RESULT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (vid, spec.name, source, status, json.dumps(json_safe(metrics)), json.dumps(reasons),

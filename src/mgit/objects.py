@@ -10,6 +10,7 @@ a damaged or forged record raises instead of flowing on.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
@@ -35,6 +36,16 @@ class RecordError(ValueError):
 def utc_now() -> str:
     """A record's time: UTC, ISO 8601, microseconds, `Z`."""
     return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def user_at_host() -> str:
+    """Who writes a record here, `user@host`: a version's default author, where a test
+    result was recorded."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{os.uname().nodename}"
 
 
 def canonical_json(value: Any) -> bytes:

@@ -91,9 +91,7 @@ class RefStore:
 
     def set_locked(self, name: str, new: str | None, *, expected: str | None, sync_dir: bool = True) -> None:
         """Compare-and-swap; the caller holds `lock(name)`. `new=None` deletes the ref."""
-        current = self.get(name)
-        if current != expected:
-            raise RefConflictError(name, expected, current)
+        self._expect(name, expected)
         path = self._path(name)
         if new is None:
             path.unlink(missing_ok=True)
@@ -102,6 +100,12 @@ class RefStore:
             raise InvalidOptionError(f"a ref must name a version id, not {new!r}")
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, [f"{new}\n".encode()], fsync=self.fsync, sync_dir=sync_dir)
+
+    def _expect(self, name: str, expected: str | None) -> None:
+        """The compare of a compare-and-swap (the caller holds the ref's lock)."""
+        current = self.get(name)
+        if current != expected:
+            raise RefConflictError(name, expected, current)
 
     def update(self, name: str, new: str | None, *, expected: str | None) -> None:
         with self.lock(name):
@@ -128,9 +132,7 @@ class RefStore:
             folders = set()
             for name, (tmp, expected) in staged.items():
                 with self.lock(name):
-                    current = self.get(name)
-                    if current != expected:
-                        raise RefConflictError(name, expected, current)
+                    self._expect(name, expected)
                     path = self._path(name)
                     if tmp is None:
                         path.unlink(missing_ok=True)

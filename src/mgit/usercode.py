@@ -13,7 +13,6 @@ the JSON of what the function returned; anything else it prints is kept as the r
 
 from __future__ import annotations
 
-import getpass
 import hashlib
 import importlib
 import importlib.machinery
@@ -127,15 +126,6 @@ def recipe_record_of(spec: str, params: Any = None, *, root: Path) -> dict[str, 
         raise InvalidOptionError(f"recipe parameter names must be identifiers, not {bad[0]!r}",
                                  hint="Use --param KEY=VALUE")  # fmt: skip
     return {"fn": spec, "params": params, "source_sha256": source_hash(spec, cwd=root)}
-
-
-def origin() -> str:
-    """Where a result is recorded: `user@host` (results travel with push and pull)."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return f"{user}@{os.uname().nodename}"
 
 
 def run(mode: str, spec: str, args: list[str], *, timeout: float, cwd: Path | None = None,
