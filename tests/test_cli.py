@@ -18,7 +18,9 @@ from mgit.cli.main import cli
 def _leaves(group: click.Group, prefix: tuple[str, ...] = ()) -> list[str]:
     """Every runnable command as it is typed ("ls", "lineage tree", "test run")."""
     out = []
-    for name, command in group.commands.items():
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
         if isinstance(command, click.Group):
             out += _leaves(command, (*prefix, name))
         else:
@@ -47,7 +49,8 @@ def test_every_command_has_help_with_an_example(command: str) -> None:
     assert "--json" in out or command in NO_DATA
 
 
-@pytest.mark.parametrize("group", sorted(n for n, c in cli.commands.items() if isinstance(c, click.Group)))
+@pytest.mark.parametrize("group", sorted(n for n in cli.list_commands(click.Context(cli))
+                                         if isinstance(cli.get_command(click.Context(cli), n), click.Group)))
 def test_every_group_has_help_with_an_example(group: str) -> None:
     code, out, _ = run_cli(group, "--help")
     assert code == 0 and "Example" in out and f"mgit {group}" in out

@@ -107,3 +107,21 @@ def test_modules_are_small_enough_to_read_or_say_why_not() -> None:
         if text.count("\n") > 520 and "not split" not in doc:
             long.append(f"{path.relative_to(SRC)}: {text.count(chr(10))} lines")
     assert long == []
+
+
+@pytest.mark.parametrize("command", [["--version"], ["ls"], ["log", "m"], ["show", "m"], ["lineage"], ["du"]])
+def test_commands_that_touch_no_tensor_import_neither_numpy_nor_the_codecs(tmp_path: Path, command: list[str]) -> None:
+    from conftest import tensors
+
+    from mgit import Repo
+
+    Repo.init(tmp_path).add(tensors(1), name="m")
+    probe = ("import io, json, sys, contextlib\n"
+             "from mgit.cli.main import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             f"    code = main({['-C', str(tmp_path), *command]!r})\n"
+             "print(json.dumps([code, sorted(m for m in sys.modules if m.split('.')[0] in "
+             "('numpy', 'rich', 'zstandard', 'pcodec', 'threadpoolctl', 'yaml') or m.startswith('mgit.codecs'))]))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    code, heavy = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code == 0 and [m for m in heavy if m.split(".")[0] != "zstandard"] == [], heavy

@@ -20,7 +20,8 @@ from mgit import Repo
 from mgit.codecs import CodecContext, QuantizedDeltaCodec
 from mgit.codecs.quantized_delta import as_float64
 from mgit.gate import compare, lower_is_better
-from mgit.lossy import LossyPolicy, encode_lossy
+from mgit.lossy import encode_lossy
+from mgit.lossypolicy import LossyPolicy
 from mgit.memorystore import MemoryStore
 
 TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}

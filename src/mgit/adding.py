@@ -26,7 +26,7 @@ from mgit.formats.folder import ModelSource, scan_path, scan_state_dict
 from mgit.formats.model_card import CARD, read_lineage
 from mgit.gate import GateResult, evaluate
 from mgit.inference import DEFAULT_MIN_CONFIDENCE, suggest
-from mgit.lossy import LossyPolicy, verdict
+from mgit.lossypolicy import LossyPolicy, verdict
 from mgit.memorystore import MemoryStore
 from mgit.objects import RELATIONS, Manifest, Parent, Version, user_at_host, utc_now
 from mgit.parallel import Progress

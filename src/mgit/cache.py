@@ -13,15 +13,16 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    pass
 
 UNBOUNDED = 1 << 62  # the budget of a short-lived cache (one pair of a diff)
 CHECKOUT_BASES = 512 << 20  # delta bases one checkout or add keeps for the tensors that share them
 SESSION_CACHE_BYTES = 1 << 30  # decoded tensors `Repo.caching` keeps by default
 
-Entry = tuple[Any, np.ndarray]  # (ObjectHeader, the decoded bytes, read-only)
+Entry = tuple[Any, Any]  # (ObjectHeader, the decoded bytes: a read-only numpy array)
 
 
 class DecodedCache:

@@ -62,6 +62,12 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
         "0003_object_bases",
         ["ALTER TABLE objects ADD COLUMN bases TEXT"],
     ),
+    (
+        # How each object is stored (standalone, delta, derived), as its first codec's class
+        # says when the row is written: `show` and `du` then need neither numpy nor the codecs.
+        "0004_object_storage",
+        ["ALTER TABLE objects ADD COLUMN storage TEXT"],
+    ),
 ]
 
 
@@ -127,9 +133,10 @@ class Catalog(Database):
     @staticmethod
     def _insert_objects(tx: Any, rows: Iterable[ObjectRow]) -> None:
         tx.executemany(
-            "INSERT OR REPLACE INTO objects (id, kind, logical_size, stored_size, codec, bases) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            [(r.id, r.kind, r.logical_size, r.stored_size, r.codec, json.dumps(list(r.bases))) for r in rows],
+            "INSERT OR REPLACE INTO objects (id, kind, logical_size, stored_size, codec, bases, storage) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(r.id, r.kind, r.logical_size, r.stored_size, r.codec, json.dumps(list(r.bases)),
+              storage_class(r.codec) if r.kind == "tensor" else None) for r in rows],  # fmt: skip
         )
 
     def index_version(self, vid: str, version: Version, objects: set[str]) -> None:
@@ -387,16 +394,25 @@ class Catalog(Database):
         of versions, so a page over a thousand models does not issue a query per model."""
         out: dict[str, dict[str, int]] = {v: {} for v in vids}
         rows = self.db.execute(
-            f"""SELECT v.id, o.codec, EXISTS (SELECT 1 FROM version_objects vo2 JOIN versions v2 ON v2.id = vo2.version
-                                              WHERE vo2.object = vo.object AND v2.rowid < v.rowid), COUNT(*)
+            f"""SELECT v.id, o.codec, o.storage,
+                       EXISTS (SELECT 1 FROM version_objects vo2 JOIN versions v2 ON v2.id = vo2.version
+                               WHERE vo2.object = vo.object AND v2.rowid < v.rowid), COUNT(*)
                 FROM version_objects vo JOIN objects o ON o.id = vo.object JOIN versions v ON v.id = vo.version
                 WHERE vo.version IN {IDS} AND o.kind = 'tensor'
-                GROUP BY 1, 2, 3""",
+                GROUP BY 1, 2, 3, 4""",
             (json.dumps(vids),),
         )
-        for vid, codec, dedup, n in rows:
-            key = "deduplicated" if dedup else storage_class(codec)
+        unknown: set[str] = set()
+        for vid, codec, storage, dedup, n in rows:
+            if storage is None:  # a row written before 0004: classed now, and remembered
+                storage = storage_class(codec)
+                unknown.add(codec)
+            key = "deduplicated" if dedup else storage
             out[vid][key] = out[vid].get(key, 0) + n
+        if unknown:
+            with self.atomic() as tx:
+                tx.executemany("UPDATE objects SET storage = ? WHERE codec = ? AND kind = 'tensor' AND storage IS NULL",
+                               [(storage_class(c), c) for c in unknown])  # fmt: skip
         return out
 
     def storage_by_version(self, vids: list[str]) -> dict[str, tuple[int, dict[str, int]]]:

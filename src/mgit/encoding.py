@@ -40,7 +40,6 @@ from mgit.errors import CorruptObjectError, MissingObjectError
 from mgit.formats.safetensors import element_count, is_float, itemsize
 from mgit.objectformat import MAX_DEPTH_LIMIT, ObjectHeader
 
-DEFAULT_MAX_DEPTH = 2  # longer chains are cut: checkout decodes every link (benchmarks/chain_depth.py)
 SAMPLE_FROM = 256 << 10  # tensors larger than this choose their encoding on samples
 SAMPLE_BYTES = 32 << 10
 SAMPLES = 4

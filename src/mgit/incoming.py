@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -51,6 +51,9 @@ class OverlayStore(ObjectStore):
             return self.quarantine.read_record(oid)
         except MissingObjectError:
             return self.store.read_record(oid)
+
+    def read_bytes(self, oid: str) -> bytes:
+        return bytes(memoryview(self.read_record(oid)))
 
     def header(self, oid: str) -> ObjectHeader:
         try:
@@ -128,10 +131,3 @@ class Incoming:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.discard()
-
-
-def leftover_quarantines(store: LocalStore) -> Iterator[Path]:
-    """Quarantine folders of fetches that were killed (only safe to remove with no fetch running)."""
-    folder = store.root.parent / INCOMING
-    if folder.is_dir():
-        yield from (p for p in folder.iterdir() if p.is_dir())

@@ -11,11 +11,11 @@ import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from mgit.atomicfile import remove_files
 from mgit.catalog import Catalog
 from mgit.errors import CorruptObjectError, GcRefusedError, MgitError, MissingObjectError
-from mgit.incoming import leftover_quarantines
 from mgit.localstore import LocalStore
 from mgit.objects import Manifest, Version
 from mgit.refs import RefStore
@@ -157,7 +157,7 @@ def fsck(store: ObjectStore, refs: RefStore, catalog: Catalog, *, jobs: int,
     if refs.all() != catalog.heads():
         problems.append(Problem("catalog", "catalog", "the catalog does not list the same heads as refs/"))
     leftovers = len(store.temporary_files()) + len(refs.temporary_files())
-    leftovers += len(list(leftover_quarantines(store))) if isinstance(store, LocalStore) else 0
+    leftovers += len(list(quarantine_folders(store)))
     return FsckResult(len(oids), checked, len(refs.all()), len(seen.versions), problems, leftovers)
 
 
@@ -181,7 +181,7 @@ def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, *, dry_run: bool = 
     garbage = [oid for oid in store.ids() if oid not in seen.objects]
     freed = sum(store.stored_size(oid) for oid in garbage)
     leftovers = store.temporary_files() + refs.temporary_files()
-    quarantines = list(leftover_quarantines(store)) if isinstance(store, LocalStore) else []
+    quarantines = list(quarantine_folders(store))
     if not dry_run:
         # Rows first: a gc killed midway leaves files no row names, which the next gc finds by
         # listing the store; the reverse would leave rows for missing files.
@@ -193,3 +193,11 @@ def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, *, dry_run: bool = 
         for folder in quarantines:  # a killed fetch's: nothing in it was ever kept
             shutil.rmtree(folder, ignore_errors=True)
     return GcResult(dry_run, garbage, freed, len(seen.objects), len(leftovers) + len(quarantines))
+
+
+def quarantine_folders(store: ObjectStore) -> list[Path]:
+    """Quarantine folders of fetches that were killed (mgit.incoming), beside `objects/`."""
+    if not isinstance(store, LocalStore):
+        return []
+    folder = store.root.parent / "incoming"
+    return [p for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []

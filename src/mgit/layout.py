@@ -11,13 +11,10 @@ from typing import Any
 
 from mgit.atomicfile import write_atomic
 from mgit.errors import FormatVersionError, RepoConfigError, RepoExistsError, RepoNotFoundError
-from mgit.lazystore import LazyStore
 from mgit.localstore import LocalStore
 from mgit.objects import utc_now
 from mgit.parallel import default_jobs
-from mgit.remotes import open_backend
 from mgit.remotes.config import remote_of
-from mgit.remotes.repository import RemoteRepository
 
 REPO_DIR = ".mgit"
 REPO_FORMAT = 1
@@ -89,6 +86,10 @@ def open_store(folder: Path, config: dict[str, Any]) -> LocalStore:
     lock = folder / "locks" / "repo.lock"
     lazy = config.get("lazy")
     if lazy:
+        from mgit.lazystore import LazyStore
+        from mgit.remotes import open_backend
+        from mgit.remotes.repository import RemoteRepository
+
         spec = remote_of(config, lazy)
         return LazyStore(folder / "objects", fsync=fsync, lock_path=lock, jobs=default_jobs(),
                          remote=lambda: RemoteRepository(open_backend(spec)))  # fmt: skip

@@ -26,6 +26,8 @@ Describe = Callable[[Iterable[str]], dict[str, tuple[int, tuple[str, ...]]]]  # 
 
 
 class LazyStore(LocalStore):
+    lazy = True
+
     def __init__(self, root: Path, *, remote: Callable[[], RemoteRepository], fsync: bool = True,
                  lock_path: Path | None = None, jobs: int = 2) -> None:  # fmt: skip
         super().__init__(root, fsync=fsync, lock_path=lock_path)
@@ -57,6 +59,13 @@ class LazyStore(LocalStore):
         except MissingObjectError:
             self.fetch([oid])
             return super().read_record(oid)
+
+    def read_bytes(self, oid: str) -> bytes:
+        try:
+            return super().read_bytes(oid)
+        except MissingObjectError:
+            self.fetch([oid])
+            return super().read_bytes(oid)
 
     def header(self, oid: str) -> ObjectHeader:
         try:

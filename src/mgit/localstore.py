@@ -9,8 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from mgit.atomicfile import TMP_PREFIX, fsync_dir, write_atomic
 from mgit.errors import CorruptObjectError, MissingObjectError
 from mgit.locks import FileLock
@@ -79,7 +77,9 @@ class LocalStore(ObjectStore):
         path = self.lock_path or self.root.parent / "locks" / "repo.lock"
         return FileLock(path, what="the repository", shared=not exclusive)
 
-    def read_record(self, oid: str) -> np.ndarray:
+    def read_record(self, oid: str) -> Any:
+        import numpy as np  # (here: reading headers and records needs no numpy)
+
         try:
             with open(self.path_of(oid), "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
@@ -87,6 +87,12 @@ class LocalStore(ObjectStore):
                 if fh.readinto(buf) != size:
                     raise CorruptObjectError(oid, "the file changed size while it was read")
                 return buf
+        except FileNotFoundError:
+            raise MissingObjectError(oid) from None
+
+    def read_bytes(self, oid: str) -> bytes:
+        try:
+            return self.path_of(oid).read_bytes()
         except FileNotFoundError:
             raise MissingObjectError(oid) from None
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mgit.errors import CorruptObjectError
-from mgit.formats.safetensors import DTYPES, element_count, itemsize
+from mgit.formats.dtypes import DTYPES, element_count, itemsize
 from mgit.objects import KINDS, canonical_json
 
 MAGIC = b"MGITOBJ\x01"
@@ -23,6 +23,7 @@ PREFIX = len(MAGIC) + 4  # magic and the header length
 MAX_HEADER = 1 << 20
 MAX_RECORD = 256 << 20  # manifests and versions are small; refuse to decode a forged giant
 MAX_DEPTH_LIMIT = 64  # no writer goes deeper; a header claiming more is forged
+DEFAULT_MAX_DEPTH = 2  # writers cut longer chains: checkout decodes every link (benchmarks/chain_depth.py)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 import blake3
 
 from mgit.errors import UnsafePathError
-from mgit.formats.safetensors import DTYPES, element_count, itemsize
+from mgit.formats.dtypes import DTYPES, element_count, itemsize
 
 OID_RE = re.compile(r"^[0-9a-f]{64}$")
 RELATIONS = ("finetune", "adapter", "quantize", "prune", "distill", "merge", "other")

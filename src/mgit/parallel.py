@@ -11,8 +11,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-from threadpoolctl import threadpool_limits
-
 T = TypeVar("T")
 Progress = Callable[[int], None]  # called with a number of bytes just processed
 READ_AHEAD_BYTES = 64 << 20
@@ -45,4 +43,8 @@ def one_blas_thread() -> AbstractContextManager[Any]:
     """For a pool that already runs one task per core: BLAS threads inside each (a low-rank
     factorization, a rank estimate) would oversubscribe the cores, and OpenBLAS's threads
     spin while they wait (measured: 10x the CPU time of the work on a busy 2-core machine)."""
+    from threadpoolctl import (
+        threadpool_limits,  # (it inspects the loaded libraries: only when needed)
+    )
+
     return threadpool_limits(1, "blas")

@@ -7,7 +7,10 @@ nothing is visible; afterwards the catalog is brought up to date, and if that st
 the next `Repo()` notices the ref it does not know and indexes it.
 
 The verbs built from these (tests, bisect, cascades, remotes) are porcelain above this
-module: `mgit.checks`, `mgit.bisect`, `mgit.cascade`.
+module: `mgit.checks`, `mgit.bisect`, `mgit.cascade`, `mgit.sync`.
+
+Modules that load numpy and the codecs are imported in the verbs that use them, so that
+`mgit ls`, `log`, `show` and `lineage` start in milliseconds.
 """
 
 from __future__ import annotations
@@ -20,33 +23,24 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mgit.adding import add_version, suggest_parents
 from mgit.atomicfile import write_atomic
 from mgit.cache import CHECKOUT_BASES, SESSION_CACHE_BYTES, DecodedCache
 from mgit.catalog import Catalog, ObjectRow, VersionRow
-from mgit.checkout import restore_file, safe_join
-from mgit.diff import DiffResult, diff_models, open_side
-from mgit.encoding import DEFAULT_MAX_DEPTH
 from mgit.errors import (
     InputError,
     InvalidOptionError,
     OutputNotEmptyError,
     UnknownRefError,
 )
-from mgit.formats.folder import scan_path, scan_state_dict
-from mgit.formats.model_card import CARD, write_lineage
-from mgit.inference import DEFAULT_MIN_CONFIDENCE
-from mgit.integrity import fsck, gc
 from mgit.layout import create, locate, open_store, read_config
-from mgit.lazystore import LazyStore
 from mgit.lineage import Lineage
 from mgit.localstore import LocalStore
-from mgit.lossy import DEFAULT_GUARD, LossyPolicy, describe
+from mgit.lossypolicy import DEFAULT_GUARD, LossyPolicy, describe
+from mgit.objectformat import DEFAULT_MAX_DEPTH
 from mgit.objects import Manifest, Version
 from mgit.parallel import Progress, default_jobs
-from mgit.reader import ModelReader
 from mgit.refs import RefStore, is_model_name, validate_model_name
 from mgit.refspec import REF_RE, pick_version
 from mgit.reports import (
@@ -65,8 +59,11 @@ from mgit.reports import (
     VersionInfo,
     VersionStorage,
 )
-from mgit.sketch import sketch_source
 from mgit.usercode import DEFAULT_TIMEOUT, recipe_record_of, source_file
+
+if TYPE_CHECKING:
+    from mgit.diff import DiffResult
+    from mgit.reader import ModelReader
 
 
 class Repo:
@@ -80,7 +77,7 @@ class Repo:
         self.store: LocalStore = open_store(self.dir, self.config)
         self.refs = RefStore(self.dir, fsync=fsync)
         self.catalog = Catalog(self.dir / "catalog.sqlite")
-        if isinstance(self.store, LazyStore):
+        if self.store.lazy:
             self.store.describe = lambda oids: {r.id: (r.logical_size, r.bases)
                                                 for r in self.catalog.object_rows(oids).values()}  # fmt: skip
             self.store.on_fetched = self._describe_fetched
@@ -106,7 +103,7 @@ class Repo:
     @property
     def lazy(self) -> bool:
         """A lazy clone: objects it lacks are fetched from its remote when first read."""
-        return isinstance(self.store, LazyStore)
+        return self.store.lazy
 
     @property
     def max_depth(self) -> int:
@@ -280,6 +277,8 @@ class Repo:
         policy = LossyPolicy(lossy, guard, lossy_rel) if lossy is not None or lossy_rel is not None else None
         if gate is not None and policy is None:
             raise InvalidOptionError("a gate only checks lossy storage", hint="Add --lossy EPS or --lossy-rel R")
+        from mgit.adding import add_version
+
         parents = [self.resolve(p) for p in ([parent] if isinstance(parent, str) else list(parent or []))]
         return add_version(
             self.store, self.refs, self.catalog, source, name=name, parents=parents, relation=relation,
@@ -301,17 +300,23 @@ class Repo:
 
     # --- parent inference ---------------------------------------------------------------------
     def suggest_parents(self, source: str | os.PathLike[str] | Mapping[str, Any], *, limit: int = 5,
-                        min_confidence: float = DEFAULT_MIN_CONFIDENCE, exclude: Collection[str] = ()
+                        min_confidence: float | None = None, exclude: Collection[str] = ()
                         ) -> ParentSuggestion:  # fmt: skip
         """Stored versions ranked as the likely parents of a model folder, file or state dict,
         from its weights alone, with the evidence, a guessed relation and the choice that
         `add(..., auto_parent=True)` would make (see mgit.inference). `exclude` leaves out
         versions, by id or by model name."""
+        from mgit.adding import suggest_parents
+        from mgit.formats.folder import scan_path, scan_state_dict
+        from mgit.inference import DEFAULT_MIN_CONFIDENCE
+        from mgit.sketch import sketch_source
+
         started = time.perf_counter()
         src = scan_state_dict(source) if isinstance(source, Mapping) else scan_path(Path(source))
         label = "state dict" if isinstance(source, Mapping) else str(source)
         return suggest_parents(self.store, self.catalog, sketch_source(src), label, limit=limit,
-                               min_confidence=min_confidence, exclude=exclude, started=started)  # fmt: skip
+                               min_confidence=DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence,
+                               exclude=exclude, started=started)  # fmt: skip
 
     # --- checkout and reading ---------------------------------------------------------------
     def checkout(self, ref: str, out_dir: str | os.PathLike[str], *, force: bool = False, jobs: int | None = None,
@@ -321,6 +326,8 @@ class Repo:
         `model_card=True` then writes the version's lineage parents into README.md's front
         matter (`base_model`, `base_model_relation`), the one file that then differs from
         what was added."""
+        from mgit.checkout import restore_file, safe_join
+
         vid = self.resolve(ref)
         with self.catalog.explained():
             version = self.store.get_version(vid)
@@ -333,7 +340,7 @@ class Repo:
         for f in manifest.files:
             safe_join(out, f.path)
         out.mkdir(parents=True, exist_ok=True)
-        if isinstance(self.store, LazyStore):  # everything it reads, fetched at once, in parallel
+        if self.store.lazy:  # everything it reads, fetched at once, in parallel
             with self.catalog.explained():
                 self.store.fetch(manifest.object_ids())
         tick = progress(manifest.logical_bytes, 0) if progress else None
@@ -352,6 +359,8 @@ class Repo:
                               manifest.logical_bytes, notes)  # fmt: skip
 
     def _write_card(self, version: Version, out: Path) -> str:
+        from mgit.formats.model_card import CARD, write_lineage
+
         if not version.parents:
             return f"{CARD} left as it was: {version.model} has no lineage parents"
         names = [self._row(p.version).model for p in version.parents]
@@ -362,6 +371,8 @@ class Repo:
 
     def open(self, ref: str) -> ModelReader:
         """Tensors of a version, decoded one at a time on access."""
+        from mgit.reader import ModelReader
+
         vid = self.resolve(ref)
         return ModelReader(self.store, self.manifest(vid), vid, explained=self.catalog.explained,
                            reuse=self._session)  # fmt: skip
@@ -378,6 +389,7 @@ class Repo:
              jobs: int | None = None, progress: Callable[[int, int], Progress] | None = None) -> DiffResult:  # fmt: skip
         """Compare two models, each a ref or the path of a model folder or file not yet added
         (an existing path is a path, anything else a ref; see `mgit.diff`)."""
+        from mgit.diff import diff_models, open_side
 
         def resolve(ref: str) -> tuple[str, str, Manifest]:
             vid = self.resolve(ref)
@@ -450,7 +462,7 @@ class Repo:
         count, stored = self.catalog.physical_bytes(sorted(set(live)))
         _, _, on_disk = self.catalog.total_objects()
         remote_only, local = 0, None
-        if isinstance(self.store, LazyStore):
+        if self.store.lazy:
             sizes = self.catalog.object_sizes(sorted(set(live)))
             remote_only = sum(n for oid, n in sizes.items() if not self.store.has(oid))
             local = sum(sizes.values()) - remote_only
@@ -472,10 +484,14 @@ class Repo:
 
     def fsck(self, *, jobs: int | None = None, progress: Callable[[int, int], Progress] | None = None) -> FsckResult:
         """Re-hash every object and check every reference; problems are listed, not raised."""
+        from mgit.integrity import fsck
+
         return fsck(self.store, self.refs, self.catalog, jobs=jobs or default_jobs(), progress=progress)
 
     def gc(self, *, dry_run: bool = False) -> GcResult:
         """Delete objects that no ref reaches, and leftovers of interrupted writes."""
+        from mgit.integrity import gc
+
         with self.store.lock(exclusive=True):
             return gc(self.store, self.refs, self.catalog, dry_run=dry_run)
 

@@ -17,9 +17,10 @@ import blake3
 import numpy as np
 
 from mgit.cache import CHECKOUT_BASES, DecodedCache
-from mgit.encoding import DEFAULT_MAX_DEPTH
 from mgit.formats.folder import ModelSource, SourceFile
-from mgit.lossy import LossyPolicy, LossyTally, LossyTensor, encode_lossy
+from mgit.lossy import LossyTensor, encode_lossy
+from mgit.lossypolicy import LossyPolicy, LossyTally
+from mgit.objectformat import DEFAULT_MAX_DEPTH
 from mgit.objects import FileEntry, Manifest, TensorEntry, tensor_meta
 from mgit.parallel import Progress, one_blas_thread, ordered_map
 from mgit.store import ObjectStore, PutResult

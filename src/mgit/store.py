@@ -14,25 +14,24 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from mgit.cache import UNBOUNDED, DecodedCache, Entry
-from mgit.codecs import (
-    Codec,
-    CodecContext,
-    CodecError,
-    byte_array,
-    chain_from_list,
-    chain_to_list,
-    decode_chain,
-    decoded_bound,
-)
-from mgit.encoding import DEFAULT_MAX_DEPTH, Encoding, choose_encoding
 from mgit.errors import CorruptObjectError
-from mgit.objectformat import MAX_DEPTH_LIMIT, ObjectHeader, parse_record
+from mgit.objectformat import (
+    DEFAULT_MAX_DEPTH,
+    MAX_DEPTH_LIMIT,
+    MAX_RECORD,
+    ObjectHeader,
+    parse_record,
+)
 from mgit.objects import Manifest, RecordError, Version, canonical_json, object_hasher, tensor_meta
+
+if TYPE_CHECKING:  # numpy and the codecs load when something is encoded or decoded, not before
+    import numpy as np
+
+    from mgit.codecs import Codec
+    from mgit.encoding import Encoding
 
 PARSED_RECORDS = 16384  # versions and manifests kept parsed (a few KB each)
 
@@ -51,6 +50,8 @@ class PutResult:
 class ObjectStore:
     """Encoding, hashing and verification shared by every backend."""
 
+    lazy = False  # a lazy clone's store fetches what it lacks from a remote (mgit.lazystore)
+
     # --- backend primitives -------------------------------------------------------------
     def has(self, oid: str) -> bool:
         raise NotImplementedError
@@ -62,6 +63,10 @@ class ObjectStore:
     def write_record(self, oid: str, chunks: list[Any]) -> int:
         """Store the record of an object under its id; return its stored size."""
         raise NotImplementedError
+
+    def read_bytes(self, oid: str) -> bytes:
+        """`read_record` as bytes (small records: version and manifest records)."""
+        return bytes(memoryview(self.read_record(oid)))
 
     def delete(self, oid: str) -> None:
         """Remove an object (backends; they also call `forget`)."""
@@ -108,6 +113,8 @@ class ObjectStore:
         `encode` is written as it is. `reuse` keeps the bases decoded on the way for the
         next tensors that use them (an int8 copy's weight and its scales share one).
         """
+        from mgit.codecs import byte_array, chain_to_list
+
         buf = byte_array(data)  # flat: a 2-D array would be measured by its rows
         hasher = object_hasher(kind, meta)
         hasher.update(buf)
@@ -124,6 +131,9 @@ class ObjectStore:
                max_depth: int = DEFAULT_MAX_DEPTH, extra: Sequence[list[Codec]] = (),
                reuse: DecodedCache | None = None) -> Encoding:  # fmt: skip
         """What `put` would store for `data`, without writing it (pass it to `put` to write it)."""
+        from mgit.codecs import byte_array
+        from mgit.encoding import choose_encoding
+
         cache = reuse if reuse is not None else DecodedCache(UNBOUNDED)  # each base decoded once
         return choose_encoding(kind, meta, byte_array(data), bases=bases, max_depth=max_depth, extra=extra,
                                header=self.header, load=lambda base: self.load_base(base, cache))  # fmt: skip
@@ -167,6 +177,16 @@ class ObjectStore:
         return reuse.get_or_decode(oid, lambda: self._decode(oid, reuse, _within))[1]
 
     def _decode(self, oid: str, reuse: DecodedCache | None, within: tuple[str, ...] = ()) -> Entry:
+        import numpy as np
+
+        from mgit.codecs import (
+            CodecContext,
+            CodecError,
+            chain_from_list,
+            decode_chain,
+            decoded_bound,
+        )
+
         header, payload = parse_record(oid, self.read_record(oid))
 
         def base(o: str) -> np.ndarray:
@@ -187,11 +207,23 @@ class ObjectStore:
         return header, arr
 
     def get_record(self, oid: str, kind: str) -> dict[str, Any]:
-        header, data = self.get(oid)
+        """A version or manifest record as JSON, verified against its id. Records are coded
+        by zstd alone (or stored raw), which is read here without numpy or the codecs, so
+        that commands reading only records (log, show) start fast."""
+        raw = self.read_bytes(oid)
+        header, payload = parse_record(oid, raw)
         if header.kind != kind:
             raise CorruptObjectError(oid, f"expected a {kind}, found a {header.kind}")
+        if header.codecs and [c.get("name") for c in header.codecs] != ["zstd"]:
+            data = self.get(oid)[1].tobytes()  # not as writers code records: the general path
+        else:
+            data = _unzstd(oid, bytes(payload), header.size) if header.codecs else bytes(payload)
+            hasher = object_hasher(header.kind, header.meta)
+            hasher.update(data)
+            if hasher.hexdigest() != oid:
+                raise CorruptObjectError(oid, "its content does not hash to its id")
         try:
-            record = json.loads(data.tobytes())
+            record = json.loads(data)
         except ValueError:
             raise CorruptObjectError(oid, f"{kind} is not valid JSON") from None
         if not isinstance(record, dict):
@@ -246,3 +278,18 @@ class ObjectStore:
             with suppress(StopIteration, KeyError, RuntimeError):  # another thread got there first
                 parsed.pop(next(iter(parsed)))  # the oldest (dicts keep insertion order)
         parsed[oid] = record
+
+
+def _unzstd(oid: str, payload: bytes, size: int) -> bytes:
+    """A record's zstd frame, bounded by the size its header declares (itself bounded)."""
+    import zstandard
+
+    if size > MAX_RECORD:
+        raise CorruptObjectError(oid, f"a record of {size} bytes is larger than any mgit writes")
+    try:
+        data = zstandard.ZstdDecompressor().decompress(payload, max_output_size=size)
+    except zstandard.ZstdError as exc:
+        raise CorruptObjectError(oid, f"zstd data does not decode: {exc}") from None
+    if len(data) != size:
+        raise CorruptObjectError(oid, f"decoded {len(data)} bytes where {size} were expected")
+    return data

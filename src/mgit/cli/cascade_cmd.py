@@ -143,7 +143,3 @@ def _print_report(report: CascadeReport) -> None:
     counts = [f"{report.count(s)} {s}" for s in ("updated", "failed-recipe", "failed-tests", "blocked", "manual")
               if report.count(s)]  # fmt: skip
     out.print(f"\n{', '.join(counts) or 'nothing to do'}.")
-
-
-def register(group: click.Group) -> None:
-    group.add_command(cascade)

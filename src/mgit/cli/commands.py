@@ -10,7 +10,7 @@ import json
 import click
 
 from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size, table
-from mgit.lossy import DEFAULT_GUARD, describe
+from mgit.lossypolicy import DEFAULT_GUARD, describe
 from mgit.objects import RELATIONS
 from mgit.repo import Repo
 from mgit.reports import ParentInfo, VersionInfo
@@ -413,9 +413,3 @@ def rm(ctx: click.Context, name: str, as_json: bool) -> None:
         print_json(result.to_json())
         return
     out.print(f"removed {result.model} ({result.versions} versions, head {short(result.head)}); run mgit gc to free space")
-
-
-def register(group: click.Group) -> None:
-    for command in (init, add, checkout, ls, log, show, du, fsck, gc, rm):
-        group.add_command(command)
-

@@ -145,7 +145,3 @@ def _rank(st: TensorStats) -> str:
 
 def _group_rank(g: GroupDiff) -> str:
     return "-" if g.max_rank is None else f"{'>= ' if g.rank_capped else ''}{g.max_rank}"
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(diff)

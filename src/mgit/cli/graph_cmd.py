@@ -64,7 +64,3 @@ def graph(ctx: click.Context, pattern: str | None, tag: str | None, relation: st
     Path(output).write_text(text, encoding="utf-8")
     edges = len(chosen.edges)
     out.print(f"{Path(output).resolve()}: {plural(len(chosen.nodes), 'model')}, {plural(edges, 'edge')}")
-
-
-def register(group: click.Group) -> None:
-    group.add_command(graph)

@@ -97,7 +97,3 @@ def tree(ctx: click.Context, ref: str | None, direction: str | None, depth: int 
 
 
 lineage.add_command(suggest)
-
-
-def register(group: click.Group) -> None:
-    group.add_command(lineage)

@@ -4,17 +4,48 @@ exit code (1 for errors, 2 for usage; a traceback only with MGIT_DEBUG=1)."""
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from mgit import __version__
-from mgit.cli import cascade_cmd, commands, diff_cmd, graph_cmd, lineage_cmd, remote_cmd, test_cmd
 from mgit.errors import MgitError
-from mgit.repo import Repo
+
+if TYPE_CHECKING:
+    from mgit.repo import Repo
+
+# Each command is imported when it runs (or when --help lists it): a command module loads
+# what its command needs, and `mgit ls` must not wait for numpy, the codecs or rich.
+COMMANDS = {
+    **{name: f"mgit.cli.commands:{name}" for name in ("init", "add", "checkout", "ls", "log", "show", "du", "fsck",
+                                                      "gc", "rm")},
+    "diff": "mgit.cli.diff_cmd:diff",
+    "lineage": "mgit.cli.lineage_cmd:lineage",
+    "graph": "mgit.cli.graph_cmd:graph",
+    "test": "mgit.cli.test_cmd:test_group",
+    "bisect": "mgit.cli.test_cmd:bisect",
+    "cascade": "mgit.cli.cascade_cmd:cascade",
+    "remote": "mgit.cli.remote_cmd:remote_group",
+    **{name: f"mgit.cli.remote_cmd:{name}" for name in ("push", "fetch", "pull", "clone")},
+}  # fmt: skip
+
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported by name, on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *COMMANDS})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in COMMANDS:
+            module, _, attr = COMMANDS[name].partition(":")
+            self.add_command(getattr(importlib.import_module(module), attr), name)
+        return self.commands.get(name)
 
 
 class AppContext:
@@ -24,12 +55,14 @@ class AppContext:
         self.directory = directory
 
     def repo(self) -> Repo:
+        from mgit.repo import Repo
+
         return Repo(Path(self.directory) if self.directory else None)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("-C", "directory", metavar="DIR", help="Run as if mgit was started in DIR.")
-@click.version_option(__version__, prog_name="mgit")
+@click.version_option(__version__, prog_name="mgit", package_name="mgit")
 @click.pass_context
 def cli(ctx: click.Context, directory: str | None) -> None:
     """MGit: version and manage families of machine-learning models.
@@ -42,15 +75,6 @@ def cli(ctx: click.Context, directory: str | None) -> None:
       mgit ls
     """
     ctx.obj = AppContext(directory)
-
-
-commands.register(cli)
-diff_cmd.register(cli)
-lineage_cmd.register(cli)
-graph_cmd.register(cli)
-test_cmd.register(cli)
-cascade_cmd.register(cli)
-remote_cmd.register(cli)
 
 
 def _fail(message: str, code: int = 1) -> int:

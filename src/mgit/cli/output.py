@@ -7,26 +7,33 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
-
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
+from typing import Any, TextIO
 
 from mgit.reports import human_size, json_safe
 
-# Markup off: names and paths come from users, and "[x]" in a file name must print as itself.
-# Piped output is not cut to 80 columns: a table row stays one line for grep and logs.
-out = Console(soft_wrap=True, highlight=False, markup=False)
-err = Console(stderr=True, soft_wrap=True, highlight=False, markup=False)
-if not out.is_terminal:
-    out.width = 250
+
+class Printer:
+    """Lines to a stream: strings and tables (`PlainTable`) as they are, nothing
+    interpreted (names and paths come from users: "[x]" in a file name prints as itself).
+    rich is loaded for progress bars only: importing it costs more than most commands run."""
+
+    def __init__(self, stream: Callable[[], TextIO]) -> None:
+        self._stream = stream  # looked up on each print: tests swap sys.stdout
+
+    def print(self, *objects: object, end: str = "\n") -> None:
+        text = " ".join(o.render() if isinstance(o, PlainTable) else str(o) for o in objects)
+        stream = self._stream()
+        stream.write(text + end)
+        stream.flush()
+
+    @property
+    def is_terminal(self) -> bool:
+        stream = self._stream()
+        return bool(getattr(stream, "isatty", lambda: False)())
+
+
+out = Printer(lambda: sys.stdout)
+err = Printer(lambda: sys.stderr)
 
 
 def print_json(value: Any) -> None:
@@ -76,8 +83,6 @@ class PlainTable:
         lines += [line(r) for r in self.rows]
         return "\n".join(lines)
 
-    def __rich__(self) -> str:
-        return self.render()
 
 
 def table(*columns: str, title: str | None = None) -> PlainTable:
@@ -95,10 +100,21 @@ def progress_bar(label: str, *, enabled: bool = True, unit_bytes: bool = True) -
     if not enabled or not err.is_terminal:
         yield None
         return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    console = Console(stderr=True, soft_wrap=True, highlight=False, markup=False)
     columns: list[Any] = [TextColumn("{task.description}"), BarColumn()]
     columns += [DownloadColumn(binary_units=True), TransferSpeedColumn()] if unit_bytes else [TextColumn("{task.completed}/{task.total}")]
     columns.append(TimeRemainingColumn())
-    with Progress(*columns, console=err, transient=True) as progress:
+    with Progress(*columns, console=console, transient=True) as progress:
 
         def factory(total: int, _: int) -> Callable[[int], None]:
             task = progress.add_task(label, total=total)

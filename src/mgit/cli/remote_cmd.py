@@ -261,8 +261,3 @@ def clone(url: str, directory: str | None, models: str | None, lazy: bool, endpo
         return
     _print_fetch(result.fetch)
     out.print(f"cloned {plural(len(result.models), 'model')} into {result.path}")
-
-
-def register(group: click.Group) -> None:
-    for command in (remote_group, push, fetch, pull, clone):
-        group.add_command(command)

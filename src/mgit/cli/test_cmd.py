@@ -254,8 +254,3 @@ def bisect(ctx: click.Context, test: str, ref: str, timeout: float | None, force
                 out.print(f"  {g['name']:<40} {g['changed_values']} values changed, "
                           f"max |change| {g['max_abs']:.3g}")  # fmt: skip
     out.print(f"{plural(result.tests_run, 'test')} run, {len(result.steps) - result.tests_run} recorded result(s) reused")
-
-
-def register(group: click.Group) -> None:
-    group.add_command(test_group)
-    group.add_command(bisect)

@@ -10,7 +10,6 @@ overlap or trailing byte (the rules the reference implementation enforces).
 from __future__ import annotations
 
 import json
-import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,27 +18,9 @@ from typing import Any
 import numpy as np
 
 from mgit.errors import InputError
+from mgit.formats.dtypes import DTYPES, element_count, is_float, itemsize
 
-# name -> (bytes per element, numpy dtype used to view the raw bytes, is floating point)
-DTYPES: dict[str, tuple[int, str, bool]] = {
-    "BOOL": (1, "u1", False),
-    "U8": (1, "u1", False),
-    "I8": (1, "i1", False),
-    "F8_E4M3": (1, "u1", True),
-    "F8_E5M2": (1, "u1", True),
-    "F8_E8M0": (1, "u1", True),
-    "I16": (2, "<i2", False),
-    "U16": (2, "<u2", False),
-    "F16": (2, "<f2", True),
-    "BF16": (2, "<u2", True),
-    "I32": (4, "<i4", False),
-    "U32": (4, "<u4", False),
-    "F32": (4, "<f4", True),
-    "I64": (8, "<i8", False),
-    "U64": (8, "<u8", False),
-    "F64": (8, "<f8", True),
-    "C64": (8, "<c8", True),
-}
+__all__ = ["DTYPES", "element_count", "is_float", "itemsize"]  # (the table lives in dtypes.py)
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the reference implementation's limit
 MAX_DIMS = 64
@@ -73,10 +54,6 @@ class SafetensorsLayout:
         return len(self.header)
 
 
-def itemsize(dtype: str) -> int:
-    return DTYPES[dtype][0]
-
-
 def _fp8_values() -> dict[str, np.ndarray]:
     """The value of each of the 256 codes of the fp8 formats (OCP E4M3FN, E5M2, E8M0)."""
     b = np.arange(256)
@@ -108,14 +85,6 @@ def to_float(raw: np.ndarray, dtype: str, out: Any = np.float64) -> np.ndarray:
     if dtype == "BOOL":
         return (raw != 0).astype(out)
     return raw.view(DTYPES[dtype][1]).astype(out, copy=False)
-
-
-def is_float(dtype: str) -> bool:
-    return DTYPES[dtype][2]
-
-
-def element_count(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
