@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     pass
 
 UNBOUNDED = 1 << 62  # the budget of a short-lived cache (one pair of a diff)
-CHECKOUT_BASES = 512 << 20  # delta bases one checkout or add keeps for the tensors that share them
-SESSION_CACHE_BYTES = 1 << 30  # decoded tensors `Repo.caching` keeps by default
+CHECKOUT_BASES = 192 << 20  # delta bases one checkout or add keeps for the tensors that share them
+SESSION_CACHE_BYTES = 256 << 20  # decoded tensors `Repo.caching` keeps by default
 
 Entry = tuple[Any, Any]  # (ObjectHeader, the decoded bytes: a read-only numpy array)
 
@@ -34,19 +34,33 @@ class DecodedCache:
     threads: two threads that need the same object at once decode it once.
     """
 
-    def __init__(self, max_bytes: int, *, keep_all: bool = False) -> None:
+    def __init__(self, max_bytes: int, *, keep_all: bool = False, planned: bool = False) -> None:
         self.max_bytes = max_bytes
         self.keep_all = keep_all
+        # A planned cache (one checkout's) is told how often each base will be used, keeps a
+        # base only while uses remain, and releases it at its last.
+        self._uses: dict[str, int] | None = {} if planned else None
         self._items: OrderedDict[str, Entry] = OrderedDict()
         self._pending: dict[str, Future[Entry]] = {}
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
+    def expect(self, uses: dict[str, int]) -> None:
+        """For a planned cache: these objects will be asked for so many times more (a no-op
+        for any other cache)."""
+        if self._uses is not None:
+            with self._lock:
+                for oid, n in uses.items():
+                    self._uses[oid] = self._uses.get(oid, 0) + n
+
     def lookup(self, oid: str) -> Entry | None:
         """The entry for `oid` if it is here (marked most recently used), else None."""
         with self._lock:
-            return self._hit(oid)
+            found = self._hit(oid)
+            if found is not None:
+                self._used(oid)
+            return found
 
     def _hit(self, oid: str) -> Entry | None:
         """`lookup` under the lock."""
@@ -56,12 +70,26 @@ class DecodedCache:
             self.hits += 1
         return found
 
+    def _used(self, oid: str) -> None:
+        """One planned use of `oid` done (under the lock): at the last, it is released."""
+        if self._uses is None or oid not in self._uses:
+            return
+        left = self._uses[oid] - 1
+        if left > 0:
+            self._uses[oid] = left
+            return
+        del self._uses[oid]
+        dropped = self._items.pop(oid, None)
+        if dropped is not None:
+            self._bytes -= dropped[1].nbytes
+
     def get_or_decode(self, oid: str, decode: Callable[[], Entry]) -> Entry:
         """The entry for `oid`, decoded by `decode()` and kept if it is not here. A thread
         that asks while another decodes it waits for that decode (and gets its error)."""
         with self._lock:
             found = self._hit(oid)
             if found is not None:
+                self._used(oid)
                 return found
             pending = self._pending.get(oid)
             owner = pending is None
@@ -71,7 +99,10 @@ class DecodedCache:
             else:
                 self.hits += 1
         if not owner:
-            return pending.result()
+            found = pending.result()
+            with self._lock:
+                self._used(oid)
+            return found
         try:
             found = decode()
             self.put(oid, found)
@@ -82,6 +113,7 @@ class DecodedCache:
             raise
         with self._lock:
             del self._pending[oid]
+            self._used(oid)
         pending.set_result(found)
         return found
 
@@ -92,8 +124,8 @@ class DecodedCache:
         if entry[0].kind != "tensor" or arr.nbytes > self.max_bytes // 2:
             return  # one object may not push out everything else
         with self._lock:
-            if oid in self._items:
-                return
+            if oid in self._items or (self._uses is not None and self._uses.get(oid, 0) < 2):
+                return  # a planned cache keeps what will be asked for again
             self._items[oid] = entry
             self._bytes += arr.nbytes
             while self._bytes > self.max_bytes:

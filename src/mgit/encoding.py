@@ -4,7 +4,9 @@ A tensor is tried standalone (byte planes + zstd for floats), as exact deltas ag
 tensors it probably derives from (its parents' tensors of the same name: XOR, the zig-zag
 difference coded by pcodec, a patch of the items that differ), as transforms of them (a cast,
 an int8 quantization and its scales, a transpose, a merged low-rank adapter) and, in a lossy
-add, as a quantized step; the smallest output wins. docs/format.md states the rules exactly.
+add, as a quantized step; the smallest output wins. Content larger than a block whose chain
+allows it is coded in independent blocks (the same chain on each), which lets writers and
+readers work on a block at a time, in parallel. docs/format.md states the rules exactly.
 What each codec is (delta, derived, predictive, ending a family) is read from its class.
 """
 
@@ -30,6 +32,7 @@ from mgit.codecs import (
     TransposeCodec,
     XorDeltaCodec,
     ZstdCodec,
+    blockwise,
     byte_array,
     chain_to_list,
     decode_chain,
@@ -47,11 +50,22 @@ SAMPLES = 4
 
 @dataclass(frozen=True)
 class Encoding:
-    """How an object would be stored: its codec chain, the encoded payload, its delta depth."""
+    """How an object would be stored: its codec chain, the encoded payload, its delta depth
+    and, for content coded in blocks, the block size. The payload of a blocked encoding is
+    the list of its coded blocks, or None when they are to be coded as they are written
+    (`ObjectStore.encode_block`)."""
 
     codecs: list[Codec]
     payload: Any
     depth: int
+    blocks: int = 0
+
+    @property
+    def stored_bytes(self) -> int:
+        """The payload's size (that of its blocks, for a blocked one coded already)."""
+        if self.blocks:
+            return sum(len(p) for p in self.payload)
+        return len(self.payload)
 
 
 def default_chain(kind: str, meta: dict[str, Any]) -> list[Codec]:
@@ -114,13 +128,22 @@ def chain_bases(kind: str, meta: dict[str, Any], chain: Sequence[Codec]) -> list
     return ObjectHeader(kind, meta, 0, chain_to_list(chain)).bases
 
 
+Load = Callable[[str], np.ndarray]  # a base's decoded bytes
+LoadRange = Callable[[str, int, int], np.ndarray]  # bytes [start, stop) of a base's decoded content
+
+
 def choose_encoding(kind: str, meta: dict[str, Any], buf: np.ndarray, *, bases: Sequence[str], max_depth: int,
-                    extra: Sequence[list[Codec]], header: Callable[[str], ObjectHeader],
-                    load: Callable[[str], np.ndarray]) -> Encoding:  # fmt: skip
+                    extra: Sequence[list[Codec]], header: Callable[[str], ObjectHeader], load: Load,
+                    load_range: LoadRange | None = None, block_bytes: int = 0) -> Encoding:  # fmt: skip
     """The smallest encoding of `buf` among the candidates. `bases` are stored tensors it
     probably derives from (a base already `max_depth` deltas deep takes only a codec that
     ends a family); `extra` chains (a quantized step) compete when every base they name is
-    usable; `header` and `load` read a base's header and its decoded bytes."""
+    usable; `header` and `load` read a base's header and its decoded bytes, `load_range`
+    part of them (samples: by default sliced from `load`). With `block_bytes`, content
+    larger than that whose best chain is blockwise (and not predictive) is coded in blocks
+    of that size."""
+    if load_range is None:
+        load_range = lambda o, start, stop: load(o)[start:stop]  # noqa: E731
     candidates = [default_chain(kind, meta)]
     transforms: list[list[Codec]] = []  # encoded in full: casts, quantizations, a merged adapter
     depths: dict[str, int] = {}
@@ -147,54 +170,84 @@ def choose_encoding(kind: str, meta: dict[str, Any], buf: np.ndarray, *, bases: 
         if (rank := low_rank_of(buf, load(base), rows)) is not None:
             transforms.append([LowRankCodec(base=base, rows=rows, rank=rank), PcoCodec(dtype="<u4")])
 
-    codecs, payload = smallest(candidates, transforms, buf, load)
-    if any(c.predictive for c in codecs):
+    codecs, payload, blocks = smallest(candidates, transforms, buf, load, load_range, block_bytes)
+    if not blocks and any(c.predictive for c in codecs):
         # Never trust a prediction: what is written must decode to the content. (Deltas
         # and patches are exact bijections, property-tested; re-decoding them would cost
         # a third of an add.)
         decoded = decode_chain(codecs, payload, CodecContext(buf.nbytes, load))
         if not np.array_equal(byte_array(decoded), buf):
-            codecs, payload = smallest(candidates[:1], [], buf, load)
+            codecs, payload, blocks = smallest(candidates[:1], [], buf, load, load_range, block_bytes)
     depth = max((depths[b] for b in chain_bases(kind, meta, codecs)), default=0)
-    return Encoding(codecs, payload, depth)
+    return Encoding(codecs, payload, depth, blocks)
 
 
-def _sample_slices(nbytes: int) -> list[slice]:
-    """SAMPLES evenly spaced slices of SAMPLE_BYTES, at offsets aligned to 64 bytes."""
+def _sample_slices(nbytes: int, block_bytes: int) -> list[slice]:
+    """SAMPLES evenly spaced slices of SAMPLE_BYTES, at offsets aligned to 64 bytes, each
+    inside one block (a blocked base decodes one block for it)."""
     step = (nbytes - SAMPLE_BYTES) // (SAMPLES - 1)
-    return [slice(o, o + SAMPLE_BYTES) for o in (i * step // 64 * 64 for i in range(SAMPLES))]
+    starts = [i * step // 64 * 64 for i in range(SAMPLES)]
+    if block_bytes:
+        starts = [max(0, min(o, (o // block_bytes + 1) * block_bytes - SAMPLE_BYTES)) for o in starts]
+    return [slice(o, o + SAMPLE_BYTES) for o in starts]
 
 
-def smallest(candidates: list[list[Codec]], transforms: list[list[Codec]], buf: np.ndarray,
-             load: Callable[[str], np.ndarray]) -> tuple[list[Codec], Any]:  # fmt: skip
-    """The chain with the smallest output, and that output (raw if nothing saves a byte).
-    Large buffers choose among `candidates` on a few samples, then encode once; `transforms`
-    (they need whole tensors) are always encoded in full, first: when one stores the tensor
-    in under half of what the samples promise for the best candidate (a cast, a
-    quantization, a merged adapter), that candidate is not encoded."""
+def block_encode(chain: Sequence[Codec], buf: np.ndarray, block_bytes: int, k: int, load_range: LoadRange) -> bytes:
+    """Block k of `buf` coded by `chain`, its bases' bytes at the same offsets standing in
+    for the bases."""
+    start, stop = k * block_bytes, min(buf.nbytes, (k + 1) * block_bytes)
+    if not chain:
+        return bytes(buf[start:stop])
+    return encode_chain(chain, buf[start:stop], CodecContext(stop - start, lambda o: load_range(o, start, stop)))
+
+
+def smallest(candidates: list[list[Codec]], transforms: list[list[Codec]], buf: np.ndarray, load: Load,
+             load_range: LoadRange, block_bytes: int) -> tuple[list[Codec], Any, int]:  # fmt: skip
+    """The chain with the smallest output, that output (raw if nothing saves a byte) and the
+    block size it is coded in (0: whole). Large buffers choose among `candidates` on a few
+    samples, then encode once; `transforms` (they need whole tensors) are always encoded in
+    full, first: when one stores the tensor in under half of what the samples promise for
+    the best candidate (a cast, a quantization, a merged adapter), that candidate is not
+    encoded. A buffer over `block_bytes` whose best candidate is blockwise (and does not
+    predict) is coded in blocks: with no transform to measure it against, not yet (the
+    samples judge it against raw storage), so that writers code the blocks in parallel as
+    they write them."""
     estimate = None
-    if buf.nbytes > SAMPLE_FROM and (len(candidates) > 1 or transforms):
-        slices = _sample_slices(buf.nbytes)
+    blocked = bool(block_bytes) and buf.nbytes > block_bytes
+    if (buf.nbytes > SAMPLE_FROM or blocked) and (len(candidates) > 1 or transforms or blocked):
+        slices = _sample_slices(buf.nbytes, block_bytes if blocked else 0)
 
         def sampled(chain: list[Codec]) -> int:
-            return sum(len(encode_chain(chain, buf[s], CodecContext(s.stop - s.start, lambda o, s=s: load(o)[s])))
+            return sum(len(encode_chain(chain, buf[s], CodecContext(s.stop - s.start,
+                                                                     lambda o, s=s: load_range(o, s.start, s.stop))))
                        for s in slices)  # fmt: skip
 
         sizes = [sampled(c) for c in candidates]
         pick = min(range(len(candidates)), key=sizes.__getitem__)
         candidates = [candidates[pick]]
         estimate = sizes[pick] * buf.nbytes / sum(s.stop - s.start for s in slices)
-    best: tuple[list[Codec], Any] = ([], buf)
+    best: tuple[list[Codec], Any, int] = ([], buf, 0)
     for chain in transforms:
         if len(best[1]) * 64 < buf.nbytes:
             break  # a transform already explains it (per-row int8: no need to try per-tensor)
         payload = encode_chain(chain, buf, CodecContext(buf.nbytes, load))
         if len(payload) < len(best[1]):
-            best = (chain, payload)
+            best = (chain, payload, 0)
     for chain in candidates:
         if transforms and estimate is not None and len(best[1]) < estimate / 2:
             break
+        if blocked and blockwise(chain) and not any(c.predictive for c in chain):
+            if not transforms:
+                assert estimate is not None
+                return (chain, None, block_bytes) if estimate < buf.nbytes else ([], None, block_bytes)
+            count = -(-buf.nbytes // block_bytes)
+            frames = [block_encode(chain, buf, block_bytes, k, load_range) for k in range(count)]
+            if sum(len(f) for f in frames) <= len(best[1]):
+                best = (chain, frames, block_bytes)
+            continue
         payload = encode_chain(chain, buf, CodecContext(buf.nbytes, load)) if chain else buf
         if len(payload) <= len(best[1]):
-            best = (chain, payload)
+            best = (chain, payload, 0)
+    if blocked and not best[0] and best[2] == 0:
+        return [], None, block_bytes  # raw, in blocks all the same: readers stream it
     return best

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -59,6 +60,13 @@ class LazyStore(LocalStore):
         except MissingObjectError:
             self.fetch([oid])
             return super().read_record(oid)
+
+    def read_range(self, oid: str, offset: int, length: int) -> Any:
+        try:
+            return super().read_range(oid, offset, length)
+        except MissingObjectError:
+            self.fetch([oid])
+            return super().read_range(oid, offset, length)
 
     def read_bytes(self, oid: str) -> bytes:
         try:

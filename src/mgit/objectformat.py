@@ -1,6 +1,7 @@
 """The stored form of an object: `MGITOBJ\\x01`, a u32 little-endian header length, a JSON
-header (`kind`, `meta`, logical `size`, `codecs`: the chain that produced the payload, and
-`depth` for a delta), then the payload. docs/format.md specifies it.
+header (`kind`, `meta`, logical `size`, `codecs`: the chain that produced the payload,
+`depth` for a delta, `blocks` for content coded in independent blocks), then the payload.
+docs/format.md specifies it.
 
 Every field read from a file is checked here before anything trusts it: the magic, the header
 length against the bytes present, the kind, a tensor's size against its dtype and shape, the
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,9 @@ MAX_HEADER = 1 << 20
 MAX_RECORD = 256 << 20  # manifests and versions are small; refuse to decode a forged giant
 MAX_DEPTH_LIMIT = 64  # no writer goes deeper; a header claiming more is forged
 DEFAULT_MAX_DEPTH = 2  # writers cut longer chains: checkout decodes every link (benchmarks/chain_depth.py)
+BLOCK_BYTES = 4 << 20  # writers code content larger than this in independent blocks of this size
+MIN_BLOCK, MAX_BLOCK = 64 << 10, 256 << 20  # the block sizes a reader accepts (powers of two)
+FRAME = struct.Struct("<I")  # before each block of a blocked payload: its stored length
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,17 @@ class ObjectHeader:
     size: int
     codecs: list[dict[str, Any]]
     depth: int = 0  # how many delta bases must be decoded before this object (0: none)
+    blocks: int = 0  # the content's bytes per independently coded block (0: coded whole)
+
+    @property
+    def block_count(self) -> int:
+        """How many blocks the payload holds (1 for an object coded whole)."""
+        return max(1, -(-self.size // self.blocks)) if self.blocks else 1
+
+    def block_span(self, k: int) -> tuple[int, int]:
+        """The content's bytes [start, stop) that block k codes."""
+        start = k * self.blocks
+        return start, min(self.size, start + self.blocks)
 
     @property
     def codec_names(self) -> str:
@@ -49,6 +65,8 @@ class ObjectHeader:
         fields = {"kind": self.kind, "meta": self.meta, "size": self.size, "codecs": self.codecs}
         if self.depth:
             fields["depth"] = self.depth
+        if self.blocks:
+            fields["blocks"] = self.blocks
         body = canonical_json(fields)
         return MAGIC + struct.pack("<I", len(body)) + body
 
@@ -72,6 +90,7 @@ def parse_record(oid: str, raw: Any) -> tuple[ObjectHeader, memoryview]:
     try:
         h = json.loads(bytes(view[PREFIX : PREFIX + n]))
         kind, meta, size, codecs, depth = h["kind"], h["meta"], h["size"], h["codecs"], h.get("depth", 0)
+        blocks = h.get("blocks", 0)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptObjectError(oid, f"unreadable header ({exc})") from None
     if kind not in KINDS or not isinstance(meta, dict) or not isinstance(codecs, list):
@@ -80,11 +99,33 @@ def parse_record(oid: str, raw: Any) -> tuple[ObjectHeader, memoryview]:
         raise CorruptObjectError(oid, "malformed size")
     if not isinstance(depth, int) or not 0 <= depth <= MAX_DEPTH_LIMIT:
         raise CorruptObjectError(oid, f"malformed delta depth {depth!r}")
+    if blocks != 0 and not (isinstance(blocks, int) and not isinstance(blocks, bool)
+                            and MIN_BLOCK <= blocks <= MAX_BLOCK and blocks & (blocks - 1) == 0):  # fmt: skip
+        raise CorruptObjectError(oid, f"malformed block size {blocks!r}")
     if kind == "tensor":
         _check_tensor_meta(oid, meta, size)
     elif kind in ("manifest", "version") and size > MAX_RECORD:
         raise CorruptObjectError(oid, f"a {kind} of {size} bytes is larger than any mgit writes")
-    return ObjectHeader(kind, meta, size, codecs, depth), view[PREFIX + n :]
+    return ObjectHeader(kind, meta, size, codecs, depth, blocks), view[PREFIX + n :]
+
+
+def frame_spans(oid: str, header: ObjectHeader, payload_size: int, read_at: Callable[[int, int], Any]) -> list[tuple[int, int]]:
+    """Where each stored block of a blocked payload lies: (start, length) from the payload's
+    start, read through `read_at(offset, n)`, checked to be exactly as many as the content
+    needs and to fill the payload."""
+    spans, at = [], 0
+    for _ in range(header.block_count):
+        if at + FRAME.size > payload_size:
+            raise CorruptObjectError(oid, "its payload ends inside a block's length")
+        (n,) = FRAME.unpack(bytes(read_at(at, FRAME.size)))
+        at += FRAME.size
+        if at + n > payload_size:
+            raise CorruptObjectError(oid, "a block runs past the end of its payload")
+        spans.append((at, n))
+        at += n
+    if at != payload_size:
+        raise CorruptObjectError(oid, f"{payload_size - at} bytes follow its last block")
+    return spans
 
 
 def _check_tensor_meta(oid: str, meta: dict[str, Any], size: int) -> None:

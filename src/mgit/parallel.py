@@ -8,7 +8,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -48,3 +48,58 @@ def one_blas_thread() -> AbstractContextManager[Any]:
     )
 
     return threadpool_limits(1, "blas")
+
+
+class ChunkQueue:
+    """Chunks handed from one thread to a writer in another, in order: the writer iterates
+    (`write_record(oid, queue)`, run by `start`) while the producer `put`s, then `close`s,
+    or `fail`s, which makes the writer raise (and so drop its temporary file). Bounded: a
+    producer faster than the disk waits, and one whose writer has failed gets its error."""
+
+    _END = object()
+
+    def __init__(self, maxsize: int = 32) -> None:
+        import queue
+
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize)
+        self.writer: Future[Any] | None = None
+
+    def start(self, pool: ThreadPoolExecutor, write: Callable[[Iterable[Any]], T]) -> Future[T]:
+        self.writer = pool.submit(write, self)
+        return self.writer
+
+    def _offer(self, item: Any) -> None:
+        import queue
+
+        while True:
+            try:
+                self._queue.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                if self.writer is not None and self.writer.done():
+                    self.writer.result()  # the writer's error, if it stopped on one
+                    return
+
+    def put(self, chunk: Any) -> None:
+        self._offer(chunk)
+
+    def close(self) -> None:
+        self._offer(self._END)
+
+    def fail(self, exc: BaseException) -> None:
+        with suppress(BaseException):  # the writer failed too: the caller raises the first error
+            self._offer(_Failure(exc))
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            item = self._queue.get()
+            if item is self._END:
+                return
+            if isinstance(item, _Failure):
+                raise item.exc
+            yield item
+
+
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc

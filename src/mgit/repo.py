@@ -153,7 +153,7 @@ class Repo:
 
     def _reuse(self) -> DecodedCache:
         """The decoded-object cache of one operation: the session's, or one for its bases."""
-        return self._session if self._session is not None else DecodedCache(CHECKOUT_BASES)
+        return self._session if self._session is not None else DecodedCache(CHECKOUT_BASES, planned=True)
 
     # --- references -----------------------------------------------------------------------
     def resolve(self, ref: str) -> str:

@@ -1,14 +1,17 @@
 """Model files -> objects + manifest: what `add` writes.
 
 Files stream tensor by tensor through a thread pool with a bounded window of bytes in flight
-(`mgit.parallel`), so memory stays near a few tensors whatever the size of the model. Each
+(`mgit.parallel`), so memory stays near a few blocks whatever the size of the model. Each
 tensor is offered its parents' matching tensors as delta bases (`DeltaPlan`), and in a lossy
-add a quantized step too (`mgit.lossy`).
+add a quantized step too (`mgit.lossy`). A tensor larger than a block is hashed and its chain
+chosen first (on samples, in file order), then its blocks are coded by the pool and written
+in order by a writer thread as they come, which also waits for the disk (fsync) off the
+workers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,13 +20,14 @@ import blake3
 import numpy as np
 
 from mgit.cache import CHECKOUT_BASES, DecodedCache
+from mgit.encoding import Encoding
 from mgit.formats.folder import ModelSource, SourceFile
 from mgit.lossy import LossyTensor, encode_lossy
 from mgit.lossypolicy import LossyPolicy, LossyTally
 from mgit.objectformat import DEFAULT_MAX_DEPTH
-from mgit.objects import FileEntry, Manifest, TensorEntry, tensor_meta
-from mgit.parallel import Progress, one_blas_thread, ordered_map
-from mgit.store import ObjectStore, PutResult
+from mgit.objects import FileEntry, Manifest, TensorEntry, object_hasher, tensor_meta
+from mgit.parallel import ChunkQueue, Progress, one_blas_thread, ordered_map
+from mgit.store import BaseReader, ObjectStore, PutResult
 
 
 @dataclass
@@ -83,14 +87,52 @@ def write_snapshot(store: ObjectStore, source: ModelSource, *, jobs: int, progre
     stats = SnapshotStats()
     entries: list[FileEntry] = []
     cache = reuse if reuse is not None else DecodedCache(CHECKOUT_BASES)
-    with one_blas_thread(), ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-add") as pool:
+    with one_blas_thread(), ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-add") as pool, \
+            ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="mgit-write") as writers:  # fmt: skip
         for f in source.files:
-            entries.append(_write_file(store, f, pool, jobs, stats, progress, plan or DeltaPlan(), cache))
+            entries.append(_write_file(store, f, (pool, writers), jobs, stats, progress, plan or DeltaPlan(), cache))
     return Manifest(tuple(entries)), stats
 
 
-def _write_file(store: ObjectStore, f: SourceFile, pool: ThreadPoolExecutor, jobs: int,
+WRITERS = 4  # threads writing blocked objects (mostly waiting for the disk)
+
+
+@dataclass
+class _Blocked:
+    """A tensor being coded in blocks: its id, encoding and the writer its blocks go to."""
+
+    oid: str
+    meta: dict[str, Any]
+    size: int
+    encoding: Encoding
+    bases: BaseReader
+    queue: ChunkQueue = field(default_factory=ChunkQueue)
+
+
+def _prepare(store: ObjectStore, span: Any, data: np.ndarray, plan: DeltaPlan, reuse: DecodedCache,
+             writers: ThreadPoolExecutor) -> _Blocked | PutResult | Encoding:  # fmt: skip
+    """For a tensor over a block, in file order: the stored object if it exists, else its
+    encoding; one to be coded in blocks gets its writer started (any other is coded already,
+    for a worker to write)."""
+    meta = tensor_meta(span.dtype, span.shape)
+    hasher = object_hasher("tensor", meta)
+    hasher.update(data)
+    oid = hasher.hexdigest()
+    if store.has(oid):
+        return PutResult(oid, "tensor", store.stored_size(oid), False, "", data.nbytes)
+    bases = BaseReader(store, reuse)
+    encoding = store.encode("tensor", meta, data, bases=plan.candidates(span.name), max_depth=plan.max_depth,
+                            reuse=bases)  # fmt: skip
+    if not encoding.blocks or encoding.payload is not None:
+        return encoding
+    job = _Blocked(oid, meta, data.nbytes, encoding, bases)
+    job.queue.start(writers, lambda frames: store.put_encoded(oid, "tensor", meta, data.nbytes, encoding, frames))
+    return job
+
+
+def _write_file(store: ObjectStore, f: SourceFile, pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor], jobs: int,
                 stats: SnapshotStats, progress: Progress | None, plan: DeltaPlan, reuse: DecodedCache) -> FileEntry:  # fmt: skip
+    pool, writers = pools
     stats.files += 1
     if not f.is_safetensors:
         data = f.blob_data()
@@ -109,9 +151,10 @@ def _write_file(store: ObjectStore, f: SourceFile, pool: ThreadPoolExecutor, job
     digest = blake3.blake3()
     digest.update(f.layout.header)
 
-    def put(span: Any, data: np.ndarray) -> tuple[Any, np.ndarray, LossyTensor | None, PutResult]:
+    def put(span: Any, data: np.ndarray, encoding: Encoding | None = None
+            ) -> tuple[Any, np.ndarray, LossyTensor | None, PutResult]:  # fmt: skip
         bases = plan.candidates(span.name)
-        lossy, encoding = None, None
+        lossy = None
         if plan.lossy is not None:
             lossy = encode_lossy(store, span.dtype, span.shape, data, bases, plan.lossy, plan.max_depth, reuse)
         if lossy is not None and lossy.chain is not None:
@@ -119,26 +162,75 @@ def _write_file(store: ObjectStore, f: SourceFile, pool: ThreadPoolExecutor, job
             # (a pruning patch, say, beats any quantization step). Both are encoded once; the
             # smaller is written as it is.
             meta = tensor_meta(span.dtype, span.shape)
-            exact = store.encode("tensor", meta, data, bases=bases, max_depth=plan.max_depth, reuse=reuse)
+            exact = store.encode("tensor", meta, data, bases=bases, max_depth=plan.max_depth, reuse=reuse, blocks=False)
             approx = store.encode("tensor", meta, lossy.data, bases=bases, max_depth=plan.max_depth,
-                                  extra=[lossy.chain], reuse=reuse)  # fmt: skip
-            if len(exact.payload) <= len(approx.payload):
+                                  extra=[lossy.chain], reuse=reuse, blocks=False)  # fmt: skip
+            if exact.stored_bytes <= approx.stored_bytes:
                 lossy, encoding = LossyTensor(data, None, 0.0, lossy.changed_params), exact
             else:
                 data, encoding = lossy.data, approx  # the version stores, and its digest covers, the reconstruction
         return span, data, lossy, store.put_tensor(span.dtype, span.shape, data, bases=bases, max_depth=plan.max_depth,
                                                    encoding=encoding, reuse=reuse)  # fmt: skip
 
-    entries = []
-    for span, data, lossy, result in ordered_map(pool, put, f.tensor_data(), jobs=jobs,
-                                                 size=lambda item: item[0].nbytes):  # fmt: skip
-        digest.update(data)
-        f.release(span)
-        stats.lossy.record(lossy)
-        entries.append(TensorEntry(span.name, span.dtype, span.shape, result.oid))
-        stats.tensors += 1
-        stats.tensors_new += result.new
-        stats.record(result)
-        if progress:
-            progress(span.nbytes)
+    started: list[_Blocked] = []
+
+    def work() -> Iterator[tuple[Any, ...]]:
+        """What the pool does, in file order: a tensor put (coded already, or not), known
+        already, or each block of one coded in blocks."""
+        for span, data in f.tensor_data():
+            found = None
+            if plan.lossy is None and data.nbytes > store.block_bytes:
+                found = _prepare(store, span, data, plan, reuse, writers)
+            if isinstance(found, _Blocked):
+                started.append(found)
+                count = -(-data.nbytes // store.block_bytes)
+                yield from ((span, data, found, k, count) for k in range(count))
+            else:
+                yield (span, data, found)
+
+    def run(span: Any, data: np.ndarray, found: Any, *block: int) -> tuple[Any, ...]:
+        if block:  # (k, count): block k of a blocked tensor, coded
+            return (span, data, found, *block, store.encode_block(found.encoding, data, block[0], found.bases))
+        if isinstance(found, PutResult):
+            return (span, data, None, found)
+        return put(span, data, found)
+
+    def size(item: tuple[Any, ...]) -> int:
+        return min(item[1].nbytes, store.block_bytes) if len(item) == 5 else item[1].nbytes
+
+    entries, written = [], []
+    try:
+        for item in ordered_map(pool, run, work(), jobs=jobs, size=size):
+            span, data = item[0], item[1]
+            if len(item) == 6:  # a block, to its writer; after the last, its tensor is done
+                job, k, count, frame = item[2:]
+                if k == 0:
+                    digest.update(data)
+                job.queue.put(frame)
+                if k < count - 1:
+                    continue
+                job.queue.close()
+                started.remove(job)
+                written.append(job.queue.writer)  # its result is recorded once it is written
+                lossy, oid = None, job.oid
+            else:
+                span, data, lossy, result = item
+                digest.update(data)
+                stats.tensors_new += result.new
+                stats.record(result)
+                oid = result.oid
+            f.release(span)
+            stats.lossy.record(lossy)
+            entries.append(TensorEntry(span.name, span.dtype, span.shape, oid))
+            stats.tensors += 1
+            if progress:
+                progress(span.nbytes)
+        for writer in written:  # the blocked objects, written and synced
+            result = writer.result()
+            stats.tensors_new += result.new
+            stats.record(result)
+    except BaseException as exc:
+        for job in started:  # writers still waiting for blocks stop, dropping their files
+            job.queue.fail(exc)
+        raise
     return FileEntry(f.path, "safetensors", f.size, digest.hexdigest(), header.oid, tuple(entries), f.converted_from)

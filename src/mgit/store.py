@@ -10,7 +10,7 @@ content does not match its id never leaves this module.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +19,15 @@ from typing import TYPE_CHECKING, Any
 from mgit.cache import UNBOUNDED, DecodedCache, Entry
 from mgit.errors import CorruptObjectError
 from mgit.objectformat import (
+    BLOCK_BYTES,
     DEFAULT_MAX_DEPTH,
+    FRAME,
     MAX_DEPTH_LIMIT,
     MAX_RECORD,
+    PREFIX,
     ObjectHeader,
+    frame_spans,
+    header_length,
     parse_record,
 )
 from mgit.objects import Manifest, RecordError, Version, canonical_json, object_hasher, tensor_meta
@@ -34,6 +39,17 @@ if TYPE_CHECKING:  # numpy and the codecs load when something is encoded or deco
     from mgit.encoding import Encoding
 
 PARSED_RECORDS = 16384  # versions and manifests kept parsed (a few KB each)
+BLOCK_TABLES = 4096  # where the blocks of recently read blocked objects lie
+
+
+@dataclass(frozen=True)
+class BlockTable:
+    """A stored object's header and, for a blocked one, where its payload starts in the
+    record and where each coded block lies from there."""
+
+    header: ObjectHeader
+    start: int
+    spans: list[tuple[int, int]]
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,7 @@ class ObjectStore:
     """Encoding, hashing and verification shared by every backend."""
 
     lazy = False  # a lazy clone's store fetches what it lacks from a remote (mgit.lazystore)
+    block_bytes = BLOCK_BYTES  # larger content is coded in blocks of this size (when its chain allows)
 
     # --- backend primitives -------------------------------------------------------------
     def has(self, oid: str) -> bool:
@@ -68,6 +85,11 @@ class ObjectStore:
         """`read_record` as bytes (small records: version and manifest records)."""
         return bytes(memoryview(self.read_record(oid)))
 
+    def read_range(self, oid: str, offset: int, length: int) -> Any:
+        """Bytes [offset, offset + length) of an object's stored record, unchecked (backends
+        on files read just those)."""
+        return memoryview(self.read_record(oid))[offset : offset + length]
+
     def delete(self, oid: str) -> None:
         """Remove an object (backends; they also call `forget`)."""
         raise NotImplementedError
@@ -75,6 +97,7 @@ class ObjectStore:
     def forget(self, oid: str) -> None:
         """Drop what was parsed of an object (it is being deleted)."""
         self._parsed_records().pop(oid, None)
+        self.__dict__.get("_tables", {}).pop(oid, None)
 
     def ids(self) -> Iterator[str]:
         raise NotImplementedError
@@ -96,6 +119,26 @@ class ObjectStore:
 
     def header(self, oid: str) -> ObjectHeader:
         return parse_record(oid, self.read_record(oid))[0]
+
+    def block_table(self, oid: str) -> BlockTable:
+        """Where the blocks of an object lie, read (from its header and the blocks' lengths,
+        not its payload) once and kept."""
+        tables = self.__dict__.setdefault("_tables", {})
+        found = tables.get(oid)
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+        prefix = bytes(self.read_range(oid, 0, PREFIX))
+        start = PREFIX + header_length(oid, prefix)
+        header = parse_record(oid, prefix + bytes(self.read_range(oid, PREFIX, start - PREFIX)))[0]
+        spans = []
+        if header.blocks:
+            spans = frame_spans(oid, header, self.stored_size(oid) - start,
+                                lambda at, n: self.read_range(oid, start + at, n))  # fmt: skip
+        if len(tables) >= BLOCK_TABLES:
+            with suppress(StopIteration, KeyError, RuntimeError):
+                tables.pop(next(iter(tables)))
+        table = tables[oid] = BlockTable(header, start, spans)
+        return table
 
     def promised(self, oid: str) -> tuple[str, ...] | None:
         """For an object not here that the store can fetch when read (a lazy clone's), the
@@ -121,22 +164,48 @@ class ObjectStore:
         oid = hasher.hexdigest()
         if self.has(oid):
             return PutResult(oid, kind, self.stored_size(oid), False, "", buf.nbytes)
+        bases_read = BaseReader(self, reuse if reuse is not None else DecodedCache(UNBOUNDED))
         if encoding is None:
-            encoding = self.encode(kind, meta, buf, bases=bases, max_depth=max_depth, extra=extra, reuse=reuse)
-        header = ObjectHeader(kind, meta, buf.nbytes, chain_to_list(encoding.codecs), encoding.depth)
-        stored = self.write_record(oid, [header.to_bytes(), encoding.payload])
+            encoding = self.encode(kind, meta, buf, bases=bases, max_depth=max_depth, extra=extra, reuse=bases_read)
+        header = ObjectHeader(kind, meta, buf.nbytes, chain_to_list(encoding.codecs), encoding.depth, encoding.blocks)
+        if encoding.blocks:
+            frames = encoding.payload
+            if frames is None:  # coded here one block at a time, as they are written
+                frames = (self.encode_block(encoding, buf, k, bases_read) for k in range(header.block_count))
+            stored = self.write_record(oid, framed(header, frames))
+        else:
+            stored = self.write_record(oid, [header.to_bytes(), encoding.payload])
         return PutResult(oid, kind, stored, True, header.codec_names, buf.nbytes, tuple(header.bases))
+
+    def put_encoded(self, oid: str, kind: str, meta: dict[str, Any], size: int, encoding: Encoding,
+                    frames: Iterable[Any]) -> PutResult:  # fmt: skip
+        """Write an object whose id and blocked encoding are known, its coded blocks coming
+        from `frames` in order (a writer coding them in parallel)."""
+        from mgit.codecs import chain_to_list
+
+        header = ObjectHeader(kind, meta, size, chain_to_list(encoding.codecs), encoding.depth, encoding.blocks)
+        stored = self.write_record(oid, framed(header, frames))
+        return PutResult(oid, kind, stored, True, header.codec_names, size, tuple(header.bases))
+
+    def encode_block(self, encoding: Encoding, buf: np.ndarray, k: int, bases: BaseReader) -> bytes:
+        """Block k of a blocked encoding of `buf`."""
+        from mgit.encoding import block_encode
+
+        return block_encode(encoding.codecs, buf, encoding.blocks, k, lambda o, a, b: bases.range(o, a, b, use=True))
 
     def encode(self, kind: str, meta: dict[str, Any], data: Any, *, bases: Sequence[str] = (),
                max_depth: int = DEFAULT_MAX_DEPTH, extra: Sequence[list[Codec]] = (),
-               reuse: DecodedCache | None = None) -> Encoding:  # fmt: skip
-        """What `put` would store for `data`, without writing it (pass it to `put` to write it)."""
+               reuse: DecodedCache | BaseReader | None = None, blocks: bool = True) -> Encoding:  # fmt: skip
+        """What `put` would store for `data`, without writing it (pass it to `put` to write it).
+        A blocked encoding's blocks are coded when it is written (`blocks=False`: coded whole,
+        its payload at hand to compare)."""
         from mgit.codecs import byte_array
         from mgit.encoding import choose_encoding
 
-        cache = reuse if reuse is not None else DecodedCache(UNBOUNDED)  # each base decoded once
+        read = reuse if isinstance(reuse, BaseReader) else BaseReader(self, reuse or DecodedCache(UNBOUNDED))
         return choose_encoding(kind, meta, byte_array(data), bases=bases, max_depth=max_depth, extra=extra,
-                               header=self.header, load=lambda base: self.load_base(base, cache))  # fmt: skip
+                               header=self.header, load=read.whole, load_range=read.range,
+                               block_bytes=self.block_bytes if blocks else 0)  # fmt: skip
 
     def put_tensor(self, dtype: str, shape: tuple[int, ...], data: np.ndarray, *, bases: Sequence[str] = (),
                    max_depth: int = DEFAULT_MAX_DEPTH, encoding: Encoding | None = None,
@@ -151,12 +220,17 @@ class ObjectStore:
         return self.put(kind, {}, canonical_json(record))
 
     # --- reading ------------------------------------------------------------------------
-    def get(self, oid: str, *, reuse: DecodedCache | None = None) -> Entry:
+    def get(self, oid: str, *, reuse: DecodedCache | None = None, verify: bool = True) -> Entry:
         """Decode an object and check that its content hashes to its id.
 
         With `reuse`, the object comes from that cache when it is there, and the delta bases
         decoded on the way are kept in it (with the object itself if the cache keeps all).
-        Arrays that a cache holds are read-only."""
+        Arrays that a cache holds are read-only. `verify=False` skips the hash of the object
+        itself (its bases are verified as ever) for a caller that checks what it builds of
+        it against a digest, as checkout does; such an object is never kept in `reuse`."""
+        if not verify:
+            found = reuse.lookup(oid) if reuse is not None else None
+            return found if found is not None else self._decode(oid, reuse, verify=False)
         if reuse is None:
             return self._decode(oid, None)
         found = reuse.lookup(oid)
@@ -176,7 +250,30 @@ class ObjectStore:
             return self._decode(oid, None, _within)[1]
         return reuse.get_or_decode(oid, lambda: self._decode(oid, reuse, _within))[1]
 
-    def _decode(self, oid: str, reuse: DecodedCache | None, within: tuple[str, ...] = ()) -> Entry:
+    def _decode(self, oid: str, reuse: DecodedCache | None, within: tuple[str, ...] = (), *,
+                verify: bool = True) -> Entry:  # fmt: skip
+        import numpy as np
+
+        header, payload = parse_record(oid, self.read_record(oid))
+        if header.blocks:
+            arr = np.empty(header.size, np.uint8)
+            spans = frame_spans(oid, header, len(payload), lambda at, n: payload[at : at + n])
+            for k, (at, n) in enumerate(spans):
+                start, stop = header.block_span(k)
+                arr[start:stop] = self._decode_chain(oid, header, payload[at : at + n], k, reuse, within)
+        else:
+            arr = self._decode_chain(oid, header, payload, None, reuse, within)
+        if verify:
+            hasher = object_hasher(header.kind, header.meta)
+            hasher.update(arr)
+            if hasher.hexdigest() != oid:
+                self._blame_bases(oid, header)
+                raise CorruptObjectError(oid, "its content does not hash to its id")
+        return header, arr
+
+    def _decode_chain(self, oid: str, header: ObjectHeader, data: Any, k: int | None, reuse: DecodedCache | None,
+                      within: tuple[str, ...]) -> np.ndarray:  # fmt: skip
+        """The content coded in `data`: all of it (k None) or its block k."""
         import numpy as np
 
         from mgit.codecs import (
@@ -187,24 +284,59 @@ class ObjectStore:
             decoded_bound,
         )
 
-        header, payload = parse_record(oid, self.read_record(oid))
+        size = header.size if k is None else header.block_span(k)[1] - header.block_span(k)[0]
+        inner = (*within, oid)
 
         def base(o: str) -> np.ndarray:
-            return self.load_base(o, reuse, _within=(*within, oid))
+            if k is None:
+                return self.load_base(o, reuse, _within=inner)
+            return self.base_block(o, k, header.blocks, reuse, inner)
 
         try:
             chain = chain_from_list(header.codecs)
-            if header.size > decoded_bound(chain, len(payload)):
-                raise CodecError(f"it declares {header.size} bytes, more than its {len(payload)} stored bytes can hold")
-            data = decode_chain(chain, payload, CodecContext(size=header.size, load_object=base))
+            if size > decoded_bound(chain, len(data)):
+                raise CodecError(f"it declares {size} bytes, more than its {len(data)} stored bytes can hold")
+            out = decode_chain(chain, data, CodecContext(size=size, load_object=base))
         except CodecError as exc:
             raise CorruptObjectError(oid, exc.message) from None
-        arr = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
-        hasher = object_hasher(header.kind, header.meta)
-        hasher.update(arr)
-        if hasher.hexdigest() != oid:
-            raise CorruptObjectError(oid, "its content does not hash to its id")
-        return header, arr
+        return out if isinstance(out, np.ndarray) else np.frombuffer(out, np.uint8)
+
+    def decode_block(self, oid: str, k: int, *, reuse: DecodedCache | None = None,
+                     _within: tuple[str, ...] = ()) -> np.ndarray:  # fmt: skip
+        """Block k of a blocked object's content, decoded but not verified: the caller checks
+        what it builds of the blocks against a digest (a checkout, the file's). Its bases'
+        blocks are decoded alike, block k of each, so memory stays a few blocks."""
+        table = self.block_table(oid)
+        at, n = table.spans[k]
+        return self._decode_chain(oid, table.header, self.read_range(oid, table.start + at, n), k, reuse, _within)
+
+    def base_block(self, oid: str, k: int, block_bytes: int, reuse: DecodedCache | None,
+                   within: tuple[str, ...] = ()) -> np.ndarray:  # fmt: skip
+        """Bytes [k B, (k + 1) B) of a base's content (fewer at its end; none past it): its
+        block k when it is coded in blocks of the same size, else a slice of it whole."""
+        if oid in within or len(within) > MAX_DEPTH_LIMIT:
+            raise CorruptObjectError(within[-1], f"its delta bases form a cycle or a chain over {MAX_DEPTH_LIMIT}")
+        header = self.block_table(oid).header
+        if header.blocks == block_bytes:
+            if k >= header.block_count or not header.size:
+                import numpy as np
+
+                return np.empty(0, np.uint8)
+            return self.decode_block(oid, k, reuse=reuse, _within=within)
+        return self.load_base(oid, reuse, _within=within)[k * block_bytes : (k + 1) * block_bytes]
+
+    def _blame_bases(self, oid: str, header: ObjectHeader) -> None:
+        """When a blocked object does not hash to its id, its bases (decoded block by block,
+        unverified) may be to blame: verify each, so the error names the damaged one."""
+        if header.blocks:
+            for base in header.bases:
+                self.get(base)
+
+    def explain(self, oids: Iterable[str]) -> None:
+        """Verify these objects (and so their bases), raising for the first damaged one: what
+        a reader that skipped per-object checks does when its own digest does not match."""
+        for oid in oids:
+            self.get(oid)
 
     def get_record(self, oid: str, kind: str) -> dict[str, Any]:
         """A version or manifest record as JSON, verified against its id. Records are coded
@@ -278,6 +410,42 @@ class ObjectStore:
             with suppress(StopIteration, KeyError, RuntimeError):  # another thread got there first
                 parsed.pop(next(iter(parsed)))  # the oldest (dicts keep insertion order)
         parsed[oid] = record
+
+
+class BaseReader:
+    """The decoded bases of the objects one writer encodes: whole (kept in a `DecodedCache`)
+    or, for a base coded in blocks of the store's block size, the block asked for; blocks
+    decoded to judge samples are kept until the block's encoding uses them."""
+
+    def __init__(self, store: ObjectStore, cache: DecodedCache) -> None:
+        self.store = store
+        self.cache = cache
+        self._blocks: dict[tuple[str, int], np.ndarray] = {}
+
+    def whole(self, oid: str) -> np.ndarray:
+        return self.store.load_base(oid, self.cache)
+
+    def range(self, oid: str, start: int, stop: int, *, use: bool = False) -> np.ndarray:
+        """Bytes [start, stop) of a base's content. `use`: the last time this block is
+        needed (a block's encoding), so it is not kept."""
+        size = self.store.block_bytes
+        k = start // size
+        if self.store.block_table(oid).header.blocks != size or (stop - 1) // size != k:
+            return self.whole(oid)[start:stop]
+        block = self._blocks.pop((oid, k), None) if use else self._blocks.get((oid, k))
+        if block is None:
+            block = self.store.base_block(oid, k, size, self.cache)
+            if not use:
+                self._blocks[(oid, k)] = block
+        return block[start - k * size : stop - k * size]
+
+
+def framed(header: ObjectHeader, frames: Iterable[Any]) -> Iterator[Any]:
+    """A blocked object's record: the header, then each coded block after its length."""
+    yield header.to_bytes()
+    for frame in frames:
+        yield FRAME.pack(len(frame))
+        yield frame
 
 
 def _unzstd(oid: str, payload: bytes, size: int) -> bytes:

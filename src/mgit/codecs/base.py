@@ -98,13 +98,17 @@ class Codec:
     - `predictive`: it codes the content against a prediction, which writers check by
       decoding before they keep it (exact deltas are bijections and need no such check);
     - `ends_family`: it may be coded against a base at the delta-depth bound, one link past
-      it (a cast, quantized, pruned or transposed copy: nothing is ever coded against it).
+      it (a cast, quantized, pruned or transposed copy: nothing is ever coded against it);
+    - `blockwise`: it may code content in independent blocks: what it makes of bytes
+      [a, b) of the content depends only on those bytes and on bytes [a, b) of its base, so
+      a large object can be coded and decoded block by block (docs/format.md, "Blocks").
     """
 
     name: ClassVar[str]
     storage: ClassVar[str] = "standalone"
     predictive: ClassVar[bool] = False
     ends_family: ClassVar[bool] = False
+    blockwise: ClassVar[bool] = False
 
     def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
         raise NotImplementedError
@@ -189,6 +193,11 @@ def decoded_bound(chain: Sequence[Codec], n: int) -> int:
     for codec in reversed(chain):
         n = codec.max_decoded(n)
     return n
+
+
+def blockwise(chain: Sequence[Codec]) -> bool:
+    """Whether a chain may code content in independent blocks (every codec in it may)."""
+    return all(c.blockwise for c in chain)
 
 
 def decode_chain(chain: Sequence[Codec], data: Buffer, ctx: CodecContext) -> Buffer:

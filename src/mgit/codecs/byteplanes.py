@@ -18,6 +18,7 @@ from mgit.codecs.base import Buffer, Codec, CodecContext, CodecError, byte_array
 @dataclass(frozen=True)
 class ByteplanesCodec(Codec):
     name = "byteplanes"
+    blockwise = True
     itemsize: int
 
     def __post_init__(self) -> None:

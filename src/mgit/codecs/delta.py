@@ -40,6 +40,7 @@ def _base(codec: XorDeltaCodec | SubDeltaCodec, ctx: CodecContext) -> np.ndarray
 @dataclass(frozen=True)
 class XorDeltaCodec(Codec):
     name = "xor_delta"
+    blockwise = True
     storage = "delta"
     base: str
 
@@ -67,6 +68,7 @@ class SubDeltaCodec(Codec):
     negative and positive differences both become small unsigned numbers."""
 
     name = "sub_delta"
+    blockwise = True
     storage = "delta"
     base: str
     itemsize: int

@@ -168,6 +168,7 @@ class PatchCodec(Codec):
     items that differ, in order. Items past the end of the base always differ."""
 
     name = "patch"
+    blockwise = True
     storage = "delta"
     ends_family = True
     base: str

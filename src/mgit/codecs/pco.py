@@ -30,6 +30,7 @@ PCO_DTYPES = ("<u2", "<i2", "<f2", "<u4", "<i4", "<f4", "<u8", "<i8", "<f8")
 @dataclass(frozen=True)
 class PcoCodec(Codec):
     name = "pco"
+    blockwise = True
     dtype: str
     level: int = 8
 

@@ -82,6 +82,7 @@ def int_bytes_for(q: np.ndarray) -> int | None:
 @dataclass(frozen=True)
 class QuantizedDeltaCodec(Codec):
     name = "quantized_delta"
+    blockwise = True
     storage = "delta"
     predictive = True
     base: str

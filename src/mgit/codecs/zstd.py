@@ -34,6 +34,7 @@ def _decompressor() -> zstandard.ZstdDecompressor:
 @dataclass(frozen=True)
 class ZstdCodec(Codec):
     name = "zstd"
+    blockwise = True
     level: int = 1
 
     def __post_init__(self) -> None:
