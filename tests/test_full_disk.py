@@ -31,21 +31,26 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def big_model(path: Path, megabytes: int) -> Path:
-    """Random float32 weights: incompressible, so they take their full size on disk."""
+def big_model(path: Path, megabytes: int, *, one_tensor: bool = False) -> Path:
+    """Random float32 weights: incompressible, so they take their full size on disk. In 256 KiB
+    tensors, or in one tensor (over a block: coded and written block by block)."""
     rng = np.random.default_rng(megabytes)
+    if one_tensor:
+        return make_model(path, state={"w": rng.standard_normal(megabytes << 18, dtype=np.float32)})
     quarter = 256 * 1024 // 4  # float32 values in 256 KiB
     state = {f"w{i}": rng.standard_normal(quarter, dtype=np.float32) for i in range(megabytes * 4)}
     return make_model(path, state=state)
 
 
-def test_add_on_a_full_disk_commits_nothing(tiny_disk: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("one_tensor", [False, True], ids=["small-tensors", "blocked-tensor"])
+def test_add_on_a_full_disk_commits_nothing(tiny_disk: Path, tmp_path: Path, one_tensor: bool) -> None:
     Repo.init(tiny_disk)
     small = make_model(tmp_path / "small", seed=1)
     assert run_cli("add", str(small), "--name", "small", cwd=tiny_disk)[0] == 0
     before = run_cli("ls", "--json", cwd=tiny_disk)[1]
 
-    code, out, err = run_cli("add", str(big_model(tmp_path / "big", 5)), "--name", "big", cwd=tiny_disk)
+    code, out, err = run_cli("add", str(big_model(tmp_path / "big", 5, one_tensor=one_tensor)), "--name", "big",
+                             cwd=tiny_disk)  # fmt: skip
 
     assert code == 1 and out == ""
     assert err.startswith("Error: no space left on the device") and "nothing was committed" in err
@@ -65,9 +70,10 @@ def test_add_on_a_full_disk_commits_nothing(tiny_disk: Path, tmp_path: Path) -> 
     assert repo.add(big_model(tmp_path / "fits", 1), name="fits").created
 
 
-def test_checkout_onto_a_full_disk_leaves_no_half_file(tiny_disk: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("one_tensor", [False, True], ids=["small-tensors", "blocked-tensor"])
+def test_checkout_onto_a_full_disk_leaves_no_half_file(tiny_disk: Path, tmp_path: Path, one_tensor: bool) -> None:
     repo = Repo.init(tmp_path / "repo")
-    src = big_model(tmp_path / "big", 4)
+    src = big_model(tmp_path / "big", 5 if one_tensor else 4, one_tensor=one_tensor)
     repo.add(src, name="big")
     out = tiny_disk / "out"
 

@@ -28,6 +28,7 @@ from mgit import Repo, sync
 from mgit.checks import Checks, Condition
 from mgit.errors import RemoteConflictError
 from mgit.remotes.base import Backend
+from mgit.store import ObjectStore
 
 
 def finetune(seed: int, base_seed: int = 1, scale: float = 1e-3) -> dict[str, np.ndarray]:
@@ -243,6 +244,27 @@ class SharingContract:
         assert json.loads((tmp_path / "out" / "config.json").read_text()) == {"scale": 2}  # the recipe ran
         result = Checks(bob).run(["ft"])
         assert result.outcomes[0].passed and "ran from the source recorded" in result.notes[0]
+
+    def test_objects_coded_in_blocks_travel_and_check_out_bit_exact(self, alice: Repo, url: str, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+        monkeypatch.setattr(ObjectStore, "block_bytes", 64 << 10)  # so that small tensors have many blocks
+        rng = np.random.default_rng(4)
+        w = rng.standard_normal(150_000).astype(np.float32)
+        folders = {"base": make_model(tmp_path / "b", state={"w": w}),
+                   "ft": make_model(tmp_path / "f", state={"w": w * np.float32(1.0001)})}  # fmt: skip
+        alice.add(folders["base"], name="base")
+        alice.add(folders["ft"], name="ft", parent="base")
+        ft_w = next(t.object for f in alice.manifest("ft").files for t in f.tensors)
+        assert alice.store.header(ft_w).blocks == 64 << 10 and alice.store.header(ft_w).depth == 1
+        sync.push(alice)
+        assert sync.fsck_remote(url).ok
+        bob = Repo(sync.clone(url, tmp_path / "bob").path)
+        lazy = Repo(sync.clone(url, tmp_path / "lazy", lazy=True).path)
+        for repo in (bob, lazy):
+            for name, folder in folders.items():
+                repo.checkout(name, tmp_path / repo.root.name / name)
+                assert sha256_tree(tmp_path / repo.root.name / name) == sha256_tree(folder)
+            assert repo.fsck().ok
 
     # --- lazy clones ---------------------------------------------------------------------------
     def test_a_lazy_clone_works_offline_and_fetches_exactly_what_it_reads(self, alice: Repo, url: str, tmp_path: Path,
