@@ -9,9 +9,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import secrets
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -23,7 +21,7 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def temporary_sibling(path: Path) -> Path:
-    return path.with_name(f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(6)}-{path.name}")
+    return path.with_name(f"{TMP_PREFIX}{os.getpid()}-{os.urandom(6).hex()}-{path.name}")
 
 
 def fsync_dir(path: Path) -> None:
@@ -78,6 +76,8 @@ def sync_files(paths: list[Path]) -> None:
     fsync each otherwise or where syncfs is not available."""
     if len(paths) >= MANY and _syncfs(paths[0].parent):
         return
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max_workers=8, thread_name_prefix="mgit-fsync") as pool:
         list(pool.map(_fsync_file, paths))
 

@@ -27,11 +27,11 @@ from typing import Any
 from mgit import usercode
 from mgit.database import Database
 from mgit.errors import MgitError, RemoteError, UnknownRefError
+from mgit.limits import DEFAULT_TIMEOUT
 from mgit.lineage import Lineage
 from mgit.objects import OID_RE, user_at_host, utc_now
 from mgit.repo import Repo
 from mgit.reports import Report, json_safe
-from mgit.usercode import DEFAULT_TIMEOUT
 
 MIGRATIONS: list[tuple[str, list[str]]] = [
     ("0001_tests", [

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mgit import usercode
-from mgit.usercode import DEFAULT_TIMEOUT
+from mgit.limits import DEFAULT_TIMEOUT
 
 LOWER_IS_BETTER = frozenset({"loss", "error", "err", "perplexity", "ppl", "mse", "mae", "rmse", "wer", "cer", "latency"})
 

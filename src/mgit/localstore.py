@@ -16,8 +16,6 @@ from mgit.objectformat import PREFIX, ObjectHeader, header_length, parse_record
 from mgit.objects import OID_RE
 from mgit.store import ObjectStore
 
-SMALL_READ = 64 << 10  # reads smaller than this return bytes, larger ones a numpy buffer
-
 
 class LocalStore(ObjectStore):
     """A folder of object files. `lock_path` is the writers' lock (see `ObjectStore.lock`)."""
@@ -98,16 +96,10 @@ class LocalStore(ObjectStore):
         except FileNotFoundError:
             raise MissingObjectError(oid) from None
         try:
-            if length < SMALL_READ:
-                got: Any = os.pread(fd, length, offset)
-                n = len(got)
-            else:
-                import numpy as np
-
-                got = np.empty(length, np.uint8)
-                n = os.preadv(fd, [got], offset)
+            got = os.pread(fd, length, offset)  # bytes: what pcodec reads without a copy
         finally:
             os.close(fd)
+        n = len(got)
         if n != length:
             raise CorruptObjectError(oid, f"the file ends {length - n} bytes before the block it declares")
         return got

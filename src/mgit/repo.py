@@ -15,12 +15,10 @@ Modules that load numpy and the codecs are imported in the verbs that use them, 
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +33,7 @@ from mgit.errors import (
     UnknownRefError,
 )
 from mgit.layout import create, locate, open_store, read_config
+from mgit.limits import DEFAULT_TIMEOUT
 from mgit.lineage import Lineage
 from mgit.localstore import LocalStore
 from mgit.lossypolicy import DEFAULT_GUARD, LossyPolicy, describe
@@ -59,7 +58,6 @@ from mgit.reports import (
     VersionInfo,
     VersionStorage,
 )
-from mgit.usercode import DEFAULT_TIMEOUT, recipe_record_of, source_file
 
 if TYPE_CHECKING:
     from mgit.diff import DiffResult
@@ -177,6 +175,8 @@ class Repo:
         raise self._unknown_model(ref, name)
 
     def _unknown_model(self, ref: str, name: str) -> UnknownRefError:
+        import difflib
+
         close = difflib.get_close_matches(name, list(self.refs.all()), n=1)
         return UnknownRefError(ref, "no model", hint=f"Did you mean {close[0]!r}? See: mgit ls" if close else None)
 
@@ -294,6 +294,8 @@ class Repo:
             return None
         if isinstance(recipe, Mapping):  # recorded already (a cascade running a recorded source)
             return dict(recipe)
+        from mgit.usercode import recipe_record_of, source_file
+
         record = recipe_record_of(recipe, params, root=self.root)
         record["source"] = self.store.put_blob(source_file(record["fn"], cwd=self.root).read_bytes()).oid
         return record
@@ -326,6 +328,8 @@ class Repo:
         `model_card=True` then writes the version's lineage parents into README.md's front
         matter (`base_model`, `base_model_relation`), the one file that then differs from
         what was added."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from mgit.checkout import restore_file, safe_join
 
         vid = self.resolve(ref)
@@ -379,6 +383,8 @@ class Repo:
 
     def load_state_dict(self, ref: str, *, framework: str = "np", jobs: int | None = None) -> dict[str, Any]:
         """Every tensor of a version: numpy arrays (`framework="np"`) or torch tensors ("pt")."""
+        from concurrent.futures import ThreadPoolExecutor
+
         reader = self.open(ref)
         names = list(reader.keys())
         with ThreadPoolExecutor(max_workers=jobs or default_jobs()) as pool:

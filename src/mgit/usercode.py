@@ -31,7 +31,6 @@ from typing import Any
 from mgit.errors import InvalidOptionError, MgitError
 from mgit.reports import json_safe
 
-DEFAULT_TIMEOUT = 600.0  # seconds a test or gate run may take unless told otherwise
 RESULT_MARK = "MGIT-RESULT "
 MAX_OUTPUT = 64 * 1024  # of a run's output kept for `mgit test show --output`
 
