@@ -157,6 +157,19 @@ def test_a_blocked_family_checks_out_bit_exact_and_checks_clean(tmp_path: Path, 
     assert np.array_equal(state["w.weight"].reshape(-1), generations(3, 400_000, seed=5)[2])
 
 
+def test_a_large_file_that_is_not_safetensors_is_coded_in_blocks_too(tmp_path: Path, small_blocks: int) -> None:
+    folder = make_model(tmp_path / "m", state={"w": np.zeros(10, np.float32)})
+    rng = np.random.default_rng(2)
+    (folder / "model.gguf").write_bytes(rng.integers(0, 16, 700_001, dtype=np.uint8).tobytes())  # compressible
+    repo = Repo.init(tmp_path / "repo")
+    repo.add(folder, name="m")
+    entry = next(f for f in repo.manifest("m").files if f.path == "model.gguf")
+    header = repo.store.header(entry.object)
+    assert header.kind == "blob" and header.blocks == SMALL and header.block_count == 11
+    assert repo.store.stored_size(entry.object) < 700_001 * 0.6
+    assert sha256_tree(Path(repo.checkout("m", tmp_path / "out").out_dir)) == sha256_tree(folder)
+
+
 def test_a_planned_cache_releases_a_base_after_its_last_use() -> None:
     from mgit.objectformat import ObjectHeader
 

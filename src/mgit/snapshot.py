@@ -109,25 +109,46 @@ class _Blocked:
     queue: ChunkQueue = field(default_factory=ChunkQueue)
 
 
-def _prepare(store: ObjectStore, span: Any, data: np.ndarray, plan: DeltaPlan, reuse: DecodedCache,
-             writers: ThreadPoolExecutor) -> _Blocked | PutResult | Encoding:  # fmt: skip
-    """For a tensor over a block, in file order: the stored object if it exists, else its
+def _prepare(store: ObjectStore, kind: str, meta: dict[str, Any], data: np.ndarray, plan: DeltaPlan, name: str,
+             reuse: DecodedCache, writers: ThreadPoolExecutor) -> _Blocked | PutResult | Encoding:  # fmt: skip
+    """For an object over a block, in file order: the stored object if it exists, else its
     encoding; one to be coded in blocks gets its writer started (any other is coded already,
     for a worker to write)."""
-    meta = tensor_meta(span.dtype, span.shape)
-    hasher = object_hasher("tensor", meta)
+    hasher = object_hasher(kind, meta)
     hasher.update(data)
     oid = hasher.hexdigest()
     if store.has(oid):
-        return PutResult(oid, "tensor", store.stored_size(oid), False, "", data.nbytes)
+        return PutResult(oid, kind, store.stored_size(oid), False, "", data.nbytes)
     bases = BaseReader(store, reuse)
-    encoding = store.encode("tensor", meta, data, bases=plan.candidates(span.name), max_depth=plan.max_depth,
-                            reuse=bases)  # fmt: skip
+    encoding = store.encode(kind, meta, data, bases=plan.candidates(name) if kind == "tensor" else (),
+                            max_depth=plan.max_depth, reuse=bases)  # fmt: skip
     if not encoding.blocks or encoding.payload is not None:
         return encoding
     job = _Blocked(oid, meta, data.nbytes, encoding, bases)
-    job.queue.start(writers, lambda frames: store.put_encoded(oid, "tensor", meta, data.nbytes, encoding, frames))
+    job.queue.start(writers, lambda frames: store.put_encoded(oid, kind, meta, data.nbytes, encoding, frames))
     return job
+
+
+def _put_large_blob(store: ObjectStore, data: np.ndarray, pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor],
+                    jobs: int, reuse: DecodedCache) -> PutResult:  # fmt: skip
+    """A file that is not safetensors, over a block: its blocks coded by the pool."""
+    pool, writers = pools
+    found = _prepare(store, "blob", {}, data, DeltaPlan(), "", reuse, writers)
+    if isinstance(found, PutResult):
+        return found
+    if not isinstance(found, _Blocked):
+        return store.put("blob", {}, data, encoding=found)
+    count = -(-data.nbytes // store.block_bytes)
+    try:
+        for frame in ordered_map(pool, lambda k: store.encode_block(found.encoding, data, k, found.bases),
+                                 ((k,) for k in range(count)), jobs=jobs, size=lambda _: store.block_bytes):  # fmt: skip
+            found.queue.put(frame)
+        found.queue.close()
+    except BaseException as exc:
+        found.queue.fail(exc)
+        raise
+    assert found.queue.writer is not None
+    return found.queue.writer.result()
 
 
 def _write_file(store: ObjectStore, f: SourceFile, pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor], jobs: int,
@@ -137,7 +158,7 @@ def _write_file(store: ObjectStore, f: SourceFile, pools: tuple[ThreadPoolExecut
     if not f.is_safetensors:
         data = f.blob_data()
         digest = pool.submit(_digest, [data])
-        result = store.put_blob(data)
+        result = _put_large_blob(store, data, pools, jobs, reuse) if data.nbytes > store.block_bytes else store.put_blob(data)
         stats.record(result)
         if progress:
             progress(f.size)
@@ -180,7 +201,8 @@ def _write_file(store: ObjectStore, f: SourceFile, pools: tuple[ThreadPoolExecut
         for span, data in f.tensor_data():
             found = None
             if plan.lossy is None and data.nbytes > store.block_bytes:
-                found = _prepare(store, span, data, plan, reuse, writers)
+                found = _prepare(store, "tensor", tensor_meta(span.dtype, span.shape), data, plan, span.name, reuse,
+                                 writers)  # fmt: skip
             if isinstance(found, _Blocked):
                 started.append(found)
                 count = -(-data.nbytes // store.block_bytes)
