@@ -2,9 +2,12 @@
 share: encoding on write, decoding with verification on read.
 
 A backend (`LocalStore`: files under `objects/ab/cdef...`; `MemoryStore`: a dict) provides
-raw record I/O: `has`, `read_record`, `write_record`, `delete`, `ids`, `stored_size`, `sync`
-and `lock`. Everything else is here. Every `get` decodes and re-hashes: an object whose
-content does not match its id never leaves this module.
+raw record I/O: `has`, `read_record`, `read_range`, `write_record`, `delete`, `ids`,
+`stored_size`, `sync` and `lock`. Everything else is here. Every `get` decodes and re-hashes:
+an object whose content does not match its id never leaves this module, except to a caller
+that says it checks a digest of its own over what it builds (checkout: `get(verify=False)`,
+`decode_block`), which then names the damaged object with `explain` when that digest fails.
+Content over a block is coded and decoded block by block (docs/format.md, "Blocks").
 """
 
 from __future__ import annotations
