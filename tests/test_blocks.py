@@ -325,3 +325,55 @@ def test_cli_add_and_checkout_of_tensors_over_a_block(tmp_path: Path) -> None:
     repo = Repo(root)
     header = repo.store.header(next(t.object for f in repo.manifest("ft").files for t in f.tensors if t.name == "w"))
     assert header.blocks == BLOCK_BYTES and header.block_count == 2 and header.depth == 1
+
+
+# --- reused block buffers ---------------------------------------------------------------------
+def test_a_block_buffer_is_reused_only_once_nothing_refers_to_it() -> None:
+    from mgit.codecs.buffers import scratch
+
+    def owner(a: np.ndarray) -> int:  # which buffer (by id: a reference would keep it in use)
+        return id(a.base if a.base is not None else a)
+
+    first = scratch(3 << 20)
+    first[:] = 1
+    view = first[10:20].view("<u2")  # a view keeps the buffer in use
+    held = owner(first)
+    del first
+    second = scratch(3 << 20)
+    assert owner(second) != held
+    second[:] = 2
+    assert (view == 0x0101).all()  # what the view sees was not overwritten
+    del view
+    third = scratch(2 << 20)
+    assert owner(third) == held  # free now: reused, no new allocation
+    # A buffer handed to another thread stays in use while that thread holds it.
+    box: list[np.ndarray] = [third]
+    del third
+    done = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        kept = box.pop()
+        done.set()
+        release.wait(10)
+        del kept
+
+    worker = threading.Thread(target=hold)
+    worker.start()
+    done.wait(10)
+    fourth = scratch(2 << 20)
+    assert owner(fourth) != held
+    release.set()
+    worker.join(10)
+    assert owner(scratch(2 << 20)) == held
+
+
+def test_blocks_decoded_in_turn_give_each_caller_its_own_bytes(tmp_path: Path, small_blocks: int) -> None:
+    """Decoded blocks come from reused buffers: a block a caller keeps must not change when
+    later blocks are decoded."""
+    store = LocalStore(tmp_path / "objects")
+    values = generations(2, 600_000, seed=9)
+    base = store.put_tensor("F32", (600_000,), as_bytes(values[0])).oid
+    ft = store.put_tensor("F32", (600_000,), as_bytes(values[1]), bases=[base]).oid
+    kept = [store.decode_block(ft, k) for k in range(store.header(ft).block_count)]
+    assert np.array_equal(np.concatenate(kept), as_bytes(values[1]))

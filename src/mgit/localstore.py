@@ -16,6 +16,8 @@ from mgit.objectformat import PREFIX, ObjectHeader, header_length, parse_record
 from mgit.objects import OID_RE
 from mgit.store import ObjectStore
 
+SMALL_READ = 256 << 10  # smaller reads return bytes; larger ones (blocks) a reused buffer
+
 
 class LocalStore(ObjectStore):
     """A folder of object files. `lock_path` is the writers' lock (see `ObjectStore.lock`)."""
@@ -96,10 +98,16 @@ class LocalStore(ObjectStore):
         except FileNotFoundError:
             raise MissingObjectError(oid) from None
         try:
-            got = os.pread(fd, length, offset)  # bytes: what pcodec reads without a copy
+            if length < SMALL_READ:
+                got: Any = os.pread(fd, length, offset)
+                n = len(got)
+            else:  # a block: into a reused buffer (fresh pages cost more than the read)
+                from mgit.codecs.buffers import scratch
+
+                got = scratch(length)
+                n = os.preadv(fd, [got], offset)
         finally:
             os.close(fd)
-        n = len(got)
         if n != length:
             raise CorruptObjectError(oid, f"the file ends {length - n} bytes before the block it declares")
         return got

@@ -39,24 +39,6 @@ def ordered_map(pool: ThreadPoolExecutor, fn: Callable[..., T], items: Iterable[
         yield pending.popleft()[0].result()
 
 
-def tune_allocator() -> None:
-    """For a process of MGit's own (the `mgit` command), not a host's: keep freed buffers of
-    up to 32 MiB in the heap for the next block instead of handing them back to the kernel,
-    so that each decode does not fault in fresh zeroed pages (measured on a delta checkout of
-    1 GB: 410,000 page faults -> 14,000, a second of system time -> 0.4 s, 15-20% off the
-    wall time; peak RSS unchanged, since what is in flight is bounded). glibc's `mallopt`;
-    elsewhere nothing changes."""
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    mallopt(m_mmap_threshold, 32 << 20)
-    mallopt(m_trim_threshold, 256 << 20)
-
-
 def one_blas_thread() -> AbstractContextManager[Any]:
     """For a pool that already runs one task per core: BLAS threads inside each (a low-rank
     factorization, a rank estimate) would oversubscribe the cores, and OpenBLAS's threads

@@ -33,9 +33,6 @@ COMMANDS = {
     "remote": "mgit.cli.remote_cmd:remote_group",
     **{name: f"mgit.cli.remote_cmd:{name}" for name in ("push", "fetch", "pull", "clone")},
 }  # fmt: skip
-# Commands that decode or encode tensors: in a process of its own, the allocator keeps buffers.
-HEAVY = {"add", "checkout", "diff", "fsck", "gc", "test", "bisect", "cascade", "push", "fetch", "pull", "clone"}
-_own_process = False  # set by `entry` (the mgit command), not by `main` called in another program
 
 
 class LazyGroup(click.Group):
@@ -45,10 +42,6 @@ class LazyGroup(click.Group):
         return sorted({*self.commands, *COMMANDS})
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if _own_process and name in HEAVY:
-            from mgit.parallel import tune_allocator
-
-            tune_allocator()
         if name not in self.commands and name in COMMANDS:
             module, _, attr = COMMANDS[name].partition(":")
             self.add_command(getattr(importlib.import_module(module), attr), name)
@@ -118,8 +111,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    global _own_process
-    _own_process = True
     sys.exit(main())
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mgit.codecs.base import Buffer, Codec, CodecContext, CodecError, byte_array, register
+from mgit.codecs.buffers import scratch
 
 
 @register
@@ -42,7 +43,7 @@ class ByteplanesCodec(Codec):
         if u8.size % self.itemsize:
             raise CodecError(f"{u8.size} bytes is not a whole number of {self.itemsize}-byte planes")
         planes = u8.reshape(self.itemsize, -1)
-        out = np.empty((planes.shape[1], self.itemsize), np.uint8)
+        out = scratch(u8.size).reshape(planes.shape[1], self.itemsize)
         for k in range(self.itemsize):  # one plane at a time: ~3x faster than a 2-D transpose
             out[:, k] = planes[k]
         return out.reshape(-1)

@@ -28,6 +28,7 @@ from mgit.codecs.base import (
     register,
     writable,
 )
+from mgit.codecs.buffers import scratch
 
 BLOCK = 1 << 20  # items per block of the elementwise passes
 
@@ -91,9 +92,10 @@ class SubDeltaCodec(Codec):
 
     def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
         out, base, n = self._views(writable(data), _base(self, ctx))
+        signs = scratch(min(n, BLOCK) * self.itemsize).view(out.dtype)
         for lo in range(0, n, BLOCK):  # unzigzag and add in place, block by block (as encode)
             u = out[lo : min(n, lo + BLOCK)]
-            sign = u & 1
+            sign = np.bitwise_and(u, 1, out=signs[: u.size])
             np.subtract(0, sign, out=sign, dtype=u.dtype)  # 1 -> all ones (wraps modulo 2**bits)
             u >>= 1
             u ^= sign

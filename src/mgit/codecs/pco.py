@@ -21,6 +21,7 @@ import numpy as np
 from pcodec import ChunkConfig, DeltaSpec, ModeSpec, standalone
 
 from mgit.codecs.base import Buffer, Codec, CodecContext, CodecError, byte_array, register
+from mgit.codecs.buffers import scratch
 
 # Pcodec's number types (8-bit ones it advises against: zstd does better on bytes).
 PCO_DTYPES = ("<u2", "<i2", "<f2", "<u4", "<i4", "<f4", "<u8", "<i8", "<f8")
@@ -71,7 +72,7 @@ class PcoCodec(Codec):
         size = np.dtype(self.dtype).itemsize
         src = data if isinstance(data, bytes) else bytes(byte_array(data))
         for room in (ctx.size // size, (4 * ctx.size + 65536) // size):
-            out = np.empty(room, self.dtype)
+            out = scratch(room * size).view(self.dtype)
             try:
                 progress = standalone.simple_decompress_into(src, out)
             except (RuntimeError, TypeError) as exc:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-import numpy as np
 import zstandard
 
 from mgit.codecs.base import Buffer, Codec, CodecContext, CodecError, byte_view, register
+from mgit.codecs.buffers import scratch
 
 _local = threading.local()
 
@@ -57,9 +57,8 @@ class ZstdCodec(Codec):
             raise CodecError(f"zstd data does not decode: {exc}") from None
         if declared < 0 or declared > limit:
             raise CodecError(f"zstd frame declares {declared} bytes, more than the object can hold")
-        # Into a numpy buffer rather than a new `bytes`: numpy backs large arrays with huge pages,
-        # which halves checkout time where page faults are expensive.
-        out = np.empty(declared, np.uint8)
+        # Into a reused buffer rather than a new `bytes`: fresh pages cost more than decoding.
+        out = scratch(declared)
         filled = 0
         try:
             with _decompressor().stream_reader(byte_view(data), read_across_frames=False) as reader:
