@@ -15,9 +15,12 @@ source folder, untimed.
 
 Rows: `cp -r` of the base folder; `mgit add` of the base into a fresh repository; of the
 fine-tune with `--parent` into a copy of that repository; of the second fine-tune; `mgit
-checkout` of each into an empty folder. Before each timed run, untimed, what the previous run
-wrote is deleted, the repository copied where the row needs it, the source read once (warm
-page cache, as for cp) and `sync` run, so that write-back of earlier runs does not land on it.
+checkout` of each into an empty folder. Before each timed run, untimed: what the previous run
+wrote is deleted and the repository copied where the row needs it; `sync` (write-back of
+earlier runs must not land on this one); the page cache dropped, as root (a run must not pay
+for reclaiming the cache that earlier runs filled: on this VM that alone moved a checkout
+between 1.4 and 2.3 s); then what the run reads (source folder, repository) read once, so
+it starts warm, as cp does.
 Peak RSS is the process's maximum resident set (ru_maxrss from wait4: it counts file pages
 the process maps too). Start-up rows run `mgit --version`, `ls`, `log`, `show`, `lineage` on
 the 10-member MiniLM family repository of `remote.py`, and `ls`, `lineage` on the 1,000 x 5
@@ -27,6 +30,7 @@ repository of `lineage_scale.py`, with Python's bytecode cache on, as installed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import shutil
@@ -115,10 +119,23 @@ def timed(cmd: list[str]) -> Run:
     return Run(seconds, float(user) + float(system), int(rss_kb) * 1024)
 
 
-def measure(row: Row, runs: int, prepare, command) -> Row:
+def settle(reads: list[Path]) -> None:
+    """The same start for every run: dirty pages written back, the page cache emptied (when
+    this process may: as root) so that the run's output finds free memory instead of
+    reclaiming it, then what the run reads read once (warm, as a file just downloaded or a
+    repository in use is)."""
+    os.sync()
+    if reads:
+        with contextlib.suppress(OSError):  # not root: runs start with whatever the cache holds
+            Path("/proc/sys/vm/drop_caches").write_text("1\n")
+    for path in reads:
+        warm_page_cache(path)
+
+
+def measure(row: Row, runs: int, prepare, command, reads: list[Path] | None = None) -> Row:
     for i in range(runs):
         arg = prepare(i)
-        os.sync()
+        settle(reads(arg) if callable(reads) else list(reads or []))
         row.runs.append(timed(command(arg)))
         r = row.runs[-1]
         speed = f"{row.nbytes / r.seconds / MB:,.0f} MB/s, " if row.nbytes else ""
@@ -175,31 +192,30 @@ def model_rows(layers: int, runs: int) -> tuple[str, list[Row], dict[str, object
     mgit = mgit_command()
     rows: list[Row] = []
 
-    rows.append(measure(Row("cp -r (base folder)", size), runs,
-                        lambda i: (warm_page_cache(base), fresh(work / "copy"))[1],
-                        lambda out: ["cp", "-r", str(base), str(out)]))  # fmt: skip
+    rows.append(measure(Row("cp -r (base folder)", size), runs, lambda i: fresh(work / "copy"),
+                        lambda out: ["cp", "-r", str(base), str(out)], [base]))  # fmt: skip
     shutil.rmtree(work / "copy")
 
     def fresh_repo(_: int) -> Path:
         path = fresh(work / "repo-base")
         subprocess.run([*mgit, "init", str(path)], check=True, stdout=subprocess.DEVNULL, env=child_env())
-        warm_page_cache(base)
         return path
 
     rows.append(measure(Row("add base", size), runs, fresh_repo,
-                        lambda repo: [*mgit, "-C", str(repo), "add", str(base), "-n", "llm-base"]))  # fmt: skip
+                        lambda repo: [*mgit, "-C", str(repo), "add", str(base), "-n", "llm-base"],
+                        lambda repo: [base, repo]))  # fmt: skip
 
-    def repo_copy(src: str, dst: str, source: Path):
+    def repo_copy(src: str, dst: str):
         def prepare(_: int) -> Path:
-            copy_tree(work / src, work / dst)
-            warm_page_cache(source)
-            return work / dst
+            return copy_tree(work / src, work / dst)
         return prepare
 
-    rows.append(measure(Row("add fine-tune", size), runs, repo_copy("repo-base", "repo-ft", ft1),
-                        lambda repo: [*mgit, "-C", str(repo), "add", str(ft1), "-n", "llm-ft", "-p", "llm-base"]))  # fmt: skip
-    rows.append(measure(Row("add fine-tune of fine-tune", size), runs, repo_copy("repo-ft", "repo-chain", ft2),
-                        lambda repo: [*mgit, "-C", str(repo), "add", str(ft2), "-n", "llm-ft2", "-p", "llm-ft"]))  # fmt: skip
+    rows.append(measure(Row("add fine-tune", size), runs, repo_copy("repo-base", "repo-ft"),
+                        lambda repo: [*mgit, "-C", str(repo), "add", str(ft1), "-n", "llm-ft", "-p", "llm-base"],
+                        lambda repo: [ft1, repo]))  # fmt: skip
+    rows.append(measure(Row("add fine-tune of fine-tune", size), runs, repo_copy("repo-ft", "repo-chain"),
+                        lambda repo: [*mgit, "-C", str(repo), "add", str(ft2), "-n", "llm-ft2", "-p", "llm-ft"],
+                        lambda repo: [ft2, repo]))  # fmt: skip
     repo = work / "repo-chain"
     shutil.rmtree(work / "repo-ft")
     depth = chain_depth(repo, "llm-ft2")
@@ -211,7 +227,7 @@ def model_rows(layers: int, runs: int) -> tuple[str, list[Row], dict[str, object
                                  ("llm-ft2", ft2, "checkout at depth bound")):  # fmt: skip
         out = work / "out"
         rows.append(measure(Row(row_label, size), runs, lambda i, out=out: fresh(out),
-                            lambda o, name=name: [*mgit, "-C", str(repo), "checkout", name, "-o", str(o)]))  # fmt: skip
+                            lambda o, name=name: [*mgit, "-C", str(repo), "checkout", name, "-o", str(o)], [repo]))  # fmt: skip
         if file_hashes(out) != file_hashes(src):
             raise SystemExit(f"checkout of {name} differs from {src}")
         print(f"  {name}: checkout identical to its folder (sha256 of every file)", flush=True)
