@@ -13,10 +13,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    pass
+from typing import Any
 
 UNBOUNDED = 1 << 62  # the budget of a short-lived cache (one pair of a diff)
 CHECKOUT_BASES = 192 << 20  # delta bases one checkout or add keeps for the tensors that share them

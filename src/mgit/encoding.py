@@ -60,13 +60,6 @@ class Encoding:
     depth: int
     blocks: int = 0
 
-    @property
-    def stored_bytes(self) -> int:
-        """The payload's size (that of its blocks, for a blocked one coded already)."""
-        if self.blocks:
-            return sum(len(p) for p in self.payload)
-        return len(self.payload)
-
 
 def default_chain(kind: str, meta: dict[str, Any]) -> list[Codec]:
     """How an object is stored when nothing better is known: byte planes + zstd for
@@ -134,16 +127,14 @@ LoadRange = Callable[[str, int, int], np.ndarray]  # bytes [start, stop) of a ba
 
 def choose_encoding(kind: str, meta: dict[str, Any], buf: np.ndarray, *, bases: Sequence[str], max_depth: int,
                     extra: Sequence[list[Codec]], header: Callable[[str], ObjectHeader], load: Load,
-                    load_range: LoadRange | None = None, block_bytes: int = 0) -> Encoding:  # fmt: skip
+                    load_range: LoadRange, block_bytes: int = 0) -> Encoding:  # fmt: skip
     """The smallest encoding of `buf` among the candidates. `bases` are stored tensors it
     probably derives from (a base already `max_depth` deltas deep takes only a codec that
     ends a family); `extra` chains (a quantized step) compete when every base they name is
     usable; `header` and `load` read a base's header and its decoded bytes, `load_range`
-    part of them (samples: by default sliced from `load`). With `block_bytes`, content
+    part of them (the samples, a block). With `block_bytes`, content
     larger than that whose best chain is blockwise (and not predictive) is coded in blocks
     of that size."""
-    if load_range is None:
-        load_range = lambda o, start, stop: load(o)[start:stop]  # noqa: E731
     candidates = [default_chain(kind, meta)]
     transforms: list[list[Codec]] = []  # encoded in full: casts, quantizations, a merged adapter
     depths: dict[str, int] = {}

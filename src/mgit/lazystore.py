@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from mgit.objectformat import ObjectHeader
 from mgit.remotes.repository import RemoteRepository
 from mgit.transfer import SLACK, TransferStats, fetch_objects
 
+T = TypeVar("T")
 Describe = Callable[[Iterable[str]], dict[str, tuple[int, tuple[str, ...]]]]  # id -> (logical size, bases)
 
 
@@ -54,33 +55,25 @@ class LazyStore(LocalStore):
         found = self.describe([oid]).get(oid)
         return None if found is None else found[1]
 
-    def read_record(self, oid: str) -> np.ndarray:
+    def _here(self, read: Callable[..., T], oid: str, *args: Any) -> T:
+        """`read(oid, *args)` from the local files, fetching the object first if it is not here."""
         try:
-            return super().read_record(oid)
+            return read(oid, *args)
         except MissingObjectError:
             self.fetch([oid])
-            return super().read_record(oid)
+            return read(oid, *args)
+
+    def read_record(self, oid: str) -> np.ndarray:
+        return self._here(super().read_record, oid)
 
     def read_range(self, oid: str, offset: int, length: int) -> Any:
-        try:
-            return super().read_range(oid, offset, length)
-        except MissingObjectError:
-            self.fetch([oid])
-            return super().read_range(oid, offset, length)
+        return self._here(super().read_range, oid, offset, length)
 
     def read_bytes(self, oid: str) -> bytes:
-        try:
-            return super().read_bytes(oid)
-        except MissingObjectError:
-            self.fetch([oid])
-            return super().read_bytes(oid)
+        return self._here(super().read_bytes, oid)
 
     def header(self, oid: str) -> ObjectHeader:
-        try:
-            return super().header(oid)
-        except MissingObjectError:
-            self.fetch([oid])
-            return super().header(oid)
+        return self._here(super().header, oid)
 
     def fetch(self, oids: Iterable[str]) -> TransferStats:
         """Fetch these objects and every base they need that is not here yet, in parallel;

@@ -16,8 +16,6 @@ from mgit.objectformat import PREFIX, ObjectHeader, header_length, parse_record
 from mgit.objects import OID_RE
 from mgit.store import ObjectStore
 
-SMALL_READ = 256 << 10  # smaller reads return bytes; larger ones (blocks) a reused buffer
-
 
 class LocalStore(ObjectStore):
     """A folder of object files. `lock_path` is the writers' lock (see `ObjectStore.lock`)."""
@@ -93,17 +91,17 @@ class LocalStore(ObjectStore):
             raise MissingObjectError(oid) from None
 
     def read_range(self, oid: str, offset: int, length: int) -> Any:
+        from mgit.codecs.buffers import POOLED_MIN, scratch  # (only readers of blocks come here)
+
         try:
             fd = os.open(self.path_of(oid), os.O_RDONLY)
         except FileNotFoundError:
             raise MissingObjectError(oid) from None
         try:
-            if length < SMALL_READ:
+            if length < POOLED_MIN:
                 got: Any = os.pread(fd, length, offset)
                 n = len(got)
             else:  # a block: into a reused buffer (fresh pages cost more than the read)
-                from mgit.codecs.buffers import scratch
-
                 got = scratch(length)
                 n = os.preadv(fd, [got], offset)
         finally:

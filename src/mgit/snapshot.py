@@ -98,22 +98,27 @@ WRITERS = 4  # threads writing blocked objects (mostly waiting for the disk)
 
 
 @dataclass
-class _Blocked:
-    """A tensor being coded in blocks: its id, encoding and the writer its blocks go to."""
+class _Prepared:
+    """An object over a block, hashed and its encoding chosen. One coded already (a whole
+    chain, or blocks coded to be measured) is for a worker to write; one to be coded in blocks
+    has a `queue` whose writer writes its blocks as the pool codes them."""
 
     oid: str
+    kind: str
     meta: dict[str, Any]
-    size: int
     encoding: Encoding
     bases: BaseReader
-    queue: ChunkQueue = field(default_factory=ChunkQueue)
+    queue: ChunkQueue | None = None
+
+    def write(self, store: ObjectStore, data: np.ndarray) -> PutResult:
+        """Write one coded already (not hashed again: its id is known)."""
+        return store.put_encoded(self.oid, self.kind, self.meta, data.nbytes, self.encoding)
 
 
 def _prepare(store: ObjectStore, kind: str, meta: dict[str, Any], data: np.ndarray, plan: DeltaPlan, name: str,
-             reuse: DecodedCache, writers: ThreadPoolExecutor) -> _Blocked | PutResult | Encoding:  # fmt: skip
+             reuse: DecodedCache, writers: ThreadPoolExecutor) -> _Prepared | PutResult:  # fmt: skip
     """For an object over a block, in file order: the stored object if it exists, else its
-    encoding; one to be coded in blocks gets its writer started (any other is coded already,
-    for a worker to write)."""
+    id and encoding; one to be coded in blocks gets its writer started."""
     hasher = object_hasher(kind, meta)
     hasher.update(data)
     oid = hasher.hexdigest()
@@ -122,10 +127,10 @@ def _prepare(store: ObjectStore, kind: str, meta: dict[str, Any], data: np.ndarr
     bases = BaseReader(store, reuse)
     encoding = store.encode(kind, meta, data, bases=plan.candidates(name) if kind == "tensor" else (),
                             max_depth=plan.max_depth, reuse=bases)  # fmt: skip
-    if not encoding.blocks or encoding.payload is not None:
-        return encoding
-    job = _Blocked(oid, meta, data.nbytes, encoding, bases)
-    job.queue.start(writers, lambda frames: store.put_encoded(oid, kind, meta, data.nbytes, encoding, frames))
+    job = _Prepared(oid, kind, meta, encoding, bases)
+    if encoding.blocks and encoding.payload is None:
+        job.queue = ChunkQueue()
+        job.queue.start(writers, lambda frames: store.put_encoded(oid, kind, meta, data.nbytes, encoding, frames))
     return job
 
 
@@ -136,19 +141,19 @@ def _put_large_blob(store: ObjectStore, data: np.ndarray, pools: tuple[ThreadPoo
     found = _prepare(store, "blob", {}, data, DeltaPlan(), "", reuse, writers)
     if isinstance(found, PutResult):
         return found
-    if not isinstance(found, _Blocked):
-        return store.put("blob", {}, data, encoding=found)
-    count = -(-data.nbytes // store.block_bytes)
+    if found.queue is None:
+        return found.write(store, data)
+    queue, count = found.queue, -(-data.nbytes // found.encoding.blocks)
     try:
         for frame in ordered_map(pool, lambda k: store.encode_block(found.encoding, data, k, found.bases),
-                                 ((k,) for k in range(count)), jobs=jobs, size=lambda _: store.block_bytes):  # fmt: skip
-            found.queue.put(frame)
-        found.queue.close()
+                                 ((k,) for k in range(count)), jobs=jobs, size=lambda _: found.encoding.blocks):  # fmt: skip
+            queue.put(frame)
+        queue.close()
     except BaseException as exc:
-        found.queue.fail(exc)
+        queue.fail(exc)
         raise
-    assert found.queue.writer is not None
-    return found.queue.writer.result()
+    assert queue.writer is not None
+    return queue.writer.result()
 
 
 def _write_file(store: ObjectStore, f: SourceFile, pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor], jobs: int,
@@ -172,10 +177,9 @@ def _write_file(store: ObjectStore, f: SourceFile, pools: tuple[ThreadPoolExecut
     digest = blake3.blake3()
     digest.update(f.layout.header)
 
-    def put(span: Any, data: np.ndarray, encoding: Encoding | None = None
-            ) -> tuple[Any, np.ndarray, LossyTensor | None, PutResult]:  # fmt: skip
+    def put(span: Any, data: np.ndarray) -> tuple[Any, np.ndarray, LossyTensor | None, PutResult]:
         bases = plan.candidates(span.name)
-        lossy = None
+        lossy, encoding = None, None
         if plan.lossy is not None:
             lossy = encode_lossy(store, span.dtype, span.shape, data, bases, plan.lossy, plan.max_depth, reuse)
         if lossy is not None and lossy.chain is not None:
@@ -186,26 +190,26 @@ def _write_file(store: ObjectStore, f: SourceFile, pools: tuple[ThreadPoolExecut
             exact = store.encode("tensor", meta, data, bases=bases, max_depth=plan.max_depth, reuse=reuse, blocks=False)
             approx = store.encode("tensor", meta, lossy.data, bases=bases, max_depth=plan.max_depth,
                                   extra=[lossy.chain], reuse=reuse, blocks=False)  # fmt: skip
-            if exact.stored_bytes <= approx.stored_bytes:
+            if len(exact.payload) <= len(approx.payload):
                 lossy, encoding = LossyTensor(data, None, 0.0, lossy.changed_params), exact
             else:
                 data, encoding = lossy.data, approx  # the version stores, and its digest covers, the reconstruction
         return span, data, lossy, store.put_tensor(span.dtype, span.shape, data, bases=bases, max_depth=plan.max_depth,
                                                    encoding=encoding, reuse=reuse)  # fmt: skip
 
-    started: list[_Blocked] = []
+    started: list[_Prepared] = []
 
     def work() -> Iterator[tuple[Any, ...]]:
-        """What the pool does, in file order: a tensor put (coded already, or not), known
-        already, or each block of one coded in blocks."""
+        """What the pool does, in file order: a tensor to put, one known already or coded
+        already (to write), or each block of one coded in blocks."""
         for span, data in f.tensor_data():
             found = None
             if plan.lossy is None and data.nbytes > store.block_bytes:
                 found = _prepare(store, "tensor", tensor_meta(span.dtype, span.shape), data, plan, span.name, reuse,
                                  writers)  # fmt: skip
-            if isinstance(found, _Blocked):
+            if isinstance(found, _Prepared) and found.queue is not None:
                 started.append(found)
-                count = -(-data.nbytes // store.block_bytes)
+                count = -(-data.nbytes // found.encoding.blocks)
                 yield from ((span, data, found, k, count) for k in range(count))
             else:
                 yield (span, data, found)
@@ -215,10 +219,12 @@ def _write_file(store: ObjectStore, f: SourceFile, pools: tuple[ThreadPoolExecut
             return (span, data, found, *block, store.encode_block(found.encoding, data, block[0], found.bases))
         if isinstance(found, PutResult):
             return (span, data, None, found)
-        return put(span, data, found)
+        if isinstance(found, _Prepared):
+            return (span, data, None, found.write(store, data))
+        return put(span, data)
 
     def size(item: tuple[Any, ...]) -> int:
-        return min(item[1].nbytes, store.block_bytes) if len(item) == 5 else item[1].nbytes
+        return min(item[1].nbytes, item[2].encoding.blocks) if len(item) == 5 else item[1].nbytes
 
     entries, written = [], []
     try:

@@ -159,7 +159,7 @@ class ObjectStore:
         `encode` is written as it is. `reuse` keeps the bases decoded on the way for the
         next tensors that use them (an int8 copy's weight and its scales share one).
         """
-        from mgit.codecs import byte_array, chain_to_list
+        from mgit.codecs import byte_array
 
         buf = byte_array(data)  # flat: a 2-D array would be measured by its rows
         hasher = object_hasher(kind, meta)
@@ -170,24 +170,24 @@ class ObjectStore:
         bases_read = BaseReader(self, reuse if reuse is not None else DecodedCache(UNBOUNDED))
         if encoding is None:
             encoding = self.encode(kind, meta, buf, bases=bases, max_depth=max_depth, extra=extra, reuse=bases_read)
-        header = ObjectHeader(kind, meta, buf.nbytes, chain_to_list(encoding.codecs), encoding.depth, encoding.blocks)
-        if encoding.blocks:
-            frames = encoding.payload
-            if frames is None:  # coded here one block at a time, as they are written
-                frames = (self.encode_block(encoding, buf, k, bases_read) for k in range(header.block_count))
-            stored = self.write_record(oid, framed(header, frames))
-        else:
-            stored = self.write_record(oid, [header.to_bytes(), encoding.payload])
-        return PutResult(oid, kind, stored, True, header.codec_names, buf.nbytes, tuple(header.bases))
+        frames = None
+        if encoding.blocks and encoding.payload is None:  # coded here one block at a time, as they are written
+            count = -(-buf.nbytes // encoding.blocks)
+            frames = (self.encode_block(encoding, buf, k, bases_read) for k in range(count))
+        return self.put_encoded(oid, kind, meta, buf.nbytes, encoding, frames)
 
     def put_encoded(self, oid: str, kind: str, meta: dict[str, Any], size: int, encoding: Encoding,
-                    frames: Iterable[Any]) -> PutResult:  # fmt: skip
-        """Write an object whose id and blocked encoding are known, its coded blocks coming
-        from `frames` in order (a writer coding them in parallel)."""
+                    frames: Iterable[Any] | None = None) -> PutResult:  # fmt: skip
+        """Write an object whose id and encoding are known (its id is not computed again).
+        A blocked encoding's coded blocks come from `frames` in order when they are coded as
+        they are written (a writer coding them in parallel), else from its payload."""
         from mgit.codecs import chain_to_list
 
         header = ObjectHeader(kind, meta, size, chain_to_list(encoding.codecs), encoding.depth, encoding.blocks)
-        stored = self.write_record(oid, framed(header, frames))
+        if encoding.blocks:
+            stored = self.write_record(oid, framed(header, encoding.payload if frames is None else frames))
+        else:
+            stored = self.write_record(oid, [header.to_bytes(), encoding.payload])
         return PutResult(oid, kind, stored, True, header.codec_names, size, tuple(header.bases))
 
     def encode_block(self, encoding: Encoding, buf: np.ndarray, k: int, bases: BaseReader) -> bytes:
