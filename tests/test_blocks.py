@@ -86,6 +86,54 @@ def test_in_blocks_of_the_real_size_an_object_costs_what_it_costs_coded_whole() 
         assert blocked <= whole * 1.002
 
 
+class Tracking(MemoryStore):
+    """A store that wants to know which bases a verified decode verified on the way (as a
+    fetch's overlay does, so that it does not decode them again)."""
+
+    tracks_verified = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marked: list[str] = []
+
+    def mark_verified(self, oid: str) -> None:
+        self.marked.append(oid)
+
+
+def test_a_verified_decode_of_a_delta_verifies_its_blocked_bases_on_the_way(small_blocks: int) -> None:
+    store = Tracking()
+    values = generations(3, 200_000, seed=4)
+    oids: list[str] = []
+    for v in values:
+        oids.append(store.put_tensor("F32", (200_000,), as_bytes(v), bases=oids[-1:]).oid)
+    store.get(oids[2])
+    assert sorted(store.marked) == sorted(oids[:2])  # both links of the chain, each hashed as it passed
+    store.marked.clear()
+    store.get(oids[2], verify=False)
+    assert store.marked == []  # nothing is vouched for by a decode that was not verified
+    # A delta shorter than its base covers only part of it: the base is not vouched for.
+    short = store.put_tensor("F32", (150_000,), as_bytes(values[1][:150_000]), bases=[oids[0]]).oid
+    assert store.header(short).codec_names.startswith(("sub_delta", "xor_delta"))
+    store.get(short)
+    assert store.marked == []
+
+
+def test_a_damaged_base_is_not_vouched_for_by_its_delta(small_blocks: int) -> None:
+    store = Tracking()
+    values = generations(2, 200_000, seed=4)
+    base = store.put_tensor("F32", (200_000,), as_bytes(values[0])).oid
+    ft = store.put_tensor("F32", (200_000,), as_bytes(values[1]), bases=[base]).oid
+    raw = bytearray(store.records[base])
+    table = store.block_table(base)
+    at, n = table.spans[1]
+    raw[table.start + at + n // 2] ^= 0x5A  # inside block 1's zstd data
+    store.records[base] = bytes(raw)
+    store.forget(base)
+    with pytest.raises(CorruptObjectError):
+        store.get(ft)
+    assert store.marked == []
+
+
 def test_a_block_of_a_delta_reads_only_that_block_of_it_and_of_its_bases(tmp_path: Path, small_blocks: int,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     store = LocalStore(tmp_path / "objects")

@@ -128,7 +128,3 @@ def restore_manifest(store: ObjectStore, manifest: Manifest, out_dir: Path, *, j
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-restore") as pool:
         for f in manifest.files:
             restore_file(store, f, out_dir, pool=pool, jobs=jobs, reuse=cache, progress=progress)
-
-
-def is_empty_dir(path: Path) -> bool:
-    return path.is_dir() and not any(os.scandir(path))

@@ -53,6 +53,11 @@ class OverlayStore(ObjectStore):
         except MissingObjectError:
             return self.store.read_record(oid)
 
+    tracks_verified = True
+
+    def mark_verified(self, oid: str) -> None:
+        self.decoded.add(oid)
+
     def read_bytes(self, oid: str) -> bytes:
         return bytes(memoryview(self.read_record(oid)))
 
@@ -114,8 +119,8 @@ class Incoming:
             if progress:
                 progress(1)
 
-        # The deepest first: decoding a delta decodes (and re-hashes) its bases, so each
-        # object is decoded once, as a base or on its own.
+        # The deepest first: decoding a delta decodes and re-hashes its bases (whole, or block
+        # by block as they pass), so each object is decoded once, as a base or on its own.
         order = sorted(oids, key=lambda o: self.overlay.header(o).depth, reverse=True)
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-verify") as pool:
             for _ in pool.map(check, order):

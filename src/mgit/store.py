@@ -70,6 +70,7 @@ class ObjectStore:
     """Encoding, hashing and verification shared by every backend."""
 
     lazy = False  # a lazy clone's store fetches what it lacks from a remote (mgit.lazystore)
+    tracks_verified = False  # wants `mark_verified` for bases verified on the way (a fetch's overlay)
     block_bytes = BLOCK_BYTES  # larger content is coded in blocks of this size (when its chain allows)
 
     # --- backend primitives -------------------------------------------------------------
@@ -142,6 +143,11 @@ class ObjectStore:
                 tables.pop(next(iter(tables)))
         table = tables[oid] = BlockTable(header, start, spans)
         return table
+
+    def mark_verified(self, oid: str) -> None:
+        """A base verified while another object was decoded: a blocked base all of whose
+        blocks a verified decode went through, and whose blocks hash to its id (only called
+        where `tracks_verified`)."""
 
     def promised(self, oid: str) -> tuple[str, ...] | None:
         """For an object not here that the store can fetch when read (a lazy clone's), the
@@ -258,12 +264,13 @@ class ObjectStore:
         import numpy as np
 
         header, payload = parse_record(oid, self.read_record(oid))
+        witness = _Witness() if verify and header.blocks and self.tracks_verified else None
         if header.blocks:
             arr = np.empty(header.size, np.uint8)
             spans = frame_spans(oid, header, len(payload), lambda at, n: payload[at : at + n])
             for k, (at, n) in enumerate(spans):
                 start, stop = header.block_span(k)
-                arr[start:stop] = self._decode_chain(oid, header, payload[at : at + n], k, reuse, within)
+                arr[start:stop] = self._decode_chain(oid, header, payload[at : at + n], k, reuse, within, witness)
         else:
             arr = self._decode_chain(oid, header, payload, None, reuse, within)
         if verify:
@@ -272,10 +279,12 @@ class ObjectStore:
             if hasher.hexdigest() != oid:
                 self._blame_bases(oid, header)
                 raise CorruptObjectError(oid, "its content does not hash to its id")
+            for base in witness.verified(self) if witness else ():
+                self.mark_verified(base)
         return header, arr
 
     def _decode_chain(self, oid: str, header: ObjectHeader, data: Any, k: int | None, reuse: DecodedCache | None,
-                      within: tuple[str, ...]) -> np.ndarray:  # fmt: skip
+                      within: tuple[str, ...], witness: _Witness | None = None) -> np.ndarray:  # fmt: skip
         """The content coded in `data`: all of it (k None) or its block k."""
         import numpy as np
 
@@ -293,7 +302,7 @@ class ObjectStore:
         def base(o: str) -> np.ndarray:
             if k is None:
                 return self.load_base(o, reuse, _within=inner)
-            return self.base_block(o, k, header.blocks, reuse, inner)
+            return self.base_block(o, k, header.blocks, reuse, inner, witness)
 
         try:
             chain = chain_from_list(header.codecs)
@@ -305,16 +314,17 @@ class ObjectStore:
         return out if isinstance(out, np.ndarray) else np.frombuffer(out, np.uint8)
 
     def decode_block(self, oid: str, k: int, *, reuse: DecodedCache | None = None,
-                     _within: tuple[str, ...] = ()) -> np.ndarray:  # fmt: skip
+                     _within: tuple[str, ...] = (), _witness: _Witness | None = None) -> np.ndarray:  # fmt: skip
         """Block k of a blocked object's content, decoded but not verified: the caller checks
         what it builds of the blocks against a digest (a checkout, the file's). Its bases'
         blocks are decoded alike, block k of each, so memory stays a few blocks."""
         table = self.block_table(oid)
         at, n = table.spans[k]
-        return self._decode_chain(oid, table.header, self.read_range(oid, table.start + at, n), k, reuse, _within)
+        return self._decode_chain(oid, table.header, self.read_range(oid, table.start + at, n), k, reuse, _within,
+                                  _witness)  # fmt: skip
 
     def base_block(self, oid: str, k: int, block_bytes: int, reuse: DecodedCache | None,
-                   within: tuple[str, ...] = ()) -> np.ndarray:  # fmt: skip
+                   within: tuple[str, ...] = (), witness: _Witness | None = None) -> np.ndarray:  # fmt: skip
         """Bytes [k B, (k + 1) B) of a base's content (fewer at its end; none past it): its
         block k when it is coded in blocks of the same size, else a slice of it whole."""
         if oid in within or len(within) > MAX_DEPTH_LIMIT:
@@ -325,7 +335,10 @@ class ObjectStore:
                 import numpy as np
 
                 return np.empty(0, np.uint8)
-            return self.decode_block(oid, k, reuse=reuse, _within=within)
+            block = self.decode_block(oid, k, reuse=reuse, _within=within, _witness=witness)
+            if witness is not None:
+                witness.saw(oid, header, k, block)
+            return block
         return self.load_base(oid, reuse, _within=within)[k * block_bytes : (k + 1) * block_bytes]
 
     def _blame_bases(self, oid: str, header: ObjectHeader) -> None:
@@ -413,6 +426,28 @@ class ObjectStore:
             with suppress(StopIteration, KeyError, RuntimeError):  # another thread got there first
                 parsed.pop(next(iter(parsed)))  # the oldest (dicts keep insertion order)
         parsed[oid] = record
+
+
+class _Witness:
+    """The blocked bases one verified decode goes through, each hashed block by block as it
+    passes in order: a base all of whose blocks went by and that hashes to its id is verified
+    too (a fetch's check then need not decode it again)."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, list[Any]] = {}  # base -> [hasher, the next block it wants]
+
+    def saw(self, oid: str, header: ObjectHeader, k: int, block: Any) -> None:
+        entry = self._running.get(oid)
+        if entry is None and k == 0:
+            entry = self._running[oid] = [object_hasher(header.kind, header.meta), 0]
+        if entry is not None and entry[1] == k:
+            entry[0].update(block)
+            entry[1] += 1
+
+    def verified(self, store: ObjectStore) -> Iterator[str]:
+        for oid, (hasher, seen) in self._running.items():
+            if seen == store.block_table(oid).header.block_count and hasher.hexdigest() == oid:
+                yield oid
 
 
 class BaseReader:
