@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import json
 import shlex
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -34,7 +32,8 @@ from typing import Any
 
 from mgit import usercode
 from mgit.checks import Checks, TestOutcome
-from mgit.errors import MgitError, RefConflictError
+from mgit.errors import MgitError
+from mgit.execution import Executor, LocalExecutor, RecipeJob, resources_of
 from mgit.faults import crash_point
 from mgit.lineage import Lineage, LineageEdge
 from mgit.repo import Repo
@@ -124,6 +123,8 @@ class ModelResult(Report):
     command: str | None = None
     output: str = ""  # what a failed recipe printed
     seconds: float = 0.0
+    where: str | None = None  # the node that ran the recipe (an executor's name for it)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -218,32 +219,36 @@ def _record_command(step: CascadeStep) -> str:
 
 # --- running it ---------------------------------------------------------------------------------
 def cascade(repo: Repo, name: str, *, jobs: int = 1, only: str | None = None, timeout: float | None = None,
-            dry_run: bool = False, recorded_source: bool = False, progress: Progress | None = None) -> CascadeReport:  # fmt: skip
+            dry_run: bool = False, recorded_source: bool = False, progress: Progress | None = None,
+            executor: Executor | None = None) -> CascadeReport:  # fmt: skip
     """Rebuild the descendants of `name` on its latest version by re-running their recipes,
     commit and test the results: plan it and, unless `dry_run`, carry it out (see
     `execute`). A dry run's report holds the plan and no results. A recipe runs from its
     file here, or from the source recorded with the version when the file is not here (a
     teammate's clone) or `recorded_source` asks for it."""
     plan = plan_cascade(repo, name, only=only, recorded_source=recorded_source)
-    return execute(repo, plan, jobs=jobs, timeout=timeout, dry_run=dry_run, progress=progress)
+    return execute(repo, plan, jobs=jobs, timeout=timeout, dry_run=dry_run, progress=progress, executor=executor)
 
 
 def execute(repo: Repo, plan: CascadePlan, *, jobs: int = 1, timeout: float | None = None, dry_run: bool = False,
-            progress: Progress | None = None) -> CascadeReport:  # fmt: skip
+            progress: Progress | None = None, executor: Executor | None = None) -> CascadeReport:  # fmt: skip
     """Carry out a plan: rebuild its `recipe` steps, `jobs` at a time, parents first; a
     failure blocks the models below it. `progress(model, text)` is called from this thread
-    as models start and finish. A dry run runs nothing and reports the plan alone."""
+    as models start and finish. `executor` says where recipes and tests run (default: here;
+    `mgit.cluster` has Ray's). A dry run runs nothing and reports the plan alone."""
     if dry_run:
         return CascadeReport(plan, True, [])
-    return _Cascade(repo, plan, timeout or RECIPE_TIMEOUT, progress or (lambda model, text: None)).run(jobs)
+    executor = executor or LocalExecutor(repo)
+    return _Cascade(repo, plan, timeout or RECIPE_TIMEOUT, progress or (lambda model, text: None), executor).run(jobs)
 
 
 class _Cascade:
-    def __init__(self, repo: Repo, plan: CascadePlan, timeout: float, progress: Progress) -> None:
+    def __init__(self, repo: Repo, plan: CascadePlan, timeout: float, progress: Progress, executor: Executor) -> None:
         self.repo = repo
         self.plan = plan
         self.timeout = timeout
         self.progress = progress
+        self.executor = executor
         self.checks = Checks(repo)  # opened here, before worker threads share it
         self.rebuilt: dict[str, tuple[str, str]] = {}  # model -> (new version, ref); written by the main thread
         self.top_tests: list[TestLine] | None = None
@@ -327,46 +332,44 @@ class _Cascade:
         return replace(result, seconds=round(time.monotonic() - start, 3))
 
     def _commit(self, step: CascadeStep, parents: list[tuple[str, str]], failed: ModelResult) -> ModelResult:
-        """Run the recipe on the parents' folders and add what it wrote as the next version;
-        `failed` with the reason when anything goes wrong (then nothing is committed)."""
+        """Run the recipe on the parents and commit what it wrote as the next version (by the
+        executor, wherever it runs); `failed` with the reason when anything goes wrong (then
+        nothing is committed)."""
         if step.problem or step.recipe is None:
             return replace(failed, reason=step.problem or "no recipe")
-        fn, params = step.recipe["fn"], dict(step.recipe.get("params") or {})
-        source = self.repo.store.get(step.recipe["source"])[1].tobytes() if step.recorded_source else None
         try:
-            with tempfile.TemporaryDirectory(prefix="mgit-cascade-", ignore_cleanup_errors=True) as tmp:
-                folders = [Path(tmp) / f"parent-{i}" for i in range(len(parents))]
-                for (vid, _), folder in zip(parents, folders, strict=True):
-                    self.repo.checkout(vid, folder)
-                out = Path(tmp) / "out"
-                out.mkdir()
-                run = usercode.run("recipe", fn, [str(out), json.dumps(params), *map(str, folders)],
-                                   timeout=self.timeout, cwd=self.repo.root, source=source)  # fmt: skip
-                if not run.ok:
-                    return replace(failed, reason=f"the recipe {run.error}", output=run.output)
-                if not any(out.iterdir()):
-                    return replace(failed, reason="the recipe wrote nothing into its output folder", output=run.output)
-                message = f"cascade from {self.plan.ref}: {fn} re-run on {', '.join(ref for _, ref in parents)}"
-                # Same tags as the version it replaces (tests attached by tag must still apply),
-                # and committed only if no one added a version meanwhile (checked under the lock).
-                added = self.repo.add(out, name=step.model, parent=[vid for vid, _ in parents], relation=step.relation,
-                                      message=message, params=params,
-                                      recipe=step.recipe if source is not None else _rooted(fn, self.repo.root),
-                                      tags=self.repo.version(step.head).tags, model_card=False,
-                                      expected_head=step.head)  # fmt: skip
-        except RefConflictError:
-            return replace(failed, reason=f"{step.model} got another version during the cascade; run it again")
+            job = self._job(step, parents)
         except (MgitError, OSError) as exc:
             return replace(failed, reason=str(exc))
+        run = self.executor.run_recipe(job)
+        failed = replace(failed, where=run.where, notes=run.notes)
+        if not run.ok:
+            return replace(failed, reason=run.error, output=run.output)
         crash_point("cascade-after-commit")
         # Not created: the same files, parents and recipe as the head, which is then up to date.
-        return replace(failed, status="updated" if added.created else "up-to-date", new=added.version,
-                       new_ref=f"{step.model}@{added.seq}")  # fmt: skip
+        return replace(failed, status="updated" if run.created else "up-to-date", new=run.version,
+                       new_ref=f"{step.model}@{run.seq}")  # fmt: skip
+
+    def _job(self, step: CascadeStep, parents: list[tuple[str, str]]) -> RecipeJob:
+        """The recipe job of a step: the recipe as the new version records it (recorded anew
+        from its file here, which may have changed, or as recorded when its source runs),
+        with the same tags as the version it replaces (tests attached by tag must still
+        apply)."""
+        assert step.recipe is not None
+        fn, params = step.recipe["fn"], dict(step.recipe.get("params") or {})
+        resources = resources_of(step.recipe.get("resources"))
+        if step.recorded_source:
+            record, source = dict(step.recipe), self.repo.store.get(step.recipe["source"])[1].tobytes()
+        else:
+            record, source = self.repo.recipe_record(_rooted(fn, self.repo.root), params, resources=resources), None
+        message = f"cascade from {self.plan.ref}: {fn} re-run on {', '.join(ref for _, ref in parents)}"
+        return RecipeJob(step.model, step.head, [vid for vid, _ in parents], step.relation, record, message,
+                         dict(self.repo.version(step.head).tags), self.timeout, source, resources)  # fmt: skip
 
     def _tests(self, vids: list[str]) -> dict[str, list[TestLine]]:
         """The tests that apply to each version, run or reused from recorded results."""
         try:
-            outcomes = self.checks.run(vids).outcomes
+            outcomes = self.checks.run(vids, executor=self.executor).outcomes
         except MgitError as exc:
             return {v: [TestLine("tests", "error", {}, [str(exc)])] for v in vids}
         lines: dict[str, list[TestLine]] = {v: [] for v in vids}

@@ -18,15 +18,14 @@ import fnmatch
 import hashlib
 import json
 import math
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from mgit import usercode
 from mgit.database import Database
 from mgit.errors import MgitError, RemoteError, UnknownRefError
+from mgit.execution import Executor, LocalExecutor, TestJob, resources_of
 from mgit.limits import DEFAULT_TIMEOUT
 from mgit.lineage import Lineage
 from mgit.objects import OID_RE, user_at_host, utc_now
@@ -47,6 +46,8 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
         "ALTER TABLE tests ADD COLUMN source TEXT",
         "ALTER TABLE results ADD COLUMN origin TEXT NOT NULL DEFAULT ''",
     ]),
+    # What a run of the test declares to a cluster's scheduler: {"num_cpus": 2, "num_gpus": 1}.
+    ("0003_resources", ["ALTER TABLE tests ADD COLUMN resources TEXT NOT NULL DEFAULT '{}'"]),
 ]  # fmt: skip
 RESULT_COLUMNS = "version, test, source, status, metrics, reasons, output, seconds, time, origin"
 
@@ -94,6 +95,7 @@ class TestSpec(Report):
     conditions: list[Condition]
     timeout: float | None = None
     source: str | None = None  # the object holding the function's source file when attached
+    resources: dict[str, float] = field(default_factory=dict)  # declared to a cluster (mgit.execution)
 
     def matches(self, model: str, tags: dict[str, str]) -> bool:
         if self.target.startswith("tag:"):
@@ -165,14 +167,16 @@ class Checks:
 
     # --- registrations ------------------------------------------------------------------
     def attach(self, target: str, fn: str, *, name: str | None = None, conditions: list[Condition] | None = None,
-               inherit: bool = False, timeout: float | None = None) -> TestSpec:  # fmt: skip
+               inherit: bool = False, timeout: float | None = None,
+               resources: dict[str, float] | None = None) -> TestSpec:  # fmt: skip
         """Attach a test to a model, a glob of names or `tag:KEY[=VALUE]`. The function is
-        located (its file must exist) but not run."""
+        located (its file must exist) but not run. `resources` (`num_cpus`, `num_gpus`) are
+        what each run declares to a cluster's scheduler."""
         fn = usercode.anchored(fn, self.repo.root)
         source = self.repo.store.put_blob(usercode.source_file(fn, cwd=self.repo.root).read_bytes()).oid
         self.repo.refs.pin(source)  # kept through gc, sent by push: a teammate runs it without the file
         spec = TestSpec(name or usercode.split_spec(fn)[1], fn, target, inherit, list(conditions or []), timeout,
-                        source)  # fmt: skip
+                        source, resources_of(resources))  # fmt: skip
         lineage = self.repo.lineage
         if not any(spec.matches(n, m.tags) for n, m in lineage.nodes.items()) and not _is_pattern(target):
             raise UnknownRefError(target, "no model", hint="Attach to a model name, a glob like 'bert-*' or tag:KEY=VALUE")
@@ -184,10 +188,11 @@ class Checks:
 
     @staticmethod
     def _insert_test(db: Any, spec: TestSpec, created: str) -> None:
-        db.execute("INSERT INTO tests (name, fn, target, inherit, conditions, timeout, created, source) "
-                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        db.execute("INSERT INTO tests (name, fn, target, inherit, conditions, timeout, created, source, resources) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                    (spec.name, spec.fn, spec.target, int(spec.inherit),
-                    json.dumps([c.to_json() for c in spec.conditions]), spec.timeout, created, spec.source))  # fmt: skip
+                    json.dumps([c.to_json() for c in spec.conditions]), spec.timeout, created, spec.source,
+                    json.dumps(spec.resources, sort_keys=True)))  # fmt: skip
 
     def detach(self, name: str) -> TestSpec:
         spec = self.test(name)
@@ -197,9 +202,9 @@ class Checks:
 
     def tests(self) -> list[TestSpec]:
         rows = self._sql.db.execute(
-            "SELECT name, fn, target, inherit, conditions, timeout, source FROM tests ORDER BY name")
-        return [TestSpec(n, f, t, bool(i), [Condition(**c) for c in json.loads(cs)], to, src)
-                for n, f, t, i, cs, to, src in rows]  # fmt: skip
+            "SELECT name, fn, target, inherit, conditions, timeout, source, resources FROM tests ORDER BY name")
+        return [TestSpec(n, f, t, bool(i), [Condition(**c) for c in json.loads(cs)], to, src, json.loads(res))
+                for n, f, t, i, cs, to, src, res in rows]  # fmt: skip
 
     def test(self, name: str) -> TestSpec:
         for spec in self.tests():
@@ -219,12 +224,14 @@ class Checks:
     # --- running ------------------------------------------------------------------------
     def run(self, refs: list[str] | None = None, *, descendants: bool = False, tests: list[str] | None = None,
             jobs: int | None = None, timeout: float | None = None, force: bool = False,
-            recorded_source: bool = False) -> TestRunResult:  # fmt: skip
+            recorded_source: bool = False, executor: Executor | None = None) -> TestRunResult:  # fmt: skip
         """Run the tests that apply to these versions (every model's latest by default; with
         `descendants`, the latest of every descendant too), reusing recorded results.
 
         A test runs from its file here; from the source recorded when it was attached if
-        the file is not here (a teammate's clone) or with `recorded_source`."""
+        the file is not here (a teammate's clone) or with `recorded_source`. `executor`
+        says where runs happen (default: here; `mgit.cluster` has Ray's); results are
+        judged and recorded here either way."""
         lineage = self.repo.lineage
         if refs is None:
             vids = [n.head for n in lineage.nodes.values() if not n.removed]
@@ -250,14 +257,16 @@ class Checks:
         notes: list[str] = []
         sources = {t.name: self.source_of(t, recorded=recorded_source, notes=notes) for _, specs in work for t in specs}
         # One session: versions of a family share parents, decoded once for all their checkouts.
+        executor = executor or LocalExecutor(self.repo)
         with self.repo.caching(), ThreadPoolExecutor(max_workers=jobs or 2) as pool:
-            done = list(pool.map(lambda w: self._run_version(w[0], w[1], sources, timeout, force), work))
+            done = list(pool.map(lambda w: self._run_version(w[0], w[1], sources, timeout, force, executor), work))
         outcomes = [self._with_parent(o) for group in done for o in group]
         return TestRunResult(outcomes, skipped, notes)
 
     def run_one(self, vid: str, test: str, *, timeout: float | None = None, force: bool = False) -> TestOutcome:
         spec = self.test(test)
-        return self._with_parent(self._run_version(vid, [spec], {spec.name: self.source_of(spec)}, timeout, force)[0])
+        sources = {spec.name: self.source_of(spec)}
+        return self._with_parent(self._run_version(vid, [spec], sources, timeout, force, LocalExecutor(self.repo))[0])
 
     def source_of(self, spec: TestSpec, *, recorded: bool = False, notes: list[str] | None = None
                   ) -> tuple[str, bytes | None]:  # fmt: skip
@@ -284,7 +293,7 @@ class Checks:
         return sha256(data), data
 
     def _run_version(self, vid: str, specs: list[TestSpec], sources: dict[str, tuple[str, bytes | None]],
-                     timeout: float | None, force: bool) -> list[TestOutcome]:  # fmt: skip
+                     timeout: float | None, force: bool, executor: Executor) -> list[TestOutcome]:  # fmt: skip
         results: dict[str, TestOutcome] = {}
         if not force:
             for spec in specs:
@@ -293,18 +302,15 @@ class Checks:
                     results[spec.name] = replace(found, reused=True)
         todo = [s for s in specs if s.name not in results]
         if todo:
-            with tempfile.TemporaryDirectory(prefix="mgit-test-") as tmp:
-                folder = Path(tmp) / "model"
-                self.repo.checkout(vid, folder)
-                for spec in todo:
-                    results[spec.name] = self._evaluate(vid, spec, sources[spec.name], folder, timeout)
+            jobs = [TestJob(vid, s.name, s.fn, timeout or s.timeout or DEFAULT_TIMEOUT, sources[s.name][1], s.resources)
+                    for s in todo]  # fmt: skip
+            for spec, run in zip(todo, executor.run_tests(jobs), strict=True):
+                results[spec.name] = self.record(vid, spec, sources[spec.name][0], run)
         return [results[s.name] for s in specs]
 
-    def _evaluate(self, vid: str, spec: TestSpec, source_used: tuple[str, bytes | None], folder: Path,
-                  timeout: float | None) -> TestOutcome:  # fmt: skip
-        limit = timeout or spec.timeout or DEFAULT_TIMEOUT
-        source, recorded = source_used
-        run = usercode.run("call", spec.fn, [str(folder)], timeout=limit, cwd=self.repo.root, source=recorded)
+    def record(self, vid: str, spec: TestSpec, source: str, run: usercode.RunOutcome) -> TestOutcome:
+        """Judge a run of `spec` on `vid` (its metrics against the test's conditions) and
+        record the result, wherever the run happened."""
         metrics: dict[str, float] = {}
         if not run.ok:
             status, reasons = "error", [f"the test {run.error}"]
@@ -317,7 +323,7 @@ class Checks:
             status = "error" if problem and not metrics else "fail" if reasons else "pass"
         model, seq = self._model_seq(vid)
         outcome = TestOutcome(vid, model, seq, spec.name, source, status, metrics, reasons, round(run.seconds, 3),
-                              utc_now(), output=run.output, origin=user_at_host())  # fmt: skip
+                              utc_now(), output=run.output, origin=run.origin or user_at_host())  # fmt: skip
         with self._sql.atomic() as db:
             db.execute(f"INSERT OR REPLACE INTO results ({RESULT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (vid, spec.name, source, status, json.dumps(json_safe(metrics)), json.dumps(reasons),
@@ -449,14 +455,14 @@ def _registration(record: Any) -> tuple[TestSpec, str]:
     try:
         conditions = [Condition(str(c["metric"]), c["bound"], float(c["value"])) for c in record["conditions"]]
         spec = TestSpec(record["name"], record["fn"], record["target"], record["inherit"], conditions,
-                        record.get("timeout"), record.get("source"))  # fmt: skip
+                        record.get("timeout"), record.get("source"), resources_of(record.get("resources")))  # fmt: skip
         ok = (all(isinstance(v, str) and 0 < len(v) <= 1024 for v in (spec.name, spec.fn, spec.target))
               and isinstance(spec.inherit, bool) and all(c.bound in ("min", "max") for c in conditions)
               and (spec.timeout is None or (isinstance(spec.timeout, (int, float)) and spec.timeout > 0))
               and (spec.source is None or (isinstance(spec.source, str) and OID_RE.match(spec.source) is not None))
               and isinstance(record.get("created"), str))  # fmt: skip
         usercode.split_spec(spec.fn)
-    except (KeyError, TypeError, ValueError, MgitError):
+    except (KeyError, TypeError, ValueError, AttributeError, MgitError):
         ok = False
     if not ok:
         raise RemoteError(f"a malformed test registration {str(record)[:80]!r}")

@@ -233,6 +233,7 @@ class Repo:
         model_card: bool = True,
         recipe: str | Mapping[str, Any] | None = None,
         params: Mapping[str, Any] | None = None,
+        resources: Mapping[str, float] | None = None,
         auto_parent: bool = False,
         expected_head: str | None = None,
     ) -> AddResult:
@@ -260,7 +261,9 @@ class Repo:
         version was made from its parents: `fn(parents, out_dir, **params)` wrote it. The
         function is located, its source file hashed and stored as an object (so a teammate
         without the file can run it), never run here; `mgit cascade` runs it again when a
-        parent gets a new version. A recipe record as versions hold it is taken as it is.
+        parent gets a new version. `resources` (`num_cpus`, `num_gpus`) are recorded with it:
+        what a run of it declares to a cluster's scheduler. A recipe record as versions hold
+        it (see `recipe_record`) is taken as it is.
 
         `auto_parent=True`, when no parent is given or named by the model card, infers the
         parent from the weights (see `suggest_parents`) and takes the best candidate if it is
@@ -284,19 +287,21 @@ class Repo:
             self.store, self.refs, self.catalog, source, name=name, parents=parents, relation=relation,
             message=message, tags=dict(tags or {}), author=author, jobs=jobs or default_jobs(), progress=progress,
             policy=policy, gate=(gate, max_drop, gate_timeout), model_card=model_card,
-            recipe=self._recipe_record(recipe, params),
+            recipe=self.recipe_record(recipe, params, resources=resources) if recipe is not None else None,
             auto_parent=auto_parent, max_depth=self.max_depth, expected_head=expected_head, reuse=self._session,
         )  # fmt: skip
 
-    def _recipe_record(self, recipe: str | Mapping[str, Any] | None, params: Mapping[str, Any] | None
-                       ) -> dict[str, Any] | None:  # fmt: skip
-        if recipe is None:
-            return None
+    def recipe_record(self, recipe: str | Mapping[str, Any], params: Mapping[str, Any] | None = None, *,
+                      resources: Mapping[str, float] | None = None) -> dict[str, Any]:  # fmt: skip
+        """What a version records of a recipe: the function located (never run) and anchored
+        at the work folder, its parameters, declared resources, and its source file's hash,
+        the file stored as an object (a teammate without it runs the recorded source). A
+        record (a mapping) is taken as it is."""
         if isinstance(recipe, Mapping):  # recorded already (a cascade running a recorded source)
             return dict(recipe)
         from mgit.usercode import recipe_record_of, source_file
 
-        record = recipe_record_of(recipe, params, root=self.root)
+        record = recipe_record_of(recipe, params, root=self.root, resources=resources)
         record["source"] = self.store.put_blob(source_file(record["fn"], cwd=self.root).read_bytes()).oid
         return record
 

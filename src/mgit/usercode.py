@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ class RunOutcome:
     error: str | None  # one line, when not ok
     output: str  # what the child printed (stdout and stderr), the tail if long
     seconds: float
+    origin: str = ""  # where it ran (`user@host`), when not in this process's machine
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -110,10 +112,31 @@ def anchored(spec: str, root: Path) -> str:
         return f"{path}:{name}"
 
 
-def recipe_record_of(spec: str, params: Any = None, *, root: Path) -> dict[str, Any]:
+RESOURCE_KEYS = ("num_cpus", "num_gpus")
+MAX_RESOURCE = 1024.0
+
+
+def resources_of(values: Mapping[str, Any] | None) -> dict[str, float]:
+    """Declared resources, checked: only `num_cpus` and `num_gpus`, each a number in
+    [0, 1024] (fractions allowed, as Ray takes them). Unset ones are left out."""
+    out: dict[str, float] = {}
+    for key, value in (values or {}).items():
+        if key not in RESOURCE_KEYS:
+            raise InvalidOptionError(f"unknown resource {key!r}", hint=f"Use {' or '.join(RESOURCE_KEYS)}")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not 0 <= value <= MAX_RESOURCE:  # fmt: skip
+            raise InvalidOptionError(f"resource {key} must be a number from 0 to {MAX_RESOURCE:g}, not {value!r}")
+        out[key] = float(value)
+    return out
+
+
+def recipe_record_of(spec: str, params: Any = None, *, root: Path, resources: Any = None) -> dict[str, Any]:
     """What a version records of its recipe: the reference (anchored at the work folder
     `root`), its parameters (JSON values; a random seed among them makes the recipe
-    re-runnable as it was), and its source's hash."""
+    re-runnable as it was), the resources it declares (already checked), and its source's
+    hash."""
     spec = anchored(spec, root)
     params = dict(params or {})
     try:
@@ -124,7 +147,10 @@ def recipe_record_of(spec: str, params: Any = None, *, root: Path) -> dict[str, 
     if bad:
         raise InvalidOptionError(f"recipe parameter names must be identifiers, not {bad[0]!r}",
                                  hint="Use --param KEY=VALUE")  # fmt: skip
-    return {"fn": spec, "params": params, "source_sha256": source_hash(spec, cwd=root)}
+    record = {"fn": spec, "params": params, "source_sha256": source_hash(spec, cwd=root)}
+    if resources_of(resources):
+        record["resources"] = resources_of(resources)
+    return record
 
 
 def run(mode: str, spec: str, args: list[str], *, timeout: float, cwd: Path | None = None,
