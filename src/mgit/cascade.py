@@ -261,6 +261,9 @@ class _Cascade:
                 todo.append(step)
             else:
                 results[step.model] = _result(step, step.action, reason=step.reason, command=step.command)
+        # What the jobs read, made reachable where they run: the heads they replace and build on.
+        self.executor.prepare(models=sorted({self.plan.model, *(s.model for s in todo),
+                                             *(p.model for s in todo for p in s.parents if p.version is not None)}))
         blocked = self._check_parents(todo, results)  # model -> why
         jobs = max(1, jobs)
         # One session: each parent is checked out and encoded against by all its children.

@@ -258,6 +258,7 @@ class Checks:
         sources = {t.name: self.source_of(t, recorded=recorded_source, notes=notes) for _, specs in work for t in specs}
         # One session: versions of a family share parents, decoded once for all their checkouts.
         executor = executor or LocalExecutor(self.repo)
+        executor.prepare(versions=[vid for vid, _ in work])
         with self.repo.caching(), ThreadPoolExecutor(max_workers=jobs or 2) as pool:
             done = list(pool.map(lambda w: self._run_version(w[0], w[1], sources, timeout, force, executor), work))
         outcomes = [self._with_parent(o) for group in done for o in group]

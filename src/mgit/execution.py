@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -92,6 +93,11 @@ class Executor(Protocol):
 
     name: str
 
+    def prepare(self, *, models: Sequence[str] = (), versions: Sequence[str] = ()) -> None:
+        """Before jobs run: make these models' heads and these versions readable where jobs
+        run (a cluster's executor sends them to the shared remote)."""
+        ...
+
     def run_recipe(self, job: RecipeJob) -> RecipeRun: ...
 
     def run_tests(self, jobs: list[TestJob]) -> list[usercode.RunOutcome]:
@@ -108,6 +114,9 @@ class LocalExecutor:
 
     def __init__(self, repo: Repo) -> None:
         self.repo = repo
+
+    def prepare(self, *, models: Sequence[str] = (), versions: Sequence[str] = ()) -> None:
+        pass  # jobs read this repository
 
     def run_recipe(self, job: RecipeJob) -> RecipeRun:
         return run_recipe_in(self.repo, job, where=self.name)

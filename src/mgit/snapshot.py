@@ -122,11 +122,12 @@ def _prepare(store: ObjectStore, kind: str, meta: dict[str, Any], data: np.ndarr
     hasher = object_hasher(kind, meta)
     hasher.update(data)
     oid = hasher.hexdigest()
-    if store.has(oid):
-        return PutResult(oid, kind, store.stored_size(oid), False, "", data.nbytes)
+    found = store.existing(oid, kind, data.nbytes)
+    if found is not None:
+        return found
     bases = BaseReader(store, reuse)
-    encoding = store.encode(kind, meta, data, bases=plan.candidates(name) if kind == "tensor" else (),
-                            max_depth=plan.max_depth, reuse=bases)  # fmt: skip
+    candidates = [b for b in plan.candidates(name) if b != oid] if kind == "tensor" else []
+    encoding = store.encode(kind, meta, data, bases=candidates, max_depth=plan.max_depth, reuse=bases)
     job = _Prepared(oid, kind, meta, encoding, bases)
     if encoding.blocks and encoding.payload is None:
         job.queue = ChunkQueue()

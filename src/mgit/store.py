@@ -155,6 +155,16 @@ class ObjectStore:
         return None
 
     # --- writing ------------------------------------------------------------------------
+    def existing(self, oid: str, kind: str, size: int) -> PutResult | None:
+        """What a put of an object with this id would find: the object here, or one a lazy
+        clone fetches when read (not written again: coded here anew, it could name as its
+        delta base an object whose stored form names it)."""
+        if self.has(oid):
+            return PutResult(oid, kind, self.stored_size(oid), False, "", size)
+        if self.promised(oid) is not None:
+            return PutResult(oid, kind, 0, False, "", size)
+        return None
+
     def put(self, kind: str, meta: dict[str, Any], data: Any, *, bases: Sequence[str] = (),
             max_depth: int = DEFAULT_MAX_DEPTH, extra: Sequence[list[Codec]] = (), encoding: Encoding | None = None,
             reuse: DecodedCache | None = None) -> PutResult:  # fmt: skip
@@ -171,10 +181,12 @@ class ObjectStore:
         hasher = object_hasher(kind, meta)
         hasher.update(buf)
         oid = hasher.hexdigest()
-        if self.has(oid):
-            return PutResult(oid, kind, self.stored_size(oid), False, "", buf.nbytes)
+        found = self.existing(oid, kind, buf.nbytes)
+        if found is not None:
+            return found
         bases_read = BaseReader(self, reuse if reuse is not None else DecodedCache(UNBOUNDED))
         if encoding is None:
+            bases = [b for b in bases if b != oid]  # (an object is never coded against itself)
             encoding = self.encode(kind, meta, buf, bases=bases, max_depth=max_depth, extra=extra, reuse=bases_read)
         frames = None
         if encoding.blocks and encoding.payload is None:  # coded here one block at a time, as they are written

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import click
 
@@ -15,6 +16,7 @@ from mgit.cascade import (
     plan_cascade,
     tests_summary,
 )
+from mgit.cli.executor_opts import CLUSTER_JOBS, executor_from, executor_options
 from mgit.cli.output import err, out, print_json, table
 
 OUTPUT_LINES = 15  # of a failed recipe's output, shown under the report
@@ -23,17 +25,18 @@ OUTPUT_LINES = 15  # of a failed recipe's output, shown under the report
 @click.command()
 @click.argument("name")
 @click.option("--dry-run", is_flag=True, help="Print the plan and stop: no recipe or test is run.")
-@click.option("--jobs", "-j", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Models rebuilt at once (independent branches run in parallel).")  # fmt: skip
+@click.option("--jobs", "-j", type=click.IntRange(1, 256), default=None,
+              help=f"Models rebuilt at once (independent branches run in parallel; default 1, on a cluster {CLUSTER_JOBS}).")  # fmt: skip
 @click.option("--only", metavar="GLOB", default=None, help="Rebuild only the models whose name matches GLOB.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds each recipe may take (default: 3600).")  # fmt: skip
 @click.option("--recorded-source", is_flag=True,
               help="Run each recipe from the source recorded with its version, not from the file here.")
+@executor_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan (with --dry-run) or the report as JSON.")
 @click.pass_context
-def cascade(ctx: click.Context, name: str, dry_run: bool, jobs: int, only: str | None, timeout: float | None,
-            recorded_source: bool, as_json: bool) -> None:  # fmt: skip
+def cascade(ctx: click.Context, name: str, dry_run: bool, jobs: int | None, only: str | None, timeout: float | None,
+            recorded_source: bool, as_json: bool, **cluster: Any) -> None:  # fmt: skip
     """Re-run the recipes of NAME's descendants on its latest version, commit and test them.
 
     A descendant is rebuilt when a parent is rebuilt before it, or when the parent version
@@ -48,13 +51,26 @@ def cascade(ctx: click.Context, name: str, dry_run: bool, jobs: int, only: str |
       mgit cascade bert-base --dry-run
       mgit cascade bert-base --jobs 2
       mgit cascade bert-base --only 'bert-sst2*' --json
+      RAY_ADDRESS=head:6379 mgit cascade bert-base --executor ray --num-gpus 1
+
+    With --executor ray, each recipe and test run is a Ray task on the cluster, reading
+    and writing through the repository's remote (S3); the models involved are pushed
+    first, and each new version's ref moves here and on the remote as it is committed.
     """
     repo = ctx.obj.repo()
     plan = plan_cascade(repo, name, only=only, recorded_source=recorded_source)
     if not as_json:
         _print_plan(plan)
     progress = None if as_json else (lambda model, text: err.print(f"{model}: {text}"))
-    report = execute(repo, plan, jobs=jobs, timeout=timeout, dry_run=dry_run, progress=progress)
+    if dry_run:
+        report = execute(repo, plan, dry_run=True)
+    else:
+        executor = executor_from(repo, cluster)
+        try:
+            report = execute(repo, plan, jobs=jobs or (1 if executor.name == "local" else CLUSTER_JOBS),
+                             timeout=timeout, progress=progress, executor=executor)  # fmt: skip
+        finally:
+            executor.close()
     if as_json:
         print_json(report.to_json())
     elif dry_run:
@@ -132,6 +148,8 @@ def _print_report(report: CascadeReport) -> None:
         if r.source_changed and r.status != "blocked":
             out.print(f"\nnote: the recipe file of {r.model} ({r.recipe}) changed since {r.old_ref} was made; "
                       f"the new version records the new file's hash")  # fmt: skip
+        for note in r.notes:
+            out.print(f"\nnote: {r.model}: {note}")
         if r.status == "failed-recipe":
             out.print(f"\n{r.model}: {r.reason}")
             tail = [ln for ln in r.output.strip().splitlines()][-OUTPUT_LINES:]

@@ -128,6 +128,10 @@ def _parse_params(params: tuple[str, ...]) -> dict[str, object]:
               help="How this version was made from its parents: fn(parents, out_dir, **params) (recorded, not run).")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
               help="A recipe parameter (repeatable; VALUE is JSON if it parses, else a string).")
+@click.option("--num-cpus", type=click.FloatRange(0, 1024), default=None,
+              help="With --recipe: CPUs a run of it declares to a cluster (recorded).")
+@click.option("--num-gpus", type=click.FloatRange(0, 1024), default=None,
+              help="With --recipe: GPUs a run of it declares to a cluster (recorded).")
 @click.option("--model-card/--no-model-card", default=True, show_default=True,
               help="Without --parent, take parents from base_model in the folder's README.md front matter.")
 @click.option("--auto-parent", is_flag=True,
@@ -137,7 +141,8 @@ def _parse_params(params: tuple[str, ...]) -> dict[str, object]:
 @click.pass_context
 def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], relation: str | None,
         message: str, tags: tuple[str, ...], lossy: float | None, lossy_rel: float | None, guard: float,
-        gate: str | None, max_drop: float, gate_timeout: float, recipe: str | None, params: tuple[str, ...], model_card: bool, auto_parent: bool,
+        gate: str | None, max_drop: float, gate_timeout: float, recipe: str | None, params: tuple[str, ...],
+        num_cpus: float | None, num_gpus: float | None, model_card: bool, auto_parent: bool,
         jobs: int | None, as_json: bool) -> None:  # fmt: skip
     """Store a model folder, a .safetensors file or a PyTorch checkpoint as a new version.
 
@@ -149,14 +154,17 @@ def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], rela
       mgit add ./bert-sst2-int8 --name bert-sst2-int8 --auto-parent
       mgit add ./bert-sst2 --name bert-sst2 --lossy 1e-4 --gate evals.py:sst2 --max-drop 0.002
       mgit add ./bert-int8 --name bert-int8 --parent bert-sst2 --relation quantize \\
-          --recipe recipes.py:quantize --param bits=8
+          --recipe recipes.py:quantize --param bits=8 --num-gpus 1
     """
+    if recipe is None and (num_cpus is not None or num_gpus is not None):
+        raise click.UsageError("--num-cpus and --num-gpus are recorded with a recipe: add --recipe")
     repo = _repo(ctx)
     with progress_bar(f"Adding {name}", enabled=not as_json) as bar:
         result = repo.add(path, name=name, parent=list(parents) or None, relation=relation, message=message,
                           tags=_parse_tags(tags), jobs=jobs, progress=bar, lossy=lossy, lossy_rel=lossy_rel, guard=guard, gate=gate,
                           max_drop=max_drop, gate_timeout=gate_timeout, model_card=model_card, recipe=recipe,
-                          params=_parse_params(params), auto_parent=auto_parent)  # fmt: skip
+                          params=_parse_params(params), auto_parent=auto_parent,
+                          resources={"num_cpus": num_cpus, "num_gpus": num_gpus})  # fmt: skip
     if as_json:
         print_json(result.to_json())
         return

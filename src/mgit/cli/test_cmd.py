@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import click
 
 from mgit.bisect import bisect as bisect_test
 from mgit.checks import Checks, Condition, TestOutcome
+from mgit.cli.executor_opts import CLUSTER_JOBS, executor_from, executor_options, resource_options
 from mgit.cli.output import err, out, plural, print_json, table
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -53,11 +55,12 @@ def _conditions(metric: str | None, mins: tuple[str, ...], maxs: tuple[str, ...]
               help="Pass only if the metric <= VALUE (repeatable).")
 @click.option("--inherit", is_flag=True, help="Also apply to every descendant, present and future.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds per run.")
+@resource_options
 @json_option
 @click.pass_context
 def test_add(ctx: click.Context, selector: str, fn: str, name: str | None, metric: str | None,
              mins: tuple[str, ...], maxs: tuple[str, ...], inherit: bool, timeout: float | None,
-             as_json: bool) -> None:  # fmt: skip
+             num_cpus: float | None, num_gpus: float | None, as_json: bool) -> None:  # fmt: skip
     """Attach a test to a model, a name glob ('bert-*') or a tag (tag:KEY=VALUE).
 
     The function is found but not run. Without bounds, a test passes when it returns
@@ -68,12 +71,14 @@ def test_add(ctx: click.Context, selector: str, fn: str, name: str | None, metri
       mgit test add bert-base --fn evals.py:accuracy --metric acc --min 0.9 --inherit
       mgit test add 'bert-*' --fn evals.sst2:run --name sst2 --min acc=0.9 --max loss=0.4
       mgit test add tag:task=nli --fn evals.py:nli
+      mgit test add 'llama-*' --fn evals.py:mmlu --min acc=0.6 --num-gpus 1
     """
     conditions = _conditions(metric, mins, maxs)
     if metric is not None and not conditions:
         raise click.UsageError("--metric needs --min or --max")
     spec = Checks(ctx.obj.repo()).attach(selector, fn, name=name, conditions=conditions,
-                                        inherit=inherit, timeout=timeout)  # fmt: skip
+                                        inherit=inherit, timeout=timeout,
+                                        resources={"num_cpus": num_cpus, "num_gpus": num_gpus})  # fmt: skip
     if as_json:
         print_json(spec.to_json())
         return
@@ -150,17 +155,19 @@ def print_outcomes(outcomes: list[TestOutcome], *, output: bool = False) -> None
 @click.option("--all", "run_all", is_flag=True, help="Every model's latest version.")
 @click.option("--descendants", is_flag=True, help="REF's descendants too.")
 @click.option("--test", "tests", multiple=True, metavar="NAME", help="Only these tests (repeatable).")
-@click.option("--jobs", "-j", type=click.IntRange(1, 64), default=None, help="Models tested at once (default 2).")
+@click.option("--jobs", "-j", type=click.IntRange(1, 256), default=None,
+              help=f"Models tested at once (default 2, on a cluster {CLUSTER_JOBS}).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds per test run.")
 @click.option("--force", is_flag=True, help="Run again even where a result for this version and source exists.")
 @click.option("--output", "show_output", is_flag=True, help="Show what each test printed.")
 @click.option("--recorded-source", is_flag=True,
               help="Run each test from the source recorded when it was attached, not from the file here.")
+@executor_options
 @json_option
 @click.pass_context
 def test_run(ctx: click.Context, ref: str | None, run_all: bool, descendants: bool, tests: tuple[str, ...],
              jobs: int | None, timeout: float | None, force: bool, show_output: bool, recorded_source: bool,
-             as_json: bool) -> None:  # fmt: skip
+             as_json: bool, **cluster: Any) -> None:  # fmt: skip
     """Run the tests that apply, each in its own process; exit code 1 if any fails.
 
     Results are recorded per version and test source, and reused unless --force.
@@ -170,11 +177,21 @@ def test_run(ctx: click.Context, ref: str | None, run_all: bool, descendants: bo
       mgit test run --all
       mgit test run bert-base --descendants --jobs 2
       mgit test run bert-sst2@3 --test sst2 --force --output
+      RAY_ADDRESS=head:6379 mgit test run --all --executor ray
+
+    With --executor ray, each test run is a Ray task on the cluster, reading the version
+    through the repository's remote; results are recorded here as for a local run.
     """
     if bool(ref) == run_all:
         raise click.UsageError("give a REF or --all")
-    result = Checks(ctx.obj.repo()).run([ref] if ref else None, descendants=descendants, tests=list(tests) or None,
-                                       jobs=jobs, timeout=timeout, force=force, recorded_source=recorded_source)  # fmt: skip
+    repo = ctx.obj.repo()
+    executor = executor_from(repo, cluster)
+    try:
+        result = Checks(repo).run([ref] if ref else None, descendants=descendants, tests=list(tests) or None,
+                                  jobs=jobs or (None if executor.name == "local" else CLUSTER_JOBS), timeout=timeout,
+                                  force=force, recorded_source=recorded_source, executor=executor)  # fmt: skip
+    finally:
+        executor.close()
     if as_json:
         print_json(result.to_json())
     else:

@@ -57,23 +57,7 @@ def fetch_from(repo: Repo, conn: Connection, *, models: str | None = None,
     moved = []
     # Shared with adds, exclusive for gc: what arrives is not deleted before a ref names it.
     with repo.store.lock(), Incoming(repo.store) as incoming:
-        rows, sketches = _read_packs(repo, conn, incoming, received)
-        versions = fetch_records(conn, incoming, list(heads.values()), received)
-        if lazy:  # records and a recipe's source only: tensors and files come when read
-            wanted = {o: RECORD_LIMIT for v in versions for o in {v} | incoming.overlay.get_version(v).linked_objects()}
-        else:
-            wanted = limits(incoming.overlay, versions)
-        known = {r.id: r.stored_size for r in rows}
-        tick = progress(sum(known.get(o, n - SLACK) for o, n in wanted.items()), 0) if progress else None
-        received.add(receive(remote, incoming, wanted, progress=tick))
-        arrived = list(dict.fromkeys(incoming.arrived))
-        crash_point("fetch-after-download")
-        incoming.verify(arrived, jobs=os.cpu_count() or 2)
-        incoming.promote()
-        crash_point("fetch-after-promote")
-        if lazy:
-            _describe_objects(repo, versions, rows)
-        _keep_sketches(repo, sketches)
+        versions = _arrive(repo, conn, incoming, list(heads.values()), received, progress)
         if conn.tracking is not None:
             known = conn.tracking.all()
             changes = {n: (h, known.get(n)) for n, h in heads.items() if known.get(n) != h}
@@ -81,6 +65,43 @@ def fetch_from(repo: Repo, conn: Connection, *, models: str | None = None,
             moved = [ModelUpdate(n, "new" if old is None else "fast-forward", old, h) for n, (h, old) in changes.items()]
     checks = pull_checks(repo, conn) if not repo.bare else ChecksTravel()
     return FetchResult(conn.name, remote.url, moved, len(versions), received, lazy, checks)
+
+
+def fetch_versions(repo: Repo, conn: Connection, vids: list[str]) -> TransferStats:
+    """Bring these versions by id (whether or not a ref on the remote names them: a cluster
+    task's output before the driver moves its ref) with what they need, as a fetch does:
+    verified, and in a lazy clone records only; indexed, so that their ids resolve. No ref
+    moves."""
+    received = TransferStats()
+    with repo.store.lock(), Incoming(repo.store) as incoming:
+        _arrive(repo, conn, incoming, vids, received, None)
+    repo.catalog.index(repo.store, *vids)
+    return received
+
+
+def _arrive(repo: Repo, conn: Connection, incoming: Incoming, tips: list[str], received: TransferStats,
+            progress: Callable[[int, int], Progress] | None) -> list[str]:  # fmt: skip
+    """The versions along `tips`' histories that are not here, and what they need, received,
+    verified and kept (the new packs' descriptions too); those versions, ancestors first."""
+    lazy = isinstance(repo.store, LazyStore)
+    rows, sketches = _read_packs(repo, conn, incoming, received)
+    versions = fetch_records(conn, incoming, tips, received)
+    if lazy:  # records and a recipe's source only: tensors and files come when read
+        wanted = {o: RECORD_LIMIT for v in versions for o in {v} | incoming.overlay.get_version(v).linked_objects()}
+    else:
+        wanted = limits(incoming.overlay, versions)
+    known = {r.id: r.stored_size for r in rows}
+    tick = progress(sum(known.get(o, n - SLACK) for o, n in wanted.items()), 0) if progress else None
+    received.add(receive(conn.remote, incoming, wanted, progress=tick))
+    arrived = list(dict.fromkeys(incoming.arrived))
+    crash_point("fetch-after-download")
+    incoming.verify(arrived, jobs=os.cpu_count() or 2)
+    incoming.promote()
+    crash_point("fetch-after-promote")
+    if lazy:
+        _describe_objects(repo, versions, rows)
+    _keep_sketches(repo, sketches)
+    return versions
 
 
 def _read_packs(repo: Repo, conn: Connection, incoming: Incoming, stats: TransferStats

@@ -71,7 +71,7 @@ def push(repo: Repo, remote: str = DEFAULT_REMOTE, targets: list[str] | None = N
 
 def _push(repo: Repo, conn: Connection, chosen: dict[str, str], *, force: bool,
           progress: Callable[[int, int], Progress] | None) -> PushResult:  # fmt: skip
-    remote, store = conn.remote, repo.store
+    remote = conn.remote
     remote.check()
     theirs = remote.heads(chosen)
     updates, moving, refused = [], {}, []
@@ -99,25 +99,8 @@ def _push(repo: Repo, conn: Connection, chosen: dict[str, str], *, force: bool,
     # What the remote has: every version its heads reach (the ones read now, and those it
     # had when last seen: remotes never delete), as far as this repository knows them.
     known_tips = [h for h, _ in theirs.values()] + list(conn.tracking.all().values() if conn.tracking else [])
-    known = set(history(store, [t for t in known_tips if store.has(t)]))
-    versions = history(store, [vid for vid, _, _ in moving.values()], stop=known.__contains__)
-    sent = TransferStats()
-    if versions:
-        needed = closure(store, versions)
-        boundary = {v for vid in versions for v in store.get_version(vid).linked_versions() if v in known}
-        candidates = needed - closure(store, boundary)
-        present = remote.has_objects(candidates)
-        missing = candidates - present
-        if isinstance(store, LazyStore):  # a lazy clone sends elsewhere what it has not fetched yet
-            store.fetch([o for o in missing if not store.has(o)])
-        tick = progress(sum(store.stored_size(o) for o in missing), 0) if progress else None
-        sent = upload(remote, store, missing, progress=tick)
-        crash_point("push-after-objects")
-        sent.skipped = len(needed) - len(missing)
-        rows = repo.catalog.object_rows(present)
-        sent.skipped_bytes = sum(rows[o].stored_size if o in rows else 0 for o in present)
-        pid, data = _pack(repo, versions, needed).to_bytes()
-        remote.write_pack(pid, data)
+    known, versions, sent = publish_to(repo, conn, [vid for vid, _, _ in moving.values()], known_tips,
+                                       progress=progress)  # fmt: skip
     checks = push_checks(repo, conn, known | set(versions))
     crash_point("push-before-refs")
     conflicts = []
@@ -134,6 +117,35 @@ def _push(repo: Repo, conn: Connection, chosen: dict[str, str], *, force: bool,
     if conflicts:
         raise RemoteConflictError(conn.name, f"{conflicts[0]} (another push landed first; run: mgit pull)")
     return PushResult(conn.name, remote.url, updates, len(versions), sent, checks)
+
+
+def publish_to(repo: Repo, conn: Connection, tips: list[str], known_tips: list[str], *,
+               progress: Callable[[int, int], Progress] | None = None) -> tuple[set[str], list[str], TransferStats]:  # fmt: skip
+    """Send the versions reachable from `tips` that the remote lacks, with every object they
+    need that it lacks, and a metadata pack describing them; move no ref. `known_tips` are
+    versions the remote has (their histories are not sent or asked about). Returns (the
+    versions known to be there, those sent, what travelled)."""
+    store = repo.store
+    known = set(history(store, [t for t in known_tips if store.has(t)]))
+    versions = history(store, tips, stop=known.__contains__)
+    sent = TransferStats()
+    if versions:
+        needed = closure(store, versions)
+        boundary = {v for vid in versions for v in store.get_version(vid).linked_versions() if v in known}
+        candidates = needed - closure(store, boundary)
+        present = conn.remote.has_objects(candidates)
+        missing = candidates - present
+        if isinstance(store, LazyStore):  # a lazy clone sends elsewhere what it has not fetched yet
+            store.fetch([o for o in missing if not store.has(o)])
+        tick = progress(sum(store.stored_size(o) for o in missing), 0) if progress else None
+        sent = upload(conn.remote, store, missing, progress=tick)
+        crash_point("push-after-objects")
+        sent.skipped = len(needed) - len(missing)
+        rows = repo.catalog.object_rows(present)
+        sent.skipped_bytes = sum(rows[o].stored_size if o in rows else 0 for o in present)
+        pid, data = _pack(repo, versions, needed).to_bytes()
+        conn.remote.write_pack(pid, data)
+    return known, versions, sent
 
 
 def _remote_chain(repo: Repo, conn: Connection, vid: str) -> tuple[list[str], str | None]:

@@ -1,0 +1,45 @@
+"""Options shared by the commands that run user code somewhere: `--executor`, `--remote`,
+`--num-cpus`, `--num-gpus` (`mgit cascade`, `mgit test run`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from mgit.cluster import EXECUTORS, open_executor
+from mgit.execution import Executor
+from mgit.repo import Repo
+
+CLUSTER_JOBS = 32  # jobs in flight at once on a cluster when --jobs is not given: Ray schedules them
+
+
+def executor_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option("--executor", default="local", show_default=True, metavar="local|ray|ray://HOST:PORT",
+                     help=f"Where recipes and tests run: {EXECUTORS}. `ray` joins the cluster RAY_ADDRESS names; "
+                          "its nodes read and write through the repository's remote."),
+        click.option("--remote", default=None, metavar="NAME",
+                     help="The remote the cluster shares (default: origin, or the only remote)."),
+        click.option("--num-cpus", type=click.FloatRange(0, 1024), default=None,
+                     help="CPUs each task declares to the cluster, unless its recipe or test recorded its own (default 1)."),
+        click.option("--num-gpus", type=click.FloatRange(0, 1024), default=None,
+                     help="GPUs each task declares, unless recorded (default 0)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def executor_from(repo: Repo, options: dict[str, Any]) -> Executor:
+    return open_executor(repo, options["executor"], remote=options["remote"], num_cpus=options["num_cpus"],
+                         num_gpus=options["num_gpus"])  # fmt: skip
+
+
+def resource_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--num-cpus`/`--num-gpus` recorded with a recipe or a test (what each run declares)."""
+    fn = click.option("--num-gpus", type=click.FloatRange(0, 1024), default=None,
+                      help="GPUs each run declares to a cluster (recorded).")(fn)  # fmt: skip
+    return click.option("--num-cpus", type=click.FloatRange(0, 1024), default=None,
+                        help="CPUs each run declares to a cluster (recorded).")(fn)  # fmt: skip

@@ -1,0 +1,196 @@
+"""The Ray executor, driver side: recipe and test jobs as Ray tasks, refs moved here.
+
+The driver keeps the state, as in Ray's own examples: it plans, hands each job to a task
+with the resources it declares, and is the only one to move refs. Before jobs run it makes
+what they read reachable on the repository's remote (`prepare`: a cascade pushes the
+models it involves, fast-forward only; a test run sends the versions it tests, moving no
+ref). A recipe task sends its new version to the remote (`mgit.cluster.node`); the driver
+then fetches it here, verified, and moves the model's ref here and on the remote, each by
+compare-and-swap, in the cascade's topological order (the cascade waits for a parent's
+commit before it starts the children).
+
+A worker process or node that dies mid-task is Ray's to retry (`max_retries`); after the
+last retry the job fails as a failing recipe does and blocks the models below it. A driver
+killed mid-cascade leaves every model at its old version or its new one, here and on the
+remote, and the next run resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from mgit import usercode
+from mgit.errors import InvalidOptionError, MgitError, RefConflictError, RemoteConflictError
+from mgit.execution import RecipeJob, RecipeRun, TestJob
+from mgit.remotes.config import remote_of, remotes_of
+from mgit.repo import Repo
+from mgit.sync.connection import DEFAULT_REMOTE, connect
+from mgit.sync.fetch import fetch_versions
+from mgit.sync.push import publish_to, push
+from mgit.usercode import RunOutcome
+
+MAX_RETRIES = 3  # of a task whose worker process or node died (Ray's own retry)
+GET_MARGIN = 900.0  # seconds a task may take beyond its user code's limit (checkouts, transfers)
+
+
+class ClusterError(MgitError):
+    """Ray is missing, or the cluster cannot be reached."""
+
+
+def ray_module() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ClusterError("the Ray executor needs Ray", hint="Install it: pip install 'mgit[ray]'") from None
+    return ray
+
+
+class RayExecutor:
+    """Jobs as Ray tasks on the cluster at `address` (`None`: Ray's own choice, RAY_ADDRESS
+    or a new local instance; `ray://HOST:PORT`: Ray Client), reading and writing through the
+    repository's remote `remote`. `num_cpus`/`num_gpus` are what a job declares when its
+    recipe or test recorded nothing."""
+
+    name = "ray"
+
+    def __init__(self, repo: Repo, *, address: str | None = None, remote: str | None = None,
+                 num_cpus: float | None = None, num_gpus: float | None = None,
+                 max_retries: int = MAX_RETRIES) -> None:  # fmt: skip
+        self.repo = repo
+        self.remote_name = remote or _default_remote(repo)
+        self.spec = remote_of(repo.config, self.remote_name)
+        self.defaults = {k: v for k, v in (("num_cpus", num_cpus), ("num_gpus", num_gpus)) if v is not None}
+        self.max_retries = max_retries
+        self.conn = connect(repo, self.remote_name)
+        self._lock = threading.Lock()  # one ref move, one fetch here at a time
+        ray = ray_module()
+        from mgit.cluster import node
+
+        try:
+            self._started = not ray.is_initialized()
+            if self._started:
+                ray.init(address=address, logging_level="ERROR", log_to_driver=False, configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            self.conn.close()
+            raise ClusterError(f"cannot reach the Ray cluster at {address or os.environ.get('RAY_ADDRESS') or 'auto'}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                               hint="Start one (ray start --head) or give --executor ray://HOST:PORT") from None  # fmt: skip
+        self._ray = ray
+        self._recipe = ray.remote(node.recipe_task)
+        self._test = ray.remote(node.test_task)
+        self.where = address or os.environ.get("RAY_ADDRESS") or "ray"
+
+    # --- before jobs run --------------------------------------------------------------------
+    def prepare(self, *, models: Sequence[str] = (), versions: Sequence[str] = ()) -> None:
+        """Make what jobs read reachable on the remote: `models` pushed (their refs move there,
+        fast-forward only: a model the remote has a newer version of is refused, pull first),
+        `versions` sent without a ref."""
+        if models:
+            push(self.repo, self.remote_name, sorted(models))
+        if versions:
+            known = [h for h, _ in self.conn.remote.heads().values()]
+            if self.conn.tracking is not None:
+                known += list(self.conn.tracking.all().values())
+            publish_to(self.repo, self.conn, list(versions), known)
+
+    # --- jobs -------------------------------------------------------------------------------
+    def run_recipe(self, job: RecipeJob) -> RecipeRun:
+        if job.source is None:  # the recipe's file here: its bytes travel with the job
+            job = _with_source(job, usercode.source_file(job.fn, cwd=self.repo.root).read_bytes())
+        task = self._recipe.options(**self._options(job.resources, f"mgit recipe {job.model}"))
+        ran = self._get(task.remote(self.spec, job), job.timeout)
+        if isinstance(ran, str):
+            return RecipeRun(False, error=ran, where=self.where)
+        if not ran.ok or not ran.created or ran.version is None:
+            return ran
+        return self._adopt(job, ran)
+
+    def run_tests(self, jobs: list[TestJob]) -> list[RunOutcome]:
+        refs = []
+        for job in jobs:
+            if job.source is None:
+                job = _with_source(job, usercode.source_file(job.fn, cwd=self.repo.root).read_bytes())
+            refs.append(self._test.options(**self._options(job.resources, f"mgit test {job.test}"))
+                        .remote(self.spec, job))  # fmt: skip
+        out = []
+        for job, ref in zip(jobs, refs, strict=True):
+            ran = self._get(ref, job.timeout)
+            out.append(RunOutcome(False, None, ran, "", 0.0, self.where) if isinstance(ran, str) else ran)
+        return out
+
+    def close(self) -> None:
+        self.conn.close()
+        if self._started:
+            self._ray.shutdown()
+
+    def _options(self, resources: dict[str, float], name: str) -> dict[str, Any]:
+        declared = {**self.defaults, **resources}  # what the recipe or test recorded wins
+        return {"num_cpus": declared.get("num_cpus", 1.0), "num_gpus": declared.get("num_gpus", 0.0),
+                "max_retries": self.max_retries, "retry_exceptions": False, "name": name}  # fmt: skip
+
+    def _get(self, ref: Any, timeout: float) -> Any:
+        """The task's result, or one line saying why there is none (after Ray's retries)."""
+        ray = self._ray
+        try:
+            return ray.get(ref, timeout=timeout + GET_MARGIN)
+        except ray.exceptions.GetTimeoutError:
+            ray.cancel(ref, force=True)
+            return f"the Ray task did not finish within {timeout + GET_MARGIN:g} s"
+        except ray.exceptions.RayTaskError as exc:  # the task raised (the remote, the node cache)
+            cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+            return f"the Ray task failed: {str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__}"
+        except ray.exceptions.RayError as exc:  # its worker or node died past the retries
+            return f"the Ray task was lost after {self.max_retries} retries ({type(exc).__name__})"
+
+    def _adopt(self, job: RecipeJob, ran: RecipeRun) -> RecipeRun:
+        """Bring the task's new version here (verified) and move the model's ref here, then
+        on the remote, each by compare-and-swap from the head the job replaced."""
+        vid = ran.version
+        assert vid is not None
+        notes = list(ran.notes)
+        with self._lock:
+            try:
+                fetch_versions(self.repo, self.conn, [vid])
+                self.repo.refs.update(job.model, vid, expected=job.head)
+            except RefConflictError:
+                return RecipeRun(False, error=f"{job.model} got another version during the cascade; run it again",
+                                 where=ran.where)  # fmt: skip
+            except MgitError as exc:
+                return RecipeRun(False, error=f"fetching {vid[:12]} from {self.remote_name}: {exc}", where=ran.where)
+            self.repo.sync_catalog()
+            theirs, token = self.conn.remote.heads([job.model]).get(job.model, (None, None))
+            try:
+                if theirs != job.head:
+                    raise RemoteConflictError(self.remote_name, job.model)
+                self.conn.remote.move_head(job.model, vid, expected=theirs, token=token)
+                if self.conn.tracking is not None:
+                    self.conn.tracking.update(job.model, vid, expected=self.conn.tracking.get(job.model))
+            except RemoteConflictError:
+                notes.append(f"{job.model} on {self.remote_name} got another version meanwhile and stays there; "
+                             f"run: mgit pull {self.remote_name} && mgit push {self.remote_name}")  # fmt: skip
+            seq = self.repo.info(vid).seq
+        return RecipeRun(True, vid, seq, True, output=ran.output, where=ran.where, notes=notes)
+
+
+def _default_remote(repo: Repo) -> str:
+    names = list(remotes_of(repo.config))
+    if DEFAULT_REMOTE in names or not names:
+        return DEFAULT_REMOTE if names else _no_remote()
+    if len(names) == 1:
+        return names[0]
+    raise InvalidOptionError("this repository has several remotes; say which one the cluster shares",
+                             hint=f"Add --remote NAME (one of: {', '.join(names)})")  # fmt: skip
+
+
+def _no_remote() -> str:
+    raise InvalidOptionError("the Ray executor needs a remote that the cluster's nodes reach (an S3 prefix)",
+                             hint="Add one: mgit remote add origin s3://BUCKET/PREFIX")  # fmt: skip
+
+
+def _with_source(job: Any, source: bytes) -> Any:
+    from dataclasses import replace
+
+    return replace(job, source=source)

@@ -1,0 +1,110 @@
+"""What a cluster task does on a worker node, which shares no disk with the driver.
+
+Each node keeps a lazy clone of the repository's remote (the *node cache*, one per remote
+URL, under `MGIT_CLUSTER_CACHE` or `~/.cache/mgit/cluster`), made by the first task that
+needs it and reused by every later one: a task fetches the records of the versions it
+reads (by id: a parent rebuilt a moment ago on another node has no ref on the remote yet),
+and checkout fetches exactly the tensors it reads, verified, once per node.
+
+A recipe task checks out the parents, runs the recipe in a child process, adds the output
+to the node cache as the version after the job's head (compare-and-swap on the cache's own
+ref, under a per-model lock: tasks on one node run in several processes) and sends that
+version's new objects and records to the remote. It moves no ref on the remote: the driver
+does, in the cascade's order. A retried task finds its objects there already (content
+addressing) and sends nothing twice.
+
+These functions run inside Ray worker processes; they import nothing of Ray but the
+runtime context, to say where they ran.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+from mgit.execution import RecipeJob, RecipeRun, TestJob, run_recipe_in, run_tests_in
+from mgit.layout import REPO_DIR
+from mgit.locks import FileLock
+from mgit.objects import user_at_host
+from mgit.remotes import RemoteSpec
+from mgit.repo import Repo
+from mgit.sync import clone
+from mgit.sync.connection import DEFAULT_REMOTE, Connection, connect
+from mgit.sync.fetch import fetch_versions
+from mgit.sync.push import publish_to
+from mgit.usercode import RunOutcome
+
+CACHE_VARIABLE = "MGIT_CLUSTER_CACHE"
+LOCK_WAIT = 3600.0  # a task waits this long for another task's clone or commit on this node
+
+
+def cache_root() -> Path:
+    configured = os.environ.get(CACHE_VARIABLE)
+    return Path(configured) if configured else Path.home() / ".cache" / "mgit" / "cluster"
+
+
+@contextmanager
+def node_cache(remote: RemoteSpec) -> Iterator[tuple[Repo, Connection]]:
+    """This node's lazy clone of `remote` (made on first use, under a lock: tasks start in
+    several processes at once), and a connection to the remote."""
+    root = cache_root()
+    folder = root / hashlib.sha256(remote.url.encode()).hexdigest()[:16]
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(root / f"{folder.name}.lock", what=f"the node cache of {remote.url}", timeout=LOCK_WAIT):
+        if not (folder / REPO_DIR / "config.json").is_file() or not Repo(folder).config.get("lazy"):
+            clone(remote.url, folder, lazy=True, endpoint_url=remote.endpoint_url, region=remote.region,
+                  profile=remote.profile)  # fmt: skip
+    repo = Repo(folder)
+    conn = connect(repo, DEFAULT_REMOTE)
+    try:
+        yield repo, conn
+    finally:
+        conn.close()
+
+
+def where() -> str:
+    """This node, as reports show it: `user@host/NODE` (the first characters of Ray's node id)."""
+    try:
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()[:8]
+    except Exception:  # not in a Ray worker (a test calling the task body directly)
+        node = str(os.getpid())
+    return f"{user_at_host()}/{node}"
+
+
+def recipe_task(remote: RemoteSpec, job: RecipeJob) -> RecipeRun:
+    """The body of a recipe task: see the module docstring. Never raises for what the
+    recipe does (that is a failed run); raises for what a retry may cure (the remote)."""
+    here = where()
+    with node_cache(remote) as (repo, conn):
+        fetch_versions(repo, conn, [job.head, *job.parents])
+        if job.source is not None:  # the recipe's source object, which the new version names
+            repo.store.put_blob(job.source)
+        lock = FileLock(repo.dir / "cluster-locks" / _lock_name(job.model), what=f"model {job.model!r}",
+                        timeout=LOCK_WAIT)  # fmt: skip
+        with lock:
+            head = repo.refs.get(job.model)
+            if head != job.head:  # the cache's ref only says what the next version follows
+                repo.refs.update(job.model, job.head, expected=head)
+            run = run_recipe_in(repo, job, where=here)
+        if run.ok and run.created and run.version is not None:
+            _, _, sent = publish_to(repo, conn, [run.version], [job.head, *job.parents])
+            run = replace(run, notes=[*run.notes, f"sent {sent.objects} objects ({sent.bytes} bytes) from {here}"])
+        return run
+
+
+def test_task(remote: RemoteSpec, job: TestJob) -> RunOutcome:
+    """The body of a test task: check out the version from the node cache and run the test."""
+    with node_cache(remote) as (repo, conn):
+        fetch_versions(repo, conn, [job.version])
+        (run,) = run_tests_in(repo, [job])
+    return replace(run, origin=where())
+
+
+def _lock_name(model: str) -> str:
+    return hashlib.sha256(model.encode()).hexdigest()[:16] + ".lock"

@@ -1,0 +1,263 @@
+"""Cascades and test runs on a real two-node Ray cluster, through an S3 remote (moto's
+server), all inside a network namespace that holds only loopback (see raycluster.py).
+
+One family of ten models made by recipes, pushed to S3 and cloned twice: one clone runs
+each cascade with the local executor, the other with `--executor ray`; the versions the
+two produce must hold the same files and tensors (the same manifest ids). Then the faults:
+a node killed while it runs a recipe, the driver killed after a commit, a push racing the
+cascade.
+"""
+
+# ruff: noqa: F811
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import MGIT, make_model
+from raycluster import RayCluster, can_make_netns, loopback_only
+from s3server import S3Server, aws_env
+
+from mgit import Repo
+from mgit.checks import Checks
+
+pytestmark = pytest.mark.slow
+ray = pytest.importorskip("ray")
+if (why := can_make_netns()) is not None:
+    pytest.skip(f"the Ray cluster tests run in a network namespace: {why}", allow_module_level=True)
+
+RECIPES = '''
+import json, os, time
+from pathlib import Path
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+def _load(folder):
+    return load_file(str(Path(folder) / "model.safetensors"))
+
+def _save(state, out, parent):
+    save_file(state, str(Path(out) / "model.safetensors"), metadata={"format": "pt"})
+    (Path(out) / "config.json").write_bytes((Path(parent) / "config.json").read_bytes())
+
+def _hold(name):
+    """Tests stall a recipe here: HOLD/NAME.hold names the node to stall on (or 'any');
+    the recipe says it started, then waits for HOLD/NAME.go (or to be killed)."""
+    hold = os.environ.get("MGIT_TEST_HOLD")
+    if not hold or not (Path(hold) / f"{name}.hold").exists():
+        return
+    node = os.environ.get("MGIT_TEST_NODE", "local")
+    if (Path(hold) / f"{name}.hold").read_text() not in (node, "any"):
+        return
+    (Path(hold) / f"{name}.started").write_text(node)
+    deadline = time.monotonic() + 300
+    while not (Path(hold) / f"{name}.go").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+def finetune(parents, out, name="", seed=0, scale=0.01):
+    _hold(name)
+    rng = np.random.default_rng(seed)
+    state = {k: (v + (rng.standard_normal(v.shape) * scale).astype(v.dtype)) if v.dtype.kind == "f" else v
+             for k, v in sorted(_load(parents[0]).items())}
+    _save(state, out, parents[0])
+
+def quantize(parents, out, name=""):
+    _hold(name)
+    state = {}
+    for k, v in sorted(_load(parents[0]).items()):
+        if v.dtype.kind == "f":
+            step = float(np.abs(v).max()) / 127 or 1.0
+            v = (np.round(v / step).astype(np.int8).astype(np.float32) * step).astype(v.dtype)
+        state[k] = v
+    _save(state, out, parents[0])
+
+def merge(parents, out, name=""):
+    _hold(name)
+    a, b = _load(parents[0]), _load(parents[1])
+    _save({k: ((a[k] + b[k]) / 2).astype(a[k].dtype) if a[k].dtype.kind == "f" else a[k] for k in sorted(a)},
+          out, parents[0])
+'''
+
+EVALS = '''
+from pathlib import Path
+import numpy as np
+from safetensors.numpy import load_file
+
+def spread(folder):
+    state = load_file(str(Path(folder) / "model.safetensors"))
+    return {"mean_abs": float(np.mean([np.abs(v).mean() for v in state.values() if v.dtype.kind == "f"]))}
+'''
+
+# name, parents, relation, recipe, params
+FAMILY = [
+    ("ft-a", ["base"], "finetune", "finetune", {"seed": 1}),
+    ("ft-b", ["base"], "finetune", "finetune", {"seed": 2}),
+    ("ft-c", ["base"], "finetune", "finetune", {"seed": 3}),
+    ("ft-a-int8", ["ft-a"], "quantize", "quantize", {}),
+    ("ft-b-int8", ["ft-b"], "quantize", "quantize", {}),
+    ("ft-c-int8", ["ft-c"], "quantize", "quantize", {}),
+    ("ft-a2", ["ft-a"], "finetune", "finetune", {"seed": 4}),
+    ("ft-a2-int8", ["ft-a2"], "quantize", "quantize", {}),
+    ("merge-ab", ["ft-a", "ft-b"], "merge", "merge", {}),
+]
+
+
+class Setup:
+    """The cluster, the S3 server, and the repositories of the scenario."""
+
+    def __init__(self, root: Path, s3: S3Server, cluster: RayCluster, env: dict[str, str]) -> None:
+        self.root, self.s3, self.cluster, self.env = root, s3, cluster, env
+        self.hold = root / "hold"
+        self.hold.mkdir()
+
+    def mgit(self, cwd: Path, *args: str, ray_env: bool = False, extra: dict[str, str] | None = None,
+             check: bool = True) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        env = {**self.env, **(extra or {})}
+        if ray_env:
+            env["RAY_ADDRESS"] = self.cluster.address
+        run = subprocess.run([*MGIT, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+        if check and run.returncode != 0:
+            raise AssertionError(f"mgit {' '.join(args)} exited {run.returncode}:\n{run.stdout}\n{run.stderr}")
+        return run
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    root = tmp_path_factory.mktemp("cluster")
+    with loopback_only():
+        s3 = S3Server()
+        cluster = None
+        try:
+            bucket = s3.new_bucket()
+            env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **aws_env(s3.endpoint),
+                   "MGIT_TEST_HOLD": str(root / "hold"), "PYTHONPATH": os.pathsep.join(sys.path)}  # fmt: skip
+            cluster = RayCluster(root / "nodes", env)
+            cluster.add_node("n2")
+            setup = Setup(root, s3, cluster, env)
+            _build_family(setup, f"s3://{bucket}/family")
+            yield setup
+        finally:
+            if cluster is not None:
+                cluster.stop()
+            s3.stop()
+
+
+def _build_family(setup: Setup, url: str) -> None:
+    """A repository with the family, its recipes recorded, a test inherited from the base;
+    pushed to `url`, then cloned twice: `local` and `ray`."""
+    origin = setup.root / "origin"
+    origin.mkdir()
+    (origin / "recipes.py").write_text(RECIPES)
+    (origin / "evals.py").write_text(EVALS)
+    make_model(origin / "m" / "base", seed=0)
+    setup.mgit(origin, "init")
+    setup.mgit(origin, "add", "m/base", "--name", "base")
+    recipes = _load_recipes(origin)
+    for name, parents, relation, recipe, params in FAMILY:
+        params = {"name": name, **params}
+        getattr(recipes, recipe)([origin / "m" / p for p in parents], _fresh(origin / "m" / name), **params)
+        args = ["add", f"m/{name}", "--name", name, "--relation", relation, "--recipe", f"recipes.py:{recipe}"]
+        for p in parents:
+            args += ["--parent", p]
+        for k, v in params.items():
+            args += ["--param", f"{k}={json.dumps(v)}"]
+        setup.mgit(origin, *args)
+    setup.mgit(origin, "test", "add", "base", "--fn", "evals.py:spread", "--name", "spread", "--metric", "mean_abs",
+               "--max", "10", "--inherit")  # fmt: skip
+    setup.mgit(origin, "init", "--bare", url)
+    setup.mgit(origin, "remote", "add", "origin", url)
+    setup.mgit(origin, "push")
+    for clone in ("local", "ray"):
+        setup.mgit(setup.root, "clone", url, clone)
+        for f in ("recipes.py", "evals.py"):
+            (setup.root / clone / f).write_text((origin / f).read_text())
+
+
+def _fresh(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _load_recipes(root: Path) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"cluster_recipes_{abs(hash(root))}", root / "recipes.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def new_base(setup: Setup, seed: int) -> None:
+    """The same new base version in both clones (the same files: the same manifest)."""
+    folder = make_model(setup.root / f"base-{seed}", seed=seed)
+    for clone in ("local", "ray"):
+        setup.mgit(setup.root / clone, "add", str(folder), "--name", "base")
+
+
+def without_ids(value: Any) -> Any:
+    """A report with version ids left out (the two clones' new base versions differ by time)."""
+    if isinstance(value, dict):
+        return {k: without_ids(v) for k, v in value.items() if k not in ("head", "version", "recorded")}
+    if isinstance(value, list):
+        return [without_ids(v) for v in value]
+    return value
+
+
+def manifests(repo: Repo) -> dict[str, str]:
+    return {name: repo.version(head).manifest for name, head in sorted(repo.refs.all().items())}
+
+
+def cascade_json(setup: Setup, clone: str, *extra: str, check: bool = True, **kw: Any) -> dict[str, Any]:
+    args = ["cascade", "base", "--json", *extra]
+    if clone == "ray":
+        args += ["--executor", "ray"]
+    run = setup.mgit(setup.root / clone, *args, ray_env=clone == "ray", check=check, **kw)
+    return json.loads(run.stdout) if run.stdout.strip() else {"exit": run.returncode, "stderr": run.stderr}
+
+
+# --- the tests, in order: each builds on the state the previous one left ---------------------
+def test_a_cascade_on_ray_commits_what_the_local_executor_commits(setup: Setup) -> None:
+    new_base(setup, seed=10)
+    local = cascade_json(setup, "local")
+    remote = cascade_json(setup, "ray")
+    assert [r["status"] for r in remote["results"]] == [r["status"] for r in local["results"]] == ["updated"] * 9
+    ray_repo, local_repo = Repo(setup.root / "ray"), Repo(setup.root / "local")
+    assert manifests(ray_repo) == manifests(local_repo)
+    # Same plan, same tests, same report shape; the recipes ran on both nodes.
+    assert without_ids(remote["plan"]) == without_ids(local["plan"])
+    assert [r["tests_after"] for r in remote["results"]] == [r["tests_after"] for r in local["results"]]
+    nodes = {r["where"].rpartition("/")[2] for r in remote["results"]}
+    assert len(nodes) == 2, nodes
+    assert {r["where"] for r in local["results"]} == {"local"}
+    # Only the driver moved refs: the remote's heads are the Ray clone's, and a fresh clone
+    # of the remote checks out byte for byte what the local executor made.
+    setup.mgit(setup.root, "clone", ray_repo.config["remotes"]["origin"]["url"], "fresh")
+    fresh = Repo(setup.root / "fresh")
+    assert fresh.refs.all() == ray_repo.refs.all()
+    setup.mgit(setup.root / "fresh", "fsck")
+    for model in ("merge-ab", "ft-a2-int8"):
+        setup.mgit(setup.root / "fresh", "checkout", model, "-o", str(setup.root / "out-ray" / model))
+        local_repo.checkout(model, setup.root / "out-local" / model)
+    from conftest import sha256_tree
+
+    assert sha256_tree(setup.root / "out-ray") == sha256_tree(setup.root / "out-local")
+
+
+def test_a_test_run_on_ray_records_what_a_local_run_records(setup: Setup) -> None:
+    runs = {}
+    for clone in ("local", "ray"):
+        args = ["test", "run", "--all", "--force", "--json"] + (["--executor", "ray"] if clone == "ray" else [])
+        runs[clone] = json.loads(setup.mgit(setup.root / clone, *args, ray_env=clone == "ray").stdout)
+    key = lambda o: (o["model"], o["test"])  # noqa: E731
+    local = {key(o): (o["status"], o["metrics"]) for o in runs["local"]["outcomes"]}
+    remote = {key(o): (o["status"], o["metrics"]) for o in runs["ray"]["outcomes"]}
+    assert remote == local and len(local) == 10
+    recorded = Checks(Repo(setup.root / "ray")).show()
+    assert {(o.model, o.test): o.status for o in recorded} == {k: v[0] for k, v in local.items()}
+    assert {o.origin.rpartition("/")[2] for o in recorded} != {""}
