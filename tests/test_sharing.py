@@ -640,3 +640,23 @@ def test_remote_conflict_is_an_error_with_a_hint() -> None:
     exc = RemoteConflictError("s3://b/p", "refs/models/ft")
     assert "changed while it was being updated" in str(exc) and exc.hint
 
+
+
+def test_a_fetch_of_some_models_then_of_the_rest_brings_every_object(tmp_path: Path) -> None:
+    """A pack describes every version one push sent; a fetch of some models must not keep
+    the records of the others without their objects (a later fetch took those versions for
+    ones it had, and left their tensors behind)."""
+    alice = Repo.init(tmp_path / "alice")
+    alice.add(tensors(1), name="a")
+    alice.add(finetune(2), name="b", parent="a")
+    remote = tmp_path / "team.mgit"
+    sync.init_bare(str(remote))
+    sync.add_remote(alice, "origin", str(remote))
+    sync.push(alice)  # one pack: the records of a and b
+    sync.clone(str(remote), tmp_path / "bob", models="a")
+    bob = Repo(tmp_path / "bob")
+    assert set(bob.refs.all()) == {"a"}
+    sync.pull(bob)
+    assert bob.refs.all() == alice.refs.all()
+    assert bob.fsck().ok
+    assert bob.load_state_dict("b")["layer.0.weight"].tobytes() == finetune(2)["layer.0.weight"].tobytes()

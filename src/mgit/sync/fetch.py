@@ -13,7 +13,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from mgit.atomicfile import write_atomic
@@ -84,12 +84,13 @@ def _arrive(repo: Repo, conn: Connection, incoming: Incoming, tips: list[str], r
     """The versions along `tips`' histories that are not here, and what they need, received,
     verified and kept (the new packs' descriptions too); those versions, ancestors first."""
     lazy = isinstance(repo.store, LazyStore)
-    rows, sketches = _read_packs(repo, conn, incoming, received)
-    versions = fetch_records(conn, incoming, tips, received)
+    rows, sketches, packed = _read_packs(repo, conn, received)
+    versions = fetch_records(conn, incoming, tips, received, packed=packed)
     if lazy:  # records and a recipe's source only: tensors and files come when read
         wanted = {o: RECORD_LIMIT for v in versions for o in {v} | incoming.overlay.get_version(v).linked_objects()}
     else:
         wanted = limits(incoming.overlay, versions)
+    hold_packed(incoming, packed, wanted, received)
     known = {r.id: r.stored_size for r in rows}
     tick = progress(sum(known.get(o, n - SLACK) for o, n in wanted.items()), 0) if progress else None
     received.add(receive(conn.remote, incoming, wanted, progress=tick))
@@ -104,40 +105,44 @@ def _arrive(repo: Repo, conn: Connection, incoming: Incoming, tips: list[str], r
     return versions
 
 
-def _read_packs(repo: Repo, conn: Connection, incoming: Incoming, stats: TransferStats
-                ) -> tuple[list[ObjectRow], dict[str, bytes]]:  # fmt: skip
-    """Read the packs not read before; their records go to the quarantine (verified there
-    like any object), their object rows and sketches are returned."""
+def _read_packs(repo: Repo, conn: Connection, stats: TransferStats
+                ) -> tuple[list[ObjectRow], dict[str, bytes], dict[str, bytes]]:  # fmt: skip
+    """Read the packs not read before: their object rows, sketches and records. A record
+    goes to the quarantine (verified there like any object) only when the fetch brings its
+    version: kept without the version's objects, it would pass for a version that is here."""
     remote = conn.remote
     seen_file = repo.dir / "remotes" / conn.name / "packs.json" if conn.tracking is not None else None
     seen = set(json.loads(seen_file.read_text())) if seen_file and seen_file.is_file() else set()
     new = [p for p in remote.pack_ids() if p not in seen]
     rows: list[ObjectRow] = []
     sketches: dict[str, bytes] = {}
+    records: dict[str, bytes] = {}
     for pid, data in zip(new, remote.map(lambda p: remote.read_pack(p, limit=MAX_PACK), new), strict=True):
         pack = MetadataPack.from_bytes(pid, data, where=conn.name)
         stats.bytes += len(data)
-        new_records = {oid: raw for oid, raw in pack.records.items() if not incoming.overlay.has(oid)}
-        incoming.hold(new_records)
-        stats.objects += len(new_records)
+        records.update(pack.records)
         rows += [ObjectRow(*r) for r in pack.objects]
         sketches.update(pack.sketches)
     if seen_file is not None and new:
         seen_file.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(seen_file, [json.dumps(sorted(seen | set(new))).encode()])
-    return rows, sketches
+    return rows, sketches, records
 
 
-def fetch_records(conn: Connection, incoming: Incoming, tips: list[str], stats: TransferStats) -> list[str]:
+def fetch_records(conn: Connection, incoming: Incoming, tips: list[str], stats: TransferStats, *,
+                  packed: dict[str, bytes] | None = None) -> list[str]:  # fmt: skip
     """The versions along the heads' histories that this repository lacks, their records and
-    manifests brought into the quarantine (each verified when parsed), ancestors first."""
+    manifests brought into the quarantine (each verified when parsed), ancestors first.
+    Records that `packed` (from metadata packs) holds are taken from it, not asked for."""
+    packed = packed or {}
     remote, overlay, local = conn.remote, incoming.overlay, incoming.store
     order: list[str] = []
     seen: set[str] = set()
     frontier = [t for t in tips if not local.has(t)]
     while frontier:
         missing = [v for v in dict.fromkeys(frontier) if not overlay.has(v)]
-        stats.add(receive(remote, incoming, dict.fromkeys(missing, RECORD_LIMIT)))
+        hold_packed(incoming, packed, missing, stats)
+        stats.add(receive(remote, incoming, {v: RECORD_LIMIT for v in missing if v not in packed}))
         following = []
         manifests = {}
         for vid in dict.fromkeys(frontier):
@@ -148,11 +153,19 @@ def fetch_records(conn: Connection, incoming: Incoming, tips: list[str], stats: 
             order.append(vid)
             manifests[version.manifest] = RECORD_LIMIT
             following += [v for v in version.linked_versions() if not local.has(v) and v not in seen]
+        hold_packed(incoming, packed, manifests, stats)
         stats.add(receive(remote, incoming, {m: n for m, n in manifests.items() if not overlay.has(m)}))
         for m in manifests:
             overlay.get_manifest(m)  # verified, paths checked
         frontier = following
     return order[::-1]
+
+
+def hold_packed(incoming: Incoming, packed: dict[str, bytes], oids: Iterable[str], stats: TransferStats) -> None:
+    """Put in the quarantine those of `oids` that a pack brought and that are not here."""
+    held = {o: packed[o] for o in oids if o in packed and not incoming.overlay.has(o)}
+    incoming.hold(held)
+    stats.objects += len(held)
 
 
 def _describe_objects(repo: Repo, versions: list[str], rows: list[ObjectRow]) -> None:
