@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -261,3 +262,105 @@ def test_a_test_run_on_ray_records_what_a_local_run_records(setup: Setup) -> Non
     recorded = Checks(Repo(setup.root / "ray")).show()
     assert {(o.model, o.test): o.status for o in recorded} == {k: v[0] for k, v in local.items()}
     assert {o.origin.rpartition("/")[2] for o in recorded} != {""}
+
+
+def wait_for(path: Path, timeout: float = 120.0) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path.name} did not appear within {timeout:.0f} s")
+        time.sleep(0.1)
+    return path.read_text()
+
+
+def start_cascade(setup: Setup, *extra: str) -> subprocess.Popen[str]:
+    env = {**setup.env, "RAY_ADDRESS": setup.cluster.address}
+    return subprocess.Popen([*MGIT, "cascade", "base", "--json", "--executor", "ray", *extra], cwd=setup.root / "ray",
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def remote_heads(setup: Setup) -> dict[str, str]:
+    shown = json.loads(setup.mgit(setup.root / "ray", "remote", "show", "origin", "--json").stdout)
+    return {m["model"]: m["remote"] for m in shown["models"] if m["remote"]}
+
+
+def test_a_driver_killed_mid_cascade_leaves_no_half_commit_and_a_rerun_resumes(setup: Setup) -> None:
+    new_base(setup, seed=20)
+    local = cascade_json(setup, "local")
+    ray_repo = Repo(setup.root / "ray")
+    before = ray_repo.refs.all()
+    killed = cascade_json(setup, "ray", check=False, extra={"MGIT_CRASH_AT": "cascade-after-commit"})
+    assert killed["exit"] == -9  # SIGKILLed right after its first commit
+    after = Repo(setup.root / "ray").refs.all()
+    moved = {m for m in after if after[m] != before[m]}
+    assert 1 <= len(moved) <= 2 and "base" not in moved  # one commit, or two that finished at once
+    setup.mgit(setup.root / "ray", "fsck")
+    # What moved here moved on the remote too (the driver moves it here, then there).
+    assert {m: remote_heads(setup)[m] for m in moved} == {m: after[m] for m in moved}
+    resumed = cascade_json(setup, "ray")
+    statuses = {r["model"]: r["status"] for r in resumed["results"]}
+    assert {m for m, s in statuses.items() if s == "up-to-date"} == moved
+    assert set(statuses.values()) == {"updated", "up-to-date"}
+    assert manifests(Repo(setup.root / "ray")) == manifests(Repo(setup.root / "local"))
+    assert [r["status"] for r in local["results"]] == ["updated"] * 9
+
+
+def test_a_push_racing_the_cascade_loses_no_version(setup: Setup) -> None:
+    new_base(setup, seed=30)
+    cascade_json(setup, "local")
+    (setup.hold / "ft-c.hold").write_text("any")
+    try:
+        running = start_cascade(setup)
+        wait_for(setup.hold / "ft-c.started")
+        # Meanwhile a teammate pushes a new version of ft-c (made by hand) to the same remote.
+        teammate = setup.root / "fresh"
+        setup.mgit(teammate, "pull")
+        make_model(setup.root / "ft-c-by-hand", seed=77)
+        setup.mgit(teammate, "add", str(setup.root / "ft-c-by-hand"), "--name", "ft-c", "-m", "by hand")
+        setup.mgit(teammate, "push", "origin", "ft-c")
+        theirs = Repo(teammate).refs.get("ft-c")
+        (setup.hold / "ft-c.go").write_text("")
+        out, err = running.communicate(timeout=300)
+    finally:
+        (setup.hold / "ft-c.hold").unlink()
+    assert running.returncode == 0, err
+    report = {r["model"]: r for r in json.loads(out)["results"]}
+    assert {r["status"] for r in report.values()} == {"updated"}
+    assert any("got another version meanwhile" in n for n in report["ft-c"]["notes"])
+    ours = report["ft-c"]["new"]
+    assert remote_heads(setup)["ft-c"] == theirs  # the teammate's push stays
+    assert manifests(Repo(setup.root / "ray")) == manifests(Repo(setup.root / "local"))
+    # Pulling replays the cascade's ft-c after the teammate's; then both are on the remote.
+    setup.mgit(setup.root / "ray", "pull")
+    setup.mgit(setup.root / "ray", "push")
+    repo = Repo(setup.root / "ray")
+    chain = repo.chain(repo.refs.get("ft-c"))
+    assert theirs in chain
+    assert repo.version(chain[0]).manifest == repo.version(ours).manifest
+    assert remote_heads(setup)["ft-c"] == chain[0]
+
+
+def test_a_node_killed_mid_recipe_is_retried_on_the_other_node(setup: Setup) -> None:
+    new_base(setup, seed=40)
+    local = cascade_json(setup, "local")
+    first_level = ("ft-a", "ft-b", "ft-c")
+    for name in first_level:  # whichever of them the second node runs stalls there
+        (setup.hold / f"{name}.hold").write_text("n2")
+    try:
+        running = start_cascade(setup)
+        deadline = time.monotonic() + 120
+        while not (stalled := [n for n in first_level if (setup.hold / f"{n}.started").exists()]):
+            assert time.monotonic() < deadline and running.poll() is None, "no recipe stalled on n2"
+            time.sleep(0.1)
+        setup.cluster.kill("n2")  # the node and every process it started, mid-recipe
+        out, err = running.communicate(timeout=300)
+    finally:
+        for name in first_level:
+            (setup.hold / f"{name}.hold").unlink()
+    assert running.returncode == 0, err
+    report = {r["model"]: r for r in json.loads(out)["results"]}
+    assert [r["status"] for r in report.values()] == [r["status"] for r in local["results"]] == ["updated"] * 9
+    # The stalled recipe ran again, on the head: its result is the same as everyone's.
+    assert manifests(Repo(setup.root / "ray")) == manifests(Repo(setup.root / "local"))
+    assert len({report[n]["where"] for n in stalled} | {report["merge-ab"]["where"]}) == 1
+    setup.mgit(setup.root / "ray", "fsck")

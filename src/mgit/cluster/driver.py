@@ -18,9 +18,10 @@ remote, and the next run resumes.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from mgit import usercode
 from mgit.errors import InvalidOptionError, MgitError, RefConflictError, RemoteConflictError
@@ -79,6 +80,8 @@ class RayExecutor:
                                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
                                hint="Start one (ray start --head) or give --executor ray://HOST:PORT") from None  # fmt: skip
         self._ray = ray
+        self._stdout = sys.stdout
+        sys.stdout = RayMessagesToStderr(self._stdout)
         self._recipe = ray.remote(node.recipe_task)
         self._test = ray.remote(node.test_task)
         self.where = address or os.environ.get("RAY_ADDRESS") or "ray"
@@ -125,6 +128,8 @@ class RayExecutor:
         self.conn.close()
         if self._started:
             self._ray.shutdown()
+        if isinstance(sys.stdout, RayMessagesToStderr):
+            sys.stdout = self._stdout
 
     def _options(self, resources: dict[str, float], name: str) -> dict[str, Any]:
         declared = {**self.defaults, **resources}  # what the recipe or test recorded wins
@@ -173,6 +178,26 @@ class RayExecutor:
                              f"run: mgit pull {self.remote_name} && mgit push {self.remote_name}")  # fmt: skip
             seq = self.repo.info(vid).seq
         return RecipeRun(True, vid, seq, True, output=ran.output, where=ran.where, notes=notes)
+
+
+class RayMessagesToStderr:
+    """stdout, except for what Ray's own threads print there (the cluster's events, such as
+    a node marked dead), which goes to stderr: a command's stdout stays its own (--json)."""
+
+    def __init__(self, stdout: TextIO) -> None:
+        self._stdout = stdout
+
+    def _sink(self) -> TextIO:
+        return sys.stderr if threading.current_thread().name.startswith("ray_") else self._stdout
+
+    def write(self, text: str) -> int:
+        return self._sink().write(text)
+
+    def flush(self) -> None:
+        self._sink().flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stdout, name)
 
 
 def _default_remote(repo: Repo) -> str:

@@ -66,7 +66,11 @@ def pull(repo: Repo, remote: str = DEFAULT_REMOTE, *, ff_only: bool = False,
     with repo.store.lock():  # replayed records are not collected before the refs name them
         for name in diverged:
             local = mine[name]
-            own = [v for v in repo.chain(local) if v not in remote_known][::-1]  # oldest first
+            # Local versions that the remote's history of this model lacks, oldest first (one
+            # the remote has only as another model's lineage parent, as when a cluster cascade
+            # built on it while a push moved this model, is replayed too: never dropped).
+            theirs_chain = set(repo.chain(theirs[name]))
+            own = [v for v in repo.chain(local) if v not in theirs_chain][::-1]
             plan[name] = ("rebased", local, _replay(repo, own, theirs[name], renamed))
         _replay_dependents(repo, mine, plan, remote_known, renamed)
         for name, (status, old, new) in sorted(plan.items()):
