@@ -79,8 +79,9 @@ class RayCluster:
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: dict[str, Path] = {}
         self._sessions: list[Path] = []
+        self.client_address = f"ray://127.0.0.1:{free_port()}"  # Ray Client's
         self._start("head", ["--head", f"--port={self.port}", "--include-dashboard=false",
-                             f"--ray-client-server-port={free_port()}"])  # fmt: skip
+                             f"--ray-client-server-port={self.client_address.rpartition(':')[2]}"])  # fmt: skip
 
     def folder(self, name: str) -> Path:
         return self.root / name

@@ -251,10 +251,13 @@ def test_a_cascade_on_ray_commits_what_the_local_executor_commits(setup: Setup) 
 
 
 def test_a_test_run_on_ray_records_what_a_local_run_records(setup: Setup) -> None:
+    """Through Ray Client this time: --executor ray://HOST:PORT."""
     runs = {}
     for clone in ("local", "ray"):
-        args = ["test", "run", "--all", "--force", "--json"] + (["--executor", "ray"] if clone == "ray" else [])
-        runs[clone] = json.loads(setup.mgit(setup.root / clone, *args, ray_env=clone == "ray").stdout)
+        args = ["test", "run", "--all", "--force", "--json"]
+        if clone == "ray":
+            args += ["--executor", setup.cluster.client_address]
+        runs[clone] = json.loads(setup.mgit(setup.root / clone, *args).stdout)
     key = lambda o: (o["model"], o["test"])  # noqa: E731
     local = {key(o): (o["status"], o["metrics"]) for o in runs["local"]["outcomes"]}
     remote = {key(o): (o["status"], o["metrics"]) for o in runs["ray"]["outcomes"]}
@@ -343,6 +346,9 @@ def test_a_push_racing_the_cascade_loses_no_version(setup: Setup) -> None:
 def test_a_node_killed_mid_recipe_is_retried_on_the_other_node(setup: Setup) -> None:
     new_base(setup, seed=40)
     local = cascade_json(setup, "local")
+    # The recipes' file is not in this work folder: each node runs the source recorded with
+    # the versions, from a temporary folder.
+    (setup.root / "ray" / "recipes.py").unlink()
     first_level = ("ft-a", "ft-b", "ft-c")
     for name in first_level:  # whichever of them the second node runs stalls there
         (setup.hold / f"{name}.hold").write_text("n2")
@@ -364,3 +370,5 @@ def test_a_node_killed_mid_recipe_is_retried_on_the_other_node(setup: Setup) -> 
     assert manifests(Repo(setup.root / "ray")) == manifests(Repo(setup.root / "local"))
     assert len({report[n]["where"] for n in stalled} | {report["merge-ab"]["where"]}) == 1
     setup.mgit(setup.root / "ray", "fsck")
+    plan = {s["model"]: s for s in json.loads(out)["plan"]["steps"]}
+    assert all(s["recorded_source"] for s in plan.values())

@@ -49,6 +49,7 @@ class RecipeJob(Report):
     timeout: float
     source: bytes | None = field(default=None, repr=False)
     resources: dict[str, float] = field(default_factory=dict)
+    root: str | None = None  # the work folder it was planned in: where a relative `fn` is
 
     @property
     def fn(self) -> str:
@@ -86,6 +87,7 @@ class TestJob(Report):
     timeout: float
     source: bytes | None = field(default=None, repr=False)
     resources: dict[str, float] = field(default_factory=dict)
+    root: str | None = None
 
 
 class Executor(Protocol):
@@ -131,7 +133,8 @@ class LocalExecutor:
 def run_recipe_in(repo: Repo, job: RecipeJob, *, where: str, cwd: Path | None = None) -> RecipeRun:
     """Check out the parents into a temporary folder, run the recipe in a child process and
     add its output as the next version of `job.model`, only if the model's head is still
-    `job.head` (compare-and-swap under the ref's lock). A failure commits nothing."""
+    `job.head` (compare-and-swap under the ref's lock). A failure commits nothing. `cwd` is
+    where user code runs (default: the repository's work folder)."""
     try:
         with tempfile.TemporaryDirectory(prefix="mgit-recipe-", ignore_cleanup_errors=True) as tmp:
             folders = [Path(tmp) / f"parent-{i}" for i in range(len(job.parents))]

@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, TextIO
 
 from mgit import usercode
@@ -103,6 +104,7 @@ class RayExecutor:
     def run_recipe(self, job: RecipeJob) -> RecipeRun:
         if job.source is None:  # the recipe's file here: its bytes travel with the job
             job = _with_source(job, usercode.source_file(job.fn, cwd=self.repo.root).read_bytes())
+        job = replace(job, root=str(self.repo.root))
         task = self._recipe.options(**self._options(job.resources, f"mgit recipe {job.model}"))
         ran = self._get(task.remote(self.spec, job), job.timeout)
         if isinstance(ran, str):
@@ -116,6 +118,7 @@ class RayExecutor:
         for job in jobs:
             if job.source is None:
                 job = _with_source(job, usercode.source_file(job.fn, cwd=self.repo.root).read_bytes())
+            job = replace(job, root=str(self.repo.root))
             refs.append(self._test.options(**self._options(job.resources, f"mgit test {job.test}"))
                         .remote(self.spec, job))  # fmt: skip
         out = []
@@ -216,6 +219,4 @@ def _no_remote() -> str:
 
 
 def _with_source(job: Any, source: bytes) -> Any:
-    from dataclasses import replace
-
     return replace(job, source=source)

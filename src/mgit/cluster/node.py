@@ -25,7 +25,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
+from mgit import usercode
+from mgit.errors import MgitError
 from mgit.execution import RecipeJob, RecipeRun, TestJob, run_recipe_in, run_tests_in
 from mgit.layout import REPO_DIR
 from mgit.locks import FileLock
@@ -38,6 +41,7 @@ from mgit.sync.fetch import fetch_versions
 from mgit.sync.push import publish_to
 from mgit.usercode import RunOutcome
 
+J = TypeVar("J", RecipeJob, TestJob)
 CACHE_VARIABLE = "MGIT_CLUSTER_CACHE"
 LOCK_WAIT = 3600.0  # a task waits this long for another task's clone or commit on this node
 
@@ -87,11 +91,12 @@ def recipe_task(remote: RemoteSpec, job: RecipeJob) -> RecipeRun:
             repo.store.put_blob(job.source)
         lock = FileLock(repo.dir / "cluster-locks" / _lock_name(job.model), what=f"model {job.model!r}",
                         timeout=LOCK_WAIT)  # fmt: skip
+        job, cwd = in_place(job)
         with lock:
             head = repo.refs.get(job.model)
             if head != job.head:  # the cache's ref only says what the next version follows
                 repo.refs.update(job.model, job.head, expected=head)
-            run = run_recipe_in(repo, job, where=here)
+            run = run_recipe_in(repo, job, where=here, cwd=cwd)
         if run.ok and run.created and run.version is not None:
             _, _, sent = publish_to(repo, conn, [run.version], [job.head, *job.parents])
             run = replace(run, notes=[*run.notes, f"sent {sent.objects} objects ({sent.bytes} bytes) from {here}"])
@@ -100,10 +105,27 @@ def recipe_task(remote: RemoteSpec, job: RecipeJob) -> RecipeRun:
 
 def test_task(remote: RemoteSpec, job: TestJob) -> RunOutcome:
     """The body of a test task: check out the version from the node cache and run the test."""
+    job, cwd = in_place(job)
     with node_cache(remote) as (repo, conn):
         fetch_versions(repo, conn, [job.version])
-        (run,) = run_tests_in(repo, [job])
+        (run,) = run_tests_in(repo, [job], cwd=cwd)
     return replace(run, origin=where())
+
+
+def in_place(job: J) -> tuple[J, Path | None]:
+    """The job as it runs here, and the folder it runs in: when this node has the function's
+    file where the driver has it, with the same bytes (code deployed alike on every node),
+    it runs there as a local run would, its sibling modules importable; else the source the
+    job carries runs from a temporary folder."""
+    if job.root is None or job.source is None or not Path(job.root).is_dir():
+        return job, None
+    try:
+        here = usercode.source_file(job.fn, cwd=Path(job.root)).read_bytes()
+    except (MgitError, OSError):
+        return job, None
+    if hashlib.sha256(here).digest() != hashlib.sha256(job.source).digest():
+        return job, None
+    return replace(job, source=None), Path(job.root)
 
 
 def _lock_name(model: str) -> str:
