@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -51,23 +52,37 @@ def cache_root() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "mgit" / "cluster"
 
 
+_OPEN: dict[tuple[Path, RemoteSpec], tuple[Repo, Connection]] = {}  # per worker process, reused by its tasks
+_OPEN_LOCK = threading.Lock()
+
+
 @contextmanager
 def node_cache(remote: RemoteSpec) -> Iterator[tuple[Repo, Connection]]:
     """This node's lazy clone of `remote` (made on first use, under a lock: tasks start in
-    several processes at once), and a connection to the remote."""
+    several processes at once), and a connection to the remote. A worker process keeps both
+    open for its next tasks (Ray reuses worker processes): the repository and the S3 client
+    are made once per process, not once per task."""
     root = cache_root()
-    folder = root / hashlib.sha256(remote.url.encode()).hexdigest()[:16]
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(root / f"{folder.name}.lock", what=f"the node cache of {remote.url}", timeout=LOCK_WAIT):
-        if not (folder / REPO_DIR / "config.json").is_file() or not Repo(folder).config.get("lazy"):
-            clone(remote.url, folder, lazy=True, endpoint_url=remote.endpoint_url, region=remote.region,
-                  profile=remote.profile)  # fmt: skip
-    repo = Repo(folder)
-    conn = connect(repo, DEFAULT_REMOTE)
+    key = (root, remote)
+    with _OPEN_LOCK:
+        opened = _OPEN.get(key)
+        if opened is None:
+            folder = root / hashlib.sha256(remote.url.encode()).hexdigest()[:16]
+            root.mkdir(parents=True, exist_ok=True)
+            with FileLock(root / f"{folder.name}.lock", what=f"the node cache of {remote.url}", timeout=LOCK_WAIT):
+                if not (folder / REPO_DIR / "config.json").is_file() or not Repo(folder).config.get("lazy"):
+                    clone(remote.url, folder, lazy=True, endpoint_url=remote.endpoint_url, region=remote.region,
+                          profile=remote.profile)  # fmt: skip
+            repo = Repo(folder)
+            opened = _OPEN[key] = (repo, connect(repo, DEFAULT_REMOTE))
     try:
-        yield repo, conn
-    finally:
-        conn.close()
+        yield opened
+    except BaseException:  # a failure may have left either in a bad state: the next task opens anew
+        with _OPEN_LOCK:
+            if _OPEN.get(key) is opened:
+                del _OPEN[key]
+                opened[1].close()
+        raise
 
 
 def where() -> str:
