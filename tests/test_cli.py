@@ -170,7 +170,8 @@ def test_test_commands_json(family: Path) -> None:
                         "--min", "0.99", cwd=family)  # fmt: skip
     source = attached.pop("source")  # the source file, stored as an object when attached
     assert attached == {"name": "strict", "fn": "evals.py:accuracy", "target": "ft", "inherit": False,
-                        "conditions": [{"metric": "acc", "bound": "min", "value": 0.99}], "timeout": None}  # fmt: skip
+                        "conditions": [{"metric": "acc", "bound": "min", "value": 0.99}], "timeout": None,
+                        "resources": {}}  # fmt: skip
     assert Repo(family).store.get(source)[1].tobytes() == (family / "evals.py").read_bytes()
     listed = cli_json("test", "ls", cwd=family)
     assert [t["name"] for t in listed] == ["acc", "strict"] and listed[1] == {**attached, "source": source}

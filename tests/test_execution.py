@@ -128,3 +128,19 @@ def test_a_lazy_clone_adds_a_tensor_it_has_not_fetched_without_coding_it_against
     sync.push(lazy)
     bob = Repo(sync.clone(str(remote), tmp_path / "bob").path)
     assert bob.fsck().ok and bob.load_state_dict("ft")["layer.0.weight"].tobytes() == base["layer.0.weight"].tobytes()
+
+
+def test_the_local_executor_never_imports_ray(work: Repo, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    work.add(tmp_path / "base", name="ft", parent="base", recipe="recipes.py:copy")
+    make_model(tmp_path / "base2", seed=2)
+    work.add(tmp_path / "base2", name="base")
+    work.root.joinpath("run.py").write_text(
+        "import sys\nfrom mgit.cli.main import main\n"
+        "for args in (['cascade', 'base'], ['test', 'run', '--all']):\n"
+        "    try:\n        main(args)\n    except SystemExit:\n        pass\n"
+        "print('RAY-IMPORTED' if 'ray' in sys.modules else 'NO-RAY')\n")  # fmt: skip
+    run = subprocess.run([sys.executable, "run.py"], cwd=work.root, capture_output=True, text=True, timeout=300)
+    assert "updated" in run.stdout and run.stdout.strip().endswith("NO-RAY"), run.stdout + run.stderr

@@ -68,6 +68,7 @@ class RayExecutor:
         self.max_retries = max_retries
         self.conn = connect(repo, self.remote_name)
         self._lock = threading.Lock()  # one ref move, one fetch here at a time
+        self._there: set[str] = set()  # versions known to be on the remote
         ray = ray_module()
         from mgit.cluster import node
 
@@ -93,12 +94,15 @@ class RayExecutor:
         fast-forward only: a model the remote has a newer version of is refused, pull first),
         `versions` sent without a ref."""
         if models:
-            push(self.repo, self.remote_name, sorted(models))
-        if versions:
+            pushed = push(self.repo, self.remote_name, sorted(models))
+            self._there.update(u.new for u in pushed.models if u.new)
+        todo = [v for v in versions if v not in self._there]
+        if todo:  # (a cascade tests each new version: those are there already)
             known = [h for h, _ in self.conn.remote.heads().values()]
             if self.conn.tracking is not None:
                 known += list(self.conn.tracking.all().values())
-            publish_to(self.repo, self.conn, list(versions), known)
+            publish_to(self.repo, self.conn, todo, known)
+            self._there.update(todo)
 
     # --- jobs -------------------------------------------------------------------------------
     def run_recipe(self, job: RecipeJob) -> RecipeRun:
@@ -180,6 +184,7 @@ class RayExecutor:
                 notes.append(f"{job.model} on {self.remote_name} got another version meanwhile and stays there; "
                              f"run: mgit pull {self.remote_name} && mgit push {self.remote_name}")  # fmt: skip
             seq = self.repo.info(vid).seq
+            self._there.add(vid)
         return RecipeRun(True, vid, seq, True, output=ran.output, where=ran.where, notes=notes)
 
 
