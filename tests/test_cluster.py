@@ -276,6 +276,20 @@ def wait_for(path: Path, timeout: float = 120.0) -> str:
     return path.read_text()
 
 
+def arm(setup: Setup, names: tuple[str, ...], node: str) -> None:
+    """Stall the recipes of these models on `node` ('any': on whichever runs them)."""
+    for name in names:
+        for suffix in ("started", "go"):
+            (setup.hold / f"{name}.{suffix}").unlink(missing_ok=True)
+        (setup.hold / f"{name}.hold").write_text(node)
+
+
+def disarm(setup: Setup, names: tuple[str, ...]) -> None:
+    for name in names:
+        for suffix in ("hold", "started", "go"):
+            (setup.hold / f"{name}.{suffix}").unlink(missing_ok=True)
+
+
 def start_cascade(setup: Setup, *extra: str) -> subprocess.Popen[str]:
     env = {**setup.env, "RAY_ADDRESS": setup.cluster.address}
     return subprocess.Popen([*MGIT, "cascade", "base", "--json", "--executor", "ray", *extra], cwd=setup.root / "ray",
@@ -311,7 +325,7 @@ def test_a_driver_killed_mid_cascade_leaves_no_half_commit_and_a_rerun_resumes(s
 def test_a_push_racing_the_cascade_loses_no_version(setup: Setup) -> None:
     new_base(setup, seed=30)
     cascade_json(setup, "local")
-    (setup.hold / "ft-c.hold").write_text("any")
+    arm(setup, ("ft-c",), "any")
     try:
         running = start_cascade(setup)
         wait_for(setup.hold / "ft-c.started")
@@ -325,7 +339,7 @@ def test_a_push_racing_the_cascade_loses_no_version(setup: Setup) -> None:
         (setup.hold / "ft-c.go").write_text("")
         out, err = running.communicate(timeout=300)
     finally:
-        (setup.hold / "ft-c.hold").unlink()
+        disarm(setup, ("ft-c",))
     assert running.returncode == 0, err
     report = {r["model"]: r for r in json.loads(out)["results"]}
     assert {r["status"] for r in report.values()} == {"updated"}
@@ -350,8 +364,7 @@ def test_a_node_killed_mid_recipe_is_retried_on_the_other_node(setup: Setup) -> 
     # the versions, from a temporary folder.
     (setup.root / "ray" / "recipes.py").unlink()
     first_level = ("ft-a", "ft-b", "ft-c")
-    for name in first_level:  # whichever of them the second node runs stalls there
-        (setup.hold / f"{name}.hold").write_text("n2")
+    arm(setup, first_level, "n2")  # whichever of them the second node runs stalls there
     try:
         running = start_cascade(setup)
         deadline = time.monotonic() + 120
@@ -361,8 +374,7 @@ def test_a_node_killed_mid_recipe_is_retried_on_the_other_node(setup: Setup) -> 
         setup.cluster.kill("n2")  # the node and every process it started, mid-recipe
         out, err = running.communicate(timeout=300)
     finally:
-        for name in first_level:
-            (setup.hold / f"{name}.hold").unlink()
+        disarm(setup, first_level)
     assert running.returncode == 0, err
     report = {r["model"]: r for r in json.loads(out)["results"]}
     assert [r["status"] for r in report.values()] == [r["status"] for r in local["results"]] == ["updated"] * 9
@@ -372,3 +384,35 @@ def test_a_node_killed_mid_recipe_is_retried_on_the_other_node(setup: Setup) -> 
     setup.mgit(setup.root / "ray", "fsck")
     plan = {s["model"]: s for s in json.loads(out)["plan"]["steps"]}
     assert all(s["recorded_source"] for s in plan.values())
+
+
+def test_a_task_lost_past_its_retries_fails_its_model_and_blocks_the_models_below(setup: Setup) -> None:
+    setup.cluster.add_node("n3")
+    new_base(setup, seed=50)
+    first_level = ("ft-a", "ft-b", "ft-c")
+    arm(setup, first_level, "n3")
+    try:
+        running = start_cascade(setup, "--max-retries", "0")
+        deadline = time.monotonic() + 120
+        while not any((setup.hold / f"{n}.started").exists() for n in first_level):
+            assert time.monotonic() < deadline and running.poll() is None, "no recipe stalled on n3"
+            time.sleep(0.1)
+        setup.cluster.kill("n3")
+        out, err = running.communicate(timeout=300)
+    finally:
+        disarm(setup, first_level)
+    report = {r["model"]: r for r in json.loads(out)["results"]}
+    assert running.returncode == 1, json.dumps({m: (r["status"], r["where"], r["reason"]) for m, r in report.items()})
+    lost = [m for m, r in report.items() if r["status"] == "failed-recipe"]
+    assert len(lost) == 1 and "was lost after 0 retries" in report[lost[0]]["reason"]
+    below = {"ft-a": ["ft-a-int8", "ft-a2", "ft-a2-int8", "merge-ab"], "ft-b": ["ft-b-int8", "merge-ab"],
+             "ft-c": ["ft-c-int8"]}[lost[0]]  # fmt: skip
+    assert all(report[m]["status"] == "blocked" for m in below)
+    # Nothing of it was committed; the next run rebuilds exactly what is left, and ends where
+    # the local executor does.
+    resumed = cascade_json(setup, "ray")
+    rebuilt = {r["model"] for r in resumed["results"] if r["status"] == "updated"}
+    assert rebuilt == {lost[0], *below}
+    local = cascade_json(setup, "local")
+    assert {r["status"] for r in local["results"]} == {"updated"}
+    assert manifests(Repo(setup.root / "ray")) == manifests(Repo(setup.root / "local"))

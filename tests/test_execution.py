@@ -44,7 +44,7 @@ def test_executors_by_name_and_their_errors(work: Repo) -> None:
     assert isinstance(open_executor(work, "local"), LocalExecutor)
     with pytest.raises(InvalidOptionError, match="unknown executor 'slurm'"):
         open_executor(work, "slurm")
-    with pytest.raises(InvalidOptionError, match="--num-cpus and --num-gpus are for a cluster executor"):
+    with pytest.raises(InvalidOptionError, match="--num-gpus and --max-retries are for a cluster executor"):
         open_executor(work, "local", num_cpus=2)
     # Ray needs a remote its nodes reach: said before any cluster is contacted.
     with pytest.raises(InvalidOptionError, match="needs a remote that the cluster's nodes reach"):

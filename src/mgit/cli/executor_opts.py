@@ -26,6 +26,8 @@ def executor_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="CPUs each task declares to the cluster, unless its recipe or test recorded its own (default 1)."),
         click.option("--num-gpus", type=click.FloatRange(0, 1024), default=None,
                      help="GPUs each task declares, unless recorded (default 0)."),
+        click.option("--max-retries", type=click.IntRange(0, 100), default=None,
+                     help="Times Ray runs a task again whose worker or node died (default 3); then it fails."),
     ]  # fmt: skip
     for option in reversed(options):
         fn = option(fn)
@@ -34,7 +36,7 @@ def executor_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def executor_from(repo: Repo, options: dict[str, Any]) -> Executor:
     return open_executor(repo, options["executor"], remote=options["remote"], num_cpus=options["num_cpus"],
-                         num_gpus=options["num_gpus"])  # fmt: skip
+                         num_gpus=options["num_gpus"], max_retries=options["max_retries"])  # fmt: skip
 
 
 def resource_options(fn: Callable[..., Any]) -> Callable[..., Any]:

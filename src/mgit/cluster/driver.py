@@ -140,8 +140,11 @@ class RayExecutor:
 
     def _options(self, resources: dict[str, float], name: str) -> dict[str, Any]:
         declared = {**self.defaults, **resources}  # what the recipe or test recorded wins
+        # SPREAD: recipes and tests are long and independent; packing them onto the driver's
+        # node while others idle is Ray's default for short tasks, not what these need.
         return {"num_cpus": declared.get("num_cpus", 1.0), "num_gpus": declared.get("num_gpus", 0.0),
-                "max_retries": self.max_retries, "retry_exceptions": False, "name": name}  # fmt: skip
+                "max_retries": self.max_retries, "retry_exceptions": False, "name": name,
+                "scheduling_strategy": "SPREAD"}  # fmt: skip
 
     def _get(self, ref: Any, timeout: float) -> Any:
         """The task's result, or one line saying why there is none (after Ray's retries)."""
