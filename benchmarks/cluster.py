@@ -85,25 +85,14 @@ class Bench:
 
 def demo_repos(bench: Bench, url: str) -> tuple[Path, Path]:
     """The demo family in a repository pushed to `url`, cloned twice, with the new base."""
-    from minilm_family import build_family, family_specs
-    from recipes import recipe_of
-    from tour import base_v2
+    from minilm_family import build_family
+    from tour import add_commands, base_v2
 
     members = build_family(CACHE / "demo-family", preset="demo", progress=lambda _: None)
     origin = WORK / "demo-origin"
     origin.mkdir(parents=True)
     bench.mgit(origin, "init")
-    derivations = {spec.name: spec.derivation for spec in family_specs("demo")}
-    for m in members:
-        args = ["add", str(m.path), "--name", m.version_of or m.name]
-        for p in m.parents:
-            args += ["--parent", p]
-        if m.parents:
-            args += ["--relation", m.relation]
-        recipe = recipe_of(derivations[m.name])
-        if recipe is not None:
-            args += ["--recipe", f"{ROOT / 'demo' / 'recipes.py'}:{recipe[0]}"]
-            args += [a for k, v in recipe[1].items() for a in ("--param", f"{k}={v}")]
+    for args in add_commands(members):  # as `make demo` adds them
         bench.mgit(origin, *args)
     bench.mgit(origin, "test", "add", "minilm-sentiment", "--fn", f"{ROOT / 'demo' / 'evals.py'}:sentiment_accuracy",
                "--name", "accuracy", "--metric", "accuracy", "--min", "0.8", "--inherit")  # fmt: skip

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache"
@@ -59,17 +60,7 @@ def main() -> None:
     work.mkdir(parents=True)
     print("\n== A fresh repository; each model added with its lineage ==", flush=True)
     mgit("init", ".", cwd=work)
-    derivations = {spec.name: spec.derivation for spec in family_specs("demo")}
-    for m in members:
-        args = ["add", str(m.path), "--name", m.version_of or m.name, "-m", m.description]
-        for p in m.parents:
-            args += ["--parent", p]
-        if m.parents:
-            args += ["--relation", m.relation]
-        recipe = recipe_of(derivations[m.name])
-        if recipe is not None:
-            args += ["--recipe", f"{DEMO / 'recipes.py'}:{recipe[0]}"]
-            args += [arg for k, v in recipe[1].items() for arg in ("--param", f"{k}={v}")]
+    for args in add_commands(members):
         mgit(*args, cwd=work)
 
     print("\n== What is in the repository ==", flush=True)
@@ -89,6 +80,24 @@ def main() -> None:
     mgit("fsck", cwd=work)
     cascade(members[0].path, work)
     print(f"\nTour done in {time.perf_counter() - start:.0f} s. Repository: {work.relative_to(ROOT)}/.mgit")
+
+
+def add_commands(members: list[Any]) -> list[list[str]]:
+    """The `mgit add` of each member, parents first: its lineage and the recipe that made it."""
+    derivations = {spec.name: spec.derivation for spec in family_specs("demo")}
+    commands = []
+    for m in members:
+        args = ["add", str(m.path), "--name", m.version_of or m.name, "-m", m.description]
+        for p in m.parents:
+            args += ["--parent", p]
+        if m.parents:
+            args += ["--relation", m.relation]
+        recipe = recipe_of(derivations[m.name])
+        if recipe is not None:
+            args += ["--recipe", f"{DEMO / 'recipes.py'}:{recipe[0]}"]
+            args += [arg for k, v in recipe[1].items() for arg in ("--param", f"{k}={v}")]
+        commands.append(args)
+    return commands
 
 
 def base_v2(base: Path) -> Path:
