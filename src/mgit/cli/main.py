@@ -30,6 +30,7 @@ COMMANDS = {
     "test": "mgit.cli.test_cmd:test_group",
     "bisect": "mgit.cli.test_cmd:bisect",
     "cascade": "mgit.cli.cascade_cmd:cascade",
+    "merge": "mgit.cli.merge_cmd:merge",
     "remote": "mgit.cli.remote_cmd:remote_group",
     **{name: f"mgit.cli.remote_cmd:{name}" for name in ("push", "fetch", "pull", "clone")},
 }  # fmt: skip

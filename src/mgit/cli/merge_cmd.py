@@ -1,0 +1,97 @@
+"""`mgit merge`: merge models of the repository into a new version, recorded as a recipe."""
+
+from __future__ import annotations
+
+import click
+
+from mgit.cli.output import out, print_json
+
+
+def _pairs(values: tuple[str, ...], option: str, cast: type = float) -> dict[str, object]:
+    pairs: dict[str, object] = {}
+    for value in values:
+        key, sep, number = value.rpartition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{value!r} is not REF=VALUE", param_hint=option)
+        try:
+            pairs[key] = cast(number)
+        except ValueError:
+            raise click.BadParameter(f"{number!r} in {value!r} is not a {cast.__name__}", param_hint=option) from None
+    return pairs
+
+
+@click.command()
+@click.argument("refs", nargs=-1)
+@click.option("--method", default=None, metavar="METHOD",
+              help="linear, slerp, task_arithmetic, ties, dare_linear or dare_ties (mergekit's semantics).")
+@click.option("--config", "config", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="A mergekit YAML config (models, merge_method, base_model, parameters, dtype); names resolved here.")
+@click.option("--base", default=None, metavar="REF", help="The base model (task-vector methods and slerp).")
+@click.option("--weight", "weights", multiple=True, metavar="REF=W", help="An input's weight (repeatable; default 1).")
+@click.option("--density", "densities", multiple=True, metavar="[REF=]D",
+              help="Fraction of a task vector kept (ties, dare): for every input, or REF=D for one.")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="A method parameter: t (slerp), normalize, lambda, rescale, int8_mask.")
+@click.option("--dtype", default=None, type=click.Choice(["float32", "float16", "bfloat16"]),
+              help="Output dtype of float tensors (default: the base's).")
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True,
+              help="Seed of the DARE masks (recorded: a re-run gives the same bytes).")
+@click.option("--take", "takes", multiple=True, metavar="GLOB=REF",
+              help="Tensors matching GLOB come unmerged from REF (a task head); repeatable.")
+@click.option("--name", required=True, help="The model the merge is added to.")
+@click.option("-m", "--message", default="", help="The version's message.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_context
+def merge(ctx: click.Context, refs: tuple[str, ...], method: str | None, config: str | None, base: str | None,
+          weights: tuple[str, ...], densities: tuple[str, ...], params: tuple[str, ...], dtype: str | None, seed: int,
+          takes: tuple[str, ...], name: str, message: str, as_json: bool) -> None:  # fmt: skip
+    """Merge models into a new version of NAME: relation merge, every input a parent, the merge
+    its recipe (so `mgit cascade` merges again when an input gets a new version).
+
+    \b
+    Examples:
+      mgit merge ft-sst2 ft-mnli --method task_arithmetic --base bert-base --weight ft-sst2=0.6 \\
+          --weight ft-mnli=0.4 --take 'classifier.*=ft-sst2' --name bert-multi
+      mgit merge ft-a ft-b --method ties --base base --density 0.5 --name merged
+      mgit merge base ft --method slerp --base base --param t=0.3 --name halfway
+      mgit merge --config merge.yml --name merged
+    """
+    from mgit.merging import merge as merge_refs
+    from mgit.merging import merge_config
+
+    repo = ctx.obj.repo()
+    if config is not None:
+        if refs or method or base or weights or densities or params or dtype or takes:
+            raise click.UsageError("--config says everything the merge needs; give it alone (with --name, -m, --seed)")
+        result = merge_config(repo, config, name=name, message=message, seed=seed)
+    else:
+        if method is None or len(refs) + (base is not None and base not in refs) < 2:
+            raise click.UsageError("give two or more REFs and --method (or --config FILE)")
+        density: dict[str, object] | float | None = None
+        if densities:
+            plain = [d for d in densities if "=" not in d]
+            if plain and len(densities) > 1:
+                raise click.BadParameter("give one --density D, or REF=D for each input", param_hint="--density")
+            density = float(plain[0]) if plain else _pairs(densities, "--density")
+        parameters = {k: _value(v) for k, v in _pairs(params, "--param", str).items()}
+        result = merge_refs(repo, list(refs), method=method, name=name, base=base,
+                            weights=_pairs(weights, "--weight"), density=density, parameters=parameters,  # type: ignore[arg-type]
+                            dtype=dtype, seed=seed, take={g: str(r) for g, r in _pairs(takes, "--take", str).items()},
+                            message=message)  # fmt: skip
+    if as_json:
+        print_json(result.to_json())
+        return
+    parents = ", ".join(f"{p.ref}" for p in result.parents) if result.parents else "-"
+    out.print(f"{result.model}@{result.seq} {result.version[:12]}: merge of {parents}"
+              + ("" if result.created else " (unchanged: same as the latest version)"))  # fmt: skip
+
+
+def _value(text: object) -> object:
+    """A --param value: true/false, a number, else the text."""
+    s = str(text)
+    if s.lower() in ("true", "false"):
+        return s.lower() == "true"
+    try:
+        return float(s)
+    except ValueError:
+        return s

@@ -1,0 +1,115 @@
+"""`mgit merge`: model merging as a recorded, re-runnable derivation.
+
+`merge(repo, ["ft-a", "ft-b"], method="ties", base="base", name="merged")` merges versions
+of the repository (linear, slerp, task_arithmetic, ties, dare_linear, dare_ties, with
+mergekit's semantics: mgit.merging.methods) and adds the result as a version with relation
+`merge`, every input (the base included) as a lineage parent, and the merge itself as its
+recipe (`mgit.merging.recipe:merge` with a MergeSpec as parameters): `mgit show` says how it
+was made, and `mgit cascade` merges again when an input gets a new version.
+`merge_config(repo, "merge.yml", name=...)` takes mergekit's YAML config, its model names
+resolved in the repository before any work is done.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mgit.errors import InvalidOptionError
+from mgit.merging.methods import METHODS
+from mgit.merging.spec import MergeConfig, MergeSpec
+from mgit.repo import Repo
+from mgit.reports import AddResult
+
+RECIPE = "mgit.merging.recipe:merge"
+
+__all__ = ["METHODS", "RECIPE", "MergeConfig", "MergeSpec", "merge", "merge_config"]
+
+
+def merge(repo: Repo, refs: list[str], *, method: str, name: str, base: str | None = None,
+          weights: dict[str, float] | None = None, density: dict[str, float] | float | None = None,
+          parameters: dict[str, Any] | None = None, dtype: str | None = None, seed: int = 0,
+          take: dict[str, str] | None = None, message: str = "") -> AddResult:  # fmt: skip
+    """Merge these versions (refs, in order; `base` among them or added first) and add the
+    result as the next version of `name`. `weights` and a per-input `density` are keyed by
+    the refs as given (or their model names); a single `density` applies to every input.
+    `take` maps tensor globs to the ref whose tensor is used unmerged (a task head)."""
+    refs = list(refs)
+    if base is not None and base not in refs:
+        refs.insert(0, base)
+    vids = [repo.resolve(r) for r in refs]
+    if len(set(vids)) != len(vids):
+        raise InvalidOptionError("a model is given twice", hint="Name each input once")
+    position = _positions(repo, refs, vids)
+    inputs: list[dict[str, Any]] = [{} for _ in refs]
+    for ref, w in (weights or {}).items():
+        inputs[position(ref, "--weight")]["weight"] = w
+    if isinstance(density, dict):
+        for ref, d in density.items():
+            inputs[position(ref, "--density")]["density"] = d
+    elif density is not None:
+        for i in range(len(inputs)):
+            if "density" in METHODS.get(method, METHODS["linear"]).input_parameters:
+                inputs[i]["density"] = density
+    spec = MergeSpec.build(method, len(refs), base=None if base is None else refs.index(base), inputs=inputs,
+                           parameters=parameters, dtype=dtype, seed=seed,
+                           take=[(glob, position(ref, "--take")) for glob, ref in (take or {}).items()])  # fmt: skip
+    return _run(repo, spec, vids, name=name, message=message)
+
+
+def merge_config(repo: Repo, config: str | Path, *, name: str, message: str = "", seed: int = 0) -> AddResult:
+    """Merge as mergekit's YAML config says (a path, or the YAML text itself); `seed` for
+    the DARE methods' masks."""
+    path = Path(config) if not str(config).lstrip().startswith(("models", "merge_method", "base_model", "{")) else None
+    text = path.read_text() if path is not None else str(config)
+    cfg = MergeConfig.parse(text, where=str(path) if path else "the config")
+    method = METHODS.get(cfg.method)
+    if method is None:
+        raise InvalidOptionError(f"unknown merge method {cfg.method!r}", hint=f"Use one of: {', '.join(METHODS)}")
+    refs = [m for m, _ in cfg.models]
+    for ref in [*refs, *([cfg.base] if cfg.base else [])]:
+        repo.resolve(ref)  # every model named exists, before any work
+    defaults = {k: v for k, v in cfg.parameters.items() if k in method.input_parameters}
+    global_params = {k: v for k, v in cfg.parameters.items() if k not in method.input_parameters}
+    per_model = {m: {**defaults, **p} for m, p in cfg.models}
+    base = cfg.base if method.needs_base or cfg.base in refs else None
+    if base is not None and base not in refs:
+        refs.insert(0, base)
+        per_model[base] = {}
+    vids = [repo.resolve(r) for r in refs]
+    position = _positions(repo, refs, vids)
+    spec = MergeSpec.build(cfg.method, len(refs), base=None if base is None else refs.index(base),
+                           inputs=[per_model[r] if r != base or cfg.method == "linear" else {} for r in refs],
+                           parameters=global_params, dtype=cfg.dtype, seed=seed,
+                           take=[(glob, position(ref, "take")) for glob, ref in cfg.take])  # fmt: skip
+    return _run(repo, spec, vids, name=name, message=message)
+
+
+def _positions(repo: Repo, refs: list[str], vids: list[str]) -> Any:
+    models = [repo.model_of(v) for v in vids]
+
+    def position(ref: str, option: str) -> int:
+        if ref in refs:
+            return refs.index(ref)
+        if ref in models:
+            return models.index(ref)
+        raise InvalidOptionError(f"{option} names {ref!r}, which is not one of the merged models",
+                                 hint=f"Use one of: {', '.join(refs)}")  # fmt: skip
+
+    return position
+
+
+def _run(repo: Repo, spec: MergeSpec, vids: list[str], *, name: str, message: str) -> AddResult:
+    from mgit.merging.recipe import merge as merge_folders
+
+    params = spec.to_params()
+    record = repo.recipe_record(RECIPE, params)
+    with tempfile.TemporaryDirectory(prefix="mgit-merge-") as tmp, repo.caching():
+        folders = [Path(tmp) / f"input-{i}" for i in range(len(vids))]
+        for vid, folder in zip(vids, folders, strict=True):
+            repo.checkout(vid, folder)
+        out = Path(tmp) / "out"
+        merge_folders(folders, out, **params)
+        return repo.add(out, name=name, parent=vids, relation="merge", model_card=False, recipe=record,
+                        message=message or f"{spec.method} merge of {len(vids)} models")  # fmt: skip

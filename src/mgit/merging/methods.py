@@ -1,0 +1,168 @@
+"""Merge methods, one tensor at a time, with the semantics mergekit gives them.
+
+Each method takes the inputs' values of one tensor (float32 arrays of one shape, in the
+merge's input order), the per-input parameters and the method's parameters, and returns the
+merged float32 array. Arithmetic is float32, in mergekit's order of operations, so that for
+float32 models the results are the same bits as mergekit's (its reference docs:
+docs/merge_methods.md in arcee-ai/mergekit):
+
+- `linear`: sum of weight x tensor, divided by the sum of weights when `normalize` (default).
+- `slerp`: spherical interpolation from the base (t = 0) to the other input (t = 1), each
+  tensor as one vector; nearly colinear tensors (|cos| > 0.9995) are interpolated linearly.
+  (mergekit computes the norms and the dot product with torch's reductions, summed in
+  another order: results agree within a few float32 ulps, not bit for bit.)
+- `task_arithmetic`: base + lambda x sum of weight x (input - base); `normalize` (default off)
+  divides by the sum of weights.
+- `ties`: each task vector keeps its `density` fraction of largest magnitudes; an element
+  keeps the sign that has the larger weighted sum, and the task vectors that agree with it
+  are summed, divided by their weights when `normalize` (default on).
+- `dare_linear`, `dare_ties`: task vectors with each element kept with probability `density`
+  (the rest set to 0) and rescaled to their former L1 norm (`rescale`, default on), then
+  summed as task arithmetic or as TIES. The mask comes from a seeded generator per tensor and
+  input, so the same seed gives the same bytes (not mergekit's bytes: its mask comes from
+  torch's global generator).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mgit.errors import InputError
+
+F32 = np.float32
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    needs_base: bool
+    parameters: dict[str, Any]  # the method's parameters and their defaults
+    input_parameters: dict[str, Any]  # per input, with defaults (None: required)
+
+
+METHODS: dict[str, Method] = {
+    "linear": Method("linear", False, {"normalize": True}, {"weight": 1.0}),
+    "slerp": Method("slerp", True, {"t": None}, {}),
+    "task_arithmetic": Method("task_arithmetic", True, {"normalize": False, "lambda": 1.0, "int8_mask": False},
+                              {"weight": 1.0}),
+    "ties": Method("ties", True, {"normalize": True, "lambda": 1.0, "int8_mask": False, "rescale": False},
+                   {"weight": 1.0, "density": 1.0}),
+    "dare_linear": Method("dare_linear", True, {"normalize": False, "lambda": 1.0, "int8_mask": False,
+                                                "rescale": True}, {"weight": 1.0, "density": 1.0}),
+    "dare_ties": Method("dare_ties", True, {"normalize": False, "lambda": 1.0, "int8_mask": False, "rescale": True},
+                        {"weight": 1.0, "density": 1.0}),
+}  # fmt: skip
+
+
+def merge_tensor(method: str, name: str, values: Sequence[np.ndarray], base: int | None,
+                 inputs: Sequence[dict[str, Any]], params: dict[str, Any], seed: int) -> np.ndarray:  # fmt: skip
+    """The merged value of tensor `name` (float32) from its value in each input."""
+    if method == "linear":
+        return _linear(values, [float(p["weight"]) for p in inputs], bool(params["normalize"]))
+    assert base is not None
+    if method == "slerp":
+        other = next(i for i in range(len(values)) if i != base)
+        return _slerp(float(params["t"]), values[base], values[other])
+    return _task_arithmetic(method, name, values, base, inputs, params, seed)
+
+
+def _linear(values: Sequence[np.ndarray], weights: list[float], normalize: bool) -> np.ndarray:
+    w = np.asarray(weights, F32)
+    total = _sum0([F32(wi) * v for wi, v in zip(w, values, strict=True)])
+    return total / w.sum(dtype=F32) if normalize else total
+
+
+def _slerp(t: float, v0: np.ndarray, v1: np.ndarray, colinear: float = 0.9995, eps: float = 1e-8) -> np.ndarray:
+    d0, d1 = _direction(v0, eps), _direction(v1, eps)
+    cos = np.clip(np.sum(d0 * d1), -1, 1)
+    if np.abs(cos) > colinear:
+        return F32(1 - t) * v0 + F32(t) * v1
+    theta = np.arccos(cos)
+    sin_theta = np.sin(theta)
+    return (np.sin(F32(1 - t) * theta) / sin_theta) * v0 + (np.sin(F32(t) * theta) / sin_theta) * v1
+
+
+def _direction(v: np.ndarray, eps: float) -> np.ndarray:
+    norm = np.linalg.norm(v)
+    return v / norm if norm > eps else v
+
+
+def _task_arithmetic(method: str, name: str, values: Sequence[np.ndarray], base: int,
+                     inputs: Sequence[dict[str, Any]], params: dict[str, Any], seed: int) -> np.ndarray:  # fmt: skip
+    b = values[base]
+    others = [i for i in range(len(values)) if i != base]
+    if not others:
+        return b
+    deltas, weights = [], []
+    for i in others:
+        delta = values[i] - b
+        density = float(inputs[i].get("density", 1.0))
+        if method == "ties":
+            delta = _magnitude(delta, density, rescale=bool(params["rescale"]), name=name)
+        elif method.startswith("dare_"):
+            delta = _bernoulli(delta, density, rescale=bool(params["rescale"]), seed=(seed, name, i))
+        deltas.append(delta)
+        weights.append(F32(inputs[i]["weight"]))
+    weighted = [w * d for w, d in zip(weights, deltas, strict=True)]
+    if method in ("ties", "dare_ties"):
+        majority = np.where(_sum0(weighted) >= 0, F32(1), F32(-1))
+        masks = [(np.sign(x) == majority).astype(F32) for x in weighted]
+        mixed = _sum0([x * m for x, m in zip(weighted, masks, strict=True)])
+        divisor = _sum0([w * m for w, m in zip(weights, masks, strict=True)])
+        divisor[divisor == 0] = 1
+    else:
+        mixed = _sum0(weighted)
+        divisor = np.asarray(weights, F32).sum(dtype=F32)
+        if np.abs(divisor) < 1e-8:
+            divisor = F32(1)
+    if params["normalize"]:
+        mixed = mixed / divisor
+    if float(params["lambda"]) != 1:
+        mixed = mixed * F32(params["lambda"])
+    return b + mixed
+
+
+def _sum0(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Element-wise sum in input order (as a reduction over the first axis of their stack)."""
+    out = np.array(arrays[0], F32, copy=True)
+    for a in arrays[1:]:
+        out += a
+    return out
+
+
+def _magnitude(delta: np.ndarray, density: float, *, rescale: bool, name: str) -> np.ndarray:
+    """Keep the `density` fraction of largest magnitudes (ties broken by position)."""
+    if density >= 1:
+        return delta
+    k = int(density * delta.size)
+    if k <= 0:
+        raise InputError(name, f"has {delta.size} elements: density {density:g} keeps none of them",
+                         hint="Raise --density")  # fmt: skip
+    order = np.argsort(-np.abs(delta.reshape(-1)), kind="stable")[:k]
+    mask = np.zeros(delta.size, F32)
+    mask[order] = 1
+    return _rescaled(delta, mask.reshape(delta.shape), rescale)
+
+
+def _bernoulli(delta: np.ndarray, density: float, *, rescale: bool, seed: tuple[int, str, int]) -> np.ndarray:
+    if density >= 1:
+        return delta
+    rng = np.random.default_rng([seed[0] & 0xFFFFFFFF, zlib.crc32(seed[1].encode()), seed[2]])
+    mask = (rng.random(delta.shape, dtype=F32) < F32(density)).astype(F32)
+    return _rescaled(delta, mask, rescale)
+
+
+def _rescaled(delta: np.ndarray, mask: np.ndarray, rescale: bool, eps: float = 1e-7) -> np.ndarray:
+    """The masked delta, scaled back to the L1 norm it had (when `rescale`)."""
+    masked = delta * mask
+    if not rescale:
+        return masked
+    before, after = np.abs(delta).sum(dtype=F32), np.abs(masked).sum(dtype=F32)
+    if before < eps or after < eps:
+        return masked
+    return masked * (before / after)

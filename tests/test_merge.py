@@ -1,0 +1,146 @@
+"""`mgit merge`: the methods against mergekit's own output, the recorded recipe and the
+cascade that re-merges, task heads, and bad input.
+
+mergekit's outputs for the tiny Llama-shaped models of merge_models.py are kept in
+tests/fixtures/merge/ (made by make_fixtures.py in an environment of mergekit's own)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from merge_models import CONFIGS, MODELS, write_model
+from safetensors.numpy import load_file, save_file
+
+from mgit import Repo
+from mgit.errors import InvalidOptionError, UnknownRefError
+from mgit.merging import merge, merge_config
+from mgit.merging.methods import METHODS
+
+FIXTURES = Path(__file__).parent / "fixtures" / "merge"
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory: pytest.TempPathFactory) -> Repo:
+    root = tmp_path_factory.mktemp("merge")
+    repo = Repo.init(root / "repo")
+    for name, (_, parent) in MODELS.items():
+        repo.add(write_model(root / name, name), name=name, parent=parent)
+    return repo
+
+
+def weights_of(repo: Repo, ref: str, tmp: Path) -> dict[str, np.ndarray]:
+    repo.checkout(ref, tmp)
+    return load_file(str(tmp / "model.safetensors"))
+
+
+@pytest.mark.parametrize("method", sorted(CONFIGS))
+def test_the_same_bits_as_mergekit(family: Repo, method: str, tmp_path: Path) -> None:
+    """float32 models, float32 arithmetic in mergekit's order: the same bytes, every tensor
+    (dare_ties at density 1, where no random mask is drawn); slerp within 1e-6 of each tensor's largest value."""
+    config = tmp_path / f"{method}.yml"
+    config.write_text(CONFIGS[method])
+    result = merge_config(family, config, name=f"m-{method}")
+    ours = weights_of(family, f"m-{method}", tmp_path / "out")
+    theirs = load_file(str(FIXTURES / f"{method}.safetensors"))
+    assert list(ours) == list(theirs)
+    if method == "slerp":  # mergekit's norms and dot products are torch reductions: another summation order
+        worst = max(float(np.max(np.abs(ours[k] - theirs[k])) / np.max(np.abs(theirs[k]))) for k in theirs)
+        assert worst < 1e-6, worst
+    else:
+        differing = [k for k in theirs if ours[k].tobytes() != theirs[k].tobytes()]
+        assert differing == [], f"{method}: {len(differing)} tensors differ, e.g. {differing[:3]}"
+    version = family.version(result.version)
+    assert {p.relation for p in version.parents} == {"merge"}
+    named = [family.model_of(p.version) for p in version.parents]
+    expected = [m.split(": ")[1] for m in CONFIGS[method].splitlines() if "model: " in m and "base_model" not in m]
+    assert set(named) == set(expected) | ({"base"} if METHODS[method].needs_base else set())
+    assert version.recipe["fn"] == "mgit.merging.recipe:merge" and version.recipe["params"]["method"] == method
+
+
+def test_dare_is_reproducible_from_its_seed_and_keeps_about_density(family: Repo, tmp_path: Path) -> None:
+    a = merge(family, ["ft1", "ft2"], method="dare_linear", base="base", density=0.3, seed=7, name="dare-a")
+    b = merge(family, ["ft1", "ft2"], method="dare_linear", base="base", density=0.3, seed=7, name="dare-b")
+    c = merge(family, ["ft1", "ft2"], method="dare_linear", base="base", density=0.3, seed=8, name="dare-c")
+    assert family.version(a.version).manifest == family.version(b.version).manifest
+    assert family.version(a.version).manifest != family.version(c.version).manifest
+    merged = weights_of(family, "dare-a", tmp_path / "a")
+    base = weights_of(family, "base", tmp_path / "base")
+    changed = np.mean([np.mean(merged[k] != base[k]) for k in base])
+    assert 0.4 < changed < 0.6  # 1 - 0.7 * 0.7 of the elements have a kept delta from either input
+
+
+def test_a_cascade_merges_again_when_an_input_changes(family: Repo, tmp_path: Path) -> None:
+    merge(family, ["ft1", "ft2"], method="task_arithmetic", base="base", weights={"ft1": 0.5, "ft2": 0.5},
+          name="casc")  # fmt: skip
+    state = {k: v + np.float32(0.01) for k, v in load_file(str(tmp_path.parent / "ft2" / "model.safetensors")).items()} \
+        if (tmp_path.parent / "ft2").exists() else None  # fmt: skip
+    folder = tmp_path / "ft2-v2"
+    folder.mkdir()
+    src = weights_of(family, "ft2", tmp_path / "ft2-old")
+    save_file({k: v + np.float32(0.01) for k, v in src.items()} if state is None else state,
+              str(folder / "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
+    (folder / "config.json").write_bytes((tmp_path / "ft2-old" / "config.json").read_bytes())
+    family.add(folder, name="ft2")
+    code, out, err = run_cli("cascade", "ft2", "--only", "casc", "--json", cwd=family.root)
+    assert code == 0, err
+    (result,) = [r for r in json.loads(out)["results"] if r["model"] == "casc"]
+    assert result["status"] == "updated"
+    again = weights_of(family, "casc", tmp_path / "again")
+    base, ft1, ft2 = (weights_of(family, m, tmp_path / m) for m in ("base", "ft1", "ft2"))
+    key = "model.layers.0.mlp.up_proj.weight"
+    expected = base[key] + (np.float32(0.5) * (ft1[key] - base[key]) + np.float32(0.5) * (ft2[key] - base[key]))
+    assert again[key].tobytes() == expected.astype(np.float32).tobytes()
+
+
+def test_task_heads_are_refused_then_taken_from_one_input(family: Repo, tmp_path: Path) -> None:
+    for name, classes in (("head2", 2), ("head4", 4)):
+        src = weights_of(family, "ft1", tmp_path / f"src-{name}")
+        src["classifier.weight"] = np.full((classes, 32), float(classes), np.float32)
+        folder = tmp_path / name
+        folder.mkdir()
+        save_file(src, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        (folder / "config.json").write_text("{}")
+        family.add(folder, name=name, parent="base")
+    with pytest.raises(Exception, match=r"classifier\.weight: is only in some inputs.*--take"):
+        merge(family, ["head2", "head4"], method="task_arithmetic", base="base", name="heads")
+    with pytest.raises(Exception, match=r"classifier\.weight: has shapes \(2, 32\) and \(4, 32\) in the inputs"):
+        merge(family, ["head2", "head4"], method="linear", name="heads")
+    code, out, err = run_cli("merge", "head2", "head4", "--method", "task_arithmetic", "--base", "base",
+                             "--take", "classifier.*=head4", "--name", "heads", "--json", cwd=family.root)  # fmt: skip
+    assert code == 0, err
+    merged = weights_of(family, "heads", tmp_path / "heads")
+    assert merged["classifier.weight"].shape == (4, 32) and float(merged["classifier.weight"][0, 0]) == 4.0
+
+
+def test_bad_input_is_refused_before_any_work(family: Repo, tmp_path: Path) -> None:
+    before = family.refs.all()
+    with pytest.raises(InvalidOptionError, match="unknown merge method 'average'.*") as exc:
+        merge(family, ["ft1", "ft2"], method="average", name="bad")
+    assert "linear, slerp, task_arithmetic, ties, dare_linear, dare_ties" in str(exc.value.hint)
+    with pytest.raises(InvalidOptionError, match="ties takes no merge parameter 'temperature'"):
+        merge(family, ["ft1", "ft2"], method="ties", base="base", parameters={"temperature": 2}, name="bad")
+    with pytest.raises(InvalidOptionError, match="needs a base model"):
+        merge(family, ["ft1", "ft2"], method="ties", name="bad")
+    with pytest.raises(InvalidOptionError, match="density must be in"):
+        merge(family, ["ft1", "ft2"], method="ties", base="base", density=1.5, name="bad")
+    config = tmp_path / "bad.yml"
+    config.write_text("models:\n  - model: ft1\n  - model: nosuch\nmerge_method: linear\n")
+    with pytest.raises(UnknownRefError, match="nosuch"):
+        merge_config(family, config, name="bad")
+    config.write_text("models:\n  - model: ft1\n  - model: ft2\nmerge_method: linear\nparameters: {t: [0, 1]}\n")
+    with pytest.raises(InvalidOptionError, match="takes no merge parameter 't'"):
+        merge_config(family, config, name="bad")
+    code, _, err = run_cli("merge", "ft1", "ft2", "--method", "slerp", "--base", "base", "--name", "bad", cwd=family.root)
+    assert code == 1 and "slerp merges exactly two models" in err
+    other = tmp_path / "other"
+    other.mkdir()
+    save_file({"model.norm.weight": np.ones(32, np.float32), "extra.weight": np.ones(3, np.float32)},
+              str(other / "model.safetensors"))  # fmt: skip
+    family.add(other, name="other")
+    with pytest.raises(Exception, match="has no tensor 'lm_head.weight'|is only in some inputs"):
+        merge(family, ["ft1", "other"], method="linear", name="bad")
+    assert family.refs.all() == {**before, "other": family.refs.get("other")}
