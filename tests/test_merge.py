@@ -144,3 +144,21 @@ def test_bad_input_is_refused_before_any_work(family: Repo, tmp_path: Path) -> N
     with pytest.raises(Exception, match="has no tensor 'lm_head.weight'|is only in some inputs"):
         merge(family, ["ft1", "other"], method="linear", name="bad")
     assert family.refs.all() == {**before, "other": family.refs.get("other")}
+
+
+def test_two_task_models_keep_both_heads_under_their_own_names(family: Repo, tmp_path: Path) -> None:
+    if "head2" not in family.refs.all():
+        test_task_heads_are_refused_then_taken_from_one_input(family, tmp_path / "setup")
+    code, out, err = run_cli("merge", "head2", "head4", "--method", "task_arithmetic", "--base", "base",
+                             "--rename", "classifier.*=head2:sentiment.", "--rename", "classifier.*=head4:topic.",
+                             "--name", "two-heads", cwd=family.root)  # fmt: skip
+    assert code == 0, err
+    merged = weights_of(family, "two-heads", tmp_path / "two")
+    assert merged["sentiment.classifier.weight"].shape == (2, 32) and merged["topic.classifier.weight"].shape == (4, 32)
+    assert "classifier.weight" not in merged
+    recipe = family.version("two-heads").recipe["params"]
+    assert recipe["rename"] == [["classifier.*", 1, "sentiment."], ["classifier.*", 2, "topic."]]
+    code, _, err = run_cli("merge", "head2", "head4", "--method", "task_arithmetic", "--base", "base",
+                           "--rename", "classifier.*=head2:x.", "--rename", "classifier.*=head4:x.", "--name", "clash",
+                           cwd=family.root)  # fmt: skip
+    assert code == 1 and "x.classifier.weight: would be written twice" in err

@@ -38,13 +38,15 @@ def _pairs(values: tuple[str, ...], option: str, cast: type = float) -> dict[str
               help="Seed of the DARE masks (recorded: a re-run gives the same bytes).")
 @click.option("--take", "takes", multiple=True, metavar="GLOB=REF",
               help="Tensors matching GLOB come unmerged from REF (a task head); repeatable.")
+@click.option("--rename", "renames", multiple=True, metavar="GLOB=REF:PREFIX",
+              help="REF's tensors matching GLOB kept unmerged as PREFIX + name (both task heads); repeatable.")
 @click.option("--name", required=True, help="The model the merge is added to.")
 @click.option("-m", "--message", default="", help="The version's message.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
 def merge(ctx: click.Context, refs: tuple[str, ...], method: str | None, config: str | None, base: str | None,
           weights: tuple[str, ...], densities: tuple[str, ...], params: tuple[str, ...], dtype: str | None, seed: int,
-          takes: tuple[str, ...], name: str, message: str, as_json: bool) -> None:  # fmt: skip
+          takes: tuple[str, ...], renames: tuple[str, ...], name: str, message: str, as_json: bool) -> None:  # fmt: skip
     """Merge models into a new version of NAME: relation merge, every input a parent, the merge
     its recipe (so `mgit cascade` merges again when an input gets a new version).
 
@@ -52,6 +54,8 @@ def merge(ctx: click.Context, refs: tuple[str, ...], method: str | None, config:
     Examples:
       mgit merge ft-sst2 ft-mnli --method task_arithmetic --base bert-base --weight ft-sst2=0.6 \\
           --weight ft-mnli=0.4 --take 'classifier.*=ft-sst2' --name bert-multi
+      mgit merge ft-sst2 ft-mnli --method task_arithmetic --base bert-base \
+          --rename 'classifier.*=ft-sst2:sst2.' --rename 'classifier.*=ft-mnli:mnli.' --name bert-two-heads
       mgit merge ft-a ft-b --method ties --base base --density 0.5 --name merged
       mgit merge base ft --method slerp --base base --param t=0.3 --name halfway
       mgit merge --config merge.yml --name merged
@@ -61,7 +65,7 @@ def merge(ctx: click.Context, refs: tuple[str, ...], method: str | None, config:
 
     repo = ctx.obj.repo()
     if config is not None:
-        if refs or method or base or weights or densities or params or dtype or takes:
+        if refs or method or base or weights or densities or params or dtype or takes or renames:
             raise click.UsageError("--config says everything the merge needs; give it alone (with --name, -m, --seed)")
         result = merge_config(repo, config, name=name, message=message, seed=seed)
     else:
@@ -77,13 +81,21 @@ def merge(ctx: click.Context, refs: tuple[str, ...], method: str | None, config:
         result = merge_refs(repo, list(refs), method=method, name=name, base=base,
                             weights=_pairs(weights, "--weight"), density=density, parameters=parameters,  # type: ignore[arg-type]
                             dtype=dtype, seed=seed, take={g: str(r) for g, r in _pairs(takes, "--take", str).items()},
-                            message=message)  # fmt: skip
+                            rename=[_rename(r) for r in renames], message=message)  # fmt: skip
     if as_json:
         print_json(result.to_json())
         return
     parents = ", ".join(f"{p.ref}" for p in result.parents) if result.parents else "-"
     out.print(f"{result.model}@{result.seq} {result.version[:12]}: merge of {parents}"
               + ("" if result.created else " (unchanged: same as the latest version)"))  # fmt: skip
+
+
+def _rename(rule: str) -> tuple[str, str, str]:
+    glob, sep, target = rule.partition("=")
+    ref, colon, prefix = target.rpartition(":")
+    if not sep or not colon or not glob or not ref or not prefix:
+        raise click.BadParameter(f"{rule!r} is not GLOB=REF:PREFIX", param_hint="--rename")
+    return glob, ref, prefix
 
 
 def _value(text: object) -> object:

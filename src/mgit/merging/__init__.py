@@ -30,11 +30,14 @@ __all__ = ["METHODS", "RECIPE", "MergeConfig", "MergeSpec", "merge", "merge_conf
 def merge(repo: Repo, refs: list[str], *, method: str, name: str, base: str | None = None,
           weights: dict[str, float] | None = None, density: dict[str, float] | float | None = None,
           parameters: dict[str, Any] | None = None, dtype: str | None = None, seed: int = 0,
-          take: dict[str, str] | None = None, message: str = "") -> AddResult:  # fmt: skip
+          take: dict[str, str] | None = None, rename: list[tuple[str, str, str]] | None = None,
+          message: str = "") -> AddResult:  # fmt: skip
     """Merge these versions (refs, in order; `base` among them or added first) and add the
     result as the next version of `name`. `weights` and a per-input `density` are keyed by
     the refs as given (or their model names); a single `density` applies to every input.
-    `take` maps tensor globs to the ref whose tensor is used unmerged (a task head)."""
+    `take` maps tensor globs to the ref whose tensor is used unmerged (a task head);
+    `rename` rules (glob, ref, prefix) keep that ref's matching tensors unmerged under
+    prefix + name (both task heads of two task models)."""
     refs = list(refs)
     if base is not None and base not in refs:
         refs.insert(0, base)
@@ -54,7 +57,8 @@ def merge(repo: Repo, refs: list[str], *, method: str, name: str, base: str | No
                 inputs[i]["density"] = density
     spec = MergeSpec.build(method, len(refs), base=None if base is None else refs.index(base), inputs=inputs,
                            parameters=parameters, dtype=dtype, seed=seed,
-                           take=[(glob, position(ref, "--take")) for glob, ref in (take or {}).items()])  # fmt: skip
+                           take=[(glob, position(ref, "--take")) for glob, ref in (take or {}).items()],
+                           rename=[(g, position(ref, "--rename"), x) for g, ref, x in rename or []])  # fmt: skip
     return _run(repo, spec, vids, name=name, message=message)
 
 
@@ -82,7 +86,8 @@ def merge_config(repo: Repo, config: str | Path, *, name: str, message: str = ""
     spec = MergeSpec.build(cfg.method, len(refs), base=None if base is None else refs.index(base),
                            inputs=[per_model[r] if r != base or cfg.method == "linear" else {} for r in refs],
                            parameters=global_params, dtype=cfg.dtype, seed=seed,
-                           take=[(glob, position(ref, "take")) for glob, ref in cfg.take])  # fmt: skip
+                           take=[(glob, position(ref, "take")) for glob, ref in cfg.take],
+                           rename=[(g, position(ref, "rename"), x) for g, ref, x in cfg.rename])  # fmt: skip
     return _run(repo, spec, vids, name=name, message=message)
 
 

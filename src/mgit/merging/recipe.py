@@ -14,6 +14,7 @@ advance; the other files (config, tokenizer) are the base's, else the first inpu
 
 from __future__ import annotations
 
+import fnmatch
 import shutil
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,8 @@ def _layout(path: Path) -> SafetensorsLayout:
 def _merge_file(spec: MergeSpec, rel: str, parents: list[Path], layouts: list[SafetensorsLayout],
                 out: Path) -> None:  # fmt: skip
     order = spec.base if spec.base is not None else 0
-    names = [t.name for t in layouts[order].tensors]
-    known = set(names)
+    names = [t.name for t in layouts[order].tensors if not spec.renamed(t.name)]
+    known = set(names) | {t.name for lay in layouts for t in lay.tensors if spec.renamed(t.name)}
     for lay in layouts:  # tensors the base lacks, taken from the input a rule names (a task head)
         for t in lay.tensors:
             if t.name not in known and spec.taken_from(t.name) is not None:
@@ -91,6 +92,16 @@ def _merge_file(spec: MergeSpec, rel: str, parents: list[Path], layouts: list[Sa
                                    "different architectures or task heads",
                              hint=f"Say which input it comes from: --take '{name}=REF'")  # fmt: skip
         plan.append((name, "merge", None, spans))
+    for glob, position, prefix in spec.rename:  # kept apart, under a name of their own (both task heads)
+        for t in layouts[position].tensors:
+            if fnmatch.fnmatchcase(t.name, glob):
+                spans = [None] * len(layouts)
+                spans[position] = t
+                plan.append((prefix + t.name, "take", position, spans))
+    written = [name for name, *_ in plan]
+    if len(set(written)) != len(written):
+        clash = next(n for n in written if written.count(n) > 1)
+        raise InputError(clash, "would be written twice", hint="Give each --rename its own prefix")
     extra = [t.name for lay in layouts for t in lay.tensors if t.name not in known]
     if extra:
         raise InputError(extra[0], "is only in some inputs", hint=f"Say which input it comes from: --take '{extra[0]}=REF'")

@@ -60,11 +60,13 @@ class MergeSpec:
     dtype: str | None = None
     seed: int = 0
     take: list[tuple[str, int]] = field(default_factory=list)  # (tensor glob, input position)
+    rename: list[tuple[str, int, str]] = field(default_factory=list)  # (glob, input, prefix): kept, renamed
 
     @classmethod
     def build(cls, method: str, count: int, *, base: int | None, inputs: list[dict[str, Any]] | None = None,
               parameters: dict[str, Any] | None = None, dtype: str | None = None, seed: int = 0,
-              take: list[tuple[str, int]] | None = None) -> MergeSpec:  # fmt: skip
+              take: list[tuple[str, int]] | None = None,
+              rename: list[tuple[str, int, str]] | None = None) -> MergeSpec:  # fmt: skip
         """A checked spec for `count` inputs (parameters not given take their defaults)."""
         if method not in METHODS:
             raise InvalidOptionError(f"unknown merge method {method!r}", hint=f"Use one of: {', '.join(METHODS)}")
@@ -89,7 +91,13 @@ class MergeSpec:
         for glob, position in take or []:
             if not isinstance(glob, str) or not glob or not isinstance(position, int) or not 0 <= position < count:
                 raise InvalidOptionError(f"take rule {glob!r}={position!r} does not name a tensor glob and an input")
-        return cls(method, per_input, base, params, dtype, seed, [(g, p) for g, p in take or []])
+        for glob, position, prefix in rename or []:
+            if not isinstance(glob, str) or not glob or not isinstance(position, int) or not 0 <= position < count \
+                    or not isinstance(prefix, str) or not prefix:  # fmt: skip
+                raise InvalidOptionError(f"rename rule {glob!r}={position!r}:{prefix!r} does not name a tensor glob, "
+                                         "an input and a prefix")  # fmt: skip
+        return cls(method, per_input, base, params, dtype, seed, [(g, p) for g, p in take or []],
+                   [(g, p, x) for g, p, x in rename or []])  # fmt: skip
 
     def taken_from(self, tensor: str) -> int | None:
         """The input a tensor is taken from unmerged (the first matching rule), or None."""
@@ -97,19 +105,27 @@ class MergeSpec:
 
         return next((p for g, p in self.take if fnmatch.fnmatchcase(tensor, g)), None)
 
+    def renamed(self, tensor: str) -> bool:
+        """Whether a rename rule keeps this tensor apart (it is then not merged)."""
+        import fnmatch
+
+        return any(fnmatch.fnmatchcase(tensor, g) for g, _, _ in self.rename)
+
     def to_params(self) -> dict[str, Any]:
         """As recipe parameters (JSON values)."""
         return {"method": self.method, "inputs": self.inputs, "base": self.base, "parameters": self.parameters,
-                "dtype": self.dtype, "seed": self.seed, "take": [list(t) for t in self.take]}  # fmt: skip
+                "dtype": self.dtype, "seed": self.seed, "take": [list(t) for t in self.take],
+                "rename": [list(r) for r in self.rename]}  # fmt: skip
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> MergeSpec:
         """From recipe parameters, checked as when it was made."""
         try:
             take = [(str(g), int(p)) for g, p in params.get("take") or []]
+            rename = [(str(g), int(p), str(x)) for g, p, x in params.get("rename") or []]
             return cls.build(params["method"], len(params["inputs"]), base=params.get("base"),
                              inputs=params["inputs"], parameters=params.get("parameters"), dtype=params.get("dtype"),
-                             seed=params.get("seed", 0), take=take)  # fmt: skip
+                             seed=params.get("seed", 0), take=take, rename=rename)  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidOptionError(f"malformed merge parameters ({exc})") from None
 
@@ -124,6 +140,7 @@ class MergeConfig:
     parameters: dict[str, Any]
     dtype: str | None
     take: list[tuple[str, str]]
+    rename: list[tuple[str, str, str]] = field(default_factory=list)  # (glob, model, prefix)
 
     @classmethod
     def parse(cls, text: str, *, where: str = "the config") -> MergeConfig:
@@ -135,8 +152,8 @@ class MergeConfig:
             raise InvalidOptionError(f"{where} is not YAML ({str(exc).splitlines()[0]})") from None
         if not isinstance(data, dict):
             raise InvalidOptionError(f"{where} is not a mapping of merge settings")
-        known = ("models", "merge_method", "base_model", "parameters", "dtype", "out_dtype", "take", "tokenizer_source",
-                 "chat_template")  # fmt: skip
+        known = ("models", "merge_method", "base_model", "parameters", "dtype", "out_dtype", "take", "rename",
+                 "tokenizer_source", "chat_template")  # fmt: skip
         unknown = [k for k in data if k not in known]
         if "slices" in data:
             raise InvalidOptionError(f"{where}: 'slices' (layer ranges) are not supported yet", hint="Use 'models'")
@@ -160,6 +177,11 @@ class MergeConfig:
         parameters = data.get("parameters") or {}
         if not isinstance(parameters, dict):
             raise InvalidOptionError(f"{where}: 'parameters' must be a mapping")
+        rename = []
+        for rule in data.get("rename") or []:
+            if not isinstance(rule, dict) or not all(isinstance(rule.get(k), str) for k in ("tensors", "model", "prefix")):
+                raise InvalidOptionError(f"{where}: each of 'rename' needs tensors (a glob), model and prefix")
+            rename.append((rule["tensors"], rule["model"], rule["prefix"]))
         base = data.get("base_model")
         return cls(data["merge_method"], models, base if isinstance(base, str) else None, dict(parameters),
-                   data.get("out_dtype") or data.get("dtype"), [(str(g), str(m)) for g, m in take.items()])  # fmt: skip
+                   data.get("out_dtype") or data.get("dtype"), [(str(g), str(m)) for g, m in take.items()], rename)  # fmt: skip
