@@ -74,25 +74,25 @@ def test_dare_is_reproducible_from_its_seed_and_keeps_about_density(family: Repo
 
 
 def test_a_cascade_merges_again_when_an_input_changes(family: Repo, tmp_path: Path) -> None:
-    merge(family, ["ft1", "ft2"], method="task_arithmetic", base="base", weights={"ft1": 0.5, "ft2": 0.5},
+    # An input of its own (the other tests' ft1 and ft2 stay as mergekit saw them).
+    first = weights_of(family, "ft2", tmp_path / "ft3-v1")
+    family.add(tmp_path / "ft3-v1", name="ft3", parent="base")
+    merge(family, ["ft1", "ft3"], method="task_arithmetic", base="base", weights={"ft1": 0.5, "ft3": 0.5},
           name="casc")  # fmt: skip
-    state = {k: v + np.float32(0.01) for k, v in load_file(str(tmp_path.parent / "ft2" / "model.safetensors")).items()} \
-        if (tmp_path.parent / "ft2").exists() else None  # fmt: skip
-    folder = tmp_path / "ft2-v2"
+    folder = tmp_path / "ft3-v2"
     folder.mkdir()
-    src = weights_of(family, "ft2", tmp_path / "ft2-old")
-    save_file({k: v + np.float32(0.01) for k, v in src.items()} if state is None else state,
-              str(folder / "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
-    (folder / "config.json").write_bytes((tmp_path / "ft2-old" / "config.json").read_bytes())
-    family.add(folder, name="ft2")
-    code, out, err = run_cli("cascade", "ft2", "--only", "casc", "--json", cwd=family.root)
+    save_file({k: v + np.float32(0.01) for k, v in first.items()}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})  # fmt: skip
+    (folder / "config.json").write_bytes((tmp_path / "ft3-v1" / "config.json").read_bytes())
+    family.add(folder, name="ft3")
+    code, out, err = run_cli("cascade", "ft3", "--json", cwd=family.root)
     assert code == 0, err
     (result,) = [r for r in json.loads(out)["results"] if r["model"] == "casc"]
     assert result["status"] == "updated"
     again = weights_of(family, "casc", tmp_path / "again")
-    base, ft1, ft2 = (weights_of(family, m, tmp_path / m) for m in ("base", "ft1", "ft2"))
+    base, ft1, ft3 = (weights_of(family, m, tmp_path / m) for m in ("base", "ft1", "ft3"))
     key = "model.layers.0.mlp.up_proj.weight"
-    expected = base[key] + (np.float32(0.5) * (ft1[key] - base[key]) + np.float32(0.5) * (ft2[key] - base[key]))
+    expected = base[key] + (np.float32(0.5) * (ft1[key] - base[key]) + np.float32(0.5) * (ft3[key] - base[key]))
     assert again[key].tobytes() == expected.astype(np.float32).tobytes()
 
 
@@ -162,3 +162,30 @@ def test_two_task_models_keep_both_heads_under_their_own_names(family: Repo, tmp
                            "--rename", "classifier.*=head2:x.", "--rename", "classifier.*=head4:x.", "--name", "clash",
                            cwd=family.root)  # fmt: skip
     assert code == 1 and "x.classifier.weight: would be written twice" in err
+
+
+@pytest.mark.parametrize("method", ["linear", "task_arithmetic", "ties"])
+def test_chunked_merges_give_the_same_bits(family: Repo, method: str, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Large tensors merge a chunk at a time (TIES after choosing what it keeps over the
+    whole tensor): with chunks of 1,000 elements, still mergekit's bytes."""
+    from mgit.merging import recipe
+
+    monkeypatch.setattr(recipe, "CHUNK", 1000)
+    config = tmp_path / f"{method}.yml"
+    config.write_text(CONFIGS[method])
+    merge_config(family, config, name=f"chunked-{method}")
+    ours = weights_of(family, f"chunked-{method}", tmp_path / "out")
+    theirs = load_file(str(FIXTURES / f"{method}.safetensors"))
+    assert [k for k in theirs if ours[k].tobytes() != theirs[k].tobytes()] == []
+
+
+def test_ties_keeps_equal_magnitudes_by_position(tmp_path: Path) -> None:
+    from mgit.merging.methods import _selected, ties_selection
+
+    delta = np.array([3, -1, 2, -2, 2, 0, -3, 1], np.float32)
+    threshold, last = ties_selection(delta, 0.5, "t")  # keeps 4: both 3s, then the first two 2s
+    mask = _selected(delta, threshold, last, 0)
+    assert mask.tolist() == [1, 0, 1, 1, 0, 0, 1, 0]
+    halves = np.concatenate([_selected(delta[:3], threshold, last, 0), _selected(delta[3:], threshold, last, 3)])
+    assert halves.tolist() == mask.tolist()

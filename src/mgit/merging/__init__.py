@@ -106,15 +106,17 @@ def _positions(repo: Repo, refs: list[str], vids: list[str]) -> Any:
 
 
 def _run(repo: Repo, spec: MergeSpec, vids: list[str], *, name: str, message: str) -> AddResult:
-    from mgit.merging.recipe import merge as merge_folders
+    """Merge straight from the store (each input read tensor by tensor, no checkout) into a
+    temporary folder, then add that folder as the merged version."""
+    from mgit.merging.recipe import StoreInput, merge_inputs
 
     params = spec.to_params()
     record = repo.recipe_record(RECIPE, params)
-    with tempfile.TemporaryDirectory(prefix="mgit-merge-") as tmp, repo.caching():
-        folders = [Path(tmp) / f"input-{i}" for i in range(len(vids))]
-        for vid, folder in zip(vids, folders, strict=True):
-            repo.checkout(vid, folder)
+    with tempfile.TemporaryDirectory(prefix="mgit-merge-") as tmp, repo.caching() as cache:
+        if repo.store.lazy:  # a lazy clone: what the merge reads, fetched at once
+            repo.store.fetch({o for v in vids for o in repo.manifest(v).object_ids()})
+        inputs = [StoreInput(repo.store, repo.manifest(v), cache) for v in vids]
         out = Path(tmp) / "out"
-        merge_folders(folders, out, **params)
+        merge_inputs(inputs, out, spec)
         return repo.add(out, name=name, parent=vids, relation="merge", model_card=False, recipe=record,
                         message=message or f"{spec.method} merge of {len(vids)} models")  # fmt: skip

@@ -60,15 +60,18 @@ METHODS: dict[str, Method] = {
 
 
 def merge_tensor(method: str, name: str, values: Sequence[np.ndarray], base: int | None,
-                 inputs: Sequence[dict[str, Any]], params: dict[str, Any], seed: int) -> np.ndarray:  # fmt: skip
-    """The merged value of tensor `name` (float32) from its value in each input."""
+                 inputs: Sequence[dict[str, Any]], params: dict[str, Any], seed: int, *,
+                 selections: dict[int, tuple[float, int]] | None = None, offset: int = 0) -> np.ndarray:  # fmt: skip
+    """The merged value of tensor `name` (float32) from its value in each input. A TIES merge
+    of a large tensor goes a flat chunk at a time (`values` from flat index `offset`) with
+    each input's `selections` found beforehand over the whole tensor (`ties_selection`)."""
     if method == "linear":
         return _linear(values, [float(p["weight"]) for p in inputs], bool(params["normalize"]))
     assert base is not None
     if method == "slerp":
         other = next(i for i in range(len(values)) if i != base)
         return _slerp(float(params["t"]), values[base], values[other])
-    return _task_arithmetic(method, name, values, base, inputs, params, seed)
+    return _task_arithmetic(method, name, values, base, inputs, params, seed, selections or {}, offset)
 
 
 def _linear(values: Sequence[np.ndarray], weights: list[float], normalize: bool) -> np.ndarray:
@@ -93,7 +96,8 @@ def _direction(v: np.ndarray, eps: float) -> np.ndarray:
 
 
 def _task_arithmetic(method: str, name: str, values: Sequence[np.ndarray], base: int,
-                     inputs: Sequence[dict[str, Any]], params: dict[str, Any], seed: int) -> np.ndarray:  # fmt: skip
+                     inputs: Sequence[dict[str, Any]], params: dict[str, Any], seed: int,
+                     selections: dict[int, tuple[float, int]], offset: int) -> np.ndarray:  # fmt: skip
     b = values[base]
     others = [i for i in range(len(values)) if i != base]
     if not others:
@@ -102,7 +106,9 @@ def _task_arithmetic(method: str, name: str, values: Sequence[np.ndarray], base:
     for i in others:
         delta = values[i] - b
         density = float(inputs[i].get("density", 1.0))
-        if method == "ties":
+        if method == "ties" and i in selections:
+            delta = delta * _selected(delta, *selections[i], offset)
+        elif method == "ties":
             delta = _magnitude(delta, density, rescale=bool(params["rescale"]), name=name)
         elif method.startswith("dare_"):
             delta = _bernoulli(delta, density, rescale=bool(params["rescale"]), seed=(seed, name, i))
@@ -136,17 +142,36 @@ def _sum0(arrays: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def _magnitude(delta: np.ndarray, density: float, *, rescale: bool, name: str) -> np.ndarray:
-    """Keep the `density` fraction of largest magnitudes (ties broken by position)."""
+    """Keep the `density` fraction of largest magnitudes (equal ones: the first by position)."""
     if density >= 1:
         return delta
-    k = int(density * delta.size)
+    mask = _selected(delta, *ties_selection(delta, density, name), 0)
+    return _rescaled(delta, mask, rescale)
+
+
+def ties_selection(delta: np.ndarray, density: float, name: str) -> tuple[float, int]:
+    """(threshold, last index): the `density` fraction of largest magnitudes of `delta` are
+    those above the threshold, and those equal to it up to that flat index (what a stable
+    sort by decreasing magnitude keeps). A partition, not a sort: linear time."""
+    flat = np.abs(delta.reshape(-1))
+    k = int(density * flat.size)
     if k <= 0:
-        raise InputError(name, f"has {delta.size} elements: density {density:g} keeps none of them",
+        raise InputError(name, f"has {flat.size} elements: density {density:g} keeps none of them",
                          hint="Raise --density")  # fmt: skip
-    order = np.argsort(-np.abs(delta.reshape(-1)), kind="stable")[:k]
-    mask = np.zeros(delta.size, F32)
-    mask[order] = 1
-    return _rescaled(delta, mask.reshape(delta.shape), rescale)
+    threshold = np.partition(flat, flat.size - k)[flat.size - k]
+    above = int(np.count_nonzero(flat > threshold))
+    equal = np.flatnonzero(flat == threshold)
+    return float(threshold), int(equal[k - above - 1]) if k > above else -1
+
+
+def _selected(delta: np.ndarray, threshold: float, last: int, offset: int) -> np.ndarray:
+    """The 0/1 mask of a selection over `delta`, a chunk starting at flat index `offset`."""
+    magnitude = np.abs(delta)
+    mask = magnitude > F32(threshold)
+    if last >= offset:
+        index = np.arange(offset, offset + delta.size).reshape(delta.shape)
+        mask |= (magnitude == F32(threshold)) & (index <= last)
+    return mask.astype(F32)
 
 
 def _bernoulli(delta: np.ndarray, density: float, *, rescale: bool, seed: tuple[int, str, int]) -> np.ndarray:

@@ -15,135 +15,232 @@ advance; the other files (config, tokenizer) are the base's, else the first inpu
 from __future__ import annotations
 
 import fnmatch
+import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from mgit.cache import DecodedCache
 from mgit.errors import InputError
 from mgit.formats.safetensors import (
     SafetensorsLayout,
     build_header,
+    element_count,
     is_float,
+    itemsize,
+    parse_header,
     read_layout,
     to_float,
 )
-from mgit.merging.methods import merge_tensor
+from mgit.merging.methods import merge_tensor, ties_selection
 from mgit.merging.spec import MergeSpec
+from mgit.objects import Manifest
+from mgit.reader import tensor_bytes
+from mgit.store import ObjectStore
 
 OUT_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 
 
+CHUNK = 4 << 20  # elements merged at once in an element-wise method (bounds float32 scratch)
+ELEMENTWISE = ("linear", "task_arithmetic", "ties")  # (ties after a whole-tensor pass choosing what it keeps)
+
+
+class Tensor(NamedTuple):
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return element_count(self.shape) * itemsize(self.dtype)
+
+
+class FolderInput:
+    """A model folder on disk (what a cascade gives a recipe)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self._layouts: dict[str, SafetensorsLayout] = {}
+
+    def weight_files(self) -> list[str]:
+        return sorted(p.relative_to(self.folder).as_posix() for p in self.folder.rglob("*.safetensors"))
+
+    def tensors(self, rel: str) -> tuple[list[Tensor], dict[str, str] | None]:
+        path = self.folder / rel
+        if not path.is_file():
+            raise InputError(str(path), "is missing: every input must hold the same weight files")
+        layout = self._layouts[rel] = read_layout(path)
+        return [Tensor(t.name, t.dtype, t.shape) for t in layout.tensors], layout.metadata
+
+    def raw(self, rel: str, name: str) -> np.ndarray:
+        layout = self._layouts[rel]
+        span = next(t for t in layout.tensors if t.name == name)
+        with open(self.folder / rel, "rb") as fh:
+            fh.seek(layout.data_start + span.start)
+            data = np.frombuffer(fh.read(span.nbytes), np.uint8)
+        if data.size != span.nbytes:
+            raise InputError(str(self.folder / rel), f"is truncated inside tensor {name!r}")
+        return data
+
+    def copy_others(self, out_dir: Path, skip: set[str]) -> None:
+        for f in sorted(self.folder.rglob("*")):
+            rel = f.relative_to(self.folder).as_posix()
+            if f.is_file() and rel not in skip and rel != "README.md":
+                (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(f, out_dir / rel)
+
+
+class StoreInput:
+    """A stored version, read tensor by tensor from its store (no checkout)."""
+
+    def __init__(self, store: ObjectStore, manifest: Manifest, reuse: DecodedCache | None = None) -> None:
+        self.store, self.reuse = store, reuse
+        self.files = {f.path: f for f in manifest.files}
+
+    def weight_files(self) -> list[str]:
+        return sorted(p for p, f in self.files.items() if f.type == "safetensors")
+
+    def tensors(self, rel: str) -> tuple[list[Tensor], dict[str, str] | None]:
+        f = self.files.get(rel)
+        if f is None or f.type != "safetensors":
+            raise InputError(rel, "is missing from an input: every input must hold the same weight files")
+        header = self.store.get(f.object)[1].tobytes()
+        return [Tensor(t.name, t.dtype, t.shape) for t in f.tensors], parse_header(rel, header, f.size).metadata
+
+    def raw(self, rel: str, name: str) -> np.ndarray:
+        entry = next(t for t in self.files[rel].tensors if t.name == name)
+        return tensor_bytes(self.store, entry, reuse=self.reuse)
+
+    def copy_others(self, out_dir: Path, skip: set[str]) -> None:
+        for rel, f in sorted(self.files.items()):
+            if rel not in skip and rel != "README.md" and f.type == "blob":
+                (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+                (out_dir / rel).write_bytes(self.store.get(f.object)[1].tobytes())
+
+
+Input = FolderInput | StoreInput
+
+
 def merge(parents: list[Path], out_dir: Path, **params: Any) -> None:
     """Merge the model folders `parents` into `out_dir` as `params` (a MergeSpec) says."""
-    spec = MergeSpec.from_params(params)
-    parents = [Path(p) for p in parents]
-    if len(parents) != len(spec.inputs):
-        raise InputError(str(out_dir), f"the merge has {len(spec.inputs)} inputs, {len(parents)} folders were given")
-    out_dir = Path(out_dir)
+    merge_inputs([FolderInput(Path(p)) for p in parents], Path(out_dir), MergeSpec.from_params(params))
+
+
+def merge_inputs(inputs: list[Input], out_dir: Path, spec: MergeSpec) -> None:
+    """Merge `inputs` (folders or stored versions, in the spec's order) into `out_dir`."""
+    if len(inputs) != len(spec.inputs):
+        raise InputError(str(out_dir), f"the merge has {len(spec.inputs)} inputs, {len(inputs)} were given")
     out_dir.mkdir(parents=True, exist_ok=True)
-    first = parents[spec.base if spec.base is not None else 0]
-    weights = sorted(p.relative_to(first).as_posix() for p in first.rglob("*.safetensors"))
+    first = inputs[spec.base if spec.base is not None else 0]
+    weights = first.weight_files()
     if not weights:
-        raise InputError(str(first), "has no .safetensors file to merge")
-    for rel in weights:
-        layouts = [_layout(p / rel) for p in parents]
-        _merge_file(spec, rel, parents, layouts, out_dir / rel)
-    for f in sorted(first.rglob("*")):
-        rel = f.relative_to(first).as_posix()
-        if f.is_file() and rel not in weights and rel != "README.md":
-            (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(f, out_dir / rel)
+        raise InputError(str(out_dir), "the inputs have no .safetensors file to merge")
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="mgit-merge") as pool:
+        for rel in weights:
+            _merge_file(spec, rel, inputs, out_dir / rel, pool)
+    first.copy_others(out_dir, set(weights))
 
 
-def _layout(path: Path) -> SafetensorsLayout:
-    if not path.is_file():
-        raise InputError(str(path), "is missing: every input must hold the same weight files")
-    return read_layout(path)
-
-
-def _merge_file(spec: MergeSpec, rel: str, parents: list[Path], layouts: list[SafetensorsLayout],
-                out: Path) -> None:  # fmt: skip
+def _merge_file(spec: MergeSpec, rel: str, inputs: list[Input], out: Path, pool: ThreadPoolExecutor) -> None:
     order = spec.base if spec.base is not None else 0
-    names = [t.name for t in layouts[order].tensors if not spec.renamed(t.name)]
-    known = set(names) | {t.name for lay in layouts for t in lay.tensors if spec.renamed(t.name)}
-    for lay in layouts:  # tensors the base lacks, taken from the input a rule names (a task head)
-        for t in lay.tensors:
-            if t.name not in known and spec.taken_from(t.name) is not None:
-                names.append(t.name)
-                known.add(t.name)
-    plan = []
+    listed = [i.tensors(rel) for i in inputs]
+    tables = [{t.name: t for t in ts} for ts, _ in listed]
+    names = [t.name for t in listed[order][0] if not spec.renamed(t.name)]
+    known = set(names) | {n for table in tables for n in table if spec.renamed(n)}
+    for table in tables:  # tensors the base lacks, taken from the input a rule names (a task head)
+        for n in table:
+            if n not in known and spec.taken_from(n) is not None:
+                names.append(n)
+                known.add(n)
+    plan: list[tuple[str, str, int | None, list[Tensor | None]]] = []
     for name in names:
-        spans = [{t.name: t for t in lay.tensors}.get(name) for lay in layouts]
+        found = [table.get(name) for table in tables]
         taken = spec.taken_from(name)
         if taken is not None:
-            if spans[taken] is None:
-                raise InputError(str(parents[taken] / rel), f"has no tensor {name!r} to take")
-            plan.append((name, "take", taken, spans))
+            if found[taken] is None:
+                raise InputError(name, f"is not in input {taken + 1}, which --take names for it")
+            plan.append((name, "take", taken, found))
             continue
-        missing = [i for i, s in enumerate(spans) if s is None]
+        missing = [i for i, t in enumerate(found) if t is None]
         if missing:
-            raise InputError(str(parents[missing[0]] / rel), f"has no tensor {name!r}",
-                             hint=f"Say which input it comes from: --take '{name}=REF'")  # fmt: skip
-        shapes = {s.shape for s in spans if s is not None}
+            raise InputError(name, "is only in some inputs", hint=f"Say which input it comes from: --take '{name}=REF'")
+        shapes = {t.shape for t in found if t is not None}
         if len(shapes) > 1:
             raise InputError(name, f"has shapes {' and '.join(map(str, sorted(shapes)))} in the inputs: "
                                    "different architectures or task heads",
                              hint=f"Say which input it comes from: --take '{name}=REF'")  # fmt: skip
-        plan.append((name, "merge", None, spans))
+        plan.append((name, "merge", None, found))
     for glob, position, prefix in spec.rename:  # kept apart, under a name of their own (both task heads)
-        for t in layouts[position].tensors:
+        for t in listed[position][0]:
             if fnmatch.fnmatchcase(t.name, glob):
-                spans = [None] * len(layouts)
-                spans[position] = t
-                plan.append((prefix + t.name, "take", position, spans))
+                found = [None] * len(inputs)
+                found[position] = t
+                plan.append((prefix + t.name, "take", position, found))
     written = [name for name, *_ in plan]
     if len(set(written)) != len(written):
         clash = next(n for n in written if written.count(n) > 1)
         raise InputError(clash, "would be written twice", hint="Give each --rename its own prefix")
-    extra = [t.name for lay in layouts for t in lay.tensors if t.name not in known]
+    extra = [n for table in tables for n in table if n not in known]
     if extra:
         raise InputError(extra[0], "is only in some inputs", hint=f"Say which input it comes from: --take '{extra[0]}=REF'")
     header_tensors = []
-    for name, action, taken, spans in plan:
-        src = spans[taken if action == "take" else order]
-        dtype = src.dtype if action == "take" or not is_float(src.dtype) or spec.dtype is None else OUT_DTYPES[spec.dtype]
-        header_tensors.append((name, dtype, src.shape))
-    header, out_spans = build_header(header_tensors, layouts[order].metadata)
-    files = [open(p / rel, "rb") for p in parents]  # noqa: SIM115 - closed below
-    try:
-        with open(out, "wb") as fh:
-            fh.write(header)
-            for (name, action, taken, spans), target in zip(plan, out_spans, strict=True):
-                fh.write(_tensor(spec, name, action, taken, spans, files, layouts, target.dtype).tobytes())
-    finally:
-        for f in files:
-            f.close()
+    for name, action, taken, found in plan:
+        src = found[taken if action == "take" else order]
+        assert src is not None
+        merged_float = action == "merge" and is_float(src.dtype) and spec.dtype is not None
+        header_tensors.append((name, OUT_DTYPES[spec.dtype] if merged_float else src.dtype, src.shape))  # type: ignore[index]
+    header, out_spans = build_header(header_tensors, listed[order][1])
+    with open(out, "wb") as fh:
+        fh.write(header)
+        for (name, action, taken, found), target in zip(plan, out_spans, strict=True):
+            if action == "take":
+                assert taken is not None and found[taken] is not None
+                fh.write(inputs[taken].raw(rel, found[taken].name))  # type: ignore[union-attr]
+            else:
+                fh.write(_merged(spec, name, [i.raw(rel, name) for i in inputs], found, target.dtype, pool))  # type: ignore[arg-type]
 
 
-def _read(fh: Any, layout: SafetensorsLayout, span: Any) -> np.ndarray:
-    fh.seek(layout.data_start + span.start)
-    data = np.frombuffer(fh.read(span.nbytes), np.uint8)
-    if data.size != span.nbytes:
-        raise InputError(getattr(fh, "name", "?"), f"is truncated inside tensor {span.name!r}")
-    return data
-
-
-def _tensor(spec: MergeSpec, name: str, action: str, taken: int | None, spans: list[Any], files: list[Any],
-            layouts: list[SafetensorsLayout], out_dtype: str) -> np.ndarray:  # fmt: skip
-    if action == "take":
-        assert taken is not None
-        return _read(files[taken], layouts[taken], spans[taken])
-    raws = [_read(f, lay, s) for f, lay, s in zip(files, layouts, spans, strict=True)]
-    if not all(is_float(s.dtype) for s in spans):  # integers, bools: the same in every input, or refused
+def _merged(spec: MergeSpec, name: str, raws: list[np.ndarray], found: list[Tensor], out_dtype: str,
+            pool: ThreadPoolExecutor) -> np.ndarray:  # fmt: skip
+    """The merged tensor's bytes. Element-wise methods go a chunk at a time on the pool's
+    threads (the same bits: every element is computed alone), the others whole."""
+    if not all(is_float(t.dtype) for t in found):  # integers, bools: the same in every input, or refused
         if any(not np.array_equal(r, raws[0]) for r in raws[1:]):
             raise InputError(name, "is not a float tensor and differs between the inputs",
                              hint=f"Say which input it comes from: --take '{name}=REF'")  # fmt: skip
         return raws[spec.base if spec.base is not None else 0]
-    values = [to_float(r, s.dtype, np.float32).reshape(s.shape) for r, s in zip(raws, spans, strict=True)]
-    merged = merge_tensor(spec.method, name, values, spec.base, spec.inputs, spec.parameters, spec.seed)
-    return _encode(np.asarray(merged, np.float32), out_dtype)
+    count = element_count(found[0].shape)
+    selections = _ties_selections(spec, name, raws, found) if spec.method == "ties" and count > CHUNK else {}
+
+    def part(lo: int, hi: int, shape: tuple[int, ...]) -> np.ndarray:
+        values = [to_float(r[lo * itemsize(t.dtype) : hi * itemsize(t.dtype)], t.dtype, np.float32).reshape(shape)
+                  for r, t in zip(raws, found, strict=True)]  # fmt: skip
+        merged = merge_tensor(spec.method, name, values, spec.base, spec.inputs, spec.parameters, spec.seed,
+                              selections=selections, offset=lo)  # fmt: skip
+        return _encode(np.asarray(merged, np.float32), out_dtype).reshape(-1).view(np.uint8)
+
+    chunked = spec.method in ELEMENTWISE and not (spec.method == "ties" and spec.parameters["rescale"])
+    if not chunked or count <= CHUNK:
+        return part(0, count, found[0].shape)
+    bounds = [(lo, min(lo + CHUNK, count)) for lo in range(0, count, CHUNK)]
+    return np.concatenate(list(pool.map(lambda b: part(b[0], b[1], (b[1] - b[0],)), bounds)))
+
+
+def _ties_selections(spec: MergeSpec, name: str, raws: list[np.ndarray], found: list[Tensor]
+                     ) -> dict[int, tuple[float, int]]:  # fmt: skip
+    """What TIES keeps of each input's task vector, found over the whole tensor (one
+    input's float32 delta at a time), so that the merge itself can go a chunk at a time."""
+    assert spec.base is not None
+    base = to_float(raws[spec.base], found[spec.base].dtype, np.float32)
+    out = {}
+    for i, (raw, t) in enumerate(zip(raws, found, strict=True)):
+        density = float(spec.inputs[i].get("density", 1.0))
+        if i != spec.base and density < 1:
+            out[i] = ties_selection(to_float(raw, t.dtype, np.float32) - base, density, name)
+    return out
 
 
 def _encode(values: np.ndarray, dtype: str) -> np.ndarray:
