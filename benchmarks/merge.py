@@ -95,11 +95,14 @@ def main() -> None:
     size = llm_family.folder_bytes(folders[1])
     rows: list[tuple[str, Row, int | None, float | None]] = []
     stamp = time.strftime("%H%M%S")
+    scratch = WORK / "scratch"
     for label, (args, config) in CASES.items():
         name = f"{label.replace('_', '-')}-{stamp}"
-        settle([repo / ".mgit"])
+        shutil.rmtree(scratch, ignore_errors=True)  # each merge into a copy: what it stores is what it adds
+        shutil.copytree(repo, scratch, symlinks=True)
+        settle([scratch / ".mgit"])
         row = Row(f"mgit merge --method {label}", size)
-        row.runs.append(timed([*mgit_command(), "-C", str(repo), "merge", *args, "--name", name]))
+        row.runs.append(timed([*mgit_command(), "-C", str(scratch), "merge", *args, "--name", name]))
         theirs = None
         if opts.mergekit is not None:
             with tempfile.TemporaryDirectory(dir=WORK) as tmp:
@@ -111,19 +114,22 @@ def main() -> None:
                 subprocess.run([str(opts.mergekit), str(yml), str(Path(tmp) / "out"), "--no-copy-tokenizer",
                                 "--allow-crimes", "--lazy-unpickle"], check=True, capture_output=True)  # fmt: skip
                 theirs = time.perf_counter() - started
-        rows.append((label, row, stored(repo, name), theirs))
+        rows.append((label, row, stored(scratch, name), theirs))
         print(f"{label}: {row.rate:.0f} MB/s, peak RSS {row.rss / MB:.0f} MB, stored {rows[-1][2] / MB:.1f} MB"
               + (f"; mergekit {theirs:.1f} s" if theirs else ""), flush=True)  # fmt: skip
     lines = [BEGIN, "## Merging (`benchmarks/merge.py`, issue 15)", "",
              f"Measured {time.strftime('%Y-%m-%d')} on {machine()}, load {os.getloadavg()[0]:.1f}. One run of each "
              f"(page cache emptied, the repository read once before it). Inputs: two fine-tunes (and their base) of "
-             f"the generated {size / 1e9:.2f} GB bf16 model of `llm_family.py`. Target: {TARGET:.0f} MB/s of output.",
+             f"the generated {size / 1e9:.2f} GB bf16 model of `llm_family.py`, each merge into a fresh copy of the "
+             f"repository (stored: what the merged version added). Target: {TARGET:.0f} MB/s of output.",
              "", "| merge | wall (s) | MB/s of output | peak RSS (MB) | CPU (s) | stored (MB) | mergekit (s) |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for label, row, new, theirs in rows:
         lines.append(f"| {label} | {row.median:.1f} | {row.rate:.0f} | {row.rss / MB:.0f} | {row.cpu:.1f} | "
                      f"{(new or 0) / MB:.1f} | {f'{theirs:.1f}' if theirs else '-'} |")  # fmt: skip
-    lines += ["", "Reproduce: `.venv/bin/python benchmarks/merge.py [--mergekit PATH/TO/mergekit-yaml]`.", END]
+    delta = stored(repo, "ft2")
+    lines += ["", f"For scale: the fine-tune ft2 itself is stored in {delta / MB:.1f} MB (its delta against the base).",
+              "", "Reproduce: `.venv/bin/python benchmarks/merge.py [--mergekit PATH/TO/mergekit-yaml]`.", END]
     section = "\n".join(lines)
     print(section)
     if not opts.no_doc:

@@ -189,3 +189,16 @@ def test_ties_keeps_equal_magnitudes_by_position(tmp_path: Path) -> None:
     assert mask.tolist() == [1, 0, 1, 1, 0, 0, 1, 0]
     halves = np.concatenate([_selected(delta[:3], threshold, last, 0), _selected(delta[3:], threshold, last, 3)])
     assert halves.tolist() == mask.tolist()
+
+
+def test_the_kth_largest_magnitude_by_bit_patterns() -> None:
+    from mgit.merging.methods import _kth_largest
+
+    rng = np.random.default_rng(0)
+    cases = [np.abs(rng.standard_normal(10_001)).astype(np.float32),
+             np.abs(np.round(rng.standard_normal(5_000), 1)).astype(np.float32),  # many equal values
+             np.zeros(10, np.float32), np.array([np.inf, 1, 0], np.float32)]  # fmt: skip
+    for values in cases:
+        ordered = np.sort(values)[::-1]
+        for k in (1, 2, values.size // 2, values.size):
+            assert _kth_largest(values, k) == ordered[k - 1]

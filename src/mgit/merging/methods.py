@@ -158,10 +158,27 @@ def ties_selection(delta: np.ndarray, density: float, name: str) -> tuple[float,
     if k <= 0:
         raise InputError(name, f"has {flat.size} elements: density {density:g} keeps none of them",
                          hint="Raise --density")  # fmt: skip
-    threshold = np.partition(flat, flat.size - k)[flat.size - k]
+    threshold = _kth_largest(flat, k)
     above = int(np.count_nonzero(flat > threshold))
     equal = np.flatnonzero(flat == threshold)
     return float(threshold), int(equal[k - above - 1]) if k > above else -1
+
+
+def _kth_largest(magnitudes: np.ndarray, k: int) -> np.float32:
+    """The k-th largest of non-negative float32 values, by their bit patterns (which sort as
+    the values do): a histogram of the high 16 bits, then of the low 16 bits inside the bin
+    that holds it. Linear time, where a partition of weights with many equal values (a
+    bfloat16 model's) is slow."""
+    bits = np.ascontiguousarray(magnitudes, F32).view(np.uint32)
+    high = bits >> np.uint32(16)
+    from_top = np.cumsum(np.bincount(high, minlength=1 << 16)[::-1])
+    at = int(np.searchsorted(from_top, k))
+    above = int(from_top[at - 1]) if at else 0
+    bin_ = (1 << 16) - 1 - at
+    low = bits[high == bin_] & np.uint32(0xFFFF)
+    within = np.cumsum(np.bincount(low, minlength=1 << 16)[::-1])
+    at_low = int(np.searchsorted(within, k - above))
+    return np.array([(bin_ << 16) | ((1 << 16) - 1 - at_low)], np.uint32).view(F32)[0]
 
 
 def _selected(delta: np.ndarray, threshold: float, last: int, offset: int) -> np.ndarray:
