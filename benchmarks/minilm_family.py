@@ -49,7 +49,7 @@ FROZEN_PREFIXES = ("embeddings.", "encoder.layer.0.", "encoder.layer.1.", "encod
 HEAD = ("classifier.weight", "classifier.bias")
 # README relation words: the Hugging Face model tree's where it has one (it has none for pruning).
 HF_RELATION = {"finetune": "finetune", "quantize": "quantized", "adapter": "adapter", "prune": "prune"}
-STEPS = {"demo": {"sentiment": 40}, "full": {"sentiment": 300, "topic": 200, "frozen": 300, "lora": 300, "v2": 200}}
+STEPS = {"demo": {"sentiment": 40, "topic": 40}, "full": {"sentiment": 300, "topic": 200, "frozen": 300, "lora": 300, "v2": 200}}
 
 
 @dataclass(frozen=True)
@@ -381,11 +381,12 @@ def family_specs(preset: str) -> list[MemberSpec]:
         MemberSpec("minilm-sentiment-pruned", tuned, "prune", "50% magnitude pruning of every weight matrix",
                    MagnitudePrune(0.5), task="sentiment"),
     ]
+    topic = MemberSpec("minilm-topic", base, "finetune", f"full fine-tune on topic, {steps['topic']} steps",
+                       FineTune("topic", steps["topic"]), task="topic")
     if preset != "full":
-        return specs
+        return [*specs, topic]  # the demo merges it with the sentiment fine-tune
     return specs + [
-        MemberSpec("minilm-topic", base, "finetune", f"full fine-tune on topic, {steps['topic']} steps",
-                   FineTune("topic", steps["topic"]), task="topic"),
+        topic,
         MemberSpec("minilm-sentiment-frozen", base, "finetune",
                    f"sentiment fine-tune, embeddings and layers 0-2 frozen, {steps['frozen']} steps",
                    FineTune("sentiment", steps["frozen"], freeze_early_layers=True), task="sentiment"),

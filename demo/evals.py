@@ -19,11 +19,23 @@ EXAMPLES = 200
 
 
 def sentiment_accuracy(folder: str) -> dict[str, float]:
+    """Its own head, or in a merged model that kept each task's head, the one named sentiment."""
+    head = "sentiment." if "sentiment.classifier.weight" in read_weights(Path(folder)) else ""
+    return {"accuracy": task_accuracy(folder, "sentiment", head)}
+
+
+def task_accuracy(folder: str, task: str, head: str = "") -> float:
+    """Held-out accuracy of a model folder on `task`, with the classifier head whose tensors
+    are named `{head}classifier.*` (a merged model that kept each task's head)."""
     torch.set_num_threads(THREADS)
     model_dir = Path(folder)
-    model = load_classifier(model_dir, read_weights(model_dir)).eval()
-    test = task_examples("sentiment", "test")[:EXAMPLES]
+    weights = read_weights(model_dir)
+    if head:  # that head as `classifier.*`, the other heads left out
+        chosen = {n[len(head):]: w for n, w in weights.items() if n.startswith(head)}
+        weights = {n: w for n, w in weights.items() if "classifier." not in n} | chosen
+    model = load_classifier(model_dir, weights).eval()
+    test = task_examples(task, "test")[:EXAMPLES]
     tokens = tokenize(model_dir, test)
     with torch.inference_mode():
         predictions = model(tokens["input_ids"], tokens["attention_mask"]).argmax(-1).tolist()
-    return {"accuracy": sum(p == label for p, (_, label) in zip(predictions, test, strict=True)) / len(test)}
+    return sum(p == label for p, (_, label) in zip(predictions, test, strict=True)) / len(test)
