@@ -15,6 +15,7 @@ CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_
           "num_key_value_heads": 4, "vocab_size": VOCAB, "max_position_embeddings": 128, "rms_norm_eps": 1e-6,
           "torch_dtype": "float32", "tie_word_embeddings": False}  # fmt: skip
 MODELS = {"base": (0, None), "ft1": (1, "base"), "ft2": (2, "base")}  # name: (seed, derived from)
+BF16_MODELS = {"base-bf16": "base", "ft1-bf16": "ft1", "ft2-bf16": "ft2"}  # the same, rounded to bfloat16
 CONFIGS = {  # what mergekit was run with; model names are the folders' (the repository's model names)
     "linear": "models:\n  - model: ft1\n    parameters: {weight: 0.7}\n  - model: ft2\n    parameters: {weight: 0.5}\n"
               "merge_method: linear\ndtype: float32\n",
@@ -25,6 +26,11 @@ CONFIGS = {  # what mergekit was run with; model names are the folders' (the rep
     "ties": "models:\n  - model: ft1\n    parameters: {weight: 0.6, density: 0.5}\n  - model: ft2\n"
             "    parameters: {weight: 0.4, density: 0.7}\nmerge_method: ties\nbase_model: base\n"
             "parameters: {normalize: true}\ndtype: float32\n",
+    "linear_bf16": "models:\n  - model: ft1-bf16\n    parameters: {weight: 0.7}\n  - model: ft2-bf16\n"
+                   "    parameters: {weight: 0.5}\nmerge_method: linear\ndtype: bfloat16\n",
+    "task_arithmetic_bf16": "models:\n  - model: ft1-bf16\n    parameters: {weight: 0.6}\n  - model: ft2-bf16\n"
+                            "    parameters: {weight: 0.3}\nmerge_method: task_arithmetic\nbase_model: base-bf16\n"
+                            "dtype: bfloat16\n",
     "dare_ties": "models:\n  - model: ft1\n    parameters: {weight: 0.5, density: 1.0}\n  - model: ft2\n"
                  "    parameters: {weight: 0.5, density: 1.0}\nmerge_method: dare_ties\nbase_model: base\n"
                  "dtype: float32\n",
@@ -55,7 +61,21 @@ def state(name: str) -> dict[str, np.ndarray]:
 
 
 def write_model(folder: Path, name: str) -> Path:
+    """The model `name` (of MODELS, or of BF16_MODELS: rounded to bfloat16) in `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(state(name), str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(CONFIG, indent=1))
+    if name in BF16_MODELS:
+        from mgit.formats.safetensors import build_header
+        from mgit.merging.recipe import encode_floats
+
+        weights = state(BF16_MODELS[name])
+        header, _ = build_header([(k, "BF16", v.shape) for k, v in weights.items()], {"format": "pt"})
+        with open(folder / "model.safetensors", "wb") as fh:
+            fh.write(header)
+            for v in weights.values():
+                fh.write(encode_floats(v, "BF16").tobytes())
+        config = {**CONFIG, "torch_dtype": "bfloat16"}
+    else:
+        save_file(state(name), str(folder / "model.safetensors"), metadata={"format": "pt"})
+        config = CONFIG
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
     return folder

@@ -220,7 +220,7 @@ def _merged(spec: MergeSpec, name: str, raws: list[np.ndarray], found: list[Tens
                   for r, t in zip(raws, found, strict=True)]  # fmt: skip
         merged = merge_tensor(spec.method, name, values, spec.base, spec.inputs, spec.parameters, spec.seed,
                               selections=selections, offset=lo)  # fmt: skip
-        return _encode(np.asarray(merged, np.float32), out_dtype).reshape(-1).view(np.uint8)
+        return encode_floats(np.asarray(merged, np.float32), out_dtype).reshape(-1).view(np.uint8)
 
     chunked = spec.method in ELEMENTWISE and not (spec.method == "ties" and spec.parameters["rescale"])
     if not chunked or count <= CHUNK:
@@ -243,7 +243,7 @@ def _ties_selections(spec: MergeSpec, name: str, raws: list[np.ndarray], found: 
     return out
 
 
-def _encode(values: np.ndarray, dtype: str) -> np.ndarray:
+def encode_floats(values: np.ndarray, dtype: str) -> np.ndarray:
     """float32 values as `dtype`'s little-endian bytes (bfloat16 rounded to nearest even)."""
     if dtype == "F32":
         return values.astype("<f4")
