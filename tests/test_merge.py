@@ -204,9 +204,10 @@ def test_chunked_merges_give_the_same_bits(family: Repo, method: str, tmp_path: 
                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """Large tensors merge a chunk at a time (TIES after choosing what it keeps over the
     whole tensor): with chunks of 1,000 elements, still mergekit's bytes."""
-    from mgit.merging import recipe
+    from mgit.merging import methods, recipe
 
     monkeypatch.setattr(recipe, "CHUNK", 1000)
+    monkeypatch.setattr(methods, "SCAN", 777)  # and TIES's selection scans in pieces
     config = tmp_path / f"{method}.yml"
     config.write_text(CONFIGS[method])
     merge_config(family, config, name=f"chunked-{method}")
@@ -215,9 +216,12 @@ def test_chunked_merges_give_the_same_bits(family: Repo, method: str, tmp_path: 
     assert [k for k in theirs if ours[k].tobytes() != theirs[k].tobytes()] == []
 
 
-def test_ties_keeps_equal_magnitudes_by_position(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scan", [1 << 22, 3])
+def test_ties_keeps_equal_magnitudes_by_position(scan: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mgit.merging import methods
     from mgit.merging.methods import _selected, ties_selection
 
+    monkeypatch.setattr(methods, "SCAN", scan)
     delta = np.array([3, -1, 2, -2, 2, 0, -3, 1], np.float32)
     threshold, last = ties_selection(delta, 0.5, "t")  # keeps 4: both 3s, then the first two 2s
     mask = _selected(delta, threshold, last, 0)
@@ -226,9 +230,12 @@ def test_ties_keeps_equal_magnitudes_by_position(tmp_path: Path) -> None:
     assert halves.tolist() == mask.tolist()
 
 
-def test_the_kth_largest_magnitude_by_bit_patterns() -> None:
+@pytest.mark.parametrize("scan", [1 << 22, 999])
+def test_the_kth_largest_magnitude_by_bit_patterns(scan: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mgit.merging import methods
     from mgit.merging.methods import _kth_largest
 
+    monkeypatch.setattr(methods, "SCAN", scan)
     rng = np.random.default_rng(0)
     cases = [np.abs(rng.standard_normal(10_001)).astype(np.float32),
              np.abs(np.round(rng.standard_normal(5_000), 1)).astype(np.float32),  # many equal values

@@ -149,34 +149,55 @@ def _magnitude(delta: np.ndarray, density: float, *, rescale: bool, name: str) -
     return _rescaled(delta, mask, rescale)
 
 
-def ties_selection(delta: np.ndarray, density: float, name: str) -> tuple[float, int]:
+def ties_selection(delta: np.ndarray, density: float, name: str, *, magnitudes: np.ndarray | None = None
+                   ) -> tuple[float, int]:  # fmt: skip
     """(threshold, last index): the `density` fraction of largest magnitudes of `delta` are
     those above the threshold, and those equal to it up to that flat index (what a stable
-    sort by decreasing magnitude keeps). A partition, not a sort: linear time."""
-    flat = np.abs(delta.reshape(-1))
+    sort by decreasing magnitude keeps). Linear time. `magnitudes` (|delta|, flat float32)
+    may be given instead of `delta`."""
+    flat = np.abs(delta.reshape(-1)) if magnitudes is None else magnitudes
     k = int(density * flat.size)
     if k <= 0:
         raise InputError(name, f"has {flat.size} elements: density {density:g} keeps none of them",
                          hint="Raise --density")  # fmt: skip
     threshold = _kth_largest(flat, k)
-    above = int(np.count_nonzero(flat > threshold))
-    equal = np.flatnonzero(flat == threshold)
-    return float(threshold), int(equal[k - above - 1]) if k > above else -1
+    above = sum(int(np.count_nonzero(part > threshold)) for part in _chunks(flat))
+    need = k - above
+    if need <= 0:
+        return float(threshold), -1
+    seen = 0
+    for start, part in zip(range(0, flat.size, SCAN), _chunks(flat), strict=True):
+        equal = np.flatnonzero(part == threshold)
+        if seen + equal.size >= need:
+            return float(threshold), start + int(equal[need - seen - 1])
+        seen += equal.size
+    raise AssertionError("the k-th largest value was not found again")
+
+
+SCAN = 1 << 22  # elements looked at at once when scanning magnitudes (bounds the scratch)
+
+
+def _chunks(flat: np.ndarray) -> list[np.ndarray]:
+    return [flat[i : i + SCAN] for i in range(0, flat.size, SCAN)]
 
 
 def _kth_largest(magnitudes: np.ndarray, k: int) -> np.float32:
     """The k-th largest of non-negative float32 values, by their bit patterns (which sort as
     the values do): a histogram of the high 16 bits, then of the low 16 bits inside the bin
-    that holds it. Linear time, where a partition of weights with many equal values (a
-    bfloat16 model's) is slow."""
+    that holds it, a chunk at a time. Linear time, where a partition of weights with many
+    equal values (a bfloat16 model's) is slow."""
     bits = np.ascontiguousarray(magnitudes, F32).view(np.uint32)
-    high = bits >> np.uint32(16)
-    from_top = np.cumsum(np.bincount(high, minlength=1 << 16)[::-1])
+    counts = np.zeros(1 << 16, np.int64)
+    for part in _chunks(bits):
+        counts += np.bincount(part >> np.uint32(16), minlength=1 << 16)
+    from_top = np.cumsum(counts[::-1])
     at = int(np.searchsorted(from_top, k))
     above = int(from_top[at - 1]) if at else 0
     bin_ = (1 << 16) - 1 - at
-    low = bits[high == bin_] & np.uint32(0xFFFF)
-    within = np.cumsum(np.bincount(low, minlength=1 << 16)[::-1])
+    low_counts = np.zeros(1 << 16, np.int64)
+    for part in _chunks(bits):
+        low_counts += np.bincount(part[(part >> np.uint32(16)) == bin_] & np.uint32(0xFFFF), minlength=1 << 16)
+    within = np.cumsum(low_counts[::-1])
     at_low = int(np.searchsorted(within, k - above))
     return np.array([(bin_ << 16) | ((1 << 16) - 1 - at_low)], np.uint32).view(F32)[0]
 

@@ -231,15 +231,24 @@ def _merged(spec: MergeSpec, name: str, raws: list[np.ndarray], found: list[Tens
 
 def _ties_selections(spec: MergeSpec, name: str, raws: list[np.ndarray], found: list[Tensor]
                      ) -> dict[int, tuple[float, int]]:  # fmt: skip
-    """What TIES keeps of each input's task vector, found over the whole tensor (one
-    input's float32 delta at a time), so that the merge itself can go a chunk at a time."""
+    """What TIES keeps of each input's task vector, found over the whole tensor (the float32
+    magnitudes of one input's task vector at a time, filled a chunk at a time), so that the
+    merge itself can go a chunk at a time."""
     assert spec.base is not None
-    base = to_float(raws[spec.base], found[spec.base].dtype, np.float32)
+    count = element_count(found[0].shape)
+    magnitudes = np.empty(count, np.float32)
+    base_raw, base_dtype = raws[spec.base], found[spec.base].dtype
     out = {}
     for i, (raw, t) in enumerate(zip(raws, found, strict=True)):
         density = float(spec.inputs[i].get("density", 1.0))
-        if i != spec.base and density < 1:
-            out[i] = ties_selection(to_float(raw, t.dtype, np.float32) - base, density, name)
+        if i == spec.base or density >= 1:
+            continue
+        for lo in range(0, count, CHUNK):
+            hi = min(lo + CHUNK, count)
+            x = to_float(raw[lo * itemsize(t.dtype) : hi * itemsize(t.dtype)], t.dtype, np.float32)
+            b = to_float(base_raw[lo * itemsize(base_dtype) : hi * itemsize(base_dtype)], base_dtype, np.float32)
+            np.abs(x - b, out=magnitudes[lo:hi])
+        out[i] = ties_selection(magnitudes, density, name, magnitudes=magnitudes)
     return out
 
 
