@@ -244,3 +244,34 @@ def test_the_kth_largest_magnitude_by_bit_patterns(scan: int, monkeypatch: pytes
         ordered = np.sort(values)[::-1]
         for k in (1, 2, values.size // 2, values.size):
             assert _kth_largest(values, k) == ordered[k - 1]
+
+
+def test_a_sharded_merge_rewrites_its_index(tmp_path: Path) -> None:
+    """Two shards and their index: the merged index maps every tensor written (renamed heads
+    too) to its shard, with their total size in the output dtype."""
+    repo = Repo.init(tmp_path / "repo")
+    for name, (_, parent) in MODELS.items():
+        weights = load_file(str(write_model(tmp_path / f"flat-{name}", name) / "model.safetensors"))
+        weights["classifier.weight"] = np.full((2, 32), float(MODELS[name][0]), np.float32)
+        folder = tmp_path / name
+        folder.mkdir()
+        keys = sorted(weights)
+        shards = {"model-00001-of-00002.safetensors": keys[: len(keys) // 2],
+                  "model-00002-of-00002.safetensors": keys[len(keys) // 2 :]}  # fmt: skip
+        for file, names in shards.items():
+            save_file({k: weights[k] for k in names}, str(folder / file), metadata={"format": "pt"})
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": 1}, "weight_map": {k: f for f, ns in shards.items() for k in ns}}))
+        (folder / "config.json").write_text("{}")
+        repo.add(folder, name=name, parent=parent)
+    merge(repo, ["ft1", "ft2"], method="task_arithmetic", base="base", dtype="float16", name="sharded",
+          rename=[("classifier.*", "ft1", "one."), ("classifier.*", "ft2", "two.")])  # fmt: skip
+    repo.checkout("sharded", tmp_path / "out")
+    index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
+    on_disk = {k: f for f in index["weight_map"].values() for k in floats_of(tmp_path / "out" / f)}
+    assert index["weight_map"] == on_disk
+    assert {"one.classifier.weight", "two.classifier.weight"} <= set(on_disk) and "classifier.weight" not in on_disk
+    sizes = sum((tmp_path / "out" / f).stat().st_size for f in set(on_disk.values()))
+    headers = sum(8 + int.from_bytes((tmp_path / "out" / f).read_bytes()[:8], "little") for f in set(on_disk.values()))
+    assert index["metadata"]["total_size"] == sizes - headers
+    assert {d for f in set(on_disk.values()) for d, _ in floats_of(tmp_path / "out" / f).values()} == {"F16"}

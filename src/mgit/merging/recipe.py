@@ -15,6 +15,7 @@ advance; the other files (config, tokenizer) are the base's, else the first inpu
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -138,13 +139,34 @@ def merge_inputs(inputs: list[Input], out_dir: Path, spec: MergeSpec) -> None:
     weights = first.weight_files()
     if not weights:
         raise InputError(str(out_dir), "the inputs have no .safetensors file to merge")
+    written: dict[str, list[tuple[str, int]]] = {}
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="mgit-merge") as pool:
         for rel in weights:
-            _merge_file(spec, rel, inputs, out_dir / rel, pool)
+            written[rel] = _merge_file(spec, rel, inputs, out_dir / rel, pool)
     first.copy_others(out_dir, set(weights))
+    for index in sorted(out_dir.rglob("*.safetensors.index.json")):
+        _rewrite_index(index, out_dir, written)
 
 
-def _merge_file(spec: MergeSpec, rel: str, inputs: list[Input], out: Path, pool: ThreadPoolExecutor) -> None:
+def _rewrite_index(index: Path, out_dir: Path, written: dict[str, list[tuple[str, int]]]) -> None:
+    """A sharded checkpoint's index, as the merged shards are: every tensor written (renamed
+    heads too) mapped to its shard, and their total size (a --dtype changes it)."""
+    try:
+        data = json.loads(index.read_text())
+    except ValueError:
+        raise InputError(str(index), "is not a JSON index of shards") from None
+    folder = index.parent.relative_to(out_dir).as_posix()
+    shards = {rel: tensors for rel, tensors in written.items()
+              if (Path(rel).parent.as_posix() if "/" in rel else ".") == folder}  # fmt: skip
+    metadata = dict(data.get("metadata") or {}) if isinstance(data, dict) else {}
+    metadata["total_size"] = sum(n for tensors in shards.values() for _, n in tensors)
+    weight_map = {name: Path(rel).name for rel, tensors in shards.items() for name, _ in tensors}
+    index.write_text(json.dumps({"metadata": metadata, "weight_map": weight_map}, indent=2) + "\n")
+
+
+def _merge_file(spec: MergeSpec, rel: str, inputs: list[Input], out: Path, pool: ThreadPoolExecutor
+                ) -> list[tuple[str, int]]:  # fmt: skip
+    """Merge one safetensors file; return the tensors written, with their sizes."""
     order = spec.base if spec.base is not None else 0
     listed = [i.tensors(rel) for i in inputs]
     tables = [{t.name: t for t in ts} for ts, _ in listed]
@@ -190,17 +212,22 @@ def _merge_file(spec: MergeSpec, rel: str, inputs: list[Input], out: Path, pool:
     for name, action, taken, found in plan:
         src = found[taken if action == "take" else order]
         assert src is not None
-        merged_float = action == "merge" and is_float(src.dtype) and spec.dtype is not None
-        header_tensors.append((name, OUT_DTYPES[spec.dtype] if merged_float else src.dtype, src.shape))  # type: ignore[index]
+        cast = is_float(src.dtype) and spec.dtype is not None  # every float tensor in the configured dtype
+        header_tensors.append((name, OUT_DTYPES[spec.dtype] if cast else src.dtype, src.shape))  # type: ignore[index]
     header, out_spans = build_header(header_tensors, listed[order][1])
+    out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "wb") as fh:
         fh.write(header)
         for (name, action, taken, found), target in zip(plan, out_spans, strict=True):
             if action == "take":
-                assert taken is not None and found[taken] is not None
-                fh.write(inputs[taken].raw(rel, found[taken].name))  # type: ignore[union-attr]
+                src = found[taken]  # type: ignore[index]
+                assert src is not None
+                raw = inputs[taken].raw(rel, src.name)  # type: ignore[index]
+                same = target.dtype == src.dtype
+                fh.write(raw if same else encode_floats(to_float(raw, src.dtype, np.float32), target.dtype))
             else:
                 fh.write(_merged(spec, name, [i.raw(rel, name) for i in inputs], found, target.dtype, pool))  # type: ignore[arg-type]
+    return [(t.name, t.nbytes) for t in out_spans]
 
 
 def _merged(spec: MergeSpec, name: str, raws: list[np.ndarray], found: list[Tensor], out_dtype: str,
