@@ -408,9 +408,10 @@ def test_a_task_lost_past_its_retries_fails_its_model_and_blocks_the_models_belo
     below = {"ft-a": ["ft-a-int8", "ft-a2", "ft-a2-int8", "merge-ab"], "ft-b": ["ft-b-int8", "merge-ab"],
              "ft-c": ["ft-c-int8"]}[lost[0]]  # fmt: skip
     assert all(report[m]["status"] == "blocked" for m in below)
-    # Nothing of it was committed; the next run rebuilds exactly what is left, and ends where
-    # the local executor does.
-    resumed = cascade_json(setup, "ray")
+    # Nothing of it was committed; the next run (through Ray Client this time) rebuilds
+    # exactly what is left, and ends where the local executor does.
+    client = setup.mgit(setup.root / "ray", "cascade", "base", "--json", "--executor", setup.cluster.client_address)
+    resumed = json.loads(client.stdout)
     rebuilt = {r["model"] for r in resumed["results"] if r["status"] == "updated"}
     assert rebuilt == {lost[0], *below}
     local = cascade_json(setup, "local")
