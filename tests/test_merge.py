@@ -275,3 +275,22 @@ def test_a_sharded_merge_rewrites_its_index(tmp_path: Path) -> None:
     headers = sum(8 + int.from_bytes((tmp_path / "out" / f).read_bytes()[:8], "little") for f in set(on_disk.values()))
     assert index["metadata"]["total_size"] == sizes - headers
     assert {d for f in set(on_disk.values()) for d, _ in floats_of(tmp_path / "out" / f).values()} == {"F16"}
+
+
+def test_the_merge_reports_progress_in_bytes(family: Repo) -> None:
+    seen: list[tuple[int, int]] = []
+
+    def factory(total: int, _: int):  # type: ignore[no-untyped-def]
+        done = [0]
+        seen.append((total, 0))
+
+        def advance(n: int) -> None:
+            done[0] += n
+            seen[-1] = (total, done[0])
+
+        return advance
+
+    merge(family, ["ft1", "ft2"], method="linear", name="with-progress", progress=factory)
+    merged_bytes = sum(t.nbytes for t in family.manifest("with-progress").tensors())
+    assert seen[0] == (merged_bytes, merged_bytes)  # the merge, then the add's own bar
+    assert len(seen) == 2 and 0 < seen[1][1] <= seen[1][0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mgit.cli.output import out, print_json
+from mgit.cli.output import out, print_json, progress_bar
 
 
 def _pairs(values: tuple[str, ...], option: str, cast: type = float) -> dict[str, object]:
@@ -67,7 +67,8 @@ def merge(ctx: click.Context, refs: tuple[str, ...], method: str | None, config:
     if config is not None:
         if refs or method or base or weights or densities or params or dtype or takes or renames:
             raise click.UsageError("--config says everything the merge needs; give it alone (with --name, -m, --seed)")
-        result = merge_config(repo, config, name=name, message=message, seed=seed)
+        with progress_bar(f"Merging into {name}", enabled=not as_json) as bar:
+            result = merge_config(repo, config, name=name, message=message, seed=seed, progress=bar)
     else:
         if method is None or len(refs) + (base is not None and base not in refs) < 2:
             raise click.UsageError("give two or more REFs and --method (or --config FILE)")
@@ -78,10 +79,11 @@ def merge(ctx: click.Context, refs: tuple[str, ...], method: str | None, config:
                 raise click.BadParameter("give one --density D, or REF=D for each input", param_hint="--density")
             density = float(plain[0]) if plain else _pairs(densities, "--density")
         parameters = {k: _value(v) for k, v in _pairs(params, "--param", str).items()}
-        result = merge_refs(repo, list(refs), method=method, name=name, base=base,
-                            weights=_pairs(weights, "--weight"), density=density, parameters=parameters,  # type: ignore[arg-type]
-                            dtype=dtype, seed=seed, take={g: str(r) for g, r in _pairs(takes, "--take", str).items()},
-                            rename=[_rename(r) for r in renames], message=message)  # fmt: skip
+        with progress_bar(f"Merging into {name}", enabled=not as_json) as bar:
+            result = merge_refs(repo, list(refs), method=method, name=name, base=base,
+                                weights=_pairs(weights, "--weight"), density=density, parameters=parameters,  # type: ignore[arg-type]
+                                dtype=dtype, seed=seed, take={g: str(r) for g, r in _pairs(takes, "--take", str).items()},
+                                rename=[_rename(r) for r in renames], message=message, progress=bar)  # fmt: skip
     if as_json:
         print_json(result.to_json())
         return

@@ -13,6 +13,7 @@ resolved in the repository before any work is done.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from mgit.repo import Repo
 from mgit.reports import AddResult
 
 RECIPE = "mgit.merging.recipe:merge"
+Progress = Callable[[int, int], Callable[[int], None] | None]
 
 __all__ = ["METHODS", "RECIPE", "MergeConfig", "MergeSpec", "merge", "merge_config"]
 
@@ -31,13 +33,14 @@ def merge(repo: Repo, refs: list[str], *, method: str, name: str, base: str | No
           weights: dict[str, float] | None = None, density: dict[str, float] | float | None = None,
           parameters: dict[str, Any] | None = None, dtype: str | None = None, seed: int = 0,
           take: dict[str, str] | None = None, rename: list[tuple[str, str, str]] | None = None,
-          message: str = "") -> AddResult:  # fmt: skip
+          message: str = "", progress: Progress | None = None) -> AddResult:  # fmt: skip
     """Merge these versions (refs, in order; `base` among them or added first) and add the
     result as the next version of `name`. `weights` and a per-input `density` are keyed by
     the refs as given (or their model names); a single `density` applies to every input.
     `take` maps tensor globs to the ref whose tensor is used unmerged (a task head);
     `rename` rules (glob, ref, prefix) keep that ref's matching tensors unmerged under
-    prefix + name (both task heads of two task models)."""
+    prefix + name (both task heads of two task models). `progress(total_bytes, 0)` may
+    return a callback that receives bytes as the merge, then the add, does them."""
     refs = list(refs)
     if base is not None and base not in refs:
         refs.insert(0, base)
@@ -59,10 +62,11 @@ def merge(repo: Repo, refs: list[str], *, method: str, name: str, base: str | No
                            parameters=parameters, dtype=dtype, seed=seed,
                            take=[(glob, position(ref, "--take")) for glob, ref in (take or {}).items()],
                            rename=[(g, position(ref, "--rename"), x) for g, ref, x in rename or []])  # fmt: skip
-    return _run(repo, spec, vids, name=name, message=message)
+    return _run(repo, spec, vids, name=name, message=message, progress=progress)
 
 
-def merge_config(repo: Repo, config: str | Path, *, name: str, message: str = "", seed: int = 0) -> AddResult:
+def merge_config(repo: Repo, config: str | Path, *, name: str, message: str = "", seed: int = 0,
+                 progress: Progress | None = None) -> AddResult:  # fmt: skip
     """Merge as mergekit's YAML config says (a path, or the YAML text itself); `seed` for
     the DARE methods' masks."""
     path = Path(config) if not str(config).lstrip().startswith(("models", "merge_method", "base_model", "{")) else None
@@ -88,7 +92,7 @@ def merge_config(repo: Repo, config: str | Path, *, name: str, message: str = ""
                            parameters=global_params, dtype=cfg.dtype, seed=seed,
                            take=[(glob, position(ref, "take")) for glob, ref in cfg.take],
                            rename=[(g, position(ref, "rename"), x) for g, ref, x in cfg.rename])  # fmt: skip
-    return _run(repo, spec, vids, name=name, message=message)
+    return _run(repo, spec, vids, name=name, message=message, progress=progress)
 
 
 def _positions(repo: Repo, refs: list[str], vids: list[str]) -> Any:
@@ -105,7 +109,8 @@ def _positions(repo: Repo, refs: list[str], vids: list[str]) -> Any:
     return position
 
 
-def _run(repo: Repo, spec: MergeSpec, vids: list[str], *, name: str, message: str) -> AddResult:
+def _run(repo: Repo, spec: MergeSpec, vids: list[str], *, name: str, message: str,
+         progress: Progress | None = None) -> AddResult:  # fmt: skip
     """Merge straight from the store (each input read tensor by tensor, no checkout) into a
     temporary folder, then add that folder as the merged version."""
     from mgit.merging.recipe import StoreInput, merge_inputs
@@ -117,6 +122,8 @@ def _run(repo: Repo, spec: MergeSpec, vids: list[str], *, name: str, message: st
             repo.store.fetch({o for v in vids for o in repo.manifest(v).object_ids()})
         inputs = [StoreInput(repo.store, repo.manifest(v), cache) for v in vids]
         out = Path(tmp) / "out"
-        merge_inputs(inputs, out, spec)
+        first = repo.manifest(vids[spec.base if spec.base is not None else 0])
+        tick = progress(sum(t.nbytes for t in first.tensors()), 0) if progress else None
+        merge_inputs(inputs, out, spec, tick)
         return repo.add(out, name=name, parent=vids, relation="merge", model_card=False, recipe=record,
-                        message=message or f"{spec.method} merge of {len(vids)} models")  # fmt: skip
+                        message=message or f"{spec.method} merge of {len(vids)} models", progress=progress)  # fmt: skip

@@ -18,6 +18,7 @@ import fnmatch
 import json
 import os
 import shutil
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -130,8 +131,10 @@ def merge(parents: list[Path], out_dir: Path, **params: Any) -> None:
     merge_inputs([FolderInput(Path(p)) for p in parents], Path(out_dir), MergeSpec.from_params(params))
 
 
-def merge_inputs(inputs: list[Input], out_dir: Path, spec: MergeSpec) -> None:
-    """Merge `inputs` (folders or stored versions, in the spec's order) into `out_dir`."""
+def merge_inputs(inputs: list[Input], out_dir: Path, spec: MergeSpec,
+                 tick: Callable[[int], None] | None = None) -> None:  # fmt: skip
+    """Merge `inputs` (folders or stored versions, in the spec's order) into `out_dir`;
+    `tick(nbytes)` after each tensor written."""
     if len(inputs) != len(spec.inputs):
         raise InputError(str(out_dir), f"the merge has {len(spec.inputs)} inputs, {len(inputs)} were given")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -142,7 +145,7 @@ def merge_inputs(inputs: list[Input], out_dir: Path, spec: MergeSpec) -> None:
     written: dict[str, list[tuple[str, int]]] = {}
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="mgit-merge") as pool:
         for rel in weights:
-            written[rel] = _merge_file(spec, rel, inputs, out_dir / rel, pool)
+            written[rel] = _merge_file(spec, rel, inputs, out_dir / rel, pool, tick or (lambda n: None))
     first.copy_others(out_dir, set(weights))
     for index in sorted(out_dir.rglob("*.safetensors.index.json")):
         _rewrite_index(index, out_dir, written)
@@ -164,8 +167,8 @@ def _rewrite_index(index: Path, out_dir: Path, written: dict[str, list[tuple[str
     index.write_text(json.dumps({"metadata": metadata, "weight_map": weight_map}, indent=2) + "\n")
 
 
-def _merge_file(spec: MergeSpec, rel: str, inputs: list[Input], out: Path, pool: ThreadPoolExecutor
-                ) -> list[tuple[str, int]]:  # fmt: skip
+def _merge_file(spec: MergeSpec, rel: str, inputs: list[Input], out: Path, pool: ThreadPoolExecutor,
+                tick: Callable[[int], None]) -> list[tuple[str, int]]:  # fmt: skip
     """Merge one safetensors file; return the tensors written, with their sizes."""
     order = spec.base if spec.base is not None else 0
     listed = [i.tensors(rel) for i in inputs]
@@ -227,6 +230,7 @@ def _merge_file(spec: MergeSpec, rel: str, inputs: list[Input], out: Path, pool:
                 fh.write(raw if same else encode_floats(to_float(raw, src.dtype, np.float32), target.dtype))
             else:
                 fh.write(_merged(spec, name, [i.raw(rel, name) for i in inputs], found, target.dtype, pool))  # type: ignore[arg-type]
+            tick(target.nbytes)
     return [(t.name, t.nbytes) for t in out_spans]
 
 
