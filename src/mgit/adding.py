@@ -45,7 +45,7 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
                 progress: Callable[[int, int], Progress] | None, policy: LossyPolicy | None,
                 gate: tuple[str | None, float, float], model_card: bool, recipe: dict[str, Any] | None,
                 auto_parent: bool, max_depth: int, expected_head: str | None = None,
-                reuse: DecodedCache | None = None) -> AddResult:  # fmt: skip
+                reuse: DecodedCache | None = None, derived: dict[str, list[Any]] | None = None) -> AddResult:  # fmt: skip
     """The body of `Repo.add` (see its docstring), with its options checked and `parents`
     resolved to version ids, over the repository's store, refs and catalog."""
     asked_relation = relation
@@ -72,7 +72,7 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
         src.notes.append(f"auto-parent: {'chose ' if auto.parents else 'no parent: '}{auto.verdict}")
     tick = progress(src.logical_bytes, 0) if progress else None
     with catalog.explained():
-        plan = _delta_plan(store, refs, name, lineage, max_depth)
+        plan = replace(_delta_plan(store, refs, name, lineage, max_depth), derived=dict(derived or {}))
     crash_point("after-scan")
     with store.lock():
         manifest, stats, outcome = _snapshot(store, src, source, plan, policy, jobs, tick, gate, reuse)

@@ -155,7 +155,10 @@ def choose_encoding(kind: str, meta: dict[str, Any], buf: np.ndarray, *, bases: 
             if not at_bound and meta["dtype"] == "F32" and len(meta["shape"]) == 2 and bh.meta["shape"] == meta["shape"]:
                 matrix_bases.append(base)
         transforms += derived_chains(base, bh.meta, meta)
-    candidates += [c for c in extra if all(b in depths for b in chain_bases(kind, meta, c))]
+    for chain in extra:  # (one deriving from several bases stays within the depth bound, as deltas do)
+        named = chain_bases(kind, meta, chain)
+        if all(b in depths for b in named) and (len(named) < 2 or max(depths[b] for b in named) <= max_depth):
+            (transforms if chain and chain[0].storage == "derived" else candidates).append(chain)
     for base in matrix_bases:
         rows = meta["shape"][0]
         if (rank := low_rank_of(buf, load(base), rows)) is not None:

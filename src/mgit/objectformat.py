@@ -57,8 +57,16 @@ class ObjectHeader:
     @property
     def bases(self) -> list[str]:
         """Objects this one is encoded against (they must be kept while it is)."""
-        return [c["configuration"]["base"] for c in self.codecs
-                if isinstance(c.get("configuration"), dict) and isinstance(c["configuration"].get("base"), str)]  # fmt: skip
+        out: list[str] = []
+        for c in self.codecs:
+            config = c.get("configuration")
+            if not isinstance(config, dict):
+                continue
+            if isinstance(config.get("base"), str):
+                out.append(config["base"])
+            if isinstance(config.get("bases"), list):  # a codec of several bases (weighted_sum)
+                out += [b for b in config["bases"] if isinstance(b, str) and b not in out]
+        return out
 
     def to_bytes(self) -> bytes:
         """The magic, the header length and the header: what precedes the payload."""

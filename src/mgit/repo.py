@@ -236,6 +236,7 @@ class Repo:
         resources: Mapping[str, float] | None = None,
         auto_parent: bool = False,
         expected_head: str | None = None,
+        derived: Mapping[str, list[Any]] | None = None,
     ) -> AddResult:
         """Store a model folder, a file or a state dict as the next version of `name`.
 
@@ -272,6 +273,10 @@ class Repo:
 
         `expected_head` makes the add a compare-and-swap: if the model's latest version is not
         that one when the ref is locked, nothing is committed (RefConflictError).
+
+        `derived` maps tensor names to codec chains that predict them from stored tensors (a
+        merge's weighted sums of its inputs, `mgit.codecs.merged`), tried beside the usual
+        encodings; the smallest still wins and every tensor still decodes exactly.
         """
         validate_model_name(name)
         if auto_parent and parent:
@@ -289,6 +294,7 @@ class Repo:
             policy=policy, gate=(gate, max_drop, gate_timeout), model_card=model_card,
             recipe=self.recipe_record(recipe, params, resources=resources) if recipe is not None else None,
             auto_parent=auto_parent, max_depth=self.max_depth, expected_head=expected_head, reuse=self._session,
+            derived=dict(derived or {}),
         )  # fmt: skip
 
     def recipe_record(self, recipe: str | Mapping[str, Any], params: Mapping[str, Any] | None = None, *,

@@ -20,6 +20,7 @@ import blake3
 import numpy as np
 
 from mgit.cache import CHECKOUT_BASES, DecodedCache
+from mgit.codecs import Codec
 from mgit.encoding import Encoding
 from mgit.formats.folder import ModelSource, SourceFile
 from mgit.lossy import LossyTensor, encode_lossy
@@ -59,6 +60,11 @@ class DeltaPlan:
     bases: dict[str, list[str]] = field(default_factory=dict)
     max_depth: int = DEFAULT_MAX_DEPTH
     lossy: LossyPolicy | None = None
+    derived: dict[str, list[Codec]] = field(default_factory=dict)  # by tensor name: a chain that predicts it
+
+    def extra(self, name: str) -> list[list[Codec]]:
+        """Chains a tensor may also be coded with (a merge's weighted sum of its inputs)."""
+        return [self.derived[name]] if name in self.derived else []
 
     def candidates(self, name: str) -> list[str]:
         """Bases for a tensor: the same name in a parent, or for a quantization scale
@@ -127,7 +133,8 @@ def _prepare(store: ObjectStore, kind: str, meta: dict[str, Any], data: np.ndarr
         return found
     bases = BaseReader(store, reuse)
     candidates = [b for b in plan.candidates(name) if b != oid] if kind == "tensor" else []
-    encoding = store.encode(kind, meta, data, bases=candidates, max_depth=plan.max_depth, reuse=bases)
+    encoding = store.encode(kind, meta, data, bases=candidates, max_depth=plan.max_depth, reuse=bases,
+                            extra=plan.extra(name) if kind == "tensor" else ())  # fmt: skip
     job = _Prepared(oid, kind, meta, encoding, bases)
     if encoding.blocks and encoding.payload is None:
         job.queue = ChunkQueue()
@@ -195,6 +202,9 @@ def _write_file(store: ObjectStore, f: SourceFile, pools: tuple[ThreadPoolExecut
                 lossy, encoding = LossyTensor(data, None, 0.0, lossy.changed_params), exact
             else:
                 data, encoding = lossy.data, approx  # the version stores, and its digest covers, the reconstruction
+        if encoding is None and span.name in plan.derived:
+            encoding = store.encode("tensor", tensor_meta(span.dtype, span.shape), data, bases=bases,
+                                    max_depth=plan.max_depth, reuse=reuse, extra=plan.extra(span.name))  # fmt: skip
         return span, data, lossy, store.put_tensor(span.dtype, span.shape, data, bases=bases, max_depth=plan.max_depth,
                                                    encoding=encoding, reuse=reuse)  # fmt: skip
 

@@ -27,11 +27,13 @@ from mgit.codecs.derived import (
     QuantizeInt8Codec,
     TransposeCodec,
 )
+from mgit.codecs.merged import WeightedSumCodec
 from mgit.codecs.pco import PcoCodec
 from mgit.codecs.quantized_delta import QuantizedDeltaCodec
 from mgit.codecs.zstd import ZstdCodec
 
 __all__ = [
+    "WeightedSumCodec",
     "AbsmaxScaleCodec",
     "CastCodec",
     "PatchCodec",

@@ -126,4 +126,35 @@ def _run(repo: Repo, spec: MergeSpec, vids: list[str], *, name: str, message: st
         tick = progress(sum(t.nbytes for t in first.tensors()), 0) if progress else None
         merge_inputs(inputs, out, spec, tick)
         return repo.add(out, name=name, parent=vids, relation="merge", model_card=False, recipe=record,
-                        message=message or f"{spec.method} merge of {len(vids)} models", progress=progress)  # fmt: skip
+                        message=message or f"{spec.method} merge of {len(vids)} models", progress=progress,
+                        derived=_derived(repo, spec, vids))  # fmt: skip
+
+
+def _derived(repo: Repo, spec: MergeSpec, vids: list[str]) -> dict[str, list[Any]]:
+    """For a linear or task-arithmetic merge, the chain that stores each merged tensor as
+    the weighted sum of its inputs' tensors (plus the XOR residual, zstd): tensors merged,
+    of one float dtype in every input and the output."""
+    from mgit.codecs import WeightedSumCodec, ZstdCodec
+    from mgit.codecs.merged import DTYPES
+
+    if spec.method not in ("linear", "task_arithmetic"):
+        return {}
+    out_dtype = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}.get(spec.dtype or "")
+    entries = [{t.name: t for t in repo.manifest(v).tensors()} for v in vids]
+    anchor = spec.base if spec.method == "task_arithmetic" else None
+    weights = [float(p["weight"]) for i, p in enumerate(spec.inputs) if i != anchor]
+    derived: dict[str, list[Any]] = {}
+    for name, first in entries[0].items():
+        found = [e.get(name) for e in entries]
+        if any(t is None for t in found) or spec.taken_from(name) is not None or spec.renamed(name):
+            continue
+        dtypes = {t.dtype for t in found if t is not None}
+        if len(dtypes) != 1 or first.dtype not in DTYPES or (out_dtype or first.dtype) != first.dtype:
+            continue
+        if len({t.shape for t in found if t is not None}) != 1:
+            continue
+        codec = WeightedSumCodec(bases=[t.object for t in found if t is not None], weights=weights,
+                                 anchor=-1 if anchor is None else anchor, normalize=bool(spec.parameters["normalize"]),
+                                 scale=float(spec.parameters.get("lambda", 1.0)), dtype=first.dtype)  # fmt: skip
+        derived[name] = [codec, ZstdCodec(level=3)]
+    return derived

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from mgit.codecs.merged import linear_combination, task_vector_sum
 from mgit.errors import InputError
 
 F32 = np.float32
@@ -75,9 +76,7 @@ def merge_tensor(method: str, name: str, values: Sequence[np.ndarray], base: int
 
 
 def _linear(values: Sequence[np.ndarray], weights: list[float], normalize: bool) -> np.ndarray:
-    w = np.asarray(weights, F32)
-    total = _sum0([F32(wi) * v for wi, v in zip(w, values, strict=True)])
-    return total / w.sum(dtype=F32) if normalize else total
+    return linear_combination(values, weights, normalize)
 
 
 def _slerp(t: float, v0: np.ndarray, v1: np.ndarray, colinear: float = 0.9995, eps: float = 1e-8) -> np.ndarray:
@@ -102,6 +101,9 @@ def _task_arithmetic(method: str, name: str, values: Sequence[np.ndarray], base:
     others = [i for i in range(len(values)) if i != base]
     if not others:
         return b
+    if method == "task_arithmetic":  # the arithmetic the stored merge re-derives its tensors with
+        return task_vector_sum(b, [values[i] for i in others], [float(inputs[i]["weight"]) for i in others],
+                               normalize=bool(params["normalize"]), scale=float(params["lambda"]))  # fmt: skip
     deltas, weights = [], []
     for i in others:
         delta = values[i] - b

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mgit.cache import DecodedCache
+from mgit.codecs.merged import from_float32
 from mgit.errors import InputError
 from mgit.formats.safetensors import (
     SafetensorsLayout,
@@ -285,17 +286,9 @@ def _ties_selections(spec: MergeSpec, name: str, raws: list[np.ndarray], found: 
 
 def encode_floats(values: np.ndarray, dtype: str) -> np.ndarray:
     """float32 values as `dtype`'s little-endian bytes (bfloat16 rounded to nearest even)."""
-    if dtype == "F32":
-        return values.astype("<f4")
-    if dtype == "F16":
-        return values.astype("<f2")
     if dtype == "F64":
         return values.astype("<f8")
-    if dtype == "BF16":
-        bits = values.astype("<f4").view("<u4")
-        rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
-        out = (rounded >> np.uint32(16)).astype("<u2")
-        nan = np.isnan(values)
-        out[nan] = ((bits[nan] >> np.uint32(16)) | np.uint32(0x40)).astype("<u2")  # a quiet NaN stays NaN
-        return out
-    raise InputError(dtype, "is not a dtype a merge writes", hint="Use float32, float16 or bfloat16")
+    try:
+        return from_float32(values, dtype)
+    except ValueError:
+        raise InputError(dtype, "is not a dtype a merge writes", hint="Use float32, float16 or bfloat16") from None
