@@ -124,6 +124,8 @@ def test_a_cascade_merges_again_when_an_input_changes(family: Repo, tmp_path: Pa
     assert code == 0, err
     (result,) = [r for r in json.loads(out)["results"] if r["model"] == "casc"]
     assert result["status"] == "updated"
+    # Merged again, it is stored again as weighted sums of its (new) inputs.
+    assert family.show("casc").tensor_storage == {"derived": len(family.manifest("casc").tensors())}
     again = weights_of(family, "casc", tmp_path / "again")
     base, ft1, ft3 = (weights_of(family, m, tmp_path / m) for m in ("base", "ft1", "ft3"))
     key = "model.layers.0.mlp.up_proj.weight"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -109,19 +109,25 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+Derive = Callable[[Repo, "RecipeJob"], dict[str, Any]]  # tensor name -> a chain predicting it
+
+
 class LocalExecutor:
-    """Jobs run here, on the repository's own disk: today's behaviour, and the default."""
+    """Jobs run here, on the repository's own disk: today's behaviour, and the default.
+    `derive` gives the chains that store a recipe's output as derived from its parents (a
+    merge's weighted sums: `mgit.merging.derived_for_recipe`)."""
 
     name = "local"
 
-    def __init__(self, repo: Repo) -> None:
+    def __init__(self, repo: Repo, *, derive: Derive | None = None) -> None:
         self.repo = repo
+        self.derive = derive
 
     def prepare(self, *, models: Sequence[str] = (), versions: Sequence[str] = ()) -> None:
         pass  # jobs read this repository
 
     def run_recipe(self, job: RecipeJob) -> RecipeRun:
-        return run_recipe_in(self.repo, job, where=self.name)
+        return run_recipe_in(self.repo, job, where=self.name, derive=self.derive)
 
     def run_tests(self, jobs: list[TestJob]) -> list[usercode.RunOutcome]:
         return run_tests_in(self.repo, jobs)
@@ -130,7 +136,8 @@ class LocalExecutor:
         pass
 
 
-def run_recipe_in(repo: Repo, job: RecipeJob, *, where: str, cwd: Path | None = None) -> RecipeRun:
+def run_recipe_in(repo: Repo, job: RecipeJob, *, where: str, cwd: Path | None = None,
+                  derive: Derive | None = None) -> RecipeRun:  # fmt: skip
     """Check out the parents into a temporary folder, run the recipe in a child process and
     add its output as the next version of `job.model`, only if the model's head is still
     `job.head` (compare-and-swap under the ref's lock). A failure commits nothing. `cwd` is
@@ -151,7 +158,7 @@ def run_recipe_in(repo: Repo, job: RecipeJob, *, where: str, cwd: Path | None = 
                                  where=where)  # fmt: skip
             added = repo.add(out, name=job.model, parent=list(job.parents), relation=job.relation,
                              message=job.message, recipe=job.recipe, tags=job.tags, model_card=False,
-                             expected_head=job.head)  # fmt: skip
+                             expected_head=job.head, derived=derive(repo, job) if derive else None)  # fmt: skip
     except RefConflictError:
         return RecipeRun(False, error=f"{job.model} got another version during the cascade; run it again", where=where)
     except (MgitError, OSError) as exc:

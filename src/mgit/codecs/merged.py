@@ -95,6 +95,9 @@ class WeightedSumCodec(Codec):
     name = "weighted_sum"
     storage = "derived"
     predictive = True
+    # One link past the depth bound is allowed (inputs are often deltas of deltas); nothing
+    # is then coded against it, as for a cast or quantized copy.
+    ends_family = True
     bases: list[str]
     weights: list[float]
     anchor: int

@@ -26,7 +26,7 @@ from mgit.reports import AddResult
 RECIPE = "mgit.merging.recipe:merge"
 Progress = Callable[[int, int], Callable[[int], None] | None]
 
-__all__ = ["METHODS", "RECIPE", "MergeConfig", "MergeSpec", "merge", "merge_config"]
+__all__ = ["METHODS", "RECIPE", "MergeConfig", "MergeSpec", "derived_for_recipe", "merge", "merge_config"]
 
 
 def merge(repo: Repo, refs: list[str], *, method: str, name: str, base: str | None = None,
@@ -128,6 +128,19 @@ def _run(repo: Repo, spec: MergeSpec, vids: list[str], *, name: str, message: st
         return repo.add(out, name=name, parent=vids, relation="merge", model_card=False, recipe=record,
                         message=message or f"{spec.method} merge of {len(vids)} models", progress=progress,
                         derived=_derived(repo, spec, vids))  # fmt: skip
+
+
+def derived_for_recipe(repo: Repo, job: Any) -> dict[str, list[Any]]:
+    """For a recipe job that re-runs a merge (a cascade's), the chains that store its output
+    as weighted sums of its parents; nothing for any other recipe."""
+    recipe = getattr(job, "recipe", None) or {}
+    if recipe.get("fn") != RECIPE:
+        return {}
+    try:
+        spec = MergeSpec.from_params(dict(recipe.get("params") or {}))
+    except InvalidOptionError:
+        return {}  # (the recipe itself refuses it)
+    return _derived(repo, spec, list(job.parents)) if len(job.parents) == len(spec.inputs) else {}
 
 
 def _derived(repo: Repo, spec: MergeSpec, vids: list[str]) -> dict[str, list[Any]]:
