@@ -15,7 +15,9 @@ one code: `mgit.merging.methods` calls `linear_combination` and `task_vector_sum
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,7 +139,8 @@ class WeightedSumCodec(Codec):
             raise CodecError(f"{self.name}: {size} bytes are not {self.dtype} values")
         out = np.empty(size, np.uint8)
         count = size // width
-        for lo in range(0, count, CHUNK):
+
+        def chunk(lo: int) -> None:
             hi = min(lo + CHUNK, count)
             values = [to_float32(r[lo * width : hi * width], self.dtype) for r in raws]
             if self.anchor < 0:
@@ -147,6 +150,13 @@ class WeightedSumCodec(Codec):
                 merged = task_vector_sum(values[self.anchor], others, self.weights, normalize=self.normalize,
                                          scale=self.scale)  # fmt: skip
             out[lo * width : hi * width] = from_float32(np.asarray(merged, F32), self.dtype).view(np.uint8)
+
+        starts = range(0, count, CHUNK)
+        if len(starts) == 1:
+            chunk(0)
+        else:  # element-wise: the chunks of a large tensor on the cores (numpy releases the GIL)
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="mgit-weighted-sum") as pool:
+                list(pool.map(chunk, starts))
         return out
 
     def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
