@@ -32,6 +32,7 @@ from mgit.codecs.base import (
     register,
     writable,
 )
+from mgit.codecs.derived import to_bfloat16_bits
 
 F32 = np.float32
 DTYPES = ("F32", "F16", "BF16")
@@ -79,12 +80,7 @@ def from_float32(values: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "F16":
         return values.astype("<f2")
     if dtype == "BF16":
-        bits = values.astype("<f4").view("<u4")
-        rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
-        out = (rounded >> np.uint32(16)).astype("<u2")
-        nan = np.isnan(values)
-        out[nan] = ((bits[nan] >> np.uint32(16)) | np.uint32(0x40)).astype("<u2")  # a quiet NaN stays NaN
-        return out
+        return to_bfloat16_bits(values)
     raise ValueError(f"no float32 conversion to {dtype}")
 
 
