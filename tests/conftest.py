@@ -6,11 +6,13 @@
     add_lineage(repo, "base", "ft <- base", "q <- ft : quantize")   a lineage graph in a line
     run_cli("add", ...)       the CLI in-process: (exit code, stdout, stderr)
     sha256_tree(dir)          {relative path: sha256} of every file, to compare round trips
+    load_recipes(dir)         dir/recipes.py imported here, to make a family's first versions
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -18,6 +20,7 @@ import subprocess
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -58,6 +61,16 @@ def add_lineage(repo: Repo, *lines: str) -> None:
         name, _, parents = head.partition("<-")
         repo.add(tensors(1000 + i, layers=1, width=4), name=name.strip(),
                  parent=parents.split() or None, relation=relation.strip() or None)  # fmt: skip
+
+
+def load_recipes(root: Path) -> ModuleType:
+    """A work folder's recipes.py imported in the test (to make each model's first version
+    as its recipe would); a module name of its own per folder."""
+    spec = importlib.util.spec_from_file_location(f"recipes_{abs(hash(root))}", root / "recipes.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def sha256_tree(root: Path) -> dict[str, str]:

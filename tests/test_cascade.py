@@ -5,7 +5,6 @@ new version. Tests are a numpy forward pass on held-out inputs (fast to start)."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -15,7 +14,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from conftest import run_cli, run_mgit
+from conftest import load_recipes, run_cli, run_mgit
 
 from mgit import Repo
 from mgit.bisect import bisect
@@ -150,15 +149,6 @@ PRUNED: list[Member] = [  # recipes without torch, whose child processes start f
     ("pruned-int8", "pruned", "quantize", "quantize_int8", {}, "quantize_int8"),
     ("pruned-more", "pruned", "prune", "prune", {"sparsity": 0.75}, "prune"),
 ]
-
-
-def load_recipes(root: Path) -> ModuleType:
-    """The recipes file imported here, in the test, to make each model's first version."""
-    spec = importlib.util.spec_from_file_location(f"recipes_{abs(hash(root))}", root / "recipes.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def base_state(recipes: ModuleType, steps: int) -> dict[str, Any]:

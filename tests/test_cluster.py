@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MGIT, make_model
+from conftest import MGIT, load_recipes, make_model
 from raycluster import RayCluster, can_make_netns, loopback_only
 from s3server import S3Server, aws_env
 
@@ -158,7 +159,7 @@ def _build_family(setup: Setup, url: str) -> None:
     make_model(origin / "m" / "base", seed=0)
     setup.mgit(origin, "init")
     setup.mgit(origin, "add", "m/base", "--name", "base")
-    recipes = _load_recipes(origin)
+    recipes = load_recipes(origin)
     for name, parents, relation, recipe, params in FAMILY:
         params = {"name": name, **params}
         getattr(recipes, recipe)([origin / "m" / p for p in parents], _fresh(origin / "m" / name), **params)
@@ -182,16 +183,6 @@ def _build_family(setup: Setup, url: str) -> None:
 def _fresh(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def _load_recipes(root: Path) -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"cluster_recipes_{abs(hash(root))}", root / "recipes.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def new_base(setup: Setup, seed: int) -> None:
@@ -264,7 +255,7 @@ def test_a_test_run_on_ray_records_what_a_local_run_records(setup: Setup) -> Non
     assert remote == local and len(local) == 10
     recorded = Checks(Repo(setup.root / "ray")).show()
     assert {(o.model, o.test): o.status for o in recorded} == {k: v[0] for k, v in local.items()}
-    assert {o.origin.rpartition("/")[2] for o in recorded} != {""}
+    assert all(re.fullmatch(r"[^@/]+@[^/]+/[0-9a-f]{8}", o.origin) for o in recorded)  # user@host/NODE
 
 
 def wait_for(path: Path, timeout: float = 120.0) -> str:

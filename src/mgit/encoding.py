@@ -155,10 +155,10 @@ def choose_encoding(kind: str, meta: dict[str, Any], buf: np.ndarray, *, bases: 
             if not at_bound and meta["dtype"] == "F32" and len(meta["shape"]) == 2 and bh.meta["shape"] == meta["shape"]:
                 matrix_bases.append(base)
         transforms += derived_chains(base, bh.meta, meta)
-    for chain in extra:  # (one of several bases: within the depth bound, one past it if it ends a family)
+    for chain in extra:  # within the depth bound, as deltas are, or one past it if it ends a family
         named = chain_bases(kind, meta, chain)
-        if all(b in depths for b in named) and (len(named) < 2 or chain[0].ends_family
-                                                 or max(depths[b] for b in named) <= max_depth):  # fmt: skip
+        if all(b in depths for b in named) and (max((depths[b] for b in named), default=0) <= max_depth
+                                                 or (chain and chain[0].ends_family)):  # fmt: skip
             (transforms if chain and chain[0].storage == "derived" else candidates).append(chain)
     for base in matrix_bases:
         rows = meta["shape"][0]

@@ -132,9 +132,9 @@ def _prepare(store: ObjectStore, kind: str, meta: dict[str, Any], data: np.ndarr
     if found is not None:
         return found
     bases = BaseReader(store, reuse)
-    candidates = [b for b in plan.candidates(name) if b != oid] if kind == "tensor" else []
-    encoding = store.encode(kind, meta, data, bases=candidates, max_depth=plan.max_depth, reuse=bases,
-                            extra=plan.extra(name) if kind == "tensor" else ())  # fmt: skip
+    tensor = kind == "tensor"
+    encoding = store.encode(kind, meta, data, bases=plan.candidates(name) if tensor else (), max_depth=plan.max_depth,
+                            reuse=bases, extra=plan.extra(name) if tensor else ())  # fmt: skip
     job = _Prepared(oid, kind, meta, encoding, bases)
     if encoding.blocks and encoding.payload is None:
         job.queue = ChunkQueue()

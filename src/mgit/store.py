@@ -158,7 +158,8 @@ class ObjectStore:
     def existing(self, oid: str, kind: str, size: int) -> PutResult | None:
         """What a put of an object with this id would find: the object here, or one a lazy
         clone fetches when read (not written again: coded here anew, it could name as its
-        delta base an object whose stored form names it)."""
+        delta base an object whose stored form names it). Every delta base a writer is
+        offered is here or promised, so past this check none is the object itself."""
         if self.has(oid):
             return PutResult(oid, kind, self.stored_size(oid), False, "", size)
         if self.promised(oid) is not None:
@@ -186,7 +187,6 @@ class ObjectStore:
             return found
         bases_read = BaseReader(self, reuse if reuse is not None else DecodedCache(UNBOUNDED))
         if encoding is None:
-            bases = [b for b in bases if b != oid]  # (an object is never coded against itself)
             encoding = self.encode(kind, meta, buf, bases=bases, max_depth=max_depth, extra=extra, reuse=bases_read)
         frames = None
         if encoding.blocks and encoding.payload is None:  # coded here one block at a time, as they are written

@@ -69,6 +69,7 @@ class RayExecutor:
         self.conn = connect(repo, self.remote_name)
         self._lock = threading.Lock()  # one ref move, one fetch here at a time
         self._there: set[str] = set()  # versions known to be on the remote
+        self._sources: dict[str, bytes] = {}  # a function's file, by reference
         ray = ray_module()
         from mgit.cluster import node
 
@@ -106,9 +107,7 @@ class RayExecutor:
 
     # --- jobs -------------------------------------------------------------------------------
     def run_recipe(self, job: RecipeJob) -> RecipeRun:
-        if job.source is None:  # the recipe's file here: its bytes travel with the job
-            job = _with_source(job, usercode.source_file(job.fn, cwd=self.repo.root).read_bytes())
-        job = replace(job, root=str(self.repo.root))
+        job = self._carrying_source(job)
         task = self._recipe.options(**self._options(job.resources, f"mgit recipe {job.model}"))
         ran = self._get(task.remote(self.spec, job), job.timeout)
         if isinstance(ran, str):
@@ -120,9 +119,7 @@ class RayExecutor:
     def run_tests(self, jobs: list[TestJob]) -> list[RunOutcome]:
         refs = []
         for job in jobs:
-            if job.source is None:
-                job = _with_source(job, usercode.source_file(job.fn, cwd=self.repo.root).read_bytes())
-            job = replace(job, root=str(self.repo.root))
+            job = self._carrying_source(job)
             refs.append(self._test.options(**self._options(job.resources, f"mgit test {job.test}"))
                         .remote(self.spec, job))  # fmt: skip
         out = []
@@ -130,6 +127,16 @@ class RayExecutor:
             ran = self._get(ref, job.timeout)
             out.append(RunOutcome(False, None, ran, "", 0.0, self.where) if isinstance(ran, str) else ran)
         return out
+
+    def _carrying_source(self, job: Any) -> Any:
+        """The job with the function's file as it is here when it carries no recorded source
+        (each file read once per command: a test run hands out one job per model and test),
+        and the work folder it was planned in."""
+        if job.source is None:
+            if job.fn not in self._sources:
+                self._sources[job.fn] = usercode.source_file(job.fn, cwd=self.repo.root).read_bytes()
+            job = replace(job, source=self._sources[job.fn])
+        return replace(job, root=str(self.repo.root))
 
     def close(self) -> None:
         self.conn.close()
@@ -224,7 +231,3 @@ def _default_remote(repo: Repo) -> str:
 def _no_remote() -> str:
     raise InvalidOptionError("the Ray executor needs a remote that the cluster's nodes reach (an S3 prefix)",
                              hint="Add one: mgit remote add origin s3://BUCKET/PREFIX")  # fmt: skip
-
-
-def _with_source(job: Any, source: bytes) -> Any:
-    return replace(job, source=source)

@@ -19,7 +19,7 @@ from typing import Any
 
 from mgit.errors import InvalidOptionError
 from mgit.merging.methods import METHODS
-from mgit.merging.spec import MergeConfig, MergeSpec
+from mgit.merging.spec import OUT_DTYPES, MergeConfig, MergeSpec
 from mgit.repo import Repo
 from mgit.reports import AddResult
 
@@ -67,11 +67,13 @@ def merge(repo: Repo, refs: list[str], *, method: str, name: str, base: str | No
 
 def merge_config(repo: Repo, config: str | Path, *, name: str, message: str = "", seed: int = 0,
                  progress: Progress | None = None) -> AddResult:  # fmt: skip
-    """Merge as mergekit's YAML config says (a path, or the YAML text itself); `seed` for
-    the DARE methods' masks."""
-    path = Path(config) if not str(config).lstrip().startswith(("models", "merge_method", "base_model", "{")) else None
-    text = path.read_text() if path is not None else str(config)
-    cfg = MergeConfig.parse(text, where=str(path) if path else "the config")
+    """Merge as the mergekit YAML config at `config` says; `seed` for the DARE methods' masks."""
+    path = Path(config)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InvalidOptionError(f"cannot read {path} ({exc.strerror or exc})") from None
+    cfg = MergeConfig.parse(text, where=str(path))
     method = METHODS.get(cfg.method)
     if method is None:
         raise InvalidOptionError(f"unknown merge method {cfg.method!r}", hint=f"Use one of: {', '.join(METHODS)}")
@@ -152,7 +154,7 @@ def _derived(repo: Repo, spec: MergeSpec, vids: list[str]) -> dict[str, list[Any
 
     if spec.method not in ("linear", "task_arithmetic"):
         return {}
-    out_dtype = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}.get(spec.dtype or "")
+    out_dtype = OUT_DTYPES.get(spec.dtype or "")
     entries = [{t.name: t for t in repo.manifest(v).tensors()} for v in vids]
     anchor = spec.base if spec.method == "task_arithmetic" else None
     weights = [float(p["weight"]) for i, p in enumerate(spec.inputs) if i != anchor]

@@ -39,13 +39,10 @@ from mgit.formats.safetensors import (
     to_float,
 )
 from mgit.merging.methods import merge_tensor, ties_selection
-from mgit.merging.spec import MergeSpec
+from mgit.merging.spec import OUT_DTYPES, MergeSpec
 from mgit.objects import Manifest
 from mgit.reader import tensor_bytes
 from mgit.store import ObjectStore
-
-OUT_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
-
 
 CHUNK = 4 << 20  # elements merged at once in an element-wise method (bounds float32 scratch)
 ELEMENTWISE = ("linear", "task_arithmetic", "ties")  # (ties after a whole-tensor pass choosing what it keeps)
@@ -67,6 +64,7 @@ class FolderInput:
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
         self._layouts: dict[str, SafetensorsLayout] = {}
+        self._spans: dict[str, dict[str, Any]] = {}
 
     def weight_files(self) -> list[str]:
         return sorted(p.relative_to(self.folder).as_posix() for p in self.folder.rglob("*.safetensors"))
@@ -76,11 +74,11 @@ class FolderInput:
         if not path.is_file():
             raise InputError(str(path), "is missing: every input must hold the same weight files")
         layout = self._layouts[rel] = read_layout(path)
+        self._spans[rel] = {t.name: t for t in layout.tensors}
         return [Tensor(t.name, t.dtype, t.shape) for t in layout.tensors], layout.metadata
 
     def raw(self, rel: str, name: str) -> np.ndarray:
-        layout = self._layouts[rel]
-        span = next(t for t in layout.tensors if t.name == name)
+        layout, span = self._layouts[rel], self._spans[rel][name]
         with open(self.folder / rel, "rb") as fh:
             fh.seek(layout.data_start + span.start)
             data = np.frombuffer(fh.read(span.nbytes), np.uint8)
@@ -102,6 +100,7 @@ class StoreInput:
     def __init__(self, store: ObjectStore, manifest: Manifest, reuse: DecodedCache | None = None) -> None:
         self.store, self.reuse = store, reuse
         self.files = {f.path: f for f in manifest.files}
+        self._entries: dict[str, dict[str, Any]] = {}
 
     def weight_files(self) -> list[str]:
         return sorted(p for p, f in self.files.items() if f.type == "safetensors")
@@ -114,8 +113,9 @@ class StoreInput:
         return [Tensor(t.name, t.dtype, t.shape) for t in f.tensors], parse_header(rel, header, f.size).metadata
 
     def raw(self, rel: str, name: str) -> np.ndarray:
-        entry = next(t for t in self.files[rel].tensors if t.name == name)
-        return tensor_bytes(self.store, entry, reuse=self.reuse)
+        if rel not in self._entries:
+            self._entries[rel] = {t.name: t for t in self.files[rel].tensors}
+        return tensor_bytes(self.store, self._entries[rel][name], reuse=self.reuse)
 
     def copy_others(self, out_dir: Path, skip: set[str]) -> None:
         for rel, f in sorted(self.files.items()):

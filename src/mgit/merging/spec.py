@@ -12,13 +12,15 @@ the accepted ones listed.
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 from typing import Any
 
 from mgit.errors import InvalidOptionError
 from mgit.merging.methods import METHODS
 
-DTYPES = ("float32", "float16", "bfloat16")
+OUT_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}  # --dtype: its safetensors name
+DTYPES = tuple(OUT_DTYPES)
 MAX_INPUTS = 64
 
 
@@ -101,14 +103,10 @@ class MergeSpec:
 
     def taken_from(self, tensor: str) -> int | None:
         """The input a tensor is taken from unmerged (the first matching rule), or None."""
-        import fnmatch
-
         return next((p for g, p in self.take if fnmatch.fnmatchcase(tensor, g)), None)
 
     def renamed(self, tensor: str) -> bool:
         """Whether a rename rule keeps this tensor apart (it is then not merged)."""
-        import fnmatch
-
         return any(fnmatch.fnmatchcase(tensor, g) for g, _, _ in self.rename)
 
     def to_params(self) -> dict[str, Any]:
