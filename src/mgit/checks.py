@@ -258,7 +258,8 @@ class Checks:
         sources = {t.name: self.source_of(t, recorded=recorded_source, notes=notes) for _, specs in work for t in specs}
         # One session: versions of a family share parents, decoded once for all their checkouts.
         executor = executor or LocalExecutor(self.repo)
-        executor.prepare(versions=[vid for vid, _ in work])
+        executor.prepare(versions=[vid for vid, specs in work  # (a cluster's: only what will run there)
+                                   if force or any(self.recorded(vid, t.name, sources[t.name][0]) is None for t in specs)])
         with self.repo.caching(), ThreadPoolExecutor(max_workers=jobs or 2) as pool:
             done = list(pool.map(lambda w: self._run_version(w[0], w[1], sources, timeout, force, executor), work))
         outcomes = [self._with_parent(o) for group in done for o in group]
@@ -390,8 +391,8 @@ class Checks:
                     self.repo.refs.pin(spec.source)
                 return "added"
         here = self.test(spec.name)
-        return "same" if (here.fn, here.target, here.inherit, here.conditions) == (
-            spec.fn, spec.target, spec.inherit, spec.conditions) else "differs"  # fmt: skip
+        return "same" if (here.fn, here.target, here.inherit, here.conditions, here.resources) == (
+            spec.fn, spec.target, spec.inherit, spec.conditions, spec.resources) else "differs"  # fmt: skip
 
     def result_records(self) -> list[dict[str, Any]]:
         """Every recorded result as data, output and origin included (what a push sends)."""

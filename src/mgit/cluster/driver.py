@@ -182,7 +182,7 @@ class RayExecutor:
                                  where=ran.where)  # fmt: skip
             except MgitError as exc:
                 return RecipeRun(False, error=f"fetching {vid[:12]} from {self.remote_name}: {exc}", where=ran.where)
-            self.repo.sync_catalog()
+            self.repo.catalog.set_head(job.model, lambda: self.repo.refs.get(job.model))  # (indexed by the fetch)
             theirs, token = self.conn.remote.heads([job.model]).get(job.model, (None, None))
             try:
                 if theirs != job.head:
