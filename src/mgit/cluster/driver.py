@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, TextIO
@@ -35,6 +36,7 @@ from mgit.sync.push import publish_to, push
 from mgit.usercode import RunOutcome
 
 MAX_RETRIES = 3  # of a task whose worker process or node died (Ray's own retry)
+CONNECT_ATTEMPTS = 3  # of a Ray Client connection
 GET_MARGIN = 900.0  # seconds a task may take beyond its user code's limit (checkouts, transfers)
 
 
@@ -76,7 +78,7 @@ class RayExecutor:
         try:
             self._started = not ray.is_initialized()
             if self._started:
-                ray.init(address=address, logging_level="ERROR", log_to_driver=False, configure_logging=False)
+                _connect(ray, address)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             self.conn.close()
             raise ClusterError(f"cannot reach the Ray cluster at {address or os.environ.get('RAY_ADDRESS') or 'auto'}: "
@@ -196,6 +198,20 @@ class RayExecutor:
             seq = self.repo.info(vid).seq
             self._there.add(vid)
         return RecipeRun(True, vid, seq, True, output=ran.output, where=ran.where, notes=notes)
+
+
+def _connect(ray: Any, address: str | None) -> None:
+    """ray.init, tried CONNECT_ATTEMPTS times a few seconds apart for a Ray Client address:
+    its server starts a process per client, which a busy head can fail to start in time."""
+    attempts = CONNECT_ATTEMPTS if address and address.startswith("ray://") else 1
+    for attempt in range(attempts):
+        try:
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False, configure_logging=False)
+            return
+        except ConnectionError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(2.0 * (attempt + 1))
 
 
 class RayMessagesToStderr:
