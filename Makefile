@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, from the CPU wheel: a bare "torch" requirement would pull CUDA builds.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[torch,demo,dev,s3,ray]'
+	$(BIN)/pip install -q -e '.[torch,demo,dev,s3,ray,hf]'
 	touch $(STAMP)
 
 venv: $(STAMP)
