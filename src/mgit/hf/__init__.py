@@ -1,0 +1,1 @@
+"""Porcelain: the Hugging Face cache, imported into a repository and exported from it."""
