@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, from the CPU wheel: a bare "torch" requirement would pull CUDA builds.
 	$(BIN)/pip install -q torch==2.13.0
+	# The distribution was named "mgit" before it became "mgit-models": a venv made then drops it.
+	$(BIN)/pip uninstall -qq -y mgit
 	$(BIN)/pip install -q -e '.[torch,demo,dev,s3,ray,hf]'
 	touch $(STAMP)
 

@@ -20,7 +20,7 @@ try:
     import torch
 except ImportError:  # only the tests marked needs_torch are skipped
     torch = None
-needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (pip install 'mgit[torch]')")
+needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (pip install 'mgit-models[torch]')")
 
 EVALS = '''
 import json, os, pathlib, time

@@ -445,7 +445,7 @@ def test_an_endpoint_from_the_environment_or_given_is_addressed_by_path(s3_bucke
 def test_without_boto3_an_s3_remote_asks_for_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "boto3", None)  # what `import boto3` meets when it is not installed
     monkeypatch.delitem(sys.modules, "mgit.remotes.s3", raising=False)
-    with pytest.raises(MissingDependencyError, match=r"pip install 'mgit\[s3\]'"):
+    with pytest.raises(MissingDependencyError, match=r"pip install 'mgit-models\[s3\]'"):
         open_backend(RemoteSpec("s3://some-bucket/team"))
 
 

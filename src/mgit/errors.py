@@ -71,7 +71,7 @@ class MissingDependencyError(MgitError):
     def __init__(self, package: str, purpose: str, extra: str) -> None:
         super().__init__(
             f"{purpose} needs the '{package}' package, which is not installed",
-            hint=f"Install it with: pip install 'mgit[{extra}]'",
+            hint=f"Install it with: pip install 'mgit-models[{extra}]'",
         )
         self.package = package
 

@@ -48,7 +48,7 @@ def ray_module() -> Any:
     try:
         import ray
     except ImportError:
-        raise ClusterError("the Ray executor needs Ray", hint="Install it: pip install 'mgit[ray]'") from None
+        raise ClusterError("the Ray executor needs Ray", hint="Install it: pip install 'mgit-models[ray]'") from None
     return ray
 
 

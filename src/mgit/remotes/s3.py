@@ -47,7 +47,7 @@ try:
     from boto3.s3.transfer import TransferConfig, create_transfer_manager
     from botocore.config import Config
     from s3transfer.subscribers import BaseSubscriber
-except ImportError as exc:  # boto3 is the optional extra mgit[s3]
+except ImportError as exc:  # boto3 is the optional extra mgit-models[s3]
     raise MissingDependencyError("boto3", "An S3 remote", "s3") from exc
 
 MiB = 1 << 20
