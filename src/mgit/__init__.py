@@ -5,6 +5,7 @@
     >>> repo.add("bert-base/", name="bert-base")
     >>> repo.add("bert-sst2/", name="bert-sst2", parent="bert-base", relation="finetune")
     >>> repo.checkout("bert-sst2", "out/")
+    >>> state_dict = mgit.load("bert-sst2")               # torch tensors, straight from the store
 
 The names below are imported on first use, so that `import mgit.usercode` (the child
 process that runs a user's test or recipe) and a command that needs no tensors do not load
@@ -28,6 +29,9 @@ _LAZY = {
     "MissingObjectError": "mgit.errors",
     "RepoNotFoundError": "mgit.errors",
     "UnknownRefError": "mgit.errors",
+    "load": "mgit.loading",
+    "load_many": "mgit.loading",
+    "load_pretrained": "mgit.loading",
 }
 
 __all__ = [
@@ -41,6 +45,9 @@ __all__ = [
     "RepoNotFoundError",
     "UnknownRefError",
     "__version__",
+    "load",
+    "load_many",
+    "load_pretrained",
 ]
 
 if TYPE_CHECKING:
@@ -53,6 +60,7 @@ if TYPE_CHECKING:
         RepoNotFoundError,
         UnknownRefError,
     )
+    from mgit.loading import load, load_many, load_pretrained
     from mgit.reader import ModelReader
     from mgit.repo import Repo
 

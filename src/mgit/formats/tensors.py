@@ -158,13 +158,19 @@ def load_torch_checkpoint(path: Path) -> list[RawTensor]:
     return raw_tensors(state, str(path))
 
 
-def to_torch(data: np.ndarray, dtype: str, shape: tuple[int, ...]) -> Any:
-    """Raw tensor bytes as a torch tensor of its own dtype (a private, writable copy)."""
+def torch_dtype_of(dtype: str) -> Any:
+    """The torch dtype of a safetensors dtype name (InputError if this torch lacks it)."""
     torch = _torch()
     name = next(k for k, v in _TORCH_DTYPES.items() if v == dtype).removeprefix("torch.")
     if not hasattr(torch, name):
         raise InputError(dtype, f"this version of torch has no {name}")
-    torch_dtype = getattr(torch, name)
+    return getattr(torch, name)
+
+
+def to_torch(data: np.ndarray, dtype: str, shape: tuple[int, ...]) -> Any:
+    """Raw tensor bytes as a torch tensor of its own dtype (a private, writable copy)."""
+    torch = _torch()
+    torch_dtype = torch_dtype_of(dtype)
     if data.nbytes == 0:
         return torch.empty(shape, dtype=torch_dtype)
     return torch.frombuffer(bytearray(data), dtype=torch_dtype).reshape(shape)

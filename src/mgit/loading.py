@@ -1,0 +1,243 @@
+"""Models as Python objects straight from the store, with no checkout and no file written.
+
+    >>> import mgit
+    >>> sd = mgit.load("bert-sst2")                          # {name: torch.Tensor}
+    >>> sds = mgit.load_many(["bert-base", "bert-sst2"])    # shared tensors loaded once
+    >>> model = mgit.load_pretrained("bert-sst2", AutoModelForSequenceClassification)
+    >>> tokenizer = mgit.load_pretrained("bert-sst2", AutoTokenizer)
+
+`load_many` is MGit's collocation: a tensor that several of the models hold (the same
+object id: an unchanged embedding, a frozen encoder) is decoded once and is the same array
+or tensor in every state dict, so memory grows with what the models do not share. Such a
+tensor must not be changed in place: numpy arrays come read-only; a torch tensor cannot be
+marked so (clone it before writing to it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from mgit.cache import CHECKOUT_BASES, UNBOUNDED, DecodedCache
+from mgit.errors import InputError, InvalidOptionError, MissingDependencyError
+from mgit.formats.safetensors import is_float, numpy_view
+from mgit.objects import Manifest, TensorEntry
+from mgit.parallel import default_jobs
+from mgit.reader import tensor_bytes
+from mgit.repo import Repo
+
+FRAMEWORKS = {"torch": "torch", "pt": "torch", "numpy": "numpy", "np": "numpy"}
+LOADING_OPTIONS = {"device_map", "attn_implementation", "quantization_config", "key_mapping"}  # from_pretrained's own
+RepoLike = Repo | str | os.PathLike[str] | None
+
+__all__ = ["load", "load_many", "load_pretrained"]
+
+
+def load(ref: str, *, repo: RepoLike = None, framework: str = "torch", device: Any = None, dtype: Any = None,
+         jobs: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Every tensor of a version, by name: torch tensors (`framework="torch"`, on `device`)
+    or numpy arrays ("numpy"). `dtype` converts floating tensors (a torch dtype, a numpy
+    dtype or a name such as "bfloat16"); others keep theirs. `repo` is a Repo or its path
+    (default: found from the current folder). Memory: the model and the few delta bases
+    its tensors decode against."""
+    return _load([ref], _open(repo), framework, device, dtype, jobs, shared=False)[0]
+
+
+def load_many(refs: Sequence[str], *, repo: RepoLike = None, framework: str = "torch", device: Any = None,
+              dtype: Any = None, jobs: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """One state dict per ref (in order), as `load` gives, in which every tensor several of
+    the models hold is one tensor in memory, decoded once (read-only: see the module's
+    docstring). Memory: the distinct tensors, plus the delta bases of models not asked for
+    while the load runs."""
+    return _load(list(refs), _open(repo), framework, device, dtype, jobs, shared=True)
+
+
+def load_pretrained(ref: str, model_class: Any, *, repo: RepoLike = None, **kwargs: Any) -> Any:
+    """A transformers model (or tokenizer) built from a version: `model_class` is an Auto
+    class (`AutoModelForSequenceClassification`, `AutoTokenizer`) or a concrete one; its
+    config.json (tokenizer files) are read from the version and the weights from the store,
+    with nothing written to disk. `kwargs` go to `from_pretrained` (`dtype` or `torch_dtype`
+    converts the weights as they load)."""
+    repo_ = _open(repo)
+    vid = repo_.resolve(ref)
+    manifest = repo_.manifest(vid)
+    transformers = _module("transformers", "Loading a transformers model")
+    if isinstance(model_class, type) and _is_tokenizer(model_class, transformers):
+        return _tokenizer(repo_, manifest, ref, transformers, kwargs)
+    config = _config(repo_, manifest, ref, transformers)
+    concrete = model_class
+    mapping = getattr(model_class, "_model_mapping", None)
+    if mapping is not None:  # an Auto class: the concrete class for this config
+        try:
+            concrete = mapping[type(config)]
+        except KeyError:
+            raise InvalidOptionError(f"{model_class.__name__} has no model for {ref}'s model_type "
+                                     f"{config.model_type!r}", hint="Pass a class that fits its config.json") from None  # fmt: skip
+    dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
+    for key in [k for k in kwargs if k not in LOADING_OPTIONS and hasattr(config, k)]:
+        setattr(config, key, kwargs.pop(key))  # as from_pretrained does: num_labels=3 configures the model
+    state = _load([vid], repo_, "torch", None, dtype, None, shared=False)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return concrete.from_pretrained(None, config=config, state_dict=state, **kwargs)
+
+
+def _open(repo: RepoLike) -> Repo:
+    return repo if isinstance(repo, Repo) else Repo(repo)
+
+
+def _module(name: str, what: str) -> Any:
+    try:
+        return __import__(name)
+    except ImportError:
+        raise MissingDependencyError(name, what, "torch" if name == "torch" else "demo") from None
+
+
+def _load(refs: list[str], repo: Repo, framework: str, device: Any, dtype: Any, jobs: int | None, *,
+          shared: bool) -> list[dict[str, Any]]:  # fmt: skip
+    """Decode the distinct tensors of these versions on a thread pool and build each state
+    dict of them; with `shared`, through one cache that keeps every object decoded, so a
+    delta's base that is also asked for is decoded once and the same object goes to every
+    dict that names it."""
+    kind = FRAMEWORKS.get(framework)
+    if kind is None:
+        raise InvalidOptionError(f"unknown framework {framework!r}", hint="Use 'torch' or 'numpy'")
+    if kind == "numpy" and device is not None:
+        raise InvalidOptionError("a device is for torch tensors", hint="Drop device, or use framework='torch'")
+    convert = _converter(kind, device, dtype)
+    manifests = [repo.manifest(repo.resolve(r)) for r in refs]
+    entries = [_entries(m, r) for m, r in zip(manifests, refs, strict=True)]
+    distinct = {e.object: e for table in entries for e in table.values()}
+    if repo.store.lazy:
+        repo.store.fetch(set(distinct))
+    cache = DecodedCache(UNBOUNDED, keep_all=True) if shared else DecodedCache(CHECKOUT_BASES)
+
+    def one(entry: TensorEntry) -> Any:
+        data = tensor_bytes(repo.store, entry, reuse=cache)
+        return convert(data, entry, shared=shared)
+
+    with ThreadPoolExecutor(max_workers=jobs or default_jobs(), thread_name_prefix="mgit-load") as pool:
+        loaded = dict(zip(distinct, pool.map(one, distinct.values()), strict=True))
+    return [{name: loaded[e.object] for name, e in table.items()} for table in entries]
+
+
+def _entries(manifest: Manifest, ref: str) -> dict[str, TensorEntry]:
+    table: dict[str, TensorEntry] = {}
+    for t in manifest.tensors():
+        if t.name in table:
+            raise InputError(ref, f"holds tensor {t.name!r} in two files: no single state dict has both",
+                             hint="Read it per file: repo.manifest(ref)")  # fmt: skip
+        table[t.name] = t
+    return table
+
+
+def _converter(kind: str, device: Any, dtype: Any) -> Any:
+    """How decoded bytes become what the caller asked for: viewed where they can be (bytes
+    decoded for this tensor alone, or shared ones: read-only to numpy), copied where a cache
+    holds them for others, converted (new memory anyway) when a dtype or device says so."""
+    if kind == "numpy":
+        import numpy as np
+
+        target = None if dtype is None else _numpy_dtype(dtype)
+
+        def as_numpy(data: Any, entry: TensorEntry, *, shared: bool) -> Any:
+            arr = numpy_view(data, entry.dtype, entry.shape)
+            if target is not None and is_float(entry.dtype) and arr.dtype != target:
+                return arr.astype(target)
+            if shared:
+                arr.flags.writeable = False
+                return arr
+            return arr if arr.flags.writeable else np.array(arr)
+
+        return as_numpy
+
+    torch = _module("torch", "Loading tensors into torch")
+    from mgit.formats.tensors import torch_dtype_of
+
+    target = None if dtype is None else _torch_dtype(torch, dtype)
+
+    def as_torch(data: Any, entry: TensorEntry, *, shared: bool) -> Any:
+        kind = torch_dtype_of(entry.dtype)
+        if not data.nbytes:
+            t = torch.empty(entry.shape, dtype=kind)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # a shared buffer is read-only to numpy, not to torch
+                t = torch.frombuffer(data, dtype=kind).reshape(entry.shape)
+            if not shared and not data.flags.writeable:
+                t = t.clone()  # the bytes a cache keeps for other tensors
+        if target is not None and is_float(entry.dtype):
+            t = t.to(target)
+        return t.to(device) if device is not None else t
+
+    return as_torch
+
+
+def _numpy_dtype(dtype: Any) -> Any:
+    import numpy as np
+
+    if str(dtype) == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise MissingDependencyError("ml_dtypes", "bfloat16 numpy arrays", "torch") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        return np.dtype(str(dtype).removeprefix("torch."))
+    except TypeError:
+        raise InvalidOptionError(f"unknown dtype {dtype!r}", hint="Use float32, float16 or bfloat16") from None
+
+
+def _torch_dtype(torch: Any, dtype: Any) -> Any:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    found = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(found, torch.dtype):
+        raise InvalidOptionError(f"unknown dtype {dtype!r}", hint="Use float32, float16 or bfloat16")
+    return found
+
+
+def _file(repo: Repo, manifest: Manifest, ref: str, path: str) -> bytes | None:
+    found = next((f for f in manifest.files if f.path == path), None)
+    return None if found is None else repo.store.get(found.object)[1].tobytes()
+
+
+def _config(repo: Repo, manifest: Manifest, ref: str, transformers: Any) -> Any:
+    raw = _file(repo, manifest, ref, "config.json")
+    if raw is None:
+        raise InputError(ref, "has no config.json: transformers cannot tell what model it is",
+                         hint="Add the model's folder with its config.json")  # fmt: skip
+    try:
+        data = json.loads(raw)
+        model_type = data.pop("model_type")
+        return transformers.AutoConfig.for_model(model_type, **data)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{ref}:config.json", f"is not a transformers config ({exc})") from None
+
+
+def _is_tokenizer(cls: type, transformers: Any) -> bool:
+    return cls is transformers.AutoTokenizer or issubclass(cls, transformers.PreTrainedTokenizerBase)
+
+
+def _tokenizer(repo: Repo, manifest: Manifest, ref: str, transformers: Any, kwargs: dict[str, Any]) -> Any:
+    """A fast tokenizer from the version's tokenizer.json, configured by its
+    tokenizer_config.json and special_tokens_map.json, as `AutoTokenizer` would build it."""
+    raw = _file(repo, manifest, ref, "tokenizer.json")
+    if raw is None:
+        raise InputError(ref, "has no tokenizer.json (a fast tokenizer's file)",
+                         hint="Add the model's folder with its tokenizer files")  # fmt: skip
+    from tokenizers import Tokenizer
+
+    options: dict[str, Any] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        text = _file(repo, manifest, ref, name)
+        if text is not None:
+            data = json.loads(text)
+            options.update({k: v for k, v in data.items() if k not in ("tokenizer_class", "auto_map",
+                                                                       "added_tokens_decoder")})  # fmt: skip
+    options.update(kwargs)
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(raw.decode()), **options)
