@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	# The distribution was named "mgit" before it became "mgit-models": a venv made then drops it.
 	$(BIN)/pip uninstall -qq -y mgit
-	$(BIN)/pip install -q -e '.[torch,demo,dev,s3,ray,hf]'
+	$(BIN)/pip install -q -e '.[torch,demo,dev,s3,ray,hf,web]'
 	touch $(STAMP)
 
 venv: $(STAMP)
