@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_model, sha256_tree, tensors
+from conftest import add_lineage, make_model, sha256_tree, tensors
 from safetensors.numpy import load_file, save_file
 
 from mgit import (
@@ -405,3 +405,20 @@ def test_gc_refuses_while_a_reachable_tensor_is_damaged(repo: Repo, tmp_path: Pa
     with pytest.raises(GcRefusedError, match=f"object {victim[:16]} is {damage}"):
         repo.gc()
     assert set(repo.store.ids()) == before
+
+
+def test_du_per_model_is_each_chain_measured_on_its_own(repo: Repo) -> None:
+    # du reads every model at once (a few queries); each figure is what the chain alone gives.
+    add_lineage(repo, "base", "ft <- base", "ft", "q <- ft : quantize", "old", "kid <- old", "base")
+    repo.rm("old")
+    du = repo.du()
+    assert [m.name for m in du.models] == ["base", "ft", "kid", "q"]
+    for m in du.models:
+        chain = repo.chain(repo.resolve(m.name))
+        assert m.versions == len(chain)
+        assert (m.objects, m.stored_bytes) == repo.catalog.physical_bytes(chain)
+        assert m.tensor_storage == repo.catalog.tensor_storage(chain)
+        assert m.logical_bytes == sum(v.logical_bytes for v in repo.log(m.name))
+    live = sorted({v for m in du.models for v in repo.chain(repo.resolve(m.name))})
+    assert (du.objects, du.stored_bytes) == repo.catalog.physical_bytes(live)
+    assert repo.catalog.usage_by_model({"none": [], "base": repo.chain(repo.resolve("base"))})["none"] == (0, 0)
