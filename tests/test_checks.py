@@ -307,3 +307,27 @@ def _folder(path: Path, state: dict[str, np.ndarray]) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     save_file(state, str(path / "model.safetensors"))
     return path
+
+
+def test_latest_results_of_many_versions_in_one_call(repo: Repo) -> None:
+    (repo.root / "evals.py").write_text("def size(folder):\n    return {'n': 1.0}\n"
+                                        "def never(folder):\n    return {'n': 0.0, 'passed': False}\n")  # fmt: skip
+    repo.add({"w": np.ones(4, np.float32)}, name="base")
+    repo.add({"w": np.full(4, 2, np.float32)}, name="ft", parent="base")
+    repo.add({"w": np.zeros(4, np.float32)}, name="other")
+    checks = Checks(repo)
+    checks.attach("base", "evals.py:size", inherit=True)
+    checks.attach("ft", "evals.py:never")
+    checks.run()
+    lineage = repo.lineage
+    specs = checks.tests()
+    assert {n: [t.name for t in checks.applicable(n, lineage, specs=specs)] for n in lineage.nodes} == {
+        "base": ["size"], "ft": ["never", "size"], "other": []}
+    heads = {n: lineage.nodes[n].head for n in lineage.nodes}
+    found = checks.latest(list(heads.values()))
+    assert found[heads["other"]] == {}
+    assert {t: o.status for t, o in found[heads["ft"]].items()} == {"never": "fail", "size": "pass"}
+    own = ("parent", "parent_status", "parent_metrics")  # show() adds the parent's result
+    assert [o.to_json() for o in found[heads["ft"]].values()] == [
+        {k: v for k, v in o.to_json().items() if k not in own} | dict.fromkeys(own) for o in checks.show("ft")]
+    assert checks.latest([heads["ft"]], {heads["ft"]: ("ft", 1)})[heads["ft"]]["size"].ref == "ft@1"

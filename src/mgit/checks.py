@@ -212,13 +212,14 @@ class Checks:
                 return spec
         raise TestNotFoundError(name)
 
-    def applicable(self, model: str, lineage: Lineage | None = None) -> list[TestSpec]:
+    def applicable(self, model: str, lineage: Lineage | None = None, *,
+                   specs: list[TestSpec] | None = None) -> list[TestSpec]:  # fmt: skip
         """Tests that apply to a model: attached to it (by name, glob or tag), or inherited
-        from an ancestor they were attached to with `inherit`."""
+        from an ancestor they were attached to with `inherit` (`specs`: `tests()`, read once)."""
         lineage = lineage or self.repo.lineage
         node = lineage.node(model)
         ancestors = [(a, lineage.nodes[a].tags) for a in lineage.ancestors(model)]
-        return [t for t in self.tests()
+        return [t for t in (self.tests() if specs is None else specs)
                 if t.matches(model, node.tags) or (t.inherit and any(t.matches(a, tags) for a, tags in ancestors))]  # fmt: skip
 
     # --- running ------------------------------------------------------------------------
@@ -372,6 +373,21 @@ class Checks:
             out += [self._with_parent(self._outcome(r)) for r in rows]
         return out
 
+    def latest(self, vids: list[str], refs: dict[str, tuple[str, int]] | None = None
+               ) -> dict[str, dict[str, TestOutcome]]:  # fmt: skip
+        """{version: {test: its latest recorded result}} in one query, without the parent's;
+        `refs`: (model, seq) by version, so that none is looked up one by one."""
+        rows = self._sql.db.execute(
+            f"""SELECT {RESULT_COLUMNS} FROM results r WHERE version IN (SELECT value FROM json_each(?))
+                AND time = (SELECT MAX(time) FROM results r2 WHERE r2.version = r.version AND r2.test = r.test)
+                ORDER BY version, test""",
+            (json.dumps(vids),),
+        )
+        out: dict[str, dict[str, TestOutcome]] = {vid: {} for vid in vids}
+        for row in rows:
+            out[row[0]][row[1]] = self._outcome(row, (refs or {}).get(row[0]))
+        return out
+
     # --- travelling with push and pull --------------------------------------------------------
     def registrations(self) -> list[dict[str, Any]]:
         """Every registration as data (what a push sends)."""
@@ -416,9 +432,9 @@ class Checks:
         copied = [{**r, "version": renamed[r["version"]]} for r in self.result_records() if r["version"] in renamed]
         return self.add_results(copied)
 
-    def _outcome(self, row: tuple[Any, ...]) -> TestOutcome:
+    def _outcome(self, row: tuple[Any, ...], ref: tuple[str, int] | None = None) -> TestOutcome:
         vid, test, source, status, metrics, reasons, output, seconds, time, origin = row
-        model, seq = self._model_seq(vid)
+        model, seq = ref or self._model_seq(vid)
         return TestOutcome(vid, model, seq, test, source, status, _floats(json.loads(metrics)), json.loads(reasons),
                            seconds, time, output=output, origin=origin)  # fmt: skip
 
