@@ -40,30 +40,32 @@ MAX_CARD_BYTES = 1 << 20  # a model card larger than this is not read for lineag
 
 
 def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
-                source: str | os.PathLike[str] | Mapping[str, Any], *, name: str, parents: list[str],
+                source: str | os.PathLike[str] | Mapping[str, Any] | ModelSource, *, name: str, parents: list[str],
                 relation: str | None, message: str, tags: dict[str, str], author: str | None, jobs: int,
                 progress: Callable[[int, int], Progress] | None, policy: LossyPolicy | None,
                 gate: tuple[str | None, float, float], model_card: bool, recipe: dict[str, Any] | None,
                 auto_parent: bool, max_depth: int, expected_head: str | None = None,
-                reuse: DecodedCache | None = None, derived: dict[str, list[Any]] | None = None) -> AddResult:  # fmt: skip
+                reuse: DecodedCache | None = None, derived: dict[str, list[Any]] | None = None,
+                exact: dict[str, list[Any]] | None = None) -> AddResult:  # fmt: skip
     """The body of `Repo.add` (see its docstring), with its options checked and `parents`
     resolved to version ids, over the repository's store, refs and catalog."""
     asked_relation = relation
     recipe_record = recipe
     parent_ids = parents
     card_notes: list[str] = []
-    if not parent_ids and model_card and not isinstance(source, Mapping):
+    if not parent_ids and model_card and not isinstance(source, Mapping | ModelSource):
         parent_ids, card_relation, card_notes = _card_parents(refs, Path(source))
         relation = relation or card_relation
     relation = relation or "finetune"
     if relation not in RELATIONS:
         raise InvalidOptionError(f"unknown relation {relation!r}", hint=f"Use one of: {', '.join(RELATIONS)}")
     lineage = tuple(Parent(p, relation) for p in parent_ids)
-    src: ModelSource = scan_state_dict(source) if isinstance(source, Mapping) else scan_path(Path(source))
+    src: ModelSource = source if isinstance(source, ModelSource) else \
+        scan_state_dict(source) if isinstance(source, Mapping) else scan_path(Path(source))  # fmt: skip
     src.notes.extend(card_notes)
     auto, sketch = None, None
     if auto_parent and not parent_ids:
-        label = str(source) if not isinstance(source, Mapping) else "state dict"
+        label = str(source) if isinstance(source, str | os.PathLike) else "state dict"
         sketch = sketch_source(src)
         # Versions of `name` itself are history, not lineage.
         auto = suggest_parents(store, catalog, sketch, label, limit=5, exclude={name})
@@ -72,7 +74,8 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
         src.notes.append(f"auto-parent: {'chose ' if auto.parents else 'no parent: '}{auto.verdict}")
     tick = progress(src.logical_bytes, 0) if progress else None
     with catalog.explained():
-        plan = replace(_delta_plan(store, refs, name, lineage, max_depth), derived=dict(derived or {}))
+        plan = replace(_delta_plan(store, refs, name, lineage, max_depth), derived=dict(derived or {}),
+                       exact=dict(exact or {}))  # fmt: skip
     crash_point("after-scan")
     with store.lock():
         manifest, stats, outcome = _snapshot(store, src, source, plan, policy, jobs, tick, gate, reuse)
@@ -185,7 +188,7 @@ def _run_gate(store: ObjectStore, src: ModelSource, source: Any, manifest: Manif
     with tempfile.TemporaryDirectory(prefix="mgit-gate-") as tmp:
         recon = Path(tmp) / "reconstruction"
         restore_manifest(store, manifest, recon, jobs=jobs)
-        if not isinstance(source, Mapping) and Path(source).is_dir():
+        if isinstance(source, str | os.PathLike) and Path(source).is_dir():
             original = Path(source)
         else:
             original, scratch = Path(tmp) / "original", MemoryStore()
@@ -221,7 +224,10 @@ def _add_result(catalog: Catalog, vid: str, version: Version, stats: SnapshotSta
 
 def _save_sketch(catalog: Catalog, vid: str, manifest: Manifest, src: ModelSource, sketch: Sketch | None) -> None:
     """Store the sketch of a version just added, from its source files. The version is
-    committed already: a sketch that cannot be made now is made when it is needed."""
+    committed already: a sketch that cannot be made now is made when it is needed (as for a
+    source read once, a merge's, rather than merging again)."""
+    if sketch is None and not all(f.replayable for f in src.files):
+        return
     try:
         catalog.put_sketch(vid, (sketch or sketch_added(manifest, src)).to_bytes())
     except (ValueError, OSError, MgitError) as exc:

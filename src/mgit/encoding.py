@@ -177,6 +177,30 @@ def choose_encoding(kind: str, meta: dict[str, Any], buf: np.ndarray, *, bases: 
     return Encoding(codecs, payload, depth, blocks)
 
 
+def exact_encoding(kind: str, meta: dict[str, Any], size: int, chain: Sequence[Codec], *, max_depth: int,
+                   header: Callable[[str], ObjectHeader]) -> Encoding | None:  # fmt: skip
+    """The encoding of content its maker computed as `chain`'s first codec predicts it (an
+    XOR-residual predictor: the residual is zeros), without predicting it again; None when
+    a base may not be coded against (too deep, damaged), for the caller to choose as usual."""
+    first = chain[0]
+    if not (first.predictive and first.storage == "derived"):
+        raise ValueError(f"{first.name} does not store a residual of its prediction")
+    depths = []
+    for base in chain_bases(kind, meta, chain):
+        try:
+            bh = header(base)
+        except (CorruptObjectError, MissingObjectError):
+            return None
+        if bh.kind != "tensor" or bh.depth > max_depth or (bh.depth == max_depth and not first.ends_family):
+            return None
+        depths.append(bh.depth + 1)
+    if max(depths, default=0) > MAX_DEPTH_LIMIT:
+        return None
+    zeros = np.zeros(size, np.uint8)
+    payload = encode_chain(list(chain[1:]), zeros, CodecContext(size, None)) if len(chain) > 1 else zeros
+    return Encoding(list(chain), payload, max(depths, default=0))
+
+
 def _sample_slices(nbytes: int, block_bytes: int) -> list[slice]:
     """SAMPLES evenly spaced slices of SAMPLE_BYTES, at offsets aligned to 64 bytes, each
     inside one block (a blocked base decodes one block for it)."""

@@ -61,6 +61,7 @@ from mgit.reports import (
 
 if TYPE_CHECKING:
     from mgit.diff import DiffResult
+    from mgit.formats.folder import ModelSource
     from mgit.reader import ModelReader
 
 
@@ -214,7 +215,7 @@ class Repo:
     # --- add ----------------------------------------------------------------------------
     def add(
         self,
-        source: str | os.PathLike[str] | Mapping[str, Any],
+        source: str | os.PathLike[str] | Mapping[str, Any] | ModelSource,
         *,
         name: str,
         parent: str | list[str] | None = None,
@@ -237,6 +238,7 @@ class Repo:
         auto_parent: bool = False,
         expected_head: str | None = None,
         derived: Mapping[str, list[Any]] | None = None,
+        exact: Mapping[str, list[Any]] | None = None,
     ) -> AddResult:
         """Store a model folder, a file or a state dict as the next version of `name`.
 
@@ -276,7 +278,12 @@ class Repo:
 
         `derived` maps tensor names to codec chains that predict them from stored tensors (a
         merge's weighted sums of its inputs, `mgit.codecs.merged`), tried beside the usual
-        encodings; the smallest still wins and every tensor still decodes exactly.
+        encodings; the smallest still wins and every tensor still decodes exactly. `exact`
+        names tensors the caller computed as such a chain's predictor predicts them: they are
+        stored as that chain without trying or checking it again (a merge streamed into its add).
+
+        `source` may also be a `mgit.formats.folder.ModelSource` whose files are made as they
+        are read (a merge's, in one pass, nothing written to a temporary folder).
         """
         validate_model_name(name)
         if auto_parent and parent:
@@ -294,7 +301,7 @@ class Repo:
             policy=policy, gate=(gate, max_drop, gate_timeout), model_card=model_card,
             recipe=self.recipe_record(recipe, params, resources=resources) if recipe is not None else None,
             auto_parent=auto_parent, max_depth=self.max_depth, expected_head=expected_head, reuse=self._session,
-            derived=dict(derived or {}),
+            derived=dict(derived or {}), exact=dict(exact or {}),
         )  # fmt: skip
 
     def recipe_record(self, recipe: str | Mapping[str, Any], params: Mapping[str, Any] | None = None, *,

@@ -61,6 +61,9 @@ class DeltaPlan:
     max_depth: int = DEFAULT_MAX_DEPTH
     lossy: LossyPolicy | None = None
     derived: dict[str, list[Codec]] = field(default_factory=dict)  # by tensor name: a chain that predicts it
+    # By tensor name: a chain whose predictor made the tensor (a merge's weighted sum of its
+    # inputs), written as it is: its residual zeros, nothing tried against it, no second decode.
+    exact: dict[str, list[Codec]] = field(default_factory=dict)
 
     def extra(self, name: str) -> list[list[Codec]]:
         """Chains a tensor may also be coded with (a merge's weighted sum of its inputs)."""
@@ -133,6 +136,10 @@ def _prepare(store: ObjectStore, kind: str, meta: dict[str, Any], data: np.ndarr
         return found
     bases = BaseReader(store, reuse)
     tensor = kind == "tensor"
+    exact = store.exact_encoding(kind, meta, data.nbytes, plan.exact[name], max_depth=plan.max_depth) \
+        if tensor and name in plan.exact else None  # fmt: skip
+    if exact is not None:
+        return _Prepared(oid, kind, meta, exact, bases)
     encoding = store.encode(kind, meta, data, bases=plan.candidates(name) if tensor else (), max_depth=plan.max_depth,
                             reuse=bases, extra=plan.extra(name) if tensor else ())  # fmt: skip
     job = _Prepared(oid, kind, meta, encoding, bases)
@@ -180,6 +187,8 @@ def _write_file(store: ObjectStore, f: SourceFile, pools: tuple[ThreadPoolExecut
     assert f.layout is not None
     header = store.put_blob(f.layout.header)
     stats.record(header)
+    if progress:
+        progress(len(f.layout.header))  # (so that the bar ends at the files' size)
     # The file digest is taken in file order as tensors come back, so that each tensor's pages
     # can be released right after: resident memory stays a few tensors, not the file.
     digest = blake3.blake3()
@@ -202,6 +211,9 @@ def _write_file(store: ObjectStore, f: SourceFile, pools: tuple[ThreadPoolExecut
                 lossy, encoding = LossyTensor(data, None, 0.0, lossy.changed_params), exact
             else:
                 data, encoding = lossy.data, approx  # the version stores, and its digest covers, the reconstruction
+        if encoding is None and span.name in plan.exact:
+            encoding = store.exact_encoding("tensor", tensor_meta(span.dtype, span.shape), data.nbytes,
+                                            plan.exact[span.name], max_depth=plan.max_depth)  # fmt: skip
         if encoding is None and span.name in plan.derived:
             encoding = store.encode("tensor", tensor_meta(span.dtype, span.shape), data, bases=bases,
                                     max_depth=plan.max_depth, reuse=reuse, extra=plan.extra(span.name))  # fmt: skip

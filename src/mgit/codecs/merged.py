@@ -37,7 +37,9 @@ from mgit.codecs.derived import to_bfloat16_bits
 F32 = np.float32
 DTYPES = ("F32", "F16", "BF16")
 MAX_BASES = 64
-CHUNK = 4 << 20  # elements predicted at once (bounds the float32 scratch)
+# Elements predicted at once: small enough that a chunk's float32 temporaries stay in the
+# cores' caches (twice as fast as 4M-element chunks here); the values do not depend on it.
+CHUNK = 256 << 10
 
 
 def linear_combination(values: Sequence[np.ndarray], weights: Sequence[float], normalize: bool) -> np.ndarray:

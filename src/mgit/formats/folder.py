@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,8 @@ SKIPPED_DIRS = {".git", ".mgit", "__pycache__"}
 @dataclass
 class SourceFile:
     """One file of the model as it will be checked out (`path` is relative, '/'-separated).
-    Exactly one of `disk` (read it from there) or `tensors` (already in memory) is set."""
+    Exactly one of `disk` (read it from there), `tensors` (already in memory) or `stream`
+    (a safetensors file whose tensors are made as they are read, once: a merge's) is set."""
 
     path: str
     layout: SafetensorsLayout | None = None
@@ -37,15 +38,23 @@ class SourceFile:
     tensors: list[RawTensor] | None = None
     converted_from: str | None = None
     size: int = 0
+    stream: Callable[[], Iterable[tuple[TensorSpan, np.ndarray]]] | None = None
     _mapping: mmap.mmap | None = field(default=None, repr=False)
 
     @property
     def is_safetensors(self) -> bool:
         return self.layout is not None
 
-    def tensor_data(self) -> list[tuple[TensorSpan, np.ndarray]]:
+    @property
+    def replayable(self) -> bool:
+        """Whether its tensors can be read more than once (a streamed file's cannot)."""
+        return self.stream is None
+
+    def tensor_data(self) -> Iterable[tuple[TensorSpan, np.ndarray]]:
         """Each tensor's span and bytes (memory-mapped from disk when read from a file)."""
         assert self.layout is not None
+        if self.stream is not None:
+            return self.stream()
         if self.tensors is not None:
             return [(span, t.data) for span, t in zip(self.layout.tensors, self.tensors, strict=True)]
         mapped = self.blob_data()

@@ -113,23 +113,21 @@ def _positions(repo: Repo, refs: list[str], vids: list[str]) -> Any:
 
 def _run(repo: Repo, spec: MergeSpec, vids: list[str], *, name: str, message: str,
          progress: Progress | None = None) -> AddResult:  # fmt: skip
-    """Merge straight from the store (each input read tensor by tensor, no checkout) into a
-    temporary folder, then add that folder as the merged version."""
-    from mgit.merging.recipe import StoreInput, merge_inputs
+    """Merge straight from the store into the add, tensor by tensor (each input read from
+    its store, no checkout, nothing written to a temporary folder but the small files)."""
+    from mgit.merging.recipe import StoreInput, streamed_source
 
     params = spec.to_params()
     record = repo.recipe_record(RECIPE, params)
+    derived = _derived(repo, spec, vids)
     with tempfile.TemporaryDirectory(prefix="mgit-merge-") as tmp, repo.caching() as cache:
         if repo.store.lazy:  # a lazy clone: what the merge reads, fetched at once
             repo.store.fetch({o for v in vids for o in repo.manifest(v).object_ids()})
         inputs = [StoreInput(repo.store, repo.manifest(v), cache) for v in vids]
-        out = Path(tmp) / "out"
-        first = repo.manifest(vids[spec.base if spec.base is not None else 0])
-        tick = progress(sum(t.nbytes for t in first.tensors()), 0) if progress else None
-        merge_inputs(inputs, out, spec, tick)
-        return repo.add(out, name=name, parent=vids, relation="merge", model_card=False, recipe=record,
-                        message=message or f"{spec.method} merge of {len(vids)} models", progress=progress,
-                        derived=_derived(repo, spec, vids))  # fmt: skip
+        with streamed_source(inputs, Path(tmp), spec, exact={n: chain[0] for n, chain in derived.items()}) as source:
+            return repo.add(source, name=name, parent=vids, relation="merge", model_card=False, recipe=record,
+                            message=message or f"{spec.method} merge of {len(vids)} models", progress=progress,
+                            derived=derived, exact=derived)  # fmt: skip
 
 
 def derived_for_recipe(repo: Repo, job: Any) -> dict[str, list[Any]]:

@@ -18,18 +18,23 @@ import fnmatch
 import json
 import os
 import shutil
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from mgit.cache import DecodedCache
+from mgit.codecs import Codec, CodecContext
 from mgit.codecs.merged import from_float32
 from mgit.errors import InputError
+from mgit.formats.folder import ModelSource, SourceFile, scan_file
 from mgit.formats.safetensors import (
     SafetensorsLayout,
+    TensorSpan,
     build_header,
     element_count,
     is_float,
@@ -152,6 +157,39 @@ def merge_inputs(inputs: list[Input], out_dir: Path, spec: MergeSpec,
         _rewrite_index(index, out_dir, written)
 
 
+@contextmanager
+def streamed_source(inputs: list[Input], scratch: Path, spec: MergeSpec,
+                    exact: Mapping[str, Codec] | None = None) -> Iterator[ModelSource]:  # fmt: skip
+    """The merged model as an add reads a folder, its weight files merged tensor by tensor as
+    the add reads them (once), the other files (config, tokenizer, a shards' index) written
+    to `scratch`; in the order a folder is read, so that it stores as the recipe's folder
+    does. `exact` as for `merged_tensors`."""
+    first = inputs[spec.base if spec.base is not None else 0]
+    weights = first.weight_files()
+    if not weights:
+        raise InputError(str(scratch), "the inputs have no .safetensors file to merge")
+    plans = {rel: plan_file(spec, rel, inputs) for rel in weights}
+    first.copy_others(scratch, set(weights))
+    for index in sorted(scratch.rglob("*.safetensors.index.json")):
+        _rewrite_index(index, scratch, {rel: p.written() for rel, p in plans.items()})
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="mgit-merge") as pool:
+
+        def stream(plan: FilePlan) -> Callable[[], Iterator[tuple[TensorSpan, np.ndarray]]]:
+            return lambda: merged_tensors(spec, plan, inputs, pool, exact)
+
+        files = [scan_file(p, p.relative_to(scratch).as_posix()) for p in scratch.rglob("*") if p.is_file()]
+        files += [SourceFile(rel, layout=SafetensorsLayout(p.header, p.spans, p.metadata), size=p.size,
+                             stream=stream(p)) for rel, p in plans.items()]  # fmt: skip
+        yield ModelSource(sorted(files, key=lambda f: walk_order(f.path)))
+
+
+def walk_order(rel: str) -> tuple[tuple[int, str], ...]:
+    """A sort key putting paths in the order a folder is read (each folder's files by name,
+    then its folders by name, depth first)."""
+    *folders, name = rel.split("/")
+    return (*((1, d) for d in folders), (0, name))
+
+
 def _rewrite_index(index: Path, out_dir: Path, written: dict[str, list[tuple[str, int]]]) -> None:
     """A sharded checkpoint's index, as the merged shards are: every tensor written (renamed
     heads too) mapped to its shard, and their total size (a --dtype changes it)."""
@@ -168,9 +206,42 @@ def _rewrite_index(index: Path, out_dir: Path, written: dict[str, list[tuple[str
     index.write_text(json.dumps({"metadata": metadata, "weight_map": weight_map}, indent=2) + "\n")
 
 
+@dataclass
+class FilePlan:
+    """What one merged safetensors file holds, known before any tensor is merged: its
+    header, and for each tensor in file order where it comes from (merged, or one input's
+    taken as it is) and its span in the output."""
+
+    rel: str
+    header: bytes
+    rows: list[tuple[str, str, int | None, list[Tensor | None]]]  # (name, "merge"|"take", input, each input's)
+    spans: tuple[TensorSpan, ...]
+    metadata: dict[str, str] | None
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + sum(s.nbytes for s in self.spans)
+
+    def written(self) -> list[tuple[str, int]]:
+        return [(t.name, t.nbytes) for t in self.spans]
+
+
 def _merge_file(spec: MergeSpec, rel: str, inputs: list[Input], out: Path, pool: ThreadPoolExecutor,
                 tick: Callable[[int], None]) -> list[tuple[str, int]]:  # fmt: skip
     """Merge one safetensors file; return the tensors written, with their sizes."""
+    plan = plan_file(spec, rel, inputs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "wb") as fh:
+        fh.write(plan.header)
+        for span, data in merged_tensors(spec, plan, inputs, pool):
+            fh.write(data)
+            tick(span.nbytes)
+    return plan.written()
+
+
+def plan_file(spec: MergeSpec, rel: str, inputs: list[Input]) -> FilePlan:
+    """Check that the inputs' tensors of `rel` can be merged as the spec says (the first
+    that cannot is refused, named) and lay out the merged file."""
     order = spec.base if spec.base is not None else 0
     listed = [i.tensors(rel) for i in inputs]
     tables = [{t.name: t for t in ts} for ts, _ in listed]
@@ -218,21 +289,45 @@ def _merge_file(spec: MergeSpec, rel: str, inputs: list[Input], out: Path, pool:
         assert src is not None
         cast = is_float(src.dtype) and spec.dtype is not None  # every float tensor in the configured dtype
         header_tensors.append((name, OUT_DTYPES[spec.dtype] if cast else src.dtype, src.shape))  # type: ignore[index]
-    header, out_spans = build_header(header_tensors, listed[order][1])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "wb") as fh:
-        fh.write(header)
-        for (name, action, taken, found), target in zip(plan, out_spans, strict=True):
-            if action == "take":
-                src = found[taken]  # type: ignore[index]
-                assert src is not None
-                raw = inputs[taken].raw(rel, src.name)  # type: ignore[index]
-                same = target.dtype == src.dtype
-                fh.write(raw if same else encode_floats(to_float(raw, src.dtype, np.float32), target.dtype))
-            else:
-                fh.write(_merged(spec, name, [i.raw(rel, name) for i in inputs], found, target.dtype, pool))  # type: ignore[arg-type]
-            tick(target.nbytes)
-    return [(t.name, t.nbytes) for t in out_spans]
+    header, spans = build_header(header_tensors, listed[order][1])
+    return FilePlan(rel, header, plan, tuple(spans), listed[order][1])
+
+
+def merged_tensors(spec: MergeSpec, plan: FilePlan, inputs: list[Input], pool: ThreadPoolExecutor,
+                   exact: Mapping[str, Codec] | None = None) -> Iterator[tuple[TensorSpan, np.ndarray]]:  # fmt: skip
+    """Each tensor of a planned file, merged (or taken), in file order, as its span and
+    bytes. A tensor `exact` names is made as that codec predicts it from the inputs' tensors
+    (the same arithmetic: a linear or task-arithmetic merge's weighted sum), so that it is
+    stored as that prediction with nothing to check again. The inputs' tensors are read on
+    the pool's threads, the next tensor's while this one is merged."""
+    def read(row: tuple[str, str, int | None, list[Tensor | None]]) -> list[Future[np.ndarray]]:
+        return [pool.submit(i.raw, plan.rel, row[0]) for i in inputs]
+
+    merging = [k for k, row in enumerate(plan.rows) if row[1] == "merge"]
+    ahead = {k: n for k, n in zip(merging, merging[1:], strict=False)}  # the next tensor to merge, read meanwhile
+    reads: dict[int, list[Future[np.ndarray]]] = {merging[0]: read(plan.rows[merging[0]])} if merging else {}
+    for k, ((name, action, taken, found), target) in enumerate(zip(plan.rows, plan.spans, strict=True)):
+        if action == "take":
+            src = found[taken]  # type: ignore[index]
+            assert src is not None
+            raw = inputs[taken].raw(plan.rel, src.name)  # type: ignore[index]
+            same = target.dtype == src.dtype
+            yield target, raw if same else _flat(encode_floats(to_float(raw, src.dtype, np.float32), target.dtype))
+            continue
+        if k in ahead:
+            reads[ahead[k]] = read(plan.rows[ahead[k]])
+        raws = [f.result() for f in reads.pop(k)]
+        codec = (exact or {}).get(name)
+        if codec is not None:
+            by_object = dict(zip(codec.bases, raws, strict=True))  # type: ignore[attr-defined]
+            ctx = CodecContext(target.nbytes, load_object=by_object.__getitem__)
+            yield target, codec.predict(ctx, target.nbytes)  # type: ignore[attr-defined]
+        else:
+            yield target, _flat(_merged(spec, name, raws, found, target.dtype, pool))  # type: ignore[arg-type]
+
+
+def _flat(values: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(values).reshape(-1).view(np.uint8)
 
 
 def _merged(spec: MergeSpec, name: str, raws: list[np.ndarray], found: list[Tensor], out_dtype: str,
