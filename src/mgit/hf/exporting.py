@@ -1,0 +1,195 @@
+"""`mgit export-hf`: a version written into the Hugging Face cache layout, so that
+huggingface_hub and transformers load it offline
+(`AutoModel.from_pretrained("org/name", local_files_only=True)`).
+
+What is written, as huggingface_hub's `file_download` writes it:
+
+    <cache>/models--org--name/blobs/<etag>                  a file's bytes, named as the hub names them
+    <cache>/models--org--name/snapshots/<commit>/<path>     relative links to ../../blobs/<etag>
+    <cache>/models--org--name/refs/main                     the commit hash (no newline)
+
+- etag: the sha256 of the content for an LFS file, the git blob sha1 for any other. A file is
+  LFS when the version's own `.gitattributes` says `filter=lfs` for it (the hub's default
+  patterns when it has none), or when it holds 10 MiB or more (the hub keeps no larger file
+  outside LFS).
+- commit: an imported version goes back under the commit it came from (its `hf.commit` tag,
+  if it is the first version of its model carrying that tag: versions added on top inherit
+  tags); any other version gets sha1("mgit:" + version id). Exporting twice adds nothing.
+- repo id: the one asked for, else the version's `hf.repo_id` tag, else its model name.
+- order: blobs (renamed into place from a verified checkout), the snapshot (a new one renamed
+  into place whole, or missing links added to one already there), then refs/main, written
+  atomically: a reader never finds the ref naming a snapshot still being written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+from mgit.atomicfile import fsync_dir, write_atomic
+from mgit.errors import InvalidOptionError, UnsafePathError
+from mgit.hf.cache import MAIN, default_cache_dir, load_hub
+from mgit.hf.importing import COMMIT_TAG, REPO_ID_TAG
+from mgit.objects import check_relative_path
+from mgit.parallel import Progress
+from mgit.repo import Repo
+from mgit.reports import Report, VersionInfo
+
+# The hub's default .gitattributes: what it stores in LFS when a repository says nothing else.
+DEFAULT_LFS = ("*.7z", "*.arrow", "*.bin", "*.bz2", "*.ckpt", "*.ftz", "*.gz", "*.h5", "*.joblib", "*.lfs.*",
+               "*.mlmodel", "*.model", "*.msgpack", "*.npy", "*.npz", "*.onnx", "*.ot", "*.parquet", "*.pb",
+               "*.pickle", "*.pkl", "*.pt", "*.pth", "*.rar", "*.safetensors", "saved_model/**/*", "*.tar.*",
+               "*.tar", "*.tflite", "*.tgz", "*.wasm", "*.xz", "*.zip", "*.zst", "*tfevents*")  # fmt: skip
+LFS_MIN_BYTES = 10 * 1024 * 1024
+CHUNK = 8 << 20
+COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+
+
+@dataclass(frozen=True)
+class ExportResult(Report):
+    model: str
+    seq: int
+    version: str
+    repo_id: str
+    commit: str
+    cache_dir: str
+    snapshot: str  # <cache>/models--org--name/snapshots/<commit>
+    files: int
+    blobs_written: int  # blobs the cache did not have yet
+    bytes_written: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.model}@{self.seq}"
+
+
+def export_to_cache(repo: Repo, ref: str, *, cache_dir: str | os.PathLike[str] | None = None,
+                    repo_id: str | None = None, progress: Callable[[int, int], Progress] | None = None
+                    ) -> ExportResult:  # fmt: skip
+    """Write the version `ref` names into a Hugging Face cache (default: huggingface_hub's)
+    as `repo_id`'s `main` (see the module's docstring for the layout, the commit hash and the
+    default repo id). `progress(total_bytes, 0)` may return a callback for the checkout."""
+    hub = load_hub()
+    history = repo.log(ref)  # the version, then the versions of its model before it
+    info = history[0]
+    repo_id = repo_id or info.tags.get(REPO_ID_TAG) or info.model
+    try:
+        hub.utils.validate_repo_id(repo_id)
+    except hub.errors.HFValidationError as exc:
+        raise InvalidOptionError(f"{repo_id!r} cannot be a Hugging Face repository id: {exc}",
+                                 hint="Give one with --repo-id ORG/NAME") from None  # fmt: skip
+    commit = commit_for(history, repo_id)
+    root = (Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()).absolute()
+    storage = root / hub.file_download.repo_folder_name(repo_id=repo_id, repo_type="model")
+    for folder in ("blobs", "snapshots", "refs"):
+        (storage / folder).mkdir(parents=True, exist_ok=True)
+    snapshot = storage / "snapshots" / commit
+    tmp = Path(tempfile.mkdtemp(prefix=".mgit-export-", dir=storage))
+    try:
+        checkout = repo.checkout(info.id, tmp / "files", progress=progress)
+        files = {f.path: f.size for f in checkout.files}
+        attributes = tmp / "files" / ".gitattributes"
+        patterns = lfs_patterns(attributes.read_text(errors="replace")) if ".gitattributes" in files else DEFAULT_LFS
+        written = written_bytes = 0
+        links: dict[str, str] = {}
+        for path, size in files.items():
+            src = tmp / "files" / path
+            blob = storage / "blobs" / (sha256_of(src) if is_lfs(path, size, patterns) else git_sha1_of(src, size))
+            if not blob.is_file():
+                os.replace(src, blob)
+                written, written_bytes = written + 1, written_bytes + size
+            links[path] = os.path.relpath(blob, _link_path(snapshot, path).parent)
+            staged = tmp / "snapshot" / path
+            staged.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(links[path], staged)
+        fsync_dir(storage / "blobs")
+        _place_snapshot(tmp / "snapshot", snapshot, links)
+        write_atomic(storage / "refs" / MAIN, [commit.encode()])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    notes = [] if "config.json" in files else [
+        "it has no config.json: transformers cannot load it as a model, though its files are in the cache"]
+    return ExportResult(info.model, info.seq, info.id, repo_id, commit, str(root), str(snapshot), len(files), written,
+                        written_bytes, notes)  # fmt: skip
+
+
+def commit_for(history: list[VersionInfo], repo_id: str) -> str:
+    """The commit hash a version is exported under: the one it was imported from, else one
+    made from its id (see the module's docstring). `history`: the version, then older ones."""
+    version, older = history[0], history[1:]
+    commit = version.tags.get(COMMIT_TAG, "")
+    if (version.tags.get(REPO_ID_TAG) == repo_id and COMMIT_RE.fullmatch(commit)
+            and not any(v.tags.get(COMMIT_TAG) == commit for v in older)):  # fmt: skip
+        return commit
+    return hashlib.sha1(b"mgit:" + version.id.encode()).hexdigest()
+
+
+def lfs_patterns(gitattributes: str) -> tuple[str, ...]:
+    """The patterns a .gitattributes file stores in LFS (`filter=lfs`)."""
+    found = []
+    for line in gitattributes.splitlines():
+        parts = line.split()
+        if parts and not parts[0].startswith("#") and "filter=lfs" in parts[1:]:
+            found.append(parts[0].lstrip("/"))
+    return tuple(found)
+
+
+def is_lfs(path: str, size: int, patterns: tuple[str, ...]) -> bool:
+    """Whether the hub keeps this file in LFS: a pattern matches it (a pattern without '/'
+    matches the file's name in any folder, as in git) or it is too large for git."""
+    name = path.rsplit("/", 1)[-1]
+    return size >= LFS_MIN_BYTES or any(fnmatchcase(path if "/" in p else name, p) for p in patterns)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def git_sha1_of(path: Path, size: int) -> str:
+    """The id git gives the file's content (a blob): sha1 of "blob <size>\\0" and the bytes."""
+    digest = hashlib.sha1(b"blob %d\0" % size)
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _link_path(snapshot: Path, rel: str) -> Path:
+    """Where a file's link goes in a snapshot, refusing a path that could leave it."""
+    check_relative_path(rel)
+    return snapshot.joinpath(*rel.split("/"))
+
+
+def _place_snapshot(staged: Path, snapshot: Path, links: dict[str, str]) -> None:
+    """A new snapshot renamed into place whole; into one that exists (exported before, or
+    the snapshot an import came from), the links it lacks, each replaced atomically."""
+    try:
+        os.rename(staged, snapshot)
+        return
+    except OSError:
+        if not snapshot.is_dir():
+            raise
+    for rel, target in links.items():
+        dst = _link_path(snapshot, rel)
+        probe = snapshot
+        for part in rel.split("/")[:-1]:
+            probe = probe / part
+            if probe.is_symlink():
+                raise UnsafePathError(rel, f"{probe} is a link")
+        if dst.is_symlink() and os.readlink(dst) == target:
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staged.joinpath(*rel.split("/")), dst)
+    fsync_dir(snapshot)
