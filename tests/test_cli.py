@@ -33,7 +33,7 @@ COMMANDS = _leaves(cli)
 DATA_COMMANDS = {"init", "add", "checkout", "ls", "log", "show", "du", "fsck", "gc", "rm", "diff", "graph",
                  "lineage tree", "lineage suggest", "test add", "test ls", "test run", "test show", "bisect",
                  "cascade", "remote add", "remote ls", "remote rm", "remote show", "push", "fetch", "pull",
-                 "clone", "merge"}  # fmt: skip
+                 "clone", "merge", "import-hf", "export-hf"}  # fmt: skip
 NO_DATA = {"test rm"}  # prints one confirmation line
 
 

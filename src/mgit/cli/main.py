@@ -31,6 +31,8 @@ COMMANDS = {
     "bisect": "mgit.cli.test_cmd:bisect",
     "cascade": "mgit.cli.cascade_cmd:cascade",
     "merge": "mgit.cli.merge_cmd:merge",
+    "import-hf": "mgit.cli.hf_cmd:import_hf",
+    "export-hf": "mgit.cli.hf_cmd:export_hf",
     "remote": "mgit.cli.remote_cmd:remote_group",
     **{name: f"mgit.cli.remote_cmd:{name}" for name in ("push", "fetch", "pull", "clone")},
 }  # fmt: skip
