@@ -27,6 +27,7 @@ COMMANDS = {
     "diff": "mgit.cli.diff_cmd:diff",
     "lineage": "mgit.cli.lineage_cmd:lineage",
     "graph": "mgit.cli.graph_cmd:graph",
+    "serve": "mgit.cli.serve_cmd:serve",
     "test": "mgit.cli.test_cmd:test_group",
     "bisect": "mgit.cli.test_cmd:bisect",
     "cascade": "mgit.cli.cascade_cmd:cascade",

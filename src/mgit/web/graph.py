@@ -30,20 +30,30 @@ MAX_LABEL = 48  # longer names are cut on the node (the panel shows them whole)
 
 def render_html(graph: LineageGraph, *, title: str = "MGit lineage",
                 storage: dict[str, VersionStorage] | None = None,
-                outside: list[LineageEdge] | None = None) -> str:  # fmt: skip
+                outside: list[LineageEdge] | None = None, selected: str | None = None,
+                links: list[tuple[str, str]] | None = None) -> str:  # fmt: skip
     """The page for `graph`. `storage` (by version id) adds how each version is stored;
-    `outside` lists edges to models left out of a selection, named in the panel, not drawn."""
+    `outside` lists edges to models left out of a selection, named in the panel, not drawn;
+    `selected` is a model to open and centre on; `links` are (label, href) of other pages,
+    shown in the header (`mgit serve`'s; none in a file)."""
     data = page_data(graph, storage=storage or {}, outside=outside or [])
     data["title"] = title
-    script, style = _static("graph.js"), _static("graph.css")
+    if selected is not None:
+        data["selected"] = selected
     values = {
         "title": html.escape(title),
-        "csp": f"default-src 'none'; script-src '{_sha256(script)}'; style-src '{_sha256(style)}'",
-        "style": style,
-        "script": script,
+        "csp": page_csp(),
+        "style": _static("graph.css"),
+        "script": _static("graph.js"),
         "data": script_json(data),
+        "links": "".join(f'<a href="{html.escape(href)}">{html.escape(label)}</a>' for label, href in links or []),
     }
     return re.sub(r"\{\{(\w+)\}\}", lambda m: values[m[1]], _static("page.html"))
+
+
+def page_csp() -> str:
+    """The page's Content-Security-Policy: its own script and style (by hash), nothing else."""
+    return f"default-src 'none'; script-src '{_sha256(_static('graph.js'))}'; style-src '{_sha256(_static('graph.css'))}'"
 
 
 def page_data(graph: LineageGraph, *, storage: dict[str, VersionStorage],

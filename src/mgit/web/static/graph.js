@@ -348,5 +348,6 @@
 
   draw();
   fit(true);
+  if (data.selected && byName.has(data.selected)) select(data.selected);  // mgit serve: centred on a model
   window.mgitGraph = { view, select, fit };
 })();

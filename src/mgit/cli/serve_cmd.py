@@ -1,0 +1,63 @@
+"""`mgit serve`: browse a repository in a web browser (read-only), over `mgit.web.app`."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import click
+
+from mgit.cli.output import out
+
+DEFAULT_PORT = 8808
+
+
+@click.command()
+@click.argument("directory", required=False, metavar="[DIR]")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Any other than the loopback needs a token.")
+@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
+              help="Port to listen on (0: any free one).")
+@click.option("--token", envvar="MGIT_SERVE_TOKEN", metavar="TOKEN",
+              help="Token every request must carry (default off the loopback: a new one, printed once).")
+@click.pass_context
+def serve(ctx: click.Context, directory: str | None, host: str, port: int, token: str | None) -> None:
+    """Browse the repository in a web browser: models, a model's versions, card, files and
+    tensors, diffs with a heatmap per layer, the test matrix, storage, the lineage graph.
+    Read-only; every page has a JSON twin under /api. Nothing is fetched from the internet.
+
+    On 127.0.0.1 no token is asked; on any other address every request needs the token
+    (--token, or one made and printed now).
+
+    \b
+    Examples:
+      mgit serve                               # http://127.0.0.1:8808/
+      mgit serve models/ --port 9000
+      mgit serve --host 0.0.0.0                 # prints a token to open it with
+    """
+    from mgit.repo import Repo
+    from mgit.web.access import is_loopback, new_token
+
+    if directory is not None and directory.startswith(("s3://", "http://", "https://", "file://")):
+        raise click.UsageError("serving a remote is not done yet: mgit clone --lazy URL DIR, then mgit serve DIR")
+    repo = Repo(Path(directory)) if directory is not None else ctx.obj.repo()
+    if not is_loopback(host) and not token:
+        token = new_token()
+    try:
+        import uvicorn
+
+        from mgit.web.app import create_app
+    except ImportError as exc:
+        raise click.ClickException(f"mgit serve needs the web extra ({exc.name} is missing): "
+                                   "pip install 'mgit-models[web]'") from None  # fmt: skip
+    app = create_app(repo, host=host, token=token)
+    # The socket is bound here, so that the address printed is the one listened on (--port 0).
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    shown = f"[{host}]" if ":" in host else host
+    address = f"http://{shown}:{sock.getsockname()[1]}/"
+    out.print(f"Serving {repo.root} at {address} (read-only; Ctrl-C stops)")
+    if token:
+        out.print(f"Open {address}?token={token}  (every request needs this token; it is not shown again)")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])

@@ -1,0 +1,142 @@
+"""Who may look, and what every response says about itself.
+
+On a loopback address (127.0.0.1, ::1, localhost) no token is asked, but the Host header must
+name the loopback too, so that a web page elsewhere cannot reach the server through a DNS
+name it rebinds to 127.0.0.1. On any other address a token is required: the app refuses to
+start without one, and every request (pages, /api, assets) must carry it, as
+`Authorization: Bearer TOKEN`, as the cookie set when a page was opened with `?token=TOKEN`
+(the address is then reloaded without it), compared in constant time.
+
+Every response carries a Content-Security-Policy (scripts and styles from the server only,
+nothing fetched from anywhere else, no frames), `nosniff` and no referrer.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import secrets
+from collections.abc import Awaitable, Callable, MutableMapping
+from http.cookies import SimpleCookie
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode
+
+from mgit.errors import MgitError
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+COOKIE = "mgit_token"
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")  # fmt: skip
+LOOPBACK_NAMES = ("localhost",)
+
+
+class TokenRequiredError(MgitError):
+    def __init__(self, host: str) -> None:
+        super().__init__(f"serving on {host} needs a token",
+                         hint="Give --token, or let mgit serve make one (it prints it once)")  # fmt: skip
+        self.host = host
+
+
+def is_loopback(host: str) -> bool:
+    name = host.strip("[]")
+    if name in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def check_setup(host: str, token: str | None) -> None:
+    """Refuse a server that anyone on the network could read."""
+    if not is_loopback(host) and not token:
+        raise TokenRequiredError(host)
+
+
+def token_matches(given: str | None, token: str) -> bool:
+    return given is not None and hmac.compare_digest(given.encode(), token.encode())
+
+
+class Guard:
+    """ASGI middleware: the token (or, without one, a loopback Host), and security headers."""
+
+    def __init__(self, app: ASGIApp, *, token: str | None, csp: Callable[[str], str | None]) -> None:
+        self.app, self.token, self.csp = app, token, csp
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        if self.token is None:
+            if not is_loopback(_host_name(headers.get("host", ""))):
+                await _refuse(send, 400, "this server answers only to localhost and 127.0.0.1")
+                return
+        else:
+            given = dict(query).get("token")
+            if given is not None:  # a link with the token: keep it in a cookie, drop it from the address
+                if not token_matches(given, self.token):
+                    await _refuse(send, 401, "wrong token")
+                    return
+                rest = urlencode([(k, v) for k, v in query if k != "token"])
+                await _redirect(send, quote(scope["path"]) + (f"?{rest}" if rest else ""), self.token)
+                return
+            bearer = headers.get("authorization", "")
+            given = bearer[7:] if bearer.lower().startswith("bearer ") else _cookie(headers.get("cookie", ""))
+            if not token_matches(given, self.token):
+                await _refuse(send, 401, "a token is needed: open the address mgit serve printed")
+                return
+        csp = self.csp(scope["path"]) or CSP
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                extra = [(b"content-security-policy", csp.encode()), (b"x-content-type-options", b"nosniff"),
+                         (b"referrer-policy", b"no-referrer"), (b"x-frame-options", b"DENY"),
+                         (b"cache-control", b"no-store")]  # fmt: skip
+                message["headers"] = [*message.get("headers", []), *extra]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def _host_name(host: str) -> str:
+    """`127.0.0.1` of `127.0.0.1:8808`, `::1` of `[::1]:8808`."""
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.partition(":")[0]
+
+
+def _cookie(header: str) -> str | None:
+    jar: SimpleCookie = SimpleCookie()
+    try:
+        jar.load(header)
+    except Exception:  # a malformed cookie header is no token
+        return None
+    morsel = jar.get(COOKIE)
+    return morsel.value if morsel is not None else None
+
+
+async def _refuse(send: Send, status: int, why: str) -> None:
+    body = f"{status}: {why}\n".encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode()),
+                            (b"content-security-policy", CSP.encode()), (b"x-content-type-options", b"nosniff")]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _redirect(send: Send, location: str, token: str) -> None:
+    cookie = f"{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict"
+    await send({"type": "http.response.start", "status": 303,
+                "headers": [(b"location", location.encode("latin-1", "replace")), (b"set-cookie", cookie.encode()),
+                            (b"content-length", b"0"), (b"referrer-policy", b"no-referrer")]})  # fmt: skip
+    await send({"type": "http.response.body", "body": b""})
