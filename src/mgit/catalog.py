@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from mgit.database import Database
 from mgit.errors import CatalogError, CorruptObjectError, MissingObjectError
 from mgit.objects import Parent, Version
-from mgit.reports import ParentInfo
+from mgit.reports import ModelUsage, ParentInfo
 
 if TYPE_CHECKING:  # the store's types only: indexing reads records through it
     from mgit.refs import RefStore
@@ -430,20 +430,32 @@ class Catalog(Database):
         ).fetchone()
         return row[0], row[1]
 
-    def usage_by_model(self, versions: dict[str, list[str]]) -> dict[str, tuple[int, int]]:
-        """Per model, given its versions' ids: (objects, stored bytes) of the distinct objects
-        they use, as `physical_bytes` of each list, in one query for every model."""
-        pairs = [[model, vid] for model, vids in versions.items() for vid in vids]
+    def model_usage(self, versions: dict[str, list[str]]) -> list[ModelUsage]:
+        """`du`'s figures of each model, given its versions' ids: their logical bytes, the
+        distinct objects they use (count, stored bytes), how their tensors are stored; three
+        queries for every model together."""
+        vids = [vid for chain in versions.values() for vid in chain]
+        pairs = json.dumps([[model, vid] for model, chain in versions.items() for vid in chain])
         rows = self.db.execute(
             """WITH g(model, vid) AS (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
                                         FROM json_each(?)),
                      d AS (SELECT DISTINCT g.model, vo.object FROM g JOIN version_objects vo ON vo.version = g.vid)
                 SELECT d.model, COUNT(*), COALESCE(SUM(o.stored_size), 0) FROM d JOIN objects o ON o.id = d.object
                 GROUP BY d.model""",
-            (json.dumps(pairs),),
+            (pairs,),
         )
-        found = {model: (count, stored) for model, count, stored in rows}
-        return {model: found.get(model, (0, 0)) for model in versions}
+        objects = {model: (count, stored) for model, count, stored in rows}
+        logical = dict(self.db.execute(f"SELECT id, logical_bytes FROM versions WHERE id IN {IDS}", (json.dumps(vids),)))
+        counts = self.tensor_counts(vids)
+        out = []
+        for model, chain in versions.items():
+            tensors: dict[str, int] = {}
+            for vid in chain:
+                for kind, n in counts.get(vid, {}).items():
+                    tensors[kind] = tensors.get(kind, 0) + n
+            count, stored = objects.get(model, (0, 0))
+            out.append(ModelUsage(model, len(chain), sum(logical.get(v, 0) for v in chain), stored, count, tensors))
+        return out
 
     def object_sizes(self, vids: list[str]) -> dict[str, int]:
         """{object: stored bytes} of the distinct objects these versions use (the logical

@@ -50,7 +50,6 @@ from mgit.reports import (
     FsckResult,
     GcResult,
     ModelSummary,
-    ModelUsage,
     ParentSuggestion,
     RemoveResult,
     ShowResult,
@@ -473,27 +472,13 @@ class Repo:
         return {vid: VersionStorage(stored, tensors) for vid, (stored, tensors) in found.items()}
 
     def du(self) -> DuResult:
-        # Every model's chain from the lineage snapshot, then one query per kind of figure for
-        # all models together (a thousand models: 0.2 s rather than 0.45 s).
+        # Chains from the lineage snapshot, figures in a few queries for every model together.
         heads, lineage = self.catalog.heads(), self.lineage
-        chains, logical = {}, {}
-        for name, head in heads.items():
-            node = lineage.nodes.get(name)
-            versions = lineage.versions(name) if node is not None and node.head == head else []
-            chains[name] = [v.id for v in versions] or self.chain(head)
-            logical.update((v.id, v.logical_bytes) for v in versions)
+        nodes = lineage.nodes
+        chains = {name: [v.id for v in lineage.versions(name)] if name in nodes and nodes[name].head == head
+                  else self.chain(head) for name, head in heads.items()}  # fmt: skip
+        models = self.catalog.model_usage(chains)
         live = sorted({v for vids in chains.values() for v in vids})
-        logical.update((vid, row.logical_bytes) for vid, row in
-                       self.catalog.versions_of([v for v in live if v not in logical]).items())  # fmt: skip
-        usage, counts = self.catalog.usage_by_model(chains), self.catalog.tensor_counts(live)
-        models = []
-        for name, vids in chains.items():
-            tensors: dict[str, int] = {}
-            for vid in vids:
-                for kind, n in counts.get(vid, {}).items():
-                    tensors[kind] = tensors.get(kind, 0) + n
-            count, stored = usage[name]
-            models.append(ModelUsage(name, len(vids), sum(logical.get(v, 0) for v in vids), stored, count, tensors))
         count, stored = self.catalog.physical_bytes(live)
         _, _, on_disk = self.catalog.total_objects()
         remote_only, local = 0, None
@@ -502,7 +487,7 @@ class Repo:
             remote_only = sum(n for oid, n in sizes.items() if not self.store.has(oid))
             local = sum(sizes.values()) - remote_only
             on_disk = sum(self.store.stored_size(oid) for oid in self.store.ids())
-        return DuResult(models, sum(logical.get(v, 0) for v in live), stored, count, on_disk,
+        return DuResult(models, sum(m.logical_bytes for m in models), stored, count, on_disk,
                         max(on_disk - stored, 0) if local is None else max(on_disk - local, 0), remote_only, local)  # fmt: skip
 
     # --- maintenance --------------------------------------------------------------------
