@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-HIDDEN, INTERMEDIATE, VOCAB, LAYERS = 32, 64, 64, 2
+HIDDEN, INTERMEDIATE, VOCAB, LAYERS = 32, 64, 64, 4
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN,
           "intermediate_size": INTERMEDIATE, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
           "num_key_value_heads": 4, "vocab_size": VOCAB, "max_position_embeddings": 128, "rms_norm_eps": 1e-6,
@@ -34,6 +34,20 @@ CONFIGS = {  # what mergekit was run with; model names are the folders' (the rep
     "dare_ties": "models:\n  - model: ft1\n    parameters: {weight: 0.5, density: 1.0}\n  - model: ft2\n"
                  "    parameters: {weight: 0.5, density: 1.0}\nmerge_method: dare_ties\nbase_model: base\n"
                  "dtype: float32\n",
+    # Gradients (interpolated along the 4 layers) and filters (by a part of the tensor's name),
+    # per model with the config's parameters as the fallback; the classic SLERP config of one slice.
+    "slerp_gradient": "slices:\n  - sources:\n      - model: base\n        layer_range: [0, 4]\n      - model: ft1\n"
+                      "        layer_range: [0, 4]\nmerge_method: slerp\nbase_model: base\nparameters:\n  t:\n"
+                      "    - filter: self_attn\n      value: [0, 0.5, 0.3, 0.7, 1]\n    - filter: mlp\n"
+                      "      value: [1, 0.5, 0.7, 0.3, 0]\n    - value: 0.5\ndtype: float32\n",
+    "ties_gradient": "models:\n  - model: ft1\n    parameters:\n      weight: [0.2, 0.8]\n"
+                     "      density: [{filter: mlp, value: 0.4}, {value: 0.9}]\n  - model: ft2\n    parameters:\n"
+                     "      weight: [{filter: self_attn, value: [1.0, 0.3, 0.6]}]\nmerge_method: ties\n"
+                     "base_model: base\nparameters: {normalize: true, weight: 0.5, density: 0.6}\ndtype: float32\n",
+    "task_arithmetic_gradient": "models:\n  - model: ft1\n    parameters: {weight: [0.0, 1.0]}\n  - model: ft2\n"
+                                "    parameters: {weight: [{filter: mlp, value: 0.25}, {value: 0.75}]}\n"
+                                "merge_method: task_arithmetic\nbase_model: base\nparameters: {lambda: [1.0, 0.5]}\n"
+                                "dtype: float32\n",
 }  # fmt: skip
 
 

@@ -58,7 +58,7 @@ def test_the_same_bits_as_mergekit(family: Repo, method: str, tmp_path: Path) ->
     ours = weights_of(family, f"m-{method}", tmp_path / "out")
     theirs = load_file(str(FIXTURES / f"{method}.safetensors"))
     assert list(ours) == list(theirs)
-    if method == "slerp":  # mergekit's norms and dot products are torch reductions: another summation order
+    if method.startswith("slerp"):  # mergekit's norms and dot products are torch reductions: another summation order
         worst = max(float(np.max(np.abs(ours[k] - theirs[k])) / np.max(np.abs(theirs[k]))) for k in theirs)
         assert worst < 1e-6, worst
     else:
@@ -68,8 +68,9 @@ def test_the_same_bits_as_mergekit(family: Repo, method: str, tmp_path: Path) ->
     assert {p.relation for p in version.parents} == {"merge"}
     named = [family.model_of(p.version) for p in version.parents]
     expected = [m.split(": ")[1] for m in CONFIGS[method].splitlines() if "model: " in m and "base_model" not in m]
-    assert set(named) == set(expected) | ({"base"} if METHODS[method].needs_base else set())
-    assert version.recipe["fn"] == "mgit.merging.recipe:merge" and version.recipe["params"]["method"] == method
+    kind = method.removesuffix("_gradient")
+    assert set(named) == set(expected) | ({"base"} if METHODS[kind].needs_base else set())
+    assert version.recipe["fn"] == "mgit.merging.recipe:merge" and version.recipe["params"]["method"] == kind
 
 
 @pytest.mark.parametrize("method", ["linear_bf16", "task_arithmetic_bf16"])
@@ -173,6 +174,25 @@ def test_bad_input_is_refused_before_any_work(family: Repo, tmp_path: Path) -> N
         merge_config(family, config, name="bad")
     code, _, err = run_cli("merge", "ft1", "ft2", "--method", "slerp", "--base", "base", "--name", "bad", cwd=family.root)
     assert code == 1 and "slerp merges exactly two models" in err
+    slices = "slices:\n  - sources:\n      - {{model: base, layer_range: {a}}}\n      - {{model: ft1, layer_range: {b}}}\n"
+    for body, refused in (
+        (slices.format(a="[0, 4]", b="[0, 4]") * 1 + "  - sources:\n      - {model: base, layer_range: [0, 2]}\n",
+         "2 slices stack layers into another architecture"),
+        (slices.format(a="[0, 4]", b="[0, 2]"), "the sources take different layer ranges"),
+        (slices.format(a="[0, 2]", b="[0, 2]"), r"layer_range \[0, 2\] of models with 4 layers"),
+        ("models: [ft1, ft2]\nparameters: {weight: [{filter: mlp, value: 1, extra: 2}]}\n",
+         "a filter is {filter: NAME PART, value: SETTING}"),
+        ("models: [ft1, ft2]\nparameters: {weight: [0.5, true]}\n", "parameter 'weight' must be a number, not True"),
+        ("models: [ft1, ft2]\nparameters: {normalize: [true, 0.5]}\n", "must be true or false, not 0.5"),
+    ):  # fmt: skip
+        method = "slerp\nbase_model: base\nparameters: {t: 0.5}" if "slices" in body else "linear"
+        config.write_text(f"{body}merge_method: {method}\n")
+        with pytest.raises(InvalidOptionError, match=refused):
+            merge_config(family, config, name="bad")
+    config.write_text("models: [base, ft1]\nmerge_method: slerp\nbase_model: base\n"
+                      "parameters: {t: [{filter: mlp, value: 0.5}]}\n")  # fmt: skip
+    with pytest.raises(InvalidOptionError, match="no merge parameter 't' for tensor 'lm_head.weight': none of its filters"):
+        merge_config(family, config, name="bad")
     other = tmp_path / "other"
     other.mkdir()
     save_file({"model.norm.weight": np.ones(32, np.float32), "extra.weight": np.ones(3, np.float32)},
@@ -353,11 +373,30 @@ def test_the_weighted_sum_codec_decodes_any_content_and_refuses_bad_configuratio
             WeightedSumCodec(**config)  # type: ignore[arg-type]
 
 
+def test_a_task_arithmetic_merge_with_gradients_is_stored_as_weighted_sums(tmp_path: Path) -> None:
+    """Weights that change along the layers and by tensor: each tensor's weighted sum is
+    recorded with its own weights (and decodes to mergekit's bytes: the test above)."""
+    family = Repo.init(tmp_path / "repo")
+    for name, (_, parent) in MODELS.items():
+        family.add(write_model(tmp_path / name, name), name=name, parent=parent)
+    config = tmp_path / "gradient.yml"
+    config.write_text(CONFIGS["task_arithmetic_gradient"])
+    merge_config(family, config, name="gradient-stored")
+    assert family.show("gradient-stored").tensor_storage == {"derived": len(family.manifest("gradient-stored").tensors())}
+    headers = {t.name: family.store.header(t.object) for t in family.manifest("gradient-stored").tensors()}
+    weights = {n: h.codecs[0]["configuration"]["weights"] for n, h in headers.items()}
+    assert weights["model.layers.0.mlp.up_proj.weight"] == [0.0, 0.25]
+    assert weights["model.layers.3.self_attn.q_proj.weight"] == [1.0, 0.75]
+    assert weights["model.layers.1.self_attn.q_proj.weight"] == pytest.approx([1 / 3, 0.75])
+    assert family.fsck().ok
+
+
 def test_a_streamed_merge_is_written_as_its_prediction_only_when_its_bases_allow(tmp_path: Path) -> None:
     """`mgit merge` makes a weighted-sum tensor as the codec predicts it and writes it as
     that chain without predicting it again: only over bases a delta may use. It stores no
     parent-inference sketch (its source is read once); one is made when inference needs it."""
     from mgit.codecs import WeightedSumCodec, XorDeltaCodec, ZstdCodec
+    from mgit.encoding import exact_encoding
     from mgit.objects import tensor_meta
 
     repo = Repo.init(tmp_path / "repo")
@@ -368,11 +407,12 @@ def test_a_streamed_merge_is_written_as_its_prediction_only_when_its_bases_allow
     chain = [WeightedSumCodec(bases=[t1.object, t2.object], weights=[0.5, 0.5], anchor=-1, normalize=False,
                               scale=1.0, dtype="F32"), ZstdCodec(level=3)]  # fmt: skip
     depth = max(repo.store.header(t1.object).depth, repo.store.header(t2.object).depth)
-    found = repo.store.exact_encoding("tensor", meta, t1.nbytes, chain, max_depth=depth)
+    found = exact_encoding("tensor", meta, t1.nbytes, chain, max_depth=depth, header=repo.store.header)
     assert found is not None and found.depth == depth + 1 and found.codecs == chain
-    assert repo.store.exact_encoding("tensor", meta, t1.nbytes, chain, max_depth=depth - 1) is None
-    with pytest.raises(ValueError, match="does not store a residual of its prediction"):
-        repo.store.exact_encoding("tensor", meta, t1.nbytes, [XorDeltaCodec(base=t1.object), ZstdCodec(level=1)])
+    assert exact_encoding("tensor", meta, t1.nbytes, chain, max_depth=depth - 1, header=repo.store.header) is None
+    with pytest.raises(InvalidOptionError, match="does not store a residual of its prediction"):
+        exact_encoding("tensor", meta, t1.nbytes, [XorDeltaCodec(base=t1.object), ZstdCodec(level=1)], max_depth=3,
+                       header=repo.store.header)  # fmt: skip
     merged = merge(repo, ["ft1", "ft2"], method="linear", name="merged")
     assert repo.fsck().ok
     assert repo.show("merged").tensor_storage == {"derived": len(repo.manifest("merged").tensors())}

@@ -39,7 +39,7 @@ from mgit.codecs import (
     encode_chain,
 )
 from mgit.codecs.derived import low_rank_of
-from mgit.errors import CorruptObjectError, MissingObjectError
+from mgit.errors import CorruptObjectError, InvalidOptionError, MissingObjectError
 from mgit.formats.safetensors import element_count, is_float, itemsize
 from mgit.objectformat import MAX_DEPTH_LIMIT, ObjectHeader
 
@@ -184,7 +184,7 @@ def exact_encoding(kind: str, meta: dict[str, Any], size: int, chain: Sequence[C
     a base may not be coded against (too deep, damaged), for the caller to choose as usual."""
     first = chain[0]
     if not (first.predictive and first.storage == "derived"):
-        raise ValueError(f"{first.name} does not store a residual of its prediction")
+        raise InvalidOptionError(f"{first.name} does not store a residual of its prediction")
     depths = []
     for base in chain_bases(kind, meta, chain):
         try:

@@ -21,7 +21,7 @@ import numpy as np
 
 from mgit.cache import CHECKOUT_BASES, DecodedCache
 from mgit.codecs import Codec
-from mgit.encoding import Encoding
+from mgit.encoding import Encoding, exact_encoding
 from mgit.formats.folder import ModelSource, SourceFile
 from mgit.lossy import LossyTensor, encode_lossy
 from mgit.lossypolicy import LossyPolicy, LossyTally
@@ -136,8 +136,8 @@ def _prepare(store: ObjectStore, kind: str, meta: dict[str, Any], data: np.ndarr
         return found
     bases = BaseReader(store, reuse)
     tensor = kind == "tensor"
-    exact = store.exact_encoding(kind, meta, data.nbytes, plan.exact[name], max_depth=plan.max_depth) \
-        if tensor and name in plan.exact else None  # fmt: skip
+    exact = exact_encoding(kind, meta, data.nbytes, plan.exact[name], max_depth=plan.max_depth,
+                           header=store.header) if tensor and name in plan.exact else None  # fmt: skip
     if exact is not None:
         return _Prepared(oid, kind, meta, exact, bases)
     encoding = store.encode(kind, meta, data, bases=plan.candidates(name) if tensor else (), max_depth=plan.max_depth,
@@ -212,8 +212,8 @@ def _write_file(store: ObjectStore, f: SourceFile, pools: tuple[ThreadPoolExecut
             else:
                 data, encoding = lossy.data, approx  # the version stores, and its digest covers, the reconstruction
         if encoding is None and span.name in plan.exact:
-            encoding = store.exact_encoding("tensor", tensor_meta(span.dtype, span.shape), data.nbytes,
-                                            plan.exact[span.name], max_depth=plan.max_depth)  # fmt: skip
+            encoding = exact_encoding("tensor", tensor_meta(span.dtype, span.shape), data.nbytes,
+                                      plan.exact[span.name], max_depth=plan.max_depth, header=store.header)  # fmt: skip
         if encoding is None and span.name in plan.derived:
             encoding = store.encode("tensor", tensor_meta(span.dtype, span.shape), data, bases=bases,
                                     max_depth=plan.max_depth, reuse=reuse, extra=plan.extra(span.name))  # fmt: skip

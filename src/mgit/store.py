@@ -228,14 +228,6 @@ class ObjectStore:
                                header=self.header, load=read.whole, load_range=read.range,
                                block_bytes=self.block_bytes if blocks else 0)  # fmt: skip
 
-    def exact_encoding(self, kind: str, meta: dict[str, Any], size: int, chain: Sequence[Codec], *,
-                       max_depth: int = DEFAULT_MAX_DEPTH) -> Encoding | None:  # fmt: skip
-        """The encoding of content made as `chain`'s predictor predicts it (see
-        `mgit.encoding.exact_encoding`), or None when its bases may not be used."""
-        from mgit.encoding import exact_encoding
-
-        return exact_encoding(kind, meta, size, chain, max_depth=max_depth, header=self.header)
-
     def put_tensor(self, dtype: str, shape: tuple[int, ...], data: np.ndarray, *, bases: Sequence[str] = (),
                    max_depth: int = DEFAULT_MAX_DEPTH, encoding: Encoding | None = None,
                    reuse: DecodedCache | None = None) -> PutResult:  # fmt: skip

@@ -19,7 +19,14 @@ from typing import Any
 
 from mgit.errors import InvalidOptionError
 from mgit.merging.methods import METHODS
-from mgit.merging.spec import OUT_DTYPES, MergeConfig, MergeSpec
+from mgit.merging.spec import (
+    OUT_DTYPES,
+    MergeConfig,
+    MergeSpec,
+    combine,
+    layer_count,
+    layer_positions,
+)
 from mgit.repo import Repo
 from mgit.reports import AddResult
 
@@ -80,9 +87,15 @@ def merge_config(repo: Repo, config: str | Path, *, name: str, message: str = ""
     refs = [m for m, _ in cfg.models]
     for ref in [*refs, *([cfg.base] if cfg.base else [])]:
         repo.resolve(ref)  # every model named exists, before any work
+    if cfg.layer_range is not None:
+        layers = layer_count(t.name for t in repo.manifest(refs[0]).tensors())
+        if cfg.layer_range != (0, layers):
+            raise InvalidOptionError(f"{path}: layer_range {list(cfg.layer_range)} of models with {layers} layers: "
+                                     "merging part of the layers changes the architecture",
+                                     hint=f"Use layer_range: [0, {layers}]")  # fmt: skip
     defaults = {k: v for k, v in cfg.parameters.items() if k in method.input_parameters}
     global_params = {k: v for k, v in cfg.parameters.items() if k not in method.input_parameters}
-    per_model = {m: {**defaults, **p} for m, p in cfg.models}
+    per_model = {m: {k: combine(p.get(k), defaults.get(k)) for k in {*p, *defaults}} for m, p in cfg.models}
     base = cfg.base if method.needs_base or cfg.base in refs else None
     if base is not None and base not in refs:
         refs.insert(0, base)
@@ -155,7 +168,7 @@ def _derived(repo: Repo, spec: MergeSpec, vids: list[str]) -> dict[str, list[Any
     out_dtype = OUT_DTYPES.get(spec.dtype or "")
     entries = [{t.name: t for t in repo.manifest(v).tensors()} for v in vids]
     anchor = spec.base if spec.method == "task_arithmetic" else None
-    weights = [float(p["weight"]) for i, p in enumerate(spec.inputs) if i != anchor]
+    positions = layer_positions(entries[spec.base if spec.base is not None else 0])
     derived: dict[str, list[Any]] = {}
     for name, first in entries[0].items():
         found = [e.get(name) for e in entries]
@@ -166,8 +179,10 @@ def _derived(repo: Repo, spec: MergeSpec, vids: list[str]) -> dict[str, list[Any
             continue
         if len({t.shape for t in found if t is not None}) != 1:
             continue
+        inputs, params = spec.resolve(name, positions.get(name, 0.0))
+        weights = [float(p["weight"]) for i, p in enumerate(inputs) if i != anchor]
         codec = WeightedSumCodec(bases=[t.object for t in found if t is not None], weights=weights,
-                                 anchor=-1 if anchor is None else anchor, normalize=bool(spec.parameters["normalize"]),
-                                 scale=float(spec.parameters.get("lambda", 1.0)), dtype=first.dtype)  # fmt: skip
+                                 anchor=-1 if anchor is None else anchor, normalize=bool(params["normalize"]),
+                                 scale=float(params.get("lambda", 1.0)), dtype=first.dtype)  # fmt: skip
         derived[name] = [codec, ZstdCodec(level=3)]
     return derived

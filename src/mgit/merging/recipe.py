@@ -44,7 +44,7 @@ from mgit.formats.safetensors import (
     to_float,
 )
 from mgit.merging.methods import merge_tensor, ties_selection
-from mgit.merging.spec import OUT_DTYPES, MergeSpec
+from mgit.merging.spec import OUT_DTYPES, MergeSpec, layer_positions
 from mgit.objects import Manifest
 from mgit.reader import tensor_bytes
 from mgit.store import ObjectStore
@@ -149,9 +149,11 @@ def merge_inputs(inputs: list[Input], out_dir: Path, spec: MergeSpec,
     if not weights:
         raise InputError(str(out_dir), "the inputs have no .safetensors file to merge")
     written: dict[str, list[tuple[str, int]]] = {}
+    positions = _positions(first, weights)
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="mgit-merge") as pool:
         for rel in weights:
-            written[rel] = _merge_file(spec, rel, inputs, out_dir / rel, pool, tick or (lambda n: None))
+            plan = plan_file(spec, rel, inputs, positions)
+            written[rel] = _merge_file(spec, plan, inputs, out_dir / rel, pool, tick or (lambda n: None))
     first.copy_others(out_dir, set(weights))
     for index in sorted(out_dir.rglob("*.safetensors.index.json")):
         _rewrite_index(index, out_dir, written)
@@ -168,7 +170,8 @@ def streamed_source(inputs: list[Input], scratch: Path, spec: MergeSpec,
     weights = first.weight_files()
     if not weights:
         raise InputError(str(scratch), "the inputs have no .safetensors file to merge")
-    plans = {rel: plan_file(spec, rel, inputs) for rel in weights}
+    positions = _positions(first, weights)
+    plans = {rel: plan_file(spec, rel, inputs, positions) for rel in weights}
     first.copy_others(scratch, set(weights))
     for index in sorted(scratch.rglob("*.safetensors.index.json")):
         _rewrite_index(index, scratch, {rel: p.written() for rel, p in plans.items()})
@@ -181,6 +184,11 @@ def streamed_source(inputs: list[Input], scratch: Path, spec: MergeSpec,
         files += [SourceFile(rel, layout=SafetensorsLayout(p.header, p.spans, p.metadata), size=p.size,
                              stream=stream(p)) for rel, p in plans.items()]  # fmt: skip
         yield ModelSource(sorted(files, key=lambda f: walk_order(f.path)))
+
+
+def _positions(first: Input, weights: list[str]) -> dict[str, float]:
+    """Each tensor's position along the layers of the whole model (every shard)."""
+    return layer_positions(t.name for rel in weights for t in first.tensors(rel)[0])
 
 
 def walk_order(rel: str) -> tuple[tuple[int, str], ...]:
@@ -217,6 +225,7 @@ class FilePlan:
     rows: list[tuple[str, str, int | None, list[Tensor | None]]]  # (name, "merge"|"take", input, each input's)
     spans: tuple[TensorSpan, ...]
     metadata: dict[str, str] | None
+    positions: dict[str, float]  # along the layers, for gradients (spec.layer_positions)
 
     @property
     def size(self) -> int:
@@ -226,10 +235,9 @@ class FilePlan:
         return [(t.name, t.nbytes) for t in self.spans]
 
 
-def _merge_file(spec: MergeSpec, rel: str, inputs: list[Input], out: Path, pool: ThreadPoolExecutor,
+def _merge_file(spec: MergeSpec, plan: FilePlan, inputs: list[Input], out: Path, pool: ThreadPoolExecutor,
                 tick: Callable[[int], None]) -> list[tuple[str, int]]:  # fmt: skip
     """Merge one safetensors file; return the tensors written, with their sizes."""
-    plan = plan_file(spec, rel, inputs)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "wb") as fh:
         fh.write(plan.header)
@@ -239,7 +247,7 @@ def _merge_file(spec: MergeSpec, rel: str, inputs: list[Input], out: Path, pool:
     return plan.written()
 
 
-def plan_file(spec: MergeSpec, rel: str, inputs: list[Input]) -> FilePlan:
+def plan_file(spec: MergeSpec, rel: str, inputs: list[Input], positions: dict[str, float]) -> FilePlan:
     """Check that the inputs' tensors of `rel` can be merged as the spec says (the first
     that cannot is refused, named) and lay out the merged file."""
     order = spec.base if spec.base is not None else 0
@@ -290,7 +298,7 @@ def plan_file(spec: MergeSpec, rel: str, inputs: list[Input]) -> FilePlan:
         cast = is_float(src.dtype) and spec.dtype is not None  # every float tensor in the configured dtype
         header_tensors.append((name, OUT_DTYPES[spec.dtype] if cast else src.dtype, src.shape))  # type: ignore[index]
     header, spans = build_header(header_tensors, listed[order][1])
-    return FilePlan(rel, header, plan, tuple(spans), listed[order][1])
+    return FilePlan(rel, header, plan, tuple(spans), listed[order][1], positions)
 
 
 def merged_tensors(spec: MergeSpec, plan: FilePlan, inputs: list[Input], pool: ThreadPoolExecutor,
@@ -323,7 +331,8 @@ def merged_tensors(spec: MergeSpec, plan: FilePlan, inputs: list[Input], pool: T
             ctx = CodecContext(target.nbytes, load_object=by_object.__getitem__)
             yield target, codec.predict(ctx, target.nbytes)  # type: ignore[attr-defined]
         else:
-            yield target, _flat(_merged(spec, name, raws, found, target.dtype, pool))  # type: ignore[arg-type]
+            yield target, _flat(_merged(spec, name, raws, found, target.dtype, pool,  # type: ignore[arg-type]
+                                        plan.positions.get(name, 0.0)))
 
 
 def _flat(values: np.ndarray) -> np.ndarray:
@@ -331,33 +340,35 @@ def _flat(values: np.ndarray) -> np.ndarray:
 
 
 def _merged(spec: MergeSpec, name: str, raws: list[np.ndarray], found: list[Tensor], out_dtype: str,
-            pool: ThreadPoolExecutor) -> np.ndarray:  # fmt: skip
-    """The merged tensor's bytes. Element-wise methods go a chunk at a time on the pool's
-    threads (the same bits: every element is computed alone), the others whole."""
+            pool: ThreadPoolExecutor, position: float) -> np.ndarray:  # fmt: skip
+    """The merged tensor's bytes, with the parameters it has at its `position` along the
+    layers. Element-wise methods go a chunk at a time on the pool's threads (the same bits:
+    every element is computed alone), the others whole."""
     if not all(is_float(t.dtype) for t in found):  # integers, bools: the same in every input, or refused
         if any(not np.array_equal(r, raws[0]) for r in raws[1:]):
             raise InputError(name, "is not a float tensor and differs between the inputs",
                              hint=f"Say which input it comes from: --take '{name}=REF'")  # fmt: skip
         return raws[spec.base if spec.base is not None else 0]
     count = element_count(found[0].shape)
-    selections = _ties_selections(spec, name, raws, found) if spec.method == "ties" and count > CHUNK else {}
+    inputs, params = spec.resolve(name, position)
+    selections = _ties_selections(spec, inputs, name, raws, found) if spec.method == "ties" and count > CHUNK else {}
 
     def part(lo: int, hi: int, shape: tuple[int, ...]) -> np.ndarray:
         values = [to_float(r[lo * itemsize(t.dtype) : hi * itemsize(t.dtype)], t.dtype, np.float32).reshape(shape)
                   for r, t in zip(raws, found, strict=True)]  # fmt: skip
-        merged = merge_tensor(spec.method, name, values, spec.base, spec.inputs, spec.parameters, spec.seed,
+        merged = merge_tensor(spec.method, name, values, spec.base, inputs, params, spec.seed,
                               selections=selections, offset=lo)  # fmt: skip
         return encode_floats(np.asarray(merged, np.float32), out_dtype).reshape(-1).view(np.uint8)
 
-    chunked = spec.method in ELEMENTWISE and not (spec.method == "ties" and spec.parameters["rescale"])
+    chunked = spec.method in ELEMENTWISE and not (spec.method == "ties" and params["rescale"])
     if not chunked or count <= CHUNK:
         return part(0, count, found[0].shape)
     bounds = [(lo, min(lo + CHUNK, count)) for lo in range(0, count, CHUNK)]
     return np.concatenate(list(pool.map(lambda b: part(b[0], b[1], (b[1] - b[0],)), bounds)))
 
 
-def _ties_selections(spec: MergeSpec, name: str, raws: list[np.ndarray], found: list[Tensor]
-                     ) -> dict[int, tuple[float, int]]:  # fmt: skip
+def _ties_selections(spec: MergeSpec, inputs: list[dict[str, Any]], name: str, raws: list[np.ndarray],
+                     found: list[Tensor]) -> dict[int, tuple[float, int]]:  # fmt: skip
     """What TIES keeps of each input's task vector, found over the whole tensor (the float32
     magnitudes of one input's task vector at a time, filled a chunk at a time), so that the
     merge itself can go a chunk at a time."""
@@ -367,7 +378,7 @@ def _ties_selections(spec: MergeSpec, name: str, raws: list[np.ndarray], found: 
     base_raw, base_dtype = raws[spec.base], found[spec.base].dtype
     out = {}
     for i, (raw, t) in enumerate(zip(raws, found, strict=True)):
-        density = float(spec.inputs[i].get("density", 1.0))
+        density = float(inputs[i].get("density", 1.0))
         if i == spec.base or density >= 1:
             continue
         for lo in range(0, count, CHUNK):

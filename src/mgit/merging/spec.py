@@ -13,6 +13,9 @@ the accepted ones listed.
 from __future__ import annotations
 
 import fnmatch
+import math
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,13 +27,96 @@ DTYPES = tuple(OUT_DTYPES)
 MAX_INPUTS = 64
 
 
-def _number(key: str, value: Any) -> float:
+LAYER = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)\.")
+
+
+def layer_positions(names: Iterable[str]) -> dict[str, float]:
+    """Where each tensor sits along the layers, as mergekit's gradients read it: layer i of
+    n at i / (n - 1) (1 when there is one layer), tensors outside the layers (embeddings,
+    final norm, head) at 0."""
+    names = list(names)
+    found = {n: int(m.group(1)) for n in names if (m := LAYER.search(n))}
+    count = max(found.values(), default=-1) + 1
+    return {n: (found[n] / (count - 1) if count > 1 else 1.0) if n in found else 0.0 for n in names}
+
+
+def layer_count(names: Iterable[str]) -> int:
+    return max((int(m.group(1)) for n in names if (m := LAYER.search(n))), default=-1) + 1
+
+
+def _setting(key: str, value: Any) -> Any:
+    """A parameter's setting as mergekit writes it, checked: a number or true/false; a
+    gradient (a list of them, interpolated along the layers); or filters, a list of
+    {filter: NAME PART, value: SETTING} where the first filter found in the tensor's name
+    (or none, or "*") gives the value."""
+    if isinstance(value, bool) or (isinstance(value, (int, float)) and math.isfinite(value)):
+        return value
+    if isinstance(value, dict):
+        value = [value]
+    if isinstance(value, list) and value:
+        if all(isinstance(e, (int, float)) for e in value):
+            return [_setting(key, e) for e in value]
+        if all(isinstance(e, dict) for e in value):
+            out = []
+            for cond in value:
+                if set(cond) - {"filter", "value"} or "value" not in cond or not isinstance(cond.get("filter"), str | None):
+                    raise InvalidOptionError(f"parameter {key!r}: a filter is {{filter: NAME PART, value: SETTING}}, "
+                                             f"not {cond!r}")  # fmt: skip
+                out.append({"filter": cond.get("filter"), "value": _setting(key, cond["value"])})
+            return out
+    raise InvalidOptionError(f"parameter {key!r} must be a number, a gradient (a list of numbers) or filters "
+                             f"(a list of {{filter, value}}), not {value!r}")  # fmt: skip
+
+
+def structured(setting: Any) -> bool:
+    return isinstance(setting, list)
+
+
+def evaluate(setting: Any, tensor: str, t: float) -> Any:
+    """A setting's value for one tensor at position t along the layers (None: no filter
+    matches), as mergekit evaluates it."""
+    if not isinstance(setting, list):
+        return setting
+    if not setting:
+        return None
+    if isinstance(setting[0], dict):
+        for cond in setting:
+            if cond["filter"] in (None, "*") or cond["filter"] in tensor:
+                return evaluate(cond["value"], tensor, t)
+        return None
+    if any(isinstance(e, bool) for e in setting):
+        return setting[int(t * (len(setting) - 1))]
+    scaled = t * (len(setting) - 1)
+    i0 = int(scaled)
+    i1 = min(len(setting) - 1, i0 + 1)
+    frac = scaled - i0
+    return (1 - frac) * setting[i0] + frac * setting[i1]
+
+
+def combine(first: Any, then: Any) -> Any:
+    """One setting that is `first` where it gives a value and `then` elsewhere (a model's
+    own parameter over the config's default for every model)."""
+    if first is None:
+        return then
+    if then is None or not structured(first) or not isinstance(first[0], dict):
+        return first  # a number or a gradient always gives a value
+    return [*first, *(then if structured(then) and isinstance(then[0], dict) else [{"filter": None, "value": then}])]
+
+
+def _scalar(method: str, key: str, value: Any, default: Any, where: str) -> Any:
+    """A parameter's value for one tensor, checked (bools stay bools, numbers become floats)."""
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise InvalidOptionError(f"parameter {key!r} must be true or false, not {value!r}")
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        if isinstance(value, (list, dict)):
-            raise InvalidOptionError(f"parameter {key!r}: gradients and per-tensor filters are not supported yet",
-                                     hint="Give one number")  # fmt: skip
         raise InvalidOptionError(f"parameter {key!r} must be a number, not {value!r}")
-    return float(value)
+    value = float(value)
+    if key == "density" and not 0 < value <= 1:
+        raise InvalidOptionError(f"density must be in (0, 1], not {value:g}{where}")
+    if method == "slerp" and key == "t" and not 0 <= value <= 1:
+        raise InvalidOptionError(f"slerp's t must be in [0, 1], not {value:g}{where}")
+    return value
 
 
 def _checked(method: str, given: dict[str, Any], accepted: dict[str, Any], where: str) -> dict[str, Any]:
@@ -43,14 +129,21 @@ def _checked(method: str, given: dict[str, Any], accepted: dict[str, Any], where
         value = given.get(key, default)
         if value is None:
             raise InvalidOptionError(f"{method} needs the {where} parameter {key!r}")
-        out[key] = value if isinstance(default, bool) else _number(key, value)
-        if isinstance(default, bool) and not isinstance(value, bool):
-            raise InvalidOptionError(f"parameter {key!r} must be true or false, not {value!r}")
-    if "density" in out and not 0 < out["density"] <= 1:
-        raise InvalidOptionError(f"density must be in (0, 1], not {out['density']:g}")
-    if method == "slerp" and not 0 <= out.get("t", 0) <= 1:
-        raise InvalidOptionError(f"slerp's t must be in [0, 1], not {out['t']:g}")
+        setting = _setting(key, value)
+        out[key] = _scalar(method, key, setting, default, "") if not structured(setting) else setting
+        for leaf in _leaves(setting):  # a gradient's or a filter's values: of the parameter's type
+            if isinstance(default, bool) != isinstance(leaf, bool):
+                raise InvalidOptionError(f"parameter {key!r} must be {'true or false' if isinstance(default, bool) else 'a number'}, "
+                                         f"not {leaf!r}")  # fmt: skip
     return out
+
+
+def _leaves(setting: Any) -> Iterator[Any]:
+    if not structured(setting):
+        yield setting
+        return
+    for e in setting:
+        yield from _leaves(e["value"] if isinstance(e, dict) else e)
 
 
 @dataclass(frozen=True)
@@ -101,6 +194,33 @@ class MergeSpec:
         return cls(method, per_input, base, params, dtype, seed, [(g, p) for g, p in take or []],
                    [(g, p, x) for g, p, x in rename or []])  # fmt: skip
 
+    def varies(self) -> bool:
+        """Whether a parameter has a gradient or filters (its value depends on the tensor)."""
+        return any(structured(v) for scope in (*self.inputs, self.parameters) for v in scope.values())
+
+    def resolve(self, tensor: str, t: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The per-input and the method's parameters for one tensor at position t along the
+        layers (`layer_positions`): gradients interpolated, filters applied, defaults where
+        no filter matches."""
+        if not self.varies():
+            return self.inputs, self.parameters
+        m = METHODS[self.method]
+
+        def values(scope: dict[str, Any], accepted: dict[str, Any], where: str) -> dict[str, Any]:
+            out = {}
+            for key, setting in scope.items():
+                value = evaluate(setting, tensor, t)
+                if value is None:
+                    value = accepted[key]
+                    if value is None:
+                        raise InvalidOptionError(f"no {where} parameter {key!r} for tensor {tensor!r}: none of its "
+                                                 "filters matches", hint="End the filters with one without a filter")  # fmt: skip
+                out[key] = _scalar(self.method, key, value, accepted[key], f" (tensor {tensor!r})")
+            return out
+
+        return ([values(p, m.input_parameters, "model") for p in self.inputs],
+                values(self.parameters, m.parameters, "merge"))  # fmt: skip
+
     def taken_from(self, tensor: str) -> int | None:
         """The input a tensor is taken from unmerged (the first matching rule), or None."""
         return next((p for g, p in self.take if fnmatch.fnmatchcase(tensor, g)), None)
@@ -139,6 +259,7 @@ class MergeConfig:
     dtype: str | None
     take: list[tuple[str, str]]
     rename: list[tuple[str, str, str]] = field(default_factory=list)  # (glob, model, prefix)
+    layer_range: tuple[int, int] | None = None  # a config of one slice: the layers every source gives
 
     @classmethod
     def parse(cls, text: str, *, where: str = "the config") -> MergeConfig:
@@ -152,9 +273,16 @@ class MergeConfig:
             raise InvalidOptionError(f"{where} is not a mapping of merge settings")
         known = ("models", "merge_method", "base_model", "parameters", "dtype", "out_dtype", "take", "rename",
                  "tokenizer_source", "chat_template")  # fmt: skip
+        known += ("slices",)
         unknown = [k for k in data if k not in known]
+        layer_range = None
         if "slices" in data:
-            raise InvalidOptionError(f"{where}: 'slices' (layer ranges) are not supported yet", hint="Use 'models'")
+            if "models" in data:
+                raise InvalidOptionError(f"{where}: give 'models' or 'slices', not both")
+            data = dict(data)
+            data["models"], layer_range, slice_parameters = _one_slice(data.pop("slices"), where)
+            data["parameters"] = {k: combine(slice_parameters.get(k), (data.get("parameters") or {}).get(k))
+                                  for k in {*slice_parameters, *(data.get("parameters") or {})}}  # fmt: skip
         if unknown:
             raise InvalidOptionError(f"{where}: unknown setting {unknown[0]!r}", hint=f"Known: {', '.join(known[:6])}")
         models = []
@@ -182,4 +310,38 @@ class MergeConfig:
             rename.append((rule["tensors"], rule["model"], rule["prefix"]))
         base = data.get("base_model")
         return cls(data["merge_method"], models, base if isinstance(base, str) else None, dict(parameters),
-                   data.get("out_dtype") or data.get("dtype"), [(str(g), str(m)) for g, m in take.items()], rename)  # fmt: skip
+                   data.get("out_dtype") or data.get("dtype"), [(str(g), str(m)) for g, m in take.items()], rename,
+                   layer_range)  # fmt: skip
+
+
+def _one_slice(slices: Any, where: str) -> tuple[list[dict[str, Any]], tuple[int, int], dict[str, Any]]:
+    """A `slices` config that merges the same layers of every model (mergekit's form of the
+    classic SLERP config) as its models, that layer range, and the slice's parameters.
+    Several slices, or sources of different ranges, stack layers into another architecture
+    (a "frankenmerge"): refused."""
+    if not isinstance(slices, list) or not slices:
+        raise InvalidOptionError(f"{where}: 'slices' must be a list of slices")
+    if len(slices) > 1:
+        raise InvalidOptionError(f"{where}: {len(slices)} slices stack layers into another architecture, which "
+                                 "mgit merge does not make", hint="Merge the same layers of every model: one slice")  # fmt: skip
+    only = slices[0]
+    if not isinstance(only, dict) or not isinstance(only.get("sources"), list) or not only["sources"]:
+        raise InvalidOptionError(f"{where}: a slice needs 'sources' (model and layer_range each)")
+    unknown = [k for k in only if k not in ("sources", "parameters")]
+    if unknown:
+        raise InvalidOptionError(f"{where}: unknown slice setting {unknown[0]!r}", hint="Known: sources, parameters")
+    models, ranges = [], set()
+    for source in only["sources"]:
+        span = source.get("layer_range") if isinstance(source, dict) else None
+        if not (isinstance(span, list) and len(span) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                                  for x in span) and 0 <= span[0] < span[1]):  # fmt: skip
+            raise InvalidOptionError(f"{where}: each slice source needs a model and a layer_range [FIRST, END]")
+        ranges.add(tuple(span))
+        models.append({k: v for k, v in source.items() if k != "layer_range"})
+    if len(ranges) > 1:
+        raise InvalidOptionError(f"{where}: the sources take different layer ranges ({', '.join(map(str, sorted(ranges)))}), "
+                                 "which changes the architecture", hint="Give every source the same layer_range")  # fmt: skip
+    parameters = only.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidOptionError(f"{where}: a slice's 'parameters' must be a mapping")
+    return models, ranges.pop(), dict(parameters)
