@@ -55,6 +55,7 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(2048)  # connections wait from now on, before the app has started
     shown = f"[{host}]" if ":" in host else host
     address = f"http://{shown}:{sock.getsockname()[1]}/"
     out.print(f"Serving {repo.root} at {address} (read-only; Ctrl-C stops)")
