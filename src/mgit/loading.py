@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mgit.cache import CHECKOUT_BASES, UNBOUNDED, DecodedCache
+from mgit.codecs.buffers import unpooled
 from mgit.errors import InputError, InvalidOptionError, MissingDependencyError
 from mgit.formats.safetensors import is_float, numpy_view
 from mgit.objects import Manifest, TensorEntry
@@ -117,7 +118,8 @@ def _load(refs: list[str], repo: Repo, framework: str, device: Any, dtype: Any, 
     cache = DecodedCache(UNBOUNDED, keep_all=True) if shared else DecodedCache(CHECKOUT_BASES)
 
     def one(entry: TensorEntry) -> Any:
-        data = tensor_bytes(repo.store, entry, reuse=cache)
+        with unpooled():  # the state dicts keep what is decoded: in arrays of its own size
+            data = tensor_bytes(repo.store, entry, reuse=cache)
         return convert(data, entry, shared=shared)
 
     with ThreadPoolExecutor(max_workers=jobs or default_jobs(), thread_name_prefix="mgit-load") as pool:

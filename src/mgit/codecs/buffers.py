@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -31,7 +33,7 @@ _local = threading.local()
 def scratch(nbytes: int) -> np.ndarray:
     """A writable uint8 array of `nbytes` (contents undefined), from a reused buffer when
     one of this thread's is free and large enough."""
-    if not POOLED_MIN <= nbytes <= POOLED_MAX:
+    if not POOLED_MIN <= nbytes <= POOLED_MAX or getattr(_local, "unpooled", False):
         return np.empty(nbytes, np.uint8)
     pool: list[np.ndarray] | None = getattr(_local, "pool", None)
     if pool is None:
@@ -50,3 +52,15 @@ def scratch(nbytes: int) -> np.ndarray:
                 break
             del old
     return buf[:nbytes]
+
+
+@contextmanager
+def unpooled() -> Iterator[None]:
+    """In this thread, `scratch` allocates arrays of their own size: for decoded tensors a
+    caller keeps (a loaded state dict), which a reused, larger buffer would make hold more."""
+    before = getattr(_local, "unpooled", False)
+    _local.unpooled = True
+    try:
+        yield
+    finally:
+        _local.unpooled = before
