@@ -10,6 +10,9 @@ Registrations and results live in `checks.sqlite`, apart from the catalog: they 
 derived from objects and refs, so rebuilding (or losing) the catalog never touches them. A
 result is keyed by (version, test, sha256 of the test's source file): it is reused until
 the version or the source changes, or `force` is given.
+
+Over 500 lines, not split: registrations, runs and recorded results are one table pair and
+one set of rules (what applies where, which result counts), read together by every verb.
 """
 
 from __future__ import annotations
@@ -221,6 +224,18 @@ class Checks:
         ancestors = [(a, lineage.nodes[a].tags) for a in lineage.ancestors(model)]
         return [t for t in (self.tests() if specs is None else specs)
                 if t.matches(model, node.tags) or (t.inherit and any(t.matches(a, tags) for a, tags in ancestors))]  # fmt: skip
+
+    def applicable_all(self, lineage: Lineage | None = None, *,
+                       specs: list[TestSpec] | None = None) -> dict[str, list[TestSpec]]:  # fmt: skip
+        """`applicable` of every model at once: each test's models, then their descendants
+        when it is inherited (a thousand models in one pass, not an ancestor walk each)."""
+        lineage = lineage or self.repo.lineage
+        found: dict[str, list[TestSpec]] = {n: [] for n in lineage.nodes}
+        for t in self.tests() if specs is None else specs:
+            hit = {n for n, node in lineage.nodes.items() if t.matches(n, node.tags)}
+            for n in sorted(hit | ({d for h in hit for d in lineage.descendants(h)} if t.inherit else set())):
+                found[n].append(t)
+        return found
 
     # --- running ------------------------------------------------------------------------
     def run(self, refs: list[str] | None = None, *, descendants: bool = False, tests: list[str] | None = None,

@@ -11,6 +11,7 @@ from typing import Any
 from mgit.checks import Checks
 from mgit.errors import UnknownRefError
 from mgit.objects import OID_RE
+from mgit.reports import json_safe
 from mgit.web.params import choice, paginate, text
 from mgit.web.repoview import RepoView
 
@@ -21,6 +22,7 @@ def matrix_page(view: RepoView, query: Mapping[str, str]) -> dict[str, Any]:
     lineage, checks = view.lineage, Checks(view.repo)
     q, show = text(query, "q").strip().lower(), choice(query, "show", SHOW, "all")
     specs = checks.tests()
+    applies = checks.applicable_all(lineage, specs=specs)
     live = [n for n in lineage.nodes.values() if not n.removed]
     parents = {n.name: lineage.parents(n.name) for n in live}
     parent_vids = [e.parent_version for es in parents.values() for e in es[:1]]
@@ -28,7 +30,7 @@ def matrix_page(view: RepoView, query: Mapping[str, str]) -> dict[str, Any]:
     names = sorted({t.name for t in specs} | {t for n in live for t in found[n.head]})
     rows = []
     for n in live:
-        applicable = {t.name for t in checks.applicable(n.name, lineage, specs=specs)} if specs else set()
+        applicable = {t.name for t in applies[n.name]}
         results = found[n.head]
         if not applicable and not results:
             continue
@@ -42,7 +44,7 @@ def matrix_page(view: RepoView, query: Mapping[str, str]) -> dict[str, Any]:
             status = o.status if o else "not run"
             cells[test] = {"status": status, "parent_status": before.status if before else None,
                            "change": _change(before.status if before else None, status),
-                           "metrics": o.to_json()["metrics"] if o else {}}  # fmt: skip
+                           "metrics": json_safe(o.metrics) if o else {}}  # fmt: skip
         rows.append({"model": n.name, "seq": n.seq, "version": n.head,
                      "parent": f"{edge.parent}@{edge.parent_seq}" if edge else None, "cells": cells})  # fmt: skip
     rows = [r for r in rows if (not q or q in r["model"].lower())

@@ -15,6 +15,7 @@ from mgit.catalog import storage_class
 from mgit.checks import Checks
 from mgit.errors import UnknownRefError
 from mgit.objects import RELATIONS
+from mgit.reports import json_safe
 from mgit.web.card import CARD, render_card
 from mgit.web.params import choice, number, paginate, text
 from mgit.web.repoview import RepoView
@@ -65,15 +66,14 @@ def test_summaries(view: RepoView, names: list[str]) -> dict[str, dict[str, Any]
     """Per model: how many of the tests that apply to its head passed, failed, errored or
     were not run, and the worst of them (`status`, None when no test applies)."""
     lineage, checks = view.lineage, Checks(view.repo)
-    specs = checks.tests()
+    applicable = checks.applicable_all(lineage)
     heads = {n: lineage.nodes[n].head for n in names}
     found = checks.latest(list(heads.values()), {v: (n, lineage.nodes[n].seq) for n, v in heads.items()})
     out = {}
     for name in names:
         results = found[heads[name]]
-        applicable = {t.name for t in checks.applicable(name, lineage, specs=specs)} if specs else set()
         counts = {"pass": 0, "fail": 0, "error": 0, "not run": 0}
-        for test in applicable | set(results):
+        for test in {t.name for t in applicable[name]} | set(results):
             counts[results[test].status if test in results else "not run"] += 1
         worst = min((s for s, c in counts.items() if c), key=STATUS_ORDER.__getitem__, default=None)
         out[name] = {"status": worst, **counts}
@@ -114,6 +114,6 @@ def model_page(view: RepoView, name: str, query: Mapping[str, str]) -> dict[str,
         "tensors": {"items": tensors.items, **tensors.meta()},
         "tests": {"names": tests, "versions": [
             {"seq": v.seq, "version": v.id,
-             "results": {t: {"status": o.status, "metrics": o.to_json()["metrics"], "reasons": o.reasons}
+             "results": {t: {"status": o.status, "metrics": json_safe(o.metrics), "reasons": o.reasons}
                          for t, o in results[v.id].items()}} for v in versions]},
     }  # fmt: skip
