@@ -81,6 +81,7 @@ def main() -> None:
     merge(work)
     cascade(members[0].path, work)
     print(f"\nTour done in {time.perf_counter() - start:.0f} s. Repository: {work.relative_to(ROOT)}/.mgit")
+    print(f"Browse it: .venv/bin/mgit serve {work.relative_to(ROOT)}   (then open http://127.0.0.1:8808/)")
 
 
 def add_commands(members: list[Any]) -> list[list[str]]:
