@@ -34,7 +34,7 @@ DATA_COMMANDS = {"init", "add", "checkout", "ls", "log", "show", "du", "fsck", "
                  "lineage tree", "lineage suggest", "test add", "test ls", "test run", "test show", "bisect",
                  "cascade", "remote add", "remote ls", "remote rm", "remote show", "push", "fetch", "pull",
                  "clone", "merge", "import-hf", "export-hf"}  # fmt: skip
-NO_DATA = {"test rm"}  # prints one confirmation line
+NO_DATA = {"test rm", "serve"}  # one confirmation line; a server (its data is its /api, tests/test_serve.py)
 
 
 def test_every_command_is_covered_here() -> None:
