@@ -352,3 +352,17 @@ def test_commands_other_than_serve_do_not_import_the_web_stack(family: Repo) -> 
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
     assert np is not None
+
+
+def test_diffs_waiting_are_bounded(family: Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mgit.web import diffs
+
+    monkeypatch.setattr(diffs, "RUNNING", 0)  # nothing runs: every job waits (daemon threads, left blocked)
+    jobs = diffs.DiffJobs(family)
+    vids = [v.id for n in family.lineage.nodes for v in family.lineage.versions(n)]
+    pairs = [(a, b) for a in vids for b in vids if a != b][: diffs.WAITING + 1]
+    for a, b in pairs[:-1]:
+        assert jobs.job(a, b).state == "queued"
+    assert jobs.job(*pairs[0]) is jobs.job(*pairs[0])  # asked again: the same job
+    with pytest.raises(diffs.DiffsBusyError, match="16 diffs are being computed"):
+        jobs.job(*pairs[-1])

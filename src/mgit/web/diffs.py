@@ -22,6 +22,7 @@ from mgit.web.params import BadParameterError
 
 KEPT = 8  # finished diffs kept
 RUNNING = 1  # diffs computed at once (each uses every core)
+WAITING = 16  # diffs asked for and not finished: more are refused until some finish
 MISSING = "#e2e8f0"
 COLORS = {"identical": "#f7fafc", "same": "#f7fafc", "shape": "#805ad5", "dtype": "#d69e2e",
           "only_a": "#4a5568", "only_b": "#3182ce"}  # fmt: skip
@@ -41,6 +42,11 @@ class DiffJob:
         return {"state": self.state, "done": self.done, "total": self.total, **({"error": self.error} if self.error else {})}
 
 
+class DiffsBusyError(MgitError):
+    def __init__(self) -> None:
+        super().__init__(f"{WAITING} diffs are being computed already", hint="Try again when one has finished")
+
+
 class DiffJobs:
     """Diffs being computed or recently done, by (version A, version B)."""
 
@@ -57,6 +63,8 @@ class DiffJobs:
             if job is not None and job.state != "error":
                 self._jobs.move_to_end((a, b))
                 return job
+            if sum(j.state in ("queued", "running") for j in self._jobs.values()) >= WAITING:
+                raise DiffsBusyError()
             job = self._jobs[(a, b)] = DiffJob(a, b)
             finished = [k for k, j in self._jobs.items() if j.state in ("done", "error")]
             for k in finished[: max(0, len(finished) - KEPT)]:
