@@ -13,6 +13,7 @@ import os
 import struct
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -411,6 +412,12 @@ def test_cli_add_and_checkout_of_tensors_over_a_block(tmp_path: Path) -> None:
 
 # --- reused block buffers ---------------------------------------------------------------------
 def test_a_block_buffer_is_reused_only_once_nothing_refers_to_it() -> None:
+    # In a thread of its own: its buffers are that thread's (others' tests leave theirs free).
+    with ThreadPoolExecutor(max_workers=1) as fresh:
+        fresh.submit(_buffer_reuse).result()
+
+
+def _buffer_reuse() -> None:
     from mgit.codecs.buffers import scratch
 
     def owner(a: np.ndarray) -> int:  # which buffer (by id: a reference would keep it in use)
@@ -459,3 +466,29 @@ def test_blocks_decoded_in_turn_give_each_caller_its_own_bytes(tmp_path: Path, s
     ft = store.put_tensor("F32", (600_000,), as_bytes(values[1]), bases=[base]).oid
     kept = [store.decode_block(ft, k) for k in range(store.header(ft).block_count)]
     assert np.array_equal(np.concatenate(kept), as_bytes(values[1]))
+
+
+def test_large_buffers_are_reused_only_inside_their_context() -> None:
+    """Buffers of whole large tensors are shared by the threads while `large_buffers` is
+    open (a merge), reused once nothing refers to them, and released when it closes."""
+    import weakref
+
+    from mgit.codecs.buffers import POOLED_MAX, large_buffers, scratch
+
+    size = POOLED_MAX + (1 << 20)
+    a = scratch(size)
+    outside = weakref.ref(a.base if a.base is not None else a)
+    del a
+    assert outside() is None  # outside the context: nothing keeps it
+    with large_buffers():
+        a = scratch(size)
+        kept = weakref.ref(a.base)
+        b = scratch(size)
+        assert b.base is not kept()  # `a` is in use
+        del a
+        assert kept() is not None  # the pool keeps it, free
+        with ThreadPoolExecutor(max_workers=1) as other:
+            assert other.submit(lambda: scratch(size - 1000).base is kept()).result()  # for any thread
+        assert scratch(size // 3).base is not kept()  # not for a much smaller one
+        del b
+    assert kept() is None  # released with the context

@@ -273,12 +273,13 @@ class ObjectStore:
 
     def _decode(self, oid: str, reuse: DecodedCache | None, within: tuple[str, ...] = (), *,
                 verify: bool = True) -> Entry:  # fmt: skip
-        import numpy as np
+
+        from mgit.codecs.buffers import scratch
 
         header, payload = parse_record(oid, self.read_record(oid))
         witness = _Witness() if verify and header.blocks and self.tracks_verified else None
         if header.blocks:
-            arr = np.empty(header.size, np.uint8)
+            arr = scratch(header.size)
             spans = frame_spans(oid, header, len(payload), lambda at, n: payload[at : at + n])
             for k, (at, n) in enumerate(spans):
                 start, stop = header.block_span(k)

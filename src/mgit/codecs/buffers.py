@@ -24,6 +24,7 @@ from contextlib import contextmanager
 import numpy as np
 
 POOLED_MIN, POOLED_MAX = 256 << 10, 8 << 20  # other sizes are allocated as usual (small ones cheaply)
+SHARED_MAX = 512 << 20  # bytes of larger buffers kept while `large_buffers` is open
 PER_THREAD = 12  # buffers a thread keeps
 _FREE_REFS = 3  # the pool's list, the loop variable, getrefcount's argument
 
@@ -33,8 +34,10 @@ _local = threading.local()
 def scratch(nbytes: int) -> np.ndarray:
     """A writable uint8 array of `nbytes` (contents undefined), from a reused buffer when
     one of this thread's is free and large enough."""
-    if not POOLED_MIN <= nbytes <= POOLED_MAX or getattr(_local, "unpooled", False):
+    if nbytes < POOLED_MIN or getattr(_local, "unpooled", False):
         return np.empty(nbytes, np.uint8)
+    if nbytes > POOLED_MAX:
+        return _large(nbytes) if _shared.users else np.empty(nbytes, np.uint8)
     pool: list[np.ndarray] | None = getattr(_local, "pool", None)
     if pool is None:
         pool = _local.pool = []
@@ -64,3 +67,50 @@ def unpooled() -> Iterator[None]:
         yield
     finally:
         _local.unpooled = before
+
+
+class _SharedPool:
+    """Buffers over POOLED_MAX, shared by every thread, kept only while some `large_buffers`
+    context is open (whole tensors: a long-lived process should not keep them)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+        self.buffers: list[np.ndarray] = []
+
+
+_shared = _SharedPool()
+
+
+def _large(nbytes: int) -> np.ndarray:
+    with _shared.lock:
+        best = -1
+        for i in range(len(_shared.buffers)):  # (by index: no other reference to count)
+            buf = _shared.buffers[i]
+            if nbytes <= buf.nbytes <= 2 * nbytes and sys.getrefcount(buf) <= _FREE_REFS \
+                    and (best < 0 or buf.nbytes < _shared.buffers[best].nbytes):  # fmt: skip
+                best = i
+            del buf
+        if best >= 0:
+            return _shared.buffers[best][:nbytes]
+        buf = np.empty(-(-nbytes // (1 << 20)) << 20, np.uint8)
+        if sum(b.nbytes for b in _shared.buffers) + buf.nbytes <= SHARED_MAX:
+            _shared.buffers.append(buf)
+        return buf[:nbytes]
+
+
+@contextmanager
+def large_buffers() -> Iterator[None]:
+    """While open, `scratch` also reuses buffers of whole large tensors, in every thread.
+    A verb that decodes and makes many large tensors one after the other (a merge) opens
+    it: each fresh buffer is pages the kernel must zero, which cost a third of such a merge
+    on this machine's huge pages. Buffers are released when the last context closes."""
+    with _shared.lock:
+        _shared.users += 1
+    try:
+        yield
+    finally:
+        with _shared.lock:
+            _shared.users -= 1
+            if not _shared.users:
+                _shared.buffers.clear()

@@ -32,6 +32,7 @@ from mgit.codecs.base import (
     register,
     writable,
 )
+from mgit.codecs.buffers import scratch
 from mgit.codecs.derived import to_bfloat16_bits
 
 F32 = np.float32
@@ -135,7 +136,7 @@ class WeightedSumCodec(Codec):
         width = 4 if self.dtype == "F32" else 2
         if size % width:
             raise CodecError(f"{self.name}: {size} bytes are not {self.dtype} values")
-        out = np.empty(size, np.uint8)
+        out = scratch(size)
         count = size // width
 
         def chunk(lo: int) -> None:

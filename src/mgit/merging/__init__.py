@@ -133,7 +133,9 @@ def _run(repo: Repo, spec: MergeSpec, vids: list[str], *, name: str, message: st
     params = spec.to_params()
     record = repo.recipe_record(RECIPE, params)
     derived = _derived(repo, spec, vids)
-    with tempfile.TemporaryDirectory(prefix="mgit-merge-") as tmp, repo.caching() as cache:
+    from mgit.codecs.buffers import large_buffers
+
+    with tempfile.TemporaryDirectory(prefix="mgit-merge-") as tmp, repo.caching() as cache, large_buffers():
         if repo.store.lazy:  # a lazy clone: what the merge reads, fetched at once
             repo.store.fetch({o for v in vids for o in repo.manifest(v).object_ids()})
         inputs = [StoreInput(repo.store, repo.manifest(v), cache) for v in vids]

@@ -176,7 +176,7 @@ def ties_selection(delta: np.ndarray, density: float, name: str, *, magnitudes: 
     raise AssertionError("the k-th largest value was not found again")
 
 
-SCAN = 1 << 22  # elements looked at at once when scanning magnitudes (bounds the scratch)
+SCAN = 1 << 20  # elements looked at at once when scanning magnitudes (its temporaries stay in cache)
 
 
 def _chunks(flat: np.ndarray) -> list[np.ndarray]:

@@ -29,6 +29,7 @@ import numpy as np
 
 from mgit.cache import DecodedCache
 from mgit.codecs import Codec, CodecContext
+from mgit.codecs.buffers import scratch
 from mgit.codecs.merged import from_float32
 from mgit.errors import InputError
 from mgit.formats.folder import ModelSource, SourceFile, scan_file
@@ -49,7 +50,7 @@ from mgit.objects import Manifest
 from mgit.reader import tensor_bytes
 from mgit.store import ObjectStore
 
-CHUNK = 4 << 20  # elements merged at once in an element-wise method (bounds float32 scratch)
+CHUNK = 256 << 10  # elements merged at once in an element-wise method: its float32 temporaries stay in cache
 ELEMENTWISE = ("linear", "task_arithmetic", "ties")  # (ties after a whole-tensor pass choosing what it keeps)
 
 
@@ -363,8 +364,15 @@ def _merged(spec: MergeSpec, name: str, raws: list[np.ndarray], found: list[Tens
     chunked = spec.method in ELEMENTWISE and not (spec.method == "ties" and params["rescale"])
     if not chunked or count <= CHUNK:
         return part(0, count, found[0].shape)
-    bounds = [(lo, min(lo + CHUNK, count)) for lo in range(0, count, CHUNK)]
-    return np.concatenate(list(pool.map(lambda b: part(b[0], b[1], (b[1] - b[0],)), bounds)))
+    width = itemsize(out_dtype)
+    out = scratch(count * width)  # (a reused buffer in a merge: fresh pages cost their zeroing)
+
+    def fill(lo: int) -> None:
+        hi = min(lo + CHUNK, count)
+        out[lo * width : hi * width] = part(lo, hi, (hi - lo,))
+
+    list(pool.map(fill, range(0, count, CHUNK)))
+    return out
 
 
 def _ties_selections(spec: MergeSpec, inputs: list[dict[str, Any]], name: str, raws: list[np.ndarray],
@@ -374,7 +382,7 @@ def _ties_selections(spec: MergeSpec, inputs: list[dict[str, Any]], name: str, r
     merge itself can go a chunk at a time."""
     assert spec.base is not None
     count = element_count(found[0].shape)
-    magnitudes = np.empty(count, np.float32)
+    magnitudes = scratch(count * 4).view(np.float32)
     base_raw, base_dtype = raws[spec.base], found[spec.base].dtype
     out = {}
     for i, (raw, t) in enumerate(zip(raws, found, strict=True)):
