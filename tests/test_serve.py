@@ -366,3 +366,53 @@ def test_diffs_waiting_are_bounded(family: Repo, monkeypatch: pytest.MonkeyPatch
     assert jobs.job(*pairs[0]) is jobs.job(*pairs[0])  # asked again: the same job
     with pytest.raises(diffs.DiffsBusyError, match="16 diffs are being computed"):
         jobs.job(*pairs[-1])
+
+
+def test_a_remote_is_served_from_a_lazy_mirror_brought_up_to_date(family: Repo, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """`mgit serve URL`: a lazy clone under the mirror cache; pages of records fetch no
+    object, a diff fetches what it reads; opened again, it has the remote's new versions."""
+    from mgit import sync
+    from mgit.sync.mirror import open_mirror
+
+    remote = tmp_path / "team.mgit"
+    sync.init_bare(str(remote))
+    pusher = Repo.init(tmp_path / "pusher")
+    pusher.add(tensors(1), name="m")
+    pusher.add(tensors(2, scale=2), name="m")
+    sync.add_remote(pusher, "origin", str(remote))
+    sync.push(pusher, "origin")
+    monkeypatch.setenv("MGIT_MIRROR_CACHE", str(tmp_path / "mirrors"))
+
+    def objects(repo: Repo) -> int:
+        return sum(1 for p in (repo.dir / "objects").rglob("*") if p.is_file() and len(p.name) > 20)
+
+    mirror = open_mirror(f"file://{remote}".removeprefix("file://"))
+    assert mirror.created and mirror.repo.lazy and str(tmp_path / "mirrors") in str(mirror.repo.root)
+    before = objects(mirror.repo)
+    with TestClient(create_app(mirror.repo), base_url=BASE) as c:
+        assert c.get("/api/models").json()["total"] == 1
+        assert c.get("/models/m").status_code == 200
+        assert objects(mirror.repo) == before  # records only so far
+        assert finished_diff(c, "m@1", "m@2")["result"]["tensors"]
+    assert objects(mirror.repo) > before  # the diff read the tensors
+    pusher.add(tensors(3, scale=3), name="m")
+    sync.push(pusher, "origin")
+    again = open_mirror(str(remote))
+    assert not again.created and again.moved == ["m"] and again.repo.root == mirror.repo.root
+    assert [v.ref for v in again.repo.log("m")][0] == "m@3"
+    proc = subprocess.Popen([*MGIT, "serve", f"file://{remote}", "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "MGIT_MIRROR_CACHE": str(tmp_path / "mirrors"), "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    try:
+        first = proc.stdout.readline()  # type: ignore[union-attr]
+        assert f"Mirror of {remote} in {mirror.repo.root}: up to date (0 models moved)" in first, first
+        m = re.search(r"at (http://127\.0\.0\.1:\d+/)", proc.stdout.readline())  # type: ignore[union-attr]
+        assert m
+        import urllib.request
+
+        with urllib.request.urlopen(m[1] + "api/models/m", timeout=10) as r:
+            assert max(v["seq"] for v in json.loads(r.read())["versions"]) == 3
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

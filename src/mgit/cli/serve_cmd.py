@@ -8,20 +8,25 @@ from pathlib import Path
 import click
 
 from mgit.cli.output import out
+from mgit.cli.remote_cmd import endpoint_option, profile_option, region_option
 
 DEFAULT_PORT = 8808
 
 
 @click.command()
-@click.argument("directory", required=False, metavar="[DIR]")
+@click.argument("directory", required=False, metavar="[DIR|URL]")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on. Any other than the loopback needs a token.")
 @click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
               help="Port to listen on (0: any free one).")
 @click.option("--token", envvar="MGIT_SERVE_TOKEN", metavar="TOKEN",
               help="Token every request must carry (default off the loopback: a new one, printed once).")
+@endpoint_option
+@region_option
+@profile_option
 @click.pass_context
-def serve(ctx: click.Context, directory: str | None, host: str, port: int, token: str | None) -> None:
+def serve(ctx: click.Context, directory: str | None, host: str, port: int, token: str | None,
+          endpoint_url: str | None, region: str | None, profile: str | None) -> None:  # fmt: skip
     """Browse the repository in a web browser: models, a model's versions, card, files and
     tensors, diffs with a heatmap per layer, the test matrix, storage, the lineage graph.
     Read-only; every page has a JSON twin under /api. Nothing is fetched from the internet.
@@ -29,18 +34,33 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
     On 127.0.0.1 no token is asked; on any other address every request needs the token
     (--token, or one made and printed now).
 
+    A bare repository (a folder remote) is served as it is; a remote URL (s3://bucket/prefix,
+    file:///path) is served from a lazy mirror kept
+    under ~/.cache/mgit/mirrors (MGIT_MIRROR_CACHE), brought up to date at start: only
+    records are fetched, and the objects a page reads (a diff, a model card) when it reads them.
+
     \b
     Examples:
       mgit serve                               # http://127.0.0.1:8808/
       mgit serve models/ --port 9000
       mgit serve --host 0.0.0.0                 # prints a token to open it with
+      mgit serve s3://team-models/repo --endpoint-url http://127.0.0.1:9000
     """
     from mgit.repo import Repo
     from mgit.web.access import is_loopback, new_token
 
-    if directory is not None and directory.startswith(("s3://", "http://", "https://", "file://")):
-        raise click.UsageError("serving a remote is not done yet: mgit clone --lazy URL DIR, then mgit serve DIR")
-    repo = Repo(Path(directory)) if directory is not None else ctx.obj.repo()
+    if directory is not None and directory.startswith(("http://", "https://")):
+        raise click.UsageError("remotes are folders or s3://bucket/prefix URLs, not web addresses")
+    if directory is not None and directory.startswith(("s3://", "file://")):
+        from mgit.sync.mirror import open_mirror
+
+        mirror = open_mirror(directory.removeprefix("file://"), endpoint_url=endpoint_url, region=region,
+                             profile=profile)  # fmt: skip
+        repo = mirror.repo
+        done = "cloned (records only)" if mirror.created else f"up to date ({len(mirror.moved)} models moved)"
+        out.print(f"Mirror of {mirror.url} in {repo.root}: {done}")
+    else:
+        repo = Repo(Path(directory)) if directory is not None else ctx.obj.repo()
     if not is_loopback(host) and not token:
         token = new_token()
     try:
@@ -62,3 +82,4 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
     if token:
         out.print(f"Open {address}?token={token}  (every request needs this token; it is not shown again)")
     uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
+

@@ -1,0 +1,62 @@
+"""A read-only mirror of a remote: a lazy clone kept in a cache folder, one per remote URL,
+brought up to date each time it is opened. What `mgit serve URL` browses: records only, the
+objects a page reads fetched (and verified) when it reads them.
+
+A mirror has no work of its own: opening it fetches the remote's records and moves every
+local head to the remote's (models the remote no longer has stay as they were).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from mgit.layout import REPO_DIR
+from mgit.locks import FileLock
+from mgit.refs import RefStore
+from mgit.remotes import normalize_url
+from mgit.repo import Repo
+from mgit.sync.connection import DEFAULT_REMOTE
+from mgit.sync.fetch import clone, fetch
+
+CACHE_VARIABLE = "MGIT_MIRROR_CACHE"
+LOCK_WAIT = 600.0  # another process opening the same mirror (a clone of a large remote) is waited for
+
+
+def mirror_root() -> Path:
+    configured = os.environ.get(CACHE_VARIABLE)
+    return Path(configured) if configured else Path.home() / ".cache" / "mgit" / "mirrors"
+
+
+@dataclass(frozen=True)
+class Mirror:
+    repo: Repo
+    url: str
+    created: bool  # cloned now (else brought up to date)
+    moved: list[str]  # models whose head moved to the remote's
+
+
+def open_mirror(url: str, *, root: Path | None = None, endpoint_url: str | None = None, region: str | None = None,
+                profile: str | None = None) -> Mirror:  # fmt: skip
+    """The mirror of `url` under `root` (default: MGIT_MIRROR_CACHE, else
+    ~/.cache/mgit/mirrors), made on first use, else fetched and its heads moved to the
+    remote's."""
+    url = normalize_url(url)
+    root = root or mirror_root()
+    root.mkdir(parents=True, exist_ok=True)
+    folder = root / hashlib.sha256(url.encode()).hexdigest()[:16]
+    with FileLock(root / f"{folder.name}.lock", what=f"the mirror of {url}", timeout=LOCK_WAIT):
+        if not (folder / REPO_DIR / "config.json").is_file() or not Repo(folder).lazy:
+            clone(url, folder, lazy=True, endpoint_url=endpoint_url, region=region, profile=profile)
+            repo = Repo(folder)
+            return Mirror(repo, url, True, sorted(repo.refs.all()))
+        repo = Repo(folder)
+        fetch(repo, DEFAULT_REMOTE)
+        theirs = RefStore(repo.dir, namespace=f"remotes/{DEFAULT_REMOTE}").all()
+        ours = repo.refs.all()
+        moves = {name: (head, ours.get(name)) for name, head in theirs.items() if ours.get(name) != head}
+        repo.refs.update_many(moves)
+        repo.sync_catalog()
+        return Mirror(repo, url, False, sorted(moves))
