@@ -140,6 +140,12 @@ def test_every_page_by_clicking_from_the_models_list(served: str, family: Repo, 
     page.click("#lineage-link")  # the graph, centred on the model
     assert page.locator("#panel h2").inner_text() == "org/ft"
     assert page.locator(".node").count() == 3
+    page.focus('.node[data-model="q8"]')  # another model in the graph (by keyboard: the panel covers it)
+    page.keyboard.press("Enter")
+    assert page.locator("#panel h2").inner_text() == "q8"
+    page.click("#model-page")
+    assert page.locator("#model-name").inner_text().startswith("q8")
+    page.go_back()
     page.click("#links a:text-is('back to org/ft')")
     assert page.locator("#model-name").inner_text().startswith("org/ft")
 

@@ -99,7 +99,7 @@ def create_app(repo: Repo, *, host: str = "127.0.0.1", token: str | None = None)
             if around:
                 links.insert(0, (f"back to {around}", f"/models/{quote(around)}"))
             return render_html(graph, title=f"MGit lineage: {title}" + (f" around {around}" if around else ""),
-                               storage=storage, selected=around, links=links,
+                               storage=storage, selected=around, links=links, model_pages="/models/",
                                outside=view.lineage.edges_leaving(n.name for n in graph.nodes))  # fmt: skip
 
         return Response(view.kept(("lineage-page", around), make), media_type="text/html")

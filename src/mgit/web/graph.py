@@ -31,15 +31,18 @@ MAX_LABEL = 48  # longer names are cut on the node (the panel shows them whole)
 def render_html(graph: LineageGraph, *, title: str = "MGit lineage",
                 storage: dict[str, VersionStorage] | None = None,
                 outside: list[LineageEdge] | None = None, selected: str | None = None,
-                links: list[tuple[str, str]] | None = None) -> str:  # fmt: skip
+                links: list[tuple[str, str]] | None = None, model_pages: str | None = None) -> str:  # fmt: skip
     """The page for `graph`. `storage` (by version id) adds how each version is stored;
     `outside` lists edges to models left out of a selection, named in the panel, not drawn;
     `selected` is a model to open and centre on; `links` are (label, href) of other pages,
-    shown in the header (`mgit serve`'s; none in a file)."""
+    shown in the header (`mgit serve`'s; none in a file); `model_pages` is where a model's own
+    page is (its name appended), linked from the panel."""
     data = page_data(graph, storage=storage or {}, outside=outside or [])
     data["title"] = title
     if selected is not None:
         data["selected"] = selected
+    if model_pages is not None:
+        data["model_pages"] = model_pages
     values = {
         "title": html.escape(title),
         "csp": page_csp(),

@@ -302,6 +302,12 @@
   function showPanel(n) {
     body.replaceChildren();
     body.appendChild(h("h2", null, n.name));
+    if (data.model_pages) {  // served: the model's own page (versions, card, files, tests)
+      const open = h("a", null, "open its page");
+      open.id = "model-page";
+      open.href = data.model_pages + n.name.split("/").map(encodeURIComponent).join("/");
+      body.appendChild(h("p")).appendChild(open);
+    }
     const flags = h("div");
     if (n.removed) flags.appendChild(badge("removed: kept because a model was derived from it", "removed"));
     if (n.lossy) flags.appendChild(badge(`lossy: |error| <= ${n.lossy.eps}`, "lossy"));
