@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from types import ModuleType
@@ -116,3 +117,24 @@ def _quiet_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MGIT_DIR", raising=False)
     monkeypatch.delenv("MGIT_CRASH_AT", raising=False)
     monkeypatch.setenv("MGIT_AUTHOR", "tester <t@example.com>")
+
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's: playwright drives it and never downloads a browser of its own
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """Headless Chromium for a module's browser tests (skipped with MGIT_NO_BROWSER=1)."""
+    if os.environ.get("MGIT_NO_BROWSER") == "1":
+        pytest.skip("MGIT_NO_BROWSER=1")
+    os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium (or set MGIT_NO_BROWSER=1)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"])  # fmt: skip
+        yield b
+        b.close()

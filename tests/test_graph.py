@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import random
 import re
 import time
@@ -27,7 +26,6 @@ from mgit.lineage import LineageEdge, LineageGraph, ModelNode, VersionNode
 from mgit.web import graph_json, page_data, render_dot, render_html
 from mgit.web.layout import Box, layered_layout
 
-CHROMIUM = "/usr/bin/chromium"
 HOSTILE = '</script><script>window.pwned = 1</script><img src=x onerror="window.pwned = 2"> & "q"'
 
 
@@ -260,23 +258,6 @@ def test_layout_survives_a_cycle() -> None:
 
 
 # --- in a real browser --------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    if os.environ.get("MGIT_NO_BROWSER") == "1":
-        pytest.skip("MGIT_NO_BROWSER=1")
-    os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium (or set MGIT_NO_BROWSER=1)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"])  # fmt: skip
-        yield b
-        b.close()
-
-
 @pytest.fixture
 def open_page(browser: object) -> Iterator[object]:
     """`open_page(path)` -> a page of the file, loaded; console errors fail the test."""

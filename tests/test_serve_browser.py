@@ -22,8 +22,6 @@ from test_serve import HOSTILE, build_family  # noqa: E402
 from mgit import Repo  # noqa: E402
 from mgit.web.app import create_app  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
-
 
 @pytest.fixture(scope="module")
 def family(tmp_path_factory: pytest.TempPathFactory) -> Repo:
@@ -47,23 +45,6 @@ def served(family: Repo) -> Iterator[str]:
     base, server = start_server(create_app(family))
     yield base
     server.should_exit = True
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    if os.environ.get("MGIT_NO_BROWSER") == "1":
-        pytest.skip("MGIT_NO_BROWSER=1")
-    os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium (or set MGIT_NO_BROWSER=1)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"])  # fmt: skip
-        yield b
-        b.close()
 
 
 @pytest.fixture
