@@ -6,7 +6,9 @@ quantization and a 50%-pruned copy — adds them to a fresh repository with thei
 the recipes that made them (demo/recipes.py), and runs the `mgit` commands a user would: ls,
 log, show, du, and a checkout verified by sha256. Then the base gets a new version, and
 `mgit cascade` re-runs the fine-tune, the quantization and the pruning on it, with the
-held-out accuracy test (demo/evals.py) before and after.
+held-out accuracy test (demo/evals.py) before and after. On the way: a task-arithmetic
+merge of two fine-tunes, and a version loaded into transformers from the store, exported
+into a Hugging Face cache and imported back.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def main() -> None:
     print(f"sha256 of all {len(restored)} files identical to {derived.path.relative_to(ROOT)}")
     mgit("fsck", cwd=work)
     merge(work)
+    where_they_are(work)
     cascade(members[0].path, work)
     print(f"\nTour done in {time.perf_counter() - start:.0f} s. Repository: {work.relative_to(ROOT)}/.mgit")
     print(f"Browse it: .venv/bin/mgit serve {work.relative_to(ROOT)}   (then open http://127.0.0.1:8808/)")
@@ -121,6 +124,39 @@ def merge(work: Path) -> None:
         cells = [f"{task_accuracy(str(folder), task, head):.2f}" if head is not None else "-"
                  for task, head in zip(("sentiment", "topic"), heads, strict=True)]  # fmt: skip
         print(f"{model:<20} {cells[0]:>19} {cells[1]:>15}", flush=True)
+
+
+def where_they_are(work: Path) -> None:
+    """A version loaded into transformers straight from the store, then written into a
+    Hugging Face cache that transformers reads offline, and imported from it into another
+    repository."""
+    print("\n== Use models where they are: transformers straight from the store, the Hugging Face cache ==",
+          flush=True)  # fmt: skip
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging
+
+    from mgit import load, load_pretrained
+
+    logging.set_verbosity_error()  # (its load report lists the fine-tune's classifier, which AutoModel leaves out)
+    sentences = ["MGit keeps model families.", "A merge is a recorded derivation."]
+    print('\n>>> model = mgit.load_pretrained("minilm-sentiment", AutoModel)      # nothing checked out')
+    model = load_pretrained("minilm-sentiment", AutoModel, repo=work).eval()
+    tokenizer = load_pretrained("minilm-sentiment", AutoTokenizer, repo=work)
+    with torch.inference_mode():
+        ours = model(**tokenizer(sentences, padding=True, return_tensors="pt")).last_hidden_state
+    state = load("minilm-sentiment", repo=work)
+    print(f"{len(state)} tensors from the store; embeddings of {len(sentences)} sentences: {tuple(ours.shape)}")
+    cache = work / "hf-cache"
+    mgit("export-hf", "minilm-sentiment", "--cache-dir", str(cache), "--repo-id", "demo/minilm-sentiment", cwd=work)
+    exported = AutoModel.from_pretrained("demo/minilm-sentiment", cache_dir=cache, local_files_only=True).eval()
+    with torch.inference_mode():
+        theirs = exported(**tokenizer(sentences, padding=True, return_tensors="pt")).last_hidden_state
+    print(f"from_pretrained of the exported cache, offline: {'the same' if torch.equal(ours, theirs) else 'OTHER'} "
+          "embeddings")  # fmt: skip
+    imported = work / "imported"  # (a repository of its own: the tour's lineage stays as it is)
+    mgit("init", str(imported), cwd=work)
+    mgit("-C", str(imported), "import-hf", str(cache), cwd=work)
 
 
 def base_v2(base: Path) -> Path:
