@@ -422,3 +422,20 @@ def test_cli_reads_the_cache_huggingface_hub_uses(cache: tuple, tmp_path: Path) 
     done = subprocess.run([*MGIT, "import-hf", "--dry-run"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert done.returncode == 1 and "nothing/hub: no such folder" in done.stderr
+
+
+def test_a_snapshot_link_outside_the_repository_blobs_is_not_imported(cache: tuple, tmp_path: Path) -> None:
+    """A cache is read through its links: one that leads out of the repository's blobs (a
+    user's file, planted in a copied cache) makes its revision skipped, the file unread."""
+    root, revisions = cache
+    copy = hard_link_copy(root, tmp_path / "hub")
+    secret = tmp_path / "id_rsa"
+    secret.write_text("PRIVATE KEY")
+    put_revision(copy, "acme/planted", commit("planted"), {"config.json": b"{}"}, ref=True, mtime=T0)
+    (repo_dir(copy, "acme/planted") / "snapshots" / commit("planted") / "notes.txt").symlink_to(secret)
+    repo = Repo.init(tmp_path / "repo")
+    result = import_cache(repo, copy)
+    assert "acme/planted" not in result.models
+    assert any("acme/planted revision" in s and "notes.txt links outside the repository's blobs" in s
+               for s in result.skipped), result.skipped
+    assert len(result.imported) == 3  # the rest of the cache as ever

@@ -128,11 +128,18 @@ def _revision(rev: Any) -> CachedRevision:
 
 def _model(repo_id: str, path: Path, size: int, revisions: list[CachedRevision], skipped: list[str]) -> CachedModel:
     kept = []
+    blobs = (path / "blobs").resolve()
     for rev in revisions:
-        if rev.files:
-            kept.append(rev)
-        else:
+        # huggingface_hub links a snapshot's files into ../../blobs; a link elsewhere (another
+        # repository's files, a file of the user's) is not the cache's to import.
+        astray = [f for f in rev.files if not (rev.snapshot / f).resolve().is_relative_to(blobs)]
+        if not rev.files:
             skipped.append(f"{repo_id} revision {rev.commit[:12]}: an empty snapshot (nothing of it downloaded)")
+        elif astray:
+            skipped.append(f"{repo_id} revision {rev.commit[:12]}: {astray[0]} links outside the repository's "
+                           "blobs (not a file huggingface_hub downloaded)")  # fmt: skip
+        else:
+            kept.append(rev)
     return CachedModel(repo_id, path, size, tuple(commit_order(kept)))
 
 
