@@ -71,17 +71,20 @@ class FolderInput:
         self.folder = Path(folder)
         self._layouts: dict[str, SafetensorsLayout] = {}
         self._spans: dict[str, dict[str, Any]] = {}
+        self._listed: dict[str, tuple[list[Tensor], dict[str, str] | None]] = {}
 
     def weight_files(self) -> list[str]:
         return sorted(p.relative_to(self.folder).as_posix() for p in self.folder.rglob("*.safetensors"))
 
     def tensors(self, rel: str) -> tuple[list[Tensor], dict[str, str] | None]:
-        path = self.folder / rel
-        if not path.is_file():
-            raise InputError(str(path), "is missing: every input must hold the same weight files")
-        layout = self._layouts[rel] = read_layout(path)
-        self._spans[rel] = {t.name: t for t in layout.tensors}
-        return [Tensor(t.name, t.dtype, t.shape) for t in layout.tensors], layout.metadata
+        if rel not in self._listed:  # (the first input is listed to plan the model, then each file)
+            path = self.folder / rel
+            if not path.is_file():
+                raise InputError(str(path), "is missing: every input must hold the same weight files")
+            layout = self._layouts[rel] = read_layout(path)
+            self._spans[rel] = {t.name: t for t in layout.tensors}
+            self._listed[rel] = [Tensor(t.name, t.dtype, t.shape) for t in layout.tensors], layout.metadata
+        return self._listed[rel]
 
     def raw(self, rel: str, name: str) -> np.ndarray:
         layout, span = self._layouts[rel], self._spans[rel][name]
@@ -107,6 +110,7 @@ class StoreInput:
         self.store, self.reuse = store, reuse
         self.files = {f.path: f for f in manifest.files}
         self._entries: dict[str, dict[str, Any]] = {}
+        self._metadata: dict[str, dict[str, str] | None] = {}
 
     def weight_files(self) -> list[str]:
         return sorted(p for p, f in self.files.items() if f.type == "safetensors")
@@ -115,8 +119,9 @@ class StoreInput:
         f = self.files.get(rel)
         if f is None or f.type != "safetensors":
             raise InputError(rel, "is missing from an input: every input must hold the same weight files")
-        header = self.store.get(f.object)[1].tobytes()
-        return [Tensor(t.name, t.dtype, t.shape) for t in f.tensors], parse_header(rel, header, f.size).metadata
+        if rel not in self._metadata:  # (the first input is listed to plan the model, then each file)
+            self._metadata[rel] = parse_header(rel, self.store.get(f.object)[1].tobytes(), f.size).metadata
+        return [Tensor(t.name, t.dtype, t.shape) for t in f.tensors], self._metadata[rel]
 
     def raw(self, rel: str, name: str) -> np.ndarray:
         if rel not in self._entries:
@@ -145,19 +150,10 @@ def merge_inputs(inputs: list[Input], out_dir: Path, spec: MergeSpec,
     if len(inputs) != len(spec.inputs):
         raise InputError(str(out_dir), f"the merge has {len(spec.inputs)} inputs, {len(inputs)} were given")
     out_dir.mkdir(parents=True, exist_ok=True)
-    first = inputs[spec.base if spec.base is not None else 0]
-    weights = first.weight_files()
-    if not weights:
-        raise InputError(str(out_dir), "the inputs have no .safetensors file to merge")
-    written: dict[str, list[tuple[str, int]]] = {}
-    positions = _positions(first, weights)
+    plans = _plan_model(spec, inputs, out_dir)
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="mgit-merge") as pool:
-        for rel in weights:
-            plan = plan_file(spec, rel, inputs, positions)
-            written[rel] = _merge_file(spec, plan, inputs, out_dir / rel, pool, tick or (lambda n: None))
-    first.copy_others(out_dir, set(weights))
-    for index in sorted(out_dir.rglob("*.safetensors.index.json")):
-        _rewrite_index(index, out_dir, written)
+        for rel, plan in plans.items():
+            _merge_file(spec, plan, inputs, out_dir / rel, pool, tick or (lambda n: None))
 
 
 @contextmanager
@@ -167,15 +163,7 @@ def streamed_source(inputs: list[Input], scratch: Path, spec: MergeSpec,
     the add reads them (once), the other files (config, tokenizer, a shards' index) written
     to `scratch`; in the order a folder is read, so that it stores as the recipe's folder
     does. `exact` as for `merged_tensors`."""
-    first = inputs[spec.base if spec.base is not None else 0]
-    weights = first.weight_files()
-    if not weights:
-        raise InputError(str(scratch), "the inputs have no .safetensors file to merge")
-    positions = _positions(first, weights)
-    plans = {rel: plan_file(spec, rel, inputs, positions) for rel in weights}
-    first.copy_others(scratch, set(weights))
-    for index in sorted(scratch.rglob("*.safetensors.index.json")):
-        _rewrite_index(index, scratch, {rel: p.written() for rel, p in plans.items()})
+    plans = _plan_model(spec, inputs, scratch)
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="mgit-merge") as pool:
 
         def stream(plan: FilePlan) -> Callable[[], Iterator[tuple[TensorSpan, np.ndarray]]]:
@@ -187,9 +175,20 @@ def streamed_source(inputs: list[Input], scratch: Path, spec: MergeSpec,
         yield ModelSource(sorted(files, key=lambda f: walk_order(f.path)))
 
 
-def _positions(first: Input, weights: list[str]) -> dict[str, float]:
-    """Each tensor's position along the layers of the whole model (every shard)."""
-    return layer_positions(t.name for rel in weights for t in first.tensors(rel)[0])
+def _plan_model(spec: MergeSpec, inputs: list[Input], out_dir: Path) -> dict[str, FilePlan]:
+    """Every weight file of the merged model planned (each tensor placed by its position
+    along the layers of the whole model, every shard), and the other files (config,
+    tokenizer, a shards' index as the merged shards are) written to `out_dir`."""
+    first = inputs[spec.base if spec.base is not None else 0]
+    weights = first.weight_files()
+    if not weights:
+        raise InputError(str(out_dir), "the inputs have no .safetensors file to merge")
+    positions = layer_positions(t.name for rel in weights for t in first.tensors(rel)[0])
+    plans = {rel: plan_file(spec, rel, inputs, positions) for rel in weights}
+    first.copy_others(out_dir, set(weights))
+    for index in sorted(out_dir.rglob("*.safetensors.index.json")):
+        _rewrite_index(index, out_dir, plans)
+    return plans
 
 
 def walk_order(rel: str) -> tuple[tuple[int, str], ...]:
@@ -199,7 +198,7 @@ def walk_order(rel: str) -> tuple[tuple[int, str], ...]:
     return (*((1, d) for d in folders), (0, name))
 
 
-def _rewrite_index(index: Path, out_dir: Path, written: dict[str, list[tuple[str, int]]]) -> None:
+def _rewrite_index(index: Path, out_dir: Path, plans: dict[str, FilePlan]) -> None:
     """A sharded checkpoint's index, as the merged shards are: every tensor written (renamed
     heads too) mapped to its shard, and their total size (a --dtype changes it)."""
     try:
@@ -207,11 +206,11 @@ def _rewrite_index(index: Path, out_dir: Path, written: dict[str, list[tuple[str
     except ValueError:
         raise InputError(str(index), "is not a JSON index of shards") from None
     folder = index.parent.relative_to(out_dir).as_posix()
-    shards = {rel: tensors for rel, tensors in written.items()
+    shards = {rel: plan.spans for rel, plan in plans.items()
               if (Path(rel).parent.as_posix() if "/" in rel else ".") == folder}  # fmt: skip
     metadata = dict(data.get("metadata") or {}) if isinstance(data, dict) else {}
-    metadata["total_size"] = sum(n for tensors in shards.values() for _, n in tensors)
-    weight_map = {name: Path(rel).name for rel, tensors in shards.items() for name, _ in tensors}
+    metadata["total_size"] = sum(t.nbytes for spans in shards.values() for t in spans)
+    weight_map = {t.name: Path(rel).name for rel, spans in shards.items() for t in spans}
     index.write_text(json.dumps({"metadata": metadata, "weight_map": weight_map}, indent=2) + "\n")
 
 
@@ -232,20 +231,16 @@ class FilePlan:
     def size(self) -> int:
         return len(self.header) + sum(s.nbytes for s in self.spans)
 
-    def written(self) -> list[tuple[str, int]]:
-        return [(t.name, t.nbytes) for t in self.spans]
-
 
 def _merge_file(spec: MergeSpec, plan: FilePlan, inputs: list[Input], out: Path, pool: ThreadPoolExecutor,
-                tick: Callable[[int], None]) -> list[tuple[str, int]]:  # fmt: skip
-    """Merge one safetensors file; return the tensors written, with their sizes."""
+                tick: Callable[[int], None]) -> None:  # fmt: skip
+    """Merge one planned safetensors file into `out`."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "wb") as fh:
         fh.write(plan.header)
         for span, data in merged_tensors(spec, plan, inputs, pool):
             fh.write(data)
             tick(span.nbytes)
-    return plan.written()
 
 
 def plan_file(spec: MergeSpec, rel: str, inputs: list[Input], positions: dict[str, float]) -> FilePlan:
