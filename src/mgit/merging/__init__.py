@@ -54,7 +54,7 @@ def merge(repo: Repo, refs: list[str], *, method: str, name: str, base: str | No
     vids = [repo.resolve(r) for r in refs]
     if len(set(vids)) != len(vids):
         raise InvalidOptionError("a model is given twice", hint="Name each input once")
-    position = _positions(repo, refs, vids)
+    position = _input_index(repo, refs, vids)
     inputs: list[dict[str, Any]] = [{} for _ in refs]
     for ref, w in (weights or {}).items():
         inputs[position(ref, "--weight")]["weight"] = w
@@ -101,7 +101,7 @@ def merge_config(repo: Repo, config: str | Path, *, name: str, message: str = ""
         refs.insert(0, base)
         per_model[base] = {}
     vids = [repo.resolve(r) for r in refs]
-    position = _positions(repo, refs, vids)
+    position = _input_index(repo, refs, vids)
     spec = MergeSpec.build(cfg.method, len(refs), base=None if base is None else refs.index(base),
                            inputs=[per_model[r] if r != base or cfg.method == "linear" else {} for r in refs],
                            parameters=global_params, dtype=cfg.dtype, seed=seed,
@@ -110,7 +110,8 @@ def merge_config(repo: Repo, config: str | Path, *, name: str, message: str = ""
     return _run(repo, spec, vids, name=name, message=message, progress=progress)
 
 
-def _positions(repo: Repo, refs: list[str], vids: list[str]) -> Any:
+def _input_index(repo: Repo, refs: list[str], vids: list[str]) -> Any:
+    """position(ref, option): the index among the merged inputs of a ref, or of a model name."""
     models = [repo.model_of(v) for v in vids]
 
     def position(ref: str, option: str) -> int:
@@ -128,13 +129,11 @@ def _run(repo: Repo, spec: MergeSpec, vids: list[str], *, name: str, message: st
          progress: Progress | None = None) -> AddResult:  # fmt: skip
     """Merge straight from the store into the add, tensor by tensor (each input read from
     its store, no checkout, nothing written to a temporary folder but the small files)."""
+    from mgit.codecs.buffers import large_buffers
     from mgit.merging.recipe import StoreInput, streamed_source
 
-    params = spec.to_params()
-    record = repo.recipe_record(RECIPE, params)
+    record = repo.recipe_record(RECIPE, spec.to_params())
     derived = _derived(repo, spec, vids)
-    from mgit.codecs.buffers import large_buffers
-
     with tempfile.TemporaryDirectory(prefix="mgit-merge-") as tmp, repo.caching() as cache, large_buffers():
         if repo.store.lazy:  # a lazy clone: what the merge reads, fetched at once
             repo.store.fetch({o for v in vids for o in repo.manifest(v).object_ids()})

@@ -67,16 +67,12 @@ def merge_tensor(method: str, name: str, values: Sequence[np.ndarray], base: int
     of a large tensor goes a flat chunk at a time (`values` from flat index `offset`) with
     each input's `selections` found beforehand over the whole tensor (`ties_selection`)."""
     if method == "linear":
-        return _linear(values, [float(p["weight"]) for p in inputs], bool(params["normalize"]))
+        return linear_combination(values, [float(p["weight"]) for p in inputs], bool(params["normalize"]))
     assert base is not None
     if method == "slerp":
         other = next(i for i in range(len(values)) if i != base)
         return _slerp(float(params["t"]), values[base], values[other])
     return _task_arithmetic(method, name, values, base, inputs, params, seed, selections or {}, offset)
-
-
-def _linear(values: Sequence[np.ndarray], weights: list[float], normalize: bool) -> np.ndarray:
-    return linear_combination(values, weights, normalize)
 
 
 def _slerp(t: float, v0: np.ndarray, v1: np.ndarray, colinear: float = 0.9995, eps: float = 1e-8) -> np.ndarray:
