@@ -130,11 +130,8 @@ def _checked(method: str, given: dict[str, Any], accepted: dict[str, Any], where
         if value is None:
             raise InvalidOptionError(f"{method} needs the {where} parameter {key!r}")
         setting = _setting(key, value)
-        out[key] = _scalar(method, key, setting, default, "") if not structured(setting) else setting
-        for leaf in _leaves(setting):  # a gradient's or a filter's values: of the parameter's type
-            if isinstance(default, bool) != isinstance(leaf, bool):
-                raise InvalidOptionError(f"parameter {key!r} must be {'true or false' if isinstance(default, bool) else 'a number'}, "
-                                         f"not {leaf!r}")  # fmt: skip
+        leaves = [_scalar(method, key, leaf, default, "") for leaf in _leaves(setting)]  # each of its type and range
+        out[key] = setting if structured(setting) else leaves[0]
     return out
 
 
