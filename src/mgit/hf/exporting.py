@@ -48,7 +48,6 @@ DEFAULT_LFS = ("*.7z", "*.arrow", "*.bin", "*.bz2", "*.ckpt", "*.ftz", "*.gz", "
                "*.pickle", "*.pkl", "*.pt", "*.pth", "*.rar", "*.safetensors", "saved_model/**/*", "*.tar.*",
                "*.tar", "*.tflite", "*.tgz", "*.wasm", "*.xz", "*.zip", "*.zst", "*tfevents*")  # fmt: skip
 LFS_MIN_BYTES = 10 * 1024 * 1024
-CHUNK = 8 << 20
 COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 
 
@@ -102,7 +101,7 @@ def export_to_cache(repo: Repo, ref: str, *, cache_dir: str | os.PathLike[str] |
         links: dict[str, str] = {}
         for path, size in files.items():
             src = tmp / "files" / path
-            blob = storage / "blobs" / (sha256_of(src) if is_lfs(path, size, patterns) else git_sha1_of(src, size))
+            blob = storage / "blobs" / etag(src, size, lfs=is_lfs(path, size, patterns))
             if not blob.is_file():
                 os.replace(src, blob)
                 written, written_bytes = written + 1, written_bytes + size
@@ -149,21 +148,11 @@ def is_lfs(path: str, size: int, patterns: tuple[str, ...]) -> bool:
     return size >= LFS_MIN_BYTES or any(fnmatchcase(path if "/" in p else name, p) for p in patterns)
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
+def etag(path: Path, size: int, *, lfs: bool) -> str:
+    """The name the hub gives a file's blob: the sha256 of an LFS file's bytes, else the id
+    git gives the file (sha1 of "blob <size>\\0" and the bytes)."""
     with open(path, "rb") as fh:
-        while chunk := fh.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def git_sha1_of(path: Path, size: int) -> str:
-    """The id git gives the file's content (a blob): sha1 of "blob <size>\\0" and the bytes."""
-    digest = hashlib.sha1(b"blob %d\0" % size)
-    with open(path, "rb") as fh:
-        while chunk := fh.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, hashlib.sha256 if lfs else lambda: hashlib.sha1(b"blob %d\0" % size)).hexdigest()
 
 
 def _link_path(snapshot: Path, rel: str) -> Path:
