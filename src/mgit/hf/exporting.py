@@ -34,10 +34,10 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from mgit.atomicfile import fsync_dir, write_atomic
-from mgit.errors import InvalidOptionError, UnsafePathError
+from mgit.checkout import safe_join
+from mgit.errors import InvalidOptionError
 from mgit.hf.cache import MAIN, default_cache_dir, load_hub
 from mgit.hf.importing import COMMIT_TAG, REPO_ID_TAG
-from mgit.objects import check_relative_path
 from mgit.parallel import Progress
 from mgit.repo import Repo
 from mgit.reports import Report, VersionInfo
@@ -105,7 +105,7 @@ def export_to_cache(repo: Repo, ref: str, *, cache_dir: str | os.PathLike[str] |
             if not blob.is_file():
                 os.replace(src, blob)
                 written, written_bytes = written + 1, written_bytes + size
-            links[path] = os.path.relpath(blob, _link_path(snapshot, path).parent)
+            links[path] = os.path.relpath(blob, snapshot.joinpath(*path.split("/")).parent)
             staged = tmp / "snapshot" / path
             staged.parent.mkdir(parents=True, exist_ok=True)
             os.symlink(links[path], staged)
@@ -155,12 +155,6 @@ def etag(path: Path, size: int, *, lfs: bool) -> str:
         return hashlib.file_digest(fh, hashlib.sha256 if lfs else lambda: hashlib.sha1(b"blob %d\0" % size)).hexdigest()
 
 
-def _link_path(snapshot: Path, rel: str) -> Path:
-    """Where a file's link goes in a snapshot, refusing a path that could leave it."""
-    check_relative_path(rel)
-    return snapshot.joinpath(*rel.split("/"))
-
-
 def _place_snapshot(staged: Path, snapshot: Path, links: dict[str, str]) -> None:
     """A new snapshot renamed into place whole; into one that exists (exported before, or
     the snapshot an import came from), the links it lacks, each replaced atomically."""
@@ -171,12 +165,8 @@ def _place_snapshot(staged: Path, snapshot: Path, links: dict[str, str]) -> None
         if not snapshot.is_dir():
             raise
     for rel, target in links.items():
-        dst = _link_path(snapshot, rel)
-        probe = snapshot
-        for part in rel.split("/")[:-1]:
-            probe = probe / part
-            if probe.is_symlink():
-                raise UnsafePathError(rel, f"{probe} is a link")
+        folder, _, name = rel.rpartition("/")
+        dst = (safe_join(snapshot, folder) if folder else snapshot) / name  # the link itself is ours to replace
         if dst.is_symlink() and os.readlink(dst) == target:
             continue
         dst.parent.mkdir(parents=True, exist_ok=True)
