@@ -279,7 +279,7 @@ class Repo:
         merge's weighted sums of its inputs, `mgit.codecs.merged`), tried beside the usual
         encodings; the smallest still wins and every tensor still decodes exactly. `exact`
         names tensors the caller computed as such a chain's predictor predicts them: they are
-        stored as that chain without trying or checking it again (a merge streamed into its add).
+        stored as that chain, not checked again (as `derived` ones if their bases are too deep).
 
         `source` may also be a `mgit.formats.folder.ModelSource` whose files are made as they
         are read (a merge's, in one pass, nothing written to a temporary folder).

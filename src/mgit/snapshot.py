@@ -62,12 +62,14 @@ class DeltaPlan:
     lossy: LossyPolicy | None = None
     derived: dict[str, list[Codec]] = field(default_factory=dict)  # by tensor name: a chain that predicts it
     # By tensor name: a chain whose predictor made the tensor (a merge's weighted sum of its
-    # inputs), written as it is: its residual zeros, nothing tried against it, no second decode.
+    # inputs), written as it is: its residual zeros, nothing tried against it, no second decode
+    # (tried as a `derived` one when its bases may not be coded against).
     exact: dict[str, list[Codec]] = field(default_factory=dict)
 
     def extra(self, name: str) -> list[list[Codec]]:
         """Chains a tensor may also be coded with (a merge's weighted sum of its inputs)."""
-        return [self.derived[name]] if name in self.derived else []
+        chain = self.derived.get(name) or self.exact.get(name)
+        return [chain] if chain else []
 
     def candidates(self, name: str) -> list[str]:
         """Bases for a tensor: the same name in a parent, or for a quantization scale
@@ -214,7 +216,7 @@ def _write_file(store: ObjectStore, f: SourceFile, pools: tuple[ThreadPoolExecut
         if encoding is None and span.name in plan.exact:
             encoding = exact_encoding("tensor", tensor_meta(span.dtype, span.shape), data.nbytes,
                                       plan.exact[span.name], max_depth=plan.max_depth, header=store.header)  # fmt: skip
-        if encoding is None and span.name in plan.derived:
+        if encoding is None and plan.extra(span.name):
             encoding = store.encode("tensor", tensor_meta(span.dtype, span.shape), data, bases=bases,
                                     max_depth=plan.max_depth, reuse=reuse, extra=plan.extra(span.name))  # fmt: skip
         return span, data, lossy, store.put_tensor(span.dtype, span.shape, data, bases=bases, max_depth=plan.max_depth,

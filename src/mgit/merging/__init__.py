@@ -141,7 +141,7 @@ def _run(repo: Repo, spec: MergeSpec, vids: list[str], *, name: str, message: st
         with streamed_source(inputs, Path(tmp), spec, exact={n: chain[0] for n, chain in derived.items()}) as source:
             return repo.add(source, name=name, parent=vids, relation="merge", model_card=False, recipe=record,
                             message=message or f"{spec.method} merge of {len(vids)} models", progress=progress,
-                            derived=derived, exact=derived)  # fmt: skip
+                            exact=derived)  # fmt: skip
 
 
 def derived_for_recipe(repo: Repo, job: Any) -> dict[str, list[Any]]:
