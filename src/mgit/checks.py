@@ -378,15 +378,7 @@ class Checks:
             vids = [self.repo.resolve(ref)]
         else:
             vids = [n.head for n in self.repo.lineage.nodes.values() if not n.removed]
-        out = []
-        for vid in vids:
-            rows = self._sql.db.execute(
-                f"""SELECT {RESULT_COLUMNS} FROM results r WHERE version = ? AND time = (SELECT MAX(time) FROM results r2
-                   WHERE r2.version = r.version AND r2.test = r.test) ORDER BY test""",
-                (vid,),
-            )
-            out += [self._with_parent(self._outcome(r)) for r in rows]
-        return out
+        return [self._with_parent(o) for found in self.latest(vids).values() for o in found.values()]
 
     def latest(self, vids: list[str], refs: dict[str, tuple[str, int]] | None = None
                ) -> dict[str, dict[str, TestOutcome]]:  # fmt: skip
