@@ -320,8 +320,7 @@ def test_latest_results_of_many_versions_in_one_call(repo: Repo) -> None:
     checks.attach("ft", "evals.py:never")
     checks.run()
     lineage = repo.lineage
-    specs = checks.tests()
-    assert {n: [t.name for t in checks.applicable(n, lineage, specs=specs)] for n in lineage.nodes} == {
+    assert {n: [t.name for t in checks.applicable(n, lineage)] for n in lineage.nodes} == {
         "base": ["size"], "ft": ["never", "size"], "other": []}
     assert checks.applicable_all(lineage) == {n: checks.applicable(n, lineage) for n in lineage.nodes}
     heads = {n: lineage.nodes[n].head for n in lineage.nodes}

@@ -215,14 +215,13 @@ class Checks:
                 return spec
         raise TestNotFoundError(name)
 
-    def applicable(self, model: str, lineage: Lineage | None = None, *,
-                   specs: list[TestSpec] | None = None) -> list[TestSpec]:  # fmt: skip
+    def applicable(self, model: str, lineage: Lineage | None = None) -> list[TestSpec]:
         """Tests that apply to a model: attached to it (by name, glob or tag), or inherited
-        from an ancestor they were attached to with `inherit` (`specs`: `tests()`, read once)."""
+        from an ancestor they were attached to with `inherit`."""
         lineage = lineage or self.repo.lineage
         node = lineage.node(model)
         ancestors = [(a, lineage.nodes[a].tags) for a in lineage.ancestors(model)]
-        return [t for t in (self.tests() if specs is None else specs)
+        return [t for t in self.tests()
                 if t.matches(model, node.tags) or (t.inherit and any(t.matches(a, tags) for a, tags in ancestors))]  # fmt: skip
 
     def applicable_all(self, lineage: Lineage | None = None, *,
