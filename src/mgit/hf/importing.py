@@ -91,11 +91,14 @@ def import_cache(repo: Repo, cache_dir: str | os.PathLike[str] | None = None, *,
             skipped.append(f"{model.repo_id}: no model name of its own here ({name or 'invalid'}); not imported")
         else:
             names[model.repo_id] = name
+    hub_ids: dict[str, str] = {}  # lowercased -> the id: the hub compares ids without case
+    for repo_id in sorted(names):
+        hub_ids.setdefault(repo_id.lower(), repo_id)
     cards = {(m.repo_id, r.commit): _card(r) for m in listing.models for r in m.revisions}
     imported: list[ImportedRevision] = []
     already = 0
     planned: set[str] = set()  # models a dry run would have created by now
-    needs = _dependencies(listing.models, cards, names, auto_parent)
+    needs = _dependencies(listing.models, cards, names, hub_ids, auto_parent)
     notes: list[str] = []
     for model in _bases_first(listing.models, needs, notes):
         name = names[model.repo_id]
@@ -109,7 +112,7 @@ def import_cache(repo: Repo, cache_dir: str | os.PathLike[str] | None = None, *,
             if rev.commit in have:
                 already += 1
                 continue
-            bases, relation, card_notes = _parents(repo, cards[(model.repo_id, rev.commit)], names, planned, name)
+            bases, relation, card_notes = _parents(repo, cards[(model.repo_id, rev.commit)], names, hub_ids, planned, name)
             infer = auto_parent and not bases and count == 0 and any(f.endswith(".safetensors") for f in rev.files)
             if dry_run:
                 count += 1
@@ -157,7 +160,7 @@ def _card(rev: CachedRevision) -> tuple[list[str], str | None]:
 
 
 def _dependencies(models: list[CachedModel], cards: dict[tuple[str, str], tuple[list[str], str | None]],
-                  names: dict[str, str], auto_parent: bool) -> dict[str, set[str]]:  # fmt: skip
+                  names: dict[str, str], hub_ids: dict[str, str], auto_parent: bool) -> dict[str, set[str]]:  # fmt: skip
     """For each model to import, the models of the cache to import before it: those its
     cards name as base_model (hub ids compared without case, as the hub does) and, with
     `auto_parent`, for a model whose cards name none of them, the one parent inference
@@ -167,11 +170,8 @@ def _dependencies(models: list[CachedModel], cards: dict[tuple[str, str], tuple[
     parent is kept only if it looks more like a base than the model: named as base_model by
     a card of the cache, else downloaded earlier, else first by name."""
     by_id = {m.repo_id: m for m in models if m.repo_id in names}
-    lower: dict[str, str] = {}
-    for repo_id in sorted(by_id):
-        lower.setdefault(repo_id.lower(), repo_id)
-    needs = {repo_id: {lower[b.lower()] for r in m.revisions for b in cards[(repo_id, r.commit)][0]
-                       if lower.get(b.lower(), repo_id) != repo_id}
+    needs = {repo_id: {hub_ids[b.lower()] for r in m.revisions for b in cards[(repo_id, r.commit)][0]
+                       if hub_ids.get(b.lower(), repo_id) != repo_id}
              for repo_id, m in by_id.items()}  # fmt: skip
     if auto_parent:
         named = {b.lower() for bases, _ in cards.values() for b in bases}
@@ -227,16 +227,15 @@ def _bases_first(models: list[CachedModel], needs: dict[str, set[str]], notes: l
     return order
 
 
-def _parents(repo: Repo, card: tuple[list[str], str | None], names: dict[str, str], planned: set[str],
-             own: str) -> tuple[list[str], str | None, list[str]]:  # fmt: skip
+def _parents(repo: Repo, card: tuple[list[str], str | None], names: dict[str, str], hub_ids: dict[str, str],
+             planned: set[str], own: str) -> tuple[list[str], str | None, list[str]]:  # fmt: skip
     """The parents (model names) a revision's card names that exist here (or that a dry run
     would have created), their relation, and notes on those that do not. A card naming its
     own model names no parent (that is history)."""
     bases, relation = card
-    lower = {k.lower(): v for k, v in names.items()}
     found, missing = [], []
     for base in bases:
-        name = lower.get(base.lower()) or model_name(base)
+        name = names[hub_ids[base.lower()]] if base.lower() in hub_ids else model_name(base)
         if name == own:
             continue
         if name is not None and (name in planned or _version_count(repo, name)):
