@@ -66,7 +66,7 @@ class AppContext:
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("-C", "directory", metavar="DIR", help="Run as if mgit was started in DIR.")
-@click.version_option(__version__, prog_name="mgit", package_name="mgit-models")
+@click.version_option(__version__, prog_name="mgit")
 @click.pass_context
 def cli(ctx: click.Context, directory: str | None) -> None:
     """MGit: version and manage families of machine-learning models.
