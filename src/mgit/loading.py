@@ -19,19 +19,13 @@ import json
 import os
 import warnings
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from mgit.cache import CHECKOUT_BASES, UNBOUNDED, DecodedCache
-from mgit.codecs.buffers import unpooled
 from mgit.errors import InputError, InvalidOptionError, MissingDependencyError
-from mgit.formats.safetensors import is_float, numpy_view
-from mgit.objects import Manifest, TensorEntry
-from mgit.parallel import default_jobs
-from mgit.reader import tensor_bytes
+from mgit.objects import Manifest
+from mgit.reader import state_dicts
 from mgit.repo import Repo
 
-FRAMEWORKS = {"torch": "torch", "pt": "torch", "numpy": "numpy", "np": "numpy"}
 LOADING_OPTIONS = {"device_map", "attn_implementation", "quantization_config", "key_mapping"}  # from_pretrained's own
 RepoLike = Repo | str | os.PathLike[str] | None
 
@@ -100,107 +94,13 @@ def _module(name: str, what: str) -> Any:
 
 def _load(refs: list[str], repo: Repo, framework: str, device: Any, dtype: Any, jobs: int | None, *,
           shared: bool) -> list[dict[str, Any]]:  # fmt: skip
-    """Decode the distinct tensors of these versions on a thread pool and build each state
-    dict of them; with `shared`, through one cache that keeps every object decoded, so a
-    delta's base that is also asked for is decoded once and the same object goes to every
-    dict that names it."""
-    kind = FRAMEWORKS.get(framework)
-    if kind is None:
-        raise InvalidOptionError(f"unknown framework {framework!r}", hint="Use 'torch' or 'numpy'")
-    if kind == "numpy" and device is not None:
-        raise InvalidOptionError("a device is for torch tensors", hint="Drop device, or use framework='torch'")
-    convert = _converter(kind, device, dtype)
-    manifests = [repo.manifest(repo.resolve(r)) for r in refs]
-    entries = [_entries(m, r) for m, r in zip(manifests, refs, strict=True)]
-    distinct = {e.object: e for table in entries for e in table.values()}
+    """These versions' state dicts (mgit.reader.state_dicts), their objects fetched at once
+    in a lazy clone."""
+    versions = [(vid, repo.manifest(vid)) for vid in (repo.resolve(r) for r in refs)]
     if repo.store.lazy:
-        repo.store.fetch(set(distinct))
-    cache = DecodedCache(UNBOUNDED, keep_all=True) if shared else DecodedCache(CHECKOUT_BASES)
-
-    def one(entry: TensorEntry) -> Any:
-        with unpooled():  # the state dicts keep what is decoded: in arrays of its own size
-            data = tensor_bytes(repo.store, entry, reuse=cache)
-        return convert(data, entry, shared=shared)
-
-    with ThreadPoolExecutor(max_workers=jobs or default_jobs(), thread_name_prefix="mgit-load") as pool:
-        loaded = dict(zip(distinct, pool.map(one, distinct.values()), strict=True))
-    return [{name: loaded[e.object] for name, e in table.items()} for table in entries]
-
-
-def _entries(manifest: Manifest, ref: str) -> dict[str, TensorEntry]:
-    table: dict[str, TensorEntry] = {}
-    for t in manifest.tensors():
-        if t.name in table:
-            raise InputError(ref, f"holds tensor {t.name!r} in two files: no single state dict has both",
-                             hint="Read it per file: repo.manifest(ref)")  # fmt: skip
-        table[t.name] = t
-    return table
-
-
-def _converter(kind: str, device: Any, dtype: Any) -> Any:
-    """How decoded bytes become what the caller asked for: viewed where they can be (bytes
-    decoded for this tensor alone, or shared ones: read-only to numpy), copied where a cache
-    holds them for others, converted (new memory anyway) when a dtype or device says so."""
-    if kind == "numpy":
-        import numpy as np
-
-        target = None if dtype is None else _numpy_dtype(dtype)
-
-        def as_numpy(data: Any, entry: TensorEntry, *, shared: bool) -> Any:
-            arr = numpy_view(data, entry.dtype, entry.shape)
-            if target is not None and is_float(entry.dtype) and arr.dtype != target:
-                return arr.astype(target)
-            if shared:
-                arr.flags.writeable = False
-                return arr
-            return arr if arr.flags.writeable else np.array(arr)
-
-        return as_numpy
-
-    torch = _module("torch", "Loading tensors into torch")
-    from mgit.formats.tensors import torch_dtype_of
-
-    target = None if dtype is None else _torch_dtype(torch, dtype)
-
-    def as_torch(data: Any, entry: TensorEntry, *, shared: bool) -> Any:
-        kind = torch_dtype_of(entry.dtype)
-        if not data.nbytes:
-            t = torch.empty(entry.shape, dtype=kind)
-        else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # a shared buffer is read-only to numpy, not to torch
-                t = torch.frombuffer(data, dtype=kind).reshape(entry.shape)
-            if not shared and not data.flags.writeable:
-                t = t.clone()  # the bytes a cache keeps for other tensors
-        if target is not None and is_float(entry.dtype):
-            t = t.to(target)
-        return t.to(device) if device is not None else t
-
-    return as_torch
-
-
-def _numpy_dtype(dtype: Any) -> Any:
-    import numpy as np
-
-    if str(dtype) == "bfloat16":
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise MissingDependencyError("ml_dtypes", "bfloat16 numpy arrays", "torch") from None
-        return np.dtype(ml_dtypes.bfloat16)
-    try:
-        return np.dtype(str(dtype).removeprefix("torch."))
-    except TypeError:
-        raise InvalidOptionError(f"unknown dtype {dtype!r}", hint="Use float32, float16 or bfloat16") from None
-
-
-def _torch_dtype(torch: Any, dtype: Any) -> Any:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    found = getattr(torch, str(dtype).removeprefix("torch."), None)
-    if not isinstance(found, torch.dtype):
-        raise InvalidOptionError(f"unknown dtype {dtype!r}", hint="Use float32, float16 or bfloat16")
-    return found
+        repo.store.fetch({t.object for _, m in versions for t in m.tensors()})
+    return state_dicts(repo.store, versions, framework=framework, device=device, dtype=dtype, jobs=jobs,
+                       shared=shared)  # fmt: skip
 
 
 def _file(repo: Repo, manifest: Manifest, ref: str, path: str) -> bytes | None:

@@ -399,14 +399,14 @@ class Repo:
                            reuse=self._session)  # fmt: skip
 
     def load_state_dict(self, ref: str, *, framework: str = "np", jobs: int | None = None) -> dict[str, Any]:
-        """Every tensor of a version: numpy arrays (`framework="np"`) or torch tensors ("pt")."""
-        from concurrent.futures import ThreadPoolExecutor
+        """Every tensor of a version: numpy arrays (`framework="np"`) or torch tensors ("pt");
+        `mgit.load` adds devices and dtypes, `mgit.load_many` versions sharing tensors."""
+        from mgit.reader import state_dicts
 
-        reader = self.open(ref)
-        names = list(reader.keys())
-        with ThreadPoolExecutor(max_workers=jobs or default_jobs()) as pool:
-            values = pool.map(lambda k: reader.get(k, framework=framework), names)
-            return dict(zip(names, values, strict=True))
+        vid = self.resolve(ref)
+        with self.catalog.explained():
+            return state_dicts(self.store, [(vid, self.manifest(vid))], framework=framework, jobs=jobs,
+                               reuse=self._session)[0]  # fmt: skip
 
     def diff(self, a: str | os.PathLike[str], b: str | os.PathLike[str], *, structural: bool = False,
              jobs: int | None = None, progress: Callable[[int, int], Progress] | None = None) -> DiffResult:  # fmt: skip

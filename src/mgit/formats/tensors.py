@@ -167,13 +167,18 @@ def torch_dtype_of(dtype: str) -> Any:
     return getattr(torch, name)
 
 
-def to_torch(data: np.ndarray, dtype: str, shape: tuple[int, ...]) -> Any:
-    """Raw tensor bytes as a torch tensor of its own dtype (a private, writable copy)."""
+def to_torch(data: np.ndarray, dtype: str, shape: tuple[int, ...], *, copy: bool = True) -> Any:
+    """Raw tensor bytes as a torch tensor of its own dtype: a private, writable copy, or with
+    `copy=False` a view of `data` itself (its memory shared, whatever numpy's write flag)."""
     torch = _torch()
     torch_dtype = torch_dtype_of(dtype)
     if data.nbytes == 0:
         return torch.empty(shape, dtype=torch_dtype)
-    return torch.frombuffer(bytearray(data), dtype=torch_dtype).reshape(shape)
+    if copy:
+        return torch.frombuffer(bytearray(data), dtype=torch_dtype).reshape(shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch warns of a buffer numpy marks read-only
+        return torch.frombuffer(data, dtype=torch_dtype).reshape(shape)
 
 
 assert set(_NUMPY_DTYPES.values()) <= set(DTYPES)
