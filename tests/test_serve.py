@@ -188,6 +188,21 @@ def test_tests_matrix_and_result(client: TestClient, family: Repo) -> None:
     assert result["parent"] == "org/ft@1" and result["parent_status"] == "pass"
 
 
+def test_what_is_kept_is_dropped_when_a_head_moves(tmp_path: Path) -> None:
+    # The graph, its storage, its page and its JSON are kept between requests, until a model moves.
+    repo = Repo.init(tmp_path / "repo")
+    repo.add(tensors(1), name="m")
+    with TestClient(create_app(repo), base_url=BASE) as c:
+        for _ in range(2):
+            assert [n["name"] for n in c.get("/api/lineage").json()["nodes"]] == ["m"]
+            assert "m2" not in c.get("/lineage").text
+        repo.add(tensors(2), name="m2", parent="m")
+        assert [n["name"] for n in c.get("/api/lineage").json()["nodes"]] == ["m", "m2"]
+        assert "m2" in c.get("/lineage").text
+        assert set(c.get("/api/lineage", params={"around": "m2"}).json()["storage"]) == {
+            repo.resolve("m"), repo.resolve("m2")}
+
+
 # --- pages: escaping, sanitizing, headers ---------------------------------------------------
 PAGES = ["/models", "/models/org/ft", "/models/base?version=1", "/models/q8", "/tests", "/storage", "/diff",
          "/lineage", "/lineage?around=org/ft"]  # fmt: skip

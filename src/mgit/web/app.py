@@ -32,9 +32,9 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from mgit.errors import MgitError, NoMatchError, UnknownRefError
-from mgit.lineage import NoPathError
+from mgit.lineage import LineageGraph, NoPathError
 from mgit.repo import Repo
-from mgit.reports import human_size, json_safe
+from mgit.reports import VersionStorage, human_size, json_safe
 from mgit.web.access import Guard, check_setup
 from mgit.web.diffs import DiffJobs, heatmap, resolve_pair
 from mgit.web.graph import graph_json, page_csp, render_html
@@ -84,17 +84,21 @@ def create_app(repo: Repo, *, host: str = "127.0.0.1", token: str | None = None)
             data["_status"] = 202
         return data
 
-    def lineage_data(request: Request) -> tuple[Any, str | None]:
+    def lineage_of(request: Request) -> tuple[str | None, LineageGraph, dict[str, VersionStorage]]:
+        """The graph (all of it, or `?around=NAME`'s family) and its versions' storage, kept
+        for the page and its JSON twin alike."""
         around = text(request.query_params, "around").strip() or None
-        lin = view.lineage
-        names = lin.selection(around=lin.node(around).name if around else None)
-        return lin.subgraph(names), around
+
+        def make() -> tuple[LineageGraph, dict[str, VersionStorage]]:
+            graph = view.lineage.subgraph(view.lineage.selection(around=around))
+            return graph, repo.storage([v.id for vs in graph.versions.values() for v in vs])
+
+        return around, *view.kept(("lineage-graph", around), make)
 
     def lineage_page(request: Request) -> Response:
-        graph, around = lineage_data(request)
+        around, graph, storage = lineage_of(request)
 
         def make() -> str:
-            storage = repo.storage([v.id for vs in graph.versions.values() for v in vs])
             links = [(label, href) for label, href in NAV if href != "/lineage"]
             if around:
                 links.insert(0, (f"back to {around}", f"/models/{quote(around)}"))
@@ -105,8 +109,9 @@ def create_app(repo: Repo, *, host: str = "127.0.0.1", token: str | None = None)
         return Response(view.kept(("lineage-page", around), make), media_type="text/html")
 
     def lineage_api(request: Request) -> Response:
-        graph, _ = lineage_data(request)
-        return JSONResponse(graph_json(graph, storage=repo.storage([v.id for vs in graph.versions.values() for v in vs])))
+        around, graph, storage = lineage_of(request)
+        body = view.kept(("lineage-json", around), lambda: JSONResponse(graph_json(graph, storage=storage)).body)
+        return Response(body, media_type="application/json")
 
     pages = {
         "/models": ("models.html", lambda r: models_page(view, r.query_params)),
