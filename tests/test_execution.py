@@ -5,6 +5,7 @@ add of a tensor it has not fetched (what a cluster node's cache does)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,31 @@ def test_the_local_executor_runs_jobs_and_commits_by_compare_and_swap(work: Repo
     assert (work.manifest("copy").files[-1].path, work.version("copy").parents[0].version) == ("note.txt", head)
     (outcome,) = executor.run_tests([TestJob(run.version, "count", "recipes.py:count", 60.0)])
     assert outcome.ok and outcome.value == {"files": 3.0}  # config, weights, note
+
+
+class PreparingExecutor(LocalExecutor):
+    """The local executor, noting what each run asks it to make readable."""
+
+    def __init__(self, repo: Repo) -> None:
+        super().__init__(repo)
+        self.prepared: list[list[str]] = []
+
+    def prepare(self, *, models: Sequence[str] = (), versions: Sequence[str] = ()) -> None:
+        self.prepared.append(list(versions))
+
+
+def test_a_test_run_prepares_only_the_versions_it_will_run_tests_on(work: Repo, tmp_path: Path) -> None:
+    work.add(tmp_path / "base", name="ft", parent="base")
+    checks = Checks(work)
+    checks.attach("base", "recipes.py:count", inherit=True)
+    base, ft = work.resolve("base"), work.resolve("ft")
+    checks.run(["base"])  # base's result is recorded: the next run reuses it
+    executor = PreparingExecutor(work)
+    ran = checks.run(None, executor=executor)
+    assert executor.prepared == [[ft]]
+    assert {(o.version, o.reused) for o in ran.outcomes} == {(base, True), (ft, False)}
+    checks.run(None, force=True, executor=executor)
+    assert sorted(executor.prepared[-1]) == sorted([base, ft])
 
 
 def test_a_lazy_clone_adds_a_tensor_it_has_not_fetched_without_coding_it_against_itself(tmp_path: Path) -> None:

@@ -271,19 +271,22 @@ class Checks:
                 skipped.append(self._ref(vid))
         notes: list[str] = []
         sources = {t.name: self.source_of(t, recorded=recorded_source, notes=notes) for _, specs in work for t in specs}
-        # One session: versions of a family share parents, decoded once for all their checkouts.
+        reused = {vid: self._reusable(vid, specs, sources, force) for vid, specs in work}
         executor = executor or LocalExecutor(self.repo)
         executor.prepare(versions=[vid for vid, specs in work  # (a cluster's: only what will run there)
-                                   if force or any(self.recorded(vid, t.name, sources[t.name][0]) is None for t in specs)])
+                                   if len(reused[vid]) < len(specs)])
+        # One session: versions of a family share parents, decoded once for all their checkouts.
         with self.repo.caching(), ThreadPoolExecutor(max_workers=jobs or 2) as pool:
-            done = list(pool.map(lambda w: self._run_version(w[0], w[1], sources, timeout, force, executor), work))
+            done = list(pool.map(lambda w: self._run_version(w[0], w[1], sources, timeout, reused[w[0]], executor),
+                                 work))  # fmt: skip
         outcomes = [self._with_parent(o) for group in done for o in group]
         return TestRunResult(outcomes, skipped, notes)
 
     def run_one(self, vid: str, test: str, *, timeout: float | None = None, force: bool = False) -> TestOutcome:
         spec = self.test(test)
         sources = {spec.name: self.source_of(spec)}
-        return self._with_parent(self._run_version(vid, [spec], sources, timeout, force, LocalExecutor(self.repo))[0])
+        reused = self._reusable(vid, [spec], sources, force)
+        return self._with_parent(self._run_version(vid, [spec], sources, timeout, reused, LocalExecutor(self.repo))[0])
 
     def source_of(self, spec: TestSpec, *, recorded: bool = False, notes: list[str] | None = None
                   ) -> tuple[str, bytes | None]:  # fmt: skip
@@ -309,14 +312,19 @@ class Checks:
                          + ("" if local is not None else f" ({spec.fn} is not here)"))  # fmt: skip
         return sha256(data), data
 
+    def _reusable(self, vid: str, specs: list[TestSpec], sources: dict[str, tuple[str, bytes | None]],
+                  force: bool) -> dict[str, TestOutcome]:  # fmt: skip
+        """The recorded results of these tests on `vid` for the sources a run would use (none
+        with `force`), by test name, marked reused."""
+        if force:
+            return {}
+        found = {s.name: self.recorded(vid, s.name, sources[s.name][0]) for s in specs}
+        return {name: replace(o, reused=True) for name, o in found.items() if o is not None}
+
     def _run_version(self, vid: str, specs: list[TestSpec], sources: dict[str, tuple[str, bytes | None]],
-                     timeout: float | None, force: bool, executor: Executor) -> list[TestOutcome]:  # fmt: skip
-        results: dict[str, TestOutcome] = {}
-        if not force:
-            for spec in specs:
-                found = self.recorded(vid, spec.name, sources[spec.name][0])
-                if found is not None:
-                    results[spec.name] = replace(found, reused=True)
+                     timeout: float | None, reused: dict[str, TestOutcome],
+                     executor: Executor) -> list[TestOutcome]:  # fmt: skip
+        results = dict(reused)
         todo = [s for s in specs if s.name not in results]
         if todo:
             jobs = [TestJob(vid, s.name, s.fn, timeout or s.timeout or DEFAULT_TIMEOUT, sources[s.name][1], s.resources)
