@@ -4,7 +4,6 @@ version without a file written, and the README's example run as written."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import tempfile
@@ -157,4 +156,3 @@ def test_the_readme_loading_example_runs_as_written(family, monkeypatch) -> None
     assert scope["arrays"][CHANGED[0]].dtype == np.float16
     assert len(scope["shared"]) == len(states["minilm-base"]) - len(CHANGED)
     assert tuple(scope["embeddings"].shape)[::2] == (1, 384)
-    assert os.getcwd() == str(root)
