@@ -33,7 +33,7 @@ from mgit.repo import Repo
 from mgit.sync.connection import DEFAULT_REMOTE, connect
 from mgit.sync.fetch import fetch_versions
 from mgit.sync.push import publish_to, push
-from mgit.usercode import RunOutcome
+from mgit.usercode import RunOutcome, resources_of
 
 MAX_RETRIES = 3  # of a task whose worker process or node died (Ray's own retry)
 CONNECT_ATTEMPTS = 3  # of a Ray Client connection
@@ -66,7 +66,7 @@ class RayExecutor:
         self.repo = repo
         self.remote_name = remote or _default_remote(repo)
         self.spec = remote_of(repo.config, self.remote_name)
-        self.defaults = {k: v for k, v in (("num_cpus", num_cpus), ("num_gpus", num_gpus)) if v is not None}
+        self.defaults = resources_of({"num_cpus": num_cpus, "num_gpus": num_gpus})
         self.max_retries = max_retries
         self.conn = connect(repo, self.remote_name)
         self._lock = threading.Lock()  # one ref move, one fetch here at a time
