@@ -68,13 +68,13 @@ class RayExecutor:
         self.spec = remote_of(repo.config, self.remote_name)
         self.defaults = resources_of({"num_cpus": num_cpus, "num_gpus": num_gpus})
         self.max_retries = max_retries
-        self.conn = connect(repo, self.remote_name)
         self._lock = threading.Lock()  # one ref move, one fetch here at a time
         self._there: set[str] = set()  # versions known to be on the remote
         self._sources: dict[str, bytes] = {}  # a function's file, by reference
-        ray = ray_module()
+        ray = ray_module()  # (before the remote is connected: nothing to close if Ray is missing)
         from mgit.cluster import node
 
+        self.conn = connect(repo, self.remote_name)
         try:
             self._started = not ray.is_initialized()
             if self._started:
