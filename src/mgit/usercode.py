@@ -148,8 +148,8 @@ def recipe_record_of(spec: str, params: Any = None, *, root: Path, resources: An
         raise InvalidOptionError(f"recipe parameter names must be identifiers, not {bad[0]!r}",
                                  hint="Use --param KEY=VALUE")  # fmt: skip
     record = {"fn": spec, "params": params, "source_sha256": source_hash(spec, cwd=root)}
-    if resources_of(resources):
-        record["resources"] = resources_of(resources)
+    if declared := resources_of(resources):
+        record["resources"] = declared
     return record
 
 
