@@ -26,7 +26,7 @@ from mgit.checks import Checks, Condition  # noqa: E402
 from mgit.web import access, graph_json  # noqa: E402
 from mgit.web.access import TokenRequiredError  # noqa: E402
 from mgit.web.app import create_app  # noqa: E402
-from mgit.web.card import render_card  # noqa: E402
+from mgit.web.card import MAX_CARD_BYTES, TOO_LARGE, render_card, version_card  # noqa: E402
 
 HOSTILE = '</script><script>window.pwned = 1</script><img src=x onerror="window.pwned = 2"> & "q"'
 CARD = f"""---
@@ -249,6 +249,22 @@ def test_model_card_is_rendered_and_sanitized() -> None:
     assert [dict(attrs).get("href") for t, attrs in tags if t == "a"] == ["https://example.com/doc"]
     assert render_card(b"\xff\xfe").note and render_card(b"x" * (2 << 20)).note
     assert render_card(b"---\nnot: [closed\n---\nbody").html == "<p>body</p>\n"
+
+
+def test_a_card_too_large_to_render_is_not_read(tmp_path: Path) -> None:
+    folder = make_model(tmp_path / "m", seed=1)
+    (folder / "README.md").write_bytes(b"x" * (MAX_CARD_BYTES + 1))
+    repo = Repo.init(tmp_path / "repo")
+    repo.add(folder, name="m")
+
+    class Unread:
+        def get(self, oid: str, **_: object) -> object:
+            raise AssertionError(f"read {oid}")
+
+    assert version_card(repo.manifest("m"), Unread()) == render_card(b"x" * (MAX_CARD_BYTES + 1))  # type: ignore[arg-type]
+    with TestClient(create_app(repo), base_url=BASE) as c:
+        assert c.get("/api/models/m").json()["card"] == {"path": "README.md", "front_matter": {}, "html": "",
+                                                         "note": TOO_LARGE}  # fmt: skip
 
 
 def test_search_filters_sorting_and_pages(client: TestClient) -> None:

@@ -8,10 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mgit.objects import Manifest
 from mgit.reports import Report
+from mgit.store import ObjectStore
 
 CARD = "README.md"
 MAX_CARD_BYTES = 1 << 20  # a larger card is not rendered (the file is still listed)
+TOO_LARGE = f"larger than {MAX_CARD_BYTES >> 20} MiB: not rendered"
 TAGS = {"a", "abbr", "b", "blockquote", "br", "code", "del", "details", "dd", "dl", "dt", "em", "h1", "h2", "h3",
         "h4", "h5", "h6", "hr", "i", "kbd", "li", "ol", "p", "pre", "s", "strong", "sub", "summary", "sup", "table",
         "tbody", "td", "th", "thead", "tr", "ul"}  # fmt: skip
@@ -26,10 +29,20 @@ class ModelCard(Report):
     note: str | None = None  # why it is not rendered
 
 
+def version_card(manifest: Manifest, store: ObjectStore) -> ModelCard | None:
+    """The card of a version, if it has one; its file is read only if it will be rendered."""
+    entry = next((f for f in manifest.files if f.path == CARD and f.type == "blob"), None)
+    if entry is None:
+        return None
+    if entry.size > MAX_CARD_BYTES:
+        return ModelCard(entry.path, note=TOO_LARGE)
+    return render_card(store.get(entry.object)[1].tobytes(), path=entry.path)
+
+
 def render_card(data: bytes, *, path: str = CARD) -> ModelCard:
     """The card of `data` (the bytes of a README.md)."""
     if len(data) > MAX_CARD_BYTES:
-        return ModelCard(path, note=f"larger than {MAX_CARD_BYTES >> 20} MiB: not rendered")
+        return ModelCard(path, note=TOO_LARGE)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

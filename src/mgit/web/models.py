@@ -16,7 +16,7 @@ from mgit.checks import Checks
 from mgit.errors import UnknownRefError
 from mgit.objects import RELATIONS
 from mgit.reports import json_safe
-from mgit.web.card import CARD, render_card
+from mgit.web.card import version_card
 from mgit.web.params import choice, number, paginate, text
 from mgit.web.repoview import RepoView
 
@@ -100,8 +100,7 @@ def model_page(view: RepoView, name: str, query: Mapping[str, str]) -> dict[str,
                          "codec": objects[t.object].codec if t.object in objects else None,
                          "storage": storage_class(objects[t.object].codec) if t.object in objects else None}
                         for t in entries], query, prefix="t", per_page=100)  # fmt: skip
-    card_file = next((f for f in manifest.files if f.path == CARD and f.type == "blob"), None)
-    card = render_card(repo.store.get(card_file.object)[1].tobytes()).to_json() if card_file else None
+    card = version_card(manifest, repo.store)
     checks = Checks(repo)
     results = checks.latest([v.id for v in versions], {v.id: (name, v.seq) for v in versions})
     tests = sorted({t for r in results.values() for t in r} | {t.name for t in checks.applicable(name, lineage)})
@@ -110,7 +109,7 @@ def model_page(view: RepoView, name: str, query: Mapping[str, str]) -> dict[str,
         "versions": [v.to_json() for v in log],
         "parents": [e.to_json() for e in lineage.parents(name)],
         "children": [e.to_json() for e in lineage.children(name)],
-        "card": card,
+        "card": card.to_json() if card else None,
         "tensors": {"items": tensors.items, **tensors.meta()},
         "tests": {"names": tests, "versions": [
             {"seq": v.seq, "version": v.id,
