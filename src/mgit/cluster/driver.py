@@ -32,7 +32,7 @@ from mgit.remotes.config import remote_of, remotes_of
 from mgit.repo import Repo
 from mgit.sync.connection import DEFAULT_REMOTE, connect
 from mgit.sync.fetch import fetch_versions
-from mgit.sync.push import publish_to, push
+from mgit.sync.push import move_head, publish_to, push
 from mgit.usercode import RunOutcome, resources_of
 
 MAX_RETRIES = 3  # of a task whose worker process or node died (Ray's own retry)
@@ -189,9 +189,7 @@ class RayExecutor:
             try:
                 if theirs != job.head:
                     raise RemoteConflictError(self.remote_name, job.model)
-                self.conn.remote.move_head(job.model, vid, expected=theirs, token=token)
-                if self.conn.tracking is not None:
-                    self.conn.tracking.update(job.model, vid, expected=self.conn.tracking.get(job.model))
+                move_head(self.conn, job.model, vid, expected=theirs, token=token)
             except RemoteConflictError:
                 notes.append(f"{job.model} on {self.remote_name} got another version meanwhile and stays there; "
                              f"run: mgit pull {self.remote_name} && mgit push {self.remote_name}")  # fmt: skip

@@ -108,15 +108,20 @@ def _push(repo: Repo, conn: Connection, chosen: dict[str, str], *, force: bool,
         if i:
             crash_point("push-between-refs")
         try:
-            remote.move_head(name, vid, expected=old, token=token)
+            move_head(conn, name, vid, expected=old, token=token)
         except RemoteConflictError:
             conflicts.append(name)
-            continue
-        if conn.tracking is not None:
-            conn.tracking.update(name, vid, expected=conn.tracking.get(name))
     if conflicts:
         raise RemoteConflictError(conn.name, f"{conflicts[0]} (another push landed first; run: mgit pull)")
     return PushResult(conn.name, remote.url, updates, len(versions), sent, checks)
+
+
+def move_head(conn: Connection, name: str, vid: str, *, expected: str | None, token: str | None) -> None:
+    """Move the remote's head of `name` to `vid` by compare-and-swap from `expected` (read
+    with `token`), then the remote-tracking ref to match; RemoteConflictError if it moved."""
+    conn.remote.move_head(name, vid, expected=expected, token=token)
+    if conn.tracking is not None:
+        conn.tracking.update(name, vid, expected=conn.tracking.get(name))
 
 
 def publish_to(repo: Repo, conn: Connection, tips: list[str], known_tips: list[str], *,
