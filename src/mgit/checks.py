@@ -389,17 +389,22 @@ class Checks:
 
     def latest(self, vids: list[str], refs: dict[str, tuple[str, int]] | None = None
                ) -> dict[str, dict[str, TestOutcome]]:  # fmt: skip
-        """{version: {test: its latest recorded result}} in one query, without the parent's;
-        `refs`: (model, seq) by version, so that none is looked up one by one."""
+        """{version: {test: its latest recorded result}} in one query, without the parent's.
+        The (model, seq) of the versions not in `refs` are read in one more query, never one
+        by one (a page of a thousand models)."""
         rows = self._sql.db.execute(
             f"""SELECT {RESULT_COLUMNS} FROM results r WHERE version IN (SELECT value FROM json_each(?))
                 AND time = (SELECT MAX(time) FROM results r2 WHERE r2.version = r.version AND r2.test = r.test)
                 ORDER BY version, test""",
             (json.dumps(vids),),
-        )
+        ).fetchall()
+        refs = dict(refs or {})
+        unnamed = sorted({row[0] for row in rows} - refs.keys())
+        if unnamed:
+            refs.update((vid, (v.model, v.seq)) for vid, v in self.repo.catalog.versions_of(unnamed).items())
         out: dict[str, dict[str, TestOutcome]] = {vid: {} for vid in vids}
         for row in rows:
-            out[row[0]][row[1]] = self._outcome(row, (refs or {}).get(row[0]))
+            out[row[0]][row[1]] = self._outcome(row, refs.get(row[0]))
         return out
 
     # --- travelling with push and pull --------------------------------------------------------
