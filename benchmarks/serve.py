@@ -62,10 +62,10 @@ def prepare(models: int, versions: int, seed: int) -> Repo:
     for i, root in enumerate(lineage.roots()):
         checks.attach(root, "evals.py:acc", name=f"acc-{i}", conditions=[Condition("acc", "min", 0.5)], inherit=True)
     pick = random.Random(seed)
-    for name, node in lineage.nodes.items():
-        for spec in checks.applicable(name, lineage):
+    for name, specs in checks.applicable_all(lineage).items():
+        for spec in specs:
             value = 0.2 if pick.random() < 0.03 else 0.9
-            checks.record(node.head, spec, "0" * 64, RunOutcome(True, {"acc": value}, None, "", 0.1))
+            checks.record(lineage.nodes[name].head, spec, "0" * 64, RunOutcome(True, {"acc": value}, None, "", 0.1))
     return repo
 
 
