@@ -304,7 +304,8 @@ def test_a_driver_killed_mid_cascade_leaves_no_half_commit_and_a_rerun_resumes(s
     assert 1 <= len(moved) <= 2 and "base" not in moved  # one commit, or two that finished at once
     setup.mgit(setup.root / "ray", "fsck")
     # What moved here moved on the remote too (the driver moves it here, then there).
-    assert {m: remote_heads(setup)[m] for m in moved} == {m: after[m] for m in moved}
+    theirs = remote_heads(setup)
+    assert {m: theirs[m] for m in moved} == {m: after[m] for m in moved}
     resumed = cascade_json(setup, "ray")
     statuses = {r["model"]: r["status"] for r in resumed["results"]}
     assert {m for m, s in statuses.items() if s == "up-to-date"} == moved
