@@ -382,11 +382,7 @@ class Catalog(Database):
 
     def tensor_storage(self, vids: list[str]) -> dict[str, int]:
         """How the tensors of these versions are stored, together (see `tensor_counts`)."""
-        counts: dict[str, int] = {}
-        for per_version in self.tensor_counts(vids).values():
-            for key, n in per_version.items():
-                counts[key] = counts.get(key, 0) + n
-        return counts
+        return _summed(self.tensor_counts(vids).values())
 
     def tensor_counts(self, vids: list[str]) -> dict[str, dict[str, int]]:
         """Per version, how its tensors are stored: `deduplicated` (an earlier version stored
@@ -449,12 +445,9 @@ class Catalog(Database):
         counts = self.tensor_counts(vids)
         out = []
         for model, chain in versions.items():
-            tensors: dict[str, int] = {}
-            for vid in chain:
-                for kind, n in counts.get(vid, {}).items():
-                    tensors[kind] = tensors.get(kind, 0) + n
             count, stored = objects.get(model, (0, 0))
-            out.append(ModelUsage(model, len(chain), sum(logical.get(v, 0) for v in chain), stored, count, tensors))
+            out.append(ModelUsage(model, len(chain), sum(logical.get(v, 0) for v in chain), stored, count,
+                                  _summed(counts.get(v, {}) for v in chain)))  # fmt: skip
         return out
 
     def object_sizes(self, vids: list[str]) -> dict[str, int]:
@@ -484,3 +477,12 @@ class Catalog(Database):
             "SELECT COUNT(*), COALESCE(SUM(logical_size), 0), COALESCE(SUM(stored_size), 0) FROM objects"
         ).fetchone()
         return r[0], r[1], r[2]
+
+
+def _summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Counts by kind (`tensor_counts`' of several versions) added up."""
+    out: dict[str, int] = {}
+    for per_version in counts:
+        for key, n in per_version.items():
+            out[key] = out.get(key, 0) + n
+    return out
