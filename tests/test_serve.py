@@ -382,14 +382,15 @@ def test_diffs_waiting_are_bounded(family: Repo, monkeypatch: pytest.MonkeyPatch
     from mgit.web import diffs
 
     monkeypatch.setattr(diffs, "RUNNING", 0)  # nothing runs: every job waits (daemon threads, left blocked)
-    jobs = diffs.DiffJobs(family)
-    vids = [v.id for n in family.lineage.nodes for v in family.lineage.versions(n)]
-    pairs = [(a, b) for a in vids for b in vids if a != b][: diffs.WAITING + 1]
-    for a, b in pairs[:-1]:
-        assert jobs.job(a, b).state == "queued"
-    assert jobs.job(*pairs[0]) is jobs.job(*pairs[0])  # asked again: the same job
-    with pytest.raises(diffs.DiffsBusyError, match="16 diffs are being computed"):
-        jobs.job(*pairs[-1])
+    refs = [v.ref for n in family.lineage.nodes for v in family.lineage.versions(n)]
+    pairs = [{"a": a, "b": b} for a in refs for b in refs if a != b][: diffs.WAITING + 1]
+    with TestClient(create_app(family), base_url=BASE) as c:
+        for pair in pairs[:-1]:
+            r = c.get("/api/diff", params=pair)
+            assert r.status_code == 202 and r.json()["state"] == "queued"
+        assert c.get("/api/diff", params=pairs[0]).status_code == 202  # asked again: the same job, no new one
+        r = c.get("/api/diff", params=pairs[-1])
+        assert r.status_code == 503 and r.json()["error"] == "16 diffs are being computed already"
 
 
 def test_a_remote_is_served_from_a_lazy_mirror_brought_up_to_date(family: Repo, tmp_path: Path,

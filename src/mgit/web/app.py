@@ -36,7 +36,7 @@ from mgit.lineage import LineageGraph, NoPathError
 from mgit.repo import Repo
 from mgit.reports import VersionStorage, human_size, json_safe
 from mgit.web.access import Guard, check_setup
-from mgit.web.diffs import DiffJobs, heatmap, resolve_pair
+from mgit.web.diffs import DiffJobs, DiffsBusyError, heatmap, resolve_pair
 from mgit.web.graph import graph_json, page_csp, render_html
 from mgit.web.matrix import matrix_page, result_page
 from mgit.web.models import model_page, models_page
@@ -133,7 +133,8 @@ def create_app(repo: Repo, *, host: str = "127.0.0.1", token: str | None = None)
             status, message, hint = exc.status_code, exc.detail, None
         else:
             assert isinstance(exc, MgitError)
-            status = 404 if isinstance(exc, (UnknownRefError, NoMatchError, NoPathError)) else 400
+            status = (404 if isinstance(exc, (UnknownRefError, NoMatchError, NoPathError))
+                      else 503 if isinstance(exc, DiffsBusyError) else 400)  # fmt: skip
             message, hint = exc.message, exc.hint
         if request.url.path.startswith("/api/"):
             return JSONResponse({"error": message, "hint": hint}, status_code=status)
