@@ -319,9 +319,10 @@ def test_latest_results_of_many_versions_in_one_call(repo: Repo) -> None:
     checks.attach("base", "evals.py:size", inherit=True)
     checks.attach("ft", "evals.py:never")
     checks.run()
+    checks.attach("o*", "evals.py:size", name="glob")  # never run
     lineage = repo.lineage
     assert {n: [t.name for t in checks.applicable(n, lineage)] for n in lineage.nodes} == {
-        "base": ["size"], "ft": ["never", "size"], "other": []}
+        "base": ["size"], "ft": ["never", "size"], "other": ["glob"]}
     assert checks.applicable_all(lineage) == {n: checks.applicable(n, lineage) for n in lineage.nodes}
     heads = {n: lineage.nodes[n].head for n in lineage.nodes}
     with pytest.MonkeyPatch.context() as mp:  # the versions' names in one query, not one by one

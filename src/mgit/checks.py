@@ -231,7 +231,10 @@ class Checks:
         lineage = lineage or self.repo.lineage
         found: dict[str, list[TestSpec]] = {n: [] for n in lineage.nodes}
         for t in self.tests() if specs is None else specs:
-            hit = {n for n, node in lineage.nodes.items() if t.matches(n, node.tags)}
+            if _is_pattern(t.target):
+                hit = {n for n, node in lineage.nodes.items() if t.matches(n, node.tags)}
+            else:  # a model's name: looked up, not matched against every model
+                hit = {t.target} & lineage.nodes.keys()
             for n in sorted(hit | ({d for h in hit for d in lineage.descendants(h)} if t.inherit else set())):
                 found[n].append(t)
         return found
