@@ -134,6 +134,22 @@ def test_a_cascade_merges_again_when_an_input_changes(family: Repo, tmp_path: Pa
     assert again[key].tobytes() == expected.astype(np.float32).tobytes()
 
 
+def test_a_cascade_through_the_library_stores_its_re_merge_as_weighted_sums(tmp_path: Path) -> None:
+    """mgit.cascade.cascade with no executor given stores a re-merge as the CLI's does: the
+    storage of a recipe of MGit's own is found by the recipe run, not by whoever made the
+    executor."""
+    from mgit.cascade import cascade
+
+    repo = Repo.init(tmp_path / "repo")
+    for name, (_, parent) in MODELS.items():
+        repo.add(write_model(tmp_path / name, name), name=name, parent=parent)
+    merge(repo, ["ft1", "ft2"], method="linear", name="lib")
+    repo.add({k: v + np.float32(0.01) for k, v in weights_of(repo, "ft2", tmp_path / "ft2-v1").items()}, name="ft2")
+    report = cascade(repo, "ft2")
+    assert [(r.model, r.status) for r in report.results] == [("lib", "updated")]
+    assert repo.show("lib").tensor_storage == {"derived": len(repo.manifest("lib").tensors())}
+
+
 def test_task_heads_are_refused_then_taken_from_one_input(family: Repo, tmp_path: Path) -> None:
     for name, classes in (("head2", 2), ("head4", 4)):
         src = weights_of(family, "ft1", tmp_path / f"src-{name}")

@@ -15,9 +15,10 @@ else the command's defaults. The local executor runs every job whatever it decla
 
 from __future__ import annotations
 
+import importlib
 import json
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -109,25 +110,19 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
-Derive = Callable[[Repo, "RecipeJob"], dict[str, Any]]  # tensor name -> a chain predicting it
-
-
 class LocalExecutor:
-    """Jobs run here, on the repository's own disk: today's behaviour, and the default.
-    `derive` gives the chains that store a recipe's output as derived from its parents (a
-    merge's weighted sums: `mgit.merging.derived_for_recipe`)."""
+    """Jobs run here, on the repository's own disk: today's behaviour, and the default."""
 
     name = "local"
 
-    def __init__(self, repo: Repo, *, derive: Derive | None = None) -> None:
+    def __init__(self, repo: Repo) -> None:
         self.repo = repo
-        self.derive = derive
 
     def prepare(self, *, models: Sequence[str] = (), versions: Sequence[str] = ()) -> None:
         pass  # jobs read this repository
 
     def run_recipe(self, job: RecipeJob) -> RecipeRun:
-        return run_recipe_in(self.repo, job, where=self.name, derive=self.derive)
+        return run_recipe_in(self.repo, job, where=self.name)
 
     def run_tests(self, jobs: list[TestJob]) -> list[usercode.RunOutcome]:
         return run_tests_in(self.repo, jobs)
@@ -136,8 +131,7 @@ class LocalExecutor:
         pass
 
 
-def run_recipe_in(repo: Repo, job: RecipeJob, *, where: str, cwd: Path | None = None,
-                  derive: Derive | None = None) -> RecipeRun:  # fmt: skip
+def run_recipe_in(repo: Repo, job: RecipeJob, *, where: str, cwd: Path | None = None) -> RecipeRun:
     """Check out the parents into a temporary folder, run the recipe in a child process and
     add its output as the next version of `job.model`, only if the model's head is still
     `job.head` (compare-and-swap under the ref's lock). A failure commits nothing. `cwd` is
@@ -158,12 +152,27 @@ def run_recipe_in(repo: Repo, job: RecipeJob, *, where: str, cwd: Path | None = 
                                  where=where)  # fmt: skip
             added = repo.add(out, name=job.model, parent=list(job.parents), relation=job.relation,
                              message=job.message, recipe=job.recipe, tags=job.tags, model_card=False,
-                             expected_head=job.head, derived=derive(repo, job) if derive else None)  # fmt: skip
+                             expected_head=job.head, derived=derived_chains(repo, job))  # fmt: skip
     except RefConflictError:
         return RecipeRun(False, error=f"{job.model} got another version during the cascade; run it again", where=where)
     except (MgitError, OSError) as exc:
         return RecipeRun(False, error=str(exc), where=where)
     return RecipeRun(True, added.version, added.seq, added.created, output=run.output, where=where)
+
+
+def derived_chains(repo: Repo, job: RecipeJob) -> dict[str, Any]:
+    """How a recipe of MGit's own stores its output, for any executor and any caller: the
+    `derived_chains(repo, job)` of its module (`mgit.merging.recipe`: a merge's weighted
+    sums of its parents). A user's recipe module is never imported here: it runs only in
+    its child process."""
+    module = str((job.recipe or {}).get("fn", "")).partition(":")[0]
+    if not module.startswith("mgit."):
+        return {}
+    try:
+        hook = getattr(importlib.import_module(module), "derived_chains", None)
+    except ImportError:
+        return {}
+    return dict(hook(repo, job)) if hook is not None else {}
 
 
 def run_tests_in(repo: Repo, jobs: list[TestJob], *, cwd: Path | None = None) -> list[usercode.RunOutcome]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from mgit.errors import InvalidOptionError
 from mgit.execution import Executor, LocalExecutor
-from mgit.merging import derived_for_recipe
 from mgit.repo import Repo
 
 EXECUTORS = "local, ray or ray://HOST:PORT"
@@ -24,7 +23,7 @@ def open_executor(repo: Repo, spec: str = "local", *, remote: str | None = None,
         if any(v is not None for v in (remote, num_cpus, num_gpus, max_retries)):
             raise InvalidOptionError("--remote, --num-cpus, --num-gpus and --max-retries are for a cluster executor",
                                      hint="Add --executor ray")  # fmt: skip
-        return LocalExecutor(repo, derive=derived_for_recipe)
+        return LocalExecutor(repo)
     if spec == "ray" or spec.startswith("ray://"):
         from mgit.cluster.driver import MAX_RETRIES, RayExecutor
 

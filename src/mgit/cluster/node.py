@@ -33,7 +33,6 @@ from mgit.errors import MgitError
 from mgit.execution import RecipeJob, RecipeRun, TestJob, run_recipe_in, run_tests_in
 from mgit.layout import REPO_DIR
 from mgit.locks import FileLock
-from mgit.merging import derived_for_recipe
 from mgit.objects import user_at_host
 from mgit.remotes import RemoteSpec
 from mgit.repo import Repo
@@ -112,7 +111,7 @@ def recipe_task(remote: RemoteSpec, job: RecipeJob) -> RecipeRun:
             head = repo.refs.get(job.model)
             if head != job.head:  # the cache's ref only says what the next version follows
                 repo.refs.update(job.model, job.head, expected=head)
-            run = run_recipe_in(repo, job, where=here, cwd=cwd, derive=derived_for_recipe)
+            run = run_recipe_in(repo, job, where=here, cwd=cwd)
         if run.ok and run.created and run.version is not None:
             _, _, sent = publish_to(repo, conn, [run.version], [job.head, *job.parents])
             run = replace(run, notes=[*run.notes, f"sent {sent.objects} objects ({sent.bytes} bytes) from {here}"])
