@@ -31,14 +31,13 @@ from typing import TypeVar
 from mgit import usercode
 from mgit.errors import MgitError
 from mgit.execution import RecipeJob, RecipeRun, TestJob, run_recipe_in, run_tests_in
-from mgit.layout import REPO_DIR
 from mgit.locks import FileLock
 from mgit.objects import user_at_host
 from mgit.remotes import RemoteSpec
 from mgit.repo import Repo
-from mgit.sync import clone
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, connect
 from mgit.sync.fetch import fetch_versions
+from mgit.sync.mirror import cached_clone
 from mgit.sync.push import publish_to
 from mgit.usercode import RunOutcome
 
@@ -67,13 +66,10 @@ def node_cache(remote: RemoteSpec) -> Iterator[tuple[Repo, Connection]]:
     with _OPEN_LOCK:
         opened = _OPEN.get(key)
         if opened is None:
-            folder = root / hashlib.sha256(remote.url.encode()).hexdigest()[:16]
-            root.mkdir(parents=True, exist_ok=True)
-            with FileLock(root / f"{folder.name}.lock", what=f"the node cache of {remote.url}", timeout=LOCK_WAIT):
-                if not (folder / REPO_DIR / "config.json").is_file() or not Repo(folder).config.get("lazy"):
-                    clone(remote.url, folder, lazy=True, endpoint_url=remote.endpoint_url, region=remote.region,
-                          profile=remote.profile)  # fmt: skip
-            repo = Repo(folder)
+            with cached_clone(root, remote.url, what=f"the node cache of {remote.url}", wait=LOCK_WAIT,
+                              endpoint_url=remote.endpoint_url, region=remote.region,
+                              profile=remote.profile) as (repo, _):  # fmt: skip
+                pass
             opened = _OPEN[key] = (repo, connect(repo, DEFAULT_REMOTE))
     try:
         yield opened

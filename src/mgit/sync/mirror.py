@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,21 +40,32 @@ class Mirror:
     moved: list[str]  # models whose head moved to the remote's
 
 
+@contextmanager
+def cached_clone(root: Path, url: str, *, what: str, wait: float, endpoint_url: str | None = None,
+                 region: str | None = None, profile: str | None = None) -> Iterator[tuple[Repo, bool]]:  # fmt: skip
+    """The lazy clone of `url` kept under `root` (in a folder named by the URL's hash), made
+    by the first caller: (repo, made now), held under a file lock while the block runs, so
+    that processes opening it at once wait for one clone (`wait` seconds at most). What a
+    mirror and a cluster node's cache are."""
+    root.mkdir(parents=True, exist_ok=True)
+    folder = root / hashlib.sha256(url.encode()).hexdigest()[:16]
+    with FileLock(root / f"{folder.name}.lock", what=what, timeout=wait):
+        made = not (folder / REPO_DIR / "config.json").is_file() or not Repo(folder).lazy
+        if made:
+            clone(url, folder, lazy=True, endpoint_url=endpoint_url, region=region, profile=profile)
+        yield Repo(folder), made
+
+
 def open_mirror(url: str, *, root: Path | None = None, endpoint_url: str | None = None, region: str | None = None,
                 profile: str | None = None) -> Mirror:  # fmt: skip
     """The mirror of `url` under `root` (default: MGIT_MIRROR_CACHE, else
     ~/.cache/mgit/mirrors), made on first use, else fetched and its heads moved to the
     remote's."""
     url = normalize_url(url)
-    root = root or mirror_root()
-    root.mkdir(parents=True, exist_ok=True)
-    folder = root / hashlib.sha256(url.encode()).hexdigest()[:16]
-    with FileLock(root / f"{folder.name}.lock", what=f"the mirror of {url}", timeout=LOCK_WAIT):
-        if not (folder / REPO_DIR / "config.json").is_file() or not Repo(folder).lazy:
-            clone(url, folder, lazy=True, endpoint_url=endpoint_url, region=region, profile=profile)
-            repo = Repo(folder)
+    with cached_clone(root or mirror_root(), url, what=f"the mirror of {url}", wait=LOCK_WAIT,
+                      endpoint_url=endpoint_url, region=region, profile=profile) as (repo, made):  # fmt: skip
+        if made:
             return Mirror(repo, url, True, sorted(repo.refs.all()))
-        repo = Repo(folder)
         fetch(repo, DEFAULT_REMOTE)
         theirs = RefStore(repo.dir, namespace=f"remotes/{DEFAULT_REMOTE}").all()
         ours = repo.refs.all()
