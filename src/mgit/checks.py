@@ -265,9 +265,10 @@ class Checks:
             self.test(t)
         work: list[tuple[str, list[TestSpec]]] = []
         skipped = []
+        applying = self.applicable_all(lineage)  # (every model in one pass, not an ancestor walk per version)
         for vid in vids:
             model = self.repo.model_of(vid)
-            specs = [t for t in self.applicable(model, lineage) if wanted is None or t.name in wanted]
+            specs = [t for t in applying.get(model, []) if wanted is None or t.name in wanted]
             if specs:
                 work.append((vid, specs))
             else:
