@@ -7,6 +7,7 @@ download) served on 127.0.0.1 and photographed in Debian's chromium through play
 from __future__ import annotations
 
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -84,8 +85,12 @@ def main() -> None:
         base = f"http://127.0.0.1:{sock.getsockname()[1]}"
         server = uvicorn.Server(uvicorn.Config(create_app(repo), log_level="warning"))
         threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
-        while not server.started:
+        for _ in range(200):  # bounded: 10 s
+            if server.started:
+                break
             time.sleep(0.05)
+        else:
+            sys.exit("the server did not start in 10 s")
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--headless", "--no-sandbox"])
             page = browser.new_page(viewport={"width": 1200, "height": 760})
