@@ -13,7 +13,7 @@ import re
 import socket
 import subprocess
 from collections.abc import Iterator
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import pytest
 from conftest import MGIT, tensors
@@ -131,3 +131,47 @@ def test_numbers_on_the_real_server(served: str) -> None:
     assert status == 400 and json.loads(body)["error"].startswith("query parameter 'page'")
     status, _, body = get(served, "/api/models/base?version=" + "9" * 5000)
     assert status == 400 and b"Traceback" not in body
+
+
+# --- who may look: the Host header and the redirect after the token link ----------------------
+@pytest.mark.parametrize("host", ["localhost:80@evil.com", "127.0.0.1:8808@evil.com", "localhost:8x08",
+                                  "localhost:", "localhost:123456", "localhost:\u00b2", "127.0.0.1.evil.com",
+                                  "[::1]evil.com", "[::1", "[::1]:80:80", "localhost/evil", "local_host",
+                                  "localhost:80,evil.com", "", "localhost\\@evil.com", "[localhost]:80"])  # fmt: skip
+def test_a_host_header_is_host_and_digits_port_exactly(served: str, host: str) -> None:
+    status, _, body = get(served, "/api/models", host=host)
+    assert status == 400, (host, body)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost:8808", "LOCALHOST:1", "[::1]:8808", "127.1.2.3:80"])
+def test_a_loopback_host_is_still_answered(served: str, host: str) -> None:
+    status, _, body = get(served, "/api/models", host=host)
+    assert status == 200 and json.loads(body)["total"] == 2, (host, body)
+
+
+def test_two_host_headers_are_refused(family: Repo) -> None:
+    """h11 refuses them itself; the app does too, whatever server runs it."""
+    with TestClient(create_app(family), base_url=BASE) as c:
+        for first, second in (("evil.example", "127.0.0.1"), ("127.0.0.1", "evil.example"), ("127.0.0.1", "127.0.0.1")):
+            assert c.get("/api/models", headers=[("host", first), ("host", second)]).status_code == 400, first
+
+
+@pytest.mark.parametrize("target", ["//evil.example/x", "///evil.example/x", "/\\evil.example/x",
+                                    "/%2F%2Fevil.example/x", "/%2F/evil.example", "/%5Cevil.example",
+                                    "/%5C%5Cevil.example", "/%09/evil.example", "/\\/evil.example",
+                                    "//evil.example", "/%2F%5Cevil.example"])  # fmt: skip
+def test_the_token_link_redirects_to_this_server_only(served_with_token: str, target: str) -> None:
+    sep = "&" if "?" in target else "?"
+    status, headers, _ = get(served_with_token, f"{target}{sep}token=tok")
+    assert status == 303, target
+    location = headers["location"]
+    assert location.startswith("/") and location[1:2] not in ("/", "\\"), (target, location)
+    assert not re.search(r"[\x00-\x20\\]", location), (target, location)
+    assert urlsplit(urljoin(served_with_token, location)).netloc == urlsplit(served_with_token).netloc
+
+
+def test_the_token_link_keeps_the_page_and_its_query(served_with_token: str) -> None:
+    status, headers, _ = get(served_with_token, "/models/base?version=1&token=tok")
+    assert status == 303 and headers["location"] == "/models/base?version=1"
+    status, _, _ = get(served_with_token, "/api/models", extra="Cookie: mgit_token=tok\r\n")
+    assert status == 200
