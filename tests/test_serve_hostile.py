@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
+import time
+import urllib.request
 from collections.abc import Iterator
 from urllib.parse import urljoin, urlsplit
 
@@ -22,6 +25,7 @@ pytest.importorskip("starlette")
 from starlette.testclient import TestClient  # noqa: E402
 
 from mgit import Repo  # noqa: E402
+from mgit.web import server  # noqa: E402
 from mgit.web.app import create_app  # noqa: E402
 
 BASE = "http://127.0.0.1:8808"
@@ -175,3 +179,67 @@ def test_the_token_link_keeps_the_page_and_its_query(served_with_token: str) -> 
     assert status == 303 and headers["location"] == "/models/base?version=1"
     status, _, _ = get(served_with_token, "/api/models", extra="Cookie: mgit_token=tok\r\n")
     assert status == 200
+
+
+# --- connections that say nothing -------------------------------------------------------------
+def test_half_open_connections_are_closed_and_a_request_still_answered(family: Repo) -> None:
+    """Connections that send nothing, half a request line, or a header a byte at a time are
+    closed within the header timeout; past the connection limit the oldest waiting one makes
+    room, so that a real request is answered while they are held."""
+    held_count = server.MAX_CONNECTIONS + 40
+    proc, address = start(["-C", str(family.root), "serve"])
+    parts = urlsplit(address)
+    held: list[socket.socket] = []
+    trickle = None
+    try:
+        for i in range(held_count):
+            s = socket.create_connection((parts.hostname, parts.port), timeout=10)
+            if i % 2:
+                s.sendall(b"GET /api/mod")
+            held.append(s)
+        trickle = socket.create_connection((parts.hostname, parts.port), timeout=10)
+        trickle.sendall(b"GET /api/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        with urllib.request.urlopen(address + "api/models", timeout=10) as r:
+            assert json.loads(r.read())["total"] == 2
+        deadline = time.monotonic() + server.HEADER_TIMEOUT + 20  # bounded
+        closed_trickle = False
+        for _ in range(int(server.HEADER_TIMEOUT + 20) * 2):
+            try:
+                trickle.sendall(b"a")
+            except OSError:
+                closed_trickle = True
+                break
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert closed_trickle, "a header sent a byte at a time kept its connection"
+        closed = 0
+        for s in held:
+            s.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                closed += s.recv(1024) == b""
+            except ConnectionResetError:
+                closed += 1
+            except TimeoutError:
+                pass
+        assert closed == held_count
+        with urllib.request.urlopen(address + "api/models", timeout=10) as r:
+            assert json.loads(r.read())["total"] == 2
+    finally:
+        for s in [*held, *([trickle] if trickle else [])]:
+            s.close()
+        stop(proc)
+
+
+# --- Ctrl-C ------------------------------------------------------------------------------------
+def test_ctrl_c_stops_the_server_quietly(family: Repo) -> None:
+    proc, address = start(["-C", str(family.root), "serve"])
+    with urllib.request.urlopen(address + "api/models", timeout=10) as r:
+        assert r.status == 200
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and err == "", (proc.returncode, err)

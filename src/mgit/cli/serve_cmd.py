@@ -64,9 +64,8 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
     if not is_loopback(host) and not token:
         token = new_token()
     try:
-        import uvicorn
-
         from mgit.web.app import create_app
+        from mgit.web.server import run
     except ImportError as exc:
         raise click.ClickException(f"mgit serve needs the web extra ({exc.name} is missing): "
                                    "pip install 'mgit-models[web]'") from None  # fmt: skip
@@ -81,5 +80,5 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
     out.print(f"Serving {repo.root} at {address} (read-only; Ctrl-C stops)")
     if token:
         out.print(f"Open {address}?token={token}  (every request needs this token; it is not shown again)")
-    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
+    run(app, sock)  # Ctrl-C stops it quietly
 
