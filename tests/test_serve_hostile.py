@@ -12,10 +12,12 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 import pytest
@@ -24,7 +26,7 @@ from conftest import MGIT, tensors
 pytest.importorskip("starlette")
 from starlette.testclient import TestClient  # noqa: E402
 
-from mgit import Repo  # noqa: E402
+from mgit import Repo, sync  # noqa: E402
 from mgit.web import server  # noqa: E402
 from mgit.web.app import create_app  # noqa: E402
 
@@ -243,3 +245,84 @@ def test_ctrl_c_stops_the_server_quietly(family: Repo) -> None:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0 and err == "", (proc.returncode, err)
+
+
+# --- a folder remote's catalog is not trusted ---------------------------------------------------
+@pytest.fixture
+def remote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder remote holding `m` (two versions), pushed to by a repository."""
+    folder = tmp_path / "team.mgit"
+    sync.init_bare(str(folder))
+    pusher = Repo.init(tmp_path / "pusher")
+    pusher.add(tensors(1), name="m", message="first")
+    pusher.add(tensors(2, scale=2), name="m", message="second")
+    sync.add_remote(pusher, "origin", str(folder))
+    sync.push(pusher, "origin")
+    monkeypatch.setenv("MGIT_MIRROR_CACHE", str(tmp_path / "mirrors"))
+    return folder
+
+
+def forge_catalog(folder: Path, head: str) -> None:
+    """The catalog a folder remote's writer left, then edited: the head's message and tags
+    changed, a lineage parent that does not exist, from a model with control characters and
+    a script in its name, and a third version of `m` that does not exist either."""
+    Repo(folder).catalog.close()  # made as mgit makes it
+    fake, evil = "ab" * 32, "cd" * 32
+    row = "(?, ?, ?, ?, NULL, ?, 'mallory', '2030-01-01T00:00:00Z', '{}', 0, 0, 0, 0, 0, 0, NULL, NULL)"
+    with sqlite3.connect(folder / "catalog.sqlite") as db:
+        db.execute("UPDATE versions SET message = 'forged', tags = '{\"stage\": \"prod\"}' WHERE id = ?", (head,))
+        db.execute(f"INSERT INTO versions VALUES {row}", (evil, HOSTILE_NAME, 1, evil, "forged"))
+        db.execute("INSERT INTO edges VALUES (?, 0, ?, 'finetune')", (head, evil))
+        db.execute(f"INSERT INTO versions VALUES {row}", (fake, "m", 3, fake, "forged <script>x</script>"))
+    db.close()
+
+
+def served_versions(address: str) -> dict[str, list[tuple]]:
+    """Every model the server lists, and what it says of each of its versions."""
+    with urllib.request.urlopen(address + "api/models", timeout=10) as r:
+        names = [m["name"] for m in json.loads(r.read())["models"]]
+    out = {}
+    for name in names:
+        with urllib.request.urlopen(address + "api/models/" + urllib.request.quote(name), timeout=10) as r:
+            out[name] = [(v["seq"], v["id"], v["message"], v["tags"], v["parents"]) for v in json.loads(r.read())["versions"]]
+    return out
+
+
+def test_a_forged_catalog_of_a_folder_remote_is_not_served(remote: Path, tmp_path: Path) -> None:
+    pusher = Repo(tmp_path / "pusher")
+    truth = {"m": [(v.seq, v.id, v.message, v.tags, []) for v in pusher.log("m")]}
+    forge_catalog(remote, pusher.resolve("m"))
+    before = (remote / "catalog.sqlite").read_bytes()
+    for args in (["serve", str(remote)], ["-C", str(remote), "serve"]):
+        proc, address = start(args)
+        try:
+            assert served_versions(address) == truth
+            status, _, body = get(address, "/api/lineage")
+            assert status == 200 and [n["name"] for n in json.loads(body)["nodes"]] == ["m"]
+            status, _, _ = get(address, "/api/models/m?version=3")
+            assert status == 400
+            for page in ("/models", "/models/m", "/lineage", "/storage"):
+                status, _, body = get(address, page)
+                assert status == 200 and b"forged" not in body and b"evil" not in body, page
+        finally:
+            stop(proc)
+    assert (remote / "catalog.sqlite").read_bytes() == before  # the remote is not written to
+
+
+@pytest.mark.parametrize("kind", ["garbage", "fifo", "huge"])
+def test_a_folder_remote_whose_catalog_is_not_sqlite_is_served(remote: Path, tmp_path: Path, kind: str) -> None:
+    catalog = remote / "catalog.sqlite"
+    catalog.unlink(missing_ok=True)
+    if kind == "garbage":
+        catalog.write_bytes(b"SQLite format 3\x00" + b"\xff" * 4096)
+    elif kind == "fifo":
+        os.mkfifo(catalog)  # opening it would block forever
+    else:
+        with open(catalog, "wb") as f:  # sparse: a header, then 64 GiB of nothing
+            f.write(b"SQLite format 3\x00\x10\x00\x01\x01")
+            f.truncate(64 << 30)
+    proc, address = start(["serve", str(remote)])
+    try:
+        assert [v[0] for v in served_versions(address)["m"]] == [2, 1]
+    finally:
+        stop(proc)

@@ -34,10 +34,11 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
     On 127.0.0.1 no token is asked; on any other address every request needs the token
     (--token, or one made and printed now).
 
-    A bare repository (a folder remote) is served as it is; a remote URL (s3://bucket/prefix,
-    file:///path) is served from a lazy mirror kept
-    under ~/.cache/mgit/mirrors (MGIT_MIRROR_CACHE), brought up to date at start: only
-    records are fetched, and the objects a page reads (a diff, a model card) when it reads them.
+    A remote (s3://bucket/prefix, file:///path, or a bare repository's folder) is served
+    from a lazy mirror kept under ~/.cache/mgit/mirrors (MGIT_MIRROR_CACHE), brought up to
+    date at start: only records are fetched, each verified, and the objects a page reads (a
+    diff, a model card) when it reads them. Nothing of the remote is trusted or written to,
+    its catalog.sqlite included.
 
     \b
     Examples:
@@ -46,21 +47,29 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
       mgit serve --host 0.0.0.0                 # prints a token to open it with
       mgit serve s3://team-models/repo --endpoint-url http://127.0.0.1:9000
     """
+    from mgit.layout import is_bare, locate
     from mgit.repo import Repo
     from mgit.web.access import is_loopback, new_token
 
     if directory is not None and directory.startswith(("http://", "https://")):
         raise click.UsageError("remotes are folders or s3://bucket/prefix URLs, not web addresses")
+    folder, url = None, None
     if directory is not None and directory.startswith(("s3://", "file://")):
+        url = directory.removeprefix("file://")
+    else:
+        start = directory if directory is not None else ctx.obj.directory
+        folder = locate(Path(start) if start is not None else None)
+        if is_bare(folder):  # a remote: what anyone who may push there wrote, catalog.sqlite included
+            url = str(folder)
+    if url is not None:
         from mgit.sync.mirror import open_mirror
 
-        mirror = open_mirror(directory.removeprefix("file://"), endpoint_url=endpoint_url, region=region,
-                             profile=profile)  # fmt: skip
+        mirror = open_mirror(url, endpoint_url=endpoint_url, region=region, profile=profile)
         repo = mirror.repo
         done = "cloned (records only)" if mirror.created else f"up to date ({len(mirror.moved)} models moved)"
         out.print(f"Mirror of {mirror.url} in {repo.root}: {done}")
     else:
-        repo = Repo(Path(directory)) if directory is not None else ctx.obj.repo()
+        repo = Repo(folder)
     if not is_loopback(host) and not token:
         token = new_token()
     try:

@@ -3,7 +3,9 @@ brought up to date each time it is opened. What `mgit serve URL` browses: record
 objects a page reads fetched (and verified) when it reads them.
 
 A mirror has no work of its own: opening it fetches the remote's records and moves every
-local head to the remote's (models the remote no longer has stay as they were).
+local head to the remote's (models the remote no longer has stay as they were). Its catalog
+is built here from what the fetch verified: nothing the remote says about itself (a folder
+remote's catalog.sqlite) is read.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def cached_clone(root: Path, url: str, *, what: str, wait: float, endpoint_url: 
     by the first caller: (repo, made now), held under a file lock while the block runs, so
     that processes opening it at once wait for one clone (`wait` seconds at most). What a
     mirror and a cluster node's cache are."""
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)  # private: its catalogs are trusted
     folder = root / hashlib.sha256(url.encode()).hexdigest()[:16]
     with FileLock(root / f"{folder.name}.lock", what=what, timeout=wait):
         made = not (folder / REPO_DIR / "config.json").is_file() or not Repo(folder).lazy
