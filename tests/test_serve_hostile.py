@@ -21,7 +21,7 @@ from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 import pytest
-from conftest import MGIT, tensors
+from conftest import MGIT, run_cli, tensors
 
 pytest.importorskip("starlette")
 from starlette.testclient import TestClient  # noqa: E402
@@ -130,6 +130,13 @@ def test_a_version_number_in_a_ref_is_ascii_digits(family: Repo, sel: str, why: 
         assert r.status_code == 404 and r.json()["error"].startswith(f"{why}no version named 'base@{sel}'"), r.text
         r = c.get("/api/tests/result", params={"version": family.resolve("base") + "\n", "test": "acc"})
         assert r.status_code == 404, r.text
+
+
+@pytest.mark.parametrize("sel", ["²", "١", "9" * 5000])
+def test_the_cli_reads_a_version_number_as_the_app_does(family: Repo, sel: str) -> None:
+    """The same parsing behind `mgit show`: `base@²` was a ValueError and a traceback."""
+    code, out, err = run_cli("-C", str(family.root), "show", f"base@{sel}")
+    assert code == 1 and out == "" and err.startswith("Error: ") and f"no version named 'base@{sel}'" in err, err
 
 
 def test_numbers_on_the_real_server(served: str) -> None:
