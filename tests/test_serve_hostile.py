@@ -172,7 +172,7 @@ def test_two_host_headers_are_refused(family: Repo) -> None:
 @pytest.mark.parametrize("target", ["//evil.example/x", "///evil.example/x", "/\\evil.example/x",
                                     "/%2F%2Fevil.example/x", "/%2F/evil.example", "/%5Cevil.example",
                                     "/%5C%5Cevil.example", "/%09/evil.example", "/\\/evil.example",
-                                    "//evil.example", "/%2F%5Cevil.example"])  # fmt: skip
+                                    "//evil.example", "/%2F%5Cevil.example", "http://evil.example/x"])  # fmt: skip
 def test_the_token_link_redirects_to_this_server_only(served_with_token: str, target: str) -> None:
     sep = "&" if "?" in target else "?"
     status, headers, _ = get(served_with_token, f"{target}{sep}token=tok")
@@ -314,6 +314,28 @@ def test_a_forged_catalog_of_a_folder_remote_is_not_served(remote: Path, tmp_pat
         finally:
             stop(proc)
     assert (remote / "catalog.sqlite").read_bytes() == before  # the remote is not written to
+
+
+def test_a_folder_remote_served_shows_what_is_pushed_to_it(remote: Path, tmp_path: Path) -> None:
+    """Served from a mirror, the remote is fetched again every few seconds while pages are
+    read: a version pushed meanwhile appears, as it did when the folder was read in place."""
+    from mgit.web.repoview import REFRESH_EVERY
+
+    proc, address = start(["serve", str(remote)])
+    try:
+        assert [v[0] for v in served_versions(address)["m"]] == [2, 1]
+        pusher = Repo(tmp_path / "pusher")
+        pusher.add(tensors(3, scale=3), name="m", message="third")
+        sync.push(pusher, "origin")
+        seen = []
+        for _ in range(int(REFRESH_EVERY + 20) * 2):  # bounded: a refresh is due within REFRESH_EVERY
+            seen = [v[2] for v in served_versions(address)["m"]]
+            if seen[0] == "third":
+                break
+            time.sleep(0.5)
+        assert seen == ["third", "second", "first"]
+    finally:
+        stop(proc)
 
 
 @pytest.mark.parametrize("kind", ["garbage", "fifo", "huge"])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import click
@@ -36,9 +38,9 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
 
     A remote (s3://bucket/prefix, file:///path, or a bare repository's folder) is served
     from a lazy mirror kept under ~/.cache/mgit/mirrors (MGIT_MIRROR_CACHE), brought up to
-    date at start: only records are fetched, each verified, and the objects a page reads (a
-    diff, a model card) when it reads them. Nothing of the remote is trusted or written to,
-    its catalog.sqlite included.
+    date at start and every few seconds while pages are read: only records are fetched, each
+    verified, and the objects a page reads (a diff, a model card) when it reads them. Nothing
+    of the remote is trusted or written to, its catalog.sqlite included.
 
     \b
     Examples:
@@ -53,7 +55,9 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
 
     if directory is not None and directory.startswith(("http://", "https://")):
         raise click.UsageError("remotes are folders or s3://bucket/prefix URLs, not web addresses")
-    folder, url = None, None
+    folder: Path | None = None
+    url: str | None = None
+    refresh: Callable[[], object] | None = None
     if directory is not None and directory.startswith(("s3://", "file://")):
         url = directory.removeprefix("file://")
     else:
@@ -62,10 +66,11 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
         if is_bare(folder):  # a remote: what anyone who may push there wrote, catalog.sqlite included
             url = str(folder)
     if url is not None:
-        from mgit.sync.mirror import open_mirror
+        from mgit.sync.mirror import open_mirror, refresh_mirror
 
         mirror = open_mirror(url, endpoint_url=endpoint_url, region=region, profile=profile)
         repo = mirror.repo
+        refresh = partial(refresh_mirror, repo)
         done = "cloned (records only)" if mirror.created else f"up to date ({len(mirror.moved)} models moved)"
         out.print(f"Mirror of {mirror.url} in {repo.root}: {done}")
     else:
@@ -78,7 +83,7 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
     except ImportError as exc:
         raise click.ClickException(f"mgit serve needs the web extra ({exc.name} is missing): "
                                    "pip install 'mgit-models[web]'") from None  # fmt: skip
-    app = create_app(repo, host=host, token=token)
+    app = create_app(repo, host=host, token=token, refresh=refresh)
     # The socket is bound here, so that the address printed is the one listened on (--port 0).
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
