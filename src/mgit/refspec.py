@@ -16,9 +16,10 @@ def pick_version(ref: str, name: str, chain: list[str], sel: str) -> str:
     sequence number if it has that many versions, else an id prefix (all digits only from
     MIN_PREFIX digits on, so that `NAME@1` never means an id); both at once is an error."""
     by_seq = None
-    if sel.isdigit() and 1 <= int(sel) <= len(chain):
+    digits = sel.isascii() and sel.isdigit()  # str.isdigit() alone takes "²", which int() refuses
+    if digits and len(sel) <= 18 and 1 <= int(sel) <= len(chain):  # no int() of thousands of digits
         by_seq = chain[len(chain) - int(sel)]
-    by_id = [v for v in chain if v.startswith(sel.lower())] if not sel.isdigit() or len(sel) >= MIN_PREFIX else []
+    by_id = [v for v in chain if v.startswith(sel.lower())] if not digits or len(sel) >= MIN_PREFIX else []
     if by_seq is not None and by_id and by_id != [by_seq]:
         listed = ", ".join([f"version {int(sel)} ({by_seq[:12]})", *(f"id {v[:12]}" for v in by_id)])
         raise UnknownRefError(ref, f"ambiguous ({listed}): no single version",
@@ -27,7 +28,7 @@ def pick_version(ref: str, name: str, chain: list[str], sel: str) -> str:
         return by_seq
     if len(by_id) == 1:
         return by_id[0]
-    if sel.isdigit() and not by_id:
+    if digits and not by_id:
         count = f"{len(chain)} version" + ("s" if len(chain) != 1 else "")
         raise UnknownRefError(ref, f"model {name!r} has {count}; no version", hint=f"See: mgit log {name}")
     raise UnknownRefError(ref, "ambiguous version prefix" if by_id else "no version", hint=f"See: mgit log {name}")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import click
@@ -34,10 +36,11 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
     On 127.0.0.1 no token is asked; on any other address every request needs the token
     (--token, or one made and printed now).
 
-    A bare repository (a folder remote) is served as it is; a remote URL (s3://bucket/prefix,
-    file:///path) is served from a lazy mirror kept
-    under ~/.cache/mgit/mirrors (MGIT_MIRROR_CACHE), brought up to date at start: only
-    records are fetched, and the objects a page reads (a diff, a model card) when it reads them.
+    A remote (s3://bucket/prefix, file:///path, or a bare repository's folder) is served
+    from a lazy mirror kept under ~/.cache/mgit/mirrors (MGIT_MIRROR_CACHE), brought up to
+    date at start and every few seconds while pages are read: only records are fetched, each
+    verified, and the objects a page reads (a diff, a model card) when it reads them. Nothing
+    of the remote is trusted or written to, its catalog.sqlite included.
 
     \b
     Examples:
@@ -46,31 +49,41 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
       mgit serve --host 0.0.0.0                 # prints a token to open it with
       mgit serve s3://team-models/repo --endpoint-url http://127.0.0.1:9000
     """
+    from mgit.layout import is_bare, locate
     from mgit.repo import Repo
     from mgit.web.access import is_loopback, new_token
 
     if directory is not None and directory.startswith(("http://", "https://")):
         raise click.UsageError("remotes are folders or s3://bucket/prefix URLs, not web addresses")
+    folder: Path | None = None
+    url: str | None = None
+    refresh: Callable[[], object] | None = None
     if directory is not None and directory.startswith(("s3://", "file://")):
-        from mgit.sync.mirror import open_mirror
+        url = directory.removeprefix("file://")
+    else:
+        start = directory if directory is not None else ctx.obj.directory
+        folder = locate(Path(start) if start is not None else None)
+        if is_bare(folder):  # a remote: what anyone who may push there wrote, catalog.sqlite included
+            url = str(folder)
+    if url is not None:
+        from mgit.sync.mirror import open_mirror, refresh_mirror
 
-        mirror = open_mirror(directory.removeprefix("file://"), endpoint_url=endpoint_url, region=region,
-                             profile=profile)  # fmt: skip
+        mirror = open_mirror(url, endpoint_url=endpoint_url, region=region, profile=profile)
         repo = mirror.repo
+        refresh = partial(refresh_mirror, repo)
         done = "cloned (records only)" if mirror.created else f"up to date ({len(mirror.moved)} models moved)"
         out.print(f"Mirror of {mirror.url} in {repo.root}: {done}")
     else:
-        repo = Repo(Path(directory)) if directory is not None else ctx.obj.repo()
+        repo = Repo(folder)
     if not is_loopback(host) and not token:
         token = new_token()
     try:
-        import uvicorn
-
         from mgit.web.app import create_app
+        from mgit.web.server import run
     except ImportError as exc:
         raise click.ClickException(f"mgit serve needs the web extra ({exc.name} is missing): "
                                    "pip install 'mgit-models[web]'") from None  # fmt: skip
-    app = create_app(repo, host=host, token=token)
+    app = create_app(repo, host=host, token=token, refresh=refresh)
     # The socket is bound here, so that the address printed is the one listened on (--port 0).
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -81,5 +94,5 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
     out.print(f"Serving {repo.root} at {address} (read-only; Ctrl-C stops)")
     if token:
         out.print(f"Open {address}?token={token}  (every request needs this token; it is not shown again)")
-    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
+    run(app, sock)  # Ctrl-C stops it quietly
 

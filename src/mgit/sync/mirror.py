@@ -3,7 +3,9 @@ brought up to date each time it is opened. What `mgit serve URL` browses: record
 objects a page reads fetched (and verified) when it reads them.
 
 A mirror has no work of its own: opening it fetches the remote's records and moves every
-local head to the remote's (models the remote no longer has stay as they were).
+local head to the remote's (models the remote no longer has stay as they were). Its catalog
+is built here from what the fetch verified: nothing the remote says about itself (a folder
+remote's catalog.sqlite) is read.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from mgit.sync.fetch import clone, fetch
 
 CACHE_VARIABLE = "MGIT_MIRROR_CACHE"
 LOCK_WAIT = 600.0  # another process opening the same mirror (a clone of a large remote) is waited for
+REFRESH_WAIT = 1.0  # a server bringing its mirror up to date tries again later rather than wait
 
 
 def mirror_root() -> Path:
@@ -47,7 +50,7 @@ def cached_clone(root: Path, url: str, *, what: str, wait: float, endpoint_url: 
     by the first caller: (repo, made now), held under a file lock while the block runs, so
     that processes opening it at once wait for one clone (`wait` seconds at most). What a
     mirror and a cluster node's cache are."""
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)  # private: its catalogs are trusted
     folder = root / hashlib.sha256(url.encode()).hexdigest()[:16]
     with FileLock(root / f"{folder.name}.lock", what=what, timeout=wait):
         made = not (folder / REPO_DIR / "config.json").is_file() or not Repo(folder).lazy
@@ -66,10 +69,23 @@ def open_mirror(url: str, *, root: Path | None = None, endpoint_url: str | None 
                       endpoint_url=endpoint_url, region=region, profile=profile) as (repo, made):  # fmt: skip
         if made:
             return Mirror(repo, url, True, sorted(repo.refs.all()))
-        fetch(repo, DEFAULT_REMOTE)
-        theirs = RefStore(repo.dir, namespace=f"remotes/{DEFAULT_REMOTE}").all()
-        ours = repo.refs.all()
-        moves = {name: (head, ours.get(name)) for name, head in theirs.items() if ours.get(name) != head}
-        repo.refs.update_many(moves)
-        repo.sync_catalog()
-        return Mirror(repo, url, False, sorted(moves))
+        return Mirror(repo, url, False, _update(repo))
+
+
+def refresh_mirror(repo: Repo, *, wait: float = REFRESH_WAIT) -> list[str]:
+    """Bring an open mirror up to date again (a server does, now and then, while it serves
+    it): the models whose head moved. Another process holding it for longer than `wait`
+    seconds is a LockTimeoutError."""
+    folder = repo.root
+    with FileLock(folder.parent / f"{folder.name}.lock", what=f"the mirror in {folder}", timeout=wait):
+        return _update(repo)
+
+
+def _update(repo: Repo) -> list[str]:
+    fetch(repo, DEFAULT_REMOTE)
+    theirs = RefStore(repo.dir, namespace=f"remotes/{DEFAULT_REMOTE}").all()
+    ours = repo.refs.all()
+    moves = {name: (head, ours.get(name)) for name, head in theirs.items() if ours.get(name) != head}
+    repo.refs.update_many(moves)
+    repo.sync_catalog()
+    return sorted(moves)

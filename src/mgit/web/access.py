@@ -1,11 +1,14 @@
 """Who may look, and what every response says about itself.
 
-On a loopback address (127.0.0.1, ::1, localhost) no token is asked, but the Host header must
+The Host header, when there is one, is exactly `host[:port]` (a hostname, an IPv4 address or
+a bracketed IPv6 address; the port 1-5 ASCII digits), else the request is refused. On a
+loopback address (127.0.0.1, ::1, localhost) no token is asked, but the Host header must
 name the loopback too, so that a web page elsewhere cannot reach the server through a DNS
 name it rebinds to 127.0.0.1. On any other address a token is required: the app refuses to
 start without one, and every request (pages, /api, assets) must carry it, as
 `Authorization: Bearer TOKEN`, as the cookie set when a page was opened with `?token=TOKEN`
-(the address is then reloaded without it), compared in constant time.
+(the address is then reloaded without it, as a path on this server: never `//elsewhere`),
+compared in constant time.
 
 Every response carries a Content-Security-Policy (scripts and styles from the server only,
 nothing fetched from anywhere else, no frames), `nosniff` and no referrer.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import re
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from http.cookies import SimpleCookie
@@ -33,6 +37,8 @@ COOKIE = "mgit_token"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")  # fmt: skip
 LOOPBACK_NAMES = ("localhost",)
+HOST_RE = re.compile(r"(?:\[(?P<ip6>[0-9A-Fa-f:.]{2,45})\]|(?P<name>[A-Za-z0-9.-]{1,253}))(?::(?P<port>[0-9]{1,5}))?")
+LABEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 
 class TokenRequiredError(MgitError):
@@ -43,7 +49,7 @@ class TokenRequiredError(MgitError):
 
 
 def is_loopback(host: str) -> bool:
-    name = host.strip("[]")
+    name = host.strip("[]").lower()
     if name in LOOPBACK_NAMES:
         return True
     try:
@@ -76,10 +82,16 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        pairs = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
+        headers = dict(pairs)
+        hosts = [v for k, v in pairs if k == "host"]
+        host = host_name(hosts[0]) if len(hosts) == 1 else None
+        if len(hosts) > 1 or (hosts and host is None):
+            await _refuse(send, 400, "a bad Host header")
+            return
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         if self.token is None:
-            if not is_loopback(_host_name(headers.get("host", ""))):
+            if host is None or not is_loopback(host):
                 await _refuse(send, 400, "this server answers only to localhost and 127.0.0.1")
                 return
         else:
@@ -89,7 +101,9 @@ class Guard:
                     await _refuse(send, 401, "wrong token")
                     return
                 rest = urlencode([(k, v) for k, v in query if k != "token"])
-                await _redirect(send, quote(scope["path"]) + (f"?{rest}" if rest else ""), self.token)
+                # One leading slash: `//evil.example/x` would send the browser to another host.
+                path = "/" + quote(scope["path"]).lstrip("/")
+                await _redirect(send, path + (f"?{rest}" if rest else ""), self.token)
                 return
             bearer = headers.get("authorization", "")
             given = bearer[7:] if bearer.lower().startswith("bearer ") else _cookie(headers.get("cookie", ""))
@@ -109,11 +123,20 @@ class Guard:
         await self.app(scope, receive, with_headers)
 
 
-def _host_name(host: str) -> str:
-    """`127.0.0.1` of `127.0.0.1:8808`, `::1` of `[::1]:8808`."""
-    if host.startswith("["):
-        return host[1:].partition("]")[0]
-    return host.partition(":")[0]
+def host_name(header: str) -> str | None:
+    """`127.0.0.1` of `127.0.0.1:8808`, `::1` of `[::1]:8808`, `localhost` of `LocalHost`;
+    None unless the header is exactly a hostname or an IP address and an optional port
+    (`localhost:80@evil.com` is not one)."""
+    m = HOST_RE.fullmatch(header)
+    if m is None or (m["port"] is not None and not 0 < int(m["port"]) < 65536):
+        return None
+    if m["ip6"] is not None:
+        try:
+            return str(ipaddress.IPv6Address(m["ip6"]))
+        except ValueError:
+            return None
+    name = m["name"].lower()
+    return name if all(LABEL_RE.fullmatch(label) for label in name.removesuffix(".").split(".")) else None
 
 
 def _cookie(header: str) -> str | None:

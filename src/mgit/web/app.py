@@ -49,11 +49,12 @@ NAV = (("Models", "/models"), ("Tests", "/tests"), ("Storage", "/storage"), ("Li
        ("Diff", "/diff"))  # fmt: skip
 
 
-def create_app(repo: Repo, *, host: str = "127.0.0.1", token: str | None = None) -> Guard:
-    """The app serving `repo`; refuses (TokenRequiredError) to serve a non-loopback `host`
-    without a `token`."""
+def create_app(repo: Repo, *, host: str = "127.0.0.1", token: str | None = None,
+               refresh: Callable[[], object] | None = None) -> Guard:  # fmt: skip
+    """The app serving `repo` (a mirror: with the `refresh` that brings it up to date);
+    refuses (TokenRequiredError) to serve a non-loopback `host` without a `token`."""
     check_setup(host, token)
-    view, jobs = RepoView(repo), DiffJobs(repo)
+    view, jobs = RepoView(repo, refresh=refresh), DiffJobs(repo)
     templates = Jinja2Templates(env=environment())
     title = repo.root.name
 

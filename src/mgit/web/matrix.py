@@ -70,7 +70,7 @@ def _change(before: str | None, now: str) -> str | None:
 
 def result_page(view: RepoView, query: Mapping[str, str]) -> dict[str, Any]:
     vid, test = text(query, "version"), text(query, "test")
-    if not OID_RE.match(vid):
+    if not OID_RE.fullmatch(vid):  # match() would take a newline after the id
         raise UnknownRefError(vid, "no version", hint="Open a result from the tests page")
     info = view.repo.info(vid)
     found = [o for o in Checks(view.repo).show(vid) if o.test == test]

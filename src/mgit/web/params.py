@@ -7,6 +7,7 @@ library already knows (models, versions, tests), never joined into a path.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -17,6 +18,7 @@ T = TypeVar("T")
 MAX_TEXT = 300  # longer than any name, ref or search a page makes
 PER_PAGE = 50
 MAX_PER_PAGE = 500
+DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also takes "²" (int() refuses it) and "١"
 
 
 class BadParameterError(MgitError):
@@ -42,10 +44,12 @@ def choice(query: Mapping[str, str], name: str, choices: Sequence[str], default:
 
 
 def number(query: Mapping[str, str], name: str, default: int, *, lo: int = 1, hi: int = 1 << 31) -> int:
+    """A whole number written in ASCII digits, no more of them than `hi` has (int() is never
+    given thousands of digits), from `lo` to `hi`."""
     raw = query.get(name)
     if raw is None or raw == "":
         return default
-    if not raw.isdigit() or not lo <= int(raw) <= hi:
+    if len(raw) > len(str(hi)) or not DIGITS.fullmatch(raw) or not lo <= int(raw) <= hi:
         raise BadParameterError(name, f"a whole number from {lo} to {hi}")
     return int(raw)
 

@@ -3,36 +3,46 @@ connections are per thread) and snapshots of what whole-repository pages read (t
 graph, disk usage, graph pages), kept until a model's head moves.
 
 Writers keep the catalog up to date; the refs are read again at most every few seconds
-(`sync_catalog`) so that versions pushed into a bare repository appear too.
+(`sync_catalog`) so that versions another process added appear too. A mirror of a remote is
+brought up to date (`refresh`) at most every REFRESH_EVERY seconds while pages are asked
+for, in the background: no request waits for the remote, and one that cannot be reached
+leaves the pages as they were.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from mgit.errors import MgitError
 from mgit.lineage import Lineage
 from mgit.repo import Repo
 
 T = TypeVar("T")
 SYNC_EVERY = 2.0  # seconds between reads of the refs
+REFRESH_EVERY = 5.0  # seconds between fetches of a mirror's remote
 KEPT = 16  # derived values kept per state (pages of the graph around several models, ...)
 
 
 class RepoView:
-    def __init__(self, repo: Repo) -> None:
+    def __init__(self, repo: Repo, *, refresh: Callable[[], object] | None = None) -> None:
         self.repo = repo
         self._lock = threading.Lock()
         self._synced = 0.0
         self._heads: dict[str, str] | None = None
         self._values: OrderedDict[Any, Any] = OrderedDict()
+        self._refresh, self._refreshed, self._refreshing = refresh, time.monotonic(), threading.Lock()
 
     def state(self) -> dict[str, str]:
         """Every model's head now; what is kept is dropped when they change."""
         now = time.monotonic()
+        if self._refresh is not None and now - self._refreshed > REFRESH_EVERY and self._refreshing.acquire(False):
+            self._refreshed = now
+            threading.Thread(target=self._refresh_now, name="mgit-refresh", daemon=True).start()
         if now - self._synced > SYNC_EVERY:
             self._synced = now
             self.repo.sync_catalog()
@@ -58,6 +68,15 @@ class RepoView:
             while len(self._values) > KEPT:
                 self._values.popitem(last=False)
         return value
+
+    def _refresh_now(self) -> None:
+        try:
+            self._refresh()  # type: ignore[misc]
+        except (MgitError, OSError) as exc:
+            logging.getLogger("uvicorn.error").warning("the mirror could not be brought up to date: %s", exc)
+        finally:
+            self._refreshed = time.monotonic()
+            self._refreshing.release()
 
     @property
     def lineage(self) -> Lineage:
