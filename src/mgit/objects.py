@@ -22,6 +22,7 @@ import blake3
 
 from mgit.errors import UnsafePathError
 from mgit.formats.dtypes import DTYPES, element_count, itemsize
+from mgit.formats.paths import folder_clash, path_problem
 
 OID_RE = re.compile(r"^[0-9a-f]{64}$")
 RELATIONS = ("finetune", "adapter", "quantize", "prune", "distill", "merge", "other")
@@ -70,12 +71,11 @@ def tensor_meta(dtype: str, shape: tuple[int, ...]) -> dict[str, Any]:
 
 
 def check_relative_path(rel: str) -> str:
-    """A file path as a manifest may hold it: relative, `/`-separated, no empty, `.` or `..`
-    part, no backslash or NUL (docs/format.md). Anything else could escape a checkout."""
-    parts = rel.split("/") if isinstance(rel, str) else [""]
-    if (not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel or os.path.isabs(rel)
-            or any(p in ("", ".", "..") for p in parts)):  # fmt: skip
-        raise UnsafePathError(str(rel), "it is absolute or climbs out of the output folder")
+    """A file path as a manifest may hold it (`mgit.formats.paths`: relative, no `..`, no
+    control character, parts and whole bounded). Anything else could escape a checkout, or
+    leave one half written."""
+    if (why := path_problem(rel)) is not None:
+        raise UnsafePathError(str(rel), why)
     return rel
 
 
@@ -163,6 +163,8 @@ class FileEntry:
             check_relative_path(_str(d.get("path"), "file path"))
         except UnsafePathError as exc:
             raise RecordError(exc.message) from None
+        if conv is not None and (why := path_problem(conv)) is not None:
+            raise RecordError(f"converted_from {conv!r}: {why}")
         return cls(_str(d.get("path"), "file path"), kind, _int(d.get("size"), "file size"),
                    _oid(d.get("digest"), "file digest"), _oid(d.get("object"), "file object"),
                    tuple(TensorEntry.from_json(t) for t in tensors), conv)  # fmt: skip
@@ -182,6 +184,8 @@ class Manifest:
         _check(isinstance(files, list), "files is not a list")
         entries = tuple(FileEntry.from_json(f) for f in files)
         _check(len({f.path for f in entries}) == len(entries), "a file is listed twice")
+        if (clash := folder_clash(f.path for f in entries)) is not None:
+            raise RecordError(f"{clash[0]!r} is inside {clash[1]!r}, which is a file of the same manifest")
         return cls(entries)
 
     def tensors(self) -> list[TensorEntry]:
