@@ -10,6 +10,7 @@ path.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -163,3 +164,26 @@ def test_a_converted_from_name_with_an_escape_is_refused() -> None:
     entry = FileEntry("model.safetensors", "blob", 1, "0" * 64, "1" * 64, converted_from="ckpt\x1b[31m.bin").to_json()
     with pytest.raises(RecordError, match="converted_from 'ckpt\\\\x1b\\[31m.bin': it has a control character"):
         Manifest.from_json({"format": 1, "files": [entry]})
+
+
+def test_add_refuses_a_folder_it_cannot_list_instead_of_skipping_it(repo: Repo, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # As root every folder can be listed: the refusal a user without the permission meets
+    # (EACCES from scandir) is played by os.scandir for that one folder.
+    folder = make_model(tmp_path / "m", seed=4)
+    (folder / "private").mkdir()
+    (folder / "private" / "weights.bin").write_bytes(b"part of the model")
+    real = os.scandir
+
+    def scandir(path: object = ".") -> object:
+        if Path(str(path)).name == "private":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    before = stored(repo.root)
+
+    one_line_error(run_cli("-C", str(repo.root), "add", str(folder), "--name", "m"),
+                   "private: cannot read folder (Permission denied)")  # fmt: skip
+
+    assert stored(repo.root) == before

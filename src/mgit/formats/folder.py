@@ -171,9 +171,15 @@ def scan_path(path: Path) -> ModelSource:
     )
 
 
+def _unreadable(exc: OSError) -> None:
+    """os.walk skips a folder it cannot list unless told otherwise: an add would then store
+    part of the model and say nothing."""
+    raise InputError(str(exc.filename), f"cannot read folder ({exc.strerror or exc})") from None
+
+
 def _scan_folder(root: Path) -> ModelSource:
     files, notes = [], []
-    for dirpath, dirs, names in os.walk(root):
+    for dirpath, dirs, names in os.walk(root, onerror=_unreadable):
         here = Path(dirpath)
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
         for d in list(dirs):
