@@ -380,7 +380,7 @@ def test_a_rebuilt_file_that_misses_its_digest_is_refused(repo: Repo, tmp_path: 
     oid = repo.store.put_blob(data).oid
     entry = FileEntry("a.txt", "blob", len(data), "0" * 64, oid)  # a digest that is not the file's
     manifest = repo.store.put_record("manifest", Manifest((entry,)).to_json()).oid
-    vid = repo.store.put_record("version", Version("m", manifest, author="x", time="t").to_json()).oid
+    vid = repo.store.put_record("version", Version("m", manifest, author="x", time="2024-01-01T00:00:00Z").to_json()).oid
     repo.refs.update("m", vid, expected=None)
     with pytest.raises(ChecksumMismatchError, match="a.txt does not match the digest recorded at add time"):
         repo.checkout("m", tmp_path / "out")

@@ -363,7 +363,7 @@ class SharingContract:
         blob = forged.put_blob(b"pwned").oid
         bad = Manifest((FileEntry("../evil.txt", "blob", 5, "0" * 64, blob),)).to_json()
         manifest = forged.put_record("manifest", bad).oid
-        vid = forged.put_record("version", Version("evil", manifest, author="x", time="t").to_json()).oid
+        vid = forged.put_record("version", Version("evil", manifest, author="x", time="2024-01-01T00:00:00Z").to_json()).oid
         backend = sync.connection.connect(alice, "origin").remote.backend
         for oid in (blob, manifest, vid):
             backend.write(f"objects/{oid[:2]}/{oid[2:]}", forged.read_record(oid))

@@ -28,7 +28,16 @@ from mgit.gate import GateResult, evaluate
 from mgit.inference import DEFAULT_MIN_CONFIDENCE, suggest
 from mgit.lossypolicy import LossyPolicy, verdict
 from mgit.memorystore import MemoryStore
-from mgit.objects import RELATIONS, Manifest, Parent, Version, user_at_host, utc_now
+from mgit.objects import (
+    RELATIONS,
+    Manifest,
+    Parent,
+    RecordError,
+    Version,
+    check_version_fields,
+    user_at_host,
+    utc_now,
+)
 from mgit.parallel import Progress
 from mgit.refs import RefStore, is_model_name
 from mgit.reports import AddResult, ParentSuggestion
@@ -49,6 +58,13 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
                 exact: dict[str, list[Any]] | None = None) -> AddResult:  # fmt: skip
     """The body of `Repo.add` (see its docstring), with its options checked and `parents`
     resolved to version ids, over the repository's store, refs and catalog."""
+    author = author or os.environ.get("MGIT_AUTHOR") or user_at_host()
+    try:  # what every reader of the record will check, refused before anything is written
+        check_version_fields(model=name, message=message, author=author, tags=tags, parents=len(parents),
+                             recipe=recipe)
+    except RecordError as exc:
+        raise InvalidOptionError(str(exc), hint="A message may hold newlines and tabs; no field other control "
+                                 "characters") from None  # fmt: skip
     asked_relation = relation
     recipe_record = recipe
     parent_ids = parents
@@ -99,7 +115,7 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
                                auto_parent=auto)
             version = Version(
                 model=name, manifest=mres.oid, parents=lineage, predecessor=head, message=message,
-                author=author or os.environ.get("MGIT_AUTHOR") or user_at_host(), time=utc_now(), tags=tags,
+                author=author, time=utc_now(), tags=tags,
                 summary={"files": len(manifest.files), "tensors": len(manifest.tensors()),
                          "params": sum(t.params for t in manifest.tensors()),
                          "logical_bytes": manifest.logical_bytes},

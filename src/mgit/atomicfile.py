@@ -21,7 +21,11 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def temporary_sibling(path: Path) -> Path:
-    return path.with_name(f"{TMP_PREFIX}{os.getpid()}-{os.urandom(6).hex()}-{path.name}")
+    """`.tmp-<pid>-<random>-<name>`, the name cut so that the whole stays a legal file name
+    (255 bytes) when `path`'s own name is near that bound."""
+    prefix = f"{TMP_PREFIX}{os.getpid()}-{os.urandom(6).hex()}-"
+    name = path.name.encode()[: 255 - len(prefix)].decode(errors="ignore")
+    return path.with_name(prefix + name)
 
 
 def fsync_dir(path: Path) -> None:

@@ -59,7 +59,7 @@ def graph(ctx: click.Context, pattern: str | None, tag: str | None, relation: st
                            outside=lineage.edges_leaving(n.name for n in chosen.nodes))  # fmt: skip
         output = output or DEFAULT_HTML
     if output in (None, "-"):
-        click.echo(text, nl=False)
+        out.print(text, end="")
         return
     Path(output).write_text(text, encoding="utf-8")
     edges = len(chosen.edges)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import importlib
+import io
 import os
 import sys
 import traceback
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 import click
 
 from mgit import __version__
+from mgit.cli.output import err
 from mgit.errors import MgitError
 
 if TYPE_CHECKING:
@@ -82,8 +84,15 @@ def cli(ctx: click.Context, directory: str | None) -> None:
 
 
 def _fail(message: str, code: int = 1) -> int:
-    click.echo(f"Error: {message}", err=True)
+    err.print(f"Error: {message}")
     return code
+
+
+def _show(exc: click.ClickException) -> None:
+    """A usage error as click words it, its control characters escaped like every other line."""
+    text = io.StringIO()
+    exc.show(file=text)
+    err.print(text.getvalue(), end="")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:
-        exc.show()
+        _show(exc)
         return exc.exit_code
     except click.exceptions.Abort:
         return _fail("aborted", 130)

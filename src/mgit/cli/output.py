@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -11,10 +12,27 @@ from typing import Any, TextIO
 
 from mgit.reports import human_size, json_safe
 
+# What a terminal would act on rather than show: C0 controls but newline and tab, DEL, C1
+# (ESC and CSI among them), and the bidirectional overrides that reorder what is shown.
+UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal would act on written as an escape (`\\x1b`,
+    `\\u202e`): names, messages, paths and file contents come from users and remotes, and
+    must not move the cursor, retitle the window or hide what follows. Newlines and tabs stay."""
+    return UNPRINTABLE.sub(_escape, text)
+
+
+def _escape(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
 
 class Printer:
     """Lines to a stream: strings and tables (`PlainTable`) as they are, nothing
-    interpreted (names and paths come from users: "[x]" in a file name prints as itself).
+    interpreted (names and paths come from users: "[x]" in a file name prints as itself),
+    control characters escaped (`printable`: every human rendering goes through here).
     rich is loaded for progress bars only: importing it costs more than most commands run."""
 
     def __init__(self, stream: Callable[[], TextIO]) -> None:
@@ -23,7 +41,7 @@ class Printer:
     def print(self, *objects: object, end: str = "\n") -> None:
         text = " ".join(o.render() if isinstance(o, PlainTable) else str(o) for o in objects)
         stream = self._stream()
-        stream.write(text + end)
+        stream.write(printable(text + end))
         stream.flush()
 
     @property
@@ -37,7 +55,8 @@ err = Printer(lambda: sys.stderr)
 
 
 def print_json(value: Any) -> None:
-    """Strict JSON on stdout (a non-finite number is null, as in every `to_json`)."""
+    """Strict JSON on stdout (a non-finite number is null, as in every `to_json`); strings
+    as they are, their control characters escaped by the encoder (ASCII only)."""
     sys.stdout.write(json.dumps(json_safe(value), indent=2, default=str, allow_nan=False) + "\n")
 
 
@@ -68,7 +87,7 @@ class PlainTable:
         self.rows: list[list[str]] = []
 
     def add_row(self, *cells: object) -> None:
-        self.rows.append([str(c) for c in cells])
+        self.rows.append([printable(str(c)) for c in cells])  # escaped before widths are measured
 
     def render(self) -> str:
         widths = [max([len(c.header), *(len(r[i]) for r in self.rows if i < len(r))]) for i, c in enumerate(self.columns)]
@@ -117,7 +136,7 @@ def progress_bar(label: str, *, enabled: bool = True, unit_bytes: bool = True) -
     with Progress(*columns, console=console, transient=True) as progress:
 
         def factory(total: int, _: int) -> Callable[[int], None]:
-            task = progress.add_task(label, total=total)
+            task = progress.add_task(printable(label), total=total)
             return lambda n: progress.advance(task, n)
 
         yield factory

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from mgit.errors import InputError
+from mgit.formats.paths import folder_clash, path_problem
 from mgit.formats.safetensors import SafetensorsLayout, TensorSpan, build_header, read_layout
 from mgit.formats.tensors import TORCH_SUFFIXES, RawTensor, load_torch_checkpoint, raw_tensors
 
@@ -80,8 +81,19 @@ class SourceFile:
 
 @dataclass
 class ModelSource:
+    """The files of a model to add, their paths checked as a manifest's are (`mgit.formats.paths`)
+    before anything is written: every source (a folder, a file, a state dict, a merge) makes one."""
+
     files: list[SourceFile]
     notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for f in self.files:
+            for name in (f.path, f.converted_from):
+                if name is not None and (why := path_problem(name)) is not None:
+                    raise InputError(repr(name), f"{why}, so it cannot be a file of a model", hint="Rename it")
+        if (clash := folder_clash(f.path for f in self.files)) is not None:
+            raise InputError(repr(clash[0]), f"is inside {clash[1]!r}, which is a file too")
 
     @property
     def logical_bytes(self) -> int:
@@ -159,9 +171,15 @@ def scan_path(path: Path) -> ModelSource:
     )
 
 
+def _unreadable(exc: OSError) -> None:
+    """os.walk skips a folder it cannot list unless told otherwise: an add would then store
+    part of the model and say nothing."""
+    raise InputError(str(exc.filename), f"cannot read folder ({exc.strerror or exc})") from None
+
+
 def _scan_folder(root: Path) -> ModelSource:
     files, notes = [], []
-    for dirpath, dirs, names in os.walk(root):
+    for dirpath, dirs, names in os.walk(root, onerror=_unreadable):
         here = Path(dirpath)
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
         for d in list(dirs):
