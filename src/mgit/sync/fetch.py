@@ -116,6 +116,7 @@ def _arrive(repo: Repo, conn: Connection, incoming: Incoming, tips: dict[str, st
     heads = list(named.values()) if named else list(tips)
     with incoming.refusing(where), _packs(repo, conn, incoming, received) as (spool, read):
         versions = fetch_records(conn, incoming, heads, received, packed=spool)
+        check_histories(incoming.overlay, named, versions, where=where)
         if lazy:  # records and a recipe's source only: tensors and files come when read
             wanted = {o: RECORD_LIMIT for v in versions for o in {v} | incoming.overlay.get_version(v).linked_objects()}
         else:
@@ -186,6 +187,24 @@ def _remember_packs(repo: Repo, conn: Connection, read: list[str]) -> None:
     path = repo.dir / "remotes" / conn.name / "packs.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, [json.dumps(sorted(_packs_read(repo, conn) | set(read))).encode()])
+
+
+def check_histories(store: ObjectStore, heads: dict[str, str], versions: Iterable[str], *, where: str) -> None:
+    """A remote's history of a model holds only versions of that model: its head is one, and
+    so is every predecessor of a version that arrived (lineage parents may be of any model).
+    A forged record would otherwise show under another model's history."""
+    for name, head in heads.items():
+        model = store.get_version(head).model
+        if model != name:
+            raise ReceivedError(f"version {head[:12]}, the head of {name!r} on {where}, is a version of {model!r}",
+                                where=where)  # fmt: skip
+    for vid in versions:
+        version = store.get_version(vid)
+        if version.predecessor is not None:
+            before = store.get_version(version.predecessor).model
+            if before != version.model:
+                raise ReceivedError(f"version {vid[:12]} of {version.model!r} from {where} follows "
+                                    f"{version.predecessor[:12]}, a version of {before!r}", where=where)  # fmt: skip
 
 
 def fetch_records(conn: Connection, incoming: Incoming, tips: list[str], stats: TransferStats, *,
