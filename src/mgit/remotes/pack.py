@@ -45,6 +45,7 @@ PACK_SLACK = 1 << 20
 MAX_FETCH_PACKS = 4 << 30  # decompressed, every pack one fetch reads together
 MAX_VALUE = 16 << 20  # one record or sketch in a pack; a larger one travels on its own
 _CHUNK = 1 << 20
+_JSON = json.JSONDecoder()
 
 
 def decoded_limit(wire_size: int) -> int:
@@ -197,11 +198,10 @@ class _Text:
 
     def value(self, limit: int) -> Any:
         """A small JSON value (a number, an object row) of at most `limit` characters."""
-        decoder = json.JSONDecoder()
         self.peek()
         while True:
             try:
-                value, end = decoder.raw_decode(self.buf, self.pos)
+                value, end = _JSON.raw_decode(self.buf, self.pos)
             except json.JSONDecodeError:
                 end = -1
             # A number may go on in the next chunk: only a value followed by something is whole.
