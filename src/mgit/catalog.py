@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mgit.database import Database
-from mgit.errors import CatalogError, CorruptObjectError, MissingObjectError
+from mgit.errors import CatalogError, CorruptObjectError, MissingObjectError, ReceivedError
 from mgit.objects import Parent, Version
 from mgit.reports import ModelUsage, ParentInfo
 
@@ -256,9 +256,12 @@ class Catalog(Database):
             yield
         except (CorruptObjectError, MissingObjectError) as exc:
             if not exc.used_by:
-                exc.used_by = self.object_users(exc.oid)
-                if exc.used_by:
-                    exc.message += f" (used by {', '.join(exc.used_by)})"
+                users = self.object_users(exc.oid)
+                if users and isinstance(exc, ReceivedError):
+                    exc.name_users(users)
+                elif users:
+                    exc.used_by = users
+                    exc.message += f" (used by {', '.join(users)})"
             raise
 
     def parent_infos(self, parents: Iterable[Parent] | Iterable[tuple[str, str]]) -> list[ParentInfo]:
@@ -299,6 +302,32 @@ class Catalog(Database):
         with self.atomic() as tx:
             tx.executemany("DELETE FROM objects WHERE id = ?", gone)
             tx.executemany("DELETE FROM sketches WHERE version = ?", gone)
+
+    def strays(self, versions: Iterable[str], objects: Iterable[str]) -> tuple[dict[str, int], list[str]]:
+        """Sketches of versions and rows of objects that are not among `versions` and
+        `objects` (what the refs reach): ({version: its sketch's bytes}, those objects).
+        A pack once brought sketches of versions that do not exist; only gc removes them."""
+        sketches = dict(self.db.execute(f"SELECT version, LENGTH(data) FROM sketches WHERE version NOT IN {IDS}",
+                                        (json.dumps(sorted(set(versions))),)))  # fmt: skip
+        oids = [r[0] for r in self.db.execute(f"SELECT id FROM objects WHERE id NOT IN {IDS}",
+                                              (json.dumps(sorted(set(objects))),))]  # fmt: skip
+        return sketches, oids
+
+    def remove_strays(self, versions: Iterable[str], objects: Iterable[str]) -> None:
+        """Forget the sketches and object rows `strays` finds, and give their room back."""
+        with self.atomic() as tx:
+            tx.execute(f"DELETE FROM sketches WHERE version NOT IN {IDS}", (json.dumps(sorted(set(versions))),))
+            tx.execute(f"DELETE FROM objects WHERE id NOT IN {IDS}", (json.dumps(sorted(set(objects))),))
+        self.compact()
+
+    def compact(self) -> None:
+        """VACUUM when a quarter of the file (and at least 1 MiB) is free pages, so that what
+        was deleted leaves the disk too; then empty the write-ahead log."""
+        free, pages, page = (self.db.execute(f"PRAGMA {p}").fetchone()[0]
+                             for p in ("freelist_count", "page_count", "page_size"))  # fmt: skip
+        if free * page >= 1 << 20 and free * 4 >= pages:
+            self.db.execute("VACUUM")
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def sketch(self, vid: str) -> bytes | None:
         row = self.db.execute("SELECT data FROM sketches WHERE version = ?", (vid,)).fetchone()

@@ -86,6 +86,7 @@ class CorruptObjectError(MgitError):
             hint="Run: mgit fsck, then restore the object from a copy of the repository",
         )
         self.oid = oid
+        self.why = why
         self.used_by = used_by or []
 
 
@@ -246,6 +247,44 @@ class RemoteTooLargeError(RemoteError):
                          hint="The remote is damaged or hostile; nothing of it was kept")  # fmt: skip
         self.url = url
         self.key = key
+
+
+UNCHANGED = "nothing was kept, the local repository is unchanged"
+
+
+class ReceivedError(RemoteError):
+    """Something a remote sent that a fetch, clone, pull or lazy read refused: the message
+    names the remote (`where`), and nothing of what arrived was kept."""
+
+    def __init__(self, message: str, *, where: str) -> None:
+        MgitError.__init__(self, f"{message}; {UNCHANGED}", hint=f"Tell the remote's owner; run: mgit fsck {where}")
+        self.what = message
+        self.where = where
+
+    def name_users(self, users: list[str]) -> None:
+        """Say which versions use the object at fault (before what was kept)."""
+        self.used_by = users
+        self.message = f"{self.what} (used by {', '.join(users)}); {UNCHANGED}"
+
+
+class ReceivedCorruptError(ReceivedError, CorruptObjectError):
+    """An object a remote sent that does not verify against its id (or does not parse)."""
+
+    def __init__(self, oid: str, why: str, *, where: str) -> None:
+        ReceivedError.__init__(self, f"object {oid[:16]} from {where} is corrupt ({why})", where=where)
+        self.oid = oid
+        self.why = why
+        self.used_by = []
+
+
+class ReceivedMissingError(ReceivedError, MissingObjectError):
+    """An object a remote's records need that the remote does not hold."""
+
+    def __init__(self, oid: str, *, where: str, used_by: list[str] | None = None) -> None:
+        users = f" (used by {', '.join(used_by)})" if used_by else ""
+        ReceivedError.__init__(self, f"object {oid[:16]} is missing from {where}{users}", where=where)
+        self.oid = oid
+        self.used_by = used_by or []
 
 
 class MissingKeyError(RemoteError):

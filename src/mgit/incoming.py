@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -23,7 +24,14 @@ import numpy as np
 
 from mgit.atomicfile import sync_files
 from mgit.cache import CHECKOUT_BASES, DecodedCache
-from mgit.errors import MissingObjectError
+from mgit.errors import (
+    CorruptObjectError,
+    MissingObjectError,
+    ReceivedCorruptError,
+    ReceivedError,
+    ReceivedMissingError,
+    RemoteTooLargeError,
+)
 from mgit.localstore import LocalStore
 from mgit.objectformat import ObjectHeader
 from mgit.store import ObjectStore
@@ -38,16 +46,12 @@ class OverlayStore(ObjectStore):
         self.quarantine = quarantine
         self.store = store
         self.decoded: set[str] = set()  # every object read to be decoded (and so re-hashed)
-        self.held: dict[str, bytes] = {}  # small records that arrived in memory (a pack's), also on disk
 
     def has(self, oid: str) -> bool:
         return self.quarantine.has(oid) or self.store.has(oid)
 
     def read_record(self, oid: str) -> bytes | np.ndarray:
         self.decoded.add(oid)
-        held = self.held.get(oid)
-        if held is not None:
-            return held
         try:
             return self.quarantine.read_record(oid)
         except MissingObjectError:
@@ -63,9 +67,6 @@ class OverlayStore(ObjectStore):
 
     def read_range(self, oid: str, offset: int, length: int) -> Any:
         # Not counted as decoded: a blocked object's base read block by block is not verified.
-        held = self.held.get(oid)
-        if held is not None:
-            return memoryview(held)[offset : offset + length]
         try:
             return self.quarantine.read_range(oid, offset, length)
         except MissingObjectError:
@@ -102,11 +103,27 @@ class Incoming:
         return path
 
     def hold(self, records: dict[str, bytes]) -> None:
-        """Records that arrived in memory (a metadata pack's): read from memory while the
-        fetch runs, written to the quarantine (in parallel) to be kept like any object."""
-        self.overlay.held.update(records)
+        """Records that arrived in a metadata pack: written to the quarantine, to be read,
+        verified and kept like any object that arrives."""
         for oid, raw in records.items():  # small files: threads would only contend for the GIL
             self.path_for(oid).write_bytes(raw)
+
+    @contextmanager
+    def refusing(self, where: str) -> Iterator[None]:
+        """Errors about what arrived from `where` name it and say that nothing was kept (an
+        object of the repository's own that fails to read keeps its own error)."""
+        try:
+            yield
+        except ReceivedError:
+            raise
+        except CorruptObjectError as exc:
+            if not self.quarantine.has(exc.oid):
+                raise
+            raise ReceivedCorruptError(exc.oid, exc.why, where=where) from None
+        except MissingObjectError as exc:  # named by what arrived, and not sent
+            raise ReceivedMissingError(exc.oid, where=where, used_by=exc.used_by) from None
+        except RemoteTooLargeError as exc:
+            raise ReceivedError(exc.message, where=where) from None
 
     def verify(self, oids: list[str], *, jobs: int, progress: Callable[[int], None] | None = None) -> None:
         """Decode and re-hash each object (CorruptObjectError names the first that fails).

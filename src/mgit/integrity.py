@@ -156,6 +156,9 @@ def fsck(store: ObjectStore, refs: RefStore, catalog: Catalog, *, jobs: int,
                 for p in problems]  # fmt: skip
     if refs.all() != catalog.heads():
         problems.append(Problem("catalog", "catalog", "the catalog does not list the same heads as refs/"))
+    stray = _stray_rows(store, catalog, seen)
+    if stray is not None:
+        problems.append(stray)
     leftovers = len(store.temporary_files()) + len(refs.temporary_files())
     leftovers += len(list(quarantine_folders(store)))
     return FsckResult(len(oids), checked, len(refs.all()), len(seen.versions), problems, leftovers)
@@ -187,12 +190,27 @@ def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, *, dry_run: bool = 
         # listing the store; the reverse would leave rows for missing files.
         catalog.set_heads(refs.all)
         catalog.remove_objects(garbage)
+        catalog.remove_strays(seen.versions, seen.objects)
         for oid in garbage:
             store.delete(oid)
         remove_files(leftovers)
         for folder in quarantines:  # a killed fetch's: nothing in it was ever kept
             shutil.rmtree(folder, ignore_errors=True)
     return GcResult(dry_run, garbage, freed, len(seen.objects), len(leftovers) + len(quarantines))
+
+
+def _stray_rows(store: ObjectStore, catalog: Catalog, seen: Reachable) -> Problem | None:
+    """Catalog rows of versions and objects that are neither reachable nor here (gc removes
+    them): what a fetch of an older mgit kept of a remote's packs."""
+    sketches, oids = catalog.strays(seen.versions, seen.objects)
+    vids = [v for v in sketches if not store.has(v)]
+    oids = [o for o in oids if not store.has(o)]
+    size = sum(sketches[v] for v in vids)
+    if not vids and not oids:
+        return None
+    what = f"{len(vids)} sketch{'es' if len(vids) != 1 else ''} and {len(oids)} object row{'s' if len(oids) != 1 else ''}"
+    return Problem("catalog", "catalog", f"the catalog holds {what} of versions and objects that are not here "
+                                         f"({size} bytes of sketches); mgit gc removes them")  # fmt: skip
 
 
 def quarantine_folders(store: ObjectStore) -> list[Path]:

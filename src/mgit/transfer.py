@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from mgit.errors import CorruptObjectError, MissingKeyError, MissingObjectError
+from mgit.errors import MissingKeyError, ReceivedCorruptError, ReceivedMissingError
 from mgit.incoming import Incoming
 from mgit.localstore import LocalStore
 from mgit.objectformat import MAX_DEPTH_LIMIT, MAX_HEADER, MAX_RECORD, PREFIX
@@ -147,7 +147,7 @@ def receive(remote: RemoteRepository, incoming: Incoming, wanted: Mapping[str, i
             try:
                 size = remote.read_object_into(oid, incoming.path_for(oid), limit=limit)
             except MissingKeyError:
-                raise MissingObjectError(oid, used_by=(used_by(oid) if used_by else None)) from None
+                raise ReceivedMissingError(oid, where=remote.url, used_by=used_by(oid) if used_by else None) from None
             if progress:
                 progress(size)
             return size
@@ -163,14 +163,17 @@ def receive(remote: RemoteRepository, incoming: Incoming, wanted: Mapping[str, i
                     following[base] = max(header.size * BASE_FACTOR, limit) + SLACK
                     seen.add(base)
         pending = following
-    raise CorruptObjectError(next(iter(pending)), f"its delta bases go deeper than {MAX_DEPTH_LIMIT}")
+    raise ReceivedCorruptError(next(iter(pending)), f"its delta bases go deeper than {MAX_DEPTH_LIMIT}",
+                               where=remote.url)  # fmt: skip
 
 
 def fetch_objects(remote: RemoteRepository, store: LocalStore, wanted: Mapping[str, int], *, jobs: int,
                   progress: Callable[[int], None] | None = None) -> TransferStats:  # fmt: skip
-    """Download, verify and keep objects (with their bases): all of them, or none."""
+    """Download, verify and keep objects (with their bases): all of them, or none (then the
+    error names the remote)."""
     with Incoming(store) as incoming:
-        stats = receive(remote, incoming, wanted, progress=progress)
-        incoming.verify(list(dict.fromkeys(incoming.arrived)), jobs=jobs)
+        with incoming.refusing(remote.url):
+            stats = receive(remote, incoming, wanted, progress=progress)
+            incoming.verify(list(dict.fromkeys(incoming.arrived)), jobs=jobs)
         incoming.promote()
     return stats

@@ -158,6 +158,9 @@ class RemoteRepository:
     def read_pack(self, pid: str, *, limit: int) -> bytes:
         return self.backend.read(f"packs/{pid}.mgpack", limit=limit)
 
+    def read_pack_into(self, pid: str, path: Path, *, limit: int) -> int:
+        return self.backend.read_into(f"packs/{pid}.mgpack", path, limit=limit)
+
     def write_pack(self, pid: str, data: bytes) -> None:
         self.backend.write(f"packs/{pid}.mgpack", data)
 

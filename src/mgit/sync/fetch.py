@@ -13,25 +13,37 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-from collections.abc import Callable, Iterable
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from mgit.atomicfile import write_atomic
 from mgit.catalog import ObjectRow
-from mgit.errors import InvalidOptionError, RemoteError
+from mgit.errors import (
+    InvalidOptionError,
+    MissingKeyError,
+    ReceivedError,
+    RemoteAuthError,
+    RemoteError,
+    RemoteNotFoundError,
+    RemoteUnavailableError,
+)
 from mgit.faults import crash_point
 from mgit.incoming import Incoming
 from mgit.layout import REPO_DIR
 from mgit.lazystore import LazyStore
 from mgit.refs import RefStore
-from mgit.remotes import normalize_url
+from mgit.remotes import normalize_url, pack
 from mgit.remotes.config import remotes_of, update_config
-from mgit.remotes.pack import MAX_PACK, MetadataPack
+from mgit.remotes.pack import MAX_PACK, PackSpool
+from mgit.remotes.repository import RemoteRepository
 from mgit.repo import Repo
+from mgit.store import ObjectStore
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, add_remote, connect
 from mgit.sync.reports import ChecksTravel, CloneResult, FetchResult, ModelUpdate
 from mgit.sync.results import pull_checks
-from mgit.transfer import RECORD_LIMIT, SLACK, TransferStats, limits, receive
+from mgit.transfer import RECORD_LIMIT, SLACK, TransferStats, limits, receive, version_objects
 
 Progress = Callable[[int], None]
 
@@ -50,14 +62,14 @@ def fetch_from(repo: Repo, conn: Connection, *, models: str | None = None,
                progress: Callable[[int, int], Progress] | None = None) -> FetchResult:  # fmt: skip
     remote, lazy = conn.remote, isinstance(repo.store, LazyStore)
     remote.check()
-    heads = {n: h for n, (h, _) in remote.heads().items() if models is None or fnmatch.fnmatchcase(n, models)}
+    heads = {n: h for n, (h, _) in _heads(remote).items() if models is None or fnmatch.fnmatchcase(n, models)}
     if models is not None and not heads:
         raise RemoteError(f"no model on {conn.name} matches {models!r}")
     received = TransferStats()
     moved = []
     # Shared with adds, exclusive for gc: what arrives is not deleted before a ref names it.
     with repo.store.lock(), Incoming(repo.store) as incoming:
-        versions = _arrive(repo, conn, incoming, list(heads.values()), received, progress)
+        versions = _arrive(repo, conn, incoming, heads, received, progress, every_model=models is None)
         if conn.tracking is not None:
             known = conn.tracking.all()
             changes = {n: (h, known.get(n)) for n, h in heads.items() if known.get(n) != h}
@@ -67,6 +79,19 @@ def fetch_from(repo: Repo, conn: Connection, *, models: str | None = None,
     return FetchResult(conn.name, remote.url, moved, len(versions), received, lazy, checks)
 
 
+def _heads(remote: RemoteRepository) -> dict[str, tuple[str, str | None]]:
+    """The remote's heads; a ref that is not a valid name or version id is refused as
+    received data (the fetch has kept nothing yet)."""
+    try:
+        return remote.heads()
+    except (RemoteNotFoundError, RemoteUnavailableError, RemoteAuthError, MissingKeyError):
+        raise
+    except RemoteError as exc:
+        if isinstance(exc, ReceivedError):
+            raise
+        raise ReceivedError(exc.message, where=remote.url) from None
+
+
 def fetch_versions(repo: Repo, conn: Connection, vids: list[str]) -> TransferStats:
     """Bring these versions by id (whether or not a ref on the remote names them: a cluster
     task's output before the driver moves its ref) with what they need, as a fetch does:
@@ -74,67 +99,119 @@ def fetch_versions(repo: Repo, conn: Connection, vids: list[str]) -> TransferSta
     moves."""
     received = TransferStats()
     with repo.store.lock(), Incoming(repo.store) as incoming:
-        _arrive(repo, conn, incoming, vids, received, None)
+        _arrive(repo, conn, incoming, {v: None for v in vids}, received, None, every_model=False)
     repo.catalog.index(repo.store, *vids)
     return received
 
 
-def _arrive(repo: Repo, conn: Connection, incoming: Incoming, tips: list[str], received: TransferStats,
-            progress: Callable[[int, int], Progress] | None) -> list[str]:  # fmt: skip
-    """The versions along `tips`' histories that are not here, and what they need, received,
-    verified and kept (the new packs' descriptions too); those versions, ancestors first."""
-    lazy = isinstance(repo.store, LazyStore)
-    rows, sketches, packed = _read_packs(repo, conn, received)
-    versions = fetch_records(conn, incoming, tips, received, packed=packed)
-    if lazy:  # records and a recipe's source only: tensors and files come when read
-        wanted = {o: RECORD_LIMIT for v in versions for o in {v} | incoming.overlay.get_version(v).linked_objects()}
-    else:
-        wanted = limits(incoming.overlay, versions)
-    hold_packed(incoming, packed, wanted, received)
-    known = {r.id: r.stored_size for r in rows}
-    tick = progress(sum(known.get(o, n - SLACK) for o, n in wanted.items()), 0) if progress else None
-    received.add(receive(conn.remote, incoming, wanted, progress=tick))
-    arrived = list(dict.fromkeys(incoming.arrived))
-    crash_point("fetch-after-download")
-    incoming.verify(arrived, jobs=os.cpu_count() or 2)
+def _arrive(repo: Repo, conn: Connection, incoming: Incoming, tips: dict[str, str | None] | dict[str, str],
+            received: TransferStats, progress: Callable[[int, int], Progress] | None, *,
+            every_model: bool) -> list[str]:  # fmt: skip
+    """The versions along the histories of `tips` ({model: head} of the remote's refs, or
+    {version id: None}) that are not here, and what they need, received, verified and kept
+    (with the packs' sketches and rows of those versions); those versions, ancestors first.
+    Anything the remote sent that is refused names it, and nothing is kept."""
+    lazy, where = isinstance(repo.store, LazyStore), conn.remote.url
+    named = {n: h for n, h in tips.items() if h is not None}
+    heads = list(named.values()) if named else list(tips)
+    with incoming.refusing(where), _packs(repo, conn, incoming, received) as (spool, read):
+        versions = fetch_records(conn, incoming, heads, received, packed=spool)
+        check_histories(incoming.overlay, named, versions, where=where)
+        if lazy:  # records and a recipe's source only: tensors and files come when read
+            wanted = {o: RECORD_LIMIT for v in versions for o in {v} | incoming.overlay.get_version(v).linked_objects()}
+        else:
+            wanted = limits(incoming.overlay, versions)
+        hold_packed(incoming, spool, wanted, received)
+        rows = {} if spool is None else _rows(spool, _described(incoming.overlay, versions))
+        sketches = {} if spool is None else _sketches(incoming.overlay, spool.sketches(versions))
+        tick = progress(sum(rows[o][3] if o in rows else n - SLACK for o, n in wanted.items()), 0) if progress else None
+        received.add(receive(conn.remote, incoming, wanted, progress=tick))
+        arrived = list(dict.fromkeys(incoming.arrived))
+        crash_point("fetch-after-download")
+        incoming.verify(arrived, jobs=os.cpu_count() or 2)
     incoming.promote()
     crash_point("fetch-after-promote")
     if lazy:
-        _describe_objects(repo, versions, rows)
-    _keep_sketches(repo, sketches)
+        _describe_objects(repo, versions, [ObjectRow(*r) for r in rows.values()])
+    for vid, data in sketches.items():
+        if repo.catalog.sketch(vid) is None:
+            repo.catalog.put_sketch(vid, data)
+    if every_model:  # a fetch of some models may want the rest of these packs later
+        _remember_packs(repo, conn, read)
     return versions
 
 
-def _read_packs(repo: Repo, conn: Connection, stats: TransferStats
-                ) -> tuple[list[ObjectRow], dict[str, bytes], dict[str, bytes]]:  # fmt: skip
-    """Read the packs not read before: their object rows, sketches and records. A record
-    goes to the quarantine (verified there like any object) only when the fetch brings its
-    version: kept without the version's objects, it would pass for a version that is here."""
+@contextmanager
+def _packs(repo: Repo, conn: Connection, incoming: Incoming, stats: TransferStats
+           ) -> Iterator[tuple[PackSpool | None, list[str]]]:  # fmt: skip
+    """The packs not read before, downloaded into the quarantine and their entries spooled
+    there as they decompress: (the spool, or None without a new pack; the packs read). A
+    pack is refused when it does not hash to its name or decodes to more than its size
+    allows; packs past what one fetch decodes (MAX_FETCH_PACKS) are left for their records
+    to be read one by one."""
     remote = conn.remote
-    seen_file = repo.dir / "remotes" / conn.name / "packs.json" if conn.tracking is not None else None
-    seen = set(json.loads(seen_file.read_text())) if seen_file and seen_file.is_file() else set()
+    seen = _packs_read(repo, conn)
     new = [p for p in remote.pack_ids() if p not in seen]
-    rows: list[ObjectRow] = []
-    sketches: dict[str, bytes] = {}
-    records: dict[str, bytes] = {}
-    for pid, data in zip(new, remote.map(lambda p: remote.read_pack(p, limit=MAX_PACK), new), strict=True):
-        pack = MetadataPack.from_bytes(pid, data, where=conn.name)
-        stats.bytes += len(data)
-        records.update(pack.records)
-        rows += [ObjectRow(*r) for r in pack.objects]
-        sketches.update(pack.sketches)
-    if seen_file is not None and new:
-        seen_file.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(seen_file, [json.dumps(sorted(seen | set(new))).encode()])
-    return rows, sketches, records
+    if not new:
+        yield None, []
+        return
+    folder = incoming.dir / "packs"
+    folder.mkdir(parents=True, exist_ok=True)
+    sizes = remote.map(lambda p: remote.read_pack_into(p, folder / f"{p}.mgpack", limit=MAX_PACK), new)
+    spool = PackSpool(folder / "spool.sqlite")
+    try:
+        budget, read = pack.MAX_FETCH_PACKS, []
+        for pid, size in zip(new, sizes, strict=True):
+            path = folder / f"{pid}.mgpack"
+            declared = pack.declared_size(pid, path, where=remote.url)
+            if declared <= budget:
+                spool.add(pack.read_entries(pid, path, where=remote.url, budget=budget))
+                budget -= declared
+                read.append(pid)
+            stats.bytes += size
+            path.unlink()
+        yield spool, read
+    finally:
+        spool.close()
+
+
+def _packs_read(repo: Repo, conn: Connection) -> set[str]:
+    path = repo.dir / "remotes" / conn.name / "packs.json"
+    return set(json.loads(path.read_text())) if conn.tracking is not None and path.is_file() else set()
+
+
+def _remember_packs(repo: Repo, conn: Connection, read: list[str]) -> None:
+    """Record the packs this fetch read (after what it brought was kept), not to read them again."""
+    if conn.tracking is None or not read:
+        return
+    path = repo.dir / "remotes" / conn.name / "packs.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, [json.dumps(sorted(_packs_read(repo, conn) | set(read))).encode()])
+
+
+def check_histories(store: ObjectStore, heads: dict[str, str], versions: Iterable[str], *, where: str) -> None:
+    """A remote's history of a model holds only versions of that model: its head is one, and
+    so is every predecessor of a version that arrived (lineage parents may be of any model).
+    A forged record would otherwise show under another model's history."""
+    for name, head in heads.items():
+        model = store.get_version(head).model
+        if model != name:
+            raise ReceivedError(f"version {head[:12]}, the head of {name!r} on {where}, is a version of {model!r}",
+                                where=where)  # fmt: skip
+    for vid in versions:
+        version = store.get_version(vid)
+        if version.predecessor is not None:
+            before = store.get_version(version.predecessor).model
+            if before != version.model:
+                raise ReceivedError(f"version {vid[:12]} of {version.model!r} from {where} follows "
+                                    f"{version.predecessor[:12]}, a version of {before!r}", where=where)  # fmt: skip
 
 
 def fetch_records(conn: Connection, incoming: Incoming, tips: list[str], stats: TransferStats, *,
-                  packed: dict[str, bytes] | None = None) -> list[str]:  # fmt: skip
+                  packed: PackSpool | None = None) -> list[str]:  # fmt: skip
     """The versions along the heads' histories that this repository lacks, their records and
     manifests brought into the quarantine (each verified when parsed), ancestors first.
-    Records that `packed` (from metadata packs) holds are taken from it, not asked for."""
-    packed = packed or {}
+    Records that `packed` (the metadata packs' spool) holds are taken from it, not asked for."""
     remote, overlay, local = conn.remote, incoming.overlay, incoming.store
     order: list[str] = []
     seen: set[str] = set()
@@ -142,7 +219,7 @@ def fetch_records(conn: Connection, incoming: Incoming, tips: list[str], stats: 
     while frontier:
         missing = [v for v in dict.fromkeys(frontier) if not overlay.has(v)]
         hold_packed(incoming, packed, missing, stats)
-        stats.add(receive(remote, incoming, {v: RECORD_LIMIT for v in missing if v not in packed}))
+        stats.add(receive(remote, incoming, {v: RECORD_LIMIT for v in missing if not overlay.has(v)}))
         following = []
         manifests = {}
         for vid in dict.fromkeys(frontier):
@@ -161,11 +238,50 @@ def fetch_records(conn: Connection, incoming: Incoming, tips: list[str], stats: 
     return order[::-1]
 
 
-def hold_packed(incoming: Incoming, packed: dict[str, bytes], oids: Iterable[str], stats: TransferStats) -> None:
+def hold_packed(incoming: Incoming, packed: PackSpool | None, oids: Iterable[str], stats: TransferStats) -> None:
     """Put in the quarantine those of `oids` that a pack brought and that are not here."""
-    held = {o: packed[o] for o in oids if o in packed and not incoming.overlay.has(o)}
+    if packed is None:
+        return
+    held = packed.records(o for o in oids if not incoming.overlay.has(o))
     incoming.hold(held)
     stats.objects += len(held)
+
+
+def _described(store: ObjectStore, versions: list[str]) -> set[str]:
+    """The objects these versions name (their rows are what a lazy clone keeps of packs)."""
+    out: set[str] = set()
+    for vid in versions:
+        out |= version_objects(store, vid)[2]
+    return out
+
+
+def _rows(spool: PackSpool, oids: set[str]) -> dict[str, pack.ObjectInfo]:
+    """The packs' rows of these objects and, recursively, of the delta bases they name."""
+    rows: dict[str, pack.ObjectInfo] = {}
+    while oids:
+        found = spool.rows(oids)
+        rows.update(found)
+        oids = {b for r in found.values() for b in r[5]} - rows.keys()
+    return rows
+
+
+def _sketches(store: ObjectStore, found: dict[str, bytes]) -> dict[str, bytes]:
+    """Of the packs' sketches of fetched versions, those that describe their version's
+    tensors (a sketch is a hint: one that does not is recomputed when needed)."""
+    from mgit.sketch import Sketch  # numpy: only when a pack brought sketches
+
+    kept = {}
+    for vid, data in found.items():
+        tensors = store.get_manifest(store.get_version(vid).manifest).tensors()
+        try:
+            sketch = Sketch.from_bytes(data)
+        except ValueError:
+            continue
+        names = {t.name for t in tensors}
+        if (len(set(sketch.names)) == len(sketch.names) and set(sketch.names) == names
+                and set(zip(sketch.names, sketch.oids, strict=True)) <= {(t.name, t.object) for t in tensors}):  # fmt: skip
+            kept[vid] = data
+    return kept
 
 
 def _describe_objects(repo: Repo, versions: list[str], rows: list[ObjectRow]) -> None:
@@ -183,13 +299,6 @@ def _describe_objects(repo: Repo, versions: list[str], rows: list[ObjectRow]) ->
     repo.catalog.add_objects(r for r in described.values() if r.id not in known)
 
 
-def _keep_sketches(repo: Repo, sketches: dict[str, bytes]) -> None:
-    """Sketches from packs: parent inference then needs no tensor of these versions."""
-    for vid, data in sketches.items():
-        if repo.catalog.sketch(vid) is None:
-            repo.catalog.put_sketch(vid, data)
-
-
 def clone(url: str, directory: str | os.PathLike[str] | None = None, *, models: str | None = None,
           lazy: bool = False, endpoint_url: str | None = None, region: str | None = None,
           profile: str | None = None, progress: Callable[[int, int], Progress] | None = None) -> CloneResult:  # fmt: skip
@@ -197,13 +306,21 @@ def clone(url: str, directory: str | os.PathLike[str] | None = None, *, models: 
     those matching `models`) fetched and checked in as local heads. `lazy` fetches records
     only; objects come when something reads them."""
     target = Path(directory) if directory is not None else Path(url.rstrip("/").rpartition("/")[2] or "models")
+    made = not target.exists()
+    made_repo = not (target / REPO_DIR).exists()
     repo = _clone_target(target, url, lazy)
     if DEFAULT_REMOTE not in remotes_of(repo.config):
         add_remote(repo, DEFAULT_REMOTE, url, endpoint_url=endpoint_url, region=region, profile=profile)
     if lazy and repo.config.get("lazy") != DEFAULT_REMOTE:
         update_config(repo.dir, lambda config: config.__setitem__("lazy", DEFAULT_REMOTE))
     repo = Repo(repo.dir)
-    result = fetch(repo, DEFAULT_REMOTE, models=models, progress=progress)
+    try:
+        result = fetch(repo, DEFAULT_REMOTE, models=models, progress=progress)
+    except ReceivedError:  # nothing of the remote was kept: neither is the repository made for it
+        if made_repo:
+            repo.catalog.close()
+            shutil.rmtree(target if made else target / REPO_DIR, ignore_errors=True)
+        raise
     heads = RefStore(repo.dir, namespace=f"remotes/{DEFAULT_REMOTE}").all()
     crash_point("clone-before-heads")
     repo.refs.update_many({name: (head, None) for name, head in heads.items()})

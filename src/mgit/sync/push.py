@@ -20,7 +20,7 @@ from mgit.errors import MgitError, RemoteConflictError, RemoteError
 from mgit.faults import crash_point
 from mgit.lazystore import LazyStore
 from mgit.memorystore import MemoryStore
-from mgit.remotes.pack import MetadataPack
+from mgit.remotes.pack import MAX_VALUE, MetadataPack
 from mgit.repo import Repo
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, connect
 from mgit.sync.reports import ModelUpdate, PushResult
@@ -195,15 +195,19 @@ def _dropped(repo: Repo, conn: Connection, theirs: str, mine: str) -> str:
 
 def _pack(repo: Repo, versions: list[str], needed: set[str]) -> MetadataPack:
     """What a clone needs to know about these versions: their records, a row per object
-    they need (with its delta bases), their sketches."""
+    they need (with its delta bases), their sketches. A record or sketch over MAX_VALUE is
+    left out (the record is read from objects/, the sketch recomputed), and so are the
+    sketches when they would make the pack decode to more than its size allows (sketches
+    of versions whose tensors are the same compress together)."""
     store, catalog = repo.store, repo.catalog
     pack = MetadataPack()
     for vid in versions:
         version, _, _ = version_objects(store, vid)
         for oid in {vid} | version.linked_objects():
-            pack.records[oid] = store.path_of(oid).read_bytes()
+            if store.stored_size(oid) <= MAX_VALUE:
+                pack.records[oid] = store.path_of(oid).read_bytes()
         sketch = catalog.sketch(vid)
-        if sketch is not None:
+        if sketch is not None and len(sketch) <= MAX_VALUE:
             pack.sketches[vid] = sketch
     rows = catalog.object_rows(needed)
     for oid in sorted(needed):
@@ -214,4 +218,6 @@ def _pack(repo: Repo, versions: list[str], needed: set[str]) -> MetadataPack:
                                  tuple(header.bases)))  # fmt: skip
         elif row is not None:  # (a lazy clone's object it has not fetched: described as its rows say)
             pack.objects.append((oid, row.kind, row.logical_size, row.stored_size, row.codec, row.bases))
+    if not pack.fits():
+        pack.sketches.clear()
     return pack

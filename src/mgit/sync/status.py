@@ -43,7 +43,8 @@ def _show(repo: Repo, conn: Connection) -> RemoteShow:
     theirs = {n: h for n, (h, _) in remote.heads().items()}
     mine = repo.refs.all()
     with Incoming(repo.store) as incoming:
-        fetch_records(conn, incoming, list(theirs.values()), TransferStats())
+        with incoming.refusing(remote.url):
+            fetch_records(conn, incoming, list(theirs.values()), TransferStats())
 
         def chain(vid: str) -> list[str]:
             out: list[str] = []

@@ -1,0 +1,98 @@
+"""A folder remote with a real small model pushed to it, and the means to forge what such a
+remote can hold: metadata packs written with MetadataPack (named by the blake3 of their
+bytes), version records, refs. Shared by the tests of hostile remotes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from conftest import MGIT, make_model, run_cli
+
+from mgit.memorystore import MemoryStore
+from mgit.objects import Version
+from mgit.remotes.pack import MetadataPack
+
+# A helper process that runs `mgit ARGS` as its child and prints the child's peak RSS (KiB).
+_PEAK = (
+    "import resource, subprocess, sys\n"
+    "done = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+    "sys.stdout.write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) + '\\n')\n"
+    "sys.stderr.write(done.stderr)\n"
+    "sys.exit(done.returncode)\n"
+)
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    return run_cli(*args)
+
+
+def pushed_remote(tmp: Path) -> tuple[Path, Path]:
+    """(remote folder, work folder of its author): `mgit init --bare`, a model `base` with
+    two versions and a fine-tune `ft` added and pushed, all through the CLI."""
+    remote, alice = tmp / "remote.mgit", tmp / "alice"
+    for args in (("init", "--bare", str(remote)), ("init", str(alice))):
+        assert cli(*args)[0] == 0
+    run = lambda *a: cli("-C", str(alice), *a)  # noqa: E731
+    assert run("add", str(make_model(tmp / "m1", seed=1)), "--name", "base", "-m", "one")[0] == 0
+    assert run("add", str(make_model(tmp / "m2", seed=2)), "--name", "base", "-m", "two")[0] == 0
+    assert run("add", str(make_model(tmp / "m3", seed=3)), "--name", "ft", "--parent", "base")[0] == 0
+    assert run("remote", "add", "origin", str(remote))[0] == 0
+    code, out, err = run("push")
+    assert code == 0, err
+    return remote, alice
+
+
+def write_pack(remote: Path, pack: MetadataPack) -> str:
+    pid, data = pack.to_bytes()
+    (remote / "packs" / f"{pid}.mgpack").write_bytes(data)
+    return pid
+
+
+def write_object(remote: Path, store: MemoryStore, oid: str) -> None:
+    path = remote / "objects" / oid[:2] / oid[2:]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(store.read_record(oid))
+
+
+def forge_version(remote: Path, version: Version) -> str:
+    """A version record written on the remote as an object file; its id."""
+    store = MemoryStore()
+    vid = store.put_record("version", version.to_json()).oid
+    write_object(remote, store, vid)
+    return vid
+
+
+def set_ref(remote: Path, name: str, vid: str) -> None:
+    path = remote / "refs" / "models" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(vid + "\n")
+
+
+def head_of(remote: Path, name: str) -> str:
+    return (remote / "refs" / "models" / name).read_text().strip()
+
+
+def clone_peak(url: str, target: Path, *extra: str) -> tuple[int, int, str]:
+    """`mgit clone URL TARGET` in a child process: (exit code, the child's peak RSS in
+    KiB, its stderr)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", _PEAK, *MGIT, "clone", *extra, url, str(target)],
+                          capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    return done.returncode, int(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def holdings(root: Path) -> dict[str, Any]:
+    """What a repository holds (objects, refs, remote-tracking refs, packs read, catalog
+    heads), to show that a refused fetch kept nothing; {} when there is no repository."""
+    dot = root / ".mgit"
+    if not dot.is_dir():
+        return {}
+    files = sorted(p.relative_to(dot).as_posix() for sub in ("objects", "refs", "remotes")
+                   for p in (dot / sub).rglob("*") if p.is_file())  # fmt: skip
+    code, out, _ = cli("-C", str(root), "ls", "--json")
+    return {"files": files, "ls": json.loads(out) if code == 0 else None}
