@@ -188,7 +188,8 @@ def test_a_fetch_refuses_a_forged_record_and_keeps_nothing(tmp_path: Path, path:
     code, out, err = run_cli("-C", str(bob.root), "fetch")
 
     assert code == 1 and out == "" and err.startswith("Error: ") and err.count("\n") == 1, (code, out, err)
-    assert f"object {vid[:16]} is corrupt: not a valid version record" in err
+    assert f"object {vid[:16]} from {url} is corrupt" in err and "not a valid version record" in err
+    assert "the local repository is unchanged" in err
     assert "\x1b" not in err
     assert stored(bob.root) == before
 
