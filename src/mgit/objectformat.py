@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mgit.errors import CorruptObjectError
-from mgit.formats.dtypes import DTYPES, element_count, itemsize
+from mgit.formats.dtypes import DTYPES, element_count, itemsize, shape_fits
 from mgit.objects import KINDS, Manifest, canonical_json
 
 MAGIC = b"MGITOBJ\x01"
@@ -215,5 +215,5 @@ def frame_spans(oid: str, header: ObjectHeader, payload_size: int, read_at: Call
 def _check_tensor_meta(oid: str, meta: dict[str, Any], size: int) -> None:
     dtype, shape = meta.get("dtype"), meta.get("shape")
     ok = dtype in DTYPES and isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
-    if not ok or element_count(tuple(shape)) * itemsize(dtype) != size:
+    if not ok or not shape_fits(tuple(shape), dtype) or element_count(tuple(shape)) * itemsize(dtype) != size:
         raise CorruptObjectError(oid, "tensor header does not match its size")
