@@ -17,7 +17,8 @@ from mgit import Repo, sync
 from mgit.codecs import CodecContext, XorDeltaCodec, ZstdCodec, chain_to_list, encode_chain
 from mgit.errors import CorruptObjectError
 from mgit.objectformat import ObjectHeader
-from mgit.objects import object_hasher
+from mgit.objects import TensorEntry, object_hasher
+from mgit.reader import as_array
 
 GUARD = 20_000  # decodes after which a read is plainly exponential: the test stops it
 
@@ -151,3 +152,20 @@ def test_blobs_coded_against_bases_are_refused(setup: tuple[Path, Path, str, byt
     plant_dag(remote, entry.object, data, 3, kind="blob", meta={})
     with pytest.raises(CorruptObjectError, match=f"object {entry.object[:16]} is corrupt: a blob names delta bases"):
         sync.clone(str(remote), tmp_path / "full")
+
+
+def test_writers_never_code_against_a_base_a_read_would_refuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small tensor whose parent is far larger (a scale and its weight) is stored on its
+    own when reading it through that parent would pass the read bound."""
+    import mgit.store
+
+    monkeypatch.setattr(mgit.store, "READ_FLOOR", 4096)
+    repo = Repo.init(tmp_path / "r")
+    big = np.zeros(1 << 16, np.float32)
+    base = repo.store.put_tensor("F32", big.shape, big).oid
+    small = np.zeros(4, np.float32)  # what an XOR against the base's first bytes codes in nothing
+    res = repo.store.put_tensor("F32", small.shape, small, bases=[base])
+    assert repo.store.header(res.oid).bases == []
+    assert as_array(repo.store, TensorEntry("s", "F32", (4,), res.oid)).tobytes() == small.tobytes()
+    near = np.zeros(1 << 12, np.float32)  # within the bound: coded against it as before
+    assert repo.store.header(repo.store.put_tensor("F32", near.shape, near, bases=[base]).oid).bases == [base]

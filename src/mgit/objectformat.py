@@ -32,7 +32,7 @@ BLOCK_BYTES = 4 << 20  # writers code content larger than this in independent bl
 MIN_BLOCK, MAX_BLOCK = 64 << 10, 256 << 20  # the block sizes a reader accepts (powers of two)
 FRAME = struct.Struct("<I")  # before each block of a blocked payload: its stored length
 MAX_BASES = 64  # delta bases one object may name (a merge of 64 models names 64)
-READ_FACTOR, READ_FLOOR = 16, 256 << 20  # one read decodes at most 16 x its object's size + 256 MiB in all
+READ_FACTOR, READ_FLOOR = 64, 256 << 20  # one read decodes at most 64 x its object's size + 256 MiB in all
 MAX_READ_DECODES = 4096  # and at most this many objects (each base once): 64 bases x a chain of 64
 
 

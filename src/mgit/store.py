@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mgit.cache import UNBOUNDED, DecodedCache, Entry
-from mgit.errors import CorruptObjectError
+from mgit.errors import CorruptObjectError, MissingObjectError
 from mgit.objectformat import (
     BLOCK_BYTES,
     DEFAULT_MAX_DEPTH,
@@ -239,9 +239,30 @@ class ObjectStore:
         from mgit.encoding import choose_encoding
 
         read = reuse if isinstance(reuse, BaseReader) else BaseReader(self, reuse or DecodedCache(UNBOUNDED))
-        return choose_encoding(kind, meta, byte_array(data), bases=bases, max_depth=max_depth, extra=extra,
+        buf = byte_array(data)
+        bases = [b for b in bases if self.affordable(b, buf.nbytes)]
+        return choose_encoding(kind, meta, buf, bases=bases, max_depth=max_depth, extra=extra,
                                header=self.header, load=read.whole, load_range=read.range,
                                block_bytes=self.block_bytes if blocks else 0)  # fmt: skip
+
+    def affordable(self, base: str, size: int) -> bool:
+        """Whether content of `size` bytes may be coded against `base`: a read of it would
+        decode the base and the bases behind it (each once) within the read bound, so what a
+        writer makes a reader never refuses (a 4-byte scale is not coded against a 1 GB
+        weight). A damaged base is never used (fsck reports it)."""
+        budget = READ_FACTOR * size + READ_FLOOR - size
+        seen, stack = set(), [base]
+        try:
+            while stack and budget >= 0:
+                oid = stack.pop()
+                if oid not in seen:
+                    seen.add(oid)
+                    header = self.block_table(oid).header
+                    budget -= header.size
+                    stack += header.bases
+        except (CorruptObjectError, MissingObjectError):
+            return False
+        return budget >= 0 and len(seen) < MAX_READ_DECODES
 
     def put_tensor(self, dtype: str, shape: tuple[int, ...], data: np.ndarray, *, bases: Sequence[str] = (),
                    max_depth: int = DEFAULT_MAX_DEPTH, encoding: Encoding | None = None,
