@@ -246,7 +246,7 @@ MALFORMED = [
                  "tensor 'w': data_offsets span 4 bytes but F32[2] needs 8", id="span-too-short"),  # fmt: skip
     pytest.param(st_bytes({"w": entry("I64", [3, 2], [0, 24])}, b"\0" * 24),
                  "data_offsets span 24 bytes but I64[3, 2] needs 48", id="span-wrong-for-dtype"),  # fmt: skip
-    pytest.param(st_bytes({"w": entry("U8", [2**62, 2**62], [0, 16])}, b"\0" * 16), "needs 2126764793255865",
+    pytest.param(st_bytes({"w": entry("U8", [2**62, 2**62], [0, 16])}, b"\0" * 16), "that no array can have",
                  id="span-huge-shape"),  # fmt: skip
     pytest.param(st_bytes({"a": entry("F32", [2], [0, 8]), "b": entry("F32", [2], [4, 12])}, b"\0" * 12),
                  "tensor 'b' overlaps the tensor before it", id="overlap"),  # fmt: skip

@@ -15,7 +15,8 @@ import numpy as np
 
 from mgit.atomicfile import atomic_writer
 from mgit.cache import CHECKOUT_BASES, DecodedCache
-from mgit.errors import ChecksumMismatchError, CorruptObjectError, UnsafePathError
+from mgit.errors import ChecksumMismatchError, UnsafePathError
+from mgit.objectformat import expected_by
 from mgit.objects import FileEntry, Manifest, check_relative_path
 from mgit.parallel import Progress, ordered_map
 from mgit.store import ObjectStore
@@ -50,11 +51,9 @@ def _items(store: ObjectStore, entry: FileEntry) -> tuple[list[Item], dict[str, 
     items: list[Item] = []
     uses: dict[str, int] = {}
     offset = 0
-    for oid, tensor in [(entry.object, None), *((t.object, t) for t in entry.tensors)]:
-        header = store.block_table(oid).header
-        if tensor is not None and (header.kind != "tensor"
-                                   or header.meta != {"dtype": tensor.dtype, "shape": list(tensor.shape)}):  # fmt: skip
-            raise CorruptObjectError(oid, f"is not the {tensor.dtype}{list(tensor.shape)} tensor {tensor.name!r}")
+    expected = expected_by(Manifest((entry,)))
+    for oid in [entry.object, *(t.object for t in entry.tensors)]:
+        header = store.block_table(oid, expected[oid]).header  # checked before anything is decoded
         if header.blocks:
             items += [(oid, offset + start, k, stop - start)
                       for k, (start, stop) in enumerate(map(header.block_span, range(header.block_count)))]  # fmt: skip
@@ -85,9 +84,11 @@ def restore_file(store: ObjectStore, entry: FileEntry, out_dir: Path, *, pool: T
             fd = fh.fileno()
             _allocate(fd, entry.size)
 
+            expected = expected_by(Manifest((entry,)))
+
             def rebuild(oid: str, offset: int, k: int | None, _: int) -> np.ndarray:
                 if k is None:  # (a session keeps what it decodes: verified, as everything it holds)
-                    data = store.get(oid, reuse=reuse, verify=reuse.keep_all)[1]
+                    data = store.get(oid, reuse=reuse, verify=reuse.keep_all, expect=expected[oid])[1]
                 else:
                     data = store.decode_block(oid, k, reuse=reuse)
                 if os.pwrite(fd, data, offset) != data.nbytes:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,7 +33,7 @@ from mgit.errors import (
     RemoteTooLargeError,
 )
 from mgit.localstore import LocalStore
-from mgit.objectformat import ObjectHeader
+from mgit.objectformat import Expected, ObjectHeader, base_expected, expected_by
 from mgit.store import ObjectStore
 
 INCOMING = "incoming"
@@ -125,14 +125,18 @@ class Incoming:
         except RemoteTooLargeError as exc:
             raise ReceivedError(exc.message, where=where) from None
 
-    def verify(self, oids: list[str], *, jobs: int, progress: Callable[[int], None] | None = None) -> None:
-        """Decode and re-hash each object (CorruptObjectError names the first that fails).
+    def verify(self, oids: list[str], *, jobs: int, progress: Callable[[int], None] | None = None,
+               expect: Mapping[str, Expected] | None = None) -> None:  # fmt: skip
+        """Decode and re-hash each object (CorruptObjectError names the first that fails),
+        its header first checked against what the record naming it expects: `expect`, or the
+        manifest of a version that arrived with it (a base: its child, as it is decoded).
         Bases decoded on the way are kept for the objects that share them."""
         cache = DecodedCache(CHECKOUT_BASES)
+        expected = {**self.expectations(oids), **(expect or {})}
 
         def check(oid: str) -> None:
             if oid not in self.overlay.decoded:  # decoded already as another's base: verified
-                self.overlay.get(oid, reuse=cache)
+                self.overlay.get(oid, reuse=cache, expect=expected.get(oid))
             if progress:
                 progress(1)
 
@@ -142,6 +146,20 @@ class Incoming:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-verify") as pool:
             for _ in pool.map(check, order):
                 pass
+
+    def expectations(self, oids: list[str]) -> dict[str, Expected]:
+        """What the manifests of the versions among `oids` expect of the objects they name,
+        and the deltas among them of their bases (a base may be verified before its child)."""
+        out: dict[str, Expected] = {}
+        bases: dict[str, Expected] = {}
+        for oid in oids:
+            header = self.overlay.header(oid)
+            if header.kind == "version":
+                manifest = self.overlay.get_manifest(self.overlay.get_version(oid).manifest)
+                out = {**expected_by(manifest), **out}
+            for base in header.bases:
+                bases.setdefault(base, base_expected(oid, header))
+        return {**bases, **out}
 
     def promote(self) -> list[str]:
         """Move every verified object into the repository, durably; return their ids."""

@@ -19,7 +19,7 @@ import numpy as np
 
 from mgit.errors import MissingObjectError
 from mgit.localstore import LocalStore
-from mgit.objectformat import ObjectHeader
+from mgit.objectformat import Expected, ObjectHeader
 from mgit.remotes.repository import RemoteRepository
 from mgit.transfer import SLACK, TransferStats, fetch_objects
 
@@ -63,6 +63,10 @@ class LazyStore(LocalStore):
             self.fetch([oid])
             return read(oid, *args)
 
+    def prefetch(self, oid: str, expect: Expected | None) -> None:
+        if expect is not None and not self.has(oid):
+            self.fetch([oid], expect={oid: expect})
+
     def read_record(self, oid: str) -> np.ndarray:
         return self._here(super().read_record, oid)
 
@@ -75,9 +79,12 @@ class LazyStore(LocalStore):
     def header(self, oid: str) -> ObjectHeader:
         return self._here(super().header, oid)
 
-    def fetch(self, oids: Iterable[str]) -> TransferStats:
+    def fetch(self, oids: Iterable[str], *, expect: dict[str, Expected] | None = None) -> TransferStats:
         """Fetch these objects and every base they need that is not here yet, in parallel;
-        threads asking for the same object wait for one fetch of it."""
+        threads asking for the same object wait for one fetch of it. Each is bounded by what
+        the record naming it expects (`expect`: a manifest's entry), else by its catalog row
+        (its kind and size, as the manifests or the remote's packs describe it); a base, on
+        arrival, by its child."""
         wanted = self.closure_missing(oids)
         if not wanted:
             return TransferStats()
@@ -96,9 +103,10 @@ class LazyStore(LocalStore):
                 unknown = [o for o in mine if o not in rows]
                 if unknown:  # not in any version this clone knows: nothing to ask the remote for
                     raise MissingObjectError(unknown[0])
-                limits = {o: rows[o][0] + SLACK for o in mine}
+                expected = {o: (expect or {}).get(o) or Expected("its catalog row", max_size=rows[o][0]) for o in mine}
+                limits = {o: (expected[o].most or 0) + SLACK for o in mine}
                 with self.lock():  # gc waits: it removes leftover quarantines
-                    stats = fetch_objects(self.remote, self, limits, jobs=self.jobs)
+                    stats = fetch_objects(self.remote, self, limits, jobs=self.jobs, expect=expected)
                 self.on_fetched(list(mine))
         except BaseException as exc:
             self._settle(mine, exc)

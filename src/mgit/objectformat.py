@@ -5,7 +5,9 @@ docs/format.md specifies it.
 
 Every field read from a file is checked here before anything trusts it: the magic, the header
 length against the bytes present, the kind, a tensor's size against its dtype and shape, the
-delta depth, and a record's size against the largest record any writer makes.
+delta depth, and a record's size against the largest record any writer makes; and, before
+anything is decoded, the header against what the record that names the object expects of it
+(`Expected`: the manifest for a file or a tensor, the child for a delta base).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mgit.errors import CorruptObjectError
-from mgit.formats.dtypes import DTYPES, element_count, itemsize
-from mgit.objects import KINDS, canonical_json
+from mgit.formats.dtypes import DTYPES, element_count, itemsize, shape_fits
+from mgit.objects import KINDS, Manifest, canonical_json
 
 MAGIC = b"MGITOBJ\x01"
 PREFIX = len(MAGIC) + 4  # magic and the header length
@@ -29,6 +31,9 @@ DEFAULT_MAX_DEPTH = 2  # writers cut longer chains: checkout decodes every link 
 BLOCK_BYTES = 4 << 20  # writers code content larger than this in independent blocks of this size
 MIN_BLOCK, MAX_BLOCK = 64 << 10, 256 << 20  # the block sizes a reader accepts (powers of two)
 FRAME = struct.Struct("<I")  # before each block of a blocked payload: its stored length
+MAX_BASES = 64  # delta bases one object may name (a merge of 64 models names 64)
+READ_FACTOR, READ_FLOOR = 64, 256 << 20  # one read decodes at most 64 x its object's size + 256 MiB in all
+MAX_READ_DECODES = 4096  # and at most this many objects (each base once): 64 bases x a chain of 64
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,69 @@ class ObjectHeader:
         return MAGIC + struct.pack("<I", len(body)) + body
 
 
+@dataclass(frozen=True)
+class Expected:
+    """What the record that names an object says of it, checked against the object's header
+    before anything of it is decoded: a manifest gives a file's or a tensor's kind and exact
+    size (and a tensor's dtype and shape); a delta gives its base's kind (a tensor) and the
+    most bytes its read may decode."""
+
+    by: str  # who expects it, for the error: "its manifest", "its child 0123abcd"
+    kind: str | None = None
+    size: int | None = None  # exactly this many bytes
+    meta: dict[str, Any] | None = None
+    max_size: int | None = None  # at most this many bytes
+
+    @property
+    def most(self) -> int | None:
+        """The most bytes the object may hold (None: the expectation does not say)."""
+        return self.size if self.size is not None else self.max_size
+
+    def check(self, oid: str, header: ObjectHeader) -> None:
+        if self.kind is not None and header.kind != self.kind:
+            raise CorruptObjectError(oid, f"it is a {header.kind} where {self.by} names a {self.kind}")
+        if self.meta is not None and header.meta != self.meta:
+            raise CorruptObjectError(oid, f"it is a {_tensor(header.meta)} tensor where {self.by} names a "
+                                          f"{_tensor(self.meta)}")  # fmt: skip
+        if self.size is not None and header.size != self.size:
+            raise CorruptObjectError(oid, f"it declares {header.size} bytes where {self.by} gives {self.size}")
+        if self.max_size is not None and header.size > self.max_size:
+            raise CorruptObjectError(oid, f"it declares {header.size} bytes, more than {self.by} allows "
+                                          f"({self.max_size})")  # fmt: skip
+
+
+def expected_by(manifest: Manifest) -> dict[str, Expected]:
+    """What a manifest expects of each object it names: a blob file's exact size, a
+    safetensors header's (the file less its tensors), each tensor's dtype, shape and size."""
+    out: dict[str, Expected] = {}
+    for f in manifest.files:
+        header = f.size - sum(t.nbytes for t in f.tensors)
+        out.setdefault(f.object, Expected("its manifest", "blob", max(header, 0)))
+        for t in f.tensors:
+            out.setdefault(t.object, tensor_expected(t.dtype, t.shape))
+    return out
+
+
+def base_expected(child: str, header: ObjectHeader) -> Expected:
+    """What a delta expects of each of its bases: a tensor that a read of the delta may
+    decode (READ_FACTOR x its size + READ_FLOOR in all). (That the deepest is exactly one
+    less deep than the delta is checked on the delta, which it is the fault of.)"""
+    return Expected(f"its child {child[:16]}", "tensor", max_size=READ_FACTOR * header.size + READ_FLOOR)
+
+
+def blob_expected(size: int) -> Expected:
+    return Expected("its manifest", "blob", size)
+
+
+def tensor_expected(dtype: str, shape: tuple[int, ...]) -> Expected:
+    return Expected("its manifest", "tensor", element_count(shape) * itemsize(dtype),
+                    {"dtype": dtype, "shape": list(shape)})  # fmt: skip
+
+
+def _tensor(meta: dict[str, Any]) -> str:
+    return f"{meta.get('dtype')}{meta.get('shape')}"
+
+
 def header_length(oid: str, prefix: bytes) -> int:
     """The header length that the first PREFIX bytes of an object declare (checked)."""
     if len(prefix) < PREFIX or prefix[: len(MAGIC)] != MAGIC:
@@ -114,7 +182,15 @@ def parse_record(oid: str, raw: Any) -> tuple[ObjectHeader, memoryview]:
         _check_tensor_meta(oid, meta, size)
     elif kind in ("manifest", "version") and size > MAX_RECORD:
         raise CorruptObjectError(oid, f"a {kind} of {size} bytes is larger than any mgit writes")
-    return ObjectHeader(kind, meta, size, codecs, depth, blocks), view[PREFIX + n :]
+    header = ObjectHeader(kind, meta, size, codecs, depth, blocks)
+    bases = header.bases
+    if bases and kind != "tensor":
+        raise CorruptObjectError(oid, f"a {kind} names delta bases (only tensors are coded against others)")
+    if len(bases) > MAX_BASES:
+        raise CorruptObjectError(oid, f"it names {len(bases)} delta bases, more than {MAX_BASES}")
+    if bool(bases) != bool(depth):
+        raise CorruptObjectError(oid, f"its delta depth {depth} does not fit its {len(bases)} delta bases")
+    return header, view[PREFIX + n :]
 
 
 def frame_spans(oid: str, header: ObjectHeader, payload_size: int, read_at: Callable[[int, int], Any]) -> list[tuple[int, int]]:
@@ -139,5 +215,5 @@ def frame_spans(oid: str, header: ObjectHeader, payload_size: int, read_at: Call
 def _check_tensor_meta(oid: str, meta: dict[str, Any], size: int) -> None:
     dtype, shape = meta.get("dtype"), meta.get("shape")
     ok = dtype in DTYPES and isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
-    if not ok or element_count(tuple(shape)) * itemsize(dtype) != size:
+    if not ok or not shape_fits(tuple(shape), dtype) or element_count(tuple(shape)) * itemsize(dtype) != size:
         raise CorruptObjectError(oid, "tensor header does not match its size")

@@ -14,9 +14,10 @@ import numpy as np
 
 from mgit.cache import CHECKOUT_BASES, UNBOUNDED, DecodedCache
 from mgit.codecs.buffers import unpooled
-from mgit.errors import CorruptObjectError, InvalidOptionError, MgitError, MissingDependencyError
+from mgit.errors import InvalidOptionError, MgitError, MissingDependencyError
 from mgit.formats.safetensors import is_float, numpy_view
 from mgit.formats.tensors import to_torch
+from mgit.objectformat import tensor_expected
 from mgit.objects import Manifest, TensorEntry
 from mgit.parallel import default_jobs
 from mgit.store import ObjectStore
@@ -26,10 +27,7 @@ FRAMEWORKS = {"np": "np", "numpy": "np", "pt": "pt", "torch": "pt"}  # (each fra
 
 def tensor_bytes(store: ObjectStore, entry: TensorEntry, *, reuse: DecodedCache | None = None) -> np.ndarray:
     """A stored tensor's bytes, checked against its entry (see `ObjectStore.get` for `reuse`)."""
-    header, data = store.get(entry.object, reuse=reuse)
-    if header.kind != "tensor" or header.meta != {"dtype": entry.dtype, "shape": list(entry.shape)}:
-        raise CorruptObjectError(entry.object, f"is not the {entry.dtype}{list(entry.shape)} tensor {entry.name!r}")
-    return data
+    return store.get(entry.object, reuse=reuse, expect=tensor_expected(entry.dtype, entry.shape))[1]
 
 
 def as_array(store: ObjectStore, entry: TensorEntry, *, reuse: DecodedCache | None = None) -> np.ndarray:

@@ -20,15 +20,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mgit.cache import UNBOUNDED, DecodedCache, Entry
-from mgit.errors import CorruptObjectError
+from mgit.errors import CorruptObjectError, MissingObjectError
 from mgit.objectformat import (
     BLOCK_BYTES,
     DEFAULT_MAX_DEPTH,
     FRAME,
-    MAX_DEPTH_LIMIT,
+    MAX_READ_DECODES,
     MAX_RECORD,
     PREFIX,
+    READ_FACTOR,
+    READ_FLOOR,
+    Expected,
     ObjectHeader,
+    base_expected,
     frame_spans,
     header_length,
     parse_record,
@@ -122,18 +126,29 @@ class ObjectStore:
         return []
 
     def header(self, oid: str) -> ObjectHeader:
-        return parse_record(oid, self.read_record(oid))[0]
+        """An object's header, checked (read alone, not the payload after it)."""
+        return self._stored_header(oid)[0]
 
-    def block_table(self, oid: str) -> BlockTable:
-        """Where the blocks of an object lie, read (from its header and the blocks' lengths,
-        not its payload) once and kept."""
-        tables = self.__dict__.setdefault("_tables", {})
-        found = tables.get(oid)
-        if found is not None:
-            return found  # type: ignore[no-any-return]
+    def _stored_header(self, oid: str) -> tuple[ObjectHeader, int]:
+        """An object's checked header and where its payload starts."""
         prefix = bytes(self.read_range(oid, 0, PREFIX))
         start = PREFIX + header_length(oid, prefix)
-        header = parse_record(oid, prefix + bytes(self.read_range(oid, PREFIX, start - PREFIX)))[0]
+        return parse_record(oid, prefix + bytes(self.read_range(oid, PREFIX, start - PREFIX)))[0], start
+
+    def block_table(self, oid: str, expect: Expected | None = None) -> BlockTable:
+        """Where the blocks of an object lie, read (from its header and the blocks' lengths,
+        not its payload) once and kept; its header checked against `expect` (see `get`)."""
+        tables = self.__dict__.setdefault("_tables", {})
+        found = tables.get(oid)
+        if found is None:
+            self.prefetch(oid, expect)
+        if found is not None:
+            if expect is not None:
+                expect.check(oid, found.header)
+            return found  # type: ignore[no-any-return]
+        header, start = self._stored_header(oid)
+        if expect is not None:
+            expect.check(oid, header)
         spans = []
         if header.blocks:
             spans = frame_spans(oid, header, self.stored_size(oid) - start,
@@ -224,9 +239,30 @@ class ObjectStore:
         from mgit.encoding import choose_encoding
 
         read = reuse if isinstance(reuse, BaseReader) else BaseReader(self, reuse or DecodedCache(UNBOUNDED))
-        return choose_encoding(kind, meta, byte_array(data), bases=bases, max_depth=max_depth, extra=extra,
+        buf = byte_array(data)
+        bases = [b for b in bases if self.affordable(b, buf.nbytes)]
+        return choose_encoding(kind, meta, buf, bases=bases, max_depth=max_depth, extra=extra,
                                header=self.header, load=read.whole, load_range=read.range,
                                block_bytes=self.block_bytes if blocks else 0)  # fmt: skip
+
+    def affordable(self, base: str, size: int) -> bool:
+        """Whether content of `size` bytes may be coded against `base`: a read of it would
+        decode the base and the bases behind it (each once) within the read bound, so what a
+        writer makes a reader never refuses (a 4-byte scale is not coded against a 1 GB
+        weight). A damaged base is never used (fsck reports it)."""
+        budget = READ_FACTOR * size + READ_FLOOR - size
+        seen, stack = set(), [base]
+        try:
+            while stack and budget >= 0:
+                oid = stack.pop()
+                if oid not in seen:
+                    seen.add(oid)
+                    header = self.block_table(oid).header
+                    budget -= header.size
+                    stack += header.bases
+        except (CorruptObjectError, MissingObjectError):
+            return False
+        return budget >= 0 and len(seen) < MAX_READ_DECODES
 
     def put_tensor(self, dtype: str, shape: tuple[int, ...], data: np.ndarray, *, bases: Sequence[str] = (),
                    max_depth: int = DEFAULT_MAX_DEPTH, encoding: Encoding | None = None,
@@ -241,51 +277,69 @@ class ObjectStore:
         return self.put(kind, {}, canonical_json(record))
 
     # --- reading ------------------------------------------------------------------------
-    def get(self, oid: str, *, reuse: DecodedCache | None = None, verify: bool = True) -> Entry:
+    def prefetch(self, oid: str, expect: Expected | None) -> None:
+        """Bring `oid` here now if this store fetches what it lacks (a lazy clone's), bounded
+        by what the record that names it expects; any other store has it or not."""
+
+    def get(self, oid: str, *, reuse: DecodedCache | None = None, verify: bool = True,
+            expect: Expected | None = None) -> Entry:  # fmt: skip
         """Decode an object and check that its content hashes to its id.
 
         With `reuse`, the object comes from that cache when it is there, and the delta bases
         decoded on the way are kept in it (with the object itself if the cache keeps all).
         Arrays that a cache holds are read-only. `verify=False` skips the hash of the object
         itself (its bases are verified as ever) for a caller that checks what it builds of
-        it against a digest, as checkout does; such an object is never kept in `reuse`."""
-        if not verify:
-            found = reuse.lookup(oid) if reuse is not None else None
-            return found if found is not None else self._decode(oid, reuse, verify=False)
-        if reuse is None:
-            return self._decode(oid, None)
-        found = reuse.lookup(oid)
+        it against a digest, as checkout does; such an object is never kept in `reuse`.
+        `expect` is what the record naming the object says of it (`objectformat.expected_by`:
+        its manifest's entry), checked against its header before anything is decoded."""
+        self.prefetch(oid, expect)
+        found = reuse.lookup(oid) if reuse is not None else None
+        if found is None and verify and reuse is not None and reuse.keep_all:
+            found = reuse.get_or_decode(oid, lambda: self._decode(oid, reuse, None, expect=expect))
+        if found is not None:
+            if expect is not None:
+                expect.check(oid, found[0])
+            return found
+        return self._decode(oid, reuse, None, verify=verify, expect=expect)
+
+    def load_base(self, oid: str, reuse: DecodedCache | None, *, _read: _Read | None = None) -> np.ndarray:
+        """The decoded bytes of an object that others are coded against (a delta's base, a
+        parent tensor an add encodes against), kept in `reuse` for the next that need it and,
+        within one read, decoded once however many of the objects on the way name it."""
+        found = _read.whole.get(oid) if _read is not None else None
         if found is not None:
             return found
-        if reuse.keep_all:
-            return reuse.get_or_decode(oid, lambda: self._decode(oid, reuse))
-        return self._decode(oid, reuse)
 
-    def load_base(self, oid: str, reuse: DecodedCache | None, *, _within: tuple[str, ...] = ()) -> np.ndarray:
-        """The decoded bytes of an object that others are coded against (a delta's base, a
-        parent tensor an add encodes against), kept in `reuse` for the next that need it."""
-        if oid in _within or len(_within) > MAX_DEPTH_LIMIT:
-            # Writers never make a cycle or a chain this long: a forged object did.
-            raise CorruptObjectError(_within[-1], f"its delta bases form a cycle or a chain over {MAX_DEPTH_LIMIT}")
-        if reuse is None:
-            return self._decode(oid, None, _within)[1]
-        return reuse.get_or_decode(oid, lambda: self._decode(oid, reuse, _within))[1]
+        def decode() -> Entry:
+            return self._decode(oid, reuse, _read)
 
-    def _decode(self, oid: str, reuse: DecodedCache | None, within: tuple[str, ...] = (), *,
-                verify: bool = True) -> Entry:  # fmt: skip
+        arr = (decode() if reuse is None else reuse.get_or_decode(oid, decode))[1]
+        if _read is not None:
+            _read.whole[oid] = arr
+        return arr
 
+    def _decode(self, oid: str, reuse: DecodedCache | None, read: _Read | None, *, verify: bool = True,
+                expect: Expected | None = None) -> Entry:  # fmt: skip
         from mgit.codecs.buffers import scratch
 
         header, payload = parse_record(oid, self.read_record(oid))
+        if expect is not None:
+            expect.check(oid, header)
+        read = read if read is not None else _Read(oid, header.size)
+        read.charge(oid, header.size)
+        self._check_bases(oid, header, read)
         witness = _Witness() if verify and header.blocks and self.tracks_verified else None
         if header.blocks:
-            arr = scratch(header.size)
             spans = frame_spans(oid, header, len(payload), lambda at, n: payload[at : at + n])
+            _check_frames(oid, header, spans)  # every block within what its frame can hold, before allocating
+            arr = scratch(header.size)
             for k, (at, n) in enumerate(spans):
                 start, stop = header.block_span(k)
-                arr[start:stop] = self._decode_chain(oid, header, payload[at : at + n], k, reuse, within, witness)
+                read.blocks.clear()  # the bases' blocks k are used by block k alone: not kept past it
+                arr[start:stop] = self._decode_chain(oid, header, payload[at : at + n], k, reuse, read, witness)
+            read.blocks.clear()
         else:
-            arr = self._decode_chain(oid, header, payload, None, reuse, within)
+            arr = self._decode_chain(oid, header, payload, None, reuse, read)
         if verify:
             hasher = object_hasher(header.kind, header.meta)
             hasher.update(arr)
@@ -296,8 +350,22 @@ class ObjectStore:
                 self.mark_verified(base)
         return header, arr
 
+    def _check_bases(self, oid: str, header: ObjectHeader, read: _Read) -> None:
+        """A delta's bases are tensors, each of a depth below its own, the deepest exactly one
+        below (so a read goes at most `header.depth` bases down); their sizes are charged to
+        the read when they are decoded."""
+        if not header.bases:
+            return
+        found = {base: self.block_table(base).header for base in header.bases}
+        deepest = max(h.depth for h in found.values())
+        if deepest != header.depth - 1:
+            raise CorruptObjectError(oid, f"it declares delta depth {header.depth}, its deepest base has {deepest}")
+        expect = base_expected(oid, header)
+        for base, h in found.items():
+            expect.check(base, h)
+
     def _decode_chain(self, oid: str, header: ObjectHeader, data: Any, k: int | None, reuse: DecodedCache | None,
-                      within: tuple[str, ...], witness: _Witness | None = None) -> np.ndarray:  # fmt: skip
+                      read: _Read, witness: _Witness | None = None) -> np.ndarray:  # fmt: skip
         """The content coded in `data`: all of it (k None) or its block k."""
         import numpy as np
 
@@ -310,12 +378,11 @@ class ObjectStore:
         )
 
         size = header.size if k is None else header.block_span(k)[1] - header.block_span(k)[0]
-        inner = (*within, oid)
 
         def base(o: str) -> np.ndarray:
             if k is None:
-                return self.load_base(o, reuse, _within=inner)
-            return self.base_block(o, k, header.blocks, reuse, inner, witness)
+                return self.load_base(o, reuse, _read=read)
+            return self.base_block(o, k, header.blocks, reuse, read, witness)
 
         try:
             chain = chain_from_list(header.codecs)
@@ -326,33 +393,40 @@ class ObjectStore:
             raise CorruptObjectError(oid, exc.message) from None
         return out if isinstance(out, np.ndarray) else np.frombuffer(out, np.uint8)
 
-    def decode_block(self, oid: str, k: int, *, reuse: DecodedCache | None = None,
-                     _within: tuple[str, ...] = (), _witness: _Witness | None = None) -> np.ndarray:  # fmt: skip
+    def decode_block(self, oid: str, k: int, *, reuse: DecodedCache | None = None, expect: Expected | None = None,
+                     _read: _Read | None = None, _witness: _Witness | None = None) -> np.ndarray:  # fmt: skip
         """Block k of a blocked object's content, decoded but not verified: the caller checks
         what it builds of the blocks against a digest (a checkout, the file's). Its bases'
         blocks are decoded alike, block k of each, so memory stays a few blocks."""
-        table = self.block_table(oid)
+        self.prefetch(oid, expect)
+        table = self.block_table(oid, expect)
+        start, stop = table.header.block_span(k)
+        read = _read if _read is not None else _Read(oid, table.header.size)
+        read.charge(oid, stop - start)
+        self._check_bases(oid, table.header, read)
         at, n = table.spans[k]
-        return self._decode_chain(oid, table.header, self.read_range(oid, table.start + at, n), k, reuse, _within,
+        return self._decode_chain(oid, table.header, self.read_range(oid, table.start + at, n), k, reuse, read,
                                   _witness)  # fmt: skip
 
     def base_block(self, oid: str, k: int, block_bytes: int, reuse: DecodedCache | None,
-                   within: tuple[str, ...] = (), witness: _Witness | None = None) -> np.ndarray:  # fmt: skip
+                   read: _Read | None = None, witness: _Witness | None = None) -> np.ndarray:  # fmt: skip
         """Bytes [k B, (k + 1) B) of a base's content (fewer at its end; none past it): its
         block k when it is coded in blocks of the same size, else a slice of it whole."""
-        if oid in within or len(within) > MAX_DEPTH_LIMIT:
-            raise CorruptObjectError(within[-1], f"its delta bases form a cycle or a chain over {MAX_DEPTH_LIMIT}")
         header = self.block_table(oid).header
-        if header.blocks == block_bytes:
-            if k >= header.block_count or not header.size:
-                import numpy as np
+        if header.blocks != block_bytes:
+            return self.load_base(oid, reuse, _read=read)[k * block_bytes : (k + 1) * block_bytes]
+        if k >= header.block_count or not header.size:
+            import numpy as np
 
-                return np.empty(0, np.uint8)
-            block = self.decode_block(oid, k, reuse=reuse, _within=within, _witness=witness)
+            return np.empty(0, np.uint8)
+        block = read.blocks.get((oid, k)) if read is not None else None
+        if block is None:
+            block = self.decode_block(oid, k, reuse=reuse, _read=read, _witness=witness)
+            if read is not None:
+                read.blocks[(oid, k)] = block
             if witness is not None:
                 witness.saw(oid, header, k, block)
-            return block
-        return self.load_base(oid, reuse, _within=within)[k * block_bytes : (k + 1) * block_bytes]
+        return block
 
     def _blame_bases(self, oid: str, header: ObjectHeader) -> None:
         """When a blocked object does not hash to its id, its bases (decoded block by block,
@@ -461,6 +535,45 @@ class _Witness:
         for oid, (hasher, seen) in self._running.items():
             if seen == store.block_table(oid).header.block_count and hasher.hexdigest() == oid:
                 yield oid
+
+
+class _Read:
+    """One read of an object: the bases it decoded (each once, so a DAG of bases costs its
+    objects, not its paths: whole ones, and block k of those coded in the same blocks while
+    block k is decoded), and how many objects and bytes it decoded, both bounded before
+    anything is allocated (docs/format.md: at most MAX_READ_DECODES objects and READ_FACTOR
+    times the object's size plus READ_FLOOR bytes)."""
+
+    def __init__(self, oid: str, size: int) -> None:
+        self.oid = oid
+        self.budget = READ_FACTOR * size + READ_FLOOR
+        self.decodes = self.bytes = 0
+        self.whole: dict[str, np.ndarray] = {}
+        self.blocks: dict[tuple[str, int], np.ndarray] = {}
+
+    def charge(self, oid: str, size: int) -> None:
+        """Count a decode of `size` bytes, before anything of it is allocated."""
+        self.decodes += 1
+        self.bytes += size
+        if self.decodes > MAX_READ_DECODES:
+            raise CorruptObjectError(self.oid, f"reading it decodes more than {MAX_READ_DECODES} objects")
+        if self.bytes > self.budget:
+            what = "it declares" if oid == self.oid else f"its delta base {oid[:16]} declares"
+            raise CorruptObjectError(self.oid, f"{what} {size} bytes: its read would decode more than {self.budget}")
+
+
+def _check_frames(oid: str, header: ObjectHeader, spans: list[tuple[int, int]]) -> None:
+    """Each block of a blocked object no larger than its frame can decode to."""
+    from mgit.codecs import CodecError, chain_from_list, decoded_bound
+
+    try:
+        chain = chain_from_list(header.codecs)
+    except CodecError as exc:
+        raise CorruptObjectError(oid, exc.message) from None
+    for k, (_, n) in enumerate(spans):
+        start, stop = header.block_span(k)
+        if stop - start > decoded_bound(chain, n):
+            raise CorruptObjectError(oid, f"block {k} declares {stop - start} bytes, more than its {n} stored bytes can hold")
 
 
 class BaseReader:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from mgit.errors import MissingKeyError, ReceivedCorruptError, ReceivedMissingError
 from mgit.incoming import Incoming
 from mgit.localstore import LocalStore
-from mgit.objectformat import MAX_DEPTH_LIMIT, MAX_HEADER, MAX_RECORD, PREFIX
+from mgit.objectformat import MAX_DEPTH_LIMIT, MAX_HEADER, MAX_RECORD, PREFIX, Expected
 from mgit.objects import Manifest, Version
 from mgit.remotes.repository import RemoteRepository
 from mgit.reports import Report
@@ -168,12 +168,14 @@ def receive(remote: RemoteRepository, incoming: Incoming, wanted: Mapping[str, i
 
 
 def fetch_objects(remote: RemoteRepository, store: LocalStore, wanted: Mapping[str, int], *, jobs: int,
-                  progress: Callable[[int], None] | None = None) -> TransferStats:  # fmt: skip
-    """Download, verify and keep objects (with their bases): all of them, or none (then the
-    error names the remote)."""
+                  progress: Callable[[int], None] | None = None,
+                  expect: Mapping[str, Expected] | None = None) -> TransferStats:  # fmt: skip
+    """Download, verify and keep objects (with their bases): all of them, or none (then the error
+    names the remote). `expect`: what the records naming them say of them, checked before each
+    is decoded."""
     with Incoming(store) as incoming:
         with incoming.refusing(remote.url):
             stats = receive(remote, incoming, wanted, progress=progress)
-            incoming.verify(list(dict.fromkeys(incoming.arrived)), jobs=jobs)
+            incoming.verify(list(dict.fromkeys(incoming.arrived)), jobs=jobs, expect=expect)
         incoming.promote()
     return stats

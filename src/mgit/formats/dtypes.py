@@ -39,3 +39,13 @@ def is_float(dtype: str) -> bool:
 
 def element_count(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
+
+
+MAX_TENSOR_BYTES = (1 << 63) - 1  # numpy's bound: the product of the nonzero dimensions times the itemsize
+
+
+def shape_fits(shape: tuple[int, ...], dtype: str) -> bool:
+    """Whether a tensor of this shape can exist in memory at all: the product of its nonzero
+    dimensions, times the itemsize, within MAX_TENSOR_BYTES (a shape like [2**70, 0] holds
+    no byte, yet no array can have it)."""
+    return math.prod(d for d in shape if d) * itemsize(dtype) <= MAX_TENSOR_BYTES

@@ -18,7 +18,14 @@ from typing import Any
 import numpy as np
 
 from mgit.errors import InputError
-from mgit.formats.dtypes import DTYPES, element_count, is_float, itemsize
+from mgit.formats.dtypes import (
+    DTYPES,
+    MAX_TENSOR_BYTES,
+    element_count,
+    is_float,
+    itemsize,
+    shape_fits,
+)
 
 __all__ = ["DTYPES", "element_count", "is_float", "itemsize"]  # (the table lives in dtypes.py)
 
@@ -157,6 +164,9 @@ def _parse_entry(path: str, name: str, entry: object) -> TensorSpan:
         or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
     ):
         raise InputError(path, f"tensor {name!r} has an invalid shape {shape!r}")
+    if not shape_fits(tuple(shape), dtype):
+        raise InputError(path, f"tensor {name!r} has a shape {shape!r} that no array can have "
+                               f"(its nonzero dimensions hold over {MAX_TENSOR_BYTES} bytes)")  # fmt: skip
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mgit.objectformat import blob_expected
 from mgit.objects import Manifest
 from mgit.reports import Report
 from mgit.store import ObjectStore
@@ -36,7 +37,7 @@ def version_card(manifest: Manifest, store: ObjectStore) -> ModelCard | None:
         return None
     if entry.size > MAX_CARD_BYTES:
         return ModelCard(entry.path, note=TOO_LARGE)
-    return render_card(store.get(entry.object)[1].tobytes(), path=entry.path)
+    return render_card(store.get(entry.object, expect=blob_expected(entry.size))[1].tobytes(), path=entry.path)
 
 
 def render_card(data: bytes, *, path: str = CARD) -> ModelCard:
