@@ -253,3 +253,15 @@ class MissingKeyError(RemoteError):
         super().__init__(f"{key} is missing from {url}", hint="Run: mgit fsck on the remote")
         self.url = url
         self.key = key
+
+
+class RemoteEntryError(RemoteError):
+    """Something in a folder remote that MGit neither reads nor writes through: a link (it
+    could lead out of the remote), a FIFO or a device (a read would block), a socket."""
+
+    def __init__(self, url: str, key: str, what: str, expected: str = "a regular file or folder") -> None:
+        super().__init__(f"{key} on {url} is {what}, not {expected}",
+                         hint="The remote is damaged or hostile: MGit reads and writes only the files and "
+                              "folders inside it; nothing was kept")  # fmt: skip
+        self.url = url
+        self.key = key

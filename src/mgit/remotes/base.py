@@ -56,6 +56,11 @@ class Backend:
         raise NotImplementedError
 
     def exists(self, key: str) -> bool:
+        return self.size(key) is not None
+
+    def size(self, key: str) -> int | None:
+        """The size of the file (or object) at `key`, or None if there is none: absent, or,
+        in a folder, anything but a regular file (a folder, a link, a FIFO)."""
         raise NotImplementedError
 
     def list(self, prefix: str) -> Iterator[str]:

@@ -14,7 +14,7 @@ ids by whoever keeps them).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -122,11 +122,14 @@ class RemoteRepository:
         self.backend.write_if(REFS + validate_model_name(name), f"{new}\n".encode(), token=token)
 
     # --- objects ----------------------------------------------------------------------------
-    def has_objects(self, oids: Iterable[str]) -> set[str]:
-        """Which of these objects the remote holds (one request each, in parallel)."""
-        wanted = sorted(set(oids))
-        present = self.map(lambda o: self.backend.exists(object_key(o)), wanted)
-        return {o for o, here in zip(wanted, present, strict=True) if here}
+    def has_objects(self, sizes: Mapping[str, int | None]) -> set[str]:
+        """Which of these objects ({id: its stored size, or None where not known}) the remote
+        holds, as files of that size (one request each, in parallel): an object a full disk
+        cut short, or anything else under its name, is not there, and is sent again."""
+        wanted = sorted(sizes)
+        found = self.map(lambda o: self.backend.size(object_key(o)), wanted)
+        return {o for o, size in zip(wanted, found, strict=True)
+                if size is not None and (sizes[o] is None or size == sizes[o])}  # fmt: skip
 
     def read_object(self, oid: str, *, limit: int) -> bytes:
         return self.backend.read(object_key(oid), limit=limit)

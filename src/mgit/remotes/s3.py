@@ -231,13 +231,14 @@ class S3Backend(Backend):
                 with create_transfer_manager(self.client, self.transfer) as manager:
                     manager.upload(str(data), self.bucket, self._key(key)).result()
 
-    def exists(self, key: str) -> bool:
+    def size(self, key: str) -> int | None:
         try:
             with self._translated(key):
-                self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+                head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
         except MissingKeyError:
-            return False
-        return True
+            return None
+        size = head.get("ContentLength")
+        return size if isinstance(size, int) and size >= 0 else None  # (a server that says no size: sent again)
 
     def list(self, prefix: str) -> Iterator[str]:
         if top := prefix.rpartition("/")[0]:
