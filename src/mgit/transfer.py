@@ -119,7 +119,11 @@ def present_on(remote: RemoteRepository, store: ObjectStore, oids: Iterable[str]
 
 def upload(remote: RemoteRepository, store: LocalStore, oids: Iterable[str], *,
            progress: Callable[[int], None] | None = None) -> TransferStats:  # fmt: skip
-    """Send these object files as they are stored (the caller knows the remote lacks them)."""
+    """Send these object files as they are stored (the caller knows the remote lacks them),
+    first aborting what a killed push left of their uploads."""
+    wanted = sorted(set(oids))
+    if wanted:
+        remote.abort_unfinished(wanted)
 
     def send(oid: str) -> int:
         size = store.stored_size(oid)
@@ -128,7 +132,7 @@ def upload(remote: RemoteRepository, store: LocalStore, oids: Iterable[str], *,
             progress(size)
         return size
 
-    sizes = remote.map(send, sorted(set(oids)))
+    sizes = remote.map(send, wanted)
     return TransferStats(objects=len(sizes), bytes=sum(sizes))
 
 

@@ -137,6 +137,10 @@ class RemoteRepository:
     def read_object_into(self, oid: str, path: Path, *, limit: int) -> int:
         return self.backend.read_into(object_key(oid), path, limit=limit)
 
+    def abort_unfinished(self, oids: Iterable[str]) -> int:
+        """Before sending these objects: abort their uploads that a killed push left."""
+        return self.backend.abort_unfinished([object_key(o) for o in oids])
+
     def write_object(self, oid: str, data: bytes | Path) -> None:
         self.backend.write(object_key(oid), data)
 
