@@ -51,6 +51,21 @@ class InvalidNameError(MgitError):
         self.name = name
 
 
+class ModelNameConflictError(MgitError):
+    """A model name under another model's name, or above one: names are lists of path
+    segments, and a name cannot be a model and a folder of models at once (`x` and `x/y`)."""
+
+    def __init__(self, name: str, other: str, *, where: str | None = None) -> None:
+        on = f" on {where}" if where else ""
+        if other.startswith(f"{name}/"):
+            message = f"model name {name!r} has models under it ({other!r}{on})"
+        else:
+            message = f"model name {name!r} is under the model {other!r}{on}"
+        super().__init__(message, hint="A name cannot be both a model and a folder of models; choose another")
+        self.name = name
+        self.other = other
+
+
 class UnknownRefError(MgitError):
     """A model name, version number or id prefix that matches nothing (or several things)."""
 

@@ -22,6 +22,7 @@ from typing import Any
 from mgit.errors import (
     InvalidNameError,
     MissingKeyError,
+    ModelNameConflictError,
     RemoteConflictError,
     RemoteError,
     RemoteNotFoundError,
@@ -93,7 +94,24 @@ class RemoteRepository:
                 names.append(validate_model_name(name))
             except InvalidNameError:
                 raise RemoteError(f"{self.url} has a ref with an invalid model name {name!r}") from None
+        found = set(names)
+        for name in names:  # x and x/y (S3 has no folders to forbid it): refused, as a local add does
+            parts = name.split("/")
+            for above in ("/".join(parts[:i]) for i in range(1, len(parts))):
+                if above in found:
+                    raise ModelNameConflictError(name, above, where=self.url)
         return names
+
+    def check_new_names(self, names: Iterable[str]) -> None:
+        """Refuse to create models whose names are above or under a model on the remote."""
+        for name in names:
+            parts = validate_model_name(name).split("/")
+            for above in ("/".join(parts[:i]) for i in range(1, len(parts))):
+                if self.backend.exists(REFS + above):
+                    raise ModelNameConflictError(name, above, where=self.url)
+            under = next(iter(self.backend.list(f"{REFS}{name}/")), None)
+            if under is not None:
+                raise ModelNameConflictError(name, under[len(REFS) :], where=self.url)
 
     def head(self, name: str) -> tuple[str | None, str | None]:
         """A model's head on the remote and the token a compare-and-swap needs (None, None
@@ -119,6 +137,8 @@ class RemoteRepository:
             raise RemoteError(f"a ref must name a version id, not {new!r}")
         if (expected is None) != (token is None):
             raise RemoteConflictError(self.url, REFS + name)
+        if expected is None:
+            self.check_new_names([name])
         self.backend.write_if(REFS + validate_model_name(name), f"{new}\n".encode(), token=token)
 
     # --- objects ----------------------------------------------------------------------------

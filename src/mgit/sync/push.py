@@ -103,6 +103,7 @@ def _push(repo: Repo, conn: Connection, chosen: dict[str, str], *, force: bool,
     if refused:
         name, old = refused[0]
         raise PushRefusedError(name, conn.name, _describe(repo, conn, old), len(refused) - 1)
+    remote.check_new_names(n for n, (_, old, _) in moving.items() if old is None)  # before sending anything
 
     # What the remote has: every version its heads reach (the ones read now, and those it
     # had when last seen: remotes never delete), as far as this repository knows them.
