@@ -251,3 +251,19 @@ def test_an_export_to_a_full_hf_cache_writes_no_short_blob_and_no_ref(tiny_disk:
     sizes = {hashlib.sha256(p.read_bytes()).hexdigest() for p in (storage / "blobs").iterdir()}
     assert sizes <= {hashlib.sha256(p.read_bytes()).hexdigest() for p in src.rglob("*") if p.is_file()}
     assert [p.name for p in storage.iterdir() if p.name.startswith(".")] == []
+
+
+def test_any_full_disk_the_cli_meets_is_the_one_line_of_storage_full(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A write that meets a full disk outside the atomic writers (a folder made, a quarantine
+    file) says the same line as every other: nothing was committed, free space, run again."""
+    import errno
+
+    repo = Repo.init(tmp_path / "repo")
+    sync.add_remote(repo, "origin", str(tmp_path / "remote"))
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(repo.dir / "incoming" / "x"))
+
+    monkeypatch.setattr(sync, "fetch", full)
+    no_space(run_cli("-C", str(repo.root), "fetch"))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from mgit import __version__
-from mgit.errors import MgitError
+from mgit.errors import MgitError, StorageFullError
 
 if TYPE_CHECKING:
     from mgit.repo import Repo
@@ -109,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         where = f" ({exc.filename})" if exc.filename else ""
-        if exc.errno == errno.ENOSPC:
-            return _fail(f"no space left on the device{where}")
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # met outside the atomic writers: said as they say it
+            return _fail(str(StorageFullError(exc.filename or "a file")))
         return _fail(f"{exc.strerror or exc}{where}")
 
 
