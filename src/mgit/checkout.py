@@ -80,7 +80,7 @@ def restore_file(store: ObjectStore, entry: FileEntry, out_dir: Path, *, pool: T
     reuse.expect(uses)
     hasher, written = blake3.blake3(), 0
     try:
-        with atomic_writer(target, fsync=False, sync_dir=False) as fh:
+        with atomic_writer(target, sync_dir=False, size=entry.size) as fh:
             fd = fh.fileno()
             _allocate(fd, entry.size)
 
@@ -91,8 +91,8 @@ def restore_file(store: ObjectStore, entry: FileEntry, out_dir: Path, *, pool: T
                     data = store.get(oid, reuse=reuse, verify=reuse.keep_all, expect=expected[oid])[1]
                 else:
                     data = store.decode_block(oid, k, reuse=reuse)
-                if os.pwrite(fd, data, offset) != data.nbytes:
-                    raise OSError(errno.EIO, f"short write to {target}")
+                if os.pwrite(fd, data, offset) != data.nbytes:  # the disk took fewer bytes
+                    raise OSError(errno.ENOSPC, f"short write to {target}")
                 return data
 
             for data in ordered_map(pool, rebuild, items, jobs=jobs, size=lambda item: item[3]):

@@ -51,6 +51,21 @@ class InvalidNameError(MgitError):
         self.name = name
 
 
+class ModelNameConflictError(MgitError):
+    """A model name under another model's name, or above one: names are lists of path
+    segments, and a name cannot be a model and a folder of models at once (`x` and `x/y`)."""
+
+    def __init__(self, name: str, other: str, *, where: str | None = None) -> None:
+        on = f" on {where}" if where else ""
+        if other.startswith(f"{name}/"):
+            message = f"model name {name!r} has models under it ({other!r}{on})"
+        else:
+            message = f"model name {name!r} is under the model {other!r}{on}"
+        super().__init__(message, hint="A name cannot be both a model and a folder of models; choose another")
+        self.name = name
+        self.other = other
+
+
 class UnknownRefError(MgitError):
     """A model name, version number or id prefix that matches nothing (or several things)."""
 
@@ -290,5 +305,17 @@ class ReceivedMissingError(ReceivedError, MissingObjectError):
 class MissingKeyError(RemoteError):
     def __init__(self, url: str, key: str) -> None:
         super().__init__(f"{key} is missing from {url}", hint="Run: mgit fsck on the remote")
+        self.url = url
+        self.key = key
+
+
+class RemoteEntryError(RemoteError):
+    """Something in a folder remote that MGit neither reads nor writes through: a link (it
+    could lead out of the remote), a FIFO or a device (a read would block), a socket."""
+
+    def __init__(self, url: str, key: str, what: str, expected: str = "a regular file or folder") -> None:
+        super().__init__(f"{key} on {url} is {what}, not {expected}",
+                         hint="The remote is damaged or hostile: MGit reads and writes only the files and "
+                              "folders inside it; nothing was kept")  # fmt: skip
         self.url = url
         self.key = key

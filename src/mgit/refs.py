@@ -9,10 +9,17 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Collection
 from pathlib import Path
 
 from mgit.atomicfile import TMP_PREFIX, fsync_dir, sync_files, temporary_sibling, write_atomic
-from mgit.errors import DamagedRefError, InvalidNameError, InvalidOptionError, RefConflictError
+from mgit.errors import (
+    DamagedRefError,
+    InvalidNameError,
+    InvalidOptionError,
+    ModelNameConflictError,
+    RefConflictError,
+)
 from mgit.locks import FileLock
 from mgit.objects import OID_RE
 
@@ -64,7 +71,7 @@ class RefStore:
     def get(self, name: str) -> str | None:
         try:
             value = self._path(name).read_text().strip()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):  # (x/y under a model x; x above x/y)
             return None
         if not OID_RE.match(value):
             raise DamagedRefError(name, value)
@@ -85,6 +92,29 @@ class RefStore:
                     heads[name] = head
         return dict(sorted(heads.items()))
 
+    def conflict(self, name: str, *, also: Collection[str] = ()) -> str | None:
+        """A model here (or among `also`) whose name is above `name` or under it, if any: names
+        are lists of path segments, and `x` cannot be a model and a folder of models at once."""
+        parts = validate_model_name(name).split("/")
+        for i in range(1, len(parts)):
+            above = "/".join(parts[:i])
+            if above in also or (self.dir / above).is_file():
+                return above
+        under = [o for o in also if o.startswith(f"{name}/")]
+        if under:
+            return under[0]
+        if (self.dir / name).is_dir():
+            for dirpath, _dirs, files in os.walk(self.dir / name):
+                for f in sorted(files):
+                    if not f.startswith(TMP_PREFIX):
+                        return os.path.relpath(os.path.join(dirpath, f), self.dir).replace(os.sep, "/")
+        return None
+
+    def _check_new(self, name: str, also: Collection[str] = ()) -> None:
+        other = self.conflict(name, also=also)
+        if other is not None:
+            raise ModelNameConflictError(name, other)
+
     def temporary_files(self) -> list[Path]:
         """Leftovers of ref writes that were interrupted (safe to remove with no writer running)."""
         return list(self.dir.rglob(f"{TMP_PREFIX}*")) if self.dir.is_dir() else []
@@ -98,6 +128,8 @@ class RefStore:
             return
         if not OID_RE.match(new):
             raise InvalidOptionError(f"a ref must name a version id, not {new!r}")
+        if expected is None:
+            self._check_new(name)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, [f"{new}\n".encode()], fsync=self.fsync, sync_dir=sync_dir)
 
@@ -116,9 +148,12 @@ class RefStore:
         its lock: the new values are written to temporary files and made durable at once,
         then each ref is compared and renamed into place (a clone of a thousand models)."""
         staged: dict[str, tuple[Path | None, str | None]] = {}
+        created = {name for name, (new, expected) in changes.items() if new is not None and expected is None}
         for name, (new, expected) in changes.items():
             if new is not None and not OID_RE.match(new):
                 raise InvalidOptionError(f"a ref must name a version id, not {new!r}")
+            if name in created:
+                self._check_new(name, also=created - {name})
             tmp = None
             if new is not None:
                 path = self._path(name)

@@ -111,9 +111,19 @@ def limits(store: ObjectStore, versions: Iterable[str]) -> dict[str, int]:
 
 
 # --- sending -------------------------------------------------------------------------------------
+def present_on(remote: RemoteRepository, store: ObjectStore, oids: Iterable[str]) -> set[str]:
+    """Which of these objects the remote holds whole: a file of the size it has here (an
+    object this store has only on that remote counts whatever its size)."""
+    return remote.has_objects({o: store.stored_size(o) if store.has(o) else None for o in oids})
+
+
 def upload(remote: RemoteRepository, store: LocalStore, oids: Iterable[str], *,
            progress: Callable[[int], None] | None = None) -> TransferStats:  # fmt: skip
-    """Send these object files as they are stored (the caller knows the remote lacks them)."""
+    """Send these object files as they are stored (the caller knows the remote lacks them),
+    first aborting what a killed push left of their uploads."""
+    wanted = sorted(set(oids))
+    if wanted:
+        remote.abort_unfinished(wanted)
 
     def send(oid: str) -> int:
         size = store.stored_size(oid)
@@ -122,7 +132,7 @@ def upload(remote: RemoteRepository, store: LocalStore, oids: Iterable[str], *,
             progress(size)
         return size
 
-    sizes = remote.map(send, sorted(set(oids)))
+    sizes = remote.map(send, wanted)
     return TransferStats(objects=len(sizes), bytes=sum(sizes))
 
 

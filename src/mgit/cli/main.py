@@ -16,7 +16,7 @@ import click
 
 from mgit import __version__
 from mgit.cli.output import err
-from mgit.errors import MgitError
+from mgit.errors import MgitError, StorageFullError
 
 if TYPE_CHECKING:
     from mgit.repo import Repo
@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         where = f" ({exc.filename})" if exc.filename else ""
-        if exc.errno == errno.ENOSPC:
-            return _fail(f"no space left on the device{where}")
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # met outside the atomic writers: said as they say it
+            return _fail(str(StorageFullError(exc.filename or "a file")))
         return _fail(f"{exc.strerror or exc}{where}")
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from mgit.atomicfile import fsync_dir, write_atomic
+from mgit.atomicfile import disk_full_as_error, fsync_dir, write_atomic
 from mgit.checkout import safe_join
 from mgit.errors import InvalidOptionError
 from mgit.hf.cache import MAIN, default_cache_dir, load_hub
@@ -91,33 +91,42 @@ def export_to_cache(repo: Repo, ref: str, *, cache_dir: str | os.PathLike[str] |
     for folder in ("blobs", "snapshots", "refs"):
         (storage / folder).mkdir(parents=True, exist_ok=True)
     snapshot = storage / "snapshots" / commit
-    tmp = Path(tempfile.mkdtemp(prefix=".mgit-export-", dir=storage))
+    with disk_full_as_error(snapshot):  # (a link, a folder, the ref: each can meet a full disk)
+        tmp = Path(tempfile.mkdtemp(prefix=".mgit-export-", dir=storage))
     try:
-        checkout = repo.checkout(info.id, tmp / "files", progress=progress)
-        files = {f.path: f.size for f in checkout.files}
-        attributes = tmp / "files" / ".gitattributes"
-        patterns = lfs_patterns(attributes.read_text(errors="replace")) if ".gitattributes" in files else DEFAULT_LFS
-        written = written_bytes = 0
-        links: dict[str, str] = {}
-        for path, size in files.items():
-            src = tmp / "files" / path
-            blob = storage / "blobs" / etag(src, size, lfs=is_lfs(path, size, patterns))
-            if not blob.is_file():
-                os.replace(src, blob)
-                written, written_bytes = written + 1, written_bytes + size
-            links[path] = os.path.relpath(blob, snapshot.joinpath(*path.split("/")).parent)
-            staged = tmp / "snapshot" / path
-            staged.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(links[path], staged)
-        fsync_dir(storage / "blobs")
-        _place_snapshot(tmp / "snapshot", snapshot, links)
-        write_atomic(storage / "refs" / MAIN, [commit.encode()])
+        with disk_full_as_error(snapshot):
+            files, written, written_bytes = _export(repo, info.id, storage, snapshot, tmp, commit, progress)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     notes = [] if "config.json" in files else [
         "it has no config.json: transformers cannot load it as a model, though its files are in the cache"]
     return ExportResult(info.model, info.seq, info.id, repo_id, commit, str(root), str(snapshot), len(files), written,
                         written_bytes, notes)  # fmt: skip
+
+
+def _export(repo: Repo, vid: str, storage: Path, snapshot: Path, tmp: Path, commit: str,
+            progress: Callable[[int, int], Progress] | None) -> tuple[dict[str, int], int, int]:  # fmt: skip
+    """Blobs, snapshot and ref (see `export_to_cache`): (the files, blobs written, their bytes)."""
+    checkout = repo.checkout(vid, tmp / "files", progress=progress)
+    files = {f.path: f.size for f in checkout.files}
+    attributes = tmp / "files" / ".gitattributes"
+    patterns = lfs_patterns(attributes.read_text(errors="replace")) if ".gitattributes" in files else DEFAULT_LFS
+    written = written_bytes = 0
+    links: dict[str, str] = {}
+    for path, size in files.items():
+        src = tmp / "files" / path
+        blob = storage / "blobs" / etag(src, size, lfs=is_lfs(path, size, patterns))
+        if not blob.is_file():
+            os.replace(src, blob)
+            written, written_bytes = written + 1, written_bytes + size
+        links[path] = os.path.relpath(blob, snapshot.joinpath(*path.split("/")).parent)
+        staged = tmp / "snapshot" / path
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(links[path], staged)
+    fsync_dir(storage / "blobs")
+    _place_snapshot(tmp / "snapshot", snapshot, links)
+    write_atomic(storage / "refs" / MAIN, [commit.encode()])
+    return files, written, written_bytes
 
 
 def commit_for(history: list[VersionInfo], repo_id: str) -> str:

@@ -14,7 +14,7 @@ Every read takes a `limit`: nothing read from a remote is trusted, its size incl
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from mgit.errors import RemoteError
@@ -56,7 +56,18 @@ class Backend:
         raise NotImplementedError
 
     def exists(self, key: str) -> bool:
+        return self.size(key) is not None
+
+    def size(self, key: str) -> int | None:
+        """The size of the file (or object) at `key`, or None if there is none: absent, or,
+        in a folder, anything but a regular file (a folder, a link, a FIFO)."""
         raise NotImplementedError
+
+    def abort_unfinished(self, keys: Iterable[str]) -> int:
+        """Abort the uploads of these keys that a killed writer left unfinished (S3's multipart
+        uploads, whose parts are kept and billed until aborted); how many. A folder has none:
+        its writes are single files, renamed into place."""
+        return 0
 
     def list(self, prefix: str) -> Iterator[str]:
         """Every key that starts with `prefix` (a folder prefix ends with `/`), sorted."""

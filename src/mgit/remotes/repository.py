@@ -14,7 +14,7 @@ ids by whoever keeps them).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from typing import Any
 from mgit.errors import (
     InvalidNameError,
     MissingKeyError,
+    ModelNameConflictError,
     RemoteConflictError,
     RemoteError,
     RemoteNotFoundError,
@@ -93,7 +94,24 @@ class RemoteRepository:
                 names.append(validate_model_name(name))
             except InvalidNameError:
                 raise RemoteError(f"{self.url} has a ref with an invalid model name {name!r}") from None
+        found = set(names)
+        for name in names:  # x and x/y (S3 has no folders to forbid it): refused, as a local add does
+            parts = name.split("/")
+            for above in ("/".join(parts[:i]) for i in range(1, len(parts))):
+                if above in found:
+                    raise ModelNameConflictError(name, above, where=self.url)
         return names
+
+    def check_new_names(self, names: Iterable[str]) -> None:
+        """Refuse to create models whose names are above or under a model on the remote."""
+        for name in names:
+            parts = validate_model_name(name).split("/")
+            for above in ("/".join(parts[:i]) for i in range(1, len(parts))):
+                if self.backend.exists(REFS + above):
+                    raise ModelNameConflictError(name, above, where=self.url)
+            under = next(iter(self.backend.list(f"{REFS}{name}/")), None)
+            if under is not None:
+                raise ModelNameConflictError(name, under[len(REFS) :], where=self.url)
 
     def head(self, name: str) -> tuple[str | None, str | None]:
         """A model's head on the remote and the token a compare-and-swap needs (None, None
@@ -119,20 +137,29 @@ class RemoteRepository:
             raise RemoteError(f"a ref must name a version id, not {new!r}")
         if (expected is None) != (token is None):
             raise RemoteConflictError(self.url, REFS + name)
+        if expected is None:
+            self.check_new_names([name])
         self.backend.write_if(REFS + validate_model_name(name), f"{new}\n".encode(), token=token)
 
     # --- objects ----------------------------------------------------------------------------
-    def has_objects(self, oids: Iterable[str]) -> set[str]:
-        """Which of these objects the remote holds (one request each, in parallel)."""
-        wanted = sorted(set(oids))
-        present = self.map(lambda o: self.backend.exists(object_key(o)), wanted)
-        return {o for o, here in zip(wanted, present, strict=True) if here}
+    def has_objects(self, sizes: Mapping[str, int | None]) -> set[str]:
+        """Which of these objects ({id: its stored size, or None where not known}) the remote
+        holds, as files of that size (one request each, in parallel): an object a full disk
+        cut short, or anything else under its name, is not there, and is sent again."""
+        wanted = sorted(sizes)
+        found = self.map(lambda o: self.backend.size(object_key(o)), wanted)
+        return {o for o, size in zip(wanted, found, strict=True)
+                if size is not None and (sizes[o] is None or size == sizes[o])}  # fmt: skip
 
     def read_object(self, oid: str, *, limit: int) -> bytes:
         return self.backend.read(object_key(oid), limit=limit)
 
     def read_object_into(self, oid: str, path: Path, *, limit: int) -> int:
         return self.backend.read_into(object_key(oid), path, limit=limit)
+
+    def abort_unfinished(self, oids: Iterable[str]) -> int:
+        """Before sending these objects: abort their uploads that a killed push left."""
+        return self.backend.abort_unfinished([object_key(o) for o in oids])
 
     def write_object(self, oid: str, data: bytes | Path) -> None:
         self.backend.write(object_key(oid), data)

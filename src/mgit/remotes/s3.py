@@ -11,7 +11,12 @@ container and instance roles: profiles and SSO would need boto3 anyway, as a Pyt
 
 Nothing a bucket says is trusted: a size is checked against the caller's limit before a body
 is read, at most limit + 1 bytes are read, and a download that comes short or changes on the
-way leaves no file behind.
+way leaves no file behind. An answer without a size (no Content-Length) is read up to the
+limit. Every body has a deadline, `MGIT_TRANSFER_GRACE` seconds plus its size at
+`MGIT_TRANSFER_MIN_RATE` bytes a second (botocore's timeout bounds each socket read, so a
+server sending a byte a second would otherwise hold a clone forever); one that misses it is
+fetched again, then reported. A push first aborts the multipart uploads a killed push left
+unfinished for the keys it is about to send (their parts are kept, and billed, until then).
 """
 
 from __future__ import annotations
@@ -21,12 +26,13 @@ import os
 import random
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
+from mgit.atomicfile import disk_full_as_error
 from mgit.errors import (
     InvalidOptionError,
     MissingDependencyError,
@@ -44,6 +50,7 @@ try:
     import boto3
     import botocore.exceptions as boto_errors
     import s3transfer.exceptions as transfer_errors
+    import urllib3.exceptions as urllib3_errors
     from boto3.s3.transfer import TransferConfig, create_transfer_manager
     from botocore.config import Config
     from s3transfer.subscribers import BaseSubscriber
@@ -55,6 +62,7 @@ MULTIPART_THRESHOLD = 64 * MiB  # from here on, files go up and come down in par
 PART_SIZE = 16 * MiB  # s3transfer enlarges it to stay under S3's 10,000 parts
 ATTEMPTS = 8  # per request, with botocore's jittered exponential backoff; MGIT_S3_ATTEMPTS overrides
 CONNECT_TIMEOUT, READ_TIMEOUT = 10, 60  # seconds
+GRACE, MIN_RATE = 60.0, 32 * 1024  # a body has GRACE s plus its size at MIN_RATE B/s (MGIT_TRANSFER_*)
 CHUNK = 8 * MiB
 MAX_LIST_PAGES = 100_000  # 10^8 keys: a listing that never ends comes from a broken server
 AWS_HOST = re.compile(r"(^|\.)amazonaws\.com(\.cn)?$")
@@ -73,6 +81,22 @@ def attempts_from_env() -> int:
     if not raw.isdigit() or not 1 <= int(raw) <= 100:
         raise InvalidOptionError(f"MGIT_S3_ATTEMPTS={raw!r} is not a number of attempts", hint="Use 1 to 100")
     return int(raw)
+
+
+def pace_from_env() -> tuple[float, float]:
+    """(grace in seconds, least rate in bytes a second) of a download: MGIT_TRANSFER_GRACE and
+    MGIT_TRANSFER_MIN_RATE, or the defaults."""
+    pace = []
+    for name, default in (("MGIT_TRANSFER_GRACE", GRACE), ("MGIT_TRANSFER_MIN_RATE", MIN_RATE)):
+        raw = os.environ.get(name, str(default))
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not 0 < value < 1e12:
+            raise InvalidOptionError(f"{name}={raw!r} is not a positive number", hint="Unset it for the default")
+        pace.append(value)
+    return pace[0], pace[1]
 
 
 def transfer_config(*, max_workers: int = 16, threshold: int = MULTIPART_THRESHOLD,
@@ -98,8 +122,17 @@ class S3Backend(Backend):
         self.bucket = parts.netloc
         self.prefix = parts.path.strip("/") + "/" if parts.path.strip("/") else ""
         self.attempts = attempts_from_env()
+        self.grace, self.min_rate = pace_from_env()
         self.transfer = transfer_config(max_workers=max_workers)
         self.client = self._connect(endpoint_url, region, profile, max_workers)
+        # Every body (ours, and s3transfer's ranged parts) is read against its deadline.
+        self.client.meta.events.register("after-call.s3.GetObject", self._pace)
+
+    def _pace(self, parsed: dict[str, Any], **kwargs: Any) -> None:
+        if "Body" in parsed:
+            size = parsed.get("ContentLength")
+            parsed["Body"] = _PacedBody(parsed["Body"], size if isinstance(size, int) else None, self.grace,
+                                        self.min_rate)  # fmt: skip
 
     def _connect(self, endpoint_url: str | None, region: str | None, profile: str | None, workers: int) -> Any:
         config = Config(retries={"mode": "standard", "total_max_attempts": self.attempts},
@@ -165,17 +198,17 @@ class S3Backend(Backend):
         for attempt in range(1, self.attempts + 1):
             with self._translated(key, conditional=bool(condition)):
                 got = self.client.get_object(Bucket=self.bucket, Key=self._key(key), **condition)
-            body, size = got["Body"], got["ContentLength"]
+            body, size = got["Body"], got.get("ContentLength")  # (no size said: read up to the limit)
             try:
-                if size > limit:
+                if size is not None and size > limit:
                     raise RemoteTooLargeError(self.url, key, size, limit)
                 sink.seek(0)
                 sink.truncate()
                 copied = _copy(body, sink, limit + 1)
                 if copied > limit:  # it said less than it sent
                     raise RemoteTooLargeError(self.url, key, copied, limit)
-                if copied == size:
-                    return got["ETag"]
+                if size is None or copied == size:
+                    return str(got.get("ETag", ""))
                 reason = f"{copied} of {size} bytes arrived"
             except (boto_errors.HTTPClientError, boto_errors.IncompleteReadError) as exc:
                 reason = _line(exc)
@@ -193,22 +226,23 @@ class S3Backend(Backend):
     def read_into(self, key: str, path: Path, *, limit: int) -> int:
         with self._translated(key):
             head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-        size, etag = head["ContentLength"], head["ETag"]
-        if size > limit:
+        size, etag = head.get("ContentLength"), head.get("ETag")
+        if size is not None and size > limit:
             raise RemoteTooLargeError(self.url, key, size, limit)
-        with open(path, "xb") as fh:  # an existing file is refused, and kept
+        with disk_full_as_error(path), open(path, "xb") as fh:  # an existing file is refused, and kept
             try:
-                if size < self.transfer.multipart_threshold:
-                    self._fetch(key, fh, limit, IfMatch=etag)
+                if size is None or etag is None or size < self.transfer.multipart_threshold:
+                    self._fetch(key, fh, limit, **({"IfMatch": etag} if etag else {}))
                 else:
                     self._download(key, _BoundedFile(fh, size, self.url, key), size, etag)
                 fh.flush()
-                if (written := os.fstat(fh.fileno()).st_size) != size:
+                written = os.fstat(fh.fileno()).st_size
+                if size is not None and written != size:
                     raise RemoteUnavailableError(self.url, f"reading {key}: {written} of {size} bytes arrived")
             except BaseException:
                 path.unlink(missing_ok=True)
                 raise
-        return size
+        return written
 
     def _download(self, key: str, sink: _BoundedFile, size: int, etag: str) -> None:
         """Parallel ranged GETs, each If-Match the ETag: parts of two versions never mix."""
@@ -228,16 +262,44 @@ class S3Backend(Backend):
                 with open(data, "rb") as fh:
                     self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=fh)
             else:  # parallel parts; the object appears only when the upload completes
-                with create_transfer_manager(self.client, self.transfer) as manager:
-                    manager.upload(str(data), self.bucket, self._key(key)).result()
+                for attempt in range(2):
+                    try:
+                        with create_transfer_manager(self.client, self.transfer) as manager:
+                            manager.upload(str(data), self.bucket, self._key(key)).result()
+                        return
+                    except boto_errors.ClientError as exc:
+                        # Another push took this upload for a killed one's and aborted it: again.
+                        if attempt or exc.response.get("Error", {}).get("Code") != "NoSuchUpload":
+                            raise
 
-    def exists(self, key: str) -> bool:
+    def abort_unfinished(self, keys: Iterable[str]) -> int:
+        wanted = {self._key(k) for k in keys}
+        if not wanted:
+            return 0
+        found = []
+        pages = self.client.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self.bucket, Prefix=os.path.commonprefix(sorted(wanted)))
+        with self._translated():
+            for number, page in enumerate(pages):
+                if number >= MAX_LIST_PAGES:
+                    raise RemoteError(f"{self.url}: listing its uploads did not end after {number} pages")
+                found += [(u["Key"], u["UploadId"]) for u in page.get("Uploads", ()) if u.get("Key") in wanted]
+        for full, upload in found:
+            try:
+                with self._translated(full):
+                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload)
+            except MissingKeyError:  # NoSuchUpload: completed or aborted meanwhile
+                pass
+        return len(found)
+
+    def size(self, key: str) -> int | None:
         try:
             with self._translated(key):
-                self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+                head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
         except MissingKeyError:
-            return False
-        return True
+            return None
+        size = head.get("ContentLength")
+        return size if isinstance(size, int) and size >= 0 else None  # (a server that says no size: sent again)
 
     def list(self, prefix: str) -> Iterator[str]:
         if top := prefix.rpartition("/")[0]:
@@ -297,6 +359,54 @@ def _copy(body: Any, sink: BinaryIO, most: int) -> int:
 def _listed(key: str) -> bool:
     """A key `list` shows: valid, with no hidden part (as the folder backend shows files)."""
     return bool(KEY_RE.match(key)) and not any(p.startswith(".") for p in key.split("/"))
+
+
+class _TooSlow(boto_errors.ReadTimeoutError):
+    """A body that missed its deadline (a ReadTimeoutError, so that s3transfer's ranged parts
+    are retried like any read that timed out)."""
+
+    fmt = "too slow: {received} of {size} bytes in {seconds:.0f} s (the least rate is {rate:.0f} bytes a second)"
+
+
+class _PacedBody:
+    """A response body read against a deadline: `grace` seconds plus its size (or, where the
+    answer said none, what has arrived) at `rate` bytes a second. Each read returns what one
+    socket read brings (urllib3's read1), so the deadline is looked at between bytes that
+    trickle in, not only when a whole chunk has come."""
+
+    def __init__(self, body: Any, size: int | None, grace: float, rate: float) -> None:
+        self._body, self._size, self._grace, self._rate = body, size, grace, rate
+        self._start, self._received = time.monotonic(), 0
+        raw = getattr(body, "_raw_stream", None)
+        self._read1 = getattr(raw, "read1", None)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._body, name)
+
+    def _check(self) -> None:
+        spent = time.monotonic() - self._start
+        allowed = self._grace + (self._size if self._size is not None else self._received) / self._rate
+        if spent > allowed and (self._size is None or self._received < self._size):
+            raise _TooSlow(received=self._received, size=self._size if self._size is not None else "?",
+                           seconds=spent, rate=self._rate, endpoint_url="")  # fmt: skip
+
+    def read(self, amt: int | None = None) -> bytes:
+        if amt is None or amt < 0:
+            return b"".join(iter(lambda: self.read(CHUNK), b""))
+        self._check()
+        try:
+            chunk = self._read1(min(amt, CHUNK)) if self._read1 is not None else self._body.read(min(amt, 64 * 1024))
+        except urllib3_errors.ReadTimeoutError as exc:
+            raise boto_errors.ReadTimeoutError(endpoint_url=str(exc)) from exc
+        except (urllib3_errors.ProtocolError, urllib3_errors.HTTPError) as exc:
+            raise boto_errors.ResponseStreamingError(error=exc) from exc
+        self._received += len(chunk)
+        if chunk:
+            self._check()
+        return chunk
+
+    def close(self) -> None:
+        self._body.close()
 
 
 class _BoundedFile:

@@ -25,7 +25,15 @@ from mgit.repo import Repo
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, connect
 from mgit.sync.reports import ModelUpdate, PushResult
 from mgit.sync.results import push_checks
-from mgit.transfer import RECORD_LIMIT, TransferStats, closure, history, upload, version_objects
+from mgit.transfer import (
+    RECORD_LIMIT,
+    TransferStats,
+    closure,
+    history,
+    present_on,
+    upload,
+    version_objects,
+)
 
 Progress = Callable[[int], None]
 MAX_WALK = 10_000  # remote records read to number a head this repository does not have
@@ -95,6 +103,7 @@ def _push(repo: Repo, conn: Connection, chosen: dict[str, str], *, force: bool,
     if refused:
         name, old = refused[0]
         raise PushRefusedError(name, conn.name, _describe(repo, conn, old), len(refused) - 1)
+    remote.check_new_names(n for n, (_, old, _) in moving.items() if old is None)  # before sending anything
 
     # What the remote has: every version its heads reach (the ones read now, and those it
     # had when last seen: remotes never delete), as far as this repository knows them.
@@ -138,7 +147,7 @@ def publish_to(repo: Repo, conn: Connection, tips: list[str], known_tips: list[s
         needed = closure(store, versions)
         boundary = {v for vid in versions for v in store.get_version(vid).linked_versions() if v in known}
         candidates = needed - closure(store, boundary)
-        present = conn.remote.has_objects(candidates)
+        present = present_on(conn.remote, store, candidates)
         missing = candidates - present
         if isinstance(store, LazyStore):  # a lazy clone sends elsewhere what it has not fetched yet
             store.fetch([o for o in missing if not store.has(o)])

@@ -18,7 +18,7 @@ from mgit.objects import canonical_json
 from mgit.repo import Repo
 from mgit.sync.connection import Connection
 from mgit.sync.reports import ChecksTravel
-from mgit.transfer import RECORD_LIMIT, fetch_objects, upload
+from mgit.transfer import RECORD_LIMIT, fetch_objects, present_on, upload
 
 TESTS, RESULTS = "checks/tests/", "checks/results/"
 
@@ -44,7 +44,7 @@ def push_checks(repo: Repo, conn: Connection, on_remote: set[str]) -> ChecksTrav
     theirs_tests = set(remote.list_keys(TESTS))
     mine = [r for r in checks.registrations() if registration_key(r["name"]) not in theirs_tests]
     sources = {r["source"] for r in mine if r.get("source")}
-    upload(remote, repo.store, sources - remote.has_objects(sources))
+    upload(remote, repo.store, sources - present_on(remote, repo.store, sources))
     sent_tests = 0
     for record in mine:
         try:
