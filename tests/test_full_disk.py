@@ -222,9 +222,7 @@ def test_a_clone_onto_a_full_disk_says_no_space_and_keeps_nothing(small_disk: Pa
 
     no_space(run_cli("clone", str(remote), str(target)))
 
-    if (target / ".mgit").exists():
-        bob = Repo(target)
-        assert objects_and_refs(bob) == {"files": [], "heads": {}}
+    assert not target.exists()  # the repository made for the clone is gone with what it fetched
     filler.unlink()
     assert run_cli("clone", str(remote), str(target))[0] == 0
     Repo(target).checkout("big", tmp_path / "out")

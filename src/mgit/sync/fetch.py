@@ -28,6 +28,7 @@ from mgit.errors import (
     RemoteError,
     RemoteNotFoundError,
     RemoteUnavailableError,
+    StorageFullError,
 )
 from mgit.faults import crash_point
 from mgit.incoming import Incoming
@@ -316,7 +317,7 @@ def clone(url: str, directory: str | os.PathLike[str] | None = None, *, models: 
     repo = Repo(repo.dir)
     try:
         result = fetch(repo, DEFAULT_REMOTE, models=models, progress=progress)
-    except ReceivedError:  # nothing of the remote was kept: neither is the repository made for it
+    except (ReceivedError, StorageFullError):  # nothing of the remote was kept: neither is the repository made for it
         if made_repo:
             repo.catalog.close()
             shutil.rmtree(target if made else target / REPO_DIR, ignore_errors=True)
