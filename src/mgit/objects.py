@@ -25,7 +25,7 @@ from mgit.errors import UnsafePathError
 from mgit.formats.dtypes import DTYPES, element_count, itemsize
 from mgit.formats.paths import CONTROL, folder_clash, path_problem
 
-OID_RE = re.compile(r"^[0-9a-f]{64}$")
+OID_RE = re.compile(r"^[0-9a-f]{64}\Z")  # \Z, not $: "$" also matches before a final newline
 RELATIONS = ("finetune", "adapter", "quantize", "prune", "distill", "merge", "other")
 KINDS = ("tensor", "blob", "manifest", "version")
 RECORD_FORMAT = 1
@@ -33,13 +33,13 @@ RECORD_FORMAT = 1
 # What a version record may hold (docs/format.md, "Version record"); `add` refuses the same.
 VERSION_KEYS = {"format", "model", "manifest", "parents", "predecessor", "message", "author", "time", "tags",
                 "summary", "recipe", "lossy"}  # fmt: skip
-MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")  # as mgit.refs
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?\Z")  # as mgit.refs
 MAX_MODEL_NAME = 128
 MAX_MESSAGE, MAX_AUTHOR, MAX_FN = 65536, 256, 4096  # characters
 MAX_TAGS, MAX_TAG_KEY, MAX_TAG_VALUE = 256, 128, 1024
 MAX_PARENTS = 1024
 MAX_COUNT = 2**63 - 1  # what SQLite's INTEGER holds
-TIME_RE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?Z$")
+TIME_RE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?Z\Z")
 TEXT_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # CONTROL less newline and tab
 SUMMARY_KEYS = {"files", "tensors", "params", "logical_bytes"}
 RECIPE_NEEDS = {"fn", "params", "source_sha256"}

@@ -23,7 +23,7 @@ from mgit.errors import (
 from mgit.locks import FileLock
 from mgit.objects import OID_RE
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?\Z")
 MAX_NAME = 128
 
 

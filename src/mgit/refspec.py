@@ -7,7 +7,7 @@ import re
 
 from mgit.errors import UnknownRefError
 
-REF_RE = re.compile(r"^(?P<name>[^@]+)(?:@(?P<sel>[^@]+))?$")
+REF_RE = re.compile(r"^(?P<name>[^@]+)(?:@(?P<sel>[^@]+))?\Z")
 MIN_PREFIX = 4  # hex digits of a version id prefix given alone or as digits only
 
 

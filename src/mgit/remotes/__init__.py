@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from mgit.errors import InvalidOptionError
 from mgit.remotes.base import Backend
 
-S3_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+S3_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 
 
 @dataclass(frozen=True)

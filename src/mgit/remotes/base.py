@@ -19,7 +19,7 @@ from pathlib import Path
 
 from mgit.errors import RemoteError
 
-KEY_RE = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
+KEY_RE = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*\Z")
 
 
 def check_key(key: str) -> str:

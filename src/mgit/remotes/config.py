@@ -15,7 +15,7 @@ from mgit.errors import InvalidOptionError, RemoteNotFoundError
 from mgit.locks import FileLock
 from mgit.remotes import RemoteSpec
 
-REMOTE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+REMOTE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
 
 def validate_remote_name(name: str) -> str:
