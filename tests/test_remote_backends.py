@@ -450,8 +450,9 @@ def test_without_boto3_an_s3_remote_asks_for_the_extra(monkeypatch):
 
 
 @requires_s3
-def test_attempts_must_be_a_small_whole_number(s3_bucket, monkeypatch):
-    monkeypatch.setenv("MGIT_S3_ATTEMPTS", "lots")
+@pytest.mark.parametrize("attempts", ["lots", "²", "0", "101", "9" * 5000])
+def test_attempts_must_be_a_small_whole_number(s3_bucket, monkeypatch, attempts):
+    monkeypatch.setenv("MGIT_S3_ATTEMPTS", attempts)
     with pytest.raises(InvalidOptionError, match="MGIT_S3_ATTEMPTS"):
         s3_backend(s3_bucket.url)
 

@@ -78,7 +78,7 @@ CREDENTIAL_ERRORS = (boto_errors.PartialCredentialsError, boto_errors.Credential
 def attempts_from_env() -> int:
     """Attempts per request: MGIT_S3_ATTEMPTS (1 fails at once, as tests of failure want)."""
     raw = os.environ.get("MGIT_S3_ATTEMPTS", str(ATTEMPTS))
-    if not raw.isdigit() or not 1 <= int(raw) <= 100:
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 3) or not 1 <= int(raw) <= 100:  # "²".isdigit()
         raise InvalidOptionError(f"MGIT_S3_ATTEMPTS={raw!r} is not a number of attempts", hint="Use 1 to 100")
     return int(raw)
 
