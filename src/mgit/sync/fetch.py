@@ -34,6 +34,7 @@ from mgit.faults import crash_point
 from mgit.incoming import Incoming
 from mgit.layout import REPO_DIR
 from mgit.lazystore import LazyStore
+from mgit.objectformat import Expected, expected_by
 from mgit.refs import RefStore
 from mgit.remotes import normalize_url, pack
 from mgit.remotes.config import remotes_of, update_config
@@ -286,16 +287,22 @@ def _sketches(store: ObjectStore, found: dict[str, bytes]) -> dict[str, bytes]:
 
 
 def _describe_objects(repo: Repo, versions: list[str], rows: list[ObjectRow]) -> None:
-    """A lazy clone's catalog rows for objects it does not have: as the packs describe them
-    (sizes, codecs, delta bases), else from the manifests (sizes; bases found on fetch)."""
-    known = repo.catalog.object_rows(r.id for r in rows)
-    described = {r.id: r for r in rows if r.id not in known}
+    """A lazy clone's catalog rows for objects it does not have: from the manifests (kind and
+    size, which a lazy read then bounds its decode by), with a pack's stored size, codec and
+    delta bases where its row agrees with them. A pack's rows are hints: one that disagrees
+    with a manifest is dropped, and a row for an object no manifest names (a delta base) is
+    kept as a hint only (a base's read is bounded by its child)."""
+    expected: dict[str, Expected] = {}
     for vid in versions:
-        manifest = repo.store.get_manifest(repo.store.get_version(vid).manifest)
-        for f in manifest.files:
-            described.setdefault(f.object, ObjectRow(f.object, "blob", f.size, 0, "unknown"))
-            for t in f.tensors:
-                described.setdefault(t.object, ObjectRow(t.object, "tensor", t.nbytes, 0, "unknown"))
+        for oid, want in expected_by(repo.store.get_manifest(repo.store.get_version(vid).manifest)).items():
+            expected.setdefault(oid, want)
+    described: dict[str, ObjectRow] = {}
+    for r in rows:
+        want = expected.get(r.id)
+        if want is None or (r.kind == want.kind and r.logical_size == want.size):
+            described.setdefault(r.id, r)
+    for oid, want in expected.items():
+        described.setdefault(oid, ObjectRow(oid, want.kind or "blob", want.size or 0, 0, "unknown"))
     known = repo.catalog.object_rows(described)
     repo.catalog.add_objects(r for r in described.values() if r.id not in known)
 
