@@ -129,3 +129,17 @@ def test_a_blocked_object_declaring_a_tebibyte_is_refused_before_anything_is_all
     plant(repo.dir, fake, header, b"".join(struct.pack("<I", len(frame)) + frame for _ in range(100)))
     with pytest.raises(CorruptObjectError, match=f"object {fake[:16]} is corrupt: its payload ends inside"):
         repo.store.get(fake)
+
+
+def test_diff_of_a_local_bomb_is_refused_in_bounded_memory(remote: Path) -> None:
+    """A reader of a file's object with the manifest at hand (diff, merge, load) bounds it by
+    the manifest's entry, as checkout does: here in the repository itself, not fetched. (Its
+    digest differs from m's README's, so that diff reads the contents to compare them.)"""
+    bomb = file_entry(remote, "README.md", model="blob-bomb")
+    version_with(remote, "diff-bomb", {"README.md": {"object": bomb.object, "digest": "00" * 32}})
+    code, err, normal = peak_rss("-C", str(remote), "diff", "m", "m")
+    assert code == 0, err
+    code, err, peak = peak_rss("-C", str(remote), "diff", "m", "diff-bomb")
+    line = one_line_refusal(code, err)
+    assert "where its manifest gives 16" in line, line
+    assert peak < normal + SLACK_RSS, (peak >> 20, normal >> 20)

@@ -37,6 +37,7 @@ from mgit.errors import InputError, MgitError, UnknownRefError
 from mgit.formats.folder import SourceFile, scan_path
 from mgit.formats.safetensors import DTYPES, element_count
 from mgit.formats.tensors import TORCH_SUFFIXES
+from mgit.objectformat import file_expected
 from mgit.objects import Manifest, TensorEntry, object_id, tensor_meta
 from mgit.parallel import Progress, default_jobs, one_blas_thread
 from mgit.reader import tensor_bytes
@@ -217,7 +218,7 @@ def _looks_like_path(text: str) -> bool:
 
 def stored_side(store: ObjectStore, side: DiffSide, manifest: Manifest) -> ModelSide:
     tensors = [TensorRef(t.name, t.dtype, t.shape, entry=t, store=store) for t in manifest.tensors()]
-    files = [FileRef(f.path, f.type, f.size, lambda f=f: f.digest, lambda f=f: store.get(f.object)[1].tobytes())
+    files = [FileRef(f.path, f.type, f.size, lambda f=f: f.digest, lambda f=f: store.get(f.object, expect=file_expected(f))[1].tobytes())
              for f in manifest.files]  # fmt: skip
     return _side(side, tensors, files)
 

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mgit.errors import InputError, InvalidOptionError, MissingDependencyError
+from mgit.objectformat import file_expected
 from mgit.objects import Manifest
 from mgit.reader import state_dicts
 from mgit.repo import Repo
@@ -105,7 +106,7 @@ def _load(refs: list[str], repo: Repo, framework: str, device: Any, dtype: Any, 
 
 def _file(repo: Repo, manifest: Manifest, ref: str, path: str) -> bytes | None:
     found = next((f for f in manifest.files if f.path == path), None)
-    return None if found is None else repo.store.get(found.object)[1].tobytes()
+    return None if found is None else repo.store.get(found.object, expect=file_expected(found))[1].tobytes()
 
 
 def _config(repo: Repo, manifest: Manifest, ref: str, transformers: Any) -> Any:

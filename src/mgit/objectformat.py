@@ -20,7 +20,7 @@ from typing import Any
 
 from mgit.errors import CorruptObjectError
 from mgit.formats.dtypes import DTYPES, element_count, itemsize, shape_fits
-from mgit.objects import KINDS, Manifest, canonical_json
+from mgit.objects import KINDS, FileEntry, Manifest, canonical_json
 
 MAGIC = b"MGITOBJ\x01"
 PREFIX = len(MAGIC) + 4  # magic and the header length
@@ -120,11 +120,16 @@ def expected_by(manifest: Manifest) -> dict[str, Expected]:
     safetensors header's (the file less its tensors), each tensor's dtype, shape and size."""
     out: dict[str, Expected] = {}
     for f in manifest.files:
-        header = f.size - sum(t.nbytes for t in f.tensors)
-        out.setdefault(f.object, Expected("its manifest", "blob", max(header, 0)))
+        out.setdefault(f.object, file_expected(f))
         for t in f.tensors:
             out.setdefault(t.object, tensor_expected(t.dtype, t.shape))
     return out
+
+
+def file_expected(f: FileEntry) -> Expected:
+    """What a manifest entry expects of its file's object: the file's bytes less its tensors
+    (a safetensors file's object is its header)."""
+    return Expected("its manifest", "blob", max(f.size - sum(t.nbytes for t in f.tensors), 0))
 
 
 def base_expected(child: str, header: ObjectHeader) -> Expected:

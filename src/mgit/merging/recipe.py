@@ -46,6 +46,7 @@ from mgit.formats.safetensors import (
 )
 from mgit.merging.methods import merge_tensor, ties_selection
 from mgit.merging.spec import OUT_DTYPES, MergeSpec, layer_positions
+from mgit.objectformat import file_expected
 from mgit.objects import Manifest
 from mgit.reader import tensor_bytes
 from mgit.store import ObjectStore
@@ -120,7 +121,7 @@ class StoreInput:
         if f is None or f.type != "safetensors":
             raise InputError(rel, "is missing from an input: every input must hold the same weight files")
         if rel not in self._metadata:  # (the first input is listed to plan the model, then each file)
-            self._metadata[rel] = parse_header(rel, self.store.get(f.object)[1].tobytes(), f.size).metadata
+            self._metadata[rel] = parse_header(rel, self.store.get(f.object, expect=file_expected(f))[1].tobytes(), f.size).metadata
         return [Tensor(t.name, t.dtype, t.shape) for t in f.tensors], self._metadata[rel]
 
     def raw(self, rel: str, name: str) -> np.ndarray:
@@ -132,7 +133,7 @@ class StoreInput:
         for rel, f in sorted(self.files.items()):
             if rel not in skip and rel != "README.md" and f.type == "blob":
                 (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-                (out_dir / rel).write_bytes(self.store.get(f.object)[1].tobytes())
+                (out_dir / rel).write_bytes(self.store.get(f.object, expect=file_expected(f))[1].tobytes())
 
 
 Input = FolderInput | StoreInput
