@@ -206,7 +206,7 @@ def manifests(repo: Repo) -> dict[str, str]:
 
 
 def cascade_json(setup: Setup, clone: str, *extra: str, check: bool = True, **kw: Any) -> dict[str, Any]:
-    args = ["cascade", "base", "--json", *extra]
+    args = ["cascade", "base", "--json", "--trust-remote-code", *extra]  # the clones run origin's code
     if clone == "ray":
         args += ["--executor", "ray"]
     run = setup.mgit(setup.root / clone, *args, ray_env=clone == "ray", check=check, **kw)
@@ -245,7 +245,7 @@ def test_a_test_run_on_ray_records_what_a_local_run_records(setup: Setup) -> Non
     """Through Ray Client this time: --executor ray://HOST:PORT."""
     runs = {}
     for clone in ("local", "ray"):
-        args = ["test", "run", "--all", "--force", "--json"]
+        args = ["test", "run", "--all", "--force", "--json", "--trust-remote-code"]
         if clone == "ray":
             args += ["--executor", setup.cluster.client_address]
         runs[clone] = json.loads(setup.mgit(setup.root / clone, *args).stdout)
@@ -283,7 +283,7 @@ def disarm(setup: Setup, names: tuple[str, ...]) -> None:
 
 def start_cascade(setup: Setup, *extra: str) -> subprocess.Popen[str]:
     env = {**setup.env, "RAY_ADDRESS": setup.cluster.address}
-    return subprocess.Popen([*MGIT, "cascade", "base", "--json", "--executor", "ray", *extra], cwd=setup.root / "ray",
+    return subprocess.Popen([*MGIT, "cascade", "base", "--json", "--executor", "ray", "--trust-remote-code", *extra], cwd=setup.root / "ray",
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 

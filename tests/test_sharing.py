@@ -237,7 +237,7 @@ class SharingContract:
         sync.clone(url, tmp_path / "bob")  # bob has neither recipes.py nor evals.py
         bob = Repo(tmp_path / "bob")
         assert not (bob.root / "recipes.py").exists() and not (bob.root / "evals.py").exists()
-        code, out, err = mgit_cli(bob.root, "cascade", "base")
+        code, out, err = mgit_cli(bob.root, "cascade", "base", "--trust-remote-code")  # alice's code
         assert code == 0, err
         assert bob.version("ft").message.startswith("cascade from base@2")
         bob.checkout("ft", tmp_path / "out")

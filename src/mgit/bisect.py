@@ -56,14 +56,18 @@ class BisectResult(Report):
     also: list[str] = field(default_factory=list)  # its other ancestors, all passing: "relation from model@seq"
 
 
-def bisect(repo: Repo, test: str, ref: str, *, timeout: float | None = None, force: bool = False) -> BisectResult:
-    """The edge along the ancestors of `ref` where `test` started to fail (see above)."""
+def bisect(repo: Repo, test: str, ref: str, *, timeout: float | None = None, force: bool = False,
+           trust_remote_code: bool = False) -> BisectResult:  # fmt: skip
+    """The edge along the ancestors of `ref` where `test` started to fail (see above). A
+    test pulled from a remote and not trusted here runs only with `trust_remote_code`
+    (mgit.checks.Checks.require_trust)."""
     with repo.caching():  # the ancestors it checks out share their parents
-        return Bisector(repo, test, timeout=timeout, force=force).run(ref)
+        return Bisector(repo, test, timeout=timeout, force=force, trust_remote_code=trust_remote_code).run(ref)
 
 
 class Bisector:
-    def __init__(self, repo: Repo, test: str, *, timeout: float | None = None, force: bool = False) -> None:
+    def __init__(self, repo: Repo, test: str, *, timeout: float | None = None, force: bool = False,
+                 trust_remote_code: bool = False) -> None:  # fmt: skip
         self.repo = repo
         self.checks = Checks(repo)
         self.test = test
@@ -71,7 +75,8 @@ class Bisector:
         self.force = force
         self.results: dict[str, TestOutcome] = {}
         self.steps: list[BisectStep] = []
-        self.checks.test(test)  # an unknown test fails before anything runs
+        # An unknown test, or one from a remote not trusted here, fails before anything runs.
+        self.checks.require_trust([self.checks.test(test)], trust_remote_code=trust_remote_code)
 
     def outcome(self, vid: str) -> TestOutcome:
         if vid not in self.results:

@@ -16,6 +16,11 @@ parent folders checked out into a temporary folder. The output folder is added a
 version, atomically, so a kill leaves the old head or the new one, never half of one.
 Independent branches run in parallel on a thread pool: a model starts once all the planned
 parents it waits for are done.
+
+A recipe recorded with a version that came from a remote, and a test pulled from one, are
+another person's code: a cascade that would run any of it not trusted here stops before it
+runs anything, naming it, unless `trust_remote_code` (mgit.checks.Checks.require_trust);
+recipes recorded here are trusted (mgit.layout).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from mgit.checks import Checks, TestOutcome
 from mgit.errors import MgitError
 from mgit.execution import Executor, LocalExecutor, RecipeJob, resources_of
 from mgit.faults import crash_point
+from mgit.layout import trusted_code
 from mgit.lineage import Lineage, LineageEdge
 from mgit.repo import Repo
 from mgit.reports import Report
@@ -220,26 +226,51 @@ def _record_command(step: CascadeStep) -> str:
 # --- running it ---------------------------------------------------------------------------------
 def cascade(repo: Repo, name: str, *, jobs: int = 1, only: str | None = None, timeout: float | None = None,
             dry_run: bool = False, recorded_source: bool = False, progress: Progress | None = None,
-            executor: Executor | None = None) -> CascadeReport:  # fmt: skip
+            executor: Executor | None = None, trust_remote_code: bool = False) -> CascadeReport:  # fmt: skip
     """Rebuild the descendants of `name` on its latest version by re-running their recipes,
     commit and test the results: plan it and, unless `dry_run`, carry it out (see
     `execute`). A dry run's report holds the plan and no results. A recipe runs from its
     file here, or from the source recorded with the version when the file is not here (a
     teammate's clone) or `recorded_source` asks for it."""
     plan = plan_cascade(repo, name, only=only, recorded_source=recorded_source)
-    return execute(repo, plan, jobs=jobs, timeout=timeout, dry_run=dry_run, progress=progress, executor=executor)
+    return execute(repo, plan, jobs=jobs, timeout=timeout, dry_run=dry_run, progress=progress, executor=executor,
+                   trust_remote_code=trust_remote_code)  # fmt: skip
 
 
 def execute(repo: Repo, plan: CascadePlan, *, jobs: int = 1, timeout: float | None = None, dry_run: bool = False,
-            progress: Progress | None = None, executor: Executor | None = None) -> CascadeReport:  # fmt: skip
+            progress: Progress | None = None, executor: Executor | None = None,
+            trust_remote_code: bool = False) -> CascadeReport:  # fmt: skip
     """Carry out a plan: rebuild its `recipe` steps, `jobs` at a time, parents first; a
     failure blocks the models below it. `progress(model, text)` is called from this thread
     as models start and finish. `executor` says where recipes and tests run (default: here;
-    `mgit.cluster` has Ray's). A dry run runs nothing and reports the plan alone."""
+    `mgit.cluster` has Ray's). A dry run runs nothing and reports the plan alone. Code from
+    a remote that is not trusted here stops it before anything runs (UntrustedCodeError),
+    unless `trust_remote_code` (see the module's docstring)."""
     if dry_run:
         return CascadeReport(plan, True, [])
+    require_trust(repo, plan, trust_remote_code=trust_remote_code)
     executor = executor or LocalExecutor(repo)
     return _Cascade(repo, plan, timeout or RECIPE_TIMEOUT, progress or (lambda model, text: None), executor).run(jobs)
+
+
+def require_trust(repo: Repo, plan: CascadePlan, *, trust_remote_code: bool = False) -> None:
+    """Refuse to carry out a plan that would run code from a remote not trusted here: the
+    recipes it re-runs and the tests that apply to the models it tests (the cascade's model,
+    the parents it builds on, the models it rebuilds), unless `trust_remote_code`."""
+    trusted = trusted_code(repo.dir)
+    todo = [s for s in plan.steps if s.action == "recipe" and s.recipe is not None and not s.problem]
+    recipes = {}
+    for step in todo:
+        assert step.recipe is not None
+        key = (str(step.recipe.get("fn")), step.recipe.get("source") or "")
+        if key not in trusted:
+            author = repo.info(step.head).author or "someone else"
+            recipes[f"the recipe of {step.head_ref} ({key[0]}, recorded by {author})"] = key
+    tested = {plan.model, *(s.model for s in todo), *(p.model for s in todo for p in s.parents)}
+    checks = Checks(repo)
+    applying = checks.applicable_all(repo.lineage)
+    specs = list({t.name: t for m in sorted(tested) for t in applying.get(m, [])}.values())
+    checks.require_trust(specs, trust_remote_code=trust_remote_code, more=recipes)
 
 
 class _Cascade:

@@ -11,6 +11,12 @@ derived from objects and refs, so rebuilding (or losing) the catalog never touch
 result is keyed by (version, test, sha256 of the test's source file): it is reused until
 the version or the source changes, or `force` is given.
 
+A registration pulled from a remote is another person's code: its function reference is
+checked where it is read (a module path or a file below the work folder: never a path that
+reaches elsewhere), and it runs only once trusted (`trust_remote_code`, which marks it
+trusted in the repository's `trusted-code`, mgit.layout); a test attached here is trusted
+when it is attached.
+
 Over 500 lines, not split: registrations, runs and recorded results are one table pair and
 one set of rules (what applies where, which result counts), read together by every verb.
 """
@@ -27,8 +33,15 @@ from typing import Any
 
 from mgit import usercode
 from mgit.database import Database
-from mgit.errors import MgitError, RemoteError, UnknownRefError
+from mgit.errors import (
+    MgitError,
+    RemoteError,
+    UnknownRefError,
+    UnsafeRegistrationError,
+    UntrustedCodeError,
+)
 from mgit.execution import Executor, LocalExecutor, TestJob, resources_of
+from mgit.layout import trust_code, trusted_code, trusts_remote_code
 from mgit.limits import DEFAULT_TIMEOUT
 from mgit.lineage import Lineage
 from mgit.objects import OID_RE, user_at_host, utc_now
@@ -51,6 +64,8 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
     ]),
     # What a run of the test declares to a cluster's scheduler: {"num_cpus": 2, "num_gpus": 1}.
     ("0003_resources", ["ALTER TABLE tests ADD COLUMN resources TEXT NOT NULL DEFAULT '{}'"]),
+    # The remote a registration was pulled from; '' when it was attached here.
+    ("0004_registration_origin", ["ALTER TABLE tests ADD COLUMN origin TEXT NOT NULL DEFAULT ''"]),
 ]  # fmt: skip
 RESULT_COLUMNS = "version, test, source, status, metrics, reasons, output, seconds, time, origin"
 
@@ -186,34 +201,50 @@ class Checks:
         with self._sql.atomic() as db:
             if db.execute("SELECT 1 FROM tests WHERE name = ?", (spec.name,)).fetchone():
                 raise TestExistsError(spec.name)
-            self._insert_test(db, spec, utc_now())
+            self._insert_test(db, spec, utc_now(), "")
+        trust_code(self.repo.dir, [(spec.fn, spec.source)])  # attached here: the user's own code
         return spec
 
     @staticmethod
-    def _insert_test(db: Any, spec: TestSpec, created: str) -> None:
-        db.execute("INSERT INTO tests (name, fn, target, inherit, conditions, timeout, created, source, resources) "
-                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    def _insert_test(db: Any, spec: TestSpec, created: str, origin: str) -> None:
+        db.execute("INSERT INTO tests (name, fn, target, inherit, conditions, timeout, created, source, resources, "
+                   "origin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                    (spec.name, spec.fn, spec.target, int(spec.inherit),
                     json.dumps([c.to_json() for c in spec.conditions]), spec.timeout, created, spec.source,
-                    json.dumps(spec.resources, sort_keys=True)))  # fmt: skip
+                    json.dumps(spec.resources, sort_keys=True), origin))  # fmt: skip
 
     def detach(self, name: str) -> TestSpec:
-        spec = self.test(name)
+        spec = self.test(name, checked=False)  # (an unsafe registration is removed this way)
         with self._sql.atomic() as db:
             db.execute("DELETE FROM tests WHERE name = ?", (name,))
         return spec
 
-    def tests(self) -> list[TestSpec]:
+    def tests(self, *, checked: bool = True) -> list[TestSpec]:
+        """Every registration. Each function reference is checked as it is read (see the
+        module's docstring): one that is not a module path or a file below the work folder
+        (an absolute file too, for a test attached here) is an UnsafeRegistrationError,
+        unless `checked` is False (to list or remove it)."""
         rows = self._sql.db.execute(
-            "SELECT name, fn, target, inherit, conditions, timeout, source, resources FROM tests ORDER BY name")
-        return [TestSpec(n, f, t, bool(i), [Condition(**c) for c in json.loads(cs)], to, src, json.loads(res))
-                for n, f, t, i, cs, to, src, res in rows]  # fmt: skip
+            "SELECT name, fn, target, inherit, conditions, timeout, source, resources, origin FROM tests ORDER BY name")
+        specs = []
+        for n, f, t, i, cs, to, src, res, origin in rows:
+            if checked:
+                try:
+                    usercode.check_reference(f, absolute=origin == "")
+                except usercode.UserCodeError as exc:
+                    raise UnsafeRegistrationError(n, exc.message) from None
+            specs.append(TestSpec(n, f, t, bool(i), [Condition(**c) for c in json.loads(cs)], to, src, json.loads(res)))
+        return specs
 
-    def test(self, name: str) -> TestSpec:
-        for spec in self.tests():
+    def test(self, name: str, *, checked: bool = True) -> TestSpec:
+        for spec in self.tests(checked=checked):
             if spec.name == name:
                 return spec
         raise TestNotFoundError(name)
+
+    def origins(self) -> dict[str, str]:
+        """Where each registration came from: the remote it was pulled from, '' if attached here."""
+        return dict(self._sql.db.execute("SELECT name, origin FROM tests").fetchall())
 
     def applicable(self, model: str, lineage: Lineage | None = None) -> list[TestSpec]:
         """Tests that apply to a model: attached to it (by name, glob or tag), or inherited
@@ -239,17 +270,46 @@ class Checks:
                 found[n].append(t)
         return found
 
+    # --- trust --------------------------------------------------------------------------
+    def untrusted(self, specs: list[TestSpec]) -> list[str]:
+        """What of these tests came from a remote and is not trusted here, each as a user
+        reads it: `test 'size' (evals.py:size, pulled from origin)`."""
+        trusted, origins = trusted_code(self.repo.dir), self.origins()
+        out = []
+        for t in {t.name: t for t in specs}.values():
+            if (t.fn, t.source or "") not in trusted:
+                origin = origins.get(t.name, "")
+                where = f"pulled from {origin}" if origin else "attached before this repository recorded trusted code"
+                out.append(f"test {t.name!r} ({t.fn}, {where})")
+        return out
+
+    def require_trust(self, specs: list[TestSpec], *, trust_remote_code: bool = False,
+                      more: dict[str, tuple[str, str | None]] | None = None) -> None:  # fmt: skip
+        """Refuse (UntrustedCodeError, nothing run) to go on with code from a remote that is
+        not trusted here, unless `trust_remote_code` (or the repository's `trust-remote-code`
+        setting) says to: then it is marked trusted, and later runs need no telling. `more`
+        is other untrusted code the caller would run (a cascade's recipes): {what: (fn, source)}."""
+        more = more or {}
+        listed = [*more, *self.untrusted(specs)]
+        if not listed:
+            return
+        if not (trust_remote_code or trusts_remote_code(self.repo.config)):
+            raise UntrustedCodeError(listed)
+        trust_code(self.repo.dir, [(t.fn, t.source) for t in specs] + list(more.values()))
+
     # --- running ------------------------------------------------------------------------
     def run(self, refs: list[str] | None = None, *, descendants: bool = False, tests: list[str] | None = None,
             jobs: int | None = None, timeout: float | None = None, force: bool = False,
-            recorded_source: bool = False, executor: Executor | None = None) -> TestRunResult:  # fmt: skip
+            recorded_source: bool = False, executor: Executor | None = None,
+            trust_remote_code: bool = False) -> TestRunResult:  # fmt: skip
         """Run the tests that apply to these versions (every model's latest by default; with
         `descendants`, the latest of every descendant too), reusing recorded results.
 
         A test runs from its file here; from the source recorded when it was attached if
         the file is not here (a teammate's clone) or with `recorded_source`. `executor`
         says where runs happen (default: here; `mgit.cluster` has Ray's); results are
-        judged and recorded here either way."""
+        judged and recorded here either way. A test pulled from a remote and not trusted
+        here stops the run before anything runs (`require_trust`), unless `trust_remote_code`."""
         lineage = self.repo.lineage
         if refs is None:
             vids = [n.head for n in lineage.nodes.values() if not n.removed]
@@ -276,6 +336,8 @@ class Checks:
         notes: list[str] = []
         sources = {t.name: self.source_of(t, recorded=recorded_source, notes=notes) for _, specs in work for t in specs}
         reused = {vid: self._reusable(vid, specs, sources, force) for vid, specs in work}
+        self.require_trust([t for vid, specs in work for t in specs if t.name not in reused[vid]],
+                           trust_remote_code=trust_remote_code)  # fmt: skip
         executor = executor or LocalExecutor(self.repo)
         executor.prepare(versions=[vid for vid, specs in work  # (a cluster's: only what will run there)
                                    if len(reused[vid]) < len(specs)])
@@ -286,10 +348,13 @@ class Checks:
         outcomes = [self._with_parent(o) for group in done for o in group]
         return TestRunResult(outcomes, skipped, notes)
 
-    def run_one(self, vid: str, test: str, *, timeout: float | None = None, force: bool = False) -> TestOutcome:
+    def run_one(self, vid: str, test: str, *, timeout: float | None = None, force: bool = False,
+                trust_remote_code: bool = False) -> TestOutcome:  # fmt: skip
         spec = self.test(test)
         sources = {spec.name: self.source_of(spec)}
         reused = self._reusable(vid, [spec], sources, force)
+        if not reused:
+            self.require_trust([spec], trust_remote_code=trust_remote_code)
         return self._with_parent(self._run_version(vid, [spec], sources, timeout, reused, LocalExecutor(self.repo))[0])
 
     def source_of(self, spec: TestSpec, *, recorded: bool = False, notes: list[str] | None = None
@@ -418,18 +483,19 @@ class Checks:
         created = dict(rows)
         return [{**t.to_json(), "created": created[t.name]} for t in self.tests()]
 
-    def add_registration(self, record: Any) -> str:
-        """Take a registration from a remote: `added`, `same` (here already), or `differs`
-        (a test of that name here is another one: the one here is kept)."""
-        spec, created = _registration(record)
+    def add_registration(self, record: Any, *, origin: str = "a remote") -> str:
+        """Take a registration from a remote (named `origin`): `added`, `same` (here
+        already), or `differs` (a test of that name here is another one: the one here is
+        kept). It is not trusted here (see the module's docstring)."""
+        spec, created = parse_registration(record)
         with self._sql.atomic() as db:
             row = db.execute("SELECT 1 FROM tests WHERE name = ?", (spec.name,)).fetchone()
             if row is None:
-                self._insert_test(db, spec, created)
+                self._insert_test(db, spec, created, origin or "a remote")
                 if spec.source is not None:
                     self.repo.refs.pin(spec.source)
                 return "added"
-        here = self.test(spec.name)
+        here = self.test(spec.name, checked=False)
         return "same" if (here.fn, here.target, here.inherit, here.conditions, here.resources) == (
             spec.fn, spec.target, spec.inherit, spec.conditions, spec.resources) else "differs"  # fmt: skip
 
@@ -491,7 +557,7 @@ def _is_pattern(target: str) -> bool:
     return target.startswith("tag:") or any(c in target for c in "*?[")
 
 
-def _registration(record: Any) -> tuple[TestSpec, str]:
+def parse_registration(record: Any) -> tuple[TestSpec, str]:
     """A registration from a remote, checked field by field (a RemoteError if malformed)."""
     try:
         conditions = [Condition(str(c["metric"]), c["bound"], float(c["value"])) for c in record["conditions"]]
@@ -502,7 +568,7 @@ def _registration(record: Any) -> tuple[TestSpec, str]:
               and (spec.timeout is None or (isinstance(spec.timeout, (int, float)) and spec.timeout > 0))
               and (spec.source is None or (isinstance(spec.source, str) and OID_RE.match(spec.source) is not None))
               and isinstance(record.get("created"), str))  # fmt: skip
-        usercode.split_spec(spec.fn)
+        usercode.check_reference(spec.fn)  # a module path or a file below the work folder, nothing else
     except (KeyError, TypeError, ValueError, AttributeError, MgitError):
         ok = False
     if not ok:

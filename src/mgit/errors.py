@@ -147,6 +147,35 @@ class UnsafePathError(MgitError):
         self.path = path
 
 
+class UntrustedCodeError(MgitError):
+    """A command would run user code that came from a remote (a pulled test registration,
+    the recipe of a fetched version) and was not told to trust it."""
+
+    def __init__(self, what: list[str], *, flag: str = "--trust-remote-code") -> None:
+        super().__init__(f"this would run code that came from a remote: {', '.join(what)}; nothing was run",
+                         hint=f"Read it, then run again with {flag} (in Python: trust_remote_code=True), or set "
+                              "\"trust-remote-code\": true in .mgit/config.json to trust every remote")  # fmt: skip
+        self.what = what
+
+
+class UnsafeRegistrationError(MgitError):
+    """A test registration in checks.sqlite whose function reference MGit will not use (one
+    that got in before references were checked)."""
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(f"test {name!r} in checks.sqlite: {why}", hint=f"Remove it: mgit test rm {name}")
+        self.name = name
+
+
+class InvalidJobError(MgitError):
+    """A recipe or test job that a cluster node was handed does not hold to the job contract
+    (mgit.execution): a forged or damaged spec, refused before anything is done with it."""
+
+    def __init__(self, kind: str, why: str) -> None:
+        super().__init__(f"refusing a forged {kind} job: {why}", hint="Nothing was run; check who can submit to the cluster")
+        self.why = why
+
+
 class OutputNotEmptyError(MgitError):
     def __init__(self, path: str) -> None:
         super().__init__(f"output folder {path} is not empty", hint="Use --force to write into it")

@@ -11,12 +11,21 @@ process's repository, each user function in a child process (`mgit.usercode`).
 Resources (`num_cpus`, `num_gpus`) are what a job declares to a scheduler: recorded with a
 recipe (`mgit add --recipe ... --num-gpus 1`) or a test (`mgit test add ... --num-cpus 2`),
 else the command's defaults. The local executor runs every job whatever it declares.
+
+A job handed to another machine is untrusted input there: `received_recipe_job` and
+`received_test_job` check every field against this contract before anything is done with
+it (ids are object ids, a model name is a name, the function a module path or a file
+below the work folder, the source carried and bounded, numbers finite and bounded, the work
+folder an absolute normalized path), and name the first field at fault (InvalidJobError).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
+import math
+import os
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,13 +33,21 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mgit import usercode
-from mgit.errors import MgitError, RefConflictError
+from mgit.errors import InvalidJobError, InvalidOptionError, MgitError, RefConflictError
+from mgit.objects import OID_RE, RELATIONS
+from mgit.refs import is_model_name
 from mgit.repo import Repo
 from mgit.reports import Report
 from mgit.usercode import RESOURCE_KEYS, resources_of
 
-__all__ = ["RESOURCE_KEYS", "Executor", "LocalExecutor", "RecipeJob", "RecipeRun", "TestJob", "resources_of",
-           "run_recipe_in", "run_tests_in"]
+__all__ = ["RESOURCE_KEYS", "Executor", "LocalExecutor", "RecipeJob", "RecipeRun", "TestJob", "received_recipe_job",
+           "received_test_job", "resources_of", "run_recipe_in", "run_tests_in"]
+
+MAX_JOB_TIMEOUT = 7 * 24 * 3600.0  # seconds a job's user code may be given
+MAX_JOB_SOURCE = 64 << 20  # bytes of a function's source file a job carries
+MAX_JOB_TEXT = 64 << 10  # characters of a job's message, and of each tag's key or value
+MAX_JOB_TAGS = 1024
+MAX_JOB_PARENTS = 64
 
 @dataclass(frozen=True)
 class RecipeJob(Report):
@@ -188,3 +205,82 @@ def run_tests_in(repo: Repo, jobs: list[TestJob], *, cwd: Path | None = None) ->
             outcomes.append(usercode.run("call", job.fn, [str(folder)], timeout=job.timeout, cwd=cwd or repo.root,
                                          source=job.source))  # fmt: skip
     return outcomes
+
+
+# --- a job received from elsewhere ---------------------------------------------------------------
+def received_recipe_job(job: Any) -> RecipeJob:
+    """`job` if it holds to the contract of a recipe job sent to another machine (see the
+    module's docstring), else InvalidJobError naming the first field at fault."""
+    kind = "recipe"
+    _job(isinstance(job, RecipeJob), kind, "not a recipe job")
+    _job(isinstance(job.model, str) and is_model_name(job.model), kind, f"model {str(job.model)[:80]!r} is not a model name")
+    _job(_is_oid(job.head), kind, "head is not an object id")
+    _job(isinstance(job.parents, list) and 0 < len(job.parents) <= MAX_JOB_PARENTS
+         and all(_is_oid(p) for p in job.parents), kind, "parents are not 1 to 64 object ids")  # fmt: skip
+    _job(job.relation in RELATIONS, kind, f"relation {str(job.relation)[:40]!r} is not one of {', '.join(RELATIONS)}")
+    recipe = job.recipe
+    _job(isinstance(recipe, dict), kind, "its recipe is not a record")
+    _common(kind, recipe.get("fn"), job.timeout, job.source, job.resources, job.root)
+    params = recipe.get("params") or {}
+    _job(isinstance(params, dict) and all(isinstance(k, str) and k.isidentifier() for k in params), kind,
+         "recipe parameters are not named by identifiers")  # fmt: skip
+    try:
+        json.dumps(params, allow_nan=False)
+    except (TypeError, ValueError):
+        _job(False, kind, "recipe parameters are not JSON values")
+    _job(recipe.get("source") is None or _is_oid(recipe.get("source")), kind, "the recipe's source is not an object id")
+    _job(recipe.get("source_sha256") == hashlib.sha256(job.source).hexdigest(), kind,
+         "the source it carries is not the one its recipe records (source_sha256)")  # fmt: skip
+    _resources(kind, recipe.get("resources"))
+    _job(isinstance(job.message, str) and len(job.message) <= MAX_JOB_TEXT, kind, "its message is not a short text")
+    _job(isinstance(job.tags, dict) and len(job.tags) <= MAX_JOB_TAGS
+         and all(isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= MAX_JOB_TEXT and len(v) <= MAX_JOB_TEXT
+                 for k, v in job.tags.items()), kind, "its tags are not short text to short text")  # fmt: skip
+    return job
+
+
+def received_test_job(job: Any) -> TestJob:
+    """`job` if it holds to the contract of a test job sent to another machine, else
+    InvalidJobError naming the first field at fault."""
+    kind = "test"
+    _job(isinstance(job, TestJob), kind, "not a test job")
+    _job(_is_oid(job.version), kind, "version is not an object id")
+    _job(isinstance(job.test, str) and 0 < len(job.test) <= 1024 and job.test.isprintable(), kind,
+         "its test name is not a short printable text")  # fmt: skip
+    _common(kind, job.fn, job.timeout, job.source, job.resources, job.root)
+    return job
+
+
+def _common(kind: str, fn: Any, timeout: Any, source: Any, resources: Any, root: Any) -> None:
+    """The fields both jobs have: the function (a module path or a relative file; an
+    absolute file names only where the driver had it, so it is never read here), its
+    carried source, the time limit, declared resources and the planning work folder."""
+    _job(isinstance(source, bytes) and len(source) <= MAX_JOB_SOURCE, kind,
+         f"it carries no source file of at most {MAX_JOB_SOURCE >> 20} MiB")  # fmt: skip
+    try:
+        usercode.check_reference(fn, absolute=True)
+    except MgitError as exc:
+        _job(False, kind, f"function: {exc.message}")
+    _job(isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and math.isfinite(timeout)
+         and 0 < timeout <= MAX_JOB_TIMEOUT, kind, f"timeout is not a number of seconds in (0, {MAX_JOB_TIMEOUT:g}]")  # fmt: skip
+    _resources(kind, resources)
+    _job(root is None or (isinstance(root, str) and root.startswith("/") and root.isprintable()
+                          and os.path.normpath(root) == root and len(root) <= 4096), kind,
+         "its work folder is not an absolute, normalized path")  # fmt: skip
+
+
+def _resources(kind: str, values: Any) -> None:
+    try:
+        _job(values is None or isinstance(values, dict), kind, "its resources are not a record")
+        resources_of(values)
+    except InvalidOptionError as exc:
+        _job(False, kind, exc.message)
+
+
+def _is_oid(value: Any) -> bool:
+    return isinstance(value, str) and OID_RE.match(value) is not None
+
+
+def _job(ok: bool, kind: str, why: str) -> None:
+    if not ok:
+        raise InvalidJobError(kind, why)

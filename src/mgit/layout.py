@@ -1,6 +1,11 @@
 """A repository on disk: where it is (`.mgit` in a work folder, or a bare one), creating
-one, reading its config.json, and opening its object store (a lazy clone's fetches from its
-remote what it lacks)."""
+one, reading its config.json, opening its object store (a lazy clone's fetches from its
+remote what it lacks), and the user code it trusts (`trusted-code`).
+
+Trusted code is what may run without `--trust-remote-code`: a function reference with the
+object id of its recorded source, for every recipe recorded and test attached here, and
+for code from a remote once a run was told to trust it. Code that arrives by fetch, pull
+or clone is never written here by the transfer itself."""
 
 from __future__ import annotations
 
@@ -12,12 +17,15 @@ from typing import Any
 from mgit.atomicfile import write_atomic
 from mgit.errors import FormatVersionError, RepoConfigError, RepoExistsError, RepoNotFoundError
 from mgit.localstore import LocalStore
+from mgit.locks import FileLock
 from mgit.objects import utc_now
 from mgit.parallel import default_jobs
 from mgit.remotes.config import remote_of
 
 REPO_DIR = ".mgit"
 REPO_FORMAT = 1
+TRUSTED_CODE = "trusted-code"  # JSON lines {"fn": ..., "source": OID or ""}
+TRUST_SETTING = "trust-remote-code"  # in config.json: true runs code from remotes without asking
 
 
 def is_bare(folder: Path) -> bool:
@@ -94,3 +102,47 @@ def open_store(folder: Path, config: dict[str, Any]) -> LocalStore:
         return LazyStore(folder / "objects", fsync=fsync, lock_path=lock, jobs=default_jobs(),
                          remote=lambda: RemoteRepository(open_backend(spec)))  # fmt: skip
     return LocalStore(folder / "objects", fsync=fsync, lock_path=lock)
+
+
+def trusts_remote_code(config: dict[str, Any]) -> bool:
+    """Whether the repository's config says to run code from remotes without asking."""
+    return config.get(TRUST_SETTING) is True
+
+
+def trusted_code(folder: Path) -> set[tuple[str, str]]:
+    """The (function reference, source object id or "") pairs trusted here. A line that
+    does not read as one is not trusted (this file is only ever added to by MGit)."""
+    try:
+        lines = (folder / TRUSTED_CODE).read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return set()
+    found = set()
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("fn"), str) and isinstance(entry.get("source"), str):
+            found.add((entry["fn"], entry["source"]))
+    return found
+
+
+def trust_code(folder: Path, entries: set[tuple[str, str | None]] | list[tuple[str, str | None]], *,
+               fsync: bool = True) -> None:  # fmt: skip
+    """Add (function reference, source object id) pairs to the code trusted here (a None
+    source is kept as "")."""
+    wanted = {(fn, source or "") for fn, source in entries}
+    if not wanted:
+        return
+    with FileLock(folder / "locks" / f"{TRUSTED_CODE}.lock", what="the trusted code list", timeout=60):
+        have = trusted_code(folder)
+        if wanted <= have:
+            return
+        lines = [json.dumps({"fn": fn, "source": source}, sort_keys=True) + "\n" for fn, source in sorted(have | wanted)]
+        write_atomic(folder / TRUSTED_CODE, [line.encode() for line in lines], fsync=fsync)
+
+
+def trust_recipe(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """A recipe record made here (its function and source object) trusted; the record."""
+    trust_code(folder, [(str(record["fn"]), record.get("source"))])
+    return record

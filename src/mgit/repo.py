@@ -32,7 +32,7 @@ from mgit.errors import (
     OutputNotEmptyError,
     UnknownRefError,
 )
-from mgit.layout import create, locate, open_store, read_config
+from mgit.layout import create, locate, open_store, read_config, trust_recipe
 from mgit.limits import DEFAULT_TIMEOUT
 from mgit.lineage import Lineage
 from mgit.localstore import LocalStore
@@ -306,8 +306,8 @@ class Repo:
     def recipe_record(self, recipe: str | Mapping[str, Any], params: Mapping[str, Any] | None = None, *,
                       resources: Mapping[str, float] | None = None) -> dict[str, Any]:  # fmt: skip
         """What a version records of a recipe: the function located (never run) and anchored
-        at the work folder, its parameters, declared resources, and its source file's hash,
-        the file stored as an object (a teammate without it runs the recorded source). A
+        at the work folder, its parameters, declared resources, its source file's hash and the
+        file as an object (a teammate without it runs that), trusted here (mgit.layout). A
         record (a mapping) is taken as it is."""
         if isinstance(recipe, Mapping):  # recorded already (a cascade running a recorded source)
             return dict(recipe)
@@ -315,7 +315,7 @@ class Repo:
 
         record = recipe_record_of(recipe, params, root=self.root, resources=resources)
         record["source"] = self.store.put_blob(source_file(record["fn"], cwd=self.root).read_bytes()).oid
-        return record
+        return trust_recipe(self.dir, record)  # recorded here: the user's own code
 
     # --- parent inference ---------------------------------------------------------------------
     def suggest_parents(self, source: str | os.PathLike[str] | Mapping[str, Any], *, limit: int = 5,

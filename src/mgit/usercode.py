@@ -34,6 +34,7 @@ from mgit.reports import json_safe
 
 RESULT_MARK = "MGIT-RESULT "
 MAX_OUTPUT = 64 * 1024  # of a run's output kept for `mgit test show --output`
+SOURCE_FILE = "mgit_recorded_source.py"  # what a recorded source runs as, in its temporary folder
 
 
 class UserCodeError(MgitError):
@@ -60,6 +61,30 @@ def split_spec(spec: str) -> tuple[str, str]:
     if not sep or not target or not name or not name.isidentifier():
         raise UserCodeError(spec, "it is not MODULE:FUNCTION or FILE.py:FUNCTION")
     return target, name
+
+
+MAX_REFERENCE = 1024  # characters of a function reference
+
+
+def check_reference(spec: Any, *, absolute: bool = False) -> str:
+    """`spec` if it is a function reference MGit will use as it came (from a remote, from
+    checks.sqlite, in a cluster's job): `MODULE:FUNCTION` with a dotted module path, or
+    `FILE.py:FUNCTION` with a relative path below the work folder (no `..`, no empty or `.`
+    part, nothing but printable characters); with `absolute`, an absolute file path too
+    (what `anchored` records for a local file outside the work folder). UserCodeError if not."""
+    if not isinstance(spec, str) or not 0 < len(spec) <= MAX_REFERENCE or not spec.isprintable() or "\\" in spec:
+        raise UserCodeError(str(spec)[:80], "it is not MODULE:FUNCTION or FILE.py:FUNCTION")
+    target, _ = split_spec(spec)
+    if target.endswith(".py"):
+        parts = target.split("/")
+        rooted = target.startswith("/")
+        if rooted and not absolute:
+            raise UserCodeError(spec, "a file must be named relative to the work folder")
+        if any(p in ("", ".", "..") for p in parts[1 if rooted else 0 :]):
+            raise UserCodeError(spec, "a file path must not hold '..', '.' or an empty part")
+    elif not all(p.isidentifier() for p in target.split(".")):
+        raise UserCodeError(spec, f"{target!r} is not a module name")
+    return spec
 
 
 def source_file(spec: str, *, cwd: Path | None = None) -> Path:
@@ -158,13 +183,14 @@ def run(mode: str, spec: str, args: list[str], *, timeout: float, cwd: Path | No
     """Run `spec` in a child process (`mode`: `call` passes ARGS as strings; `recipe` passes
     parent folders, an output folder and JSON keyword arguments). With `source`, the
     function's file is that recorded source instead of the file `spec` names (which may not
-    be on this machine): it is written to a temporary folder and run from there."""
+    be on this machine): it is written to a temporary folder, always under the same name
+(`SOURCE_FILE`), and run from there."""
     if source is not None:
-        target, name = split_spec(spec)
-        file = Path(target).name if target.endswith(".py") else f"{target.rpartition('.')[2]}.py"
+        _, name = split_spec(spec)
         with tempfile.TemporaryDirectory(prefix="mgit-source-") as tmp:
-            (Path(tmp) / file).write_bytes(source)
-            return run(mode, f"{Path(tmp) / file}:{name}", args, timeout=timeout, cwd=cwd)
+            file = Path(tmp) / SOURCE_FILE  # never a name from the reference: it came from elsewhere
+            file.write_bytes(source)
+            return run(mode, f"{file}:{name}", args, timeout=timeout, cwd=cwd)
     start = time.monotonic()
     env = dict(os.environ)
     here = str(Path(cwd or Path.cwd()))

@@ -14,6 +14,7 @@ from mgit.cascade import (
     TestLine,
     execute,
     plan_cascade,
+    require_trust,
     tests_summary,
 )
 from mgit.cli.executor_opts import CLUSTER_JOBS, executor_from, executor_options
@@ -59,6 +60,9 @@ def cascade(ctx: click.Context, name: str, dry_run: bool, jobs: int | None, only
     """
     repo = ctx.obj.repo()
     plan = plan_cascade(repo, name, only=only, recorded_source=recorded_source)
+    trust = cluster.pop("trust_remote_code")
+    if not dry_run:  # before anything is printed or connected: code from a remote needs the flag
+        require_trust(repo, plan, trust_remote_code=trust)
     if not as_json:
         _print_plan(plan)
     progress = None if as_json else (lambda model, text: err.print(f"{model}: {text}"))
@@ -68,7 +72,7 @@ def cascade(ctx: click.Context, name: str, dry_run: bool, jobs: int | None, only
         executor = executor_from(repo, cluster)
         try:
             report = execute(repo, plan, jobs=jobs or (1 if executor.name == "local" else CLUSTER_JOBS),
-                             timeout=timeout, progress=progress, executor=executor)  # fmt: skip
+                             timeout=timeout, progress=progress, executor=executor, trust_remote_code=trust)  # fmt: skip
         finally:
             executor.close()
     if as_json:

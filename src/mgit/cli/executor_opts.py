@@ -1,5 +1,5 @@
 """Options shared by the commands that run user code somewhere: `--executor`, `--remote`,
-`--num-cpus`, `--num-gpus` (`mgit cascade`, `mgit test run`)."""
+`--num-cpus`, `--num-gpus`, `--trust-remote-code` (`mgit cascade`, `mgit test run`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,12 @@ from mgit.repo import Repo
 CLUSTER_JOBS = 32  # jobs in flight at once on a cluster when --jobs is not given: Ray schedules them
 
 
+trust_option = click.option(
+    "--trust-remote-code", is_flag=True,
+    help="Run code that came from a remote (a pulled test, the recipe of a fetched version) and trust it from then "
+         "on; without it such code is listed and nothing runs. Read it first.")  # fmt: skip
+
+
 def executor_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option("--executor", default="local", show_default=True, metavar="local|ray|ray://HOST:PORT",
@@ -28,6 +34,7 @@ def executor_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="GPUs each task declares, unless recorded (default 0)."),
         click.option("--max-retries", type=click.IntRange(0, 100), default=None,
                      help="Times Ray runs a task again whose worker or node died (default 3); then it fails."),
+        trust_option,
     ]  # fmt: skip
     for option in reversed(options):
         fn = option(fn)

@@ -9,7 +9,13 @@ import click
 
 from mgit.bisect import bisect as bisect_test
 from mgit.checks import Checks, Condition, TestOutcome
-from mgit.cli.executor_opts import CLUSTER_JOBS, executor_from, executor_options, resource_options
+from mgit.cli.executor_opts import (
+    CLUSTER_JOBS,
+    executor_from,
+    executor_options,
+    resource_options,
+    trust_option,
+)
 from mgit.cli.output import err, out, plural, print_json, table
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -189,7 +195,8 @@ def test_run(ctx: click.Context, ref: str | None, run_all: bool, descendants: bo
     try:
         result = Checks(repo).run([ref] if ref else None, descendants=descendants, tests=list(tests) or None,
                                   jobs=jobs or (None if executor.name == "local" else CLUSTER_JOBS), timeout=timeout,
-                                  force=force, recorded_source=recorded_source, executor=executor)  # fmt: skip
+                                  force=force, recorded_source=recorded_source, executor=executor,
+                                  trust_remote_code=cluster["trust_remote_code"])  # fmt: skip
     finally:
         executor.close()
     if as_json:
@@ -234,9 +241,11 @@ def test_show(ctx: click.Context, ref: str | None, show_output: bool, as_json: b
 @click.argument("ref")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds per test run.")
 @click.option("--force", is_flag=True, help="Run every needed test again instead of reusing recorded results.")
+@trust_option
 @json_option
 @click.pass_context
-def bisect(ctx: click.Context, test: str, ref: str, timeout: float | None, force: bool, as_json: bool) -> None:
+def bisect(ctx: click.Context, test: str, ref: str, timeout: float | None, force: bool, trust_remote_code: bool,
+           as_json: bool) -> None:  # fmt: skip
     """Find the ancestor of REF where TEST started to fail.
 
     Searches the lineage parents and version history of REF, running as few tests as it
@@ -247,7 +256,7 @@ def bisect(ctx: click.Context, test: str, ref: str, timeout: float | None, force
     Example:
       mgit bisect sst2 bert-sst2-int8
     """
-    result = bisect_test(ctx.obj.repo(), test, ref, timeout=timeout, force=force)
+    result = bisect_test(ctx.obj.repo(), test, ref, timeout=timeout, force=force, trust_remote_code=trust_remote_code)
     if as_json:
         print_json(result.to_json())
         return

@@ -13,6 +13,10 @@ version's new objects and records to the remote. It moves no ref on the remote: 
 does, in the cascade's order. A retried task finds its objects there already (content
 addressing) and sends nothing twice.
 
+A job is untrusted input here: each task checks it against the job contract first
+(mgit.execution's `received_recipe_job`, `received_test_job`) and refuses a forged one in
+one line before it opens the node cache or runs anything.
+
 These functions run inside Ray worker processes; they import nothing of Ray but the
 runtime context, to say where they ran.
 """
@@ -29,8 +33,16 @@ from pathlib import Path
 from typing import TypeVar
 
 from mgit import usercode
-from mgit.errors import MgitError
-from mgit.execution import RecipeJob, RecipeRun, TestJob, run_recipe_in, run_tests_in
+from mgit.errors import InvalidJobError, MgitError
+from mgit.execution import (
+    RecipeJob,
+    RecipeRun,
+    TestJob,
+    received_recipe_job,
+    received_test_job,
+    run_recipe_in,
+    run_tests_in,
+)
 from mgit.locks import FileLock
 from mgit.objects import user_at_host
 from mgit.remotes import RemoteSpec
@@ -94,12 +106,16 @@ def where() -> str:
 
 def recipe_task(remote: RemoteSpec, job: RecipeJob) -> RecipeRun:
     """The body of a recipe task: see the module docstring. Never raises for what the
-    recipe does (that is a failed run); raises for what a retry may cure (the remote)."""
+    recipe does (that is a failed run); raises for what a retry may cure (the remote), and
+    for a job that breaks the job contract (InvalidJobError: nothing is done)."""
+    job = received_recipe_job(job)
+    _check_remote(remote)
     here = where()
     with node_cache(remote) as (repo, conn):
         fetch_versions(repo, conn, [job.head, *job.parents])
-        if job.source is not None:  # the recipe's source object, which the new version names
-            repo.store.put_blob(job.source)
+        source = repo.store.put_blob(job.source).oid  # the recipe's source object, which the new version names
+        if job.recipe.get("source") not in (None, source):
+            raise InvalidJobError("recipe", "the source it carries is not the object its recipe names")
         lock = FileLock(repo.dir / "cluster-locks" / _lock_name(job.model), what=f"model {job.model!r}",
                         timeout=LOCK_WAIT)  # fmt: skip
         job, cwd = in_place(job)
@@ -115,7 +131,10 @@ def recipe_task(remote: RemoteSpec, job: RecipeJob) -> RecipeRun:
 
 
 def test_task(remote: RemoteSpec, job: TestJob) -> RunOutcome:
-    """The body of a test task: check out the version from the node cache and run the test."""
+    """The body of a test task: check out the version from the node cache and run the test
+    (a job that breaks the job contract is refused first: InvalidJobError)."""
+    job = received_test_job(job)
+    _check_remote(remote)
     job, cwd = in_place(job)
     with node_cache(remote) as (repo, conn):
         fetch_versions(repo, conn, [job.version])
@@ -127,8 +146,10 @@ def in_place(job: J) -> tuple[J, Path | None]:
     """The job as it runs here, and the folder it runs in: when this node has the function's
     file where the driver has it, with the same bytes (code deployed alike on every node),
     it runs there as a local run would, its sibling modules importable; else the source the
-    job carries runs from a temporary folder."""
-    if job.root is None or job.source is None or not Path(job.root).is_dir():
+    job carries runs from a temporary folder (always, for a function in a file the driver
+    named by an absolute path: no path outside the work folder is read here)."""
+    if job.root is None or job.source is None or usercode.split_spec(job.fn)[0].startswith("/") \
+            or not Path(job.root).is_dir():  # fmt: skip
         return job, None
     try:
         here = usercode.source_file(job.fn, cwd=Path(job.root)).read_bytes()
@@ -137,6 +158,11 @@ def in_place(job: J) -> tuple[J, Path | None]:
     if here != job.source:
         return job, None
     return replace(job, source=None), Path(job.root)
+
+
+def _check_remote(remote: object) -> None:
+    if not isinstance(remote, RemoteSpec) or not isinstance(remote.url, str):
+        raise InvalidJobError("cluster", "the remote it names is not a remote")
 
 
 def _lock_name(model: str) -> str:

@@ -7,6 +7,14 @@ download or a blob deleted by hand leaves); such a model repository is read agai
 revision at a time, so that its complete revisions still count. Nothing here writes to the
 cache.
 
+A cache is read as huggingface_hub lays it out, and nothing else: its repository folders,
+their `blobs/`, `snapshots/` and `refs/`, and every folder inside a snapshot are real folders
+(a link among them refuses the whole cache before anything is read: `check_layout`); a ref
+is a small regular file; a snapshot's file is a link to a regular file of its repository's
+`blobs/` or one hop further into the cache's shared blob store (`<cache>/blobs/<2 hex>/<hash>`),
+each hop resolved against the real cache root (`blob_of`), else its revision is skipped.
+No file outside the cache root is ever opened.
+
 The cache records no commit dates. Commit order is therefore: revisions that `refs/main`
 does not name, oldest first by their blobs' modification time (when they were downloaded;
 ties by commit hash), then the revision `refs/main` names.
@@ -15,6 +23,8 @@ ties by commit hash), then the revision `refs/main` names.
 from __future__ import annotations
 
 import os
+import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -25,6 +35,11 @@ from mgit.reports import human_size
 
 MAIN = "main"
 REPO_PREFIXES = ("models--", "datasets--", "spaces--", "kernels--")
+MAX_REF_BYTES = 4096  # a ref holds a 40-hex commit; a larger one is not a ref huggingface_hub wrote
+SHARED_BLOBS = "blobs"  # <cache>/blobs: huggingface_hub's cache-wide store of Xet files
+SHARED_MARKER = ".huggingface-shared-blobs"
+_UNREAD = (".locks", "CACHEDIR.TAG", ".DS_Store")  # top-level entries scan_cache_dir does not read
+_XET_HASH = re.compile(r"[0-9a-f]{64}")
 
 
 def load_hub() -> ModuleType:
@@ -86,6 +101,8 @@ def read_cache(cache_dir: str | os.PathLike[str] | None = None) -> CacheListing:
         raise InputError(str(root), "no such folder, so no Hugging Face cache", hint=hint)
     if not root.is_dir():
         raise InputError(str(root), "a file, not a Hugging Face cache folder", hint=hint)
+    root = root.resolve()
+    check_layout(root)
     info = hub.scan_cache_dir(root)
     entries = [p for p in info.cache_dir.iterdir() if not p.name.startswith(".") and p.name != "CACHEDIR.TAG"]
     if entries and not any(p.name.startswith(REPO_PREFIXES) for p in entries):
@@ -126,13 +143,111 @@ def _revision(rev: Any) -> CachedRevision:
     return CachedRevision(rev.commit_hash, rev.snapshot_path, tuple(sorted(rev.refs)), rev.last_modified, tuple(files))
 
 
+def check_layout(root: Path) -> None:
+    """Refuse a cache (InputError) in which a folder of huggingface_hub's layout is a link
+    (it could lead anywhere: a linked `blobs/` makes every snapshot link "resolve inside
+    blobs") or a ref is not a small regular file (a link to a key, a FIFO): such a cache
+    was not written by huggingface_hub, and reading it would read files outside `root`
+    (which is already resolved). Nothing is opened here but folders."""
+    hint = "A Hugging Face cache holds no such entry; remove it (or import the folder it points to as a cache)"
+    for entry in sorted(root.iterdir()):
+        if entry.name in _UNREAD:
+            continue
+        mode = entry.lstat().st_mode
+        if stat.S_ISLNK(mode):
+            raise InputError(str(entry), "a link, not a folder of the Hugging Face cache; nothing imported", hint=hint)
+        if not stat.S_ISDIR(mode):
+            continue  # scan_cache_dir names it, unread
+        for part in ("blobs", "snapshots", "refs"):
+            if (entry / part).is_symlink():
+                raise InputError(str(entry / part), "a link, not a folder of the Hugging Face cache; nothing imported",
+                                 hint=hint)  # fmt: skip
+        for dirpath, dirs, _names in os.walk(entry / "snapshots"):
+            for d in dirs:
+                if (Path(dirpath) / d).is_symlink():
+                    raise InputError(str(Path(dirpath) / d), "a link, not a folder of the Hugging Face cache; "
+                                     "nothing imported", hint=hint)  # fmt: skip
+        for dirpath, dirs, names in os.walk(entry / "refs"):
+            for name in [*dirs, *names]:
+                ref = Path(dirpath) / name
+                info = ref.lstat()
+                if stat.S_ISLNK(info.st_mode):
+                    raise InputError(str(ref), "a link, not a ref of the Hugging Face cache; nothing imported", hint=hint)
+                if stat.S_ISDIR(info.st_mode):
+                    continue
+                if not stat.S_ISREG(info.st_mode):
+                    raise InputError(str(ref), "not a regular file, so not a ref of the Hugging Face cache; "
+                                     "nothing imported", hint=hint)  # fmt: skip
+                if info.st_size > MAX_REF_BYTES:
+                    raise InputError(str(ref), f"{info.st_size} bytes, not a ref of the Hugging Face cache (a commit "
+                                     f"hash; at most {MAX_REF_BYTES} bytes); nothing imported", hint=hint)  # fmt: skip
+
+
+def blob_of(root: Path, repo_path: Path, snapshot_file: Path) -> Path | None:
+    """The regular file of the cache that a snapshot's file is, hop by hop as huggingface_hub
+    links it (see the module's docstring), or None if it leads anywhere else. `root` is the
+    real cache root and `repo_path` a real folder in it (`check_layout`)."""
+    blobs = repo_path / "blobs"
+    try:
+        here = snapshot_file
+        if stat.S_ISREG(here.lstat().st_mode):  # a snapshot of copies (where links are not supported)
+            return here if Path(os.path.realpath(here)).is_relative_to(repo_path / "snapshots") else None
+        hop = _hop(here)
+        if hop is None or Path(os.path.realpath(hop.parent)) != blobs:
+            return None
+        hop = blobs / hop.name
+        info = hop.lstat()
+        if stat.S_ISREG(info.st_mode):
+            return hop
+        store = root / SHARED_BLOBS
+        second = _hop(hop) if stat.S_ISLNK(info.st_mode) else None
+        if second is None or not _is_shared_store(store) or not _XET_HASH.fullmatch(second.name):
+            return None
+        if Path(os.path.realpath(second.parent)) != store / second.name[:2]:
+            return None
+        final = store / second.name[:2] / second.name
+        return final if stat.S_ISREG(final.lstat().st_mode) else None
+    except OSError:
+        return None
+
+
+def astray_files(root: Path, repo_path: Path, rev: CachedRevision) -> list[str]:
+    """The files of a revision's snapshot, as it is now, that are not the cache's own
+    (`blob_of`), and its folders that are links: none for a revision that may be imported.
+    An import asks again right before it reads a revision, so that a cache changed since it
+    was listed is not read through a link planted meanwhile."""
+    found = []
+    for dirpath, dirs, names in os.walk(rev.snapshot):
+        here = Path(dirpath)
+        found += [(here / d).relative_to(rev.snapshot).as_posix() for d in dirs if (here / d).is_symlink()]
+        found += [(here / n).relative_to(rev.snapshot).as_posix() for n in names if blob_of(root, repo_path, here / n) is None]
+    return sorted(found)
+
+
+def _hop(link: Path) -> Path | None:
+    """Where one link points (made absolute, not resolved further), or None for a non-link."""
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return None
+    hop = Path(os.path.normpath(link.parent / target))
+    return hop if hop.name not in ("", ".", "..") else None
+
+
+def _is_shared_store(store: Path) -> bool:
+    try:
+        return stat.S_ISDIR(store.lstat().st_mode) and stat.S_ISREG((store / SHARED_MARKER).lstat().st_mode)
+    except OSError:
+        return False
+
+
 def _model(repo_id: str, path: Path, size: int, revisions: list[CachedRevision], skipped: list[str]) -> CachedModel:
     kept = []
-    blobs = (path / "blobs").resolve()
+    root = path.parent
     for rev in revisions:
         # huggingface_hub links a snapshot's files into ../../blobs; a link elsewhere (another
         # repository's files, a file of the user's) is not the cache's to import.
-        astray = [f for f in rev.files if not (rev.snapshot / f).resolve().is_relative_to(blobs)]
+        astray = astray_files(root, path, rev)
         if not rev.files:
             skipped.append(f"{repo_id} revision {rev.commit[:12]}: an empty snapshot (nothing of it downloaded)")
         elif astray:

@@ -15,7 +15,8 @@ its cached revisions a version.
   again, so a second import of the same cache adds nothing, and a revision that appeared
   since adds one version (the newest, whatever its place in commit order).
 
-Files are read through the snapshot links (`Repo.add` on the snapshot folder); the cache is
+Files are read through the snapshot links (`Repo.add` on the snapshot folder), each link
+checked again right before (mgit.hf.cache: never a file outside the cache root); the cache is
 never written to.
 """
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 
 from mgit.errors import InputError, UnknownRefError
 from mgit.formats.model_card import CARD, read_lineage
-from mgit.hf.cache import CachedModel, CachedRevision, read_cache
+from mgit.hf.cache import CachedModel, CachedRevision, astray_files, read_cache
 from mgit.parallel import Progress
 from mgit.refs import MAX_NAME, is_model_name
 from mgit.repo import Repo
@@ -120,6 +121,11 @@ def import_cache(repo: Repo, cache_dir: str | os.PathLike[str] | None = None, *,
                 planned.add(name)
                 imported.append(ImportedRevision(model.repo_id, rev.commit, list(rev.refs), name, count, None, bases,
                                                  relation, _size(rev), 0, card_notes))  # fmt: skip
+                continue
+            astray = astray_files(listing.path, model.path, rev)
+            if astray:
+                skipped.append(f"{model.repo_id} revision {rev.commit[:12]}: {astray[0]} links outside the repository's "
+                               "blobs (changed since the cache was read); not imported")  # fmt: skip
                 continue
             try:
                 result = repo.add(rev.snapshot, name=name, parent=bases or None, relation=relation if bases else None,

@@ -5,14 +5,16 @@ registration (the key is the blake3 of its name) with the id of its source objec
 `checks/results/<key>.json` a recorded result (the key is the blake3 of its canonical
 JSON). A result is keyed by version, test and source hash, so results from both sides merge
 without conflict, each naming where it was recorded. A registration of a name the other
-side has with another definition is left as it is there, and reported.
+side has with another definition is left as it is there, and reported. A registration
+pulled is checked (mgit.checks.parse_registration: its function reference a module path or
+a file below the work folder) and is not trusted here: it runs only with --trust-remote-code.
 """
 
 from __future__ import annotations
 
 import blake3
 
-from mgit.checks import Checks
+from mgit.checks import Checks, parse_registration
 from mgit.errors import RemoteConflictError
 from mgit.objects import canonical_json
 from mgit.repo import Repo
@@ -67,13 +69,15 @@ def pull_checks(repo: Repo, conn: Connection) -> ChecksTravel:
     checks = Checks(repo)
     have_results = {result_key(r) for r in checks.result_records()}
     records = [rec for rec, _ in remote.map(remote.read_json, keys_tests)]  # few: each is compared
+    for record in records:  # every one checked before any is taken (a RemoteError names the first bad one)
+        parse_registration(record)
     here = {r["name"] for r in checks.registrations()}
     sources = {r["source"]: RECORD_LIMIT for r in records
                if isinstance(r, dict) and isinstance(r.get("source"), str) and r.get("name") not in here}  # fmt: skip
     fetch_objects(remote, repo.store, {o: n for o, n in sources.items() if not repo.store.has(o)}, jobs=2)
     added, differing = 0, []
     for record in records:
-        outcome = checks.add_registration(record)
+        outcome = checks.add_registration(record, origin=conn.name)
         added += outcome == "added"
         if outcome == "differs":
             differing.append(record["name"])
