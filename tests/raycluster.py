@@ -80,8 +80,12 @@ class RayCluster:
         self._logs: dict[str, Path] = {}
         self._sessions: list[Path] = []
         self.client_address = f"ray://127.0.0.1:{free_port()}"  # Ray Client's
-        self._start("head", ["--head", f"--port={self.port}", "--include-dashboard=false",
-                             f"--ray-client-server-port={self.client_address.rpartition(':')[2]}"])  # fmt: skip
+        try:
+            self._start("head", ["--head", f"--port={self.port}", "--include-dashboard=false",
+                                 f"--ray-client-server-port={self.client_address.rpartition(':')[2]}"])  # fmt: skip
+        except BaseException:  # the caller has no cluster to stop: stop the head that did start
+            self.stop()
+            raise
 
     def folder(self, name: str) -> Path:
         return self.root / name

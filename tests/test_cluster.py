@@ -137,7 +137,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         try:
             bucket = s3.new_bucket()
             env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **aws_env(s3.endpoint),
-                   "MGIT_TEST_HOLD": str(root / "hold"), "PYTHONPATH": os.pathsep.join(sys.path)}  # fmt: skip
+                   "MGIT_TEST_HOLD": str(root / "hold"), "PYTHONPATH": os.pathsep.join(sys.path),
+                   # A token in ~/.ray/auth_token (left by any earlier Ray run) turns token auth on for
+                   # the head but not for drivers: the test cluster never reads the user's.
+                   "RAY_AUTH_MODE": "disabled"}  # fmt: skip
             cluster = RayCluster(root / "nodes", env)
             cluster.add_node("n2")
             setup = Setup(root, s3, cluster, env)
