@@ -114,7 +114,7 @@ def main() -> None:
     parser.add_argument("--no-doc", action="store_true", help="print the results, leave docs/ alone")
     args = parser.parse_args()
     load = os.getloadavg()[0]
-    blas = "held to one thread (threadpoolctl)"  # mgit.parallel.one_blas_thread, a core dependency
+    blas = "held to one thread (threadpoolctl)"  # mgit.util.parallel.one_blas_thread, a core dependency
     base_dir, ft_dir = make_models(SPEC)
     size = (base_dir / "model.safetensors").stat().st_size
     repo = Repo.init(empty_dir(WORK / "repo"))

@@ -36,7 +36,7 @@ from core import machine, write_doc  # noqa: E402
 from s3server import S3Server, aws_env  # noqa: E402
 
 from mgit import Repo, sync  # noqa: E402
-from mgit.refs import RefStore  # noqa: E402
+from mgit.index.refs import RefStore  # noqa: E402
 
 CACHE = ROOT / ".cache" / "bench"
 WORK = CACHE / "remote"

@@ -23,9 +23,9 @@ import blake3
 import zstandard
 
 from mgit import Repo
-from mgit.localstore import LocalStore
-from mgit.objectformat import ObjectHeader
-from mgit.objects import FileEntry, Manifest, Version, canonical_json
+from mgit.store.local import LocalStore
+from mgit.store.objectformat import ObjectHeader
+from mgit.store.objects import FileEntry, Manifest, Version, canonical_json
 
 MGIT = [sys.executable, "-m", "mgit.cli.main"]
 CHUNK = 64 << 20

@@ -13,9 +13,9 @@ from typing import Any
 
 from conftest import MGIT, make_model, run_cli
 
-from mgit.memorystore import MemoryStore
-from mgit.objects import Version
 from mgit.remotes.pack import MetadataPack
+from mgit.store.memory import MemoryStore
+from mgit.store.objects import Version
 
 # A helper process that runs `mgit ARGS` as its child and prints the child's peak RSS (KiB).
 _PEAK = (

@@ -22,7 +22,7 @@ from conftest import make_model, run_cli, run_mgit, sha256_tree
 
 from mgit import Repo
 from mgit.errors import InputError
-from mgit.objects import FileEntry, Manifest, Version
+from mgit.store.objects import FileEntry, Manifest, Version
 
 try:
     import torch

@@ -21,12 +21,12 @@ import pytest
 from conftest import make_model, run_cli, sha256_tree
 
 from mgit import Repo
-from mgit.cache import DecodedCache
 from mgit.errors import CorruptObjectError, StorageFullError
-from mgit.localstore import LocalStore
-from mgit.memorystore import MemoryStore
-from mgit.objectformat import BLOCK_BYTES, FRAME, MAGIC, PREFIX
-from mgit.store import ObjectStore
+from mgit.store.base import ObjectStore
+from mgit.store.cache import DecodedCache
+from mgit.store.local import LocalStore
+from mgit.store.memory import MemoryStore
+from mgit.store.objectformat import BLOCK_BYTES, FRAME, MAGIC, PREFIX
 
 SMALL = 64 << 10
 
@@ -225,9 +225,9 @@ def test_add_hashes_each_tensor_once_whatever_path_it_takes(tmp_path: Path, smal
     """Large tensors are hashed in file order before their chain is chosen; whether they are
     then coded in blocks as written or coded first (a cast from a float32 parent, measured
     whole), the writer must not hash them again."""
-    import mgit.objects
-    import mgit.snapshot
-    import mgit.store
+    import mgit.repo.ingest
+    import mgit.store.base
+    import mgit.store.objects
 
     rng = np.random.default_rng(6)
     w = rng.standard_normal(200_000).astype(np.float32)
@@ -237,15 +237,15 @@ def test_add_hashes_each_tensor_once_whatever_path_it_takes(tmp_path: Path, smal
     repo = Repo.init(tmp_path / "repo")
     repo.add(base, name="base")
     hashed: list[str] = []
-    real = mgit.objects.object_hasher
+    real = mgit.store.objects.object_hasher
 
     def counting(kind: str, meta: dict) -> object:
         if kind == "tensor" and sys._getframe(1).f_code.co_name in ("put", "_prepare"):  # writers, not readers
             hashed.append(f"{meta['dtype']}{meta['shape']}")
         return real(kind, meta)
 
-    monkeypatch.setattr(mgit.store, "object_hasher", counting)
-    monkeypatch.setattr(mgit.snapshot, "object_hasher", counting)
+    monkeypatch.setattr(mgit.store.base, "object_hasher", counting)
+    monkeypatch.setattr(mgit.repo.ingest, "object_hasher", counting)
     repo.add(child, name="child", parent="base")
     codecs = {t.name: repo.store.header(t.object).codec_names for f in repo.manifest("child").files for t in f.tensors}
     assert codecs["w"].startswith("cast") and codecs["v"].startswith("sub_delta"), codecs
@@ -254,7 +254,7 @@ def test_add_hashes_each_tensor_once_whatever_path_it_takes(tmp_path: Path, smal
 
 
 def test_a_planned_cache_releases_a_base_after_its_last_use() -> None:
-    from mgit.objectformat import ObjectHeader
+    from mgit.store.objectformat import ObjectHeader
 
     cache = DecodedCache(1 << 30, planned=True)
     cache.expect({"a": 2, "b": 1})

@@ -13,9 +13,9 @@ import pytest
 from conftest import sha256_tree
 
 from mgit import Repo
-from mgit.cache import DecodedCache
 from mgit.errors import CorruptObjectError
-from mgit.objectformat import ObjectHeader
+from mgit.store.cache import DecodedCache
+from mgit.store.objectformat import ObjectHeader
 
 
 def header(n: int) -> ObjectHeader:

@@ -20,8 +20,8 @@ from mgit.codecs import (
     encode_chain,
 )
 from mgit.codecs.pco import PCO_DTYPES
-from mgit.encoding import default_chain
 from mgit.formats.safetensors import DTYPES
+from mgit.store.codec_policy import default_chain
 
 SPECIAL_F32 = np.array([np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-45, -1e-45, 1.17e-38, 3.4e38],
                        dtype=np.float32)  # fmt: skip

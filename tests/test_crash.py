@@ -20,7 +20,7 @@ from conftest import MGIT, make_model, run_cli, run_mgit, sha256_tree
 from safetensors.numpy import save_file
 
 from mgit import Repo
-from mgit.atomicfile import TMP_PREFIX
+from mgit.util.atomicfile import TMP_PREFIX
 
 pytestmark = pytest.mark.slow
 

@@ -25,8 +25,8 @@ from bombs import (
 from conftest import make_model
 
 from mgit.codecs import XorDeltaCodec, ZstdCodec, chain_to_list
-from mgit.objectformat import ObjectHeader
-from mgit.objects import object_hasher
+from mgit.store.objectformat import ObjectHeader
+from mgit.store.objects import object_hasher
 
 GIB = 1 << 30
 SLACK_RSS = 300 << 20  # what a bomb may add to a command's normal peak

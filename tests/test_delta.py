@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from mgit import CorruptObjectError, MissingObjectError, Repo
 from mgit.codecs import CodecContext, SubDeltaCodec, XorDeltaCodec, decode_chain, encode_chain
-from mgit.encoding import SAMPLE_FROM, delta_chains
 from mgit.formats.safetensors import DTYPES
-from mgit.memorystore import MemoryStore
+from mgit.store.codec_policy import SAMPLE_FROM, delta_chains
+from mgit.store.memory import MemoryStore
 
 BASE = "ab" * 32
 

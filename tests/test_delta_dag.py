@@ -16,9 +16,9 @@ from conftest import make_model, sha256_tree
 from mgit import Repo, sync
 from mgit.codecs import CodecContext, XorDeltaCodec, ZstdCodec, chain_to_list, encode_chain
 from mgit.errors import CorruptObjectError
-from mgit.objectformat import ObjectHeader
-from mgit.objects import TensorEntry, object_hasher
-from mgit.reader import as_array
+from mgit.store.objectformat import ObjectHeader
+from mgit.store.objects import TensorEntry, object_hasher
+from mgit.store.reader import as_array
 
 GUARD = 20_000  # decodes after which a read is plainly exponential: the test stops it
 
@@ -115,9 +115,9 @@ def test_a_read_decoding_more_objects_than_the_bound_is_refused(setup: tuple[Pat
     plant_dag(remote, top, content, 12)
     sync.clone(str(remote), tmp_path / "full")
     decodes[0] = 0
-    import mgit.store
+    import mgit.store.base
 
-    monkeypatch.setattr(mgit.store, "MAX_READ_DECODES", 20, raising=False)  # 25 objects under the top
+    monkeypatch.setattr(mgit.store.base, "MAX_READ_DECODES", 20, raising=False)  # 25 objects under the top
     repo = Repo(tmp_path / "full")
     with pytest.raises(CorruptObjectError, match=f"object {top[:16]} is corrupt: reading it decodes more than 20 objects"):
         repo.open("m")["position_ids"]
@@ -158,9 +158,9 @@ def test_blobs_coded_against_bases_are_refused(setup: tuple[Path, Path, str, byt
 def test_writers_never_code_against_a_base_a_read_would_refuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A small tensor whose parent is far larger (a scale and its weight) is stored on its
     own when reading it through that parent would pass the read bound."""
-    import mgit.store
+    import mgit.store.base
 
-    monkeypatch.setattr(mgit.store, "READ_FLOOR", 4096)
+    monkeypatch.setattr(mgit.store.base, "READ_FLOOR", 4096)
     repo = Repo.init(tmp_path / "r")
     big = np.zeros(1 << 16, np.float32)
     base = repo.store.put_tensor("F32", big.shape, big).oid

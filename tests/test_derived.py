@@ -23,7 +23,7 @@ from mgit.codecs import (
 )
 from mgit.codecs.base import byte_array, encode_chain
 from mgit.codecs.derived import _low_rank_prediction, low_rank_of
-from mgit.memorystore import MemoryStore
+from mgit.store.memory import MemoryStore
 
 BASE = "cd" * 32
 

@@ -22,7 +22,7 @@ import pytest
 from conftest import run_cli, tensors
 
 from mgit import Repo
-from mgit.lineage import LineageEdge, LineageGraph, ModelNode, VersionNode
+from mgit.lineage.graph import LineageEdge, LineageGraph, ModelNode, VersionNode
 from mgit.web import graph_json, page_data, render_dot, render_html
 from mgit.web.layout import Box, layered_layout
 

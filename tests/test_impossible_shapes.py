@@ -14,8 +14,8 @@ from conftest import MGIT
 
 from mgit import Repo
 from mgit.errors import CorruptObjectError
-from mgit.objects import TensorEntry
-from mgit.reader import as_array
+from mgit.store.objects import TensorEntry
+from mgit.store.reader import as_array
 
 HUGE = [2**70, 0]
 

@@ -16,7 +16,7 @@ from conftest import make_model, run_cli
 from safetensors.torch import save_file
 
 from mgit import InputError, MgitError, Repo
-from mgit.sketch import QUANTIZED, SCALE, Sketch, element_values, round_to
+from mgit.lineage.sketch import QUANTIZED, SCALE, Sketch, element_values, round_to
 
 VOCAB, WIDTH, LAYERS, CLASSES = 120, 32, 4, 4
 State = dict[str, torch.Tensor]
@@ -315,7 +315,7 @@ def test_a_quantized_tensor_is_sketched_dequantized_with_its_scale(family: Famil
     i = sketch.index["layers.0.fc1.weight"]
     assert sketch.roles[i] == QUANTIZED and sketch.roles[sketch.index["layers.0.fc1.weight_scale"]] == SCALE
     dense = family["ft-a"][0]["layers.0.fc1.weight"].numpy().reshape(-1)
-    from mgit.sketch import pattern, positions
+    from mgit.lineage.sketch import pattern, positions
 
     pos = positions(pattern("layers.0.fc1.weight"), (2 * WIDTH, WIDTH))
     assert np.allclose(sketch.values[i], dense[pos], atol=float(np.abs(dense).max()) / 127)

@@ -28,7 +28,7 @@ def test_the_user_code_child_imports_neither_the_library_nor_numpy() -> None:
 def test_the_package_still_offers_its_names_lazily() -> None:
     import mgit
 
-    assert mgit.Repo.__module__ == "mgit.repo" and issubclass(mgit.UnknownRefError, mgit.MgitError)
+    assert mgit.Repo.__module__ == "mgit.repo.repository" and issubclass(mgit.UnknownRefError, mgit.MgitError)
     with pytest.raises(AttributeError):
         mgit.NoSuchThing  # noqa: B018
 
@@ -61,13 +61,13 @@ def test_no_builtin_error_is_raised_where_a_user_could_meet_it() -> None:
                 found.append(f"{path.relative_to(SRC)}:{node.lineno} {call.func.id}")
     # sketch.py parses its own blob and turns ValueError into "computed again"; usercode's
     # child reports any exception as the run's failure.
-    assert [f for f in found if not f.startswith(("sketch.py", "usercode.py"))] == []
+    assert [f for f in found if not f.startswith(("lineage/sketch.py", "usercode.py"))] == []
 
 
 def test_catalog_inconsistency_is_an_mgit_error_with_a_hint(tmp_path: Path) -> None:
-    from mgit.catalog import Catalog
     from mgit.errors import CatalogError
-    from mgit.objects import Version
+    from mgit.index.catalog import Catalog
+    from mgit.store.objects import Version
 
     catalog = Catalog(tmp_path / "catalog.sqlite")
     orphan = Version("m", "a" * 64, predecessor="b" * 64)
@@ -77,9 +77,9 @@ def test_catalog_inconsistency_is_an_mgit_error_with_a_hint(tmp_path: Path) -> N
 
 
 def test_a_codec_says_what_it_is_and_nothing_else_needs_to_know() -> None:
-    from mgit.catalog import storage_class
     from mgit.codecs import Codec, codec_class
     from mgit.codecs.base import register
+    from mgit.index.catalog import storage_class
 
     expected = {"xor_delta": "delta", "sub_delta": "delta", "patch": "delta", "quantized_delta": "delta",
                 "cast": "derived", "quantize_int8": "derived", "absmax_scale": "derived", "low_rank": "derived",

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from mgit import Repo
 from mgit.formats.model_card import read_lineage, write_lineage
-from mgit.lineage import Lineage, NoPathError, VersionNode
+from mgit.lineage.graph import Lineage, NoPathError, VersionNode
 
 
 # --- a pure graph, built without a repository, against a reference implementation ------------

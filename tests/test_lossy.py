@@ -19,10 +19,10 @@ from safetensors.numpy import load_file
 from mgit import Repo
 from mgit.codecs import CodecContext, QuantizedDeltaCodec
 from mgit.codecs.quantized_delta import as_float64
-from mgit.gate import compare, lower_is_better
-from mgit.lossy import encode_lossy
-from mgit.lossypolicy import LossyPolicy
-from mgit.memorystore import MemoryStore
+from mgit.repo.gate import compare, lower_is_better
+from mgit.store.lossy import encode_lossy
+from mgit.store.lossy_policy import LossyPolicy
+from mgit.store.memory import MemoryStore
 
 TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 SAME_SIZE_INT = {"F64": torch.int64, "F32": torch.int32, "F16": torch.int16, "BF16": torch.int16}

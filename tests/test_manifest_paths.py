@@ -20,7 +20,7 @@ from conftest import make_model, run_cli
 
 from mgit import Repo, sync
 from mgit.errors import MgitError
-from mgit.objects import FileEntry, Manifest, RecordError, Version
+from mgit.store.objects import FileEntry, Manifest, RecordError, Version
 
 LONG_PATH = "/".join(["d" * 200] * 6)  # 1,205 bytes, every part allowed
 

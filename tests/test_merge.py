@@ -412,8 +412,8 @@ def test_a_streamed_merge_is_written_as_its_prediction_only_when_its_bases_allow
     that chain without predicting it again: only over bases a delta may use. It stores no
     parent-inference sketch (its source is read once); one is made when inference needs it."""
     from mgit.codecs import WeightedSumCodec, XorDeltaCodec, ZstdCodec
-    from mgit.encoding import exact_encoding
-    from mgit.objects import tensor_meta
+    from mgit.store.codec_policy import exact_encoding
+    from mgit.store.objects import tensor_meta
 
     repo = Repo.init(tmp_path / "repo")
     for name, (_, parent) in MODELS.items():

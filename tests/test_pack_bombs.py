@@ -15,7 +15,7 @@ import pytest
 from hostile_remote import cli, clone_peak, holdings, pushed_remote, write_pack
 
 from mgit import Repo, sync
-from mgit.catalog import Catalog, ObjectRow
+from mgit.index.catalog import Catalog, ObjectRow
 from mgit.remotes import pack as packs
 from mgit.remotes.pack import MetadataPack
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from mgit.errors import InvalidNameError, LockTimeoutError, RefConflictError
-from mgit.locks import FileLock
-from mgit.refs import RefStore, validate_model_name
+from mgit.index.refs import RefStore, validate_model_name
+from mgit.util.locks import FileLock
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 

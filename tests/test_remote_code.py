@@ -22,8 +22,8 @@ from mgit import Repo, sync, usercode
 from mgit.cascade import cascade
 from mgit.checks import Checks
 from mgit.errors import RemoteError, UntrustedCodeError
+from mgit.sync.check_results import registration_key
 from mgit.sync.connection import connect
-from mgit.sync.results import registration_key
 
 RECIPES = """
 import json, pathlib, shutil

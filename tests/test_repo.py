@@ -336,7 +336,7 @@ def test_a_digit_only_selector_is_a_sequence_number_else_an_id_prefix(repo: Repo
 
 
 def test_a_selector_that_is_both_a_number_and_an_id_prefix_names_both() -> None:
-    from mgit.refspec import pick_version
+    from mgit.index.refspec import pick_version
 
     chain = ["0003" + "a" * 60, "1" * 64, "0003" + "b" * 60]  # newest first: @3 is "0003a..."
     assert pick_version("m@2", "m", chain, "2") == "1" * 64
@@ -374,7 +374,7 @@ def test_reader_membership_decodes_nothing_and_get_has_a_default(repo: Repo, mon
 
 def test_a_rebuilt_file_that_misses_its_digest_is_refused(repo: Repo, tmp_path: Path) -> None:
     from mgit.errors import ChecksumMismatchError
-    from mgit.objects import FileEntry, Manifest, Version
+    from mgit.store.objects import FileEntry, Manifest, Version
 
     data = b"hello"
     oid = repo.store.put_blob(data).oid

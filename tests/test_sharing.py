@@ -28,7 +28,7 @@ from mgit import Repo, sync
 from mgit.checks import Checks, Condition
 from mgit.errors import RemoteConflictError
 from mgit.remotes.base import Backend
-from mgit.store import ObjectStore
+from mgit.store.base import ObjectStore
 
 
 def finetune(seed: int, base_seed: int = 1, scale: float = 1e-3) -> dict[str, np.ndarray]:
@@ -357,8 +357,8 @@ class SharingContract:
 
     def test_a_forged_manifest_path_and_a_ref_to_a_missing_version_are_refused(self, alice: Repo, url: str,
                                                                              tmp_path: Path) -> None:  # fmt: skip
-        from mgit.memorystore import MemoryStore
-        from mgit.objects import FileEntry, Manifest, Version
+        from mgit.store.memory import MemoryStore
+        from mgit.store.objects import FileEntry, Manifest, Version
 
         forged = MemoryStore()
         blob = forged.put_blob(b"pwned").oid

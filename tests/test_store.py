@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from mgit.errors import CorruptObjectError, MissingObjectError
-from mgit.localstore import LocalStore
-from mgit.memorystore import MemoryStore
-from mgit.objectformat import MAGIC, ObjectHeader
-from mgit.objects import object_id, tensor_meta
-from mgit.store import ObjectStore
+from mgit.store.base import ObjectStore
+from mgit.store.local import LocalStore
+from mgit.store.memory import MemoryStore
+from mgit.store.objectformat import MAGIC, ObjectHeader
+from mgit.store.objects import object_id, tensor_meta
 
 
 class StoreContract:
@@ -187,7 +187,7 @@ class TestMemoryStore(StoreContract):
 # --- records: what a manifest may hold ------------------------------------------------------------
 @pytest.mark.parametrize("path", ["../x", "a/../../x", "/etc/passwd", "a\\b", "./x", "a//b", "x\x00", ""])
 def test_a_manifest_path_that_could_escape_is_refused_when_read(path: str) -> None:
-    from mgit.objects import FileEntry, RecordError
+    from mgit.store.objects import FileEntry, RecordError
 
     entry = {"path": path, "type": "blob", "size": 1, "digest": "0" * 64, "object": "1" * 64}
     with pytest.raises(RecordError, match="refusing path"):
@@ -196,7 +196,7 @@ def test_a_manifest_path_that_could_escape_is_refused_when_read(path: str) -> No
 
 
 def test_a_manifest_listing_a_file_twice_is_refused() -> None:
-    from mgit.objects import Manifest, RecordError
+    from mgit.store.objects import Manifest, RecordError
 
     entry = {"path": "a.txt", "type": "blob", "size": 1, "digest": "0" * 64, "object": "1" * 64}
     with pytest.raises(RecordError, match="listed twice"):
@@ -204,7 +204,7 @@ def test_a_manifest_listing_a_file_twice_is_refused() -> None:
 
 
 def test_a_forged_manifest_path_is_a_corrupt_object_on_read() -> None:
-    from mgit.objects import FileEntry, Manifest
+    from mgit.store.objects import FileEntry, Manifest
 
     store = MemoryStore()
     bad = FileEntry("../evil", "blob", 1, "0" * 64, "1" * 64)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from mgit.errors import InvalidNameError, RemoteError
-from mgit.objects import OID_RE, RecordError
-from mgit.refs import validate_model_name
+from mgit.index.refs import validate_model_name
 from mgit.remotes.base import check_key
 from mgit.remotes.config import REMOTE_NAME_RE
+from mgit.store.objects import OID_RE, RecordError
 
 OID = "ab" * 32
 
@@ -35,7 +35,7 @@ def test_a_remote_key_and_name_with_a_newline_are_refused() -> None:
 
 
 def test_a_version_record_with_a_newline_in_its_model_or_time_is_refused() -> None:
-    from mgit.objects import Version
+    from mgit.store.objects import Version
 
     good = {"format": 1, "model": "bert", "manifest": OID, "parents": [], "predecessor": None, "message": "",
             "author": "a", "time": "2026-01-01T00:00:00Z", "tags": {}, "recipe": None, "lossy": None,

@@ -16,9 +16,9 @@ from conftest import make_model, run_cli, tensors
 
 from mgit import Repo, sync
 from mgit.errors import InvalidOptionError
-from mgit.memorystore import MemoryStore
-from mgit.objects import RecordError, Version
-from mgit.refs import validate_model_name
+from mgit.index.refs import validate_model_name
+from mgit.store.memory import MemoryStore
+from mgit.store.objects import RecordError, Version
 
 OID = "ab" * 32
 GOOD: dict[str, Any] = {

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Repo": "mgit.repo",
-    "ModelReader": "mgit.reader",
+    "Repo": "mgit.repo.repository",
+    "ModelReader": "mgit.store.reader",
     "CorruptObjectError": "mgit.errors",
     "InputError": "mgit.errors",
     "LockTimeoutError": "mgit.errors",
@@ -61,8 +61,8 @@ if TYPE_CHECKING:
         UnknownRefError,
     )
     from mgit.loading import load, load_many, load_pretrained
-    from mgit.reader import ModelReader
-    from mgit.repo import Repo
+    from mgit.repo.repository import Repo
+    from mgit.store.reader import ModelReader
 
 
 def __getattr__(name: str) -> Any:

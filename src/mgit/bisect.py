@@ -20,7 +20,7 @@ from typing import Any
 
 from mgit.checks import Checks, TestOutcome
 from mgit.errors import MgitError
-from mgit.repo import Repo
+from mgit.repo.repository import Repo
 from mgit.reports import Report
 
 

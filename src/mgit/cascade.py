@@ -20,7 +20,7 @@ parents it waits for are done.
 A recipe recorded with a version that came from a remote, and a test pulled from one, are
 another person's code: a cascade that would run any of it not trusted here stops before it
 runs anything, naming it, unless `trust_remote_code` (mgit.checks.Checks.require_trust);
-recipes recorded here are trusted (mgit.layout).
+recipes recorded here are trusted (mgit.repo.location).
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ from mgit import usercode
 from mgit.checks import Checks, TestOutcome
 from mgit.errors import MgitError
 from mgit.execution import Executor, LocalExecutor, RecipeJob, resources_of
-from mgit.faults import crash_point
-from mgit.layout import trusted_code
-from mgit.lineage import Lineage, LineageEdge
-from mgit.repo import Repo
+from mgit.lineage.graph import Lineage, LineageEdge
+from mgit.repo.location import trusted_code
+from mgit.repo.repository import Repo
 from mgit.reports import Report
+from mgit.util.faults import crash_point
 
 RECIPE_TIMEOUT = 3600.0  # per recipe run: a fine-tune can take a while
 REBUILT = ("recipe", "manual", "blocked")  # actions under which a model gets (or needs) a new version

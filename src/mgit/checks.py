@@ -14,7 +14,7 @@ the version or the source changes, or `force` is given.
 A registration pulled from a remote is another person's code: its function reference is
 checked where it is read (a module path or a file below the work folder: never a path that
 reaches elsewhere), and it runs only once trusted (`trust_remote_code`, which marks it
-trusted in the repository's `trusted-code`, mgit.layout); a test attached here is trusted
+trusted in the repository's `trusted-code`, mgit.repo.location); a test attached here is trusted
 when it is attached.
 
 Over 500 lines, not split: registrations, runs and recorded results are one table pair and
@@ -32,7 +32,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mgit import usercode
-from mgit.database import Database
 from mgit.errors import (
     MgitError,
     RemoteError,
@@ -41,12 +40,13 @@ from mgit.errors import (
     UntrustedCodeError,
 )
 from mgit.execution import Executor, LocalExecutor, TestJob, resources_of
-from mgit.layout import trust_code, trusted_code, trusts_remote_code
-from mgit.limits import DEFAULT_TIMEOUT
-from mgit.lineage import Lineage
-from mgit.objects import OID_RE, user_at_host, utc_now
-from mgit.repo import Repo
+from mgit.lineage.graph import Lineage
+from mgit.repo.location import trust_code, trusted_code, trusts_remote_code
+from mgit.repo.repository import Repo
 from mgit.reports import Report, json_safe
+from mgit.store.objects import OID_RE, user_at_host, utc_now
+from mgit.usercode import DEFAULT_TIMEOUT
+from mgit.util.database import Database
 
 MIGRATIONS: list[tuple[str, list[str]]] = [
     ("0001_tests", [

@@ -32,18 +32,18 @@ from typing import Any
 import blake3
 import numpy as np
 
-from mgit.cache import UNBOUNDED, DecodedCache
 from mgit.errors import InputError, MgitError, UnknownRefError
 from mgit.formats.folder import SourceFile, scan_path
 from mgit.formats.safetensors import DTYPES, element_count
 from mgit.formats.tensors import TORCH_SUFFIXES
-from mgit.objectformat import file_expected
-from mgit.objects import Manifest, TensorEntry, object_id, tensor_meta
-from mgit.parallel import Progress, default_jobs, one_blas_thread
-from mgit.reader import tensor_bytes
 from mgit.reports import Report
-from mgit.store import ObjectStore
+from mgit.store.base import ObjectStore
+from mgit.store.cache import UNBOUNDED, DecodedCache
+from mgit.store.objectformat import file_expected
+from mgit.store.objects import Manifest, TensorEntry, object_id, tensor_meta
+from mgit.store.reader import tensor_bytes
 from mgit.tensorstats import TensorStats, tensor_stats
+from mgit.util.parallel import Progress, default_jobs, one_blas_thread
 
 MAX_TEXT_BYTES = 1 << 20  # larger text files are compared by digest only
 STATUSES = ("changed", "dtype", "shape", "only_a", "only_b", "identical", "same")

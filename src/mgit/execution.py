@@ -34,10 +34,10 @@ from typing import Any, Protocol
 
 from mgit import usercode
 from mgit.errors import InvalidJobError, InvalidOptionError, MgitError, RefConflictError
-from mgit.objects import OID_RE, RELATIONS
-from mgit.refs import is_model_name
-from mgit.repo import Repo
+from mgit.index.refs import is_model_name
+from mgit.repo.repository import Repo
 from mgit.reports import Report
+from mgit.store.objects import OID_RE, RELATIONS
 from mgit.usercode import RESOURCE_KEYS, resources_of
 
 __all__ = ["RESOURCE_KEYS", "Executor", "LocalExecutor", "RecipeJob", "RecipeRun", "TestJob", "received_recipe_job",

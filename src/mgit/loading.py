@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from mgit.errors import InputError, InvalidOptionError, MissingDependencyError
-from mgit.objectformat import file_expected
-from mgit.objects import Manifest
-from mgit.reader import state_dicts
-from mgit.repo import Repo
+from mgit.repo.repository import Repo
+from mgit.store.objectformat import file_expected
+from mgit.store.objects import Manifest
+from mgit.store.reader import state_dicts
 
 LOADING_OPTIONS = {"device_map", "attn_implementation", "quantization_config", "key_mapping"}  # from_pretrained's own
 RepoLike = Repo | str | os.PathLike[str] | None
@@ -95,7 +95,7 @@ def _module(name: str, what: str) -> Any:
 
 def _load(refs: list[str], repo: Repo, framework: str, device: Any, dtype: Any, jobs: int | None, *,
           shared: bool) -> list[dict[str, Any]]:  # fmt: skip
-    """These versions' state dicts (mgit.reader.state_dicts), their objects fetched at once
+    """These versions' state dicts (mgit.store.reader.state_dicts), their objects fetched at once
     in a lazy clone."""
     versions = [(vid, repo.manifest(vid)) for vid in (repo.resolve(r) for r in refs)]
     if repo.store.lazy:

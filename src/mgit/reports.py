@@ -237,7 +237,7 @@ class RemoveResult(Report):
 
 @dataclass(frozen=True)
 class ParentCandidate(Report):
-    """A stored version ranked as a parent of a model, with the evidence (see mgit.inference)."""
+    """A stored version ranked as a parent of a model, with the evidence (see mgit.lineage.inference)."""
 
     version: str
     model: str

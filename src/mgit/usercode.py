@@ -32,6 +32,7 @@ from typing import Any
 from mgit.errors import InvalidOptionError, MgitError
 from mgit.reports import json_safe
 
+DEFAULT_TIMEOUT = 600.0  # seconds a test or gate run may take unless told otherwise
 RESULT_MARK = "MGIT-RESULT "
 MAX_OUTPUT = 64 * 1024  # of a run's output kept for `mgit test show --output`
 SOURCE_FILE = "mgit_recorded_source.py"  # what a recorded source runs as, in its temporary folder

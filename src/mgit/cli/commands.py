@@ -10,11 +10,11 @@ import json
 import click
 
 from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size, table
-from mgit.limits import DEFAULT_TIMEOUT
-from mgit.lossypolicy import DEFAULT_GUARD, describe
-from mgit.objects import RELATIONS
-from mgit.repo import Repo
+from mgit.repo.repository import Repo
 from mgit.reports import ParentInfo, VersionInfo
+from mgit.store.lossy_policy import DEFAULT_GUARD, describe
+from mgit.store.objects import RELATIONS
+from mgit.usercode import DEFAULT_TIMEOUT
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 jobs_option = click.option("--jobs", "-j", type=click.IntRange(1, 64), default=None,

@@ -10,7 +10,7 @@ import click
 
 from mgit.cluster import EXECUTORS, open_executor
 from mgit.execution import Executor
-from mgit.repo import Repo
+from mgit.repo.repository import Repo
 
 CLUSTER_JOBS = 32  # jobs in flight at once on a cluster when --jobs is not given: Ray schedules them
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from mgit.cli.output import out, plural
-from mgit.objects import RELATIONS
+from mgit.store.objects import RELATIONS
 from mgit.web import graph_json, render_dot, render_html
 
 DEFAULT_HTML = "mgit-graph.html"

@@ -6,7 +6,7 @@ import click
 
 from mgit.cli.output import out, print_json, size
 from mgit.cli.suggest_cmd import suggest
-from mgit.lineage import LineageEdge, ModelNode, TreeNode
+from mgit.lineage.graph import LineageEdge, ModelNode, TreeNode
 
 
 class LineageGroup(click.Group):

@@ -19,7 +19,7 @@ from mgit.cli.output import err
 from mgit.errors import MgitError, StorageFullError
 
 if TYPE_CHECKING:
-    from mgit.repo import Repo
+    from mgit.repo.repository import Repo
 
 # Each command is imported when it runs (or when --help lists it): a command module loads
 # what its command needs, and `mgit ls` must not wait for numpy, the codecs or rich.
@@ -61,7 +61,7 @@ class AppContext:
         self.directory = directory
 
     def repo(self) -> Repo:
-        from mgit.repo import Repo
+        from mgit.repo.repository import Repo
 
         return Repo(Path(self.directory) if self.directory else None)
 

@@ -7,8 +7,8 @@ import click
 
 from mgit import sync
 from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size, table
+from mgit.store.transfer import TransferStats
 from mgit.sync.reports import FetchResult, ModelUpdate
-from mgit.transfer import TransferStats
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 endpoint_option = click.option("--endpoint-url", metavar="URL",

@@ -49,8 +49,8 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
       mgit serve --host 0.0.0.0                 # prints a token to open it with
       mgit serve s3://team-models/repo --endpoint-url http://127.0.0.1:9000
     """
-    from mgit.layout import is_bare, locate
-    from mgit.repo import Repo
+    from mgit.repo.location import is_bare, locate
+    from mgit.repo.repository import Repo
     from mgit.web.access import is_loopback, new_token
 
     if directory is not None and directory.startswith(("http://", "https://")):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from mgit.errors import InvalidOptionError
 from mgit.execution import Executor, LocalExecutor
-from mgit.repo import Repo
+from mgit.repo.repository import Repo
 
 EXECUTORS = "local, ray or ray://HOST:PORT"
 

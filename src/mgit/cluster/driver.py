@@ -29,7 +29,7 @@ from mgit import usercode
 from mgit.errors import InvalidOptionError, MgitError, RefConflictError, RemoteConflictError
 from mgit.execution import RecipeJob, RecipeRun, TestJob
 from mgit.remotes.config import remote_of, remotes_of
-from mgit.repo import Repo
+from mgit.repo.repository import Repo
 from mgit.sync.connection import DEFAULT_REMOTE, connect
 from mgit.sync.fetch import fetch_versions
 from mgit.sync.push import move_head, publish_to, push

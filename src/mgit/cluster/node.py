@@ -43,15 +43,15 @@ from mgit.execution import (
     run_recipe_in,
     run_tests_in,
 )
-from mgit.locks import FileLock
-from mgit.objects import user_at_host
 from mgit.remotes import RemoteSpec
-from mgit.repo import Repo
+from mgit.repo.repository import Repo
+from mgit.store.objects import user_at_host
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, connect
 from mgit.sync.fetch import fetch_versions
 from mgit.sync.mirror import cached_clone
 from mgit.sync.push import publish_to
 from mgit.usercode import RunOutcome
+from mgit.util.locks import FileLock
 
 J = TypeVar("J", RecipeJob, TestJob)
 CACHE_VARIABLE = "MGIT_CLUSTER_CACHE"

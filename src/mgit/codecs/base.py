@@ -21,7 +21,7 @@ from mgit.errors import MgitError
 Buffer = bytes | bytearray | memoryview | np.ndarray
 
 
-OID_RE = re.compile(r"^[0-9a-f]{64}\Z")  # an object id (the codecs sit below mgit.objects)
+OID_RE = re.compile(r"^[0-9a-f]{64}\Z")  # an object id (the codecs sit below mgit.store.objects)
 
 
 def check_oid(value: object) -> None:

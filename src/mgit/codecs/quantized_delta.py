@@ -3,7 +3,7 @@
 This is the codec behind lossy storage, yet it is lossless on what it is given: the object it
 stores is the *reconstruction* `b + q * step` (its id is the hash of those bytes), and the
 codec maps a reconstruction back to the same integers q. `reconstruct()` is the one function
-that turns (base, q, step) into floats; the lossy policy (`mgit.lossy`) uses it to build the
+that turns (base, q, step) into floats; the lossy policy (`mgit.store.lossy`) uses it to build the
 content and the decoder uses it to rebuild it, so the two cannot disagree.
 
 Arithmetic is fixed: base and q in float64, `b + q * step` in float64, then one conversion to

@@ -33,14 +33,14 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from mgit.atomicfile import disk_full_as_error, fsync_dir, write_atomic
-from mgit.checkout import safe_join
 from mgit.errors import InvalidOptionError
 from mgit.hf.cache import MAIN, default_cache_dir, load_hub
 from mgit.hf.importing import COMMIT_TAG, REPO_ID_TAG
-from mgit.parallel import Progress
-from mgit.repo import Repo
+from mgit.repo.checkout import safe_join
+from mgit.repo.repository import Repo
 from mgit.reports import Report, VersionInfo
+from mgit.util.atomicfile import disk_full_as_error, fsync_dir, write_atomic
+from mgit.util.parallel import Progress
 
 # The hub's default .gitattributes: what it stores in LFS when a repository says nothing else.
 DEFAULT_LFS = ("*.7z", "*.arrow", "*.bin", "*.bz2", "*.ckpt", "*.ftz", "*.gz", "*.h5", "*.joblib", "*.lfs.*",

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from mgit.errors import InputError, UnknownRefError
 from mgit.formats.model_card import CARD, read_lineage
 from mgit.hf.cache import CachedModel, CachedRevision, astray_files, read_cache
-from mgit.parallel import Progress
-from mgit.refs import MAX_NAME, is_model_name
-from mgit.repo import Repo
+from mgit.index.refs import MAX_NAME, is_model_name
+from mgit.repo.repository import Repo
 from mgit.reports import Report
+from mgit.util.parallel import Progress
 
 REPO_ID_TAG = "hf.repo_id"
 COMMIT_TAG = "hf.commit"
@@ -194,8 +194,8 @@ def _inferred_parents(models: list[CachedModel], asked: set[str]) -> dict[str, s
     from, by parent inference over first revisions' weights (as `Repo.add(auto_parent=True)`
     will judge it)."""
     from mgit.formats.folder import scan_path
-    from mgit.inference import suggest
-    from mgit.sketch import sketch_source
+    from mgit.lineage.inference import suggest
+    from mgit.lineage.sketch import sketch_source
 
     sketches = {}
     for m in models:

@@ -27,7 +27,7 @@ from mgit.merging.spec import (
     layer_count,
     layer_positions,
 )
-from mgit.repo import Repo
+from mgit.repo.repository import Repo
 from mgit.reports import AddResult
 
 RECIPE = "mgit.merging.recipe:merge"

@@ -27,7 +27,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mgit.cache import DecodedCache
 from mgit.codecs import Codec, CodecContext
 from mgit.codecs.buffers import scratch
 from mgit.codecs.merged import from_float32
@@ -46,10 +45,11 @@ from mgit.formats.safetensors import (
 )
 from mgit.merging.methods import merge_tensor, ties_selection
 from mgit.merging.spec import OUT_DTYPES, MergeSpec, layer_positions
-from mgit.objectformat import file_expected
-from mgit.objects import Manifest
-from mgit.reader import tensor_bytes
-from mgit.store import ObjectStore
+from mgit.store.base import ObjectStore
+from mgit.store.cache import DecodedCache
+from mgit.store.objectformat import file_expected
+from mgit.store.objects import Manifest
+from mgit.store.reader import tensor_bytes
 
 CHUNK = 256 << 10  # elements merged at once in an element-wise method: its float32 temporaries stay in cache
 ELEMENTWISE = ("linear", "task_arithmetic", "ties")  # (ties after a whole-tensor pass choosing what it keeps)

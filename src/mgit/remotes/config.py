@@ -10,10 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mgit.atomicfile import write_atomic
 from mgit.errors import InvalidOptionError, RemoteNotFoundError
-from mgit.locks import FileLock
 from mgit.remotes import RemoteSpec
+from mgit.util.atomicfile import write_atomic
+from mgit.util.locks import FileLock
 
 REMOTE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import blake3
 
-from mgit.atomicfile import copy_fully, disk_full_as_error, replace_at, write_fully
 from mgit.errors import (
     MissingKeyError,
     RemoteConflictError,
@@ -32,8 +31,9 @@ from mgit.errors import (
     RemoteNotFoundError,
     RemoteTooLargeError,
 )
-from mgit.locks import FileLock
 from mgit.remotes.base import Backend, check_key
+from mgit.util.atomicfile import copy_fully, disk_full_as_error, replace_at, write_fully
+from mgit.util.locks import FileLock
 
 O_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

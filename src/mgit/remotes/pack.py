@@ -36,7 +36,7 @@ import blake3
 import zstandard
 
 from mgit.errors import ReceivedError
-from mgit.objects import KINDS, OID_RE, canonical_json
+from mgit.store.objects import KINDS, OID_RE, canonical_json
 
 PACK_FORMAT = 1
 MAX_PACK = 1 << 30  # decompressed: a pack describes metadata, never tensors

@@ -28,9 +28,9 @@ from mgit.errors import (
     RemoteNotFoundError,
     RepoExistsError,
 )
-from mgit.objects import OID_RE, utc_now
-from mgit.refs import validate_model_name
+from mgit.index.refs import validate_model_name
 from mgit.remotes.base import Backend
+from mgit.store.objects import OID_RE, utc_now
 
 REMOTE_FORMAT = 1
 MAX_SMALL = 1 << 20  # a config, a ref, a registration: far smaller than this
@@ -142,6 +142,9 @@ class RemoteRepository:
         self.backend.write_if(REFS + validate_model_name(name), f"{new}\n".encode(), token=token)
 
     # --- objects ----------------------------------------------------------------------------
+    def has_object(self, oid: str) -> bool:
+        return self.backend.exists(object_key(oid))
+
     def has_objects(self, sizes: Mapping[str, int | None]) -> set[str]:
         """Which of these objects ({id: its stored size, or None where not known}) the remote
         holds, as files of that size (one request each, in parallel): an object a full disk

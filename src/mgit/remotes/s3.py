@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
-from mgit.atomicfile import disk_full_as_error
 from mgit.errors import (
     InvalidOptionError,
     MissingDependencyError,
@@ -45,6 +44,7 @@ from mgit.errors import (
     RemoteUnavailableError,
 )
 from mgit.remotes.base import KEY_RE, Backend, check_key
+from mgit.util.atomicfile import disk_full_as_error
 
 try:
     import boto3

@@ -1,5 +1,5 @@
 """Sharing repositories: remotes (a folder or an S3 prefix), push, fetch, pull, clone and
-lazy clone. Porcelain over `Repo` and the transfer layer (mgit.transfer, mgit.remotes);
+lazy clone. Porcelain over `Repo` and the transfer layer (mgit.store.transfer, mgit.remotes);
 docs/format.md ("Remotes") specifies what a remote holds."""
 
 from mgit.sync.connection import DEFAULT_REMOTE, add_remote, list_remotes, remove_remote

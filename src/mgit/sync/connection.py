@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mgit.errors import InvalidOptionError
-from mgit.refs import RefStore
+from mgit.index.refs import RefStore
 from mgit.remotes import RemoteSpec, normalize_url, open_backend
 from mgit.remotes.config import remote_of, remotes_of, update_config, validate_remote_name
 from mgit.remotes.repository import RemoteRepository
-from mgit.repo import Repo
+from mgit.repo.repository import Repo
 from mgit.sync.reports import RemoteInfo
 
 DEFAULT_REMOTE = "origin"

@@ -18,8 +18,6 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mgit.atomicfile import write_atomic
-from mgit.catalog import ObjectRow
 from mgit.errors import (
     InvalidOptionError,
     MissingKeyError,
@@ -30,22 +28,24 @@ from mgit.errors import (
     RemoteUnavailableError,
     StorageFullError,
 )
-from mgit.faults import crash_point
-from mgit.incoming import Incoming
-from mgit.layout import REPO_DIR
-from mgit.lazystore import LazyStore
-from mgit.objectformat import Expected, expected_by
-from mgit.refs import RefStore
+from mgit.index.catalog import ObjectRow
+from mgit.index.refs import RefStore
 from mgit.remotes import normalize_url, pack
 from mgit.remotes.config import remotes_of, update_config
 from mgit.remotes.pack import MAX_PACK, PackSpool
 from mgit.remotes.repository import RemoteRepository
-from mgit.repo import Repo
-from mgit.store import ObjectStore
+from mgit.repo.location import REPO_DIR
+from mgit.repo.repository import Repo
+from mgit.store.base import ObjectStore
+from mgit.store.lazy import LazyStore
+from mgit.store.objectformat import Expected, expected_by
+from mgit.store.quarantine import Incoming
+from mgit.store.transfer import RECORD_LIMIT, SLACK, TransferStats, limits, receive, version_objects
+from mgit.sync.check_results import pull_checks
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, add_remote, connect
 from mgit.sync.reports import ChecksTravel, CloneResult, FetchResult, ModelUpdate
-from mgit.sync.results import pull_checks
-from mgit.transfer import RECORD_LIMIT, SLACK, TransferStats, limits, receive, version_objects
+from mgit.util.atomicfile import write_atomic
+from mgit.util.faults import crash_point
 
 Progress = Callable[[int], None]
 
@@ -270,7 +270,7 @@ def _rows(spool: PackSpool, oids: set[str]) -> dict[str, pack.ObjectInfo]:
 def _sketches(store: ObjectStore, found: dict[str, bytes]) -> dict[str, bytes]:
     """Of the packs' sketches of fetched versions, those that describe their version's
     tensors (a sketch is a hint: one that does not is recomputed when needed)."""
-    from mgit.sketch import Sketch  # numpy: only when a pack brought sketches
+    from mgit.lineage.sketch import Sketch  # numpy: only when a pack brought sketches
 
     kept = {}
     for vid, data in found.items():

@@ -17,13 +17,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from mgit.layout import REPO_DIR
-from mgit.locks import FileLock
-from mgit.refs import RefStore
+from mgit.index.refs import RefStore
 from mgit.remotes import normalize_url
-from mgit.repo import Repo
+from mgit.repo.location import REPO_DIR
+from mgit.repo.repository import Repo
 from mgit.sync.connection import DEFAULT_REMOTE
 from mgit.sync.fetch import clone, fetch
+from mgit.util.locks import FileLock
 
 CACHE_VARIABLE = "MGIT_MIRROR_CACHE"
 LOCK_WAIT = 600.0  # another process opening the same mirror (a clone of a large remote) is waited for

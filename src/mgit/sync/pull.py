@@ -16,12 +16,12 @@ from dataclasses import replace
 
 from mgit.checks import Checks
 from mgit.errors import RemoteError
-from mgit.objects import Parent
-from mgit.repo import Repo
+from mgit.repo.repository import Repo
+from mgit.store.objects import Parent
+from mgit.store.transfer import history
 from mgit.sync.connection import DEFAULT_REMOTE, connect
 from mgit.sync.fetch import fetch_from
 from mgit.sync.reports import ModelUpdate, PullResult, Renumbered
-from mgit.transfer import history
 
 Progress = Callable[[int], None]
 

@@ -15,17 +15,13 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable
 
-from mgit.catalog import storage_class
 from mgit.errors import MgitError, RemoteConflictError, RemoteError
-from mgit.faults import crash_point
-from mgit.lazystore import LazyStore
-from mgit.memorystore import MemoryStore
+from mgit.index.catalog import storage_class
 from mgit.remotes.pack import MAX_VALUE, MetadataPack
-from mgit.repo import Repo
-from mgit.sync.connection import DEFAULT_REMOTE, Connection, connect
-from mgit.sync.reports import ModelUpdate, PushResult
-from mgit.sync.results import push_checks
-from mgit.transfer import (
+from mgit.repo.repository import Repo
+from mgit.store.lazy import LazyStore
+from mgit.store.memory import MemoryStore
+from mgit.store.transfer import (
     RECORD_LIMIT,
     TransferStats,
     closure,
@@ -34,6 +30,10 @@ from mgit.transfer import (
     upload,
     version_objects,
 )
+from mgit.sync.check_results import push_checks
+from mgit.sync.connection import DEFAULT_REMOTE, Connection, connect
+from mgit.sync.reports import ModelUpdate, PushResult
+from mgit.util.faults import crash_point
 
 Progress = Callable[[int], None]
 MAX_WALK = 10_000  # remote records read to number a head this repository does not have

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mgit.reports import Report
-from mgit.transfer import TransferStats
+from mgit.store.transfer import TransferStats
 
 
 @dataclass(frozen=True)

@@ -4,27 +4,22 @@ lazy clone's objects here ahead of time (`fetch --objects`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-
-from mgit.errors import InvalidOptionError, MissingKeyError, MissingObjectError
-from mgit.incoming import Incoming
-from mgit.integrity import check_references, verify_objects, walk
-from mgit.lazystore import LazyStore
-from mgit.objects import Version
+from mgit.errors import InvalidOptionError
 from mgit.remotes import RemoteSpec, normalize_url, open_backend
-from mgit.remotes.repository import RemoteRepository, object_key
-from mgit.repo import Repo
+from mgit.remotes.repository import RemoteRepository
+from mgit.repo.fsck import check_references, verify_objects, walk
+from mgit.repo.repository import Repo
 from mgit.reports import FsckResult
-from mgit.store import ObjectStore
+from mgit.store.lazy import LazyStore
+from mgit.store.objects import Version
+from mgit.store.quarantine import Incoming
+from mgit.store.remote import RemoteStore
+from mgit.store.transfer import TransferStats
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, connect
 from mgit.sync.fetch import fetch_records
 from mgit.sync.reports import RemoteInfo, RemoteModel, RemoteShow
-from mgit.transfer import TransferStats
-
-MAX_OBJECT = 1 << 40  # fsck reads whatever objects a remote holds; the largest tensor it could be
 
 
 def remote_show(repo: Repo, remote: str = DEFAULT_REMOTE) -> RemoteShow:
@@ -87,28 +82,6 @@ def init_bare(url: str, *, endpoint_url: str | None = None, region: str | None =
         finally:
             remote.close()
     return RemoteInfo("", spec.url, endpoint_url, region, profile)
-
-
-class RemoteStore(ObjectStore):
-    """A remote's objects read through the store contract (for fsck): every read downloads."""
-
-    def __init__(self, remote: RemoteRepository) -> None:
-        self.remote = remote
-
-    def has(self, oid: str) -> bool:
-        return self.remote.backend.exists(object_key(oid))
-
-    def read_record(self, oid: str) -> np.ndarray:
-        try:
-            return np.frombuffer(self.remote.read_object(oid, limit=MAX_OBJECT), np.uint8)
-        except MissingKeyError:
-            raise MissingObjectError(oid) from None
-
-    def ids(self) -> Iterator[str]:
-        return iter(self.remote.object_ids())
-
-    def stored_size(self, oid: str) -> int:
-        return int(self.read_record(oid).size)
 
 
 def fsck_remote(url: str, *, endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,

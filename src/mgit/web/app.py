@@ -32,8 +32,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from mgit.errors import MgitError, NoMatchError, UnknownRefError
-from mgit.lineage import LineageGraph, NoPathError
-from mgit.repo import Repo
+from mgit.lineage.graph import LineageGraph, NoPathError
+from mgit.repo.repository import Repo
 from mgit.reports import VersionStorage, human_size, json_safe
 from mgit.web.access import Guard, check_setup
 from mgit.web.diffs import DiffJobs, DiffsBusyError, heatmap, resolve_pair

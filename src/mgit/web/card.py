@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgit.objectformat import blob_expected
-from mgit.objects import Manifest
 from mgit.reports import Report
-from mgit.store import ObjectStore
+from mgit.store.base import ObjectStore
+from mgit.store.objectformat import blob_expected
+from mgit.store.objects import Manifest
 
 CARD = "README.md"
 MAX_CARD_BYTES = 1 << 20  # a larger card is not rendered (the file is still listed)

@@ -17,7 +17,7 @@ from typing import Any
 
 from mgit.diff import DiffResult, DiffSide, diff_models, stored_side
 from mgit.errors import MgitError
-from mgit.repo import Repo
+from mgit.repo.repository import Repo
 from mgit.web.params import BadParameterError
 
 KEPT = 8  # finished diffs kept

@@ -19,7 +19,7 @@ import re
 from importlib import resources
 from typing import Any
 
-from mgit.lineage import LineageEdge, LineageGraph, ModelNode, VersionNode
+from mgit.lineage.graph import LineageEdge, LineageGraph, ModelNode, VersionNode
 from mgit.reports import VersionStorage, human_size, json_safe
 from mgit.web.layout import Box, layered_layout
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from mgit.checks import Checks
 from mgit.errors import UnknownRefError
-from mgit.objects import OID_RE
 from mgit.reports import json_safe
+from mgit.store.objects import OID_RE
 from mgit.web.params import choice, paginate, text
 from mgit.web.repoview import RepoView
 

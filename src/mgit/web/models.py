@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mgit.catalog import storage_class
 from mgit.checks import Checks
 from mgit.errors import UnknownRefError
-from mgit.objects import RELATIONS
+from mgit.index.catalog import storage_class
 from mgit.reports import json_safe
+from mgit.store.objects import RELATIONS
 from mgit.web.card import version_card
 from mgit.web.params import choice, number, paginate, text
 from mgit.web.repoview import RepoView

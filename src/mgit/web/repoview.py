@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from mgit.errors import MgitError
-from mgit.lineage import Lineage
-from mgit.repo import Repo
+from mgit.lineage.graph import Lineage
+from mgit.repo.repository import Repo
 
 T = TypeVar("T")
 SYNC_EVERY = 2.0  # seconds between reads of the refs

@@ -1,0 +1,517 @@
+"""The catalog: a SQLite index of models, versions, lineage edges and object sizes.
+
+Everything in it is derived from objects and refs (test registrations and results live in
+checks.sqlite instead), so it can be dropped and rebuilt (`index`, `sync`). It exists for speed: `ls`,
+`log`, `du` and graph queries read it instead of decoding records. WAL mode lets readers run
+beside a writer; each write is one transaction (`atomic()`), and each schema change is a
+named migration recorded in the same transaction that applies it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mgit.errors import CatalogError, CorruptObjectError, MissingObjectError, ReceivedError
+from mgit.reports import ModelUsage, ParentInfo
+from mgit.store.objects import Parent, Version
+from mgit.util.database import Database
+
+if TYPE_CHECKING:  # the store's types only: indexing reads records through it
+    from mgit.index.refs import RefStore
+    from mgit.store.base import ObjectStore, PutResult
+
+MIGRATIONS: list[tuple[str, list[str]]] = [
+    (
+        "0001_initial",
+        [
+            "CREATE TABLE models (name TEXT PRIMARY KEY, head TEXT NOT NULL)",
+            """CREATE TABLE versions (
+                id TEXT PRIMARY KEY, model TEXT NOT NULL, seq INTEGER NOT NULL,
+                manifest TEXT NOT NULL, predecessor TEXT, message TEXT NOT NULL,
+                author TEXT NOT NULL, time TEXT NOT NULL, tags TEXT NOT NULL,
+                files INTEGER NOT NULL, tensors INTEGER NOT NULL, params INTEGER NOT NULL,
+                logical_bytes INTEGER NOT NULL, stored_bytes INTEGER NOT NULL,
+                new_bytes INTEGER NOT NULL, lossy TEXT, recipe TEXT)""",
+            "CREATE INDEX versions_model ON versions (model, seq)",
+            """CREATE TABLE edges (child TEXT NOT NULL, position INTEGER NOT NULL,
+                parent TEXT NOT NULL, relation TEXT NOT NULL, PRIMARY KEY (child, position))""",
+            "CREATE INDEX edges_parent ON edges (parent)",
+            """CREATE TABLE objects (id TEXT PRIMARY KEY, kind TEXT NOT NULL,
+                logical_size INTEGER NOT NULL, stored_size INTEGER NOT NULL, codec TEXT NOT NULL)""",
+            """CREATE TABLE version_objects (version TEXT NOT NULL, object TEXT NOT NULL,
+                PRIMARY KEY (version, object)) WITHOUT ROWID""",
+            "CREATE INDEX version_objects_object ON version_objects (object)",
+        ],
+    ),
+    (
+        # Per version, the sketch that parent inference compares (mgit.lineage.sketch): derived from
+        # the version's tensors, so a rebuilt catalog computes it again when it is needed.
+        "0002_sketches",
+        ["CREATE TABLE sketches (version TEXT PRIMARY KEY, data BLOB NOT NULL)"],
+    ),
+    (
+        # The delta bases each object is coded against (JSON list; NULL: not recorded yet),
+        # so that what an object needs is known without its file: a lazy clone fetches a
+        # version's objects with their bases in one go, and gc keeps the bases of objects
+        # that live only on the remote.
+        "0003_object_bases",
+        ["ALTER TABLE objects ADD COLUMN bases TEXT"],
+    ),
+    (
+        # How each object is stored (standalone, delta, derived), as its first codec's class
+        # says when the row is written: `show` and `du` then need neither numpy nor the codecs.
+        "0004_object_storage",
+        ["ALTER TABLE objects ADD COLUMN storage TEXT"],
+    ),
+]
+
+
+# A list of ids as one JSON parameter: no hand-built "?, ?, ..." lists, no length limit, and a
+# read stays a read (a temporary table would need a write transaction).
+IDS = "(SELECT value FROM json_each(?))"
+
+def storage_class(codec_names: str) -> str:
+    """`delta`, `derived` or `standalone`, from a chain's names as recorded (`a+b+c`): each
+    codec's class says which (imported here, not above, so that commands which never ask
+    do not load numpy and the codecs)."""
+    from mgit.codecs import storage_of
+
+    return storage_of(codec_names)
+
+
+@dataclass(frozen=True)
+class ObjectRow:
+    id: str
+    kind: str
+    logical_size: int
+    stored_size: int
+    codec: str
+    bases: tuple[str, ...] = ()
+
+    @classmethod
+    def written(cls, result: PutResult) -> ObjectRow:
+        """The row of an object a store just wrote."""
+        return cls(result.oid, result.kind, result.size, result.stored_size, result.codec, result.bases)
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    id: str
+    model: str
+    seq: int
+    manifest: str
+    predecessor: str | None
+    message: str
+    author: str
+    time: str
+    tags: dict[str, str]
+    files: int
+    tensors: int
+    params: int
+    logical_bytes: int
+    stored_bytes: int
+    new_bytes: int
+    lossy: dict[str, Any] | None
+    parents: tuple[tuple[str, str], ...]
+    recipe: dict[str, Any] | None = None
+
+
+class Catalog(Database):
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, MIGRATIONS, synchronous="NORMAL")  # derived data: a lost commit is re-derived
+
+    # --- writing ------------------------------------------------------------------------
+    def add_objects(self, rows: Iterable[ObjectRow]) -> None:
+        with self.atomic() as tx:
+            self._insert_objects(tx, rows)
+
+    @staticmethod
+    def _insert_objects(tx: Any, rows: Iterable[ObjectRow]) -> None:
+        tx.executemany(
+            "INSERT OR REPLACE INTO objects (id, kind, logical_size, stored_size, codec, bases, storage) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(r.id, r.kind, r.logical_size, r.stored_size, r.codec, json.dumps(list(r.bases)),
+              storage_class(r.codec) if r.kind == "tensor" else None) for r in rows],  # fmt: skip
+        )
+
+    def index_version(self, vid: str, version: Version, objects: set[str]) -> None:
+        """Record a version whose objects are already in the `objects` table."""
+        with self.atomic() as tx:
+            self._index_version(tx, vid, version, objects)
+
+    @staticmethod
+    def _index_version(tx: Any, vid: str, version: Version, objects: set[str]) -> None:
+        if tx.execute("SELECT 1 FROM versions WHERE id = ?", (vid,)).fetchone():
+            return
+        seq = 1
+        if version.predecessor:
+            row = tx.execute("SELECT seq FROM versions WHERE id = ?", (version.predecessor,)).fetchone()
+            if row is None:  # callers index ancestors first; numbering from 1 would be wrong
+                raise CatalogError(f"predecessor {version.predecessor[:12]} of version {vid[:12]} is not indexed")
+            seq = row[0] + 1
+        ids = json.dumps(sorted(objects))
+        stored, new = tx.execute(
+            f"""SELECT COALESCE(SUM(o.stored_size), 0),
+                      COALESCE(SUM(CASE WHEN NOT EXISTS (SELECT 1 FROM version_objects vo
+                          WHERE vo.object = o.id) THEN o.stored_size ELSE 0 END), 0)
+               FROM objects o WHERE o.id IN {IDS}""",
+            (ids,),
+        ).fetchone()
+        s = version.summary
+        tx.execute(
+            "INSERT INTO versions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (vid, version.model, seq, version.manifest, version.predecessor, version.message,
+             version.author, version.time, json.dumps(version.tags), s.get("files", 0),
+             s.get("tensors", 0), s.get("params", 0), s.get("logical_bytes", 0), stored, new,
+             json.dumps(version.lossy) if version.lossy else None,
+             json.dumps(version.recipe) if version.recipe else None),  # fmt: skip
+        )
+        tx.executemany(
+            "INSERT INTO edges VALUES (?, ?, ?, ?)",
+            [(vid, i, p.version, p.relation) for i, p in enumerate(version.parents)],
+        )
+        tx.execute("INSERT INTO version_objects SELECT ?, value FROM json_each(?)", (vid, ids))
+
+    def set_heads(self, read_heads: Callable[[], dict[str, str]]) -> None:
+        """Make the models table mirror the refs and drop versions no head reaches.
+
+        `read_heads` is called inside the write transaction, so a sync that read the refs
+        earlier can never commit an older head over a newer one. A head that is not indexed
+        yet (its writer is still indexing) keeps the model's previous row and disables
+        pruning; the next sync completes it.
+        """
+        with self.atomic() as tx:
+            heads = read_heads()
+            old = dict(tx.execute("SELECT name, head FROM models"))
+            pending = {n for n, h in heads.items()
+                       if not tx.execute("SELECT 1 FROM versions WHERE id = ?", (h,)).fetchone()}  # fmt: skip
+            rows = {n: (old[n] if n in pending else h) for n, h in heads.items() if n not in pending or n in old}
+            tx.execute("DELETE FROM models")
+            tx.executemany("INSERT INTO models VALUES (?, ?)", sorted(rows.items()))
+            if pending:
+                return
+            tx.execute(
+                """WITH RECURSIVE live(id) AS (
+                       SELECT head FROM models
+                       UNION SELECT v.predecessor FROM versions v JOIN live ON v.id = live.id
+                             WHERE v.predecessor IS NOT NULL
+                       UNION SELECT e.parent FROM edges e JOIN live ON e.child = live.id)
+                   DELETE FROM versions WHERE id NOT IN (SELECT id FROM live)"""
+            )
+            tx.execute("DELETE FROM edges WHERE child NOT IN (SELECT id FROM versions)")
+            tx.execute("DELETE FROM version_objects WHERE version NOT IN (SELECT id FROM versions)")
+            # Sketches stay: a fetched version's (from a remote's pack) is wanted once a pull
+            # makes it reachable; gc removes those of versions it deletes.
+
+    def index(self, store: ObjectStore, *vids: str) -> None:
+        """Index these versions and every version they link to that is not indexed yet,
+        ancestors first (a version's position in its history is its predecessor's plus one),
+        reading their records and object headers from `store`; one transaction for all."""
+        order: list[tuple[str, Version]] = []
+        loaded: dict[str, Version] = {}
+        stack: list[tuple[str, bool]] = [(v, False) for v in reversed(vids)]  # the first first
+        while stack:  # iterative post-order: histories can be longer than the recursion limit
+            v, expanded = stack.pop()
+            if expanded:
+                order.append((v, loaded[v]))
+                continue
+            if v in loaded or self.has_version(v):
+                continue
+            loaded[v] = store.get_version(v)
+            stack.append((v, True))
+            stack.extend((linked, False) for linked in loaded[v].linked_versions())
+        if not order:
+            return
+        objects = {v: store.get_manifest(version.manifest).object_ids() | version.linked_objects() | {v}
+                   for v, version in order}  # fmt: skip
+        missing = self.missing_objects(set().union(*objects.values()))
+        rows = []
+        for oid in sorted(missing):
+            header = store.header(oid)
+            rows.append(ObjectRow(oid, header.kind, header.size, store.stored_size(oid), header.codec_names,
+                                  tuple(header.bases)))  # fmt: skip
+        with self.atomic() as tx:
+            self._insert_objects(tx, rows)
+            for v, version in order:
+                self._index_version(tx, v, version, objects[v])
+
+    def sync(self, store: ObjectStore, refs: RefStore) -> None:
+        """Index any head the catalog does not know (a writer killed after moving its ref,
+        versions that arrived from a remote) and mirror the refs."""
+        heads = refs.all()
+        if heads == self.heads():
+            return
+        self.index(store, *heads.values())
+        self.set_heads(refs.all)
+
+    @contextmanager
+    def explained(self) -> Iterator[None]:
+        """Name the models that use an object when reading it fails."""
+        try:
+            yield
+        except (CorruptObjectError, MissingObjectError) as exc:
+            if not exc.used_by:
+                users = self.object_users(exc.oid)
+                if users and isinstance(exc, ReceivedError):
+                    exc.name_users(users)
+                elif users:
+                    exc.used_by = users
+                    exc.message += f" (used by {', '.join(users)})"
+            raise
+
+    def parent_infos(self, parents: Iterable[Parent] | Iterable[tuple[str, str]]) -> list[ParentInfo]:
+        """Lineage parents with their model names and sequence numbers."""
+        out = []
+        for p in parents:
+            vid, rel = (p.version, p.relation) if isinstance(p, Parent) else p
+            row = self.version(vid)
+            out.append(ParentInfo(vid, row.model if row else "?", row.seq if row else 0, rel))
+        return out
+
+    def put_sketch(self, vid: str, data: bytes) -> None:
+        with self.atomic() as tx:
+            tx.execute("INSERT OR REPLACE INTO sketches VALUES (?, ?)", (vid, data))
+
+    def set_head(self, name: str, read_head: Callable[[], str | None]) -> None:
+        """Mirror one model's ref after its writer moved it. `read_head` is called inside the
+        write transaction (as in `set_heads`), so a newer head is never overwritten by an
+        older one; a head not indexed yet is left to the next full sync."""
+        with self.atomic() as tx:
+            head = read_head()
+            if head is None:
+                return
+            if tx.execute("SELECT 1 FROM versions WHERE id = ?", (head,)).fetchone():
+                tx.execute("INSERT OR REPLACE INTO models VALUES (?, ?)", (name, head))
+
+    def object_rows(self, oids: Iterable[str]) -> dict[str, ObjectRow]:
+        """The rows of these objects that the catalog has (bases () when not recorded)."""
+        rows = self.db.execute(
+            f"SELECT id, kind, logical_size, stored_size, codec, bases FROM objects WHERE id IN {IDS}",
+            (json.dumps(sorted(set(oids))),),
+        )
+        return {r[0]: ObjectRow(*r[:5], tuple(json.loads(r[5])) if r[5] else ()) for r in rows}
+
+    def remove_objects(self, oids: Iterable[str]) -> None:
+        """Forget objects gc deleted (and the sketches of versions among them)."""
+        gone = [(o,) for o in oids]
+        with self.atomic() as tx:
+            tx.executemany("DELETE FROM objects WHERE id = ?", gone)
+            tx.executemany("DELETE FROM sketches WHERE version = ?", gone)
+
+    def strays(self, versions: Iterable[str], objects: Iterable[str]) -> tuple[dict[str, int], list[str]]:
+        """Sketches of versions and rows of objects that are not among `versions` and
+        `objects` (what the refs reach): ({version: its sketch's bytes}, those objects).
+        A pack once brought sketches of versions that do not exist; only gc removes them."""
+        sketches = dict(self.db.execute(f"SELECT version, LENGTH(data) FROM sketches WHERE version NOT IN {IDS}",
+                                        (json.dumps(sorted(set(versions))),)))  # fmt: skip
+        oids = [r[0] for r in self.db.execute(f"SELECT id FROM objects WHERE id NOT IN {IDS}",
+                                              (json.dumps(sorted(set(objects))),))]  # fmt: skip
+        return sketches, oids
+
+    def remove_strays(self, versions: Iterable[str], objects: Iterable[str]) -> None:
+        """Forget the sketches and object rows `strays` finds, and give their room back."""
+        with self.atomic() as tx:
+            tx.execute(f"DELETE FROM sketches WHERE version NOT IN {IDS}", (json.dumps(sorted(set(versions))),))
+            tx.execute(f"DELETE FROM objects WHERE id NOT IN {IDS}", (json.dumps(sorted(set(objects))),))
+        self.compact()
+
+    def compact(self) -> None:
+        """VACUUM when a quarter of the file (and at least 1 MiB) is free pages, so that what
+        was deleted leaves the disk too; then empty the write-ahead log."""
+        free, pages, page = (self.db.execute(f"PRAGMA {p}").fetchone()[0]
+                             for p in ("freelist_count", "page_count", "page_size"))  # fmt: skip
+        if free * page >= 1 << 20 and free * 4 >= pages:
+            self.db.execute("VACUUM")
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def sketch(self, vid: str) -> bytes | None:
+        row = self.db.execute("SELECT data FROM sketches WHERE version = ?", (vid,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    # --- reading ------------------------------------------------------------------------
+    def heads(self) -> dict[str, str]:
+        return dict(self.db.execute("SELECT name, head FROM models ORDER BY name"))
+
+    def has_version(self, vid: str) -> bool:
+        return self.db.execute("SELECT 1 FROM versions WHERE id = ?", (vid,)).fetchone() is not None
+
+    def version(self, vid: str) -> VersionRow | None:
+        rows = self._versions("WHERE v.id = ?", (vid,))
+        return rows[0] if rows else None
+
+    def versions_by_prefix(self, prefix: str) -> list[str]:
+        return [r[0] for r in self.db.execute(
+            "SELECT id FROM versions WHERE id >= ? AND id < ? LIMIT 2", (prefix, prefix + "g"))]  # fmt: skip
+
+    def versions_of(self, vids: list[str]) -> dict[str, VersionRow]:
+        return {r.id: r for r in self._versions(f"WHERE v.id IN {IDS}", (json.dumps(vids),))}
+
+    def _versions(self, where: str, args: tuple[Any, ...]) -> list[VersionRow]:
+        cur = self.db.execute(
+            f"""SELECT v.id, v.model, v.seq, v.manifest, v.predecessor, v.message, v.author, v.time,
+                       v.tags, v.files, v.tensors, v.params, v.logical_bytes, v.stored_bytes,
+                       v.new_bytes, v.lossy, v.recipe,
+                       (SELECT json_group_array(json_array(e.parent, e.relation))
+                          FROM (SELECT * FROM edges e WHERE e.child = v.id ORDER BY e.position) e)
+                FROM versions v {where}""",
+            args,
+        )
+        out = []
+        for r in cur:
+            out.append(VersionRow(*r[:8], json.loads(r[8]), *r[9:15],
+                                  json.loads(r[15]) if r[15] else None,
+                                  tuple(tuple(p) for p in json.loads(r[17])),
+                                  json.loads(r[16]) if r[16] else None))  # fmt: skip
+        return out
+
+    def sketches(self) -> tuple[list[tuple[str, str, int, bytes]], list[str]]:
+        """(version, model, seq, sketch) of every indexed version that has a sketch, and the
+        ids of those that have none: the whole input of parent inference in two queries."""
+        rows = list(self.db.execute(
+            "SELECT v.id, v.model, v.seq, s.data FROM versions v JOIN sketches s ON s.version = v.id ORDER BY v.rowid"))
+        missing = [r[0] for r in self.db.execute(
+            "SELECT id FROM versions WHERE id NOT IN (SELECT version FROM sketches) ORDER BY rowid")]  # fmt: skip
+        return rows, missing
+
+    def missing_objects(self, oids: set[str]) -> set[str]:
+        """The ids among `oids` that the objects table does not list."""
+        known = self.db.execute(f"SELECT id FROM objects WHERE id IN {IDS}", (json.dumps(sorted(oids)),))
+        return oids - {r[0] for r in known}
+
+    def object_users(self, oid: str) -> list[str]:
+        """`model@seq` of every indexed version that uses an object (for error messages)."""
+        rows = self.db.execute(
+            """SELECT v.model, v.seq FROM version_objects vo JOIN versions v ON v.id = vo.version
+               WHERE vo.object = ? ORDER BY v.model, v.seq LIMIT 20""",
+            (oid,),
+        )
+        return [f"{m}@{s}" for m, s in rows]
+
+    def storage_by_codec(self, vid: str) -> list[tuple[str, int, int, int]]:
+        """(codec chain, objects, logical bytes, stored bytes) of a version's objects."""
+        return list(self.db.execute(
+            """SELECT o.codec, COUNT(*), SUM(o.logical_size), SUM(o.stored_size)
+               FROM version_objects vo JOIN objects o ON o.id = vo.object WHERE vo.version = ?
+               GROUP BY o.codec ORDER BY o.codec""",
+            (vid,),
+        ))  # fmt: skip
+
+    def shared_objects(self, vid: str) -> int:
+        """How many objects of a version other versions use too (deduplicated)."""
+        return self.db.execute(
+            """SELECT COUNT(*) FROM version_objects vo WHERE vo.version = ? AND EXISTS
+               (SELECT 1 FROM version_objects o2 WHERE o2.object = vo.object AND o2.version != ?)""",
+            (vid, vid),
+        ).fetchone()[0]
+
+    def tensor_storage(self, vids: list[str]) -> dict[str, int]:
+        """How the tensors of these versions are stored, together (see `tensor_counts`)."""
+        return _summed(self.tensor_counts(vids).values())
+
+    def tensor_counts(self, vids: list[str]) -> dict[str, dict[str, int]]:
+        """Per version, how its tensors are stored: `deduplicated` (an earlier version stored
+        the object), else by the first codec of the object's chain. One query for any number
+        of versions, so a page over a thousand models does not issue a query per model."""
+        out: dict[str, dict[str, int]] = {v: {} for v in vids}
+        rows = self.db.execute(
+            f"""SELECT v.id, o.codec, o.storage,
+                       EXISTS (SELECT 1 FROM version_objects vo2 JOIN versions v2 ON v2.id = vo2.version
+                               WHERE vo2.object = vo.object AND v2.rowid < v.rowid), COUNT(*)
+                FROM version_objects vo JOIN objects o ON o.id = vo.object JOIN versions v ON v.id = vo.version
+                WHERE vo.version IN {IDS} AND o.kind = 'tensor'
+                GROUP BY 1, 2, 3, 4""",
+            (json.dumps(vids),),
+        )
+        unknown: set[str] = set()
+        for vid, codec, storage, dedup, n in rows:
+            if storage is None:  # a row written before 0004: classed now, and remembered
+                storage = storage_class(codec)
+                unknown.add(codec)
+            key = "deduplicated" if dedup else storage
+            out[vid][key] = out[vid].get(key, 0) + n
+        if unknown:
+            with self.atomic() as tx:
+                tx.executemany("UPDATE objects SET storage = ? WHERE codec = ? AND kind = 'tensor' AND storage IS NULL",
+                               [(storage_class(c), c) for c in unknown])  # fmt: skip
+        return out
+
+    def storage_by_version(self, vids: list[str]) -> dict[str, tuple[int, dict[str, int]]]:
+        """Per version: (stored bytes of the objects it uses, `tensor_counts`)."""
+        counts = self.tensor_counts(vids)
+        rows = self.db.execute(f"SELECT id, stored_bytes FROM versions WHERE id IN {IDS}", (json.dumps(vids),))
+        return {vid: (stored, counts.get(vid, {})) for vid, stored in rows}
+
+    def physical_bytes(self, vids: list[str]) -> tuple[int, int]:
+        """(objects, stored bytes) of the distinct objects that these versions use."""
+        row = self.db.execute(
+            f"""SELECT COUNT(*), COALESCE(SUM(o.stored_size), 0) FROM objects o WHERE o.id IN
+                (SELECT object FROM version_objects WHERE version IN {IDS})""",
+            (json.dumps(vids),),
+        ).fetchone()
+        return row[0], row[1]
+
+    def model_usage(self, versions: dict[str, list[str]]) -> list[ModelUsage]:
+        """`du`'s figures of each model, given its versions' ids: their logical bytes, the
+        distinct objects they use (count, stored bytes), how their tensors are stored; three
+        queries for every model together."""
+        vids = [vid for chain in versions.values() for vid in chain]
+        pairs = json.dumps([[model, vid] for model, chain in versions.items() for vid in chain])
+        rows = self.db.execute(
+            """WITH g(model, vid) AS (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
+                                        FROM json_each(?)),
+                     d AS (SELECT DISTINCT g.model, vo.object FROM g JOIN version_objects vo ON vo.version = g.vid)
+                SELECT d.model, COUNT(*), COALESCE(SUM(o.stored_size), 0) FROM d JOIN objects o ON o.id = d.object
+                GROUP BY d.model""",
+            (pairs,),
+        )
+        objects = {model: (count, stored) for model, count, stored in rows}
+        logical = dict(self.db.execute(f"SELECT id, logical_bytes FROM versions WHERE id IN {IDS}", (json.dumps(vids),)))
+        counts = self.tensor_counts(vids)
+        out = []
+        for model, chain in versions.items():
+            count, stored = objects.get(model, (0, 0))
+            out.append(ModelUsage(model, len(chain), sum(logical.get(v, 0) for v in chain), stored, count,
+                                  _summed(counts.get(v, {}) for v in chain)))  # fmt: skip
+        return out
+
+    def object_sizes(self, vids: list[str]) -> dict[str, int]:
+        """{object: stored bytes} of the distinct objects these versions use (the logical
+        size where the stored one is not known yet: a lazy clone's object not fetched)."""
+        rows = self.db.execute(
+            f"""SELECT o.id, CASE WHEN o.stored_size > 0 THEN o.stored_size ELSE o.logical_size END FROM objects o
+                WHERE o.id IN (SELECT object FROM version_objects WHERE version IN {IDS})""",
+            (json.dumps(vids),),
+        )
+        return dict(rows)
+
+    def graph_rows(self) -> tuple[list[tuple[Any, ...]], list[tuple[str, int, str, str]]]:
+        """Every indexed version (id, model, seq, predecessor, time, message, tags, params,
+        logical bytes, new bytes, lossy) and every lineage edge (child, position, parent,
+        relation): the lineage graph in two queries, fast enough for thousands of versions."""
+        versions = [(*r[:6], json.loads(r[6]), *r[7:10], json.loads(r[10]) if r[10] else None)
+                    for r in self.db.execute(
+                        """SELECT id, model, seq, predecessor, time, message, tags, params,
+                                  logical_bytes, new_bytes, lossy FROM versions""")]  # fmt: skip
+        edges = list(self.db.execute("SELECT child, position, parent, relation FROM edges ORDER BY child, position"))
+        return versions, edges
+
+    def total_objects(self) -> tuple[int, int, int]:
+        """(count, logical bytes, stored bytes) of every object the catalog knows."""
+        r = self.db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(logical_size), 0), COALESCE(SUM(stored_size), 0) FROM objects"
+        ).fetchone()
+        return r[0], r[1], r[2]
+
+
+def _summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Counts by kind (`tensor_counts`' of several versions) added up."""
+    out: dict[str, int] = {}
+    for per_version in counts:
+        for key, n in per_version.items():
+            out[key] = out.get(key, 0) + n
+    return out

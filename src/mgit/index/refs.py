@@ -1,0 +1,197 @@
+"""Model heads: `refs/models/<name>` holds the id of the model's latest version.
+
+The only mutable state besides the catalog. Every change is a compare-and-swap under the
+model's lock file: read, compare with what the caller expects, write a temporary file, fsync,
+rename. A killed writer leaves the old head in place.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Collection
+from pathlib import Path
+
+from mgit.errors import (
+    DamagedRefError,
+    InvalidNameError,
+    InvalidOptionError,
+    ModelNameConflictError,
+    RefConflictError,
+)
+from mgit.store.objects import OID_RE
+from mgit.util.atomicfile import TMP_PREFIX, fsync_dir, sync_files, temporary_sibling, write_atomic
+from mgit.util.locks import FileLock
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?\Z")
+MAX_NAME = 128
+
+
+def validate_model_name(name: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise InvalidNameError(str(name), "it is empty")
+    if len(name) > MAX_NAME:
+        raise InvalidNameError(name, f"longer than {MAX_NAME} characters")
+    if not NAME_RE.match(name):
+        raise InvalidNameError(name, "it has characters other than letters, digits, '.', '_', '-' and one '/'")
+    if ".." in name or name.endswith((".lock", ".")):
+        raise InvalidNameError(name, "it contains '..' or ends with '.' or '.lock'")
+    return name
+
+
+def is_model_name(name: str) -> bool:
+    try:
+        validate_model_name(name)
+        return True
+    except InvalidNameError:
+        return False
+
+
+class RefStore:
+    """Heads of models under `<repo>/refs/models`, locks under `<repo>/locks/refs`.
+
+    Other namespaces hold other heads: `remotes/<remote>` the heads a remote had when last
+    fetched from (remote-tracking refs, as git's `refs/remotes/origin`). `refs/pins/<id>`
+    keeps an object that no version names (a test's recorded source) from gc."""
+
+    def __init__(self, root: Path, *, fsync: bool = True, namespace: str = "models") -> None:
+        self.root = root
+        self.namespace = namespace
+        self.dir = root / "refs" / namespace
+        self.lock_dir = root / "locks" / "refs" / ("" if namespace == "models" else namespace)
+        self.fsync = fsync
+
+    def _path(self, name: str) -> Path:
+        return self.dir / validate_model_name(name)
+
+    def lock(self, name: str) -> FileLock:
+        what = f"model {name!r}" if self.namespace == "models" else f"{self.namespace}/{name}"
+        return FileLock(self.lock_dir / f"{validate_model_name(name)}.lock", what=what)
+
+    def get(self, name: str) -> str | None:
+        try:
+            value = self._path(name).read_text().strip()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):  # (x/y under a model x; x above x/y)
+            return None
+        if not OID_RE.match(value):
+            raise DamagedRefError(name, value)
+        return value
+
+    def all(self) -> dict[str, str]:
+        """Every model and its head, by name."""
+        heads: dict[str, str] = {}
+        if not self.dir.is_dir():
+            return heads
+        for dirpath, _dirs, files in os.walk(self.dir):
+            for f in files:
+                if f.startswith(TMP_PREFIX):
+                    continue
+                name = os.path.relpath(os.path.join(dirpath, f), self.dir).replace(os.sep, "/")
+                head = self.get(name)
+                if head:
+                    heads[name] = head
+        return dict(sorted(heads.items()))
+
+    def conflict(self, name: str, *, also: Collection[str] = ()) -> str | None:
+        """A model here (or among `also`) whose name is above `name` or under it, if any: names
+        are lists of path segments, and `x` cannot be a model and a folder of models at once."""
+        parts = validate_model_name(name).split("/")
+        for i in range(1, len(parts)):
+            above = "/".join(parts[:i])
+            if above in also or (self.dir / above).is_file():
+                return above
+        under = [o for o in also if o.startswith(f"{name}/")]
+        if under:
+            return under[0]
+        if (self.dir / name).is_dir():
+            for dirpath, _dirs, files in os.walk(self.dir / name):
+                for f in sorted(files):
+                    if not f.startswith(TMP_PREFIX):
+                        return os.path.relpath(os.path.join(dirpath, f), self.dir).replace(os.sep, "/")
+        return None
+
+    def _check_new(self, name: str, also: Collection[str] = ()) -> None:
+        other = self.conflict(name, also=also)
+        if other is not None:
+            raise ModelNameConflictError(name, other)
+
+    def temporary_files(self) -> list[Path]:
+        """Leftovers of ref writes that were interrupted (safe to remove with no writer running)."""
+        return list(self.dir.rglob(f"{TMP_PREFIX}*")) if self.dir.is_dir() else []
+
+    def set_locked(self, name: str, new: str | None, *, expected: str | None, sync_dir: bool = True) -> None:
+        """Compare-and-swap; the caller holds `lock(name)`. `new=None` deletes the ref."""
+        self._expect(name, expected)
+        path = self._path(name)
+        if new is None:
+            path.unlink(missing_ok=True)
+            return
+        if not OID_RE.match(new):
+            raise InvalidOptionError(f"a ref must name a version id, not {new!r}")
+        if expected is None:
+            self._check_new(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, [f"{new}\n".encode()], fsync=self.fsync, sync_dir=sync_dir)
+
+    def _expect(self, name: str, expected: str | None) -> None:
+        """The compare of a compare-and-swap (the caller holds the ref's lock)."""
+        current = self.get(name)
+        if current != expected:
+            raise RefConflictError(name, expected, current)
+
+    def update(self, name: str, new: str | None, *, expected: str | None) -> None:
+        with self.lock(name):
+            self.set_locked(name, new, expected=expected)
+
+    def update_many(self, changes: dict[str, tuple[str | None, str | None]]) -> None:
+        """`update` for many models ({name: (new, expected)}), each a compare-and-swap under
+        its lock: the new values are written to temporary files and made durable at once,
+        then each ref is compared and renamed into place (a clone of a thousand models)."""
+        staged: dict[str, tuple[Path | None, str | None]] = {}
+        created = {name for name, (new, expected) in changes.items() if new is not None and expected is None}
+        for name, (new, expected) in changes.items():
+            if new is not None and not OID_RE.match(new):
+                raise InvalidOptionError(f"a ref must name a version id, not {new!r}")
+            if name in created:
+                self._check_new(name, also=created - {name})
+            tmp = None
+            if new is not None:
+                path = self._path(name)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = temporary_sibling(path)
+                tmp.write_bytes(f"{new}\n".encode())
+            staged[name] = (tmp, expected)
+        try:
+            if self.fsync:
+                sync_files([t for t, _ in staged.values() if t is not None])
+            folders = set()
+            for name, (tmp, expected) in staged.items():
+                with self.lock(name):
+                    self._expect(name, expected)
+                    path = self._path(name)
+                    if tmp is None:
+                        path.unlink(missing_ok=True)
+                    else:
+                        os.replace(tmp, path)
+                    folders.add(path.parent)
+            if self.fsync:
+                for folder in folders:
+                    fsync_dir(folder)
+        finally:
+            for tmp, _ in staged.values():
+                if tmp is not None:
+                    tmp.unlink(missing_ok=True)
+
+    # --- pins: objects kept without a version naming them -----------------------------------
+    def pin(self, oid: str) -> None:
+        """Keep object `oid` through gc (idempotent)."""
+        if not OID_RE.match(oid):
+            raise InvalidOptionError(f"a pin must name an object id, not {oid!r}")
+        path = self.root / "refs" / "pins" / oid
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, [b""], fsync=self.fsync)
+
+    def pins(self) -> set[str]:
+        folder = self.root / "refs" / "pins"
+        return {p.name for p in folder.iterdir() if OID_RE.match(p.name)} if folder.is_dir() else set()

@@ -1,0 +1,131 @@
+"""Manifest -> files: rebuild each file of a version under an output folder, atomically,
+decoding its tensors (or the blocks of large ones) ahead on a thread pool that writes each
+where it belongs, and check every rebuilt file against the digest recorded when it was
+added."""
+
+from __future__ import annotations
+
+import errno
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import blake3
+import numpy as np
+
+from mgit.errors import ChecksumMismatchError, UnsafePathError
+from mgit.store.base import ObjectStore
+from mgit.store.cache import CHECKOUT_BASES, DecodedCache
+from mgit.store.objectformat import expected_by
+from mgit.store.objects import FileEntry, Manifest, check_relative_path
+from mgit.util.atomicfile import atomic_writer
+from mgit.util.parallel import Progress, ordered_map
+
+
+class _Mismatch(Exception):
+    """Raised inside the writer so that the temporary file is removed."""
+
+
+def safe_join(root: Path, rel: str) -> Path:
+    """`root/rel`, refusing anything that could land outside `root`: a path a manifest could
+    not hold, or a link planted anywhere on the way in the output folder."""
+    check_relative_path(rel)
+    parts = rel.split("/")
+    target = root.joinpath(*parts)
+    probe = root
+    for p in parts:
+        probe = probe / p
+        if probe.is_symlink():
+            raise UnsafePathError(rel, f"{probe} is a link")
+    return target
+
+
+Item = tuple[str, int, "int | None", int]  # object, offset in the file, block (None: whole), bytes
+
+
+def _items(store: ObjectStore, entry: FileEntry) -> tuple[list[Item], dict[str, int]]:
+    """The work of rebuilding a file: (object, its offset in the file, block k or None for
+    an object decoded whole, bytes), the tensors checked against their headers; and how
+    often each delta base will be asked for whole (a planned cache releases it after its
+    last use)."""
+    items: list[Item] = []
+    uses: dict[str, int] = {}
+    offset = 0
+    expected = expected_by(Manifest((entry,)))
+    for oid in [entry.object, *(t.object for t in entry.tensors)]:
+        header = store.block_table(oid, expected[oid]).header  # checked before anything is decoded
+        if header.blocks:
+            items += [(oid, offset + start, k, stop - start)
+                      for k, (start, stop) in enumerate(map(header.block_span, range(header.block_count)))]  # fmt: skip
+        else:
+            items.append((oid, offset, None, header.size))
+        for base in header.bases:  # a base coded otherwise than in the same blocks is decoded whole
+            if not header.blocks or store.block_table(base).header.blocks != header.blocks:
+                uses[base] = uses.get(base, 0) + header.block_count
+        offset += header.size
+    return items, uses
+
+
+def restore_file(store: ObjectStore, entry: FileEntry, out_dir: Path, *, pool: ThreadPoolExecutor, jobs: int,
+                 reuse: DecodedCache, progress: Progress | None = None) -> Path:  # fmt: skip
+    """Rebuild one file under `out_dir` atomically and check its size and digest.
+
+    The workers decode objects, or blocks of large ones, ahead and write each at its offset
+    in the file (allocated up front); this thread hashes them in file order. Objects are not
+    hashed one by one: the file's digest covers every byte of them (and so their bases).
+    When it does not match, each object is verified, so that the error names a damaged one."""
+    target = safe_join(out_dir, entry.path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    items, uses = _items(store, entry)
+    reuse.expect(uses)
+    hasher, written = blake3.blake3(), 0
+    try:
+        with atomic_writer(target, sync_dir=False, size=entry.size) as fh:
+            fd = fh.fileno()
+            _allocate(fd, entry.size)
+
+            expected = expected_by(Manifest((entry,)))
+
+            def rebuild(oid: str, offset: int, k: int | None, _: int) -> np.ndarray:
+                if k is None:  # (a session keeps what it decodes: verified, as everything it holds)
+                    data = store.get(oid, reuse=reuse, verify=reuse.keep_all, expect=expected[oid])[1]
+                else:
+                    data = store.decode_block(oid, k, reuse=reuse)
+                if os.pwrite(fd, data, offset) != data.nbytes:  # the disk took fewer bytes
+                    raise OSError(errno.ENOSPC, f"short write to {target}")
+                return data
+
+            for data in ordered_map(pool, rebuild, items, jobs=jobs, size=lambda item: item[3]):
+                hasher.update(data)
+                written += data.nbytes
+                if progress:
+                    progress(data.nbytes)
+            if written != entry.size or hasher.hexdigest() != entry.digest:
+                raise _Mismatch
+    except _Mismatch:
+        store.explain([entry.object, *(t.object for t in entry.tensors)])
+        raise ChecksumMismatchError(entry.path) from None
+    return target
+
+
+def _allocate(fd: int, size: int) -> None:
+    """Reserve the file's blocks up front (one extent, and a full disk known now)."""
+    if size:
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+            os.ftruncate(fd, size)
+
+
+def restore_manifest(store: ObjectStore, manifest: Manifest, out_dir: Path, *, jobs: int,
+                     reuse: DecodedCache | None = None, progress: Progress | None = None) -> None:  # fmt: skip
+    """Rebuild every file of a manifest under `out_dir` (a version need not exist yet)."""
+    paths = [f.path for f in manifest.files]
+    for p in paths:
+        safe_join(out_dir, p)  # refuse before writing anything
+    cache = reuse if reuse is not None else DecodedCache(CHECKOUT_BASES, planned=True)
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-restore") as pool:
+        for f in manifest.files:
+            restore_file(store, f, out_dir, pool=pool, jobs=jobs, reuse=cache, progress=progress)

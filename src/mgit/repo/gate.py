@@ -1,0 +1,81 @@
+"""The lossy gate: a user's metric function run on the original and on the lossy
+reconstruction, each in a separate Python process with a timeout.
+
+A gate is `module:function` (importable from the current folder) or `path/to/file.py:function`;
+the function takes a model folder and returns a dict of metrics (name -> number). User code
+never runs in the mgit process: `mgit.usercode.run` calls it in a child process. A crash, a
+timeout or malformed metrics are a failed gate, and a failed gate means lossless storage.
+
+Direction: a metric whose name has a word meaning lower-is-better (`LOWER_IS_BETTER`: loss,
+error, perplexity, ...; words are split on anything but letters and digits) must not rise by
+more than `max_drop`; any other metric must not fall by more than `max_drop`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mgit import usercode
+from mgit.usercode import DEFAULT_TIMEOUT
+
+LOWER_IS_BETTER = frozenset({"loss", "error", "err", "perplexity", "ppl", "mse", "mae", "rmse", "wer", "cer", "latency"})
+
+
+class GateFailure(Exception):
+    """The gate function could not produce metrics (crash, timeout, bad output)."""
+
+
+@dataclass(frozen=True)
+class GateResult:
+    passed: bool
+    reason: str | None = None
+    original: dict[str, float] = field(default_factory=dict)
+    reconstruction: dict[str, float] = field(default_factory=dict)
+
+
+def lower_is_better(metric: str) -> bool:
+    return any(word in LOWER_IS_BETTER for word in re.split(r"[^a-z0-9]+", metric.lower()))
+
+
+def compare(original: dict[str, float], reconstruction: dict[str, float], max_drop: float) -> list[str]:
+    """Each metric that got worse by more than `max_drop`, as a sentence."""
+    failures = []
+    for name, before in sorted(original.items()):
+        after = reconstruction.get(name)
+        if after is None:
+            failures.append(f"{name} is missing on the reconstruction")
+        elif lower_is_better(name) and after - before > max_drop:
+            failures.append(f"{name} rose from {before:g} to {after:g} (more than {max_drop:g})")
+        elif not lower_is_better(name) and before - after > max_drop:
+            failures.append(f"{name} fell from {before:g} to {after:g} (more than {max_drop:g})")
+    return failures
+
+
+def metrics(spec: str, folder: Path, *, timeout: float = DEFAULT_TIMEOUT) -> dict[str, float]:
+    """Run the gate on one folder in a child process; raise GateFailure if it fails."""
+    run = usercode.run("call", spec, [str(folder)], timeout=timeout)
+    if not run.ok:
+        raise GateFailure(f"the gate {spec} failed ({run.error})")
+    value = run.value
+    ok = isinstance(value, dict) and value and all(
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        for k, v in value.items()
+    )  # fmt: skip
+    if not ok:
+        raise GateFailure(f"the gate {spec} must return a non-empty dict of finite numbers")
+    return {k: float(v) for k, v in value.items()}
+
+
+def evaluate(spec: str, original: Path, reconstruction: Path, *, max_drop: float,
+             timeout: float = DEFAULT_TIMEOUT) -> GateResult:  # fmt: skip
+    """Run the gate on both folders and judge the reconstruction."""
+    try:
+        before = metrics(spec, original, timeout=timeout)
+        after = metrics(spec, reconstruction, timeout=timeout)
+    except GateFailure as exc:
+        return GateResult(False, str(exc))
+    failures = compare(before, after, max_drop)
+    return GateResult(not failures, "; ".join(failures) or None, before, after)

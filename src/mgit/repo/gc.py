@@ -1,0 +1,50 @@
+"""`gc`: delete the objects no ref reaches (mgit.repo.fsck says what is reachable), the
+leftovers of interrupted writes and the quarantines of killed fetches.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from mgit.errors import CorruptObjectError, GcRefusedError, MissingObjectError
+from mgit.index.catalog import Catalog
+from mgit.index.refs import RefStore
+from mgit.repo.fsck import quarantine_folders, root_heads, walk
+from mgit.reports import GcResult
+from mgit.store.base import ObjectStore
+from mgit.util.atomicfile import remove_files
+
+
+def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, *, dry_run: bool = False) -> GcResult:
+    """Delete objects that no ref reaches, and leftovers of interrupted writes (the caller
+    holds the repository's exclusive lock)."""
+    seen = walk(store, root_heads(refs), pins=refs.pins())
+    if seen.problems:
+        raise GcRefusedError(seen.problems[0].object, seen.problems[0].kind)
+    # A reachable tensor whose header cannot be read hides the delta bases it needs: deleting
+    # them would leave a copy of it that a repair brings back undecodable. (A file's blob has
+    # no bases: one that is missing makes collection no less safe.)
+    for manifest in seen.manifests.values():
+        for t in manifest.tensors():
+            if store.promised(t.object) is not None:
+                continue
+            try:
+                store.header(t.object)
+            except (CorruptObjectError, MissingObjectError) as exc:
+                raise GcRefusedError(t.object, "missing" if isinstance(exc, MissingObjectError) else "corrupt") from None
+    garbage = [oid for oid in store.ids() if oid not in seen.objects]
+    freed = sum(store.stored_size(oid) for oid in garbage)
+    leftovers = store.temporary_files() + refs.temporary_files()
+    quarantines = list(quarantine_folders(store))
+    if not dry_run:
+        # Rows first: a gc killed midway leaves files no row names, which the next gc finds by
+        # listing the store; the reverse would leave rows for missing files.
+        catalog.set_heads(refs.all)
+        catalog.remove_objects(garbage)
+        catalog.remove_strays(seen.versions, seen.objects)
+        for oid in garbage:
+            store.delete(oid)
+        remove_files(leftovers)
+        for folder in quarantines:  # a killed fetch's: nothing in it was ever kept
+            shutil.rmtree(folder, ignore_errors=True)
+    return GcResult(dry_run, garbage, freed, len(seen.objects), len(leftovers) + len(quarantines))

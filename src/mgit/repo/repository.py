@@ -1,0 +1,520 @@
+"""`Repo`: the core verbs over a repository (init, add, checkout, load, open, resolve, ls,
+log, show, du, diff, rm, fsck, gc).
+
+Write order of `add`, which makes a crash at any point harmless: objects (fsynced), the
+manifest, the version record, then the ref moves under the model's lock. Until the ref moves
+nothing is visible; afterwards the catalog is brought up to date, and if that step is lost
+the next `Repo()` notices the ref it does not know and indexes it.
+
+The verbs built from these (tests, bisect, cascades, remotes) are porcelain above this
+module: `mgit.checks`, `mgit.bisect`, `mgit.cascade`, `mgit.sync`.
+
+Modules that load numpy and the codecs are imported in the verbs that use them, so that
+`mgit ls`, `log`, `show` and `lineage` start in milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mgit.errors import (
+    InputError,
+    InvalidOptionError,
+    OutputNotEmptyError,
+    UnknownRefError,
+)
+from mgit.index.catalog import Catalog, ObjectRow, VersionRow
+from mgit.index.refs import RefStore, is_model_name, validate_model_name
+from mgit.index.refspec import REF_RE, pick_version
+from mgit.lineage.graph import Lineage
+from mgit.repo.location import create, locate, open_store, read_config, trust_recipe
+from mgit.reports import (
+    AddResult,
+    CheckoutResult,
+    DuResult,
+    FileInfo,
+    FsckResult,
+    GcResult,
+    ModelSummary,
+    ParentSuggestion,
+    RemoveResult,
+    ShowResult,
+    StorageInfo,
+    VersionInfo,
+    VersionStorage,
+)
+from mgit.store.cache import CHECKOUT_BASES, SESSION_CACHE_BYTES, DecodedCache
+from mgit.store.local import LocalStore
+from mgit.store.lossy_policy import DEFAULT_GUARD, LossyPolicy, describe
+from mgit.store.objectformat import DEFAULT_MAX_DEPTH
+from mgit.store.objects import Manifest, Version
+from mgit.usercode import DEFAULT_TIMEOUT
+from mgit.util.atomicfile import write_atomic
+from mgit.util.parallel import Progress, default_jobs
+
+if TYPE_CHECKING:
+    from mgit.diff import DiffResult
+    from mgit.formats.folder import ModelSource
+    from mgit.store.reader import ModelReader
+
+
+class Repo:
+    """A repository. `Repo()` finds one from the current folder upwards; `Repo.init(path)`
+    creates one."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.dir = locate(Path(path) if path is not None else None)
+        self.config = read_config(self.dir)
+        fsync = bool(self.config.get("fsync", True))
+        self.store: LocalStore = open_store(self.dir, self.config)
+        self.refs = RefStore(self.dir, fsync=fsync)
+        self.catalog = Catalog(self.dir / "catalog.sqlite")
+        if self.store.lazy:
+            self.store.describe = lambda oids: {r.id: (r.logical_size, r.bases)
+                                                for r in self.catalog.object_rows(oids).values()}  # fmt: skip
+            self.store.on_fetched = self._describe_fetched
+        self._session: DecodedCache | None = None
+        self.catalog.sync(self.store, self.refs)
+
+    @classmethod
+    def init(cls, path: str | os.PathLike[str] = ".", *, bare: bool = False) -> Repo:
+        """Create a repository in `path/.mgit`, or with `bare` in `path` itself: a folder
+        remote that others push to and clone from (docs/format.md, "Remotes")."""
+        return cls(create(Path(path), bare=bare))
+
+    @property
+    def root(self) -> Path:
+        """The work folder (the one holding `.mgit`; a bare repository's own folder)."""
+        return self.dir if self.bare else self.dir.parent
+
+    @property
+    def bare(self) -> bool:
+        """A repository that is a remote (`mgit init --bare`): no work folder around it."""
+        return bool(self.config.get("bare"))
+
+    @property
+    def lazy(self) -> bool:
+        """A lazy clone: objects it lacks are fetched from its remote when first read."""
+        return self.store.lazy
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.config.get("delta_max_depth", DEFAULT_MAX_DEPTH))
+
+    # --- catalog upkeep -----------------------------------------------------------------
+    def sync_catalog(self) -> None:
+        """Index any head the catalog does not know (a writer killed after moving its ref)."""
+        self.catalog.sync(self.store, self.refs)
+
+    def rebuild_catalog(self) -> None:
+        """Drop and rebuild the catalog from objects and refs."""
+        self.catalog.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{self.dir / 'catalog.sqlite'}{suffix}").unlink(missing_ok=True)
+        self.catalog = Catalog(self.dir / "catalog.sqlite")
+        self.sync_catalog()
+
+    @contextmanager
+    def caching(self, max_bytes: int = SESSION_CACHE_BYTES) -> Iterator[DecodedCache]:
+        """Keep decoded tensors (up to `max_bytes`, least recently used out first) for every
+        operation inside: checking out or adding the members of a family in turn decodes a
+        shared parent once instead of once per member. Nested calls share the outer cache.
+
+        Example:
+            with repo.caching():
+                for ref in refs:
+                    repo.checkout(ref, out / ref)
+        """
+        if self._session is not None:
+            yield self._session
+            return
+        self._session = DecodedCache(max_bytes, keep_all=True)
+        try:
+            yield self._session
+        finally:
+            self._session = None
+
+    def _describe_fetched(self, oids: list[str]) -> None:
+        """A lazy clone's catalog rows from the headers of objects just fetched (the remote's
+        pack described them; now the real sizes and codecs are here)."""
+        rows = []
+        for oid in oids:
+            h = self.store.header(oid)
+            rows.append(ObjectRow(oid, h.kind, h.size, self.store.stored_size(oid), h.codec_names, tuple(h.bases)))
+        self.catalog.add_objects(rows)
+
+    def _reuse(self) -> DecodedCache:
+        """The decoded-object cache of one operation: the session's, or one for its bases."""
+        return self._session if self._session is not None else DecodedCache(CHECKOUT_BASES, planned=True)
+
+    # --- references -----------------------------------------------------------------------
+    def resolve(self, ref: str) -> str:
+        """A version id from `NAME`, `NAME@N`, `NAME@HEXPREFIX` or a unique id prefix.
+
+        `NAME@1234` is the 1,234th version if the model has one, else a version whose id
+        starts with 1234; when both exist, the error names both."""
+        m = REF_RE.match(ref.strip()) if isinstance(ref, str) else None
+        if not m:
+            raise UnknownRefError(str(ref), "no version", hint="Use NAME, NAME@N or NAME@HEXPREFIX")
+        name, sel = m["name"], m["sel"]
+        head = self.refs.get(name) if is_model_name(name) else None
+        if head is not None:
+            return head if sel is None else pick_version(ref, name, self.chain(head), sel)
+        if sel is None and re.fullmatch(r"[0-9a-fA-F]{4,64}", name):
+            found = self.catalog.versions_by_prefix(name.lower())
+            if len(found) == 1:
+                return found[0]
+            if found:
+                raise UnknownRefError(ref, "ambiguous version prefix", hint="Give more hex digits")
+        raise self._unknown_model(ref, name)
+
+    def _unknown_model(self, ref: str, name: str) -> UnknownRefError:
+        import difflib
+
+        close = difflib.get_close_matches(name, list(self.refs.all()), n=1)
+        return UnknownRefError(ref, "no model", hint=f"Did you mean {close[0]!r}? See: mgit ls" if close else None)
+
+    def chain(self, vid: str) -> list[str]:
+        """A version and its predecessors, newest first."""
+        out: list[str] = []
+        cur: str | None = vid
+        while cur and cur not in out:
+            out.append(cur)
+            row = self.catalog.version(cur)
+            cur = row.predecessor if row else self.store.get_version(cur).predecessor
+        return out
+
+    def model_of(self, ref: str) -> str:
+        """The model name that a reference's version belongs to."""
+        return self._row(self.resolve(ref)).model
+
+    def info(self, ref: str) -> VersionInfo:
+        """One version as `log` lists it: model, sequence number, parents, tags, recipe, sizes."""
+        return self._info(self._row(self.resolve(ref)))
+
+    @property
+    def lineage(self) -> Lineage:
+        """The lineage graph as it is now (a snapshot: read it again after a change)."""
+        return Lineage.load(self.catalog)
+
+    def version(self, ref: str) -> Version:
+        with self.catalog.explained():
+            return self.store.get_version(self.resolve(ref))
+
+    def manifest(self, ref: str) -> Manifest:
+        with self.catalog.explained():
+            return self.store.get_manifest(self.version(ref).manifest)
+
+    # --- add ----------------------------------------------------------------------------
+    def add(
+        self,
+        source: str | os.PathLike[str] | Mapping[str, Any] | ModelSource,
+        *,
+        name: str,
+        parent: str | list[str] | None = None,
+        relation: str | None = None,
+        message: str = "",
+        tags: Mapping[str, str] | None = None,
+        author: str | None = None,
+        jobs: int | None = None,
+        progress: Callable[[int, int], Progress] | None = None,
+        lossy: float | None = None,
+        lossy_rel: float | None = None,
+        guard: float = DEFAULT_GUARD,
+        gate: str | None = None,
+        max_drop: float = 0.0,
+        gate_timeout: float = DEFAULT_TIMEOUT,
+        model_card: bool = True,
+        recipe: str | Mapping[str, Any] | None = None,
+        params: Mapping[str, Any] | None = None,
+        resources: Mapping[str, float] | None = None,
+        auto_parent: bool = False,
+        expected_head: str | None = None,
+        derived: Mapping[str, list[Any]] | None = None,
+        exact: Mapping[str, list[Any]] | None = None,
+    ) -> AddResult:
+        """Store a model folder, a file or a state dict as the next version of `name`.
+
+        `parent` names lineage parents (refs); when omitted, a new version keeps the parents
+        of the version before it, and likewise its tags and recipe. Adding the same content,
+        parents, tags and recipe as the head changes nothing.
+        `progress(total_bytes, 0)` may return a callback that receives bytes as they are done.
+
+        `lossy=EPS` stores float tensors that changed from a parent tensor as a quantized
+        change, every value within EPS of the original; `lossy_rel=R` bounds the error by R
+        times the rms of each tensor's change instead (or as well: each bound holds) (see
+        `mgit.store.lossy`; `guard` is the fidelity threshold). Tensors without a parent tensor are
+        stored exactly. `gate="module:function"` (or `file.py:function`) then runs that
+        metric function on the original and the reconstruction in child processes and keeps
+        the lossy version only if no metric gets worse by more than `max_drop`. Whenever lossy
+        storage is refused, the version is stored losslessly and the result says why.
+
+        Without `parent`, a folder's README.md front matter (`base_model`, and
+        `base_model_relation` unless `relation` is given) names the parents when those models
+        exist here (`model_card=False` ignores it); the result's notes say what was taken.
+
+        `recipe="module:function"` (or `file.py:function`) with `params` records how the
+        version was made from its parents: `fn(parents, out_dir, **params)` wrote it. The
+        function is located, its source file hashed and stored as an object (so a teammate
+        without the file can run it), never run here; `mgit cascade` runs it again when a
+        parent gets a new version. `resources` (`num_cpus`, `num_gpus`) are recorded with it:
+        what a run of it declares to a cluster's scheduler. A recipe record as versions hold
+        it (see `recipe_record`) is taken as it is.
+
+        `auto_parent=True`, when no parent is given or named by the model card, infers the
+        parent from the weights (see `suggest_parents`) and takes the best candidate if it is
+        confident enough, with its guessed relation unless `relation` is given; the result's
+        `auto_parent` and notes say what was chosen, or why nothing was.
+
+        `expected_head` makes the add a compare-and-swap: if the model's latest version is not
+        that one when the ref is locked, nothing is committed (RefConflictError).
+
+        `derived` maps tensor names to codec chains that predict them from stored tensors (a
+        merge's weighted sums of its inputs, `mgit.codecs.merged`), tried beside the usual
+        encodings; the smallest still wins and every tensor still decodes exactly. `exact`
+        names tensors the caller computed as such a chain's predictor predicts them: they are
+        stored as that chain, not checked again (as `derived` ones if their bases are too deep).
+
+        `source` may also be a `mgit.formats.folder.ModelSource` whose files are made as they
+        are read (a merge's, in one pass, nothing written to a temporary folder).
+        """
+        validate_model_name(name)
+        if auto_parent and parent:
+            raise InvalidOptionError("auto_parent infers the parent; it cannot be combined with a given parent",
+                                     hint="Drop --parent or --auto-parent")  # fmt: skip
+        policy = LossyPolicy(lossy, guard, lossy_rel) if lossy is not None or lossy_rel is not None else None
+        if gate is not None and policy is None:
+            raise InvalidOptionError("a gate only checks lossy storage", hint="Add --lossy EPS or --lossy-rel R")
+        from mgit.repo.add import add_version
+
+        parents = [self.resolve(p) for p in ([parent] if isinstance(parent, str) else list(parent or []))]
+        return add_version(
+            self.store, self.refs, self.catalog, source, name=name, parents=parents, relation=relation,
+            message=message, tags=dict(tags or {}), author=author, jobs=jobs or default_jobs(), progress=progress,
+            policy=policy, gate=(gate, max_drop, gate_timeout), model_card=model_card,
+            recipe=self.recipe_record(recipe, params, resources=resources) if recipe is not None else None,
+            auto_parent=auto_parent, max_depth=self.max_depth, expected_head=expected_head, reuse=self._session,
+            derived=dict(derived or {}), exact=dict(exact or {}),
+        )  # fmt: skip
+
+    def recipe_record(self, recipe: str | Mapping[str, Any], params: Mapping[str, Any] | None = None, *,
+                      resources: Mapping[str, float] | None = None) -> dict[str, Any]:  # fmt: skip
+        """What a version records of a recipe: the function located (never run) and anchored
+        at the work folder, its parameters, declared resources, its source file's hash and the
+        file as an object (a teammate without it runs that), trusted here (mgit.repo.location). A
+        record (a mapping) is taken as it is."""
+        if isinstance(recipe, Mapping):  # recorded already (a cascade running a recorded source)
+            return dict(recipe)
+        from mgit.usercode import recipe_record_of, source_file
+
+        record = recipe_record_of(recipe, params, root=self.root, resources=resources)
+        record["source"] = self.store.put_blob(source_file(record["fn"], cwd=self.root).read_bytes()).oid
+        return trust_recipe(self.dir, record)  # recorded here: the user's own code
+
+    # --- parent inference ---------------------------------------------------------------------
+    def suggest_parents(self, source: str | os.PathLike[str] | Mapping[str, Any], *, limit: int = 5,
+                        min_confidence: float | None = None, exclude: Collection[str] = ()
+                        ) -> ParentSuggestion:  # fmt: skip
+        """Stored versions ranked as the likely parents of a model folder, file or state dict,
+        from its weights alone, with the evidence, a guessed relation and the choice that
+        `add(..., auto_parent=True)` would make (see mgit.lineage.inference). `exclude` leaves out
+        versions, by id or by model name."""
+        from mgit.formats.folder import scan_path, scan_state_dict
+        from mgit.lineage.inference import DEFAULT_MIN_CONFIDENCE
+        from mgit.lineage.sketch import sketch_source
+        from mgit.repo.add import suggest_parents
+
+        started = time.perf_counter()
+        src = scan_state_dict(source) if isinstance(source, Mapping) else scan_path(Path(source))
+        label = "state dict" if isinstance(source, Mapping) else str(source)
+        return suggest_parents(self.store, self.catalog, sketch_source(src), label, limit=limit,
+                               min_confidence=DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence,
+                               exclude=exclude, started=started)  # fmt: skip
+
+    # --- checkout and reading ---------------------------------------------------------------
+    def checkout(self, ref: str, out_dir: str | os.PathLike[str], *, force: bool = False, jobs: int | None = None,
+                 progress: Callable[[int, int], Progress] | None = None, model_card: bool = False) -> CheckoutResult:  # fmt: skip
+        """Rebuild the files of a version in `out_dir`, byte for byte, verifying each file.
+
+        `model_card=True` then writes the version's lineage parents into README.md's front
+        matter (`base_model`, `base_model_relation`), the one file that then differs from
+        what was added."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from mgit.repo.checkout import restore_file, safe_join
+
+        vid = self.resolve(ref)
+        with self.catalog.explained():
+            version = self.store.get_version(vid)
+            manifest = self.store.get_manifest(version.manifest)
+        out = Path(out_dir)
+        if out.exists() and not out.is_dir():
+            raise InputError(str(out), "exists and is not a folder")
+        if out.is_dir() and any(out.iterdir()) and not force:
+            raise OutputNotEmptyError(str(out))
+        for f in manifest.files:
+            safe_join(out, f.path)
+        out.mkdir(parents=True, exist_ok=True)
+        if self.store.lazy:  # everything it reads, fetched at once, in parallel
+            with self.catalog.explained():
+                self.store.fetch(manifest.object_ids())
+        tick = progress(manifest.logical_bytes, 0) if progress else None
+        n = jobs or default_jobs()
+        reuse = self._reuse()  # delta bases, shared by the files of a sharded checkpoint
+        with self.catalog.explained(), ThreadPoolExecutor(max_workers=n, thread_name_prefix="mgit-checkout") as pool:
+            for f in manifest.files:
+                restore_file(self.store, f, out, pool=pool, jobs=n, progress=tick, reuse=reuse)
+        notes = [f"{f.path} was rebuilt as safetensors from {f.converted_from}" for f in manifest.files if f.converted_from]
+        if model_card:
+            notes.append(self._write_card(version, out))
+        if version.lossy:
+            notes.append(f"these files are a lossy reconstruction of what was added: {describe(version.lossy)} "
+                         f"(measured max error {version.lossy.get('max_error'):.3g})")  # fmt: skip
+        return CheckoutResult(version.model, vid, self._row(vid).seq, str(out), _file_infos(manifest),
+                              manifest.logical_bytes, notes)  # fmt: skip
+
+    def _write_card(self, version: Version, out: Path) -> str:
+        from mgit.formats.model_card import CARD, write_lineage
+
+        if not version.parents:
+            return f"{CARD} left as it was: {version.model} has no lineage parents"
+        names = [self._row(p.version).model for p in version.parents]
+        card = out / CARD
+        text = card.read_text(encoding="utf-8") if card.is_file() else None
+        write_atomic(card, [write_lineage(text, names, version.parents[0].relation).encode()])
+        return f"{CARD}: base_model {', '.join(names)} ({version.parents[0].relation}) written into its front matter"
+
+    def open(self, ref: str) -> ModelReader:
+        """Tensors of a version, decoded one at a time on access."""
+        from mgit.store.reader import ModelReader
+
+        vid = self.resolve(ref)
+        return ModelReader(self.store, self.manifest(vid), vid, explained=self.catalog.explained,
+                           reuse=self._session)  # fmt: skip
+
+    def load_state_dict(self, ref: str, *, framework: str = "np", jobs: int | None = None) -> dict[str, Any]:
+        """Every tensor of a version: numpy arrays (`framework="np"`) or torch tensors ("pt");
+        `mgit.load` adds devices and dtypes, `mgit.load_many` versions sharing tensors."""
+        from mgit.store.reader import state_dicts
+
+        vid = self.resolve(ref)
+        with self.catalog.explained():
+            return state_dicts(self.store, [(vid, self.manifest(vid))], framework=framework, jobs=jobs,
+                               reuse=self._session)[0]  # fmt: skip
+
+    def diff(self, a: str | os.PathLike[str], b: str | os.PathLike[str], *, structural: bool = False,
+             jobs: int | None = None, progress: Callable[[int, int], Progress] | None = None) -> DiffResult:  # fmt: skip
+        """Compare two models, each a ref or the path of a model folder or file not yet added
+        (an existing path is a path, anything else a ref; see `mgit.diff`)."""
+        from mgit.diff import diff_models, open_side
+
+        def resolve(ref: str) -> tuple[str, str, Manifest]:
+            vid = self.resolve(ref)
+            row = self._row(vid)
+            return f"{row.model}@{row.seq}", vid, self.manifest(vid)
+
+        with self.catalog.explained():
+            sides = [open_side(x, store=self.store, resolve=resolve) for x in (a, b)]
+            return diff_models(*sides, structural=structural, jobs=jobs, progress=progress, reuse=self._session)
+
+    # --- queries ------------------------------------------------------------------------
+    def _info(self, row: VersionRow) -> VersionInfo:
+        return VersionInfo(
+            id=row.id, model=row.model, seq=row.seq, time=row.time, author=row.author, message=row.message,
+            parents=self.catalog.parent_infos(row.parents), predecessor=row.predecessor, tags=row.tags,
+            files=row.files, tensors=row.tensors, params=row.params, logical_bytes=row.logical_bytes,
+            stored_bytes=row.stored_bytes, new_bytes=row.new_bytes, lossy=row.lossy, recipe=row.recipe,
+        )  # fmt: skip
+
+    def _row(self, vid: str) -> VersionRow:
+        row = self.catalog.version(vid)
+        if row is None:
+            with self.catalog.explained():
+                self.catalog.index(self.store, vid)
+            row = self.catalog.version(vid)
+        assert row is not None
+        return row
+
+    def ls(self) -> list[ModelSummary]:
+        heads = self.catalog.heads()
+        rows = self.catalog.versions_of(list(heads.values()))
+        out = []
+        for name, head in heads.items():
+            row = rows.get(head) or self._row(head)
+            out.append(ModelSummary(name, head, row.seq, row.seq, self.catalog.parent_infos(row.parents),
+                                    row.logical_bytes, row.time, row.lossy))  # fmt: skip
+        return out
+
+    def log(self, ref: str) -> list[VersionInfo]:
+        """Versions of a model (or from a given version back), newest first."""
+        return [self._info(self._row(v)) for v in self.chain(self.resolve(ref))]
+
+    def show(self, ref: str) -> ShowResult:
+        vid = self.resolve(ref)
+        manifest = self.manifest(vid)
+        dtypes: dict[str, int] = {}
+        for t in manifest.tensors():
+            dtypes[t.dtype] = dtypes.get(t.dtype, 0) + t.params
+        return ShowResult(self._info(self._row(vid)), _file_infos(manifest), dtypes,
+                          [StorageInfo(*row) for row in self.catalog.storage_by_codec(vid)],
+                          self.catalog.shared_objects(vid), self.catalog.tensor_storage([vid]))  # fmt: skip
+
+    def storage(self, vids: list[str]) -> dict[str, VersionStorage]:
+        """How each of these versions is stored: the bytes of the objects it uses and its
+        tensors by kind (deduplicated, delta, derived, standalone), in one query."""
+        found = self.catalog.storage_by_version(vids)
+        return {vid: VersionStorage(stored, tensors) for vid, (stored, tensors) in found.items()}
+
+    def du(self) -> DuResult:
+        # Chains from the lineage snapshot, figures in a few queries for every model together.
+        heads, lineage = self.catalog.heads(), self.lineage
+        nodes = lineage.nodes
+        chains = {name: [v.id for v in lineage.versions(name)] if name in nodes and nodes[name].head == head
+                  else self.chain(head) for name, head in heads.items()}  # fmt: skip
+        models = self.catalog.model_usage(chains)
+        live = sorted({v for vids in chains.values() for v in vids})
+        count, stored = self.catalog.physical_bytes(live)
+        _, _, on_disk = self.catalog.total_objects()
+        remote_only, local = 0, None
+        if self.store.lazy:
+            sizes = self.catalog.object_sizes(live)
+            remote_only = sum(n for oid, n in sizes.items() if not self.store.has(oid))
+            local = sum(sizes.values()) - remote_only
+            on_disk = sum(self.store.stored_size(oid) for oid in self.store.ids())
+        return DuResult(models, sum(m.logical_bytes for m in models), stored, count, on_disk,
+                        max(on_disk - stored, 0) if local is None else max(on_disk - local, 0), remote_only, local)  # fmt: skip
+
+    # --- maintenance --------------------------------------------------------------------
+    def rm(self, name: str) -> RemoveResult:
+        """Remove a model's ref; its objects go at the next gc unless other versions use them."""
+        with self.refs.lock(name):
+            head = self.refs.get(name)
+            if head is None:
+                raise self._unknown_model(name, name)
+            count = len(self.chain(head))
+            self.refs.set_locked(name, None, expected=head)
+        self.catalog.set_heads(self.refs.all)
+        return RemoveResult(name, head, count)
+
+    def fsck(self, *, jobs: int | None = None, progress: Callable[[int, int], Progress] | None = None) -> FsckResult:
+        """Re-hash every object and check every reference; problems are listed, not raised."""
+        from mgit.repo.fsck import fsck
+
+        return fsck(self.store, self.refs, self.catalog, jobs=jobs or default_jobs(), progress=progress)
+
+    def gc(self, *, dry_run: bool = False) -> GcResult:
+        """Delete objects that no ref reaches, and leftovers of interrupted writes."""
+        from mgit.repo.gc import gc
+
+        with self.store.lock(exclusive=True):
+            return gc(self.store, self.refs, self.catalog, dry_run=dry_run)
+
+
+def _file_infos(manifest: Manifest) -> list[FileInfo]:
+    return [FileInfo(f.path, f.type, f.size, f.digest, len(f.tensors), f.converted_from) for f in manifest.files]

@@ -1,0 +1,521 @@
+"""The content-addressed object store: the contract every backend fulfils, and what they
+share: encoding on write, decoding with verification on read.
+
+A backend (`LocalStore`: files under `objects/ab/cdef...`; `MemoryStore`: a dict) provides
+raw record I/O: `has`, `read_record`, `read_range`, `write_record`, `delete`, `ids`,
+`stored_size`, `sync` and `lock`. Everything else is here. Every `get` decodes and re-hashes:
+an object whose content does not match its id never leaves this module, except to a caller
+that says it checks a digest of its own over what it builds (checkout: `get(verify=False)`,
+`decode_block`), which then names the damaged object with `explain` when that digest fails.
+Content over a block is coded and decoded block by block (docs/format.md, "Blocks").
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mgit.errors import CorruptObjectError, MissingObjectError
+from mgit.store.cache import UNBOUNDED, DecodedCache, Entry
+from mgit.store.decoding import BaseReader, ReadBudget, Witness, check_frames, framed, unzstd
+from mgit.store.objectformat import (
+    BLOCK_BYTES,
+    DEFAULT_MAX_DEPTH,
+    MAX_READ_DECODES,
+    PREFIX,
+    READ_FACTOR,
+    READ_FLOOR,
+    Expected,
+    ObjectHeader,
+    base_expected,
+    frame_spans,
+    header_length,
+    parse_record,
+)
+from mgit.store.objects import (
+    Manifest,
+    RecordError,
+    Version,
+    canonical_json,
+    object_hasher,
+    tensor_meta,
+)
+
+if TYPE_CHECKING:  # numpy and the codecs load when something is encoded or decoded, not before
+    import numpy as np
+
+    from mgit.codecs import Codec
+    from mgit.store.codec_policy import Encoding
+
+PARSED_RECORDS = 16384  # versions and manifests kept parsed (a few KB each)
+BLOCK_TABLES = 4096  # where the blocks of recently read blocked objects lie
+
+
+@dataclass(frozen=True)
+class BlockTable:
+    """A stored object's header and, for a blocked one, where its payload starts in the
+    record and where each coded block lies from there."""
+
+    header: ObjectHeader
+    start: int
+    spans: list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class PutResult:
+    oid: str
+    kind: str
+    stored_size: int
+    new: bool
+    codec: str
+    size: int  # logical bytes
+    bases: tuple[str, ...] = ()  # objects it was encoded against (known when it was new)
+
+
+class ObjectStore:
+    """Encoding, hashing and verification shared by every backend."""
+
+    lazy = False  # a lazy clone's store fetches what it lacks from a remote (mgit.store.lazy)
+    tracks_verified = False  # wants `mark_verified` for bases verified on the way (a fetch's overlay)
+    block_bytes = BLOCK_BYTES  # larger content is coded in blocks of this size (when its chain allows)
+
+    # --- backend primitives -------------------------------------------------------------
+    def has(self, oid: str) -> bool:
+        raise NotImplementedError
+
+    def read_record(self, oid: str) -> bytes | np.ndarray:
+        """The stored bytes of an object, unchecked (MissingObjectError if absent)."""
+        raise NotImplementedError
+
+    def write_record(self, oid: str, chunks: list[Any]) -> int:
+        """Store the record of an object under its id; return its stored size."""
+        raise NotImplementedError
+
+    def read_bytes(self, oid: str) -> bytes:
+        """`read_record` as bytes (small records: version and manifest records)."""
+        return bytes(memoryview(self.read_record(oid)))
+
+    def read_range(self, oid: str, offset: int, length: int) -> Any:
+        """Bytes [offset, offset + length) of an object's stored record, unchecked (backends
+        on files read just those)."""
+        return memoryview(self.read_record(oid))[offset : offset + length]
+
+    def delete(self, oid: str) -> None:
+        """Remove an object (backends; they also call `forget`)."""
+        raise NotImplementedError
+
+    def forget(self, oid: str) -> None:
+        """Drop what was parsed of an object (it is being deleted)."""
+        self._parsed_records().pop(oid, None)
+        self.__dict__.get("_tables", {}).pop(oid, None)
+
+    def ids(self) -> Iterator[str]:
+        raise NotImplementedError
+
+    def stored_size(self, oid: str) -> int:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        """Make every object written so far durable (before a ref points to them)."""
+
+    def lock(self, *, exclusive: bool = False) -> AbstractContextManager[Any]:
+        """Held shared by writers, exclusively by gc, so that gc never deletes objects that
+        a writer has written but no ref reaches yet."""
+        return nullcontext()
+
+    def temporary_files(self) -> list[Path]:
+        """Leftovers of interrupted writes (only safe to remove with no writer running)."""
+        return []
+
+    def header(self, oid: str) -> ObjectHeader:
+        """An object's header, checked (read alone, not the payload after it)."""
+        return self._stored_header(oid)[0]
+
+    def _stored_header(self, oid: str) -> tuple[ObjectHeader, int]:
+        """An object's checked header and where its payload starts."""
+        prefix = bytes(self.read_range(oid, 0, PREFIX))
+        start = PREFIX + header_length(oid, prefix)
+        return parse_record(oid, prefix + bytes(self.read_range(oid, PREFIX, start - PREFIX)))[0], start
+
+    def block_table(self, oid: str, expect: Expected | None = None) -> BlockTable:
+        """Where the blocks of an object lie, read (from its header and the blocks' lengths,
+        not its payload) once and kept; its header checked against `expect` (see `get`)."""
+        tables = self.__dict__.setdefault("_tables", {})
+        found = tables.get(oid)
+        if found is None:
+            self.prefetch(oid, expect)
+        if found is not None:
+            if expect is not None:
+                expect.check(oid, found.header)
+            return found  # type: ignore[no-any-return]
+        header, start = self._stored_header(oid)
+        if expect is not None:
+            expect.check(oid, header)
+        spans = []
+        if header.blocks:
+            spans = frame_spans(oid, header, self.stored_size(oid) - start,
+                                lambda at, n: self.read_range(oid, start + at, n))  # fmt: skip
+        if len(tables) >= BLOCK_TABLES:
+            with suppress(StopIteration, KeyError, RuntimeError):
+                tables.pop(next(iter(tables)))
+        table = tables[oid] = BlockTable(header, start, spans)
+        return table
+
+    def mark_verified(self, oid: str) -> None:
+        """A base verified while another object was decoded: a blocked base all of whose
+        blocks a verified decode went through, and whose blocks hash to its id (only called
+        where `tracks_verified`)."""
+
+    def promised(self, oid: str) -> tuple[str, ...] | None:
+        """For an object not here that the store can fetch when read (a lazy clone's), the
+        delta bases it needs; None for any other object (here, or unknown)."""
+        return None
+
+    # --- writing ------------------------------------------------------------------------
+    def existing(self, oid: str, kind: str, size: int) -> PutResult | None:
+        """What a put of an object with this id would find: the object here, or one a lazy
+        clone fetches when read (not written again: coded here anew, it could name as its
+        delta base an object whose stored form names it). Every delta base a writer is
+        offered is here or promised, so past this check none is the object itself."""
+        if self.has(oid):
+            return PutResult(oid, kind, self.stored_size(oid), False, "", size)
+        if self.promised(oid) is not None:
+            return PutResult(oid, kind, 0, False, "", size)
+        return None
+
+    def put(self, kind: str, meta: dict[str, Any], data: Any, *, bases: Sequence[str] = (),
+            max_depth: int = DEFAULT_MAX_DEPTH, extra: Sequence[list[Codec]] = (), encoding: Encoding | None = None,
+            reuse: DecodedCache | None = None) -> PutResult:  # fmt: skip
+        """Store `data` (bytes or a uint8 array) unless an object with its id exists.
+
+        With `bases` (tensors this one probably derives from), the smallest of the standalone
+        encoding and a delta against each base wins (see mgit.store.codec_policy). An `encoding` from
+        `encode` is written as it is. `reuse` keeps the bases decoded on the way for the
+        next tensors that use them (an int8 copy's weight and its scales share one).
+        """
+        from mgit.codecs import byte_array
+
+        buf = byte_array(data)  # flat: a 2-D array would be measured by its rows
+        hasher = object_hasher(kind, meta)
+        hasher.update(buf)
+        oid = hasher.hexdigest()
+        found = self.existing(oid, kind, buf.nbytes)
+        if found is not None:
+            return found
+        bases_read = BaseReader(self, reuse if reuse is not None else DecodedCache(UNBOUNDED))
+        if encoding is None:
+            encoding = self.encode(kind, meta, buf, bases=bases, max_depth=max_depth, extra=extra, reuse=bases_read)
+        frames = None
+        if encoding.blocks and encoding.payload is None:  # coded here one block at a time, as they are written
+            count = -(-buf.nbytes // encoding.blocks)
+            frames = (self.encode_block(encoding, buf, k, bases_read) for k in range(count))
+        return self.put_encoded(oid, kind, meta, buf.nbytes, encoding, frames)
+
+    def put_encoded(self, oid: str, kind: str, meta: dict[str, Any], size: int, encoding: Encoding,
+                    frames: Iterable[Any] | None = None) -> PutResult:  # fmt: skip
+        """Write an object whose id and encoding are known (its id is not computed again).
+        A blocked encoding's coded blocks come from `frames` in order when they are coded as
+        they are written (a writer coding them in parallel), else from its payload."""
+        from mgit.codecs import chain_to_list
+
+        header = ObjectHeader(kind, meta, size, chain_to_list(encoding.codecs), encoding.depth, encoding.blocks)
+        if encoding.blocks:
+            stored = self.write_record(oid, framed(header, encoding.payload if frames is None else frames))
+        else:
+            stored = self.write_record(oid, [header.to_bytes(), encoding.payload])
+        return PutResult(oid, kind, stored, True, header.codec_names, size, tuple(header.bases))
+
+    def encode_block(self, encoding: Encoding, buf: np.ndarray, k: int, bases: BaseReader) -> bytes:
+        """Block k of a blocked encoding of `buf`."""
+        from mgit.store.codec_policy import block_encode
+
+        return block_encode(encoding.codecs, buf, encoding.blocks, k, lambda o, a, b: bases.range(o, a, b, use=True))
+
+    def encode(self, kind: str, meta: dict[str, Any], data: Any, *, bases: Sequence[str] = (),
+               max_depth: int = DEFAULT_MAX_DEPTH, extra: Sequence[list[Codec]] = (),
+               reuse: DecodedCache | BaseReader | None = None, blocks: bool = True) -> Encoding:  # fmt: skip
+        """What `put` would store for `data`, without writing it (pass it to `put` to write it).
+        A blocked encoding's blocks are coded when it is written (`blocks=False`: coded whole,
+        its payload at hand to compare)."""
+        from mgit.codecs import byte_array
+        from mgit.store.codec_policy import choose_encoding
+
+        read = reuse if isinstance(reuse, BaseReader) else BaseReader(self, reuse or DecodedCache(UNBOUNDED))
+        buf = byte_array(data)
+        bases = [b for b in bases if self.affordable(b, buf.nbytes)]
+        return choose_encoding(kind, meta, buf, bases=bases, max_depth=max_depth, extra=extra,
+                               header=self.header, load=read.whole, load_range=read.range,
+                               block_bytes=self.block_bytes if blocks else 0)  # fmt: skip
+
+    def affordable(self, base: str, size: int) -> bool:
+        """Whether content of `size` bytes may be coded against `base`: a read of it would
+        decode the base and the bases behind it (each once) within the read bound, so what a
+        writer makes a reader never refuses (a 4-byte scale is not coded against a 1 GB
+        weight). A damaged base is never used (fsck reports it)."""
+        budget = READ_FACTOR * size + READ_FLOOR - size
+        seen, stack = set(), [base]
+        try:
+            while stack and budget >= 0:
+                oid = stack.pop()
+                if oid not in seen:
+                    seen.add(oid)
+                    header = self.block_table(oid).header
+                    budget -= header.size
+                    stack += header.bases
+        except (CorruptObjectError, MissingObjectError):
+            return False
+        return budget >= 0 and len(seen) < MAX_READ_DECODES
+
+    def put_tensor(self, dtype: str, shape: tuple[int, ...], data: np.ndarray, *, bases: Sequence[str] = (),
+                   max_depth: int = DEFAULT_MAX_DEPTH, encoding: Encoding | None = None,
+                   reuse: DecodedCache | None = None) -> PutResult:  # fmt: skip
+        return self.put("tensor", tensor_meta(dtype, shape), data, bases=bases, max_depth=max_depth,
+                        encoding=encoding, reuse=reuse)  # fmt: skip
+
+    def put_blob(self, data: Any) -> PutResult:
+        return self.put("blob", {}, data)
+
+    def put_record(self, kind: str, record: dict[str, Any]) -> PutResult:
+        return self.put(kind, {}, canonical_json(record))
+
+    # --- reading ------------------------------------------------------------------------
+    def prefetch(self, oid: str, expect: Expected | None) -> None:
+        """Bring `oid` here now if this store fetches what it lacks (a lazy clone's), bounded
+        by what the record that names it expects; any other store has it or not."""
+
+    def get(self, oid: str, *, reuse: DecodedCache | None = None, verify: bool = True,
+            expect: Expected | None = None) -> Entry:  # fmt: skip
+        """Decode an object and check that its content hashes to its id.
+
+        With `reuse`, the object comes from that cache when it is there, and the delta bases
+        decoded on the way are kept in it (with the object itself if the cache keeps all).
+        Arrays that a cache holds are read-only. `verify=False` skips the hash of the object
+        itself (its bases are verified as ever) for a caller that checks what it builds of
+        it against a digest, as checkout does; such an object is never kept in `reuse`.
+        `expect` is what the record naming the object says of it (`objectformat.expected_by`:
+        its manifest's entry), checked against its header before anything is decoded."""
+        self.prefetch(oid, expect)
+        found = reuse.lookup(oid) if reuse is not None else None
+        if found is None and verify and reuse is not None and reuse.keep_all:
+            found = reuse.get_or_decode(oid, lambda: self._decode(oid, reuse, None, expect=expect))
+        if found is not None:
+            if expect is not None:
+                expect.check(oid, found[0])
+            return found
+        return self._decode(oid, reuse, None, verify=verify, expect=expect)
+
+    def load_base(self, oid: str, reuse: DecodedCache | None, *, _read: ReadBudget | None = None) -> np.ndarray:
+        """The decoded bytes of an object that others are coded against (a delta's base, a
+        parent tensor an add encodes against), kept in `reuse` for the next that need it and,
+        within one read, decoded once however many of the objects on the way name it."""
+        found = _read.whole.get(oid) if _read is not None else None
+        if found is not None:
+            return found
+
+        def decode() -> Entry:
+            return self._decode(oid, reuse, _read)
+
+        arr = (decode() if reuse is None else reuse.get_or_decode(oid, decode))[1]
+        if _read is not None:
+            _read.whole[oid] = arr
+        return arr
+
+    def _decode(self, oid: str, reuse: DecodedCache | None, read: ReadBudget | None, *, verify: bool = True,
+                expect: Expected | None = None) -> Entry:  # fmt: skip
+        from mgit.codecs.buffers import scratch
+
+        header, payload = parse_record(oid, self.read_record(oid))
+        if expect is not None:
+            expect.check(oid, header)
+        read = read if read is not None else ReadBudget(oid, header.size)
+        read.charge(oid, header.size)
+        self._check_bases(oid, header, read)
+        witness = Witness() if verify and header.blocks and self.tracks_verified else None
+        if header.blocks:
+            spans = frame_spans(oid, header, len(payload), lambda at, n: payload[at : at + n])
+            check_frames(oid, header, spans)  # every block within what its frame can hold, before allocating
+            arr = scratch(header.size)
+            for k, (at, n) in enumerate(spans):
+                start, stop = header.block_span(k)
+                read.blocks.clear()  # the bases' blocks k are used by block k alone: not kept past it
+                arr[start:stop] = self._decode_chain(oid, header, payload[at : at + n], k, reuse, read, witness)
+            read.blocks.clear()
+        else:
+            arr = self._decode_chain(oid, header, payload, None, reuse, read)
+        if verify:
+            hasher = object_hasher(header.kind, header.meta)
+            hasher.update(arr)
+            if hasher.hexdigest() != oid:
+                self._blame_bases(oid, header)
+                raise CorruptObjectError(oid, "its content does not hash to its id")
+            for base in witness.verified(self) if witness else ():
+                self.mark_verified(base)
+        return header, arr
+
+    def _check_bases(self, oid: str, header: ObjectHeader, read: ReadBudget) -> None:
+        """A delta's bases are tensors, each of a depth below its own, the deepest exactly one
+        below (so a read goes at most `header.depth` bases down); their sizes are charged to
+        the read when they are decoded."""
+        if not header.bases:
+            return
+        found = {base: self.block_table(base).header for base in header.bases}
+        deepest = max(h.depth for h in found.values())
+        if deepest != header.depth - 1:
+            raise CorruptObjectError(oid, f"it declares delta depth {header.depth}, its deepest base has {deepest}")
+        expect = base_expected(oid, header)
+        for base, h in found.items():
+            expect.check(base, h)
+
+    def _decode_chain(self, oid: str, header: ObjectHeader, data: Any, k: int | None, reuse: DecodedCache | None,
+                      read: ReadBudget, witness: Witness | None = None) -> np.ndarray:  # fmt: skip
+        """The content coded in `data`: all of it (k None) or its block k."""
+        import numpy as np
+
+        from mgit.codecs import (
+            CodecContext,
+            CodecError,
+            chain_from_list,
+            decode_chain,
+            decoded_bound,
+        )
+
+        size = header.size if k is None else header.block_span(k)[1] - header.block_span(k)[0]
+
+        def base(o: str) -> np.ndarray:
+            if k is None:
+                return self.load_base(o, reuse, _read=read)
+            return self.base_block(o, k, header.blocks, reuse, read, witness)
+
+        try:
+            chain = chain_from_list(header.codecs)
+            if size > decoded_bound(chain, len(data)):
+                raise CodecError(f"it declares {size} bytes, more than its {len(data)} stored bytes can hold")
+            out = decode_chain(chain, data, CodecContext(size=size, load_object=base))
+        except CodecError as exc:
+            raise CorruptObjectError(oid, exc.message) from None
+        return out if isinstance(out, np.ndarray) else np.frombuffer(out, np.uint8)
+
+    def decode_block(self, oid: str, k: int, *, reuse: DecodedCache | None = None, expect: Expected | None = None,
+                     _read: ReadBudget | None = None, _witness: Witness | None = None) -> np.ndarray:  # fmt: skip
+        """Block k of a blocked object's content, decoded but not verified: the caller checks
+        what it builds of the blocks against a digest (a checkout, the file's). Its bases'
+        blocks are decoded alike, block k of each, so memory stays a few blocks."""
+        self.prefetch(oid, expect)
+        table = self.block_table(oid, expect)
+        start, stop = table.header.block_span(k)
+        read = _read if _read is not None else ReadBudget(oid, table.header.size)
+        read.charge(oid, stop - start)
+        self._check_bases(oid, table.header, read)
+        at, n = table.spans[k]
+        return self._decode_chain(oid, table.header, self.read_range(oid, table.start + at, n), k, reuse, read,
+                                  _witness)  # fmt: skip
+
+    def base_block(self, oid: str, k: int, block_bytes: int, reuse: DecodedCache | None,
+                   read: ReadBudget | None = None, witness: Witness | None = None) -> np.ndarray:  # fmt: skip
+        """Bytes [k B, (k + 1) B) of a base's content (fewer at its end; none past it): its
+        block k when it is coded in blocks of the same size, else a slice of it whole."""
+        header = self.block_table(oid).header
+        if header.blocks != block_bytes:
+            return self.load_base(oid, reuse, _read=read)[k * block_bytes : (k + 1) * block_bytes]
+        if k >= header.block_count or not header.size:
+            import numpy as np
+
+            return np.empty(0, np.uint8)
+        block = read.blocks.get((oid, k)) if read is not None else None
+        if block is None:
+            block = self.decode_block(oid, k, reuse=reuse, _read=read, _witness=witness)
+            if read is not None:
+                read.blocks[(oid, k)] = block
+            if witness is not None:
+                witness.saw(oid, header, k, block)
+        return block
+
+    def _blame_bases(self, oid: str, header: ObjectHeader) -> None:
+        """When a blocked object does not hash to its id, its bases (decoded block by block,
+        unverified) may be to blame: verify each, so the error names the damaged one."""
+        if header.blocks:
+            for base in header.bases:
+                self.get(base)
+
+    def explain(self, oids: Iterable[str]) -> None:
+        """Verify these objects (and so their bases), raising for the first damaged one: what
+        a reader that skipped per-object checks does when its own digest does not match."""
+        for oid in oids:
+            self.get(oid)
+
+    def get_record(self, oid: str, kind: str) -> dict[str, Any]:
+        """A version or manifest record as JSON, verified against its id. Records are coded
+        by zstd alone (or stored raw), which is read here without numpy or the codecs, so
+        that commands reading only records (log, show) start fast."""
+        raw = self.read_bytes(oid)
+        header, payload = parse_record(oid, raw)
+        if header.kind != kind:
+            raise CorruptObjectError(oid, f"expected a {kind}, found a {header.kind}")
+        if header.codecs and [c.get("name") for c in header.codecs] != ["zstd"]:
+            data = self.get(oid)[1].tobytes()  # not as writers code records: the general path
+        else:
+            data = unzstd(oid, bytes(payload), header.size) if header.codecs else bytes(payload)
+            hasher = object_hasher(header.kind, header.meta)
+            hasher.update(data)
+            if hasher.hexdigest() != oid:
+                raise CorruptObjectError(oid, "its content does not hash to its id")
+        try:
+            record = json.loads(data)
+        except ValueError:
+            raise CorruptObjectError(oid, f"{kind} is not valid JSON") from None
+        if not isinstance(record, dict):
+            raise CorruptObjectError(oid, f"{kind} is not a JSON object")
+        return record
+
+    def get_version(self, vid: str, *, fresh: bool = False) -> Version:
+        """A version record, validated field by field (`fresh`: read and verified again
+        even if parsed before, as fsck and gc want)."""
+        found = None if fresh else self._parsed_records().get(vid)
+        if isinstance(found, Version):
+            return found
+        try:
+            version = Version.from_json(self.get_record(vid, "version"))
+        except RecordError as exc:
+            raise CorruptObjectError(vid, f"not a valid version record ({exc})") from None
+        self._remember(vid, version)
+        return version
+
+    def get_manifest(self, oid: str, *, fresh: bool = False) -> Manifest:
+        """A manifest record, validated field by field (paths included)."""
+        found = None if fresh else self._parsed_records().get(oid)
+        if isinstance(found, Manifest):
+            return found
+        try:
+            manifest = Manifest.from_json(self.get_record(oid, "manifest"))
+        except RecordError as exc:
+            raise CorruptObjectError(oid, f"not a valid manifest ({exc})") from None
+        self._remember(oid, manifest)
+        return manifest
+
+    def remember(self, oid: str, record: Version | Manifest) -> None:
+        """Keep a record parsed and verified elsewhere (a fetch's quarantine) for this store's
+        readers; the caller has just kept its object here."""
+        self._remember(oid, record)
+
+    def parsed(self, oid: str) -> Version | Manifest | None:
+        """The record of `oid` if it was parsed and verified here already."""
+        return self._parsed_records().get(oid)
+
+    # Records verified and parsed once are kept (they never change: an id names one content),
+    # so walks over thousands of versions (index, fetch, push) read each record once.
+    def _parsed_records(self) -> dict[str, Version | Manifest]:
+        parsed = self.__dict__.get("_parsed")
+        if parsed is None:
+            parsed = self.__dict__["_parsed"] = {}
+        return parsed  # type: ignore[no-any-return]
+
+    def _remember(self, oid: str, record: Version | Manifest) -> None:
+        parsed = self._parsed_records()
+        if len(parsed) >= PARSED_RECORDS:
+            with suppress(StopIteration, KeyError, RuntimeError):  # another thread got there first
+                parsed.pop(next(iter(parsed)))  # the oldest (dicts keep insertion order)
+        parsed[oid] = record

@@ -1,0 +1,145 @@
+"""The objects of a lazy clone: those it has on disk, and the rest fetched from its remote
+the first time something reads them (with the delta bases they need), verified and kept.
+
+A lazy clone has every version record and manifest, and a catalog row for every object
+(its size, codec and delta bases, from the remote's metadata packs), so `ls`, `log`,
+`show`, `lineage` and `du` never touch the network; `checkout`, `diff`, `test run` and
+`cascade` fetch exactly what they read. The remote is opened on the first fetch only.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from mgit.errors import MissingObjectError
+from mgit.store.local import LocalStore
+from mgit.store.objectformat import Expected, ObjectHeader
+from mgit.store.remote import RemoteObjects
+from mgit.store.transfer import SLACK, TransferStats, fetch_objects
+
+T = TypeVar("T")
+Describe = Callable[[Iterable[str]], dict[str, tuple[int, tuple[str, ...]]]]  # id -> (logical size, bases)
+
+
+class LazyStore(LocalStore):
+    lazy = True
+
+    def __init__(self, root: Path, *, remote: Callable[[], RemoteObjects], fsync: bool = True,
+                 lock_path: Path | None = None, jobs: int = 2) -> None:  # fmt: skip
+        super().__init__(root, fsync=fsync, lock_path=lock_path)
+        self._open_remote = remote
+        self._remote: RemoteObjects | None = None
+        self.describe: Describe = lambda oids: {}  # set by the repository to its catalog's rows
+        self.on_fetched: Callable[[list[str]], None] = lambda oids: None  # and to record what arrived
+        self.jobs = jobs
+        self.fetched = TransferStats()
+        self._inflight: dict[str, Future[None]] = {}
+        self._guard = threading.Lock()
+
+    @property
+    def remote(self) -> RemoteObjects:
+        with self._guard:
+            if self._remote is None:
+                self._remote = self._open_remote()
+            return self._remote
+
+    def promised(self, oid: str) -> tuple[str, ...] | None:
+        if self.has(oid):
+            return None
+        found = self.describe([oid]).get(oid)
+        return None if found is None else found[1]
+
+    def _here(self, read: Callable[..., T], oid: str, *args: Any) -> T:
+        """`read(oid, *args)` from the local files, fetching the object first if it is not here."""
+        try:
+            return read(oid, *args)
+        except MissingObjectError:
+            self.fetch([oid])
+            return read(oid, *args)
+
+    def prefetch(self, oid: str, expect: Expected | None) -> None:
+        if expect is not None and not self.has(oid):
+            self.fetch([oid], expect={oid: expect})
+
+    def read_record(self, oid: str) -> np.ndarray:
+        return self._here(super().read_record, oid)
+
+    def read_range(self, oid: str, offset: int, length: int) -> Any:
+        return self._here(super().read_range, oid, offset, length)
+
+    def read_bytes(self, oid: str) -> bytes:
+        return self._here(super().read_bytes, oid)
+
+    def header(self, oid: str) -> ObjectHeader:
+        return self._here(super().header, oid)
+
+    def fetch(self, oids: Iterable[str], *, expect: dict[str, Expected] | None = None) -> TransferStats:
+        """Fetch these objects and every base they need that is not here yet, in parallel;
+        threads asking for the same object wait for one fetch of it. Each is bounded by what
+        the record naming it expects (`expect`: a manifest's entry), else by its catalog row
+        (its kind and size, as the manifests or the remote's packs describe it); a base, on
+        arrival, by its child."""
+        wanted = self.closure_missing(oids)
+        if not wanted:
+            return TransferStats()
+        mine: dict[str, Future[None]] = {}
+        waits: list[Future[None]] = []
+        with self._guard:
+            for oid in wanted:
+                if oid in self._inflight:
+                    waits.append(self._inflight[oid])
+                else:
+                    mine[oid] = self._inflight[oid] = Future()
+        stats = TransferStats()
+        try:
+            if mine:
+                rows = self.describe(mine)
+                unknown = [o for o in mine if o not in rows]
+                if unknown:  # not in any version this clone knows: nothing to ask the remote for
+                    raise MissingObjectError(unknown[0])
+                expected = {o: (expect or {}).get(o) or Expected("its catalog row", max_size=rows[o][0]) for o in mine}
+                limits = {o: (expected[o].most or 0) + SLACK for o in mine}
+                with self.lock():  # gc waits: it removes leftover quarantines
+                    stats = fetch_objects(self.remote, self, limits, jobs=self.jobs, expect=expected)
+                self.on_fetched(list(mine))
+        except BaseException as exc:
+            self._settle(mine, exc)
+            raise
+        self._settle(mine, None)
+        for w in waits:
+            w.result()
+        with self._guard:
+            self.fetched.add(stats)
+        return stats
+
+    def _settle(self, mine: dict[str, Future[None]], exc: BaseException | None) -> None:
+        with self._guard:
+            for oid, future in mine.items():
+                del self._inflight[oid]
+                if exc is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(exc)
+
+    def closure_missing(self, oids: Iterable[str]) -> list[str]:
+        """These objects and, recursively, their delta bases (from the catalog's rows),
+        those not on disk: what a fetch must bring."""
+        wanted: dict[str, None] = {}
+        stack = [o for o in oids]
+        seen: set[str] = set()
+        while stack:
+            batch = [o for o in dict.fromkeys(stack) if o not in seen]
+            stack = []
+            seen.update(batch)
+            rows = self.describe(batch)
+            for oid in batch:
+                if not self.has(oid):
+                    wanted[oid] = None
+                    stack.extend(rows.get(oid, (0, ()))[1])
+        return list(wanted)

@@ -1,0 +1,61 @@
+"""A read-only view of two stores: objects that arrived (a fetch's quarantine) first, then
+the repository's own, so a delta's base may be on either side. It records what was read to be
+decoded, so a fetch knows which arrivals were verified on the way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mgit.errors import MissingObjectError
+from mgit.store.base import ObjectStore
+from mgit.store.local import LocalStore
+from mgit.store.objectformat import ObjectHeader
+
+
+class OverlayStore(ObjectStore):
+    """Reads from the quarantine, then from the repository's store; writes nothing."""
+
+    def __init__(self, quarantine: LocalStore, store: ObjectStore) -> None:
+        self.quarantine = quarantine
+        self.store = store
+        self.decoded: set[str] = set()  # every object read to be decoded (and so re-hashed)
+
+    def has(self, oid: str) -> bool:
+        return self.quarantine.has(oid) or self.store.has(oid)
+
+    def read_record(self, oid: str) -> bytes | np.ndarray:
+        self.decoded.add(oid)
+        try:
+            return self.quarantine.read_record(oid)
+        except MissingObjectError:
+            return self.store.read_record(oid)
+
+    tracks_verified = True
+
+    def mark_verified(self, oid: str) -> None:
+        self.decoded.add(oid)
+
+    def read_bytes(self, oid: str) -> bytes:
+        return bytes(memoryview(self.read_record(oid)))
+
+    def read_range(self, oid: str, offset: int, length: int) -> Any:
+        # Not counted as decoded: a blocked object's base read block by block is not verified.
+        try:
+            return self.quarantine.read_range(oid, offset, length)
+        except MissingObjectError:
+            return self.store.read_range(oid, offset, length)
+
+    def header(self, oid: str) -> ObjectHeader:
+        try:
+            return self.quarantine.header(oid)
+        except MissingObjectError:
+            return self.store.header(oid)
+
+    def stored_size(self, oid: str) -> int:
+        try:
+            return self.quarantine.stored_size(oid)
+        except MissingObjectError:
+            return self.store.stored_size(oid)

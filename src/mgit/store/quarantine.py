@@ -1,0 +1,135 @@
+"""Objects arriving from a remote, kept apart until each is verified against its id.
+
+A fetch writes what it downloads into a quarantine folder inside the repository (as git's
+receive quarantine does), reads it through `overlay` (the quarantine first, then the
+repository, so a delta's base may be on either side), decodes and re-hashes every object,
+and only then moves the files into `objects/`. A damaged or forged object therefore never
+enters the repository, and a fetch that fails or is killed leaves only the quarantine
+folder, which the next fetch or gc removes.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+
+from mgit.errors import (
+    CorruptObjectError,
+    MissingObjectError,
+    ReceivedCorruptError,
+    ReceivedError,
+    ReceivedMissingError,
+    RemoteTooLargeError,
+)
+from mgit.store.cache import CHECKOUT_BASES, DecodedCache
+from mgit.store.local import LocalStore
+from mgit.store.objectformat import Expected, base_expected, expected_by
+from mgit.store.overlay import OverlayStore
+from mgit.util.atomicfile import sync_files
+
+INCOMING = "incoming"
+
+
+class Incoming:
+    """`with Incoming(store) as inc:` a quarantine for one fetch, removed when it ends."""
+
+    def __init__(self, store: LocalStore) -> None:
+        self.store = store
+        self.dir = store.root.parent / INCOMING / f"{os.getpid()}-{secrets.token_hex(6)}"
+        self.quarantine = LocalStore(self.dir, fsync=False)
+        self.overlay = OverlayStore(self.quarantine, store)
+        self.arrived: list[str] = []
+
+    def path_for(self, oid: str) -> Path:
+        """Where a download of `oid` goes (its folder created)."""
+        path = self.quarantine.path_of(oid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.arrived.append(oid)
+        return path
+
+    def hold(self, records: dict[str, bytes]) -> None:
+        """Records that arrived in a metadata pack: written to the quarantine, to be read,
+        verified and kept like any object that arrives."""
+        for oid, raw in records.items():  # small files: threads would only contend for the GIL
+            self.path_for(oid).write_bytes(raw)
+
+    @contextmanager
+    def refusing(self, where: str) -> Iterator[None]:
+        """Errors about what arrived from `where` name it and say that nothing was kept (an
+        object of the repository's own that fails to read keeps its own error)."""
+        try:
+            yield
+        except ReceivedError:
+            raise
+        except CorruptObjectError as exc:
+            if not self.quarantine.has(exc.oid):
+                raise
+            raise ReceivedCorruptError(exc.oid, exc.why, where=where) from None
+        except MissingObjectError as exc:  # named by what arrived, and not sent
+            raise ReceivedMissingError(exc.oid, where=where, used_by=exc.used_by) from None
+        except RemoteTooLargeError as exc:
+            raise ReceivedError(exc.message, where=where) from None
+
+    def verify(self, oids: list[str], *, jobs: int, progress: Callable[[int], None] | None = None,
+               expect: Mapping[str, Expected] | None = None) -> None:  # fmt: skip
+        """Decode and re-hash each object (CorruptObjectError names the first that fails),
+        its header first checked against what the record naming it expects: `expect`, or the
+        manifest of a version that arrived with it (a base: its child, as it is decoded).
+        Bases decoded on the way are kept for the objects that share them."""
+        cache = DecodedCache(CHECKOUT_BASES)
+        expected = {**self.expectations(oids), **(expect or {})}
+
+        def check(oid: str) -> None:
+            if oid not in self.overlay.decoded:  # decoded already as another's base: verified
+                self.overlay.get(oid, reuse=cache, expect=expected.get(oid))
+            if progress:
+                progress(1)
+
+        # The deepest first: decoding a delta decodes and re-hashes its bases (whole, or block
+        # by block as they pass), so each object is decoded once, as a base or on its own.
+        order = sorted(oids, key=lambda o: self.overlay.header(o).depth, reverse=True)
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-verify") as pool:
+            for _ in pool.map(check, order):
+                pass
+
+    def expectations(self, oids: list[str]) -> dict[str, Expected]:
+        """What the manifests of the versions among `oids` expect of the objects they name,
+        and the deltas among them of their bases (a base may be verified before its child)."""
+        out: dict[str, Expected] = {}
+        bases: dict[str, Expected] = {}
+        for oid in oids:
+            header = self.overlay.header(oid)
+            if header.kind == "version":
+                manifest = self.overlay.get_manifest(self.overlay.get_version(oid).manifest)
+                out = {**expected_by(manifest), **out}
+            for base in header.bases:
+                bases.setdefault(base, base_expected(oid, header))
+        return {**bases, **out}
+
+    def promote(self) -> list[str]:
+        """Move every verified object into the repository, durably; return their ids."""
+        arrived = [o for o in dict.fromkeys(self.arrived) if self.quarantine.path_of(o).is_file()]
+        sync_files([self.quarantine.path_of(o) for o in arrived])  # data first, then the names
+        for oid in arrived:
+            self.store.adopt(oid, self.quarantine.path_of(oid))
+            record = self.overlay.parsed(oid)
+            if record is not None:  # verified here: the repository's readers need not parse it again
+                self.store.remember(oid, record)
+        self.store.sync()
+        return arrived
+
+    def discard(self) -> None:
+        # The shared incoming/ folder stays: another fetch may be creating its quarantine.
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Incoming:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.discard()

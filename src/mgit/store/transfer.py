@@ -1,0 +1,191 @@
+"""Moving objects between a repository and a remote: what a version needs, sending object
+files as they are, and receiving them through a quarantine where each is verified.
+
+What travels is decided by object ids: `closure` names every object a set of versions
+needs (records, files, tensors, each delta's bases, a recipe's source), and a transfer
+sends only those the other side lacks. An object file is sent byte for byte, encoded as it
+is stored, so a fine-tune sent after its base costs its delta. A download is bounded before
+it starts (`limits`): a record by the largest record MGit writes, a tensor or file by what
+its manifest says it holds, a delta base by the largest tensor it could be the base of.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from mgit.errors import MissingKeyError, ReceivedCorruptError, ReceivedMissingError
+from mgit.reports import Report
+from mgit.store.base import ObjectStore
+from mgit.store.local import LocalStore
+from mgit.store.objectformat import MAX_DEPTH_LIMIT, MAX_HEADER, MAX_RECORD, PREFIX, Expected
+from mgit.store.objects import Manifest, Version
+from mgit.store.quarantine import Incoming
+from mgit.store.remote import RemoteObjects
+
+SLACK = PREFIX + MAX_HEADER  # what an object file holds besides its payload, at most
+RECORD_LIMIT = MAX_RECORD + SLACK
+BASE_FACTOR = 8  # a base is at most this many times its child (an int8 copy's float64 parent)
+
+
+@dataclass
+class TransferStats(Report):
+    """Objects and bytes (stored, as they travel) sent or received, and those skipped
+    because the other side had them."""
+
+    objects: int = 0
+    bytes: int = 0
+    skipped: int = 0
+    skipped_bytes: int = 0
+
+    def add(self, other: TransferStats) -> None:
+        self.objects += other.objects
+        self.bytes += other.bytes
+        self.skipped += other.skipped
+        self.skipped_bytes += other.skipped_bytes
+
+
+# --- what versions need ----------------------------------------------------------------------
+def history(store: ObjectStore, tips: Iterable[str], *, stop: Callable[[str], bool] = lambda v: False,
+            ) -> list[str]:  # fmt: skip
+    """Versions reachable from `tips` through predecessors and lineage parents, ancestors
+    first, not walking past a version for which `stop` is true (the other side has it)."""
+    order: list[str] = []
+    seen: set[str] = set()
+    stack: list[tuple[str, bool]] = [(t, False) for t in tips]
+    while stack:  # iterative post-order: histories are longer than the recursion limit
+        vid, expanded = stack.pop()
+        if expanded:
+            order.append(vid)
+            continue
+        if vid in seen or stop(vid):
+            continue
+        seen.add(vid)
+        stack.append((vid, True))
+        stack.extend((v, False) for v in store.get_version(vid).linked_versions())
+    return order
+
+
+def version_objects(store: ObjectStore, vid: str) -> tuple[Version, Manifest, set[str]]:
+    """A version, its manifest, and the objects they name directly (not bases)."""
+    version = store.get_version(vid)
+    manifest = store.get_manifest(version.manifest)
+    return version, manifest, {vid} | version.linked_objects() | manifest.object_ids()
+
+
+def closure(store: ObjectStore, versions: Iterable[str], *, bases_of: Callable[[str], Iterable[str]] | None = None,
+            ) -> set[str]:  # fmt: skip
+    """Every object these versions need: records, files, tensors and, recursively, the
+    delta bases of each (read from the headers, or from `bases_of`)."""
+    needed: set[str] = set()
+    for vid in versions:
+        needed |= version_objects(store, vid)[2]
+
+    def recorded_bases(oid: str) -> Iterable[str]:  # a lazy clone's remote-only object: not fetched to see
+        promised = store.promised(oid)
+        return promised if promised is not None else store.header(oid).bases
+
+    bases_of = bases_of or recorded_bases
+    stack = list(needed)
+    while stack:
+        for base in bases_of(stack.pop()):
+            if base not in needed:
+                needed.add(base)
+                stack.append(base)
+    return needed
+
+
+def limits(store: ObjectStore, versions: Iterable[str]) -> dict[str, int]:
+    """The most bytes each object these versions name may take on the wire."""
+    out: dict[str, int] = {}
+    for vid in versions:
+        version, manifest, _ = version_objects(store, vid)
+        out[vid] = out[version.manifest] = RECORD_LIMIT
+        for o in version.linked_objects() - {version.manifest}:
+            out[o] = RECORD_LIMIT  # a recipe's source file
+        for f in manifest.files:
+            out[f.object] = max(out.get(f.object, 0), f.size + SLACK)
+            for t in f.tensors:
+                out[t.object] = max(out.get(t.object, 0), t.nbytes + SLACK)
+    return out
+
+
+# --- sending -------------------------------------------------------------------------------------
+def present_on(remote: RemoteObjects, store: ObjectStore, oids: Iterable[str]) -> set[str]:
+    """Which of these objects the remote holds whole: a file of the size it has here (an
+    object this store has only on that remote counts whatever its size)."""
+    return remote.has_objects({o: store.stored_size(o) if store.has(o) else None for o in oids})
+
+
+def upload(remote: RemoteObjects, store: LocalStore, oids: Iterable[str], *,
+           progress: Callable[[int], None] | None = None) -> TransferStats:  # fmt: skip
+    """Send these object files as they are stored (the caller knows the remote lacks them),
+    first aborting what a killed push left of their uploads."""
+    wanted = sorted(set(oids))
+    if wanted:
+        remote.abort_unfinished(wanted)
+
+    def send(oid: str) -> int:
+        size = store.stored_size(oid)
+        remote.write_object(oid, store.path_of(oid))
+        if progress:
+            progress(size)
+        return size
+
+    sizes = remote.map(send, wanted)
+    return TransferStats(objects=len(sizes), bytes=sum(sizes))
+
+
+# --- receiving -----------------------------------------------------------------------------------
+def receive(remote: RemoteObjects, incoming: Incoming, wanted: Mapping[str, int], *,
+            progress: Callable[[int], None] | None = None, used_by: Callable[[str], list[str]] | None = None,
+            ) -> TransferStats:  # fmt: skip
+    """Download `wanted` objects ({id: most bytes it may take}) that the repository lacks
+    into the quarantine, with every delta base they need; verify nothing yet (the caller
+    verifies and promotes once everything of the fetch has arrived)."""
+    store, overlay = incoming.store, incoming.overlay
+    stats = TransferStats()
+    pending = {o: n for o, n in wanted.items() if not overlay.has(o)}
+    stats.skipped = len(wanted) - len(pending)
+    seen = set(wanted)
+    for _round in range(MAX_DEPTH_LIMIT + 2):
+        if not pending:
+            return stats
+
+        def fetch(item: tuple[str, int]) -> int:
+            oid, limit = item
+            try:
+                size = remote.read_object_into(oid, incoming.path_for(oid), limit=limit)
+            except MissingKeyError:
+                raise ReceivedMissingError(oid, where=remote.url, used_by=used_by(oid) if used_by else None) from None
+            if progress:
+                progress(size)
+            return size
+
+        sizes = remote.map(fetch, sorted(pending.items()))
+        stats.objects += len(sizes)
+        stats.bytes += sum(sizes)
+        following: dict[str, int] = {}
+        for oid, limit in pending.items():
+            header = incoming.quarantine.header(oid)  # checked: magic, lengths, kind, sizes
+            for base in header.bases:
+                if base not in seen and not store.has(base):
+                    following[base] = max(header.size * BASE_FACTOR, limit) + SLACK
+                    seen.add(base)
+        pending = following
+    raise ReceivedCorruptError(next(iter(pending)), f"its delta bases go deeper than {MAX_DEPTH_LIMIT}",
+                               where=remote.url)  # fmt: skip
+
+
+def fetch_objects(remote: RemoteObjects, store: LocalStore, wanted: Mapping[str, int], *, jobs: int,
+                  progress: Callable[[int], None] | None = None,
+                  expect: Mapping[str, Expected] | None = None) -> TransferStats:  # fmt: skip
+    """Download, verify and keep objects (with their bases): all of them, or none (then the error
+    names the remote). `expect`: what the records naming them say of them, checked before each
+    is decoded."""
+    with Incoming(store) as incoming:
+        with incoming.refusing(remote.url):
+            stats = receive(remote, incoming, wanted, progress=progress)
+            incoming.verify(list(dict.fromkeys(incoming.arrived)), jobs=jobs, expect=expect)
+        incoming.promote()
+    return stats
