@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from mgit.errors import CorruptObjectError, MissingObjectError
 from mgit.store.cache import UNBOUNDED, DecodedCache, Entry
-from mgit.store.decoding import BaseReader, ReadBudget, Witness, check_frames, framed, unzstd
+from mgit.store.decoding import (
+    BaseReader,
+    BlockTable,
+    ReadBudget,
+    Witness,
+    check_frames,
+    framed,
+    unzstd,
+)
 from mgit.store.objectformat import (
     BLOCK_BYTES,
     DEFAULT_MAX_DEPTH,
@@ -53,16 +61,6 @@ if TYPE_CHECKING:  # numpy and the codecs load when something is encoded or deco
 
 PARSED_RECORDS = 16384  # versions and manifests kept parsed (a few KB each)
 BLOCK_TABLES = 4096  # where the blocks of recently read blocked objects lie
-
-
-@dataclass(frozen=True)
-class BlockTable:
-    """A stored object's header and, for a blocked one, where its payload starts in the
-    record and where each coded block lies from there."""
-
-    header: ObjectHeader
-    start: int
-    spans: list[tuple[int, int]]
 
 
 @dataclass(frozen=True)

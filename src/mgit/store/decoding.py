@@ -7,9 +7,8 @@ the record framing of blocked objects (docs/format.md, "Blocks").
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from mgit.errors import CorruptObjectError
 from mgit.store.cache import DecodedCache
@@ -23,8 +22,20 @@ from mgit.store.objectformat import (
 )
 from mgit.store.objects import object_hasher
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy loads when something is decoded, not before
+    import numpy as np
+
     from mgit.store.base import ObjectStore
+
+
+@dataclass(frozen=True)
+class BlockTable:
+    """A stored object's header and, for a blocked one, where its payload starts in the
+    record and where each coded block lies from there."""
+
+    header: ObjectHeader
+    start: int
+    spans: list[tuple[int, int]]
 
 
 class Witness:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mgit.errors import MissingKeyError, MissingObjectError
 from mgit.store.base import ObjectStore
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MAX_OBJECT = 1 << 40  # fsck reads whatever objects a remote holds; the largest tensor it could be
 
@@ -43,6 +44,8 @@ class RemoteStore(ObjectStore):
         return self.remote.has_object(oid)
 
     def read_record(self, oid: str) -> np.ndarray:
+        import numpy as np
+
         try:
             return np.frombuffer(self.remote.read_object(oid, limit=MAX_OBJECT), np.uint8)
         except MissingKeyError:
