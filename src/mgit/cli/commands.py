@@ -72,7 +72,7 @@ def init(directory: str, bare: bool, endpoint_url: str | None, region: str | Non
     else:
         if directory.startswith("s3://"):
             raise click.UsageError("an s3:// location can only hold a bare remote: add --bare")
-        path = str(Repo.init(directory).dir)
+        path = str(Repo.init(directory).dir.absolute())  # as git says it: -C may have moved the start
     if as_json:
         print_json({"path": path, "bare": bare})
     else:

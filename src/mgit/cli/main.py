@@ -1,8 +1,10 @@
 """Entry point: the command group, and the one place where errors become one line and an
-exit code (1 for errors, 2 for usage; a traceback only with MGIT_DEBUG=1)."""
+exit code (1 for errors, 2 for usage; a traceback only with MGIT_DEBUG=1). With `--json` an
+error is also a JSON object on stdout (`{"error", "hint", "type"}`), the exit code the same."""
 
 from __future__ import annotations
 
+import difflib
 import errno
 import importlib
 import io
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING
 import click
 
 from mgit import __version__
-from mgit.cli.output import err
+from mgit.cli.output import err, print_json
 from mgit.errors import MgitError, StorageFullError
 
 if TYPE_CHECKING:
@@ -41,7 +43,18 @@ COMMANDS = {
 }  # fmt: skip
 
 
-class LazyGroup(click.Group):
+class SuggestingGroup(click.Group):
+    """A group that answers an unknown command with the closest one it has, as git does."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=1, cutoff=0.6)
+            ctx.fail(f"No such command '{name}'." + (f" Did you mean '{close[0]}'?" if close else ""))
+        return super().resolve_command(ctx, args)
+
+
+class LazyGroup(SuggestingGroup):
     """A group whose commands are imported by name, on first use."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -63,11 +76,13 @@ class AppContext:
     def repo(self) -> Repo:
         from mgit.repo.repository import Repo
 
-        return Repo(Path(self.directory) if self.directory else None)
+        return Repo(Path.cwd() if self.directory else None)  # a bare repository given with -C too
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("-C", "directory", metavar="DIR", help="Run as if mgit was started in DIR.")
+@click.option("-C", "directory", metavar="DIR",
+              help="Run as if mgit was started in DIR: the repository and every relative path (PATH, -o, --fn) are "
+                   "found from there, as with git -C.")
 @click.version_option(__version__, prog_name="mgit")
 @click.pass_context
 def cli(ctx: click.Context, directory: str | None) -> None:
@@ -80,47 +95,75 @@ def cli(ctx: click.Context, directory: str | None) -> None:
       mgit add ./bert-sst2 --name bert-sst2 --parent bert-base --relation finetune
       mgit ls
     """
+    if directory:
+        try:
+            os.chdir(directory)
+        except OSError as exc:
+            raise click.UsageError(f"cannot change to {directory!r}: {exc.strerror}") from None
     ctx.obj = AppContext(directory)
 
 
-def _fail(message: str, code: int = 1) -> int:
-    err.print(f"Error: {message}")
+def _fail(message: str, code: int = 1, *, as_json: bool = False, hint: str | None = None,
+          kind: str = "Error") -> int:
+    err.print(f"Error: {message}" + (f". {hint}" if hint else ""))
+    if as_json:
+        print_json({"error": message, "hint": hint, "type": kind})
     return code
 
 
-def _show(exc: click.ClickException) -> None:
+def _show(exc: click.ClickException, *, as_json: bool = False) -> None:
     """A usage error as click words it, its control characters escaped like every other line."""
     text = io.StringIO()
     exc.show(file=text)
     err.print(text.getvalue(), end="")
+    if as_json:
+        print_json({"error": exc.format_message(), "hint": None, "type": type(exc).__name__})
+
+
+def wants_json(argv: list[str]) -> bool:
+    """Whether the command line asks for JSON (`--json`, or graph's `--format json`), options
+    only: what follows `--` is arguments."""
+    args = argv[: argv.index("--")] if "--" in argv else argv
+    pairs = zip(args, [*args[1:], ""], strict=True)
+    return "--json" in args or "--format=json" in args or any(a == "--format" and b == "json" for a, b in pairs)
 
 
 def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("MGIT_DEBUG") == "1"
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = wants_json(args)
+    try:
+        cwd: str | None = os.getcwd()  # -C changes it for the command; a caller in this process gets its own back
+    except FileNotFoundError:
+        cwd = None
     try:
         # Without standalone mode click returns the code of ctx.exit(code) instead of exiting.
-        code = cli.main(args=argv, prog_name="mgit", standalone_mode=False)
+        code = cli.main(args=args, prog_name="mgit", standalone_mode=False)
         return code if isinstance(code, int) else 0
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:
-        _show(exc)
+        _show(exc, as_json=as_json)
         return exc.exit_code
     except click.exceptions.Abort:
-        return _fail("aborted", 130)
+        return _fail("aborted", 130, as_json=as_json, kind="Aborted")
     except KeyboardInterrupt:
-        return _fail("interrupted", 130)
+        return _fail("interrupted", 130, as_json=as_json, kind="Interrupted")
     except MgitError as exc:
         if debug:
             traceback.print_exc()
-        return _fail(str(exc))
+        return _fail(exc.message, as_json=as_json, hint=exc.hint, kind=type(exc).__name__)
     except OSError as exc:
         if debug:
             traceback.print_exc()
         where = f" ({exc.filename})" if exc.filename else ""
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # met outside the atomic writers: said as they say it
-            return _fail(str(StorageFullError(exc.filename or "a file")))
-        return _fail(f"{exc.strerror or exc}{where}")
+            full = StorageFullError(exc.filename or "a file")
+            return _fail(full.message, as_json=as_json, hint=full.hint, kind="StorageFullError")
+        return _fail(f"{exc.strerror or exc}{where}", as_json=as_json, kind=type(exc).__name__)
+    finally:
+        if cwd is not None:
+            os.chdir(cwd)
 
 
 def entry() -> None:

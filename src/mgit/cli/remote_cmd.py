@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from mgit import sync
+from mgit.cli.main import SuggestingGroup
 from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size, table
 from mgit.store.transfer import TransferStats
 from mgit.sync.reports import FetchResult, ModelUpdate
@@ -32,7 +33,7 @@ def _updates(updates: list[ModelUpdate], where: str) -> None:
         out.print(f"  everything up to date {where}")
 
 
-@click.group(name="remote")
+@click.group(name="remote", cls=SuggestingGroup)
 def remote_group() -> None:
     """Remotes: where this repository is shared (a folder, or s3://BUCKET/PREFIX).
 

@@ -16,12 +16,13 @@ from mgit.cli.executor_opts import (
     resource_options,
     trust_option,
 )
+from mgit.cli.main import SuggestingGroup
 from mgit.cli.output import err, out, plural, print_json, table
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
 
-@click.group(name="test")
+@click.group(name="test", cls=SuggestingGroup)
 def test_group() -> None:
     """Tests: checks on models (a function returning metrics) and their results.
 

@@ -1,0 +1,103 @@
+"""What git and huggingface_hub users expect of any command: `-C DIR` as git's (every relative
+path found from DIR), `--json` errors as JSON on stdout, and an unknown command answered with
+the closest one."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import make_model, run_cli, run_mgit, sha256_tree
+
+EVALS = '''
+import json, pathlib
+
+
+def width(folder):
+    return {"files": len(list(pathlib.Path(folder).iterdir()))}
+'''
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    """A work folder holding a repository, a model folder and an evals file, and a folder
+    elsewhere to run from."""
+    root = tmp_path / "work"
+    root.mkdir()
+    make_model(root / "models" / "base", seed=1)
+    (root / "evals.py").write_text(EVALS)
+    assert run_mgit("init", cwd=root).returncode == 0
+    (tmp_path / "elsewhere").mkdir()
+    return root
+
+
+def test_dash_c_finds_every_relative_path_from_dir(work: Path) -> None:
+    elsewhere = work.parent / "elsewhere"
+    added = run_mgit("-C", str(work), "add", "models/base", "--name", "base", "--json", cwd=elsewhere)
+    assert added.returncode == 0, added.stderr
+    test = run_mgit("-C", str(work), "test", "add", "base", "--fn", "evals.py:width", "--name", "w",
+                    "--min", "files=1", cwd=elsewhere)  # fmt: skip
+    assert test.returncode == 0, test.stderr
+    ran = run_mgit("-C", str(work), "test", "run", "base", "--json", cwd=elsewhere)
+    assert ran.returncode == 0, ran.stderr
+    out = run_mgit("-C", str(work), "checkout", "base", "-o", "out", cwd=elsewhere)
+    assert out.returncode == 0, out.stderr
+    assert sha256_tree(work / "out") == sha256_tree(work / "models" / "base")
+    assert not (elsewhere / "out").exists() and list(elsewhere.iterdir()) == []
+
+
+def test_dash_c_in_process_gives_the_caller_its_folder_back(work: Path) -> None:
+    before = os.getcwd()
+    code, out, err = run_cli("-C", str(work), "ls", "--json")
+    assert code == 0, err
+    assert os.getcwd() == before
+
+
+def test_dash_c_to_a_missing_folder_is_a_usage_error(tmp_path: Path) -> None:
+    done = run_mgit("-C", str(tmp_path / "nope"), "ls", cwd=tmp_path)
+    assert done.returncode == 2
+    assert f"cannot change to '{tmp_path / 'nope'}': No such file or directory" in done.stderr
+
+
+@pytest.mark.parametrize(("args", "code", "kind", "error"), [
+    (["show", "nope", "--json"], 1, "UnknownRefError", "no model named 'nope'"),
+    (["ls", "--json", "--bogus"], 2, "NoSuchOption", "No such option '--bogus'."),
+    (["graph", "--format", "json", "nope"], 1, "NoMatchError", "no models yet"),
+])  # fmt: skip
+def test_a_json_error_is_a_json_object_on_stdout(work: Path, args: list[str], code: int, kind: str,
+                                                 error: str) -> None:  # fmt: skip
+    done = run_mgit(*args, cwd=work)
+    assert done.returncode == code
+    body = json.loads(done.stdout)
+    assert body["type"] == kind and body["error"] == error and set(body) == {"error", "hint", "type"}
+    assert error in done.stderr  # and still one line for a person watching
+
+
+def test_without_json_an_error_leaves_stdout_empty(work: Path) -> None:
+    done = run_mgit("show", "nope", cwd=work)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == "Error: no model named 'nope'. See: mgit ls\n"
+
+
+def test_json_after_a_double_dash_is_an_argument_not_the_flag(work: Path) -> None:
+    done = run_mgit("show", "--", "--json", cwd=work)
+    assert done.returncode != 0 and done.stdout == ""
+
+
+@pytest.mark.parametrize(("args", "suggestion"), [
+    (["checkot"], "Did you mean 'checkout'?"),
+    (["linage"], "Did you mean 'lineage'?"),
+    (["test", "rn"], "Did you mean 'run'?"),
+    (["remote", "sho"], "Did you mean 'show'?"),
+])  # fmt: skip
+def test_an_unknown_command_suggests_the_closest(work: Path, args: list[str], suggestion: str) -> None:
+    code, _, err = run_cli(*args, cwd=work)
+    assert code == 2
+    assert f"No such command '{args[-1]}'. {suggestion}" in err
+
+
+def test_an_unknown_command_far_from_any_suggests_nothing(work: Path) -> None:
+    code, _, err = run_cli("zzzzzz", cwd=work)
+    assert code == 2 and "No such command 'zzzzzz'." in err and "Did you mean" not in err
