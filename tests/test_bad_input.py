@@ -495,7 +495,11 @@ def test_damaged_checkpoint_gives_one_line_error(seeded: Repo, tmp_path: Path, m
     ckpt.write_bytes(make(tmp_path))
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(ckpt), "--name", "broken"), str(ckpt))
+    done = mgit(seeded, "add", str(ckpt), "--name", "broken")
+    assert_one_line_error(done, str(ckpt))
+    assert "unpickler" not in done[2]  # nothing here is a pickle of objects
+    if not ckpt.read_bytes().startswith((b"PK\x03\x04", b"\x80")):
+        assert "not a PyTorch checkpoint: neither the zip archive torch.save writes nor a pickle" in done[2]
 
     assert repo_state(seeded) == before
 

@@ -49,6 +49,15 @@ def test_every_command_has_help_with_an_example(command: str) -> None:
     assert "--json" in out or command in NO_DATA
 
 
+@pytest.mark.parametrize("command", COMMANDS)
+def test_no_example_in_help_runs_two_lines_together(command: str) -> None:
+    # A continuation written as a single backslash in a docstring joins its two lines (the
+    # second's indentation left in the middle of the first).
+    code, out, _ = run_cli(*command.split(), "--help")
+    assert code == 0
+    assert [line for line in out.splitlines() if line.lstrip().startswith("mgit ") and "     --" in line] == []
+
+
 @pytest.mark.parametrize("group", sorted(n for n in cli.list_commands(click.Context(cli))
                                          if isinstance(cli.get_command(click.Context(cli), n), click.Group)))
 def test_every_group_has_help_with_an_example(group: str) -> None:

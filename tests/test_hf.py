@@ -417,6 +417,9 @@ def test_cli_import_and_export(cache: tuple, tmp_path: Path) -> None:
     assert code == 0 and json.loads(out)["commit"] == C
     code, out, _ = run_cli("export-hf", TUNED, "--cache-dir", str(tmp_path / "hub"), cwd=tmp_path)
     assert code == 0 and "0 new blobs" in out and "local_files_only=True" in out
+    (tmp_path / "sub").mkdir()  # a relative target is said as the folder it is, not REPO/../hub
+    code, out, _ = run_cli("export-hf", TUNED, "--cache-dir", "../hub", cwd=tmp_path / "sub")
+    assert code == 0 and f"in {tmp_path.resolve() / 'hub'}\n" in out and ".." not in out
 
 
 @pytest.mark.parametrize(("args", "message"), [

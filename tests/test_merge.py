@@ -16,7 +16,7 @@ from merge_models import BF16_MODELS, CONFIGS, MODELS, write_model
 from safetensors.numpy import load_file, save_file
 
 from mgit import Repo
-from mgit.errors import InvalidOptionError, UnknownRefError
+from mgit.errors import InputError, InvalidOptionError, UnknownRefError
 from mgit.merging import merge, merge_config
 from mgit.merging.methods import METHODS
 
@@ -161,6 +161,11 @@ def test_task_heads_are_refused_then_taken_from_one_input(family: Repo, tmp_path
         family.add(folder, name=name, parent="base")
     with pytest.raises(Exception, match=r"classifier\.weight: is only in some inputs.*--take"):
         merge(family, ["head2", "head4"], method="task_arithmetic", base="base", name="heads")
+    config = tmp_path / "heads.yml"  # --take is refused beside --config: the hint points to the YAML's take:
+    config.write_text("models: [head2, head4]\nmerge_method: task_arithmetic\nbase_model: base\n")
+    with pytest.raises(InputError, match=r"classifier\.weight: is only in some inputs") as caught:
+        merge_config(family, config, name="heads")
+    assert caught.value.hint == "Say which model it comes from in the config: take: {'classifier.weight': MODEL}"
     with pytest.raises(Exception, match=r"classifier\.weight: has shapes \(2, 32\) and \(4, 32\) in the inputs"):
         merge(family, ["head2", "head4"], method="linear", name="heads")
     code, out, err = run_cli("merge", "head2", "head4", "--method", "task_arithmetic", "--base", "base",

@@ -367,6 +367,20 @@ def test_serve_command_listens_and_enforces_its_token(family: Repo) -> None:
         proc.wait(timeout=20)
 
 
+def test_a_busy_port_is_named_with_the_way_out(family: Repo) -> None:
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        done = subprocess.run([*MGIT, "-C", str(family.root), "serve", "--port", str(port)], capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip() == (f"Error: port {port} of 127.0.0.1 is in use (another mgit serve?): choose another "
+                                   "with --port N, or --port 0 for any free port")  # fmt: skip
+
+
 def test_commands_other_than_serve_do_not_import_the_web_stack(family: Repo) -> None:
     probe = ("import io, json, sys, contextlib\n"
              "from mgit.cli.main import main\n"

@@ -144,6 +144,8 @@ class SharingContract:
         clone = sync.clone(url, tmp_path / "bob")
         bob = Repo(tmp_path / "bob")
         assert clone.models == ["base", "ft"] and bob.refs.all() == alice.refs.all()
+        # An empty repository had nothing already: what came in the packs was received.
+        assert clone.fetch.received.skipped == 0 and clone.fetch.received.objects == len(list(bob.store.ids()))
         for ref in ("base", "ft@1", "ft@2"):
             bob.checkout(ref, tmp_path / "out" / ref)
         assert sha256_tree(tmp_path / "out" / "base") == sha256_tree(folders["base"])

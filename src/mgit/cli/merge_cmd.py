@@ -54,7 +54,7 @@ def merge(ctx: click.Context, refs: tuple[str, ...], method: str | None, config:
     Examples:
       mgit merge ft-sst2 ft-mnli --method task_arithmetic --base bert-base --weight ft-sst2=0.6 \\
           --weight ft-mnli=0.4 --take 'classifier.*=ft-sst2' --name bert-multi
-      mgit merge ft-sst2 ft-mnli --method task_arithmetic --base bert-base \
+      mgit merge ft-sst2 ft-mnli --method task_arithmetic --base bert-base \\
           --rename 'classifier.*=ft-sst2:sst2.' --rename 'classifier.*=ft-mnli:mnli.' --name bert-two-heads
       mgit merge ft-a ft-b --method ties --base base --density 0.5 --name merged
       mgit merge base ft --method slerp --base base --param t=0.3 --name halfway

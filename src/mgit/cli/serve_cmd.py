@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 from collections.abc import Callable
 from functools import partial
@@ -87,7 +88,14 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
     # The socket is bound here, so that the address printed is the one listened on (--port 0).
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise click.ClickException(f"port {port} of {host} is in use (another mgit serve?): choose another with "
+                                       "--port N, or --port 0 for any free port") from None
+        raise click.ClickException(f"cannot listen on {host} port {port}: {exc.strerror or exc}") from None
     sock.listen(2048)  # connections wait from now on, before the app has started
     shown = f"[{host}]" if ":" in host else host
     address = f"http://{shown}:{sock.getsockname()[1]}/"

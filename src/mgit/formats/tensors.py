@@ -113,6 +113,8 @@ def _torch() -> Any:
     return torch
 
 
+# torch.save's zip archive, or a pickle (protocol 2-5: torch's legacy format and a bare pickle)
+CHECKPOINT_MAGIC = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 
@@ -125,6 +127,14 @@ def _first_line(exc: BaseException) -> str:
 def load_torch_checkpoint(path: Path) -> list[RawTensor]:
     """Load a PyTorch checkpoint with `weights_only=True`; anything else is refused."""
     torch = _torch()
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read file ({exc.strerror or exc})") from None
+    if not magic.startswith(CHECKPOINT_MAGIC):
+        raise InputError(str(path), "not a PyTorch checkpoint: neither the zip archive torch.save writes nor a pickle",
+                         hint="Add the folder that holds it: a folder keeps it byte for byte as a file")  # fmt: skip
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns about old pickle protocols on stderr

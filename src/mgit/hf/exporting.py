@@ -86,7 +86,7 @@ def export_to_cache(repo: Repo, ref: str, *, cache_dir: str | os.PathLike[str] |
         raise InvalidOptionError(f"{repo_id!r} cannot be a Hugging Face repository id: {exc}",
                                  hint="Give one with --repo-id ORG/NAME") from None  # fmt: skip
     commit = commit_for(history, repo_id)
-    root = (Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()).absolute()
+    root = (Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()).resolve()
     storage = root / hub.file_download.repo_folder_name(repo_id=repo_id, repo_type="model")
     for folder in ("blobs", "snapshots", "refs"):
         (storage / folder).mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mgit.errors import InvalidOptionError
+from mgit.errors import InputError, InvalidOptionError
 from mgit.merging.methods import METHODS
 from mgit.merging.spec import (
     OUT_DTYPES,
@@ -107,7 +107,14 @@ def merge_config(repo: Repo, config: str | Path, *, name: str, message: str = ""
                            parameters=global_params, dtype=cfg.dtype, seed=seed,
                            take=[(glob, position(ref, "take")) for glob, ref in cfg.take],
                            rename=[(g, position(ref, "rename"), x) for g, ref, x in cfg.rename])  # fmt: skip
-    return _run(repo, spec, vids, name=name, message=message, progress=progress)
+    try:
+        return _run(repo, spec, vids, name=name, message=message, progress=progress)
+    except InputError as exc:
+        from mgit.merging.recipe import take_hint
+
+        if exc.hint == take_hint(exc.path):  # --take is refused beside --config: point to the YAML
+            exc.hint = take_hint(exc.path, config=True)
+        raise
 
 
 def _input_index(repo: Repo, refs: list[str], vids: list[str]) -> Any:

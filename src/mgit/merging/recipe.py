@@ -139,6 +139,14 @@ class StoreInput:
 Input = FolderInput | StoreInput
 
 
+
+def take_hint(tensor: str, *, config: bool = False) -> str:
+    """How to say which input a tensor found in only some inputs comes from: a --take option,
+    or a `take:` entry of a mergekit config (where --take is refused)."""
+    if config:
+        return f"Say which model it comes from in the config: take: {{'{tensor}': MODEL}}"
+    return f"Say which input it comes from: --take '{tensor}=REF'"
+
 def merge(parents: list[Path], out_dir: Path, **params: Any) -> None:
     """Merge the model folders `parents` into `out_dir` as `params` (a MergeSpec) says."""
     merge_inputs([FolderInput(Path(p)) for p in parents], Path(out_dir), MergeSpec.from_params(params))
@@ -276,12 +284,12 @@ def plan_file(spec: MergeSpec, rel: str, inputs: list[Input], positions: dict[st
             continue
         missing = [i for i, t in enumerate(found) if t is None]
         if missing:
-            raise InputError(name, "is only in some inputs", hint=f"Say which input it comes from: --take '{name}=REF'")
+            raise InputError(name, "is only in some inputs", hint=take_hint(name))
         shapes = {t.shape for t in found if t is not None}
         if len(shapes) > 1:
             raise InputError(name, f"has shapes {' and '.join(map(str, sorted(shapes)))} in the inputs: "
                                    "different architectures or task heads",
-                             hint=f"Say which input it comes from: --take '{name}=REF'")  # fmt: skip
+                             hint=take_hint(name))  # fmt: skip
         plan.append((name, "merge", None, found))
     for glob, position, prefix in spec.rename:  # kept apart, under a name of their own (both task heads)
         for t in listed[position][0]:
@@ -295,7 +303,7 @@ def plan_file(spec: MergeSpec, rel: str, inputs: list[Input], positions: dict[st
         raise InputError(clash, "would be written twice", hint="Give each --rename its own prefix")
     extra = [n for table in tables for n in table if n not in known]
     if extra:
-        raise InputError(extra[0], "is only in some inputs", hint=f"Say which input it comes from: --take '{extra[0]}=REF'")
+        raise InputError(extra[0], "is only in some inputs", hint=take_hint(extra[0]))
     header_tensors = []
     for name, action, taken, found in plan:
         src = found[taken if action == "take" else order]
@@ -352,7 +360,7 @@ def _merged(spec: MergeSpec, name: str, raws: list[np.ndarray], found: list[Tens
     if not all(is_float(t.dtype) for t in found):  # integers, bools: the same in every input, or refused
         if any(not np.array_equal(r, raws[0]) for r in raws[1:]):
             raise InputError(name, "is not a float tensor and differs between the inputs",
-                             hint=f"Say which input it comes from: --take '{name}=REF'")  # fmt: skip
+                             hint=take_hint(name))  # fmt: skip
         return raws[spec.base if spec.base is not None else 0]
     count = element_count(found[0].shape)
     inputs, params = spec.resolve(name, position)

@@ -146,7 +146,8 @@ def receive(remote: RemoteObjects, incoming: Incoming, wanted: Mapping[str, int]
     store, overlay = incoming.store, incoming.overlay
     stats = TransferStats()
     pending = {o: n for o, n in wanted.items() if not overlay.has(o)}
-    stats.skipped = len(wanted) - len(pending)
+    # Already there: in the repository. What arrived in this fetch's packs was counted as received.
+    stats.skipped = sum(1 for o in wanted if o not in pending and not incoming.quarantine.has(o))
     seen = set(wanted)
     for _round in range(MAX_DEPTH_LIMIT + 2):
         if not pending:
