@@ -104,6 +104,11 @@ class CorruptObjectError(MgitError):
         self.why = why
         self.used_by = used_by or []
 
+    def name_users(self, users: list[str]) -> None:
+        """Say which versions use the object at fault."""
+        self.used_by = users
+        self.message += f" (used by {', '.join(users)})"
+
 
 class MissingObjectError(MgitError):
     def __init__(self, oid: str, *, used_by: list[str] | None = None) -> None:
@@ -114,6 +119,11 @@ class MissingObjectError(MgitError):
         )
         self.oid = oid
         self.used_by = used_by or []
+
+    def name_users(self, users: list[str]) -> None:
+        """Say which versions use the object at fault."""
+        self.used_by = users
+        self.message += f" (used by {', '.join(users)})"
 
 
 class LockTimeoutError(MgitError):
@@ -329,6 +339,27 @@ class ReceivedMissingError(ReceivedError, MissingObjectError):
         ReceivedError.__init__(self, f"object {oid[:16]} is missing from {where}{users}", where=where)
         self.oid = oid
         self.used_by = used_by or []
+
+
+class NotFetchedError(RemoteError, MissingObjectError):
+    """An object a lazy clone has not fetched yet, while its remote cannot be reached: nothing
+    here is damaged."""
+
+    def __init__(self, oid: str, *, where: str, why: str, used_by: list[str] | None = None) -> None:
+        users = f" (used by {', '.join(used_by)})" if used_by else ""
+        RemoteError.__init__(self, f"object {oid[:16]}{users} is not fetched yet, and the remote {where} cannot be "
+                                   f"reached: {why}",
+                             hint="Nothing here is damaged: reconnect (or fix the remote's URL: mgit remote ls) and "
+                                  "retry; mgit fetch --objects REF brings a model's objects for work offline")  # fmt: skip
+        self.oid = oid
+        self.where = where
+        self.used_by = used_by or []
+        self.why = why
+
+    def name_users(self, users: list[str]) -> None:
+        self.used_by = users
+        self.message = (f"object {self.oid[:16]} (used by {', '.join(users)}) is not fetched yet, and the remote "
+                        f"{self.where} cannot be reached: {self.why}")
 
 
 class MissingKeyError(RemoteError):

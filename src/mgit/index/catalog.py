@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mgit.errors import CatalogError, CorruptObjectError, MissingObjectError, ReceivedError
+from mgit.errors import CatalogError, CorruptObjectError, MissingObjectError
 from mgit.reports import ModelUsage, ParentInfo
 from mgit.store.objects import Parent, Version
 from mgit.util.database import Database
@@ -257,11 +257,8 @@ class Catalog(Database):
         except (CorruptObjectError, MissingObjectError) as exc:
             if not exc.used_by:
                 users = self.object_users(exc.oid)
-                if users and isinstance(exc, ReceivedError):
+                if users:
                     exc.name_users(users)
-                elif users:
-                    exc.used_by = users
-                    exc.message += f" (used by {', '.join(users)})"
             raise
 
     def parent_infos(self, parents: Iterable[Parent] | Iterable[tuple[str, str]]) -> list[ParentInfo]:

@@ -17,7 +17,16 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from mgit.errors import MissingObjectError
+from mgit.errors import (
+    MgitError,
+    MissingObjectError,
+    NotFetchedError,
+    ReceivedMissingError,
+    RemoteAuthError,
+    RemoteError,
+    RemoteNotFoundError,
+    RemoteUnavailableError,
+)
 from mgit.store.local import LocalStore
 from mgit.store.objectformat import Expected, ObjectHeader
 from mgit.store.remote import RemoteObjects
@@ -106,7 +115,7 @@ class LazyStore(LocalStore):
                 expected = {o: (expect or {}).get(o) or Expected("its catalog row", max_size=rows[o][0]) for o in mine}
                 limits = {o: (expected[o].most or 0) + SLACK for o in mine}
                 with self.lock():  # gc waits: it removes leftover quarantines
-                    stats = fetch_objects(self.remote, self, limits, jobs=self.jobs, expect=expected)
+                    stats = self._fetch_from_remote(limits, expected)
                 self.on_fetched(list(mine))
         except BaseException as exc:
             self._settle(mine, exc)
@@ -117,6 +126,26 @@ class LazyStore(LocalStore):
         with self._guard:
             self.fetched.add(stats)
         return stats
+
+    def _fetch_from_remote(self, limits: dict[str, int], expected: dict[str, Expected]) -> TransferStats:
+        """fetch_objects, with a remote that cannot be reached said as that (the object is not
+        fetched yet), not as an object missing from the remote or from this repository."""
+        first = next(iter(limits))
+        try:
+            remote = self.remote
+            where = remote.url
+        except (RemoteError, OSError) as exc:
+            raise NotFetchedError(first, where="of this clone", why=_why(exc)) from None
+        try:
+            return fetch_objects(remote, self, limits, jobs=self.jobs, expect=expected)
+        except (RemoteNotFoundError, RemoteUnavailableError, RemoteAuthError, OSError) as exc:
+            raise NotFetchedError(first, where=where, why=_why(exc)) from None
+        except ReceivedMissingError as exc:
+            try:  # missing from a remote that is there, or is the remote itself gone?
+                remote.check()
+            except (RemoteError, OSError) as gone:
+                raise NotFetchedError(exc.oid, where=where, why=_why(gone), used_by=exc.used_by) from None
+            raise
 
     def _settle(self, mine: dict[str, Future[None]], exc: BaseException | None) -> None:
         with self._guard:
@@ -143,3 +172,7 @@ class LazyStore(LocalStore):
                     wanted[oid] = None
                     stack.extend(rows.get(oid, (0, ()))[1])
         return list(wanted)
+
+
+def _why(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, MgitError) else (getattr(exc, "strerror", None) or str(exc))
