@@ -1,7 +1,8 @@
 """What `mgit add` reads: a model folder, a single file, or an in-memory state dict, turned
 into a list of `SourceFile`s, every one parsed and validated before anything is written.
 
-Inside a folder every file is kept byte for byte: `.safetensors` files are split into their
+Inside a folder every file is kept byte for byte (a link as the file it points to, and only
+when that is inside the folder): `.safetensors` files are split into their
 header and tensors, everything else (config, tokenizer, README, even a `.bin` pickle, which
 is stored as bytes and never unpickled) is an opaque file. A single PyTorch checkpoint given
 on its own is loaded with `weights_only=True` and stored as tensors; checkout rebuilds it as
@@ -156,7 +157,7 @@ def scan_path(path: Path) -> ModelSource:
     if not path.exists():
         raise InputError(str(path), "no such file or folder")
     if path.is_dir():
-        return _scan_folder(path)
+        return _scan_folder(path, links_allowed_under(path))
     if path.suffix == ".safetensors":
         return ModelSource([scan_file(path, path.name)])
     if path.suffix in TORCH_SUFFIXES:
@@ -177,7 +178,34 @@ def _unreadable(exc: OSError) -> None:
     raise InputError(str(exc.filename), f"cannot read folder ({exc.strerror or exc})") from None
 
 
-def _scan_folder(root: Path) -> ModelSource:
+def links_allowed_under(root: Path) -> Path:
+    """Where a folder's links may point: inside the folder, or for a Hugging Face cache
+    snapshot (`HUB/models--ORG--NAME/snapshots/REV`, whose files link to `../../blobs/`, which
+    may link on to the cache's shared `HUB/blobs/`) inside the cache."""
+    real = Path(os.path.realpath(root))
+    if real.parent.name == "snapshots" and real.parent.parent.name.startswith("models--"):
+        return real.parent.parent.parent
+    return real
+
+
+def _linked_inside(root: Path, link: Path, allowed: Path) -> str:
+    """Where a link among a model's files points, relative to the folder: a link out of the
+    folder is refused (checkout would write, and a push send, a file that is not the model's:
+    `passwd -> /etc/passwd`)."""
+    target = Path(os.path.realpath(link))
+    try:
+        target.relative_to(allowed)
+    except ValueError:
+        raise InputError(str(link), f"is a link to {target}, outside the model folder: mgit stores no file from "
+                              "outside the folder it adds",
+                         hint="Copy the file into the folder if it belongs to the model, or remove the link") from None
+    try:
+        return target.relative_to(Path(os.path.realpath(root))).as_posix()
+    except ValueError:
+        return str(target)
+
+
+def _scan_folder(root: Path, links_under: Path) -> ModelSource:
     files, notes = [], []
     for dirpath, dirs, names in os.walk(root, onerror=_unreadable):
         here = Path(dirpath)
@@ -192,6 +220,9 @@ def _scan_folder(root: Path) -> ModelSource:
             if not full.is_file():
                 notes.append(f"skipped {rel}: not a regular file")
                 continue
+            if full.is_symlink():
+                target = _linked_inside(root, full, links_under)
+                notes.append(f"{rel} is a link to {target}: stored as the file it points to")
             if full.suffix in TORCH_SUFFIXES:
                 notes.append(f"{rel} kept byte for byte as an opaque file (add it on its own to store its tensors)")
             files.append(scan_file(full, rel))
