@@ -100,10 +100,17 @@ def test_groups_summarise_their_tensors(tmp_path: Path) -> None:
     assert set(groups) == {"blocks.0", "blocks.1"}
     g0, g1 = groups["blocks.0"], groups["blocks.1"]
     assert g0.tensors == 3 and g0.counts == {"changed": 2, "identical": 1} and g1.counts == {"dtype": 1, "identical": 2}
-    changed = ["blocks.0.q", "blocks.0.k"]
+    changed, group = ["blocks.0.q", "blocks.0.k"], ["blocks.0.q", "blocks.0.k", "blocks.0.v"]
     d2 = sum(np.sum((ft[n].astype(np.float64) - base[n]) ** 2) for n in changed)
-    a2 = sum(np.sum(base[n].astype(np.float64) ** 2) for n in changed)
+    a2 = sum(np.sum(base[n].astype(np.float64) ** 2) for n in group)  # every shared value, blocks.0.v's too
     assert g0.rel_change == pytest.approx(np.sqrt(d2 / a2), rel=1e-9)
+    everything = [n for n in base if base[n].shape == ft[n].shape]
+    total_d2 = d2 + np.sum((ft["blocks.1.v"].astype(np.float64) - base["blocks.1.v"]) ** 2)
+    total_a2 = sum(np.sum(base[n].astype(np.float64) ** 2) for n in everything)
+    assert result.summary.rel_change == pytest.approx(np.sqrt(total_d2 / total_a2), rel=1e-9)
+    assert result.summary.compared_values == sum(base[n].size for n in everything)
+    assert g0.changed_values == 2 * 120 and result.summary.changed_values == sum(
+        int(np.count_nonzero(ft[n].astype(np.float64) != base[n])) for n in everything)
     assert g0.max_abs == pytest.approx(max(np.abs(ft[n].astype(np.float64) - base[n]).max() for n in changed))
     assert g0.changed_values == 2 * 120 and g0.max_rank == 10 and g0.params == 360
     stats = {t.name: t.stats for t in result.tensors}
@@ -267,20 +274,19 @@ def test_refs_and_folders_give_the_same_answer(repo: Repo, family) -> None:
         assert other.summary.counts == stored.summary.counts
 
 
-def test_identical_objects_are_never_decoded(repo: Repo, family) -> None:
+def test_identical_objects_are_never_compared_and_read_once_for_their_norm(repo: Repo, family) -> None:
     base_dir, ft_dir, _, _ = family
     repo.add(base_dir, name="base")
     repo.add(ft_dir, name="ft", parent="base")
-    # Damage an identical tensor's object: a diff that decoded it would fail verification.
+    identical = [t.name for t in repo.diff("base", "ft").tensors if t.status == "identical"]
+    assert identical and all(by_name(repo.diff("base", "ft"))[n].stats is None for n in identical)
+    # Damage an identical tensor's object: read for its share of ||A||, it is verified like any read.
     oid = next(t.object for t in repo.manifest("ft").tensors() if t.name == "layer.2.weight")
     path = repo.dir / "objects" / oid[:2] / oid[2:]
     path.chmod(0o644)
     path.write_bytes(path.read_bytes()[:-4] + b"XXXX")
-    for b in ("ft", ft_dir):
-        result = repo.diff("base", b)
-        assert by_name(result)["layer.2.weight"].status == "identical"
-    with pytest.raises(CorruptObjectError):
-        repo.checkout("ft", repo.root / "out")
+    with pytest.raises(CorruptObjectError, match=oid[:16]):
+        repo.diff("base", "ft")
 
 
 def test_a_delta_base_is_decoded_once(repo: Repo, family) -> None:
@@ -291,11 +297,14 @@ def test_a_delta_base_is_decoded_once(repo: Repo, family) -> None:
     deltas = [t.name for t in repo.manifest("ft").tensors() if t.name != "embed.weight"  # its shape changed
               and t.object != base_objects.get(t.name) and base_objects.get(t.name) in repo.store.header(t.object).bases]
     assert len(deltas) >= 2, deltas  # the fine-tune's changed tensors are stored against the base's
-    summary = repo.diff("base", "ft").summary
+    result = repo.diff("base", "ft")
+    summary = result.summary
     compared = 4  # three changed tensors and one dtype change, two objects each
-    assert summary.decoded == 2 * compared  # every object once ...
+    identical = sum(t.status == "identical" for t in result.tensors)  # one object each, for its norm
+    assert summary.decoded == 2 * compared + identical  # every object once ...
     assert summary.reused == len(deltas)  # ... where a delta's base would otherwise be decoded twice
-    assert repo.diff("base", ft_dir).summary.decoded == compared  # the folder side is read, not decoded
+    folder = repo.diff("base", ft_dir).summary  # the folder side is read, not decoded
+    assert folder.decoded == compared + sum(t.status == "identical" for t in repo.diff("base", ft_dir).tensors)
 
 
 def test_corrupt_changed_tensor_is_a_one_line_error(repo: Repo, family) -> None:
@@ -351,8 +360,9 @@ def test_every_status_is_counted_and_named(tmp_path: Path, family) -> None:
         assert re.search(rf"^{re.escape(name)} +{word}  ", out, re.M), (name, word)
     code, out, err = run_cli("diff", str(base_dir), str(ft_dir), "--structural", cwd=tmp_path)
     assert code == 0, err
-    assert "Total: 9 tensors in A, 9 in B: 1 dtype changed, 1 shape changed, 1 only in A, 1 only in B, 6 unchanged\n" in out
-    assert re.search(r"^layer\.2 +2 +1 only in A, 1 unchanged$", out, re.M)
+    assert ("Total: 9 tensors in A, 9 in B: 1 dtype changed, 1 shape changed, 1 only in A, 1 only in B, "
+            "6 same shape and dtype\n") in out  # fmt: skip
+    assert re.search(r"^layer\.2 +2 +1 only in A, 1 same shape and dtype$", out, re.M)
 
 
 # --- files ---------------------------------------------------------------------------------
@@ -456,11 +466,12 @@ def assert_error(result: tuple[int, str, str], *fragments: str) -> None:
 def test_bad_input_is_one_line_with_a_hint(repo: Repo, tmp_path: Path) -> None:
     model = make_model(tmp_path / "model", seed=1)
     repo.add(model, name="base")
-    (tmp_path / "notes.txt").write_text("not a model")
-    (tmp_path / "texts").mkdir()
-    (tmp_path / "texts" / "a.txt").write_text("hello")
-    (tmp_path / "pickles").mkdir()
-    (tmp_path / "pickles" / "pytorch_model.bin").write_bytes(b"PK")
+    work = repo.root  # -C is git's: relative paths are found from DIR
+    (work / "notes.txt").write_text("not a model")
+    (work / "texts").mkdir()
+    (work / "texts" / "a.txt").write_text("hello")
+    (work / "pickles").mkdir()
+    (work / "pickles" / "pytorch_model.bin").write_bytes(b"PK")
 
     def diff(*args: str) -> tuple[int, str, str]:
         return run_cli("-C", str(repo.root), "diff", *args, cwd=tmp_path)
@@ -507,3 +518,18 @@ def test_library_errors_are_typed(repo: Repo, tmp_path: Path) -> None:
 def test_help_says_how_a_path_is_told_from_a_ref() -> None:
     code, out, _ = run_cli("diff", "--help")
     assert code == 0 and "exists" in out and "on disk is a path, anything else a ref" in " ".join(out.split())
+
+
+def test_a_cast_is_named_rounding_and_the_total_counts_every_shared_value(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    base = {f"layers.{i}.w": rng.standard_normal((16, 12)).astype(np.float32) for i in range(3)}
+    ft = dict(base)
+    ft["layers.0.w"] = base["layers.0.w"].astype(np.float16)  # a cast: B-A is rounding only
+    code, out, err = run_cli("diff", str(make_model(tmp_path / "a", state=base)),
+                             str(make_model(tmp_path / "b", state=ft)), "--tensors", cwd=tmp_path)  # fmt: skip
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if line.startswith("layers.0.w"))
+    assert row.rstrip().endswith("rounding") and " 0 of " not in row
+    changed = int(np.count_nonzero(ft["layers.0.w"].astype(np.float32) != base["layers.0.w"]))
+    assert f"; {changed:,} of {3 * 16 * 12:,} shared values changed" in out
+    assert "(||B-A|| / ||A|| over all shared values)" in out

@@ -5,8 +5,9 @@ that need not be added: an argument that exists on disk is a path, anything else
 `Path` object is always a path). Tensors are matched by name: only in A, only in B, shape
 changed, dtype changed, identical (same bytes), changed. The work goes only where they differ:
 
-- tensors with the same object id are identical without reading anything; a folder tensor is
-  hashed (blake3, GB/s) and its id compared before the stored tensor is decoded;
+- tensors with the same object id are identical without comparing anything (each is read once,
+  one side only, for its share of ||A||); a folder tensor is hashed (blake3, GB/s) and its id
+  compared before the stored tensor is decoded;
 - a tensor stored as a delta against the other side's tensor (a fine-tune against its parent)
   takes that base from memory instead of decoding it a second time;
 - pairs that differ are compared in parallel on a thread pool, each in chunks
@@ -14,7 +15,9 @@ changed, dtype changed, identical (same bytes), changed. The work goes only wher
 
 A changed tensor (and a dtype change of the same shape, compared by value) gets ||B-A||/||A||,
 max |B-A|, cosine similarity, the fraction of values that differ and, for a matrix, the rank
-of B-A. Tensors are grouped by module prefix (`module_group`), one summary per group; text
+of B-A. A model's (and a group's) figures have one denominator, every value both sides share
+(same name and shape, unchanged tensors included): the values that changed among them, and
+||B-A|| / ||A|| over all of them. Tensors are grouped by module prefix (`module_group`); text
 files (config.json, tokenizer files) are compared as unified diffs.
 """
 from __future__ import annotations
@@ -42,7 +45,7 @@ from mgit.store.cache import UNBOUNDED, DecodedCache
 from mgit.store.objectformat import file_expected
 from mgit.store.objects import Manifest, TensorEntry, object_id, tensor_meta
 from mgit.store.reader import tensor_bytes
-from mgit.tensorstats import TensorStats, tensor_stats
+from mgit.tensorstats import TensorStats, sum_of_squares, tensor_stats
 from mgit.util.parallel import Progress, default_jobs, one_blas_thread
 
 MAX_TEXT_BYTES = 1 << 20  # larger text files are compared by digest only
@@ -73,7 +76,7 @@ class GroupDiff(Report):
     counts: dict[str, int]
     params: int  # of B (of A for tensors only in A)
     changed_values: int
-    rel_change: float | None  # over the tensors whose values were compared
+    rel_change: float | None  # ||B-A|| / ||A|| over the group's shared values
     max_abs: float | None
     min_cosine: float | None
     max_rank: int | None
@@ -105,12 +108,12 @@ class DiffSummary(Report):
     params_a: int
     params_b: int
     counts: dict[str, int]  # tensors by status
-    compared_values: int  # values of the tensors whose values were compared
+    compared_values: int  # every value both sides share (same name and shape), unchanged ones included
     changed_values: int
-    rel_change: float | None  # over the compared tensors
+    rel_change: float | None  # ||B-A|| / ||A|| over every shared value
     max_abs: float | None
     files: dict[str, int]  # files by status
-    decoded: int  # stored objects decoded (identical tensors are never decoded)
+    decoded: int  # stored objects decoded (an identical tensor once, one side, for its norm)
     reused: int  # decodes saved by taking a delta base from the other side, already in memory
 
 
@@ -281,6 +284,19 @@ def _compare(a: TensorRef, b: TensorRef, reuse: DecodedCache | None) -> tuple[st
     return status, stats, cache.misses - misses, cache.hits - hits
 
 
+def _unchanged(t: TensorRef, reuse: DecodedCache | None) -> tuple[float, int, int]:
+    """(sum of squares, objects decoded, decodes saved) of a tensor both sides hold unchanged:
+    its share of the model's ||A||, so that a relative change is over every shared value."""
+    cache = reuse if reuse is not None else DecodedCache(UNBOUNDED, keep_all=True)
+    hits, misses = cache.hits, cache.misses
+    if t.data is not None:
+        raw = t.data
+    else:
+        assert t.store is not None and t.entry is not None
+        raw = tensor_bytes(t.store, t.entry, reuse=cache)
+    return sum_of_squares(t.dtype, t.shape, raw), cache.misses - misses, cache.hits - hits
+
+
 def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: int | None = None,
                 progress: Callable[[int, int], Progress] | None = None,
                 reuse: DecodedCache | None = None) -> DiffResult:  # fmt: skip
@@ -305,21 +321,34 @@ def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: i
         else:
             work.append(name)
     stats: dict[str, TensorStats] = {}
+    unchanged: dict[str, float] = {}  # sum of squares of each tensor both sides hold unchanged
     decoded = reused = 0
-    if work:
+    same = [k for k in names if status.get(k) == "identical"]
+    counted = set(same)  # in the progress total; those found identical by hashing were counted as pairs
+    if work or same:
         work.sort(key=lambda k: a.tensors[k].nbytes + b.tensors[k].nbytes, reverse=True)
-        tick = progress(sum(a.tensors[k].nbytes + b.tensors[k].nbytes for k in work), 0) if progress else None
+        total = sum(a.tensors[k].nbytes + b.tensors[k].nbytes for k in work) + sum(a.tensors[k].nbytes for k in same)
+        tick = progress(total, 0) if progress else None
         with one_blas_thread(), ThreadPoolExecutor(max_workers=jobs or default_jobs(), thread_name_prefix="mgit-diff") as pool:
-            futures = {pool.submit(_compare, a.tensors[k], b.tensors[k], reuse): k for k in work}
             try:
+                futures = {pool.submit(_compare, a.tensors[k], b.tensors[k], reuse): k for k in work}
                 for future in as_completed(futures):
                     k = futures[future]
                     status[k], found, dec, reu = future.result()
                     decoded, reused = decoded + dec, reused + reu
                     if found is not None:
                         stats[k] = found
+                    else:
+                        same.append(k)  # the same bytes, found by hashing a file's tensor
                     if tick:
                         tick(a.tensors[k].nbytes + b.tensors[k].nbytes)
+                norms = {pool.submit(_unchanged, a.tensors[k], reuse): k for k in same}
+                for future in as_completed(norms):
+                    k = norms[future]
+                    unchanged[k], dec, reu = future.result()
+                    decoded, reused = decoded + dec, reused + reu
+                    if tick and k in counted:
+                        tick(a.tensors[k].nbytes)
             except BaseException:  # a corrupt object or ^C: do not compare the rest first
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise
@@ -335,10 +364,10 @@ def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: i
         tensors_a=len(a.tensors), tensors_b=len(b.tensors),
         params_a=sum(element_count(t.shape) for t in a.tensors.values()),
         params_b=sum(element_count(t.shape) for t in b.tensors.values()),
-        counts=_counts(t.status for t in tensors), **_change(list(stats.values())),
+        counts=_counts(t.status for t in tensors), **_change(list(stats.values()), _shares(tensors, unchanged)),
         files=_counts(f.status for f in files), decoded=decoded, reused=reused,
     )  # fmt: skip
-    return DiffResult(a.side, b.side, structural, summary, _groups(tensors), tensors, files, layers,
+    return DiffResult(a.side, b.side, structural, summary, _groups(tensors, unchanged), tensors, files, layers,
                       [*a.notes, *b.notes])  # fmt: skip
 
 
@@ -353,23 +382,31 @@ def _counts(statuses: Iterable[str]) -> dict[str, int]:
     return {s: found[s] for s in STATUSES if found[s]}
 
 
-def _change(stats: list[TensorStats]) -> dict[str, Any]:
-    """Change over several tensors: relative change of their concatenation, largest |B-A|."""
-    sa = sum((s.norm_a or 0.0) ** 2 for s in stats)
+def _shares(tensors: list[TensorDiff], unchanged: dict[str, float]) -> list[tuple[int, float]]:
+    """(values, sum of squares) of each tensor among `tensors` that both sides hold unchanged."""
+    return [(element_count(tuple(t.shape_a or ())), unchanged[t.name]) for t in tensors if t.name in unchanged]
+
+
+def _change(stats: list[TensorStats], same: list[tuple[int, float]]) -> dict[str, Any]:
+    """Change over several tensors, every value both sides share in the denominator (the
+    compared tensors' and the unchanged ones', `same`): the relative change of their
+    concatenation, the values that changed among them, the largest |B-A|."""
+    sa = sum((s.norm_a or 0.0) ** 2 for s in stats) + sum(ss for _, ss in same)
     sd = sum((s.norm_diff or 0.0) ** 2 for s in stats)
-    return {"compared_values": sum(s.values for s in stats), "changed_values": sum(s.changed for s in stats),
-            "rel_change": math.sqrt(sd / sa) if stats and sa > 0 else None,
-            "max_abs": max((s.max_abs for s in stats if s.max_abs is not None), default=None)}  # fmt: skip
+    return {"compared_values": sum(s.values for s in stats) + sum(n for n, _ in same),
+            "changed_values": sum(s.changed for s in stats),
+            "rel_change": math.sqrt(sd / sa) if (stats or same) and sa > 0 else None,
+            "max_abs": max((s.max_abs for s in stats if s.max_abs is not None), default=0.0 if same else None)}  # fmt: skip
 
 
-def _groups(tensors: list[TensorDiff]) -> list[GroupDiff]:
+def _groups(tensors: list[TensorDiff], unchanged: dict[str, float]) -> list[GroupDiff]:
     members: dict[str, list[TensorDiff]] = {}
     for t in tensors:
         members.setdefault(t.group, []).append(t)
     out = []
     for name, group in members.items():
         stats = [t.stats for t in group if t.stats is not None]
-        change = _change(stats)
+        change = _change(stats, _shares(group, unchanged))
         ranked = [s for s in stats if s.rank is not None]
         top = max(ranked, key=lambda s: (s.rank, s.rank_capped), default=None)
         params = sum(element_count(tuple(t.shape_b if t.shape_b is not None else t.shape_a or ())) for t in group)

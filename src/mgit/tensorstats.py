@@ -73,6 +73,17 @@ def _dots(x: np.ndarray, y: np.ndarray, d: np.ndarray) -> np.ndarray:
     return np.array([np.einsum("i,i", x, x), np.einsum("i,i", y, y), np.einsum("i,i", x, y), np.einsum("i,i", d, d)])
 
 
+def sum_of_squares(dtype: str, shape: tuple[int, ...], raw: np.ndarray) -> float:
+    """Sum of the squares of a tensor's finite values (what an unchanged tensor adds to the
+    denominator of a model's relative change)."""
+    n, total = element_count(shape), 0.0
+    for lo in range(0, n, CHUNK):
+        x = _values(raw, dtype, lo, min(n, lo + CHUNK))
+        part = float(np.einsum("i,i", x, x))
+        total += part if math.isfinite(part) else float(np.einsum("i,i", x[np.isfinite(x)], x[np.isfinite(x)]))
+    return total
+
+
 def tensor_stats(dtypes: tuple[str, str], shape: tuple[int, ...], raw_a: np.ndarray, raw_b: np.ndarray) -> TensorStats:
     """The statistics of B against A, two tensors of one shape given as raw little-endian
     bytes of their dtypes (which may differ), in chunks of float64."""

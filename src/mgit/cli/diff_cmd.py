@@ -13,7 +13,7 @@ from mgit.diff import DiffResult, FileDiff, GroupDiff, TensorStats, diff_paths
 from mgit.errors import RepoNotFoundError
 
 WORDS = {"changed": "changed", "dtype": "dtype changed", "shape": "shape changed", "only_a": "only in A",
-         "only_b": "only in B", "identical": "identical", "same": "unchanged"}  # fmt: skip
+         "only_b": "only in B", "identical": "identical", "same": "same shape and dtype"}  # fmt: skip
 LISTED = 20  # structural differences shown without --tensors
 
 
@@ -37,7 +37,10 @@ def diff(ctx: click.Context, a: str, b: str, structural: bool, every_tensor: boo
 
     Per layer: tensors only in A or B, shape or dtype changed, identical, changed, and for
     changed ones ||B-A||/||A||, max |B-A|, cosine similarity, the fraction of values that
-    changed and, for matrices, the rank of B-A (a merged LoRA shows a low rank).
+    changed and, for matrices, the rank of B-A above what rounding to the dtype makes (a
+    merged LoRA shows a low rank; "rounding" for a cast). The totals and each layer's row
+    count every value both sides share, unchanged tensors included. --structural compares
+    names, shapes and dtypes only: "same shape and dtype" says nothing of the values.
 
     \b
     Examples:
@@ -77,9 +80,9 @@ def print_result(r: DiffResult, *, every_tensor: bool) -> None:
     s = r.summary
     line = (f"Total: {plural(s.tensors_a, 'tensor')} in A, {s.tensors_b} in B: {_statuses(s.counts)}")
     if s.compared_values:
-        line += (f"; {s.changed_values:,} of {s.compared_values:,} compared values changed "
-                 f"({100 * s.changed_values / s.compared_values:.1f}%), rel change {_g(s.rel_change)}, "
-                 f"max |B-A| {_g(s.max_abs)}")  # fmt: skip
+        line += (f"; {s.changed_values:,} of {s.compared_values:,} shared values changed "
+                 f"({100 * s.changed_values / s.compared_values:.1f}%), rel change {_g(s.rel_change)} "
+                 f"(||B-A|| / ||A|| over all shared values), max |B-A| {_g(s.max_abs)}")  # fmt: skip
     out.print(line)
     layers = [f"{k}: {n_a} -> {n_b}" for k, (n_a, n_b) in r.layers.items() if n_a != n_b]
     if layers:
@@ -136,6 +139,8 @@ def _shape(shape: list[int] | None) -> str:
 
 
 def _rank(st: TensorStats) -> str:
+    if st.rank == 0 and st.changed:  # B-A is what rounding to the dtype makes: a cast, not a low-rank change
+        return "rounding"
     if st.rank is None:
         return "-"
     if st.rank == st.rank_of and not st.rank_capped:
