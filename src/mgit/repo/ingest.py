@@ -253,7 +253,7 @@ class _SnapshotWriter:
         encoding = store.encode(kind, meta, data, bases=plan.candidates(name) if tensor else (), reuse=bases,
                                 max_depth=plan.max_depth, extra=plan.extra(name) if tensor else ())  # fmt: skip
         queue = None
-        if encoding.blocks and encoding.payload is None:
+        if encoding.deferred:
             queue = ChunkQueue()
             queue.start(self.writers,
                         lambda frames: store.put_encoded(oid, kind, meta, data.nbytes, encoding, frames))  # fmt: skip
