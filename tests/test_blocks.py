@@ -240,7 +240,7 @@ def test_add_hashes_each_tensor_once_whatever_path_it_takes(tmp_path: Path, smal
     real = mgit.store.objects.object_hasher
 
     def counting(kind: str, meta: dict) -> object:
-        if kind == "tensor" and sys._getframe(1).f_code.co_name in ("put", "_prepare"):  # writers, not readers
+        if kind == "tensor" and sys._getframe(1).f_code.co_name in ("put", "prepare"):  # writers, not readers
             hashed.append(f"{meta['dtype']}{meta['shape']}")
         return real(kind, meta)
 

@@ -19,6 +19,7 @@ from safetensors.numpy import load_file
 from mgit import Repo
 from mgit.codecs import CodecContext, QuantizedDeltaCodec
 from mgit.codecs.quantized_delta import as_float64
+from mgit.errors import InvalidOptionError
 from mgit.repo.gate import compare, lower_is_better
 from mgit.store.lossy import encode_lossy
 from mgit.store.lossy_policy import LossyPolicy
@@ -273,6 +274,17 @@ def test_a_metric_that_must_not_rise(family: tuple[Repo, Path], gate_file: Path)
     repo, tmp = family
     result = repo.add(tmp / "tuned", name="b", parent="base", lossy=1e-3, gate=f"{gate_file}:loss_up", max_drop=0.5)
     assert result.lossy is None and "val_loss rose" in (result.lossless_reason or "")
+
+
+def test_a_gate_without_a_lossy_bound_is_refused_before_anything_is_written(family: tuple[Repo, Path],
+                                                                            gate_file: Path) -> None:  # fmt: skip
+    repo, tmp = family
+    before = sorted(repo.store.ids())
+    with pytest.raises(InvalidOptionError, match="a gate only checks lossy storage"):
+        repo.add(tmp / "tuned", name="d", parent="base", gate=f"{gate_file}:accuracy")
+    code, _, err = run_cli("add", str(tmp / "tuned"), "--name", "d", "--gate", f"{gate_file}:accuracy", cwd=repo.root)
+    assert code == 1 and "a gate only checks lossy storage" in err and "--lossy" in err
+    assert sorted(repo.store.ids()) == before and "d" not in repo.refs.all()
 
 
 @pytest.mark.parametrize("function", ["crash", "hang"])

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from mgit import usercode
 from mgit.errors import InvalidJobError, InvalidOptionError, MgitError, RefConflictError
 from mgit.index.refs import is_model_name
+from mgit.repo.add import AddOptions
 from mgit.repo.repository import Repo
 from mgit.reports import Report
 from mgit.store.objects import OID_RE, RELATIONS
@@ -167,9 +168,11 @@ def run_recipe_in(repo: Repo, job: RecipeJob, *, where: str, cwd: Path | None = 
             if not any(out.iterdir()):
                 return RecipeRun(False, error="the recipe wrote nothing into its output folder", output=run.output,
                                  where=where)  # fmt: skip
-            added = repo.add(out, name=job.model, parent=list(job.parents), relation=job.relation,
-                             message=job.message, recipe=job.recipe, tags=job.tags, model_card=False,
-                             expected_head=job.head, derived=derived_chains(repo, job))  # fmt: skip
+            added = repo.add_with(out, AddOptions(
+                name=job.model, parents=tuple(job.parents), relation=job.relation, message=job.message,
+                recipe=job.recipe, tags=job.tags, model_card=False, expected_head=job.head,
+                derived=derived_chains(repo, job),
+            ))  # fmt: skip
     except RefConflictError:
         return RecipeRun(False, error=f"{job.model} got another version during the cascade; run it again", where=where)
     except (MgitError, OSError) as exc:

@@ -12,7 +12,7 @@ import click
 from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size, table
 from mgit.repo.repository import Repo
 from mgit.reports import ParentInfo, VersionInfo
-from mgit.store.lossy_policy import DEFAULT_GUARD, describe
+from mgit.store.lossy_policy import DEFAULT_GUARD, LossyPolicy, describe
 from mgit.store.objects import RELATIONS
 from mgit.usercode import DEFAULT_TIMEOUT
 
@@ -156,15 +156,21 @@ def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], rela
       mgit add ./bert-int8 --name bert-int8 --parent bert-sst2 --relation quantize \\
           --recipe recipes.py:quantize --param bits=8 --num-gpus 1
     """
+    from mgit.repo.add import AddOptions
+    from mgit.repo.gate import Gate
+
     if recipe is None and (num_cpus is not None or num_gpus is not None):
         raise click.UsageError("--num-cpus and --num-gpus are recorded with a recipe: add --recipe")
     repo = _repo(ctx)
     with progress_bar(f"Adding {name}", enabled=not as_json) as bar:
-        result = repo.add(path, name=name, parent=list(parents) or None, relation=relation, message=message,
-                          tags=_parse_tags(tags), jobs=jobs, progress=bar, lossy=lossy, lossy_rel=lossy_rel, guard=guard, gate=gate,
-                          max_drop=max_drop, gate_timeout=gate_timeout, model_card=model_card, recipe=recipe,
-                          params=_parse_params(params), auto_parent=auto_parent,
-                          resources={"num_cpus": num_cpus, "num_gpus": num_gpus})  # fmt: skip
+        options = AddOptions(
+            name=name, parents=parents, relation=relation, message=message, tags=_parse_tags(tags), jobs=jobs,
+            progress=bar, lossy=LossyPolicy.from_options(lossy, lossy_rel, guard),
+            gate=Gate(gate, max_drop, gate_timeout) if gate is not None else None, model_card=model_card,
+            recipe=recipe, params=_parse_params(params), auto_parent=auto_parent,
+            resources={"num_cpus": num_cpus, "num_gpus": num_gpus},
+        )  # fmt: skip
+        result = repo.add_with(path, options)
     if as_json:
         print_json(result.to_json())
         return

@@ -138,6 +138,7 @@ def _run(repo: Repo, spec: MergeSpec, vids: list[str], *, name: str, message: st
     its store, no checkout, nothing written to a temporary folder but the small files)."""
     from mgit.codecs.buffers import large_buffers
     from mgit.merging.recipe import StoreInput, streamed_source
+    from mgit.repo.add import AddOptions
 
     record = repo.recipe_record(RECIPE, spec.to_params())
     derived = _derived(repo, spec, vids)
@@ -146,9 +147,10 @@ def _run(repo: Repo, spec: MergeSpec, vids: list[str], *, name: str, message: st
             repo.store.fetch({o for v in vids for o in repo.manifest(v).object_ids()})
         inputs = [StoreInput(repo.store, repo.manifest(v), cache) for v in vids]
         with streamed_source(inputs, Path(tmp), spec, exact={n: chain[0] for n, chain in derived.items()}) as source:
-            return repo.add(source, name=name, parent=vids, relation="merge", model_card=False, recipe=record,
-                            message=message or f"{spec.method} merge of {len(vids)} models", progress=progress,
-                            exact=derived)  # fmt: skip
+            return repo.add_with(source, AddOptions(
+                name=name, parents=tuple(vids), relation="merge", model_card=False, recipe=record,
+                message=message or f"{spec.method} merge of {len(vids)} models", progress=progress, exact=derived,
+            ))  # fmt: skip
 
 
 def derived_for_recipe(repo: Repo, job: Any) -> dict[str, list[Any]]:

@@ -13,19 +13,20 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from mgit.codecs import Codec
 from mgit.errors import InputError, InvalidOptionError, MgitError, RefConflictError
 from mgit.formats.folder import ModelSource, scan_path, scan_state_dict
 from mgit.formats.model_card import CARD, read_lineage
 from mgit.index.catalog import Catalog, ObjectRow
-from mgit.index.refs import RefStore, is_model_name
+from mgit.index.refs import RefStore, is_model_name, validate_model_name
 from mgit.lineage.inference import DEFAULT_MIN_CONFIDENCE, suggest
 from mgit.lineage.sketch import Sketch, sketch_added, sketch_source, stored_sketches
 from mgit.repo.checkout import restore_manifest
-from mgit.repo.gate import GateResult, evaluate
+from mgit.repo.gate import Gate, GateResult
 from mgit.repo.ingest import DeltaPlan, SnapshotStats, write_snapshot
 from mgit.reports import AddResult, ParentSuggestion
 from mgit.store.base import ObjectStore
@@ -43,33 +44,82 @@ from mgit.store.objects import (
     utc_now,
 )
 from mgit.util.faults import crash_point
-from mgit.util.parallel import Progress
+from mgit.util.parallel import Progress, default_jobs
 
 MAX_CARD_BYTES = 1 << 20  # a model card larger than this is not read for lineage
 
 
+@dataclass(frozen=True)
+class AddOptions:
+    """What an add is asked for, as `Repo.add`'s keywords say it (its docstring tells each in
+    full): `Repo.add` builds one from them, the command line from its options, merges and
+    recipe runs their own, and `Repo.add_with` takes it. Checked when made."""
+
+    name: str  # the model that gets the version
+    parents: tuple[str, ...] = ()  # lineage parents, as refs; none: those of the version before
+    relation: str | None = None  # how it derives from them (default: the model card's, else finetune)
+    message: str = ""
+    tags: Mapping[str, str] = field(default_factory=dict)  # none: those of the version before
+    author: str | None = None  # default: $MGIT_AUTHOR, else user@host
+    jobs: int | None = None  # threads (default: one per core, at most 8)
+    progress: Callable[[int, int], Progress] | None = None  # (total_bytes, 0) -> a callback for bytes done
+    lossy: LossyPolicy | None = None  # lossy storage's bounds and guard; None: lossless
+    gate: Gate | None = None  # the metric check lossy storage must also pass
+    model_card: bool = True  # without parents: those named by README.md's base_model
+    recipe: str | Mapping[str, Any] | None = None  # how it was made: "module:function", or a record
+    params: Mapping[str, Any] | None = None  # the recipe's parameters
+    resources: Mapping[str, float] | None = None  # what a run of the recipe declares to a cluster
+    auto_parent: bool = False  # without parents: inferred from the weights
+    expected_head: str | None = None  # commit only if the model's latest version is still this one
+    # Set by merges (mgit.merging) and their re-runs, never by users: by tensor name, the codec
+    # chains that predict a tensor from stored ones, tried beside the usual encodings (`derived`),
+    # or that made it, stored as they are (`exact`; see `mgit.repo.ingest.DeltaPlan`).
+    derived: Mapping[str, list[Codec]] = field(default_factory=dict)
+    exact: Mapping[str, list[Codec]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate_model_name(self.name)
+        if self.auto_parent and self.parents:
+            raise InvalidOptionError("auto_parent infers the parent; it cannot be combined with a given parent",
+                                     hint="Drop --parent or --auto-parent")  # fmt: skip
+        if self.gate is not None and self.lossy is None:
+            raise InvalidOptionError("a gate only checks lossy storage", hint="Add --lossy EPS or --lossy-rel R")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The objects of a version, written: its manifest and what was new, and for a lossy add the
+    verdict: the lossy record the version keeps (None: stored losslessly), why lossy storage was
+    refused, and the gate's metrics when it ran."""
+
+    manifest: Manifest
+    stats: SnapshotStats
+    lossy: dict[str, Any] | None = None
+    refusal: str | None = None
+    gate: dict[str, dict[str, float]] | None = None
+
+
 def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
-                source: str | os.PathLike[str] | Mapping[str, Any] | ModelSource, *, name: str, parents: list[str],
-                relation: str | None, message: str, tags: dict[str, str], author: str | None, jobs: int,
-                progress: Callable[[int, int], Progress] | None, policy: LossyPolicy | None,
-                gate: tuple[str | None, float, float], model_card: bool, recipe: dict[str, Any] | None,
-                auto_parent: bool, max_depth: int, expected_head: str | None = None,
-                reuse: DecodedCache | None = None, derived: dict[str, list[Any]] | None = None,
-                exact: dict[str, list[Any]] | None = None) -> AddResult:  # fmt: skip
-    """The body of `Repo.add` (see its docstring), with its options checked and `parents`
-    resolved to version ids, over the repository's store, refs and catalog."""
-    author = author or os.environ.get("MGIT_AUTHOR") or user_at_host()
+                source: str | os.PathLike[str] | Mapping[str, Any] | ModelSource, options: AddOptions, *,
+                parents: list[str], recipe: dict[str, Any] | None, max_depth: int,
+                reuse: DecodedCache | None = None) -> AddResult:  # fmt: skip
+    """The body of `Repo.add` (see its docstring) over the repository's store, refs and catalog:
+    `parents` are the options' parents resolved to version ids, `recipe` the record of its
+    recipe (`Repo.recipe_record`)."""
+    name, message, tags = options.name, options.message, dict(options.tags or {})
+    author = options.author or os.environ.get("MGIT_AUTHOR") or user_at_host()
+    jobs = options.jobs or default_jobs()
     try:  # what every reader of the record will check, refused before anything is written
         check_version_fields(model=name, message=message, author=author, tags=tags, parents=len(parents),
                              recipe=recipe)
     except RecordError as exc:
         raise InvalidOptionError(str(exc), hint="A message may hold newlines and tabs; no field other control "
                                  "characters") from None  # fmt: skip
-    asked_relation = relation
+    asked_relation = relation = options.relation
     recipe_record = recipe
     parent_ids = parents
     card_notes: list[str] = []
-    if not parent_ids and model_card and not isinstance(source, Mapping | ModelSource):
+    if not parent_ids and options.model_card and not isinstance(source, Mapping | ModelSource):
         parent_ids, card_relation, card_notes = _card_parents(refs, Path(source))
         relation = relation or card_relation
     relation = relation or "finetune"
@@ -80,7 +130,7 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
         scan_state_dict(source) if isinstance(source, Mapping) else scan_path(Path(source))  # fmt: skip
     src.notes.extend(card_notes)
     auto, sketch = None, None
-    if auto_parent and not parent_ids:
+    if options.auto_parent and not parent_ids:
         label = str(source) if isinstance(source, str | os.PathLike) else "state dict"
         sketch = sketch_source(src)
         # Versions of `name` itself are history, not lineage.
@@ -88,20 +138,21 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
         parent_ids = list(auto.parents)
         lineage = tuple(Parent(v, asked_relation or auto.relation or relation) for v in auto.parents)
         src.notes.append(f"auto-parent: {'chose ' if auto.parents else 'no parent: '}{auto.verdict}")
-    tick = progress(src.logical_bytes, 0) if progress else None
+    tick = options.progress(src.logical_bytes, 0) if options.progress else None
     with catalog.explained():
-        plan = replace(_delta_plan(store, refs, name, lineage, max_depth), derived=dict(derived or {}),
-                       exact=dict(exact or {}))  # fmt: skip
+        plan = replace(_delta_plan(store, refs, name, lineage, max_depth), derived=dict(options.derived),
+                       exact=dict(options.exact))  # fmt: skip
     crash_point("after-scan")
     with store.lock():
-        manifest, stats, outcome = _snapshot(store, src, source, plan, policy, jobs, tick, gate, reuse)
+        snapshot = _snapshot(store, src, source, plan, options, jobs, tick, reuse)
+        manifest = snapshot.manifest
         crash_point("after-objects")
         mres = store.put_record("manifest", manifest.to_json())
         store.sync()
         with refs.lock(name):
             head = refs.get(name)
-            if expected_head is not None and head != expected_head:
-                raise RefConflictError(name, expected_head, head)
+            if options.expected_head is not None and head != options.expected_head:
+                raise RefConflictError(name, options.expected_head, head)
             prev = store.get_version(head) if head else None
             if prev is not None and not parent_ids:
                 lineage = prev.parents
@@ -111,7 +162,7 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
                 tags = dict(prev.tags)  # and tagged the same way, unless new tags are given
             if (prev is not None and prev.manifest == mres.oid and prev.parents == lineage
                     and prev.recipe == recipe_record and prev.tags == tags):  # fmt: skip
-                return replace(_add_result(catalog, head, prev, stats, created=False, notes=src.notes, lossy=outcome),
+                return replace(_add_result(catalog, head, prev, snapshot, created=False, notes=src.notes),
                                auto_parent=auto)
             version = Version(
                 model=name, manifest=mres.oid, parents=lineage, predecessor=head, message=message,
@@ -119,23 +170,22 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
                 summary={"files": len(manifest.files), "tensors": len(manifest.tensors()),
                          "params": sum(t.params for t in manifest.tensors()),
                          "logical_bytes": manifest.logical_bytes},
-                lossy=outcome.get("record"), recipe=recipe_record,
+                lossy=snapshot.lossy, recipe=recipe_record,
             )  # fmt: skip
             vres = store.put_record("version", version.to_json())
             store.sync()
             crash_point("before-ref")
             refs.set_locked(name, vres.oid, expected=head)
             crash_point("after-ref")
-    stats.record(mres)
-    stats.record(vres)
-    catalog.add_objects(ObjectRow.written(r) for r in stats.new_objects)
+    snapshot.stats.record(mres)
+    snapshot.stats.record(vres)
+    catalog.add_objects(ObjectRow.written(r) for r in snapshot.stats.new_objects)
     catalog.index(store, vres.oid)
     _save_sketch(catalog, vres.oid, manifest, src, sketch if version.lossy is None else None)
     # Only this model's head moved (an add removes no version, so nothing to prune); a
     # full sync would read every ref and walk every version, slow with thousands.
     catalog.set_head(name, lambda: refs.get(name))
-    return replace(_add_result(catalog, vres.oid, version, stats, created=True, notes=src.notes, lossy=outcome),
-                   auto_parent=auto)
+    return replace(_add_result(catalog, vres.oid, version, snapshot, created=True, notes=src.notes), auto_parent=auto)
 
 
 def suggest_parents(store: ObjectStore, catalog: Catalog, sketch: Sketch, label: str, *, limit: int,
@@ -174,31 +224,30 @@ def _card_parents(refs: RefStore, path: Path) -> tuple[list[str], str | None, li
     return [heads[b] for b in known], relation, notes  # type: ignore[misc]
 
 
-def _snapshot(store: ObjectStore, src: ModelSource, source: Any, plan: DeltaPlan, policy: LossyPolicy | None, jobs: int,
-              tick: Progress | None, gate: tuple[str | None, float, float], reuse: DecodedCache | None
-              ) -> tuple[Manifest, SnapshotStats, dict[str, Any]]:  # fmt: skip
+def _snapshot(store: ObjectStore, src: ModelSource, source: Any, plan: DeltaPlan, options: AddOptions, jobs: int,
+              tick: Progress | None, reuse: DecodedCache | None) -> Snapshot:  # fmt: skip
     """Write the objects of a version: lossily if asked and accepted, else losslessly.
     Lossy objects are written first but only become visible if the version is committed;
     when refused they stay unreferenced (gc removes them) and the files are added again."""
+    policy = options.lossy
     if policy is None:
-        return *write_snapshot(store, src, jobs=jobs, progress=tick, plan=plan, reuse=reuse), {}
+        return Snapshot(*write_snapshot(store, src, jobs=jobs, progress=tick, plan=plan, reuse=reuse))
     manifest, stats = write_snapshot(store, src, jobs=jobs, progress=tick, plan=replace(plan, lossy=policy),
                                      reuse=reuse)  # fmt: skip
     record, refusal = verdict(stats.lossy, policy)
-    outcome: dict[str, Any] = {}
-    spec, max_drop, timeout = gate
-    if record is not None and spec is not None:
-        result = _run_gate(store, src, source, manifest, spec, max_drop, timeout, jobs)
-        outcome["gate"] = {"original": result.original, "reconstruction": result.reconstruction}
+    metrics = None
+    if record is not None and options.gate is not None:
+        result = _run_gate(store, src, source, manifest, options.gate, jobs)
+        metrics = {"original": result.original, "reconstruction": result.reconstruction}
         if not result.passed:
             record, refusal = None, f"the gate refused it: {result.reason}"
     if record is None:
         manifest, stats = write_snapshot(store, src, jobs=jobs, plan=plan, reuse=reuse)
-    return manifest, stats, {**outcome, "record": record, "refusal": refusal}
+    return Snapshot(manifest, stats, record, refusal, metrics)
 
 
-def _run_gate(store: ObjectStore, src: ModelSource, source: Any, manifest: Manifest, spec: str, max_drop: float,
-              timeout: float, jobs: int) -> GateResult:  # fmt: skip
+def _run_gate(store: ObjectStore, src: ModelSource, source: Any, manifest: Manifest, gate: Gate,
+              jobs: int) -> GateResult:  # fmt: skip
     """The gate on the source folder and on the reconstruction rebuilt from the new objects
     (a file or a state dict is first written out as it will check out, losslessly)."""
     with tempfile.TemporaryDirectory(prefix="mgit-gate-") as tmp:
@@ -209,7 +258,7 @@ def _run_gate(store: ObjectStore, src: ModelSource, source: Any, manifest: Manif
         else:
             original, scratch = Path(tmp) / "original", MemoryStore()
             restore_manifest(scratch, write_snapshot(scratch, src, jobs=jobs)[0], original, jobs=jobs)
-        return evaluate(spec, original, recon, max_drop=max_drop, timeout=timeout)
+        return gate.evaluate(original, recon)
 
 
 def _delta_plan(store: ObjectStore, refs: RefStore, name: str, parents: tuple[Parent, ...],
@@ -223,9 +272,9 @@ def _delta_plan(store: ObjectStore, refs: RefStore, name: str, parents: tuple[Pa
     return DeltaPlan.from_parents(manifests, max_depth=max_depth)
 
 
-def _add_result(catalog: Catalog, vid: str, version: Version, stats: SnapshotStats, *, created: bool,
-                notes: list[str], lossy: dict[str, Any]) -> AddResult:  # fmt: skip
-    row = catalog.version(vid)
+def _add_result(catalog: Catalog, vid: str, version: Version, snapshot: Snapshot, *, created: bool,
+                notes: list[str]) -> AddResult:  # fmt: skip
+    row, stats = catalog.version(vid), snapshot.stats
     return AddResult(
         model=version.model, version=vid, seq=row.seq if row else 0, created=created,
         files=stats.files, tensors=stats.tensors, tensors_new=stats.tensors_new,
@@ -234,7 +283,7 @@ def _add_result(catalog: Catalog, vid: str, version: Version, stats: SnapshotSta
         # lossless pass then found already there.
         new_bytes=(row.new_bytes if row else sum(r.stored_size for r in stats.new_objects)) if created else 0,
         parents=catalog.parent_infos(version.parents), notes=list(notes), lossy=version.lossy,
-        lossless_reason=lossy.get("refusal"), gate=lossy.get("gate"),
+        lossless_reason=snapshot.refusal, gate=snapshot.gate,
     )  # fmt: skip
 
 

@@ -36,6 +36,20 @@ class GateResult:
     reconstruction: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Gate:
+    """The check a lossy add must pass: the metric function `spec` run on the original and on
+    the reconstruction, each run within `timeout` seconds; no metric may get worse by more
+    than `max_drop`."""
+
+    spec: str
+    max_drop: float = 0.0
+    timeout: float = DEFAULT_TIMEOUT
+
+    def evaluate(self, original: Path, reconstruction: Path) -> GateResult:
+        return evaluate(self.spec, original, reconstruction, max_drop=self.max_drop, timeout=self.timeout)
+
+
 def lower_is_better(metric: str) -> bool:
     return any(word in LOWER_IS_BETTER for word in re.split(r"[^a-z0-9]+", metric.lower()))
 

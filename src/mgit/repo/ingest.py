@@ -12,7 +12,7 @@ workers.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 
 from mgit.codecs import Codec
 from mgit.formats.folder import ModelSource, SourceFile
+from mgit.formats.safetensors import TensorSpan
 from mgit.store.base import ObjectStore, PutResult
 from mgit.store.cache import CHECKOUT_BASES, DecodedCache
 from mgit.store.codec_policy import Encoding, exact_encoding
@@ -97,19 +98,18 @@ def write_snapshot(store: ObjectStore, source: ModelSource, *, jobs: int, progre
     """Store every file of `source`; return its manifest and what was new. `reuse` keeps the
     parent tensors decoded as delta bases (by default for this add alone)."""
     stats = SnapshotStats()
-    entries: list[FileEntry] = []
     cache = reuse if reuse is not None else DecodedCache(CHECKOUT_BASES)
     with one_blas_thread(), ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-add") as pool, \
             ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="mgit-write") as writers:  # fmt: skip
-        for f in source.files:
-            entries.append(_write_file(store, f, (pool, writers), jobs, stats, progress, plan or DeltaPlan(), cache))
+        writer = _SnapshotWriter(store, plan or DeltaPlan(), cache, pool, writers, jobs, stats, progress)
+        entries = [writer.file(f) for f in source.files]
     return Manifest(tuple(entries)), stats
 
 
 WRITERS = 4  # threads writing blocked objects (mostly waiting for the disk)
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class _Prepared:
     """An object over a block, hashed and its encoding chosen. One coded already (a whole
     chain, or blocks coded to be measured) is for a worker to write; one to be coded in blocks
@@ -126,165 +126,253 @@ class _Prepared:
         """Write one coded already (not hashed again: its id is known)."""
         return store.put_encoded(self.oid, self.kind, self.meta, data.nbytes, self.encoding)
 
-
-def _prepare(store: ObjectStore, kind: str, meta: dict[str, Any], data: np.ndarray, plan: DeltaPlan, name: str,
-             reuse: DecodedCache, writers: ThreadPoolExecutor) -> _Prepared | PutResult:  # fmt: skip
-    """For an object over a block, in file order: the stored object if it exists, else its
-    id and encoding; one to be coded in blocks gets its writer started."""
-    hasher = object_hasher(kind, meta)
-    hasher.update(data)
-    oid = hasher.hexdigest()
-    found = store.existing(oid, kind, data.nbytes)
-    if found is not None:
-        return found
-    bases = BaseReader(store, reuse)
-    tensor = kind == "tensor"
-    exact = exact_encoding(kind, meta, data.nbytes, plan.exact[name], max_depth=plan.max_depth,
-                           header=store.header) if tensor and name in plan.exact else None  # fmt: skip
-    if exact is not None:
-        return _Prepared(oid, kind, meta, exact, bases)
-    encoding = store.encode(kind, meta, data, bases=plan.candidates(name) if tensor else (), max_depth=plan.max_depth,
-                            reuse=bases, extra=plan.extra(name) if tensor else ())  # fmt: skip
-    job = _Prepared(oid, kind, meta, encoding, bases)
-    if encoding.blocks and encoding.payload is None:
-        job.queue = ChunkQueue()
-        job.queue.start(writers, lambda frames: store.put_encoded(oid, kind, meta, data.nbytes, encoding, frames))
-    return job
+    def block_count(self, data: np.ndarray) -> int:
+        return -(-data.nbytes // self.encoding.blocks)
 
 
-def _put_large_blob(store: ObjectStore, data: np.ndarray, pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor],
-                    jobs: int, reuse: DecodedCache) -> PutResult:  # fmt: skip
-    """A file that is not safetensors, over a block: its blocks coded by the pool."""
-    pool, writers = pools
-    found = _prepare(store, "blob", {}, data, DeltaPlan(), "", reuse, writers)
-    if isinstance(found, PutResult):
-        return found
-    if found.queue is None:
-        return found.write(store, data)
-    queue, count = found.queue, -(-data.nbytes // found.encoding.blocks)
-    try:
-        for frame in ordered_map(pool, lambda k: store.encode_block(found.encoding, data, k, found.bases),
-                                 ((k,) for k in range(count)), jobs=jobs, size=lambda _: found.encoding.blocks):  # fmt: skip
-            queue.put(frame)
-        queue.close()
-    except BaseException as exc:
-        queue.fail(exc)
-        raise
-    assert queue.writer is not None
-    return queue.writer.result()
+# What the pool is given for a safetensors file, in file order: a whole tensor, or each block of
+# one coded in blocks; and what it gives back for each.
 
 
-def _write_file(store: ObjectStore, f: SourceFile, pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor], jobs: int,
-                stats: SnapshotStats, progress: Progress | None, plan: DeltaPlan, reuse: DecodedCache) -> FileEntry:  # fmt: skip
-    pool, writers = pools
-    stats.files += 1
-    if not f.is_safetensors:
+@dataclass(frozen=True)
+class _WholeTensor:
+    """A tensor to store whole. `found` is what `_SnapshotWriter.prepare` found for one over a
+    block: stored already, or hashed and coded (to write); None: to encode and put."""
+
+    span: TensorSpan
+    data: np.ndarray
+    found: PutResult | _Prepared | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+
+@dataclass(frozen=True)
+class _TensorBlock:
+    """Block `k` of `count` of a tensor whose writer takes its blocks in order from `queue`."""
+
+    span: TensorSpan
+    data: np.ndarray
+    job: _Prepared
+    queue: ChunkQueue  # (the job's)
+    k: int
+    count: int
+
+    @property
+    def nbytes(self) -> int:
+        return min(self.data.nbytes, self.job.encoding.blocks)
+
+    @property
+    def last(self) -> bool:
+        return self.k == self.count - 1
+
+
+@dataclass(frozen=True)
+class _StoredTensor:
+    """A whole tensor written (or found): `data` is what the file digest covers (in a lossy add,
+    the reconstruction), `lossy` its lossy outcome."""
+
+    span: TensorSpan
+    data: np.ndarray
+    lossy: LossyTensor | None
+    result: PutResult
+
+
+@dataclass(frozen=True)
+class _CodedBlock:
+    """A block coded by the pool, for its writer."""
+
+    block: _TensorBlock
+    frame: bytes
+
+
+@dataclass
+class _SnapshotWriter:
+    """What every file of one snapshot is written with, and the steps that write one."""
+
+    store: ObjectStore
+    plan: DeltaPlan
+    reuse: DecodedCache
+    pool: ThreadPoolExecutor  # codes tensors and blocks
+    writers: ThreadPoolExecutor  # writes blocked objects as their blocks come
+    jobs: int
+    stats: SnapshotStats
+    progress: Progress | None
+
+    def file(self, f: SourceFile) -> FileEntry:
+        self.stats.files += 1
+        return self.safetensors_file(f) if f.is_safetensors else self.opaque_file(f)
+
+    def opaque_file(self, f: SourceFile) -> FileEntry:
+        """Any file but safetensors, as one blob (its blocks coded by the pool when it is over one)."""
         data = f.blob_data()
-        digest = pool.submit(_digest, [data])
-        result = _put_large_blob(store, data, pools, jobs, reuse) if data.nbytes > store.block_bytes else store.put_blob(data)
-        stats.record(result)
-        if progress:
-            progress(f.size)
+        digest = self.pool.submit(_digest, [data])
+        result = self.large_blob(data) if data.nbytes > self.store.block_bytes else self.store.put_blob(data)
+        self.stats.record(result)
+        if self.progress:
+            self.progress(f.size)
         return FileEntry(f.path, "blob", f.size, digest.result(), result.oid)
 
-    assert f.layout is not None
-    header = store.put_blob(f.layout.header)
-    stats.record(header)
-    if progress:
-        progress(len(f.layout.header))  # (so that the bar ends at the files' size)
-    # The file digest is taken in file order as tensors come back, so that each tensor's pages
-    # can be released right after: resident memory stays a few tensors, not the file.
-    digest = blake3.blake3()
-    digest.update(f.layout.header)
+    def large_blob(self, data: np.ndarray) -> PutResult:
+        """A file's bytes over a block: when coded in blocks, the pool codes them in order for its writer."""
+        found = self.prepare("blob", {}, data, "")
+        if isinstance(found, PutResult):
+            return found
+        if found.queue is None:
+            return found.write(self.store, data)
+        queue = found.queue
+        try:
+            for frame in ordered_map(self.pool, lambda k: self.store.encode_block(found.encoding, data, k, found.bases),
+                                     ((k,) for k in range(found.block_count(data))), jobs=self.jobs,
+                                     size=lambda _: found.encoding.blocks):  # fmt: skip
+                queue.put(frame)
+            queue.close()
+        except BaseException as exc:
+            queue.fail(exc)
+            raise
+        assert queue.writer is not None
+        return queue.writer.result()
 
-    def put(span: Any, data: np.ndarray) -> tuple[Any, np.ndarray, LossyTensor | None, PutResult]:
-        bases = plan.candidates(span.name)
-        lossy, encoding = None, None
-        if plan.lossy is not None:
-            lossy = encode_lossy(store, span.dtype, span.shape, data, bases, plan.lossy, plan.max_depth, reuse)
-        if lossy is not None and lossy.chain is not None:
-            # Lossy storage is only worth its error where it stores less than the exact tensor
-            # (a pruning patch, say, beats any quantization step). Both are encoded once; the
-            # smaller is written as it is.
-            meta = tensor_meta(span.dtype, span.shape)
-            exact = store.encode("tensor", meta, data, bases=bases, max_depth=plan.max_depth, reuse=reuse, blocks=False)
-            approx = store.encode("tensor", meta, lossy.data, bases=bases, max_depth=plan.max_depth,
-                                  extra=[lossy.chain], reuse=reuse, blocks=False)  # fmt: skip
-            if len(exact.payload) <= len(approx.payload):
-                lossy, encoding = LossyTensor(data, None, 0.0, lossy.changed_params), exact
-            else:
-                data, encoding = lossy.data, approx  # the version stores, and its digest covers, the reconstruction
-        if encoding is None and span.name in plan.exact:
-            encoding = exact_encoding("tensor", tensor_meta(span.dtype, span.shape), data.nbytes,
-                                      plan.exact[span.name], max_depth=plan.max_depth, header=store.header)  # fmt: skip
-        if encoding is None and plan.extra(span.name):
-            encoding = store.encode("tensor", tensor_meta(span.dtype, span.shape), data, bases=bases,
-                                    max_depth=plan.max_depth, reuse=reuse, extra=plan.extra(span.name))  # fmt: skip
-        return span, data, lossy, store.put_tensor(span.dtype, span.shape, data, bases=bases, max_depth=plan.max_depth,
-                                                   encoding=encoding, reuse=reuse)  # fmt: skip
+    def prepare(self, kind: str, meta: dict[str, Any], data: np.ndarray, name: str) -> _Prepared | PutResult:
+        """For an object over a block, in file order: the stored object if it exists, else its
+        id and encoding; one to be coded in blocks gets its writer started."""
+        store, plan = self.store, self.plan
+        hasher = object_hasher(kind, meta)
+        hasher.update(data)
+        oid = hasher.hexdigest()
+        found = store.existing(oid, kind, data.nbytes)
+        if found is not None:
+            return found
+        bases = BaseReader(store, self.reuse)
+        tensor = kind == "tensor"
+        exact = exact_encoding(kind, meta, data.nbytes, plan.exact[name], max_depth=plan.max_depth,
+                               header=store.header) if tensor and name in plan.exact else None  # fmt: skip
+        if exact is not None:
+            return _Prepared(oid, kind, meta, exact, bases)
+        encoding = store.encode(kind, meta, data, bases=plan.candidates(name) if tensor else (), reuse=bases,
+                                max_depth=plan.max_depth, extra=plan.extra(name) if tensor else ())  # fmt: skip
+        queue = None
+        if encoding.deferred:
+            queue = ChunkQueue()
+            queue.start(self.writers,
+                        lambda frames: store.put_encoded(oid, kind, meta, data.nbytes, encoding, frames))  # fmt: skip
+        return _Prepared(oid, kind, meta, encoding, bases, queue)
 
-    started: list[_Prepared] = []
+    def safetensors_file(self, f: SourceFile) -> FileEntry:
+        """Its header as a blob, then its tensors through the pool in file order. The file digest
+        is taken in that order as tensors come back, so that each tensor's pages can be released
+        right after: resident memory stays a few tensors, not the file."""
+        assert f.layout is not None
+        header = self.store.put_blob(f.layout.header)
+        self.stats.record(header)
+        if self.progress:
+            self.progress(len(f.layout.header))  # (so that the bar ends at the files' size)
+        digest = blake3.blake3()
+        digest.update(f.layout.header)
+        started: list[ChunkQueue] = []  # of blocked tensors whose writers wait for blocks
+        written: list[Future[PutResult]] = []  # their writers, all blocks given
+        entries = []
+        try:
+            for done in ordered_map(self.pool, self.run, ((item,) for item in self.tensor_work(f, started)),
+                                    jobs=self.jobs, size=lambda item: item[0].nbytes):  # fmt: skip
+                if isinstance(done, _CodedBlock):
+                    if done.block.k == 0:
+                        digest.update(done.block.data)
+                    if not self.hand_over(done, started, written):
+                        continue
+                    span, lossy, oid = done.block.span, None, done.block.job.oid
+                else:
+                    digest.update(done.data)
+                    self.stats.tensors_new += done.result.new
+                    self.stats.record(done.result)
+                    span, lossy, oid = done.span, done.lossy, done.result.oid
+                f.release(span)
+                self.stats.lossy.record(lossy)
+                entries.append(TensorEntry(span.name, span.dtype, span.shape, oid))
+                self.stats.tensors += 1
+                if self.progress:
+                    self.progress(span.nbytes)
+            for writer in written:  # the blocked objects, written and synced
+                result = writer.result()
+                self.stats.tensors_new += result.new
+                self.stats.record(result)
+        except BaseException as exc:
+            for queue in started:  # writers still waiting for blocks stop, dropping their files
+                queue.fail(exc)
+            raise
+        return FileEntry(f.path, "safetensors", f.size, digest.hexdigest(), header.oid, tuple(entries),
+                         f.converted_from)  # fmt: skip
 
-    def work() -> Iterator[tuple[Any, ...]]:
+    @staticmethod
+    def hand_over(done: _CodedBlock, started: list[ChunkQueue], written: list[Future[PutResult]]) -> bool:
+        """Give a coded block to its tensor's writer; after the last one, the writer moves from
+        `started` to `written` (its result is recorded once it is written) and the tensor is done."""
+        queue = done.block.queue
+        queue.put(done.frame)
+        if not done.block.last:
+            return False
+        queue.close()
+        started.remove(queue)
+        assert queue.writer is not None
+        written.append(queue.writer)
+        return True
+
+    def tensor_work(self, f: SourceFile, started: list[ChunkQueue]) -> Iterator[_WholeTensor | _TensorBlock]:
         """What the pool does, in file order: a tensor to put, one known already or coded
-        already (to write), or each block of one coded in blocks."""
+        already (to write), or each block of one coded in blocks (whose writer joins `started`)."""
         for span, data in f.tensor_data():
             found = None
-            if plan.lossy is None and data.nbytes > store.block_bytes:
-                found = _prepare(store, "tensor", tensor_meta(span.dtype, span.shape), data, plan, span.name, reuse,
-                                 writers)  # fmt: skip
+            if self.plan.lossy is None and data.nbytes > self.store.block_bytes:
+                found = self.prepare("tensor", tensor_meta(span.dtype, span.shape), data, span.name)
             if isinstance(found, _Prepared) and found.queue is not None:
-                started.append(found)
-                count = -(-data.nbytes // found.encoding.blocks)
-                yield from ((span, data, found, k, count) for k in range(count))
+                started.append(found.queue)
+                count = found.block_count(data)
+                yield from (_TensorBlock(span, data, found, found.queue, k, count) for k in range(count))
             else:
-                yield (span, data, found)
+                yield _WholeTensor(span, data, found)
 
-    def run(span: Any, data: np.ndarray, found: Any, *block: int) -> tuple[Any, ...]:
-        if block:  # (k, count): block k of a blocked tensor, coded
-            return (span, data, found, *block, store.encode_block(found.encoding, data, block[0], found.bases))
-        if isinstance(found, PutResult):
-            return (span, data, None, found)
-        if isinstance(found, _Prepared):
-            return (span, data, None, found.write(store, data))
-        return put(span, data)
+    def run(self, item: _WholeTensor | _TensorBlock) -> _StoredTensor | _CodedBlock:
+        """One item of `tensor_work`, in a worker."""
+        if isinstance(item, _TensorBlock):
+            return _CodedBlock(item, self.store.encode_block(item.job.encoding, item.data, item.k, item.job.bases))
+        if isinstance(item.found, PutResult):
+            return _StoredTensor(item.span, item.data, None, item.found)
+        if isinstance(item.found, _Prepared):
+            return _StoredTensor(item.span, item.data, None, item.found.write(self.store, item.data))
+        return self.put(item.span, item.data)
 
-    def size(item: tuple[Any, ...]) -> int:
-        return min(item[1].nbytes, item[2].encoding.blocks) if len(item) == 5 else item[1].nbytes
+    def put(self, span: TensorSpan, data: np.ndarray) -> _StoredTensor:
+        """A tensor encoded and written whole: lossily when that stores less, as a chain that
+        predicts it when the plan has one, else as `put` chooses."""
+        store, plan, bases = self.store, self.plan, self.plan.candidates(span.name)
+        meta = tensor_meta(span.dtype, span.shape)
+        lossy, encoding = None, None
+        if plan.lossy is not None:
+            lossy = encode_lossy(store, span.dtype, span.shape, data, bases, plan.lossy, plan.max_depth, self.reuse)
+        if lossy is not None and lossy.chain is not None:
+            data, lossy, encoding = self.lossy_or_exact(meta, data, lossy, bases)
+        if encoding is None and span.name in plan.exact:
+            encoding = exact_encoding("tensor", meta, data.nbytes, plan.exact[span.name], max_depth=plan.max_depth,
+                                      header=store.header)  # fmt: skip
+        if encoding is None and plan.extra(span.name):
+            encoding = store.encode("tensor", meta, data, bases=bases, max_depth=plan.max_depth, reuse=self.reuse,
+                                    extra=plan.extra(span.name))  # fmt: skip
+        result = store.put_tensor(span.dtype, span.shape, data, bases=bases, max_depth=plan.max_depth,
+                                  encoding=encoding, reuse=self.reuse)  # fmt: skip
+        return _StoredTensor(span, data, lossy, result)
 
-    entries, written = [], []
-    try:
-        for item in ordered_map(pool, run, work(), jobs=jobs, size=size):
-            span, data = item[0], item[1]
-            if len(item) == 6:  # a block, to its writer; after the last, its tensor is done
-                job, k, count, frame = item[2:]
-                if k == 0:
-                    digest.update(data)
-                job.queue.put(frame)
-                if k < count - 1:
-                    continue
-                job.queue.close()
-                started.remove(job)
-                written.append(job.queue.writer)  # its result is recorded once it is written
-                lossy, oid = None, job.oid
-            else:
-                span, data, lossy, result = item
-                digest.update(data)
-                stats.tensors_new += result.new
-                stats.record(result)
-                oid = result.oid
-            f.release(span)
-            stats.lossy.record(lossy)
-            entries.append(TensorEntry(span.name, span.dtype, span.shape, oid))
-            stats.tensors += 1
-            if progress:
-                progress(span.nbytes)
-        for writer in written:  # the blocked objects, written and synced
-            result = writer.result()
-            stats.tensors_new += result.new
-            stats.record(result)
-    except BaseException as exc:
-        for job in started:  # writers still waiting for blocks stop, dropping their files
-            job.queue.fail(exc)
-        raise
-    return FileEntry(f.path, "safetensors", f.size, digest.hexdigest(), header.oid, tuple(entries), f.converted_from)
+    def lossy_or_exact(self, meta: dict[str, Any], data: np.ndarray, lossy: LossyTensor, bases: list[str]
+                       ) -> tuple[np.ndarray, LossyTensor, Encoding]:  # fmt: skip
+        """Lossy storage is only worth its error where it stores less than the exact tensor (a
+        pruning patch, say, beats any quantization step). Both are encoded once; the smaller is
+        written as it is: the data to write (the reconstruction, which the version stores and its
+        digest covers, or the original), the lossy outcome, and the encoding."""
+        assert lossy.chain is not None
+        store, max_depth = self.store, self.plan.max_depth
+        exact = store.encode("tensor", meta, data, bases=bases, max_depth=max_depth, reuse=self.reuse, blocks=False)
+        approx = store.encode("tensor", meta, lossy.data, bases=bases, max_depth=max_depth, extra=[lossy.chain],
+                              reuse=self.reuse, blocks=False)  # fmt: skip
+        if len(exact.payload) <= len(approx.payload):
+            return data, LossyTensor(data, None, 0.0, lossy.changed_params), exact
+        return lossy.data, lossy, approx

@@ -25,12 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 from mgit.errors import (
     InputError,
-    InvalidOptionError,
     OutputNotEmptyError,
     UnknownRefError,
 )
 from mgit.index.catalog import Catalog, ObjectRow, VersionRow
-from mgit.index.refs import RefStore, is_model_name, validate_model_name
+from mgit.index.refs import RefStore, is_model_name
 from mgit.index.refspec import REF_RE, pick_version
 from mgit.lineage.graph import Lineage
 from mgit.repo.location import create, locate, open_store, read_config, trust_recipe
@@ -61,6 +60,7 @@ from mgit.util.parallel import Progress, default_jobs
 if TYPE_CHECKING:
     from mgit.diff import DiffResult
     from mgit.formats.folder import ModelSource
+    from mgit.repo.add import AddOptions
     from mgit.store.reader import ModelReader
 
 
@@ -236,8 +236,6 @@ class Repo:
         resources: Mapping[str, float] | None = None,
         auto_parent: bool = False,
         expected_head: str | None = None,
-        derived: Mapping[str, list[Any]] | None = None,
-        exact: Mapping[str, list[Any]] | None = None,
     ) -> AddResult:
         """Store a model folder, a file or a state dict as the next version of `name`.
 
@@ -275,33 +273,33 @@ class Repo:
         `expected_head` makes the add a compare-and-swap: if the model's latest version is not
         that one when the ref is locked, nothing is committed (RefConflictError).
 
-        `derived` maps tensor names to codec chains that predict them from stored tensors (a
-        merge's weighted sums of its inputs, `mgit.codecs.merged`), tried beside the usual
-        encodings; the smallest still wins and every tensor still decodes exactly. `exact`
-        names tensors the caller computed as such a chain's predictor predicts them: they are
-        stored as that chain, not checked again (as `derived` ones if their bases are too deep).
-
         `source` may also be a `mgit.formats.folder.ModelSource` whose files are made as they
         are read (a merge's, in one pass, nothing written to a temporary folder).
         """
-        validate_model_name(name)
-        if auto_parent and parent:
-            raise InvalidOptionError("auto_parent infers the parent; it cannot be combined with a given parent",
-                                     hint="Drop --parent or --auto-parent")  # fmt: skip
-        policy = LossyPolicy(lossy, guard, lossy_rel) if lossy is not None or lossy_rel is not None else None
-        if gate is not None and policy is None:
-            raise InvalidOptionError("a gate only checks lossy storage", hint="Add --lossy EPS or --lossy-rel R")
+        from mgit.repo.add import AddOptions
+        from mgit.repo.gate import Gate
+
+        options = AddOptions(
+            name=name, parents=(parent,) if isinstance(parent, str) else tuple(parent or ()), relation=relation,
+            message=message, tags=dict(tags or {}), author=author, jobs=jobs, progress=progress,
+            lossy=LossyPolicy.from_options(lossy, lossy_rel, guard),
+            gate=Gate(gate, max_drop, gate_timeout) if gate is not None else None, model_card=model_card,
+            recipe=recipe, params=params, resources=resources, auto_parent=auto_parent, expected_head=expected_head,
+        )  # fmt: skip
+        return self.add_with(source, options)
+
+    def add_with(self, source: str | os.PathLike[str] | Mapping[str, Any] | ModelSource,
+                 options: AddOptions) -> AddResult:  # fmt: skip
+        """`add` with its options in one record (`mgit.repo.add.AddOptions`), as the command
+        line, merges and recipe runs make them."""
         from mgit.repo.add import add_version
 
-        parents = [self.resolve(p) for p in ([parent] if isinstance(parent, str) else list(parent or []))]
-        return add_version(
-            self.store, self.refs, self.catalog, source, name=name, parents=parents, relation=relation,
-            message=message, tags=dict(tags or {}), author=author, jobs=jobs or default_jobs(), progress=progress,
-            policy=policy, gate=(gate, max_drop, gate_timeout), model_card=model_card,
-            recipe=self.recipe_record(recipe, params, resources=resources) if recipe is not None else None,
-            auto_parent=auto_parent, max_depth=self.max_depth, expected_head=expected_head, reuse=self._session,
-            derived=dict(derived or {}), exact=dict(exact or {}),
-        )  # fmt: skip
+        parents = [self.resolve(p) for p in options.parents]
+        recipe = None
+        if options.recipe is not None:
+            recipe = self.recipe_record(options.recipe, options.params, resources=options.resources)
+        return add_version(self.store, self.refs, self.catalog, source, options, parents=parents, recipe=recipe,
+                           max_depth=self.max_depth, reuse=self._session)  # fmt: skip
 
     def recipe_record(self, recipe: str | Mapping[str, Any], params: Mapping[str, Any] | None = None, *,
                       resources: Mapping[str, float] | None = None) -> dict[str, Any]:  # fmt: skip

@@ -208,7 +208,7 @@ class ObjectStore:
         if encoding is None:
             encoding = self.encode(kind, meta, buf, bases=bases, max_depth=max_depth, extra=extra, reuse=bases_read)
         frames = None
-        if encoding.blocks and encoding.payload is None:  # coded here one block at a time, as they are written
+        if encoding.deferred:  # coded here one block at a time, as they are written
             count = -(-buf.nbytes // encoding.blocks)
             frames = (self.encode_block(encoding, buf, k, bases_read) for k in range(count))
         return self.put_encoded(oid, kind, meta, buf.nbytes, encoding, frames)

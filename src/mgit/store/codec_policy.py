@@ -52,13 +52,33 @@ SAMPLES = 4
 class Encoding:
     """How an object would be stored: its codec chain, the encoded payload, its delta depth
     and, for content coded in blocks, the block size. The payload of a blocked encoding is
-    the list of its coded blocks, or None when they are to be coded as they are written
-    (`ObjectStore.encode_block`)."""
+    the list of its coded blocks; a `deferred` one has none yet: its blocks are coded as
+    they are written (`ObjectStore.encode_block`)."""
 
     codecs: list[Codec]
     payload: Any
     depth: int
     blocks: int = 0
+    deferred: bool = False
+
+
+@dataclass(frozen=True)
+class Coded:
+    """What `smallest` chose, coded: the chain and its output (the raw bytes for no chain), whole
+    or, with `blocks`, as the list of its coded blocks of that size."""
+
+    codecs: list[Codec]
+    payload: Any
+    blocks: int = 0
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """What `smallest` chose for content to be coded in blocks of `blocks` bytes by `codecs` (none:
+    raw) as it is written, by the writers in parallel: nothing is coded yet."""
+
+    codecs: list[Codec]
+    blocks: int
 
 
 def default_chain(kind: str, meta: dict[str, Any]) -> list[Codec]:
@@ -165,16 +185,18 @@ def choose_encoding(kind: str, meta: dict[str, Any], buf: np.ndarray, *, bases: 
         if (rank := low_rank_of(buf, load(base), rows)) is not None:
             transforms.append([LowRankCodec(base=base, rows=rows, rank=rank), PcoCodec(dtype="<u4")])
 
-    codecs, payload, blocks = smallest(candidates, transforms, buf, load, load_range, block_bytes)
-    if not blocks and any(c.predictive for c in codecs):
+    chosen = smallest(candidates, transforms, buf, load, load_range, block_bytes)
+    if isinstance(chosen, Coded) and not chosen.blocks and any(c.predictive for c in chosen.codecs):
         # Never trust a prediction: what is written must decode to the content. (Deltas
         # and patches are exact bijections, property-tested; re-decoding them would cost
         # a third of an add.)
-        decoded = decode_chain(codecs, payload, CodecContext(buf.nbytes, load))
+        decoded = decode_chain(chosen.codecs, chosen.payload, CodecContext(buf.nbytes, load))
         if not np.array_equal(byte_array(decoded), buf):
-            codecs, payload, blocks = smallest(candidates[:1], [], buf, load, load_range, block_bytes)
-    depth = max((depths[b] for b in chain_bases(kind, meta, codecs)), default=0)
-    return Encoding(codecs, payload, depth, blocks)
+            chosen = smallest(candidates[:1], [], buf, load, load_range, block_bytes)
+    depth = max((depths[b] for b in chain_bases(kind, meta, chosen.codecs)), default=0)
+    if isinstance(chosen, Deferred):
+        return Encoding(chosen.codecs, None, depth, chosen.blocks, deferred=True)
+    return Encoding(chosen.codecs, chosen.payload, depth, chosen.blocks)
 
 
 def exact_encoding(kind: str, meta: dict[str, Any], size: int, chain: Sequence[Codec], *, max_depth: int,
@@ -221,16 +243,17 @@ def block_encode(chain: Sequence[Codec], buf: np.ndarray, block_bytes: int, k: i
 
 
 def smallest(candidates: list[list[Codec]], transforms: list[list[Codec]], buf: np.ndarray, load: Load,
-             load_range: LoadRange, block_bytes: int) -> tuple[list[Codec], Any, int]:  # fmt: skip
-    """The chain with the smallest output, that output (raw if nothing saves a byte) and the
-    block size it is coded in (0: whole). Large buffers choose among `candidates` on a few
-    samples, then encode once; `transforms` (they need whole tensors) are always encoded in
-    full, first: when one stores the tensor in under half of what the samples promise for
-    the best candidate (a cast, a quantization, a merged adapter), that candidate is not
-    encoded. A buffer over `block_bytes` whose best candidate is blockwise (and does not
-    predict) is coded in blocks: with no transform to measure it against, not yet (the
-    samples judge it against raw storage), so that writers code the blocks in parallel as
-    they write them."""
+             load_range: LoadRange, block_bytes: int) -> Coded | Deferred:  # fmt: skip
+    """The chain with the smallest output, coded (raw if nothing saves a byte) whole or in
+    blocks, or `Deferred`: to be coded in blocks as it is written. Large buffers choose
+    among `candidates` on a few samples, then encode once; `transforms` (they need whole
+    tensors) are always encoded in full, first: when one stores the tensor in under half of
+    what the samples promise for the best candidate (a cast, a quantization, a merged
+    adapter), that candidate is not encoded. A buffer over `block_bytes` whose best
+    candidate is blockwise (and does not predict) is coded in blocks: with no transform to
+    measure it against, deferred (the samples judge it against raw storage), so that writers
+    code the blocks in parallel as they write them. Raw content over a block is deferred too
+    (raw blocks all the same size: readers stream them)."""
     estimate = None
     blocked = bool(block_bytes) and buf.nbytes > block_bytes
     if (buf.nbytes > SAMPLE_FROM or blocked) and (len(candidates) > 1 or transforms or blocked):
@@ -245,28 +268,28 @@ def smallest(candidates: list[list[Codec]], transforms: list[list[Codec]], buf: 
         pick = min(range(len(candidates)), key=sizes.__getitem__)
         candidates = [candidates[pick]]
         estimate = sizes[pick] * buf.nbytes / sum(s.stop - s.start for s in slices)
-    best: tuple[list[Codec], Any, int] = ([], buf, 0)
+    best = Coded([], buf)
     for chain in transforms:
-        if len(best[1]) * 64 < buf.nbytes:
+        if len(best.payload) * 64 < buf.nbytes:
             break  # a transform already explains it (per-row int8: no need to try per-tensor)
         payload = encode_chain(chain, buf, CodecContext(buf.nbytes, load))
-        if len(payload) < len(best[1]):
-            best = (chain, payload, 0)
+        if len(payload) < len(best.payload):
+            best = Coded(chain, payload)
     for chain in candidates:
-        if transforms and estimate is not None and len(best[1]) < estimate / 2:
+        if transforms and estimate is not None and len(best.payload) < estimate / 2:
             break
         if blocked and blockwise(chain) and not any(c.predictive for c in chain):
             if not transforms:
                 assert estimate is not None
-                return (chain, None, block_bytes) if estimate < buf.nbytes else ([], None, block_bytes)
+                return Deferred(chain if estimate < buf.nbytes else [], block_bytes)
             count = -(-buf.nbytes // block_bytes)
             frames = [block_encode(chain, buf, block_bytes, k, load_range) for k in range(count)]
-            if sum(len(f) for f in frames) <= len(best[1]):
-                best = (chain, frames, block_bytes)
+            if sum(len(f) for f in frames) <= len(best.payload):
+                best = Coded(chain, frames, block_bytes)
             continue
         payload = encode_chain(chain, buf, CodecContext(buf.nbytes, load)) if chain else buf
-        if len(payload) <= len(best[1]):
-            best = (chain, payload, 0)
-    if blocked and not best[0] and best[2] == 0:
-        return [], None, block_bytes  # raw, in blocks all the same: readers stream it
+        if len(payload) <= len(best.payload):
+            best = Coded(chain, payload)
+    if blocked and not best.codecs and not best.blocks:
+        return Deferred([], block_bytes)
     return best

@@ -33,6 +33,12 @@ class LossyPolicy:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
                 raise InvalidOptionError(f"the {what} must be a positive number, not {value!r}")
 
+    @classmethod
+    def from_options(cls, eps: float | None, rel: float | None, guard: float = DEFAULT_GUARD) -> LossyPolicy | None:
+        """The policy that an add's `lossy=EPS`, `lossy_rel=R` and `guard` ask for; None (lossless)
+        when neither bound is given."""
+        return cls(eps, guard, rel) if eps is not None or rel is not None else None
+
     @property
     def mode(self) -> str:
         return "+".join(m for m, v in (("abs", self.eps), ("rel", self.rel)) if v is not None)
