@@ -178,10 +178,10 @@ def test_empty_repository_and_usage_errors(tmp_path: Path) -> None:
 def test_html_default_file_and_stdout(family: Repo, tmp_path: Path) -> None:
     work = tmp_path / "elsewhere"
     work.mkdir()
-    code, out, err = run_cli("-C", str(family.root), "graph", cwd=work)
+    code, out, err = run_cli("-C", str(family.root), "graph", cwd=work)  # -C is git's: written in DIR
     assert code == 0, err
-    assert out.strip() == f"{work / 'mgit-graph.html'}: 7 models, 6 edges"
-    page = (work / "mgit-graph.html").read_text()
+    assert out.strip() == f"{family.root / 'mgit-graph.html'}: 7 models, 6 edges" and list(work.iterdir()) == []
+    page = (family.root / "mgit-graph.html").read_text()
     code, out, _ = run_cli("-C", str(family.root), "graph", "-o", "-")
     assert code == 0 and out.startswith("<!DOCTYPE html>") and out == page
 

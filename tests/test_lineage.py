@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 
 import networkx as nx
 import pytest
@@ -15,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mgit import Repo
+from mgit.errors import InvalidOptionError
 from mgit.formats.model_card import read_lineage, write_lineage
 from mgit.lineage.graph import Lineage, NoPathError, VersionNode
 
@@ -56,21 +58,37 @@ def reference(versions: dict[str, VersionNode], heads: dict[str, str], edges: li
     return g
 
 
+def version_reference(edges: list) -> nx.DiGraph:
+    """Ancestry is version by version: each version's recorded parents, never a model's latest."""
+    g = nx.DiGraph()
+    for child, _, parent, _ in edges:
+        g.add_edge(parent, child)
+    return g
+
+
 @settings(max_examples=150, deadline=None)
 @given(histories())
 def test_queries_match_networkx(graph: tuple) -> None:
     versions, heads, edges = graph
     lin = Lineage(versions, heads, edges)
     ref = reference(versions, heads, edges)
+    vref = version_reference(edges)
     assert set(lin.nodes) == set(ref.nodes)
     for n in ref.nodes:
-        assert set(lin.ancestors(n)) == nx.ancestors(ref, n)
+        head = heads[n]
+
+        def up(cutoff: int | None, n: str = n, head: str = head) -> set[str]:
+            if head not in vref:
+                return set()
+            near = nx.single_source_shortest_path_length(vref.reverse(), head, cutoff=cutoff)
+            return {versions[v].model for v in near if v != head} - {n}
+
+        assert set(lin.ancestors(n)) == up(None)
         assert set(lin.descendants(n)) == nx.descendants(ref, n)
         assert {e.parent for e in lin.parents(n)} == set(ref.predecessors(n))
         assert {e.child for e in lin.children(n)} == set(ref.successors(n))
-        assert set(lin.ancestors(n, depth=1)) == set(ref.predecessors(n))
-        near = nx.single_source_shortest_path_length(ref.reverse(), n, cutoff=2)
-        assert set(lin.ancestors(n, depth=2)) == set(near) - {n}
+        assert set(lin.ancestors(n, depth=1)) == set(ref.predecessors(n)) - {n} == up(1)
+        assert set(lin.ancestors(n, depth=2)) == up(2)
     assert lin.roots() == sorted(n for n in ref.nodes if ref.in_degree(n) == 0)
     assert lin.leaves() == sorted(n for n in ref.nodes if ref.out_degree(n) == 0)
     order = lin.topological_order()
@@ -203,8 +221,9 @@ def test_lineage_tree_cli(repo: Repo) -> None:
     assert any("q@1  quantize" in line for line in lines)
     assert any("m@1  merge  (shown above)" in line for line in lines)
 
-    code, out, _ = run_cli("lineage", "q", "--up", cwd=repo.root)
-    assert code == 0 and [line.lstrip("│├└─ ").split()[0] for line in out.splitlines()] == ["q@1", "ft@1", "base@2"]
+    code, out, _ = run_cli("lineage", "q", "--up", cwd=repo.root)  # up, each parent as the version built on
+    assert code == 0 and [line.lstrip("│├└─ ").split()[0] for line in out.splitlines()] == ["q@1", "ft@1", "base@1"]
+    assert "(stale: ft built on base@1, latest @2)" in out.splitlines()[2]
 
     code, out, _ = run_cli("lineage", "base", "--depth", "1", cwd=repo.root)
     assert "ft@1" in out and "q@1" not in out
@@ -318,3 +337,29 @@ def test_checkout_model_card_round_trip(repo: Repo, tmp_path) -> None:
     code, _, _ = run_cli("checkout", "child", "-o", str(tmp_path / "plain"), cwd=repo.root)
     assert (tmp_path / "plain" / "README.md").read_text() == "# Child\n"
 
+
+
+def test_a_model_is_never_a_lineage_parent_of_itself(tmp_path: Path) -> None:
+    repo = Repo.init(tmp_path)
+    repo.add(tensors(1), name="p1")
+    before = repo.refs.all()
+    code, out, err = run_cli("add", str(make_model(tmp_path / "p", seed=2)), "--name", "p1", "--parent", "p1",
+                             cwd=tmp_path)  # fmt: skip
+    assert code == 1 and out == ""
+    assert err.startswith("Error: p1@1 cannot be a lineage parent of p1: it is p1's own history") and err.count("\n") == 1
+    assert repo.refs.all() == before
+    with pytest.raises(InvalidOptionError, match="cannot be a lineage parent of p1"):
+        repo.add(tensors(3), name="p1", parent="p1@1")
+
+
+def test_ancestors_go_version_by_version_through_a_cycle_of_models(tmp_path: Path) -> None:
+    repo = Repo.init(tmp_path)
+    repo.add(tensors(1), name="cyc-a")
+    repo.add(tensors(2), name="cyc-b", parent="cyc-a")  # cyc-b@1 on cyc-a@1
+    repo.add(tensors(3), name="cyc-a", parent="cyc-b")  # cyc-a@2 on cyc-b@1: a cycle of models, not of versions
+    code, out, _ = run_cli("lineage", "cyc-b", "--up", cwd=tmp_path)
+    assert code == 0 and [line.lstrip("│├└─ ").split()[0] for line in out.splitlines()] == ["cyc-b@1", "cyc-a@1"]
+    code, out, _ = run_cli("lineage", "cyc-a", "--up", cwd=tmp_path)
+    assert code == 0 and [line.lstrip("│├└─ ").split()[0] for line in out.splitlines()] == [
+        "cyc-a@2", "cyc-b@1", "cyc-a@1"]  # fmt: skip
+    assert repo.lineage.ancestors("cyc-b") == ["cyc-a"] and repo.lineage.ancestors("cyc-a") == ["cyc-b"]

@@ -132,6 +132,7 @@ class Lineage:
         by_child: dict[str, list[tuple[int, str, str]]] = {}
         for child, position, parent, relation in edges:
             by_child.setdefault(child, []).append((position, parent, relation))
+        self._by_child = {v: sorted(e) for v, e in by_child.items()}  # each version's own parents
         self._parents: dict[str, list[LineageEdge]] = {}
         self._children: dict[str, list[LineageEdge]] = {}
         live = list(self.nodes.values())
@@ -195,8 +196,38 @@ class Lineage:
 
     # --- the graph ----------------------------------------------------------------------
     def ancestors(self, name: str, *, depth: int | None = None) -> list[str]:
-        """Models this one derives from, nearest first (breadth-first, then by name)."""
-        return self._reach(name, lambda n: [e.parent for e in self._parents.get(n, [])], depth)
+        """Models this one derives from, nearest first (breadth-first, then by name), version
+        by version: a parent's own parents are those of the version it was built on, never of
+        that model's latest (A@2 built on B@1, itself built on A@1: B's ancestor is A@1, and B is
+        no ancestor of itself)."""
+        head = self.node(name).head
+        seen, out, frontier, level = {head}, [], [head], 0
+        while frontier and (depth is None or level < depth):
+            nxt = sorted({p for v in frontier for p in self._parent_versions(v)} - seen)
+            seen.update(nxt)
+            out.extend(sorted({self._versions[v].model for v in nxt} - {name, *out}))
+            frontier, level = nxt, level + 1
+        return out
+
+    def _parent_versions(self, vid: str) -> list[str]:
+        return [p for _, p, _ in self._by_child.get(vid, []) if p in self._versions]
+
+    def _edge_up(self, vid: str, pvid: str, relation: str) -> LineageEdge:
+        """The edge from a version to one of its parents (either may be any version)."""
+        v, pv = self._versions[vid], self._versions[pvid]
+        latest = self.nodes.get(pv.model)
+        return LineageEdge(v.model, vid, v.seq, pv.model, pvid, pv.seq, relation,
+                           latest.seq if latest else pv.seq, stale=latest is not None and pvid != latest.head)  # fmt: skip
+
+    def _version_node(self, vid: str) -> ModelNode:
+        """A model as it was at one of its versions (its latest: the model's own node)."""
+        v = self._versions[vid]
+        live = self.nodes.get(v.model)
+        if live is not None and live.head == vid:
+            return live
+        chain = self._chain(vid)
+        return ModelNode(v.model, vid, v.seq, v.params, v.logical_bytes, sum(c.new_bytes for c in chain), v.tags,
+                         v.lossy, removed=live is None or live.removed)  # fmt: skip
 
     def descendants(self, name: str, *, depth: int | None = None) -> list[str]:
         """Models derived from this one, directly or not, nearest first."""
@@ -322,6 +353,8 @@ class Lineage:
         tops = [name] if name is not None else self.roots()
         for t in tops:
             self.node(t)
+        if up and name is not None:
+            return [self._tree_up(self.node(name).head, None, 0, depth, set())]
         printed: set[str] = set()
 
         def grow(n: str, edge: LineageEdge | None, level: int) -> TreeNode:
@@ -338,3 +371,16 @@ class Lineage:
         if name is None:  # models on a cycle have no root above them
             trees += [grow(n, None, 0) for n in self.topological_order() if n not in printed]
         return trees
+
+    def _tree_up(self, vid: str, edge: LineageEdge | None, level: int, depth: int | None,
+                 printed: set[str]) -> TreeNode:  # fmt: skip
+        """A version and, above it, the versions it was built on, each with its own parents."""
+        node = self._version_node(vid)
+        if vid in printed:
+            return TreeNode(node, edge, [], repeated=True)
+        printed.add(vid)
+        kids = []
+        if depth is None or level < depth:
+            kids = [self._tree_up(p, self._edge_up(vid, p, relation), level + 1, depth, printed)
+                    for _, p, relation in self._by_child.get(vid, []) if p in self._versions]  # fmt: skip
+        return TreeNode(node, edge, kids)

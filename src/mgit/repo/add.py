@@ -122,6 +122,14 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
     if not parent_ids and options.model_card and not isinstance(source, Mapping | ModelSource):
         parent_ids, card_relation, card_notes = _card_parents(refs, Path(source))
         relation = relation or card_relation
+    own = [p for p in parent_ids if store.get_version(p).model == name]
+    if own:  # the version before is the new one's predecessor: as a parent too it would be its own ancestor
+        ref = catalog.parent_infos([(own[0], relation or "finetune")])[0].ref
+        seq = ref.rpartition("@")[2]
+        raise InvalidOptionError(f"{ref} cannot be a lineage parent of {name}: it is {name}'s own history, "
+                                 f"and the new version follows {name}'s latest already",
+                                 hint=f"A parent is another model; to branch from {name}@{seq}, add the new "
+                                      "version under another name")  # fmt: skip
     relation = relation or "finetune"
     if relation not in RELATIONS:
         raise InvalidOptionError(f"unknown relation {relation!r}", hint=f"Use one of: {', '.join(RELATIONS)}")
