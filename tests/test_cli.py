@@ -310,7 +310,7 @@ def test_errors_are_one_line_with_exit_code_1(work: Path, args: list[str], messa
 
 @pytest.mark.parametrize(
     "args",
-    [["add", "base"], ["add", "base", "--name", "x", "--relation", "cousin"], ["frobnicate"], ["log"],
+    [["add"], ["add", "base", "--name", "x", "--relation", "cousin"], ["frobnicate"], ["log"],
      ["add", "base", "--name", "x", "--tag", "novalue"]],
 )  # fmt: skip
 def test_usage_errors_exit_2(work: Path, args: list[str]) -> None:

@@ -101,3 +101,21 @@ def test_an_unknown_command_suggests_the_closest(work: Path, args: list[str], su
 def test_an_unknown_command_far_from_any_suggests_nothing(work: Path) -> None:
     code, _, err = run_cli("zzzzzz", cwd=work)
     assert code == 2 and "No such command 'zzzzzz'." in err and "Did you mean" not in err
+
+
+def test_add_without_a_name_takes_the_folders_or_the_files(work: Path) -> None:
+    code, out, err = run_cli("add", "models/base", cwd=work)
+    assert code == 0 and out.startswith("base@1 ") and "note: no --name: the model is named 'base' after its folder" in err
+    code, out, err = run_cli("add", ".", cwd=work / "models" / "base")  # `.` is the folder it names
+    assert code == 0 and out.startswith("base@1 ") and "unchanged" in out
+    code, out, _ = run_cli("add", "models/base/model.safetensors", "--json", cwd=work)
+    assert code == 0 and json.loads(out)["model"] == "model"
+
+
+def test_checkout_without_output_writes_dot_slash_name_and_refuses_a_full_folder(work: Path) -> None:
+    assert run_cli("add", "models/base", "--name", "acme/base", cwd=work)[0] == 0
+    code, out, err = run_cli("checkout", "acme/base", cwd=work)
+    assert code == 0, err
+    assert sha256_tree(work / "base") == sha256_tree(work / "models" / "base")  # ORG/NAME: ./NAME
+    code, out, err = run_cli("checkout", "acme/base", cwd=work)
+    assert code == 1 and "output folder base is not empty" in err

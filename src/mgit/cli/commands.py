@@ -6,6 +6,7 @@ Each is a few lines over one `Repo` call; `--json` prints the same result as dat
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -104,7 +105,9 @@ def _parse_params(params: tuple[str, ...]) -> dict[str, object]:
 
 @click.command()
 @click.argument("path", type=click.Path(exists=False))
-@click.option("--name", "-n", required=True, help="Model name (a new version if it exists).")
+@click.option("--name", "-n", default=None,
+              help="Model name (a new version if it exists). Default: the folder's name, or the file's without "
+                   "its suffix.")
 @click.option("--parent", "-p", "parents", multiple=True, metavar="REF",
               help="Lineage parent (repeat for merges). Default: the parents of the previous version.")
 @click.option("--relation", "-r", type=click.Choice(RELATIONS), default=None,
@@ -139,7 +142,7 @@ def _parse_params(params: tuple[str, ...]) -> dict[str, object]:
 @jobs_option
 @json_option
 @click.pass_context
-def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], relation: str | None,
+def add(ctx: click.Context, path: str, name: str | None, parents: tuple[str, ...], relation: str | None,
         message: str, tags: tuple[str, ...], lossy: float | None, lossy_rel: float | None, guard: float,
         gate: str | None, max_drop: float, gate_timeout: float, recipe: str | None, params: tuple[str, ...],
         num_cpus: float | None, num_gpus: float | None, model_card: bool, auto_parent: bool,
@@ -148,7 +151,7 @@ def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], rela
 
     \b
     Examples:
-      mgit add ./bert-base --name bert-base
+      mgit add ./bert-base
       mgit add ./bert-sst2 --name bert-sst2 --parent bert-base -m "SST-2, 3 epochs"
       mgit add ckpt.pt --name tiny --tag stage=dev
       mgit add ./bert-sst2-int8 --name bert-sst2-int8 --auto-parent
@@ -162,6 +165,10 @@ def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], rela
     if recipe is None and (num_cpus is not None or num_gpus is not None):
         raise click.UsageError("--num-cpus and --num-gpus are recorded with a recipe: add --recipe")
     repo = _repo(ctx)
+    if name is None:
+        name = default_model_name(Path(path))
+        if not as_json:
+            err.print(f"note: no --name: the model is named {name!r} after {'its folder' if Path(path).is_dir() else 'its file'}")
     with progress_bar(f"Adding {name}", enabled=not as_json) as bar:
         options = AddOptions(
             name=name, parents=parents, relation=relation, message=message, tags=_parse_tags(tags), jobs=jobs,
@@ -193,24 +200,27 @@ def add(ctx: click.Context, path: str, name: str, parents: tuple[str, ...], rela
 
 @click.command()
 @click.argument("ref")
-@click.option("--output", "-o", required=True, type=click.Path(), help="Folder to write the files into.")
+@click.option("--output", "-o", default=None, type=click.Path(),
+              help="Folder to write the files into. Default: ./NAME (the model's name, its last part for ORG/NAME).")
 @click.option("--force", "-f", is_flag=True, help="Write into a folder that is not empty.")
 @click.option("--model-card", is_flag=True,
               help="Write the lineage parents into README.md's front matter (base_model, base_model_relation).")
 @jobs_option
 @json_option
 @click.pass_context
-def checkout(ctx: click.Context, ref: str, output: str, force: bool, model_card: bool, jobs: int | None,
+def checkout(ctx: click.Context, ref: str, output: str | None, force: bool, model_card: bool, jobs: int | None,
              as_json: bool) -> None:  # fmt: skip
     """Rebuild the files of a version, byte for byte (each file is verified).
 
     \b
     Examples:
-      mgit checkout bert-sst2 -o ./bert-sst2
+      mgit checkout bert-sst2
       mgit checkout bert-sst2@2 -o /tmp/old --force
       mgit checkout bert-sst2 -o ./publish --model-card
     """
     repo = _repo(ctx)
+    if output is None:
+        output = repo.model_of(repo.resolve(ref)).rpartition("/")[2]
     with progress_bar(f"Checking out {ref}", enabled=not as_json) as bar:
         result = repo.checkout(ref, output, force=force, jobs=jobs, progress=bar, model_card=model_card)
     if as_json:
@@ -220,6 +230,13 @@ def checkout(ctx: click.Context, ref: str, output: str, force: bool, model_card:
         err.print(f"note: {note}")
     out.print(f"{result.model}@{result.seq} {short(result.version)}: {plural(len(result.files), 'file')}, "
               f"{size(result.bytes)} written to {result.out_dir} (verified)")  # fmt: skip
+
+
+def default_model_name(path: Path) -> str:
+    """What `add PATH` names a model without --name: the folder's name (of `.`, the folder
+    it is), or a file's name without its suffix."""
+    resolved = path.resolve()
+    return resolved.name if path.is_dir() else resolved.stem
 
 
 @click.command(name="ls")
