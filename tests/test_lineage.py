@@ -155,7 +155,7 @@ def test_select_by_glob_tag_and_relation(repo: Repo) -> None:
 
 def test_removed_parent_stays_as_a_node(repo: Repo) -> None:
     family(repo, "base", "ft <- base")
-    repo.rm("base")
+    repo.rm("base", force=True)
     repo.gc()
     lin = repo.lineage
     assert lin.nodes["base"].removed and not lin.nodes["ft"].removed

@@ -206,7 +206,7 @@ def test_rm_and_gc(repo: Repo, tmp_path: Path) -> None:
 def test_gc_keeps_parents_of_live_models(repo: Repo, tmp_path: Path) -> None:
     repo.add(make_model(tmp_path / "base", seed=1), name="base")
     repo.add(make_model(tmp_path / "ft", seed=2), name="ft", parent="base")
-    repo.rm("base")
+    repo.rm("base", force=True)
     repo.gc()
     assert repo.fsck().ok
     parent = repo.log("ft")[0].parents[0]
@@ -410,7 +410,7 @@ def test_gc_refuses_while_a_reachable_tensor_is_damaged(repo: Repo, tmp_path: Pa
 def test_du_per_model_is_each_chain_measured_on_its_own(repo: Repo) -> None:
     # du reads every model at once (a few queries); each figure is what the chain alone gives.
     add_lineage(repo, "base", "ft <- base", "ft", "q <- ft : quantize", "old", "kid <- old", "base")
-    repo.rm("old")
+    repo.rm("old", force=True)
     du = repo.du()
     assert [m.name for m in du.models] == ["base", "ft", "kid", "q"]
     for m in du.models:
@@ -424,3 +424,22 @@ def test_du_per_model_is_each_chain_measured_on_its_own(repo: Repo) -> None:
     assert repo.catalog.model_usage({"none": []})[0].to_json() == {
         "name": "none", "versions": 0, "logical_bytes": 0, "stored_bytes": 0, "objects": 0, "tensor_storage": {},
         "reduction": 0.0}
+
+
+def test_a_model_others_were_built_on_is_removed_only_with_force(tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    from mgit.errors import RemoveRefusedError
+
+    repo = Repo.init(tmp_path)
+    repo.add(tensors(1), name="ft")
+    for child in ("ft-fp16", "ft-int8"):
+        repo.add(tensors(2), name=child, parent="ft")
+    with pytest.raises(RemoveRefusedError, match="ft has 2 models built on it: ft-fp16, ft-int8") as caught:
+        repo.rm("ft")
+    assert "mgit rm ft --force" in str(caught.value.hint) and "ft" in repo.refs.all()
+    code, out, err = run_cli("rm", "ft", cwd=tmp_path)
+    assert code == 1 and out == "" and "Error: ft has 2 models built on it" in err and "ft" in repo.refs.all()
+    code, out, err = run_cli("rm", "ft", "--force", "--json", cwd=tmp_path)
+    assert code == 0, err
+    assert "ft" not in repo.refs.all() and repo.rm("ft-fp16").model == "ft-fp16"  # a leaf needs no --force

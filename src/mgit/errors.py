@@ -126,6 +126,18 @@ class MissingObjectError(MgitError):
         self.message += f" (used by {', '.join(users)})"
 
 
+class RemoveRefusedError(MgitError):
+    """A model that other models were built on, removed without --force."""
+
+    def __init__(self, name: str, children: list[str]) -> None:
+        shown = ", ".join(children[:8]) + (f" and {len(children) - 8} more" if len(children) > 8 else "")
+        super().__init__(f"{name} has {len(children)} model{'s' if len(children) != 1 else ''} built on it: {shown}",
+                         hint=f"Their lineage keeps the versions they were built on either way; to remove {name}'s "
+                              f"ref anyway: mgit rm {name} --force")  # fmt: skip
+        self.name = name
+        self.children = children
+
+
 class LockTimeoutError(MgitError):
     """Another process holds a lock for longer than we wait. Retrying later is safe."""
 

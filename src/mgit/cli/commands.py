@@ -430,16 +430,18 @@ def gc(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
 
 @click.command()
 @click.argument("name")
+@click.option("--force", "-f", is_flag=True, help="Remove it even though other models were built on it.")
 @json_option
 @click.pass_context
-def rm(ctx: click.Context, name: str, as_json: bool) -> None:
-    """Remove a model. Its objects go at the next gc unless other models use them.
+def rm(ctx: click.Context, name: str, force: bool, as_json: bool) -> None:
+    """Remove a model. Its objects go at the next gc unless other models use them. A model that
+    others were built on is removed only with --force (their lineage keeps its versions).
 
     \b
     Example:
       mgit rm bert-sst2-old && mgit gc
     """
-    result = _repo(ctx).rm(name)
+    result = _repo(ctx).rm(name, force=force)
     if as_json:
         print_json(result.to_json())
         return

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from mgit.errors import (
     InputError,
     OutputNotEmptyError,
+    RemoveRefusedError,
     UnknownRefError,
 )
 from mgit.index.catalog import Catalog, ObjectRow, VersionRow
@@ -489,12 +490,17 @@ class Repo:
                         max(on_disk - stored, 0) if local is None else max(on_disk - local, 0), remote_only, local)  # fmt: skip
 
     # --- maintenance --------------------------------------------------------------------
-    def rm(self, name: str) -> RemoveResult:
-        """Remove a model's ref; its objects go at the next gc unless other versions use them."""
+    def rm(self, name: str, *, force: bool = False) -> RemoveResult:
+        """Remove a model's ref; its objects go at the next gc unless other versions use them.
+        A model other models were built on is removed only with `force` (RemoveRefusedError
+        lists them)."""
         with self.refs.lock(name):
             head = self.refs.get(name)
             if head is None:
                 raise self._unknown_model(name, name)
+            children = sorted({e.child for e in self.lineage.children(name)} - {name}) if name in self.lineage.nodes else []
+            if children and not force:
+                raise RemoveRefusedError(name, children)
             count = len(self.chain(head))
             self.refs.set_locked(name, None, expected=head)
         self.catalog.set_heads(self.refs.all)
