@@ -98,6 +98,12 @@ class ObjectRow:
         """The row of an object a store just wrote."""
         return cls(result.oid, result.kind, result.size, result.stored_size, result.codec, result.bases)
 
+    @classmethod
+    def read(cls, store: ObjectStore, oid: str) -> ObjectRow:
+        """The row of an object in `store`, from its header."""
+        header = store.header(oid)
+        return cls(oid, header.kind, header.size, store.stored_size(oid), header.codec_names, tuple(header.bases))
+
 
 @dataclass(frozen=True)
 class VersionRow:
@@ -229,12 +235,7 @@ class Catalog(Database):
             return
         objects = {v: store.get_manifest(version.manifest).object_ids() | version.linked_objects() | {v}
                    for v, version in order}  # fmt: skip
-        missing = self.missing_objects(set().union(*objects.values()))
-        rows = []
-        for oid in sorted(missing):
-            header = store.header(oid)
-            rows.append(ObjectRow(oid, header.kind, header.size, store.stored_size(oid), header.codec_names,
-                                  tuple(header.bases)))  # fmt: skip
+        rows = [ObjectRow.read(store, oid) for oid in sorted(self.missing_objects(set().union(*objects.values())))]
         with self.atomic() as tx:
             self._insert_objects(tx, rows)
             for v, version in order:
@@ -295,6 +296,16 @@ class Catalog(Database):
             (json.dumps(sorted(set(oids))),),
         )
         return {r[0]: ObjectRow(*r[:5], tuple(json.loads(r[5])) if r[5] else ()) for r in rows}
+
+    def sizes_and_bases(self, oids: Iterable[str]) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """{id: (logical size, delta bases)} of the objects among `oids` it has a row for (what
+        a lazy clone's store fetches, and how much of it: mgit.store.lazy.ObjectIndex)."""
+        return {r.id: (r.logical_size, r.bases) for r in self.object_rows(oids).values()}
+
+    def index_objects(self, store: ObjectStore, oids: Iterable[str]) -> None:
+        """Rows for these objects from their headers in `store`, replacing any (a lazy clone's
+        objects just fetched: the remote's pack described them, now they are here)."""
+        self.add_objects([ObjectRow.read(store, oid) for oid in oids])
 
     def remove_objects(self, oids: Iterable[str]) -> None:
         """Forget objects gc deleted (and the sketches of versions among them)."""
