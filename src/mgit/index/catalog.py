@@ -10,6 +10,7 @@ named migration recorded in the same transaction that applies it.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -74,6 +75,26 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
 # A list of ids as one JSON parameter: no hand-built "?, ?, ..." lists, no length limit, and a
 # read stays a read (a temporary table would need a write transaction).
 IDS = "(SELECT value FROM json_each(?))"
+
+# The columns of `versions` that a VersionRow and a lineage graph's VersionNode hold, read by
+# name (`_named`), so that neither the order of a query's columns nor a dataclass's fields matter.
+VERSION_COLUMNS = ("id", "model", "seq", "manifest", "predecessor", "message", "author", "time", "tags", "files",
+                   "tensors", "params", "logical_bytes", "stored_bytes", "new_bytes", "lossy", "recipe")
+GRAPH_COLUMNS = ("id", "model", "seq", "predecessor", "time", "message", "tags", "params", "logical_bytes",
+                 "new_bytes", "lossy")
+JSON_COLUMNS = ("tags", "lossy", "recipe", "parents")  # stored as JSON text (lossy and recipe may be NULL)
+
+
+def _named(cursor: sqlite3.Cursor) -> Iterator[dict[str, Any]]:
+    """A query's rows as {column: value}, its JSON columns decoded."""
+    names = [d[0] for d in cursor.description]
+    for values in cursor:
+        row = dict(zip(names, values, strict=True))
+        for key in JSON_COLUMNS:
+            if key in row:
+                row[key] = json.loads(row[key]) if row[key] else None
+        yield row
+
 
 def storage_class(codec_names: str) -> str:
     """`delta`, `derived` or `standalone`, from a chain's names as recorded (`a+b+c`): each
@@ -364,21 +385,13 @@ class Catalog(Database):
 
     def _versions(self, where: str, args: tuple[Any, ...]) -> list[VersionRow]:
         cur = self.db.execute(
-            f"""SELECT v.id, v.model, v.seq, v.manifest, v.predecessor, v.message, v.author, v.time,
-                       v.tags, v.files, v.tensors, v.params, v.logical_bytes, v.stored_bytes,
-                       v.new_bytes, v.lossy, v.recipe,
+            f"""SELECT {", ".join(f"v.{c} AS {c}" for c in VERSION_COLUMNS)},
                        (SELECT json_group_array(json_array(e.parent, e.relation))
-                          FROM (SELECT * FROM edges e WHERE e.child = v.id ORDER BY e.position) e)
+                          FROM (SELECT * FROM edges e WHERE e.child = v.id ORDER BY e.position) e) AS parents
                 FROM versions v {where}""",
             args,
         )
-        out = []
-        for r in cur:
-            out.append(VersionRow(*r[:8], json.loads(r[8]), *r[9:15],
-                                  json.loads(r[15]) if r[15] else None,
-                                  tuple(tuple(p) for p in json.loads(r[17])),
-                                  json.loads(r[16]) if r[16] else None))  # fmt: skip
-        return out
+        return [VersionRow(**{**r, "parents": tuple(tuple(p) for p in r["parents"])}) for r in _named(cur)]
 
     def sketches(self) -> tuple[list[tuple[str, str, int, bytes]], list[str]]:
         """(version, model, seq, sketch) of every indexed version that has a sketch, and the
@@ -500,14 +513,12 @@ class Catalog(Database):
         )
         return dict(rows)
 
-    def graph_rows(self) -> tuple[list[tuple[Any, ...]], list[tuple[str, int, str, str]]]:
-        """Every indexed version (id, model, seq, predecessor, time, message, tags, params,
-        logical bytes, new bytes, lossy) and every lineage edge (child, position, parent,
-        relation): the lineage graph in two queries, fast enough for thousands of versions."""
-        versions = [(*r[:6], json.loads(r[6]), *r[7:10], json.loads(r[10]) if r[10] else None)
-                    for r in self.db.execute(
-                        """SELECT id, model, seq, predecessor, time, message, tags, params,
-                                  logical_bytes, new_bytes, lossy FROM versions""")]  # fmt: skip
+    def graph_rows(self) -> tuple[list[dict[str, Any]], list[tuple[str, int, str, str]]]:
+        """Every indexed version ({column: value} of GRAPH_COLUMNS) and every lineage edge
+        (child, position, parent, relation): the lineage graph in two queries, fast enough
+        for thousands of versions."""
+        columns = ", ".join(f"{c} AS {c}" for c in GRAPH_COLUMNS)
+        versions = list(_named(self.db.execute(f"SELECT {columns} FROM versions")))
         edges = list(self.db.execute("SELECT child, position, parent, relation FROM edges ORDER BY child, position"))
         return versions, edges
 
