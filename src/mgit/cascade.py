@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import mgit.merging  # noqa: F401  (registers how a re-run merge is stored: mgit.execution)
 from mgit import usercode
 from mgit.checks import Checks, TestOutcome
 from mgit.errors import MgitError
