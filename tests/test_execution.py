@@ -172,7 +172,7 @@ def test_the_local_executor_never_imports_ray(work: Repo, tmp_path: Path) -> Non
     assert "updated" in run.stdout and run.stdout.strip().endswith("NO-RAY"), run.stdout + run.stderr
 
 
-def test_how_a_recipe_output_is_stored_is_what_its_package_registered(work: Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_recipe_output_is_stored_as_its_package_registered(work: Repo, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(execution, "_DERIVED", {})
     head = work.resolve("base")
     job = RecipeJob("copy", head, [head], "finetune", {"fn": "mgit.tools:rebuild"}, "", {}, 60.0)
