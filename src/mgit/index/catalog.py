@@ -10,21 +10,20 @@ named migration recorded in the same transaction that applies it.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mgit.errors import CatalogError, CorruptObjectError, MissingObjectError, ReceivedError
+from mgit.index.rows import GRAPH_COLUMNS, VERSION_COLUMNS, ObjectRow, VersionRow, named_rows
 from mgit.reports import ModelUsage, ParentInfo
 from mgit.store.objects import Parent, Version
 from mgit.util.database import Database
 
 if TYPE_CHECKING:  # the store's types only: indexing reads records through it
     from mgit.index.refs import RefStore
-    from mgit.store.base import ObjectStore, PutResult
+    from mgit.store.base import ObjectStore
 
 MIGRATIONS: list[tuple[str, list[str]]] = [
     (
@@ -76,26 +75,6 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
 # read stays a read (a temporary table would need a write transaction).
 IDS = "(SELECT value FROM json_each(?))"
 
-# The columns of `versions` that a VersionRow and a lineage graph's VersionNode hold, read by
-# name (`_named`), so that neither the order of a query's columns nor a dataclass's fields matter.
-VERSION_COLUMNS = ("id", "model", "seq", "manifest", "predecessor", "message", "author", "time", "tags", "files",
-                   "tensors", "params", "logical_bytes", "stored_bytes", "new_bytes", "lossy", "recipe")
-GRAPH_COLUMNS = ("id", "model", "seq", "predecessor", "time", "message", "tags", "params", "logical_bytes",
-                 "new_bytes", "lossy")
-JSON_COLUMNS = ("tags", "lossy", "recipe", "parents")  # stored as JSON text (lossy and recipe may be NULL)
-
-
-def _named(cursor: sqlite3.Cursor) -> Iterator[dict[str, Any]]:
-    """A query's rows as {column: value}, its JSON columns decoded."""
-    names = [d[0] for d in cursor.description]
-    for values in cursor:
-        row = dict(zip(names, values, strict=True))
-        for key in JSON_COLUMNS:
-            if key in row:
-                row[key] = json.loads(row[key]) if row[key] else None
-        yield row
-
-
 def storage_class(codec_names: str) -> str:
     """`delta`, `derived` or `standalone`, from a chain's names as recorded (`a+b+c`): each
     codec's class says which (imported here, not above, so that commands which never ask
@@ -103,49 +82,6 @@ def storage_class(codec_names: str) -> str:
     from mgit.codecs import storage_of
 
     return storage_of(codec_names)
-
-
-@dataclass(frozen=True)
-class ObjectRow:
-    id: str
-    kind: str
-    logical_size: int
-    stored_size: int
-    codec: str
-    bases: tuple[str, ...] = ()
-
-    @classmethod
-    def written(cls, result: PutResult) -> ObjectRow:
-        """The row of an object a store just wrote."""
-        return cls(result.oid, result.kind, result.size, result.stored_size, result.codec, result.bases)
-
-    @classmethod
-    def read(cls, store: ObjectStore, oid: str) -> ObjectRow:
-        """The row of an object in `store`, from its header."""
-        header = store.header(oid)
-        return cls(oid, header.kind, header.size, store.stored_size(oid), header.codec_names, tuple(header.bases))
-
-
-@dataclass(frozen=True)
-class VersionRow:
-    id: str
-    model: str
-    seq: int
-    manifest: str
-    predecessor: str | None
-    message: str
-    author: str
-    time: str
-    tags: dict[str, str]
-    files: int
-    tensors: int
-    params: int
-    logical_bytes: int
-    stored_bytes: int
-    new_bytes: int
-    lossy: dict[str, Any] | None
-    parents: tuple[tuple[str, str], ...]
-    recipe: dict[str, Any] | None = None
 
 
 class Catalog(Database):
@@ -391,7 +327,7 @@ class Catalog(Database):
                 FROM versions v {where}""",
             args,
         )
-        return [VersionRow(**{**r, "parents": tuple(tuple(p) for p in r["parents"])}) for r in _named(cur)]
+        return [VersionRow(**{**r, "parents": tuple(tuple(p) for p in r["parents"])}) for r in named_rows(cur)]
 
     def sketches(self) -> tuple[list[tuple[str, str, int, bytes]], list[str]]:
         """(version, model, seq, sketch) of every indexed version that has a sketch, and the
@@ -518,7 +454,7 @@ class Catalog(Database):
         (child, position, parent, relation): the lineage graph in two queries, fast enough
         for thousands of versions."""
         columns = ", ".join(f"{c} AS {c}" for c in GRAPH_COLUMNS)
-        versions = list(_named(self.db.execute(f"SELECT {columns} FROM versions")))
+        versions = list(named_rows(self.db.execute(f"SELECT {columns} FROM versions")))
         edges = list(self.db.execute("SELECT child, position, parent, relation FROM edges ORDER BY child, position"))
         return versions, edges
 
