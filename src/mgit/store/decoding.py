@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from mgit.errors import CorruptObjectError
 from mgit.store.cache import DecodedCache
 from mgit.store.objectformat import (
@@ -23,7 +21,9 @@ from mgit.store.objectformat import (
 )
 from mgit.store.objects import object_hasher
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy loads when something is decoded, not before
+    import numpy as np
+
     from mgit.store.base import ObjectStore
 
 
