@@ -115,9 +115,9 @@ def test_a_read_decoding_more_objects_than_the_bound_is_refused(setup: tuple[Pat
     plant_dag(remote, top, content, 12)
     sync.clone(str(remote), tmp_path / "full")
     decodes[0] = 0
-    import mgit.store.base
+    import mgit.store.decoding
 
-    monkeypatch.setattr(mgit.store.base, "MAX_READ_DECODES", 20, raising=False)  # 25 objects under the top
+    monkeypatch.setattr(mgit.store.decoding, "MAX_READ_DECODES", 20)  # 25 objects under the top
     repo = Repo(tmp_path / "full")
     with pytest.raises(CorruptObjectError, match=f"object {top[:16]} is corrupt: reading it decodes more than 20 objects"):
         repo.open("m")["position_ids"]
