@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from conftest import make_model, run_cli, tensors
 
-from mgit import Repo, sync
+from mgit import Repo, execution, sync
 from mgit.checks import Checks
 from mgit.cluster import open_executor
 from mgit.errors import InvalidOptionError
-from mgit.execution import LocalExecutor, RecipeJob, TestJob, resources_of
+from mgit.execution import LocalExecutor, RecipeJob, TestJob, register_derived_chains, resources_of
 
 RECIPES = """
 import pathlib, shutil
@@ -170,3 +170,37 @@ def test_the_local_executor_never_imports_ray(work: Repo, tmp_path: Path) -> Non
         "print('RAY-IMPORTED' if 'ray' in sys.modules else 'NO-RAY')\n")  # fmt: skip
     run = subprocess.run([sys.executable, "run.py"], cwd=work.root, capture_output=True, text=True, timeout=300)
     assert "updated" in run.stdout and run.stdout.strip().endswith("NO-RAY"), run.stdout + run.stderr
+
+
+def test_a_recipe_output_is_stored_as_its_package_registered(work: Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(execution, "_DERIVED", {})
+    head = work.resolve("base")
+    job = RecipeJob("copy", head, [head], "finetune", {"fn": "mgit.tools:rebuild"}, "", {}, 60.0)
+    assert execution.derived_chains(work, job) == {}  # not registered
+    register_derived_chains("mgit.tools:rebuild", lambda repo, j: {"w": [repo.resolve(j.parents[0])]})
+    assert execution.derived_chains(work, job) == {"w": [head]}
+    other = RecipeJob("copy", head, [head], "finetune", work.recipe_record("recipes.py:copy", {}), "", {}, 60.0)
+    assert execution.derived_chains(work, other) == {}
+
+
+def test_a_cascade_alone_stores_a_re_merge_as_weighted_sums(tmp_path: Path) -> None:
+    """A process that imports mgit.cascade and not mgit.merging still stores a re-merge as the
+    merge's weighted sums: the cascade brings in the recipes of MGit's own, which register how."""
+    import subprocess
+    import sys
+
+    from merge_models import MODELS, write_model
+
+    from mgit.merging import merge
+
+    repo = Repo.init(tmp_path / "repo")
+    for name, (_, parent) in MODELS.items():
+        repo.add(write_model(tmp_path / name, name), name=name, parent=parent)
+    merge(repo, ["ft1", "ft2"], method="linear", name="lib")
+    repo.add({k: v + np.float32(0.01) for k, v in repo.load_state_dict("ft2").items()}, name="ft2")
+    probe = ("import sys\nfrom mgit import Repo\nfrom mgit.cascade import cascade\n"
+             "report = cascade(Repo(sys.argv[1]), 'ft2')\n"
+             "print([r.status for r in report.results], 'mgit.merging' in sys.modules)\n")  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", probe, str(repo.root)], capture_output=True, text=True, timeout=300)
+    assert run.stdout.split() == ["['updated']", "True"], run.stdout + run.stderr
+    assert Repo(repo.root).show("lib").tensor_storage == {"derived": len(repo.manifest("lib").tensors())}

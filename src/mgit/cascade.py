@@ -35,10 +35,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import mgit.merging  # noqa: F401  (registers how a re-run merge is stored: mgit.execution)
 from mgit import usercode
 from mgit.checks import Checks, TestOutcome
 from mgit.errors import MgitError
-from mgit.execution import Executor, LocalExecutor, RecipeJob, resources_of
+from mgit.execution import Executor, LocalExecutor, RecipeJob, RecipeRun, resources_of
 from mgit.lineage.graph import Lineage, LineageEdge
 from mgit.repo.location import trusted_code
 from mgit.repo.repository import Repo
@@ -355,34 +356,41 @@ class _Cascade:
         """Test the old version, run the recipe, commit and test the new one (a worker thread)."""
         start = time.monotonic()
         before = self._tests([step.head]).get(step.head, [])
-        failed = _result(step, "failed-recipe", rebuilt_on=[ref for _, ref in parents], tests_before=before)
-        result = self._commit(step, parents, failed)
-        if result.status == "updated" and result.new:
-            after = self._tests([result.new]).get(result.new, [])
-            if any(t.status != "pass" for t in after):
-                result = replace(result, status="failed-tests",
-                                 reason="a test fails on the new version; the models below it are blocked")  # fmt: skip
-            result = replace(result, tests_after=after)
+        common: dict[str, Any] = {"rebuilt_on": [ref for _, ref in parents], "tests_before": before}  # in every outcome
+        job = self._job_or_why(step, parents)
+        if isinstance(job, str):
+            result = _result(step, "failed-recipe", reason=job, **common)
+        else:
+            run = self.executor.run_recipe(job)
+            common.update(where=run.where, notes=run.notes)
+            if run.ok:
+                crash_point("cascade-after-commit")
+                result = self._committed(step, run, common)
+            else:
+                result = _result(step, "failed-recipe", reason=run.error, output=run.output, **common)
         return replace(result, seconds=round(time.monotonic() - start, 3))
 
-    def _commit(self, step: CascadeStep, parents: list[tuple[str, str]], failed: ModelResult) -> ModelResult:
-        """Run the recipe on the parents and commit what it wrote as the next version (by the
-        executor, wherever it runs); `failed` with the reason when anything goes wrong (then
-        nothing is committed)."""
+    def _job_or_why(self, step: CascadeStep, parents: list[tuple[str, str]]) -> RecipeJob | str:
+        """The job that re-runs a step's recipe on the parents, or why there is none."""
         if step.problem or step.recipe is None:
-            return replace(failed, reason=step.problem or "no recipe")
+            return step.problem or "no recipe"
         try:
-            job = self._job(step, parents)
+            return self._job(step, parents)
         except (MgitError, OSError) as exc:
-            return replace(failed, reason=str(exc))
-        run = self.executor.run_recipe(job)
-        failed = replace(failed, where=run.where, notes=run.notes)
-        if not run.ok:
-            return replace(failed, reason=run.error, output=run.output)
-        crash_point("cascade-after-commit")
-        # Not created: the same files, parents and recipe as the head, which is then up to date.
-        return replace(failed, status="updated" if run.created else "up-to-date", new=run.version,
-                       new_ref=f"{step.model}@{run.seq}")  # fmt: skip
+            return str(exc)
+
+    def _committed(self, step: CascadeStep, run: RecipeRun, common: dict[str, Any]) -> ModelResult:
+        """The result of a recipe whose output the executor committed: `up-to-date` when it was
+        not created (the same files, parents and recipe as the head), else `updated` once the
+        new version's tests pass, `failed-tests` when one does not."""
+        new = {"new": run.version, "new_ref": f"{step.model}@{run.seq}"}
+        if not run.created:
+            return _result(step, "up-to-date", **new, **common)
+        after = self._tests([run.version]).get(run.version, []) if run.version else None
+        if after and any(t.status != "pass" for t in after):
+            why = "a test fails on the new version; the models below it are blocked"
+            return _result(step, "failed-tests", reason=why, tests_after=after, **new, **common)
+        return _result(step, "updated", tests_after=after, **new, **common)
 
     def _job(self, step: CascadeStep, parents: list[tuple[str, str]]) -> RecipeJob:
         """The recipe job of a step: the recipe as the new version records it (recorded anew

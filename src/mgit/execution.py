@@ -17,17 +17,20 @@ A job handed to another machine is untrusted input there: `received_recipe_job` 
 it (ids are object ids, a model name is a name, the function a module path or a file
 below the work folder, the source carried and bounded, numbers finite and bounded, the work
 folder an absolute normalized path), and name the first field at fault (InvalidJobError).
+
+A recipe of MGit's own says how its output is stored (a merge's tensors as weighted sums of
+its parents): its package registers that here (`register_derived_chains`) when imported, and
+every code path that runs recipe jobs imports it (mgit.cascade, mgit.cluster's nodes).
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import math
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,7 +45,7 @@ from mgit.store.objects import OID_RE, RELATIONS
 from mgit.usercode import RESOURCE_KEYS, resources_of
 
 __all__ = ["RESOURCE_KEYS", "Executor", "LocalExecutor", "RecipeJob", "RecipeRun", "TestJob", "received_recipe_job",
-           "received_test_job", "resources_of", "run_recipe_in", "run_tests_in"]
+           "received_test_job", "register_derived_chains", "resources_of", "run_recipe_in", "run_tests_in"]
 
 MAX_JOB_TIMEOUT = 7 * 24 * 3600.0  # seconds a job's user code may be given
 MAX_JOB_SOURCE = 64 << 20  # bytes of a function's source file a job carries
@@ -180,19 +183,22 @@ def run_recipe_in(repo: Repo, job: RecipeJob, *, where: str, cwd: Path | None = 
     return RecipeRun(True, added.version, added.seq, added.created, output=run.output, where=where)
 
 
+DerivedChains = Callable[[Repo, RecipeJob], Mapping[str, list[Any]]]
+_DERIVED: dict[str, DerivedChains] = {}  # recipe function reference -> how its output is stored
+
+
+def register_derived_chains(fn: str, chains: DerivedChains) -> None:
+    """Say how the output of the recipe `fn` (its function reference, `module:function`) is
+    stored: `chains(repo, job)` gives the codec chain of each tensor (by name) derived from
+    the job's parents, which the add tries first. For recipes of MGit's own, registered by
+    their package when imported (mgit.merging); a user's recipe runs in a child process."""
+    _DERIVED[fn] = chains
+
+
 def derived_chains(repo: Repo, job: RecipeJob) -> dict[str, Any]:
-    """How a recipe of MGit's own stores its output, for any executor and any caller: the
-    `derived_chains(repo, job)` of its module (`mgit.merging.recipe`: a merge's weighted
-    sums of its parents). A user's recipe module is never imported here: it runs only in
-    its child process."""
-    module = str((job.recipe or {}).get("fn", "")).partition(":")[0]
-    if not module.startswith("mgit."):
-        return {}
-    try:
-        hook = getattr(importlib.import_module(module), "derived_chains", None)
-    except ImportError:
-        return {}
-    return dict(hook(repo, job)) if hook is not None else {}
+    """The chains registered for a job's recipe (`register_derived_chains`); none for any other."""
+    chains = _DERIVED.get(str((job.recipe or {}).get("fn", "")))
+    return dict(chains(repo, job)) if chains is not None else {}
 
 
 def run_tests_in(repo: Repo, jobs: list[TestJob], *, cwd: Path | None = None) -> list[usercode.RunOutcome]:

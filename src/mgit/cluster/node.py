@@ -32,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
+import mgit.merging  # noqa: F401  (registers how a re-run merge is stored: mgit.execution)
 from mgit import usercode
 from mgit.errors import InvalidJobError, MgitError
 from mgit.execution import (

@@ -12,18 +12,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mgit.errors import CatalogError, CorruptObjectError, MissingObjectError
+from mgit.index.rows import GRAPH_COLUMNS, VERSION_COLUMNS, ObjectRow, VersionRow, named_rows
 from mgit.reports import ModelUsage, ParentInfo
 from mgit.store.objects import Parent, Version
 from mgit.util.database import Database
 
 if TYPE_CHECKING:  # the store's types only: indexing reads records through it
     from mgit.index.refs import RefStore
-    from mgit.store.base import ObjectStore, PutResult
+    from mgit.store.base import ObjectStore
 
 MIGRATIONS: list[tuple[str, list[str]]] = [
     (
@@ -82,43 +82,6 @@ def storage_class(codec_names: str) -> str:
     from mgit.codecs import storage_of
 
     return storage_of(codec_names)
-
-
-@dataclass(frozen=True)
-class ObjectRow:
-    id: str
-    kind: str
-    logical_size: int
-    stored_size: int
-    codec: str
-    bases: tuple[str, ...] = ()
-
-    @classmethod
-    def written(cls, result: PutResult) -> ObjectRow:
-        """The row of an object a store just wrote."""
-        return cls(result.oid, result.kind, result.size, result.stored_size, result.codec, result.bases)
-
-
-@dataclass(frozen=True)
-class VersionRow:
-    id: str
-    model: str
-    seq: int
-    manifest: str
-    predecessor: str | None
-    message: str
-    author: str
-    time: str
-    tags: dict[str, str]
-    files: int
-    tensors: int
-    params: int
-    logical_bytes: int
-    stored_bytes: int
-    new_bytes: int
-    lossy: dict[str, Any] | None
-    parents: tuple[tuple[str, str], ...]
-    recipe: dict[str, Any] | None = None
 
 
 class Catalog(Database):
@@ -229,12 +192,7 @@ class Catalog(Database):
             return
         objects = {v: store.get_manifest(version.manifest).object_ids() | version.linked_objects() | {v}
                    for v, version in order}  # fmt: skip
-        missing = self.missing_objects(set().union(*objects.values()))
-        rows = []
-        for oid in sorted(missing):
-            header = store.header(oid)
-            rows.append(ObjectRow(oid, header.kind, header.size, store.stored_size(oid), header.codec_names,
-                                  tuple(header.bases)))  # fmt: skip
+        rows = [ObjectRow.read(store, oid) for oid in sorted(self.missing_objects(set().union(*objects.values())))]
         with self.atomic() as tx:
             self._insert_objects(tx, rows)
             for v, version in order:
@@ -293,6 +251,16 @@ class Catalog(Database):
         )
         return {r[0]: ObjectRow(*r[:5], tuple(json.loads(r[5])) if r[5] else ()) for r in rows}
 
+    def sizes_and_bases(self, oids: Iterable[str]) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """{id: (logical size, delta bases)} of the objects among `oids` it has a row for (what
+        a lazy clone's store fetches, and how much of it: mgit.store.lazy.ObjectIndex)."""
+        return {r.id: (r.logical_size, r.bases) for r in self.object_rows(oids).values()}
+
+    def index_objects(self, store: ObjectStore, oids: Iterable[str]) -> None:
+        """Rows for these objects from their headers in `store`, replacing any (a lazy clone's
+        objects just fetched: the remote's pack described them, now they are here)."""
+        self.add_objects([ObjectRow.read(store, oid) for oid in oids])
+
     def remove_objects(self, oids: Iterable[str]) -> None:
         """Forget objects gc deleted (and the sketches of versions among them)."""
         gone = [(o,) for o in oids]
@@ -350,21 +318,13 @@ class Catalog(Database):
 
     def _versions(self, where: str, args: tuple[Any, ...]) -> list[VersionRow]:
         cur = self.db.execute(
-            f"""SELECT v.id, v.model, v.seq, v.manifest, v.predecessor, v.message, v.author, v.time,
-                       v.tags, v.files, v.tensors, v.params, v.logical_bytes, v.stored_bytes,
-                       v.new_bytes, v.lossy, v.recipe,
+            f"""SELECT {", ".join(f"v.{c} AS {c}" for c in VERSION_COLUMNS)},
                        (SELECT json_group_array(json_array(e.parent, e.relation))
-                          FROM (SELECT * FROM edges e WHERE e.child = v.id ORDER BY e.position) e)
+                          FROM (SELECT * FROM edges e WHERE e.child = v.id ORDER BY e.position) e) AS parents
                 FROM versions v {where}""",
             args,
         )
-        out = []
-        for r in cur:
-            out.append(VersionRow(*r[:8], json.loads(r[8]), *r[9:15],
-                                  json.loads(r[15]) if r[15] else None,
-                                  tuple(tuple(p) for p in json.loads(r[17])),
-                                  json.loads(r[16]) if r[16] else None))  # fmt: skip
-        return out
+        return [VersionRow(**{**r, "parents": tuple(tuple(p) for p in r["parents"])}) for r in named_rows(cur)]
 
     def sketches(self) -> tuple[list[tuple[str, str, int, bytes]], list[str]]:
         """(version, model, seq, sketch) of every indexed version that has a sketch, and the
@@ -486,14 +446,12 @@ class Catalog(Database):
         )
         return dict(rows)
 
-    def graph_rows(self) -> tuple[list[tuple[Any, ...]], list[tuple[str, int, str, str]]]:
-        """Every indexed version (id, model, seq, predecessor, time, message, tags, params,
-        logical bytes, new bytes, lossy) and every lineage edge (child, position, parent,
-        relation): the lineage graph in two queries, fast enough for thousands of versions."""
-        versions = [(*r[:6], json.loads(r[6]), *r[7:10], json.loads(r[10]) if r[10] else None)
-                    for r in self.db.execute(
-                        """SELECT id, model, seq, predecessor, time, message, tags, params,
-                                  logical_bytes, new_bytes, lossy FROM versions""")]  # fmt: skip
+    def graph_rows(self) -> tuple[list[dict[str, Any]], list[tuple[str, int, str, str]]]:
+        """Every indexed version ({column: value} of GRAPH_COLUMNS) and every lineage edge
+        (child, position, parent, relation): the lineage graph in two queries, fast enough
+        for thousands of versions."""
+        columns = ", ".join(f"{c} AS {c}" for c in GRAPH_COLUMNS)
+        versions = list(named_rows(self.db.execute(f"SELECT {columns} FROM versions")))
         edges = list(self.db.execute("SELECT child, position, parent, relation FROM edges ORDER BY child, position"))
         return versions, edges
 

@@ -159,7 +159,7 @@ class Lineage:
     @classmethod
     def load(cls, catalog: Catalog) -> Lineage:
         rows, edges = catalog.graph_rows()
-        versions = {r[0]: VersionNode(*r) for r in rows}
+        versions = {r["id"]: VersionNode(**r) for r in rows}
         return cls(versions, catalog.heads(), edges)
 
     def _chain(self, vid: str) -> list[VersionNode]:

@@ -5,7 +5,8 @@ of the repository (linear, slerp, task_arithmetic, ties, dare_linear, dare_ties,
 mergekit's semantics: mgit.merging.methods) and adds the result as a version with relation
 `merge`, every input (the base included) as a lineage parent, and the merge itself as its
 recipe (`mgit.merging.recipe:merge` with a MergeSpec as parameters): `mgit show` says how it
-was made, and `mgit cascade` merges again when an input gets a new version.
+was made, and `mgit cascade` merges again when an input gets a new version (importing this
+package registers with mgit.execution how a re-merge is stored: `derived_for_recipe`).
 `merge_config(repo, "merge.yml", name=...)` takes mergekit's YAML config, its model names
 resolved in the repository before any work is done.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mgit.errors import InputError, InvalidOptionError
+from mgit.execution import register_derived_chains
 from mgit.merging.methods import METHODS
 from mgit.merging.spec import (
     OUT_DTYPES,
@@ -196,3 +198,6 @@ def _derived(repo: Repo, spec: MergeSpec, vids: list[str]) -> dict[str, list[Any
                                  scale=float(params.get("lambda", 1.0)), dtype=first.dtype)  # fmt: skip
         derived[name] = [codec, ZstdCodec(level=3)]
     return derived
+
+
+register_derived_chains(RECIPE, derived_for_recipe)

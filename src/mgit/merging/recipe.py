@@ -152,14 +152,6 @@ def merge(parents: list[Path], out_dir: Path, **params: Any) -> None:
     merge_inputs([FolderInput(Path(p)) for p in parents], Path(out_dir), MergeSpec.from_params(params))
 
 
-def derived_chains(repo: Any, job: Any) -> dict[str, list[Any]]:
-    """How this recipe's output is stored (mgit.execution asks a recipe of MGit's own): as
-    weighted sums of its parents for a linear or task-arithmetic merge."""
-    from mgit.merging import derived_for_recipe
-
-    return derived_for_recipe(repo, job)
-
-
 def merge_inputs(inputs: list[Input], out_dir: Path, spec: MergeSpec,
                  tick: Callable[[int], None] | None = None) -> None:  # fmt: skip
     """Merge `inputs` (folders or stored versions, in the spec's order) into `out_dir`;

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mgit.errors import FormatVersionError, RepoConfigError, RepoExistsError, RepoNotFoundError
 from mgit.remotes.config import remote_of
@@ -21,6 +21,9 @@ from mgit.store.objects import utc_now
 from mgit.util.atomicfile import write_atomic
 from mgit.util.locks import FileLock
 from mgit.util.parallel import default_jobs
+
+if TYPE_CHECKING:
+    from mgit.store.lazy import ObjectIndex
 
 REPO_DIR = ".mgit"
 REPO_FORMAT = 1
@@ -88,8 +91,9 @@ def read_config(folder: Path) -> dict[str, Any]:
     return config
 
 
-def open_store(folder: Path, config: dict[str, Any]) -> LocalStore:
-    """The repository's objects; a lazy clone's store opens its remote on its first fetch."""
+def open_store(folder: Path, config: dict[str, Any], *, index: ObjectIndex) -> LocalStore:
+    """The repository's objects; a lazy clone's store opens its remote on its first fetch
+    and learns what the objects it lacks are from `index` (the repository's catalog)."""
     fsync = bool(config.get("fsync", True))
     lock = folder / "locks" / "repo.lock"
     lazy = config.get("lazy")
@@ -99,7 +103,7 @@ def open_store(folder: Path, config: dict[str, Any]) -> LocalStore:
         from mgit.store.lazy import LazyStore
 
         spec = remote_of(config, lazy)
-        return LazyStore(folder / "objects", fsync=fsync, lock_path=lock, jobs=default_jobs(),
+        return LazyStore(folder / "objects", fsync=fsync, lock_path=lock, jobs=default_jobs(), index=index,
                          remote=lambda: RemoteRepository(open_backend(spec)))  # fmt: skip
     return LocalStore(folder / "objects", fsync=fsync, lock_path=lock)
 

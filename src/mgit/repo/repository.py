@@ -29,7 +29,7 @@ from mgit.errors import (
     RemoveRefusedError,
     UnknownRefError,
 )
-from mgit.index.catalog import Catalog, ObjectRow, VersionRow
+from mgit.index.catalog import Catalog, VersionRow
 from mgit.index.refs import RefStore, is_model_name
 from mgit.index.refspec import REF_RE, pick_version
 from mgit.lineage.graph import Lineage
@@ -73,13 +73,9 @@ class Repo:
         self.dir = locate(Path(path) if path is not None else None)
         self.config = read_config(self.dir)
         fsync = bool(self.config.get("fsync", True))
-        self.store: LocalStore = open_store(self.dir, self.config)
-        self.refs = RefStore(self.dir, fsync=fsync)
         self.catalog = Catalog(self.dir / "catalog.sqlite")
-        if self.store.lazy:
-            self.store.describe = lambda oids: {r.id: (r.logical_size, r.bases)
-                                                for r in self.catalog.object_rows(oids).values()}  # fmt: skip
-            self.store.on_fetched = self._describe_fetched
+        self.store: LocalStore = open_store(self.dir, self.config, index=self.catalog)
+        self.refs = RefStore(self.dir, fsync=fsync)
         self._session: DecodedCache | None = None
         self.catalog.sync(self.store, self.refs)
 
@@ -119,6 +115,7 @@ class Repo:
         for suffix in ("", "-wal", "-shm"):
             Path(f"{self.dir / 'catalog.sqlite'}{suffix}").unlink(missing_ok=True)
         self.catalog = Catalog(self.dir / "catalog.sqlite")
+        self.store = open_store(self.dir, self.config, index=self.catalog)  # (a lazy clone's reads the new one)
         self.sync_catalog()
 
     @contextmanager
@@ -140,15 +137,6 @@ class Repo:
             yield self._session
         finally:
             self._session = None
-
-    def _describe_fetched(self, oids: list[str]) -> None:
-        """A lazy clone's catalog rows from the headers of objects just fetched (the remote's
-        pack described them; now the real sizes and codecs are here)."""
-        rows = []
-        for oid in oids:
-            h = self.store.header(oid)
-            rows.append(ObjectRow(oid, h.kind, h.size, self.store.stored_size(oid), h.codec_names, tuple(h.bases)))
-        self.catalog.add_objects(rows)
 
     def _reuse(self) -> DecodedCache:
         """The decoded-object cache of one operation: the session's, or one for its bases."""

@@ -81,6 +81,15 @@ class ObjectStore:
     tracks_verified = False  # wants `mark_verified` for bases verified on the way (a fetch's overlay)
     block_bytes = BLOCK_BYTES  # larger content is coded in blocks of this size (when its chain allows)
 
+    def __init__(self) -> None:
+        """What every store keeps of the objects it read; it takes no arguments (a backend's
+        own constructor takes what it needs: a folder, a remote) and each backend calls it
+        first. Records verified and parsed once are kept, since they never change (an id
+        names one content): walks over thousands of versions (index, fetch, push) read each
+        record once. So are the block tables of recently read blocked objects."""
+        self._parsed: dict[str, Version | Manifest] = {}
+        self._tables: dict[str, BlockTable] = {}
+
     # --- backend primitives -------------------------------------------------------------
     def has(self, oid: str) -> bool:
         raise NotImplementedError
@@ -108,8 +117,8 @@ class ObjectStore:
 
     def forget(self, oid: str) -> None:
         """Drop what was parsed of an object (it is being deleted)."""
-        self._parsed_records().pop(oid, None)
-        self.__dict__.get("_tables", {}).pop(oid, None)
+        self._parsed.pop(oid, None)
+        self._tables.pop(oid, None)
 
     def ids(self) -> Iterator[str]:
         raise NotImplementedError
@@ -142,14 +151,14 @@ class ObjectStore:
     def block_table(self, oid: str, expect: Expected | None = None) -> BlockTable:
         """Where the blocks of an object lie, read (from its header and the blocks' lengths,
         not its payload) once and kept; its header checked against `expect` (see `get`)."""
-        tables = self.__dict__.setdefault("_tables", {})
+        tables = self._tables
         found = tables.get(oid)
         if found is None:
             self.prefetch(oid, expect)
         if found is not None:
             if expect is not None:
                 expect.check(oid, found.header)
-            return found  # type: ignore[no-any-return]
+            return found
         header, start = self._stored_header(oid)
         if expect is not None:
             expect.check(oid, header)
@@ -348,7 +357,8 @@ class ObjectStore:
             hasher = object_hasher(header.kind, header.meta)
             hasher.update(arr)
             if hasher.hexdigest() != oid:
-                self._blame_bases(oid, header)
+                if header.blocks:  # its bases, decoded block by block unverified, may be to blame
+                    self.explain(header.bases)
                 raise CorruptObjectError(oid, "its content does not hash to its id")
             for base in witness.verified(self) if witness else ():
                 self.mark_verified(base)
@@ -432,13 +442,6 @@ class ObjectStore:
                 witness.saw(oid, header, k, block)
         return block
 
-    def _blame_bases(self, oid: str, header: ObjectHeader) -> None:
-        """When a blocked object does not hash to its id, its bases (decoded block by block,
-        unverified) may be to blame: verify each, so the error names the damaged one."""
-        if header.blocks:
-            for base in header.bases:
-                self.get(base)
-
     def explain(self, oids: Iterable[str]) -> None:
         """Verify these objects (and so their bases), raising for the first damaged one: what
         a reader that skipped per-object checks does when its own digest does not match."""
@@ -472,7 +475,7 @@ class ObjectStore:
     def get_version(self, vid: str, *, fresh: bool = False) -> Version:
         """A version record, validated field by field (`fresh`: read and verified again
         even if parsed before, as fsck and gc want)."""
-        found = None if fresh else self._parsed_records().get(vid)
+        found = None if fresh else self._parsed.get(vid)
         if isinstance(found, Version):
             return found
         try:
@@ -484,7 +487,7 @@ class ObjectStore:
 
     def get_manifest(self, oid: str, *, fresh: bool = False) -> Manifest:
         """A manifest record, validated field by field (paths included)."""
-        found = None if fresh else self._parsed_records().get(oid)
+        found = None if fresh else self._parsed.get(oid)
         if isinstance(found, Manifest):
             return found
         try:
@@ -501,18 +504,10 @@ class ObjectStore:
 
     def parsed(self, oid: str) -> Version | Manifest | None:
         """The record of `oid` if it was parsed and verified here already."""
-        return self._parsed_records().get(oid)
-
-    # Records verified and parsed once are kept (they never change: an id names one content),
-    # so walks over thousands of versions (index, fetch, push) read each record once.
-    def _parsed_records(self) -> dict[str, Version | Manifest]:
-        parsed = self.__dict__.get("_parsed")
-        if parsed is None:
-            parsed = self.__dict__["_parsed"] = {}
-        return parsed  # type: ignore[no-any-return]
+        return self._parsed.get(oid)
 
     def _remember(self, oid: str, record: Version | Manifest) -> None:
-        parsed = self._parsed_records()
+        parsed = self._parsed
         if len(parsed) >= PARSED_RECORDS:
             with suppress(StopIteration, KeyError, RuntimeError):  # another thread got there first
                 parsed.pop(next(iter(parsed)))  # the oldest (dicts keep insertion order)

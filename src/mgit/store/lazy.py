@@ -5,6 +5,9 @@ A lazy clone has every version record and manifest, and a catalog row for every 
 (its size, codec and delta bases, from the remote's metadata packs), so `ls`, `log`,
 `show`, `lineage` and `du` never touch the network; `checkout`, `diff`, `test run` and
 `cascade` fetch exactly what they read. The remote is opened on the first fetch only.
+
+Those rows live in the repository's catalog, a layer above the store: a lazy store is
+opened with it as an `ObjectIndex`, the two questions it asks of it.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -27,25 +30,42 @@ from mgit.errors import (
     RemoteNotFoundError,
     RemoteUnavailableError,
 )
+from mgit.store.base import ObjectStore
 from mgit.store.local import LocalStore
 from mgit.store.objectformat import Expected, ObjectHeader
 from mgit.store.remote import RemoteObjects
 from mgit.store.transfer import SLACK, TransferStats, fetch_objects
 
 T = TypeVar("T")
-Describe = Callable[[Iterable[str]], dict[str, tuple[int, tuple[str, ...]]]]  # id -> (logical size, bases)
+
+
+class ObjectIndex(Protocol):
+    """What a lazy store asks of the index of every object its clone knows of (the
+    repository's catalog, `mgit.index.catalog.Catalog`)."""
+
+    def sizes_and_bases(self, oids: Iterable[str]) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """{id: (logical size, delta bases)} of the objects among `oids` it has a row for."""
+        ...
+
+    def index_objects(self, store: ObjectStore, oids: Iterable[str]) -> None:
+        """Rows for these objects from their headers in `store` (they just arrived: the
+        remote's pack described them, now the real sizes and codecs are here)."""
+        ...
 
 
 class LazyStore(LocalStore):
+    """`root` and the rest as for `LocalStore`; `remote` opens the remote (on the first
+    fetch), `index` says what the objects not here are and records those that arrive,
+    `jobs` objects are fetched at once."""
+
     lazy = True
 
-    def __init__(self, root: Path, *, remote: Callable[[], RemoteObjects], fsync: bool = True,
+    def __init__(self, root: Path, *, remote: Callable[[], RemoteObjects], index: ObjectIndex, fsync: bool = True,
                  lock_path: Path | None = None, jobs: int = 2) -> None:  # fmt: skip
         super().__init__(root, fsync=fsync, lock_path=lock_path)
         self._open_remote = remote
         self._remote: RemoteObjects | None = None
-        self.describe: Describe = lambda oids: {}  # set by the repository to its catalog's rows
-        self.on_fetched: Callable[[list[str]], None] = lambda oids: None  # and to record what arrived
+        self.index = index
         self.jobs = jobs
         self.fetched = TransferStats()
         self._inflight: dict[str, Future[None]] = {}
@@ -61,7 +81,7 @@ class LazyStore(LocalStore):
     def promised(self, oid: str) -> tuple[str, ...] | None:
         if self.has(oid):
             return None
-        found = self.describe([oid]).get(oid)
+        found = self.index.sizes_and_bases([oid]).get(oid)
         return None if found is None else found[1]
 
     def _here(self, read: Callable[..., T], oid: str, *args: Any) -> T:
@@ -108,7 +128,7 @@ class LazyStore(LocalStore):
         stats = TransferStats()
         try:
             if mine:
-                rows = self.describe(mine)
+                rows = self.index.sizes_and_bases(mine)
                 unknown = [o for o in mine if o not in rows]
                 if unknown:  # not in any version this clone knows: nothing to ask the remote for
                     raise MissingObjectError(unknown[0])
@@ -116,7 +136,7 @@ class LazyStore(LocalStore):
                 limits = {o: (expected[o].most or 0) + SLACK for o in mine}
                 with self.lock():  # gc waits: it removes leftover quarantines
                     stats = self._fetch_from_remote(limits, expected)
-                self.on_fetched(list(mine))
+                self.index.index_objects(self, list(mine))
         except BaseException as exc:
             self._settle(mine, exc)
             raise
@@ -166,7 +186,7 @@ class LazyStore(LocalStore):
             batch = [o for o in dict.fromkeys(stack) if o not in seen]
             stack = []
             seen.update(batch)
-            rows = self.describe(batch)
+            rows = self.index.sizes_and_bases(batch)
             for oid in batch:
                 if not self.has(oid):
                     wanted[oid] = None

@@ -21,6 +21,7 @@ class LocalStore(ObjectStore):
     """A folder of object files. `lock_path` is the writers' lock (see `ObjectStore.lock`)."""
 
     def __init__(self, root: Path, *, fsync: bool = True, lock_path: Path | None = None) -> None:
+        super().__init__()
         self.root = root
         self.fsync = fsync
         self.lock_path = lock_path

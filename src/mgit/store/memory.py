@@ -13,6 +13,7 @@ from mgit.store.base import ObjectStore
 
 class MemoryStore(ObjectStore):
     def __init__(self) -> None:
+        super().__init__()
         self.records: dict[str, bytes] = {}
 
     def has(self, oid: str) -> bool:

@@ -19,6 +19,7 @@ class OverlayStore(ObjectStore):
     """Reads from the quarantine, then from the repository's store; writes nothing."""
 
     def __init__(self, quarantine: LocalStore, store: ObjectStore) -> None:
+        super().__init__()
         self.quarantine = quarantine
         self.store = store
         self.decoded: set[str] = set()  # every object read to be decoded (and so re-hashed)
@@ -37,9 +38,6 @@ class OverlayStore(ObjectStore):
 
     def mark_verified(self, oid: str) -> None:
         self.decoded.add(oid)
-
-    def read_bytes(self, oid: str) -> bytes:
-        return bytes(memoryview(self.read_record(oid)))
 
     def read_range(self, oid: str, offset: int, length: int) -> Any:
         # Not counted as decoded: a blocked object's base read block by block is not verified.

@@ -39,6 +39,7 @@ class RemoteStore(ObjectStore):
     """A remote's objects read through the store contract (for fsck): every read downloads."""
 
     def __init__(self, remote: RemoteObjects) -> None:
+        super().__init__()
         self.remote = remote
 
     def has(self, oid: str) -> bool:

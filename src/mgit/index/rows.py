@@ -1,0 +1,76 @@
+"""The rows the catalog gives back: an object's (`ObjectRow`), a version's (`VersionRow`), and
+a version's columns read by name, so that neither the order of a query's columns nor that of
+a dataclass's fields can put a value in the wrong field."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mgit.store.base import ObjectStore, PutResult
+
+# The columns of `versions` a VersionRow holds (its `parents` come from `edges`), and those a
+# lineage graph's VersionNode holds (mgit.lineage.graph).
+VERSION_COLUMNS = ("id", "model", "seq", "manifest", "predecessor", "message", "author", "time", "tags", "files",
+                   "tensors", "params", "logical_bytes", "stored_bytes", "new_bytes", "lossy", "recipe")
+GRAPH_COLUMNS = ("id", "model", "seq", "predecessor", "time", "message", "tags", "params", "logical_bytes",
+                 "new_bytes", "lossy")
+JSON_COLUMNS = ("tags", "lossy", "recipe", "parents")  # stored as JSON text (lossy and recipe may be NULL)
+
+
+def named_rows(cursor: sqlite3.Cursor) -> Iterator[dict[str, Any]]:
+    """A query's rows as {column: value}, its JSON columns decoded."""
+    names = [d[0] for d in cursor.description]
+    for values in cursor:
+        row = dict(zip(names, values, strict=True))
+        for key in JSON_COLUMNS:
+            if key in row:
+                row[key] = json.loads(row[key]) if row[key] else None
+        yield row
+
+
+@dataclass(frozen=True)
+class ObjectRow:
+    id: str
+    kind: str
+    logical_size: int
+    stored_size: int
+    codec: str
+    bases: tuple[str, ...] = ()
+
+    @classmethod
+    def written(cls, result: PutResult) -> ObjectRow:
+        """The row of an object a store just wrote."""
+        return cls(result.oid, result.kind, result.size, result.stored_size, result.codec, result.bases)
+
+    @classmethod
+    def read(cls, store: ObjectStore, oid: str) -> ObjectRow:
+        """The row of an object in `store`, from its header."""
+        header = store.header(oid)
+        return cls(oid, header.kind, header.size, store.stored_size(oid), header.codec_names, tuple(header.bases))
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    id: str
+    model: str
+    seq: int
+    manifest: str
+    predecessor: str | None
+    message: str
+    author: str
+    time: str
+    tags: dict[str, str]
+    files: int
+    tensors: int
+    params: int
+    logical_bytes: int
+    stored_bytes: int
+    new_bytes: int
+    lossy: dict[str, Any] | None
+    parents: tuple[tuple[str, str], ...]
+    recipe: dict[str, Any] | None = None
