@@ -119,3 +119,25 @@ def test_checkout_without_output_writes_dot_slash_name_and_refuses_a_full_folder
     assert sha256_tree(work / "base") == sha256_tree(work / "models" / "base")  # ORG/NAME: ./NAME
     code, out, err = run_cli("checkout", "acme/base", cwd=work)
     assert code == 1 and "output folder base is not empty" in err
+
+
+def test_show_labels_its_digest_and_prints_sha256_as_sha256sum_does(work: Path) -> None:
+    import hashlib
+    import subprocess
+
+    assert run_cli("add", "models/base", cwd=work)[0] == 0
+    code, out, err = run_cli("show", "base", cwd=work)
+    assert code == 0 and any(ln.startswith("file ") and ln.rstrip().endswith("blake3") for ln in out.splitlines())
+    code, out, err = run_cli("show", "base", "--sha256", cwd=work)
+    assert code == 0, err
+    model = work / "models" / "base"
+    expected = {p.relative_to(model).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in model.rglob("*") if p.is_file()}  # fmt: skip
+    lines = [ln for ln in out.splitlines() if len(ln) > 66 and ln[64:66] == "  "]
+    assert {ln[66:]: ln[:64] for ln in lines} == expected
+    (model / "SUMS").write_text("\n".join(lines) + "\n")
+    checked = subprocess.run(["sha256sum", "-c", "SUMS"], cwd=model, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    code, out, _ = run_cli("show", "base", "--sha256", "--json", cwd=work)
+    assert code == 0 and json.loads(out)["sha256"] == expected
+    assert not any(p.name.startswith("sha256-") for p in (work / ".mgit").iterdir())  # the rebuilt files are gone

@@ -300,18 +300,24 @@ def log(ctx: click.Context, ref: str, as_json: bool) -> None:
 
 @click.command()
 @click.argument("ref")
+@click.option("--sha256", "with_sha256", is_flag=True,
+              help="Also the sha256 of every file, as sha256sum prints it (the files are rebuilt to hash them).")
 @json_option
 @click.pass_context
-def show(ctx: click.Context, ref: str, as_json: bool) -> None:
-    """Show one version: files, tensors and parameters, dtypes, storage, parents.
+def show(ctx: click.Context, ref: str, with_sha256: bool, as_json: bool) -> None:
+    """Show one version: files, tensors and parameters, dtypes, storage, parents. A file's
+    blake3 is what MGit records; --sha256 rebuilds the files to print what sha256sum would.
 
     \b
-    Example:
+    Examples:
       mgit show bert-sst2@1
+      mgit show bert-sst2 --sha256
     """
-    result = _repo(ctx).show(ref)
+    repo = _repo(ctx)
+    result = repo.show(ref)
+    sums = _sha256_of_files(repo, result.version.id) if with_sha256 else None
     if as_json:
-        print_json(result.to_json())
+        print_json({**result.to_json(), **({"sha256": sums} if sums is not None else {})})
         return
     v = result.version
     out.print(_version_line(v))
@@ -323,7 +329,7 @@ def show(ctx: click.Context, ref: str, as_json: bool) -> None:
         params = " ".join(f"{k}={json.dumps(val)}" for k, val in sorted(v.recipe.get("params", {}).items()))
         out.print(f"  recipe:  {v.recipe.get('fn')} {params} (source {short(v.recipe.get('source_sha256'))})")
     out.print("")
-    files = table("file", "type", "tensors", "size", "digest")
+    files = table("file", "type", "tensors", "size", "blake3")
     for f in result.files:
         kind = f.type + (f" (from {f.converted_from})" if f.converted_from else "")
         files.add_row(f.path, kind, str(f.tensors or ""), size(f.size), short(f.digest))
@@ -333,6 +339,26 @@ def show(ctx: click.Context, ref: str, as_json: bool) -> None:
         factor = f"{s.logical_bytes / s.stored_bytes:.2f}x" if s.stored_bytes else "-"
         storage.add_row(s.codec, str(s.objects), size(s.logical_bytes), size(s.stored_bytes), factor)
     out.print(storage)
+    if sums is not None:
+        out.print("")
+        for path, digest in sums.items():
+            out.print(f"{digest}  {path}")  # as sha256sum prints it: `sha256sum -c` reads it back
+
+
+def _sha256_of_files(repo: Repo, version: str) -> dict[str, str]:
+    """sha256 of each file of a version, from a verified checkout into a temporary folder
+    inside the repository (the files are rebuilt, then hashed and removed)."""
+    import hashlib
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="sha256-", dir=repo.dir) as folder:
+        done = repo.checkout(version, Path(folder) / "files")
+        root = Path(done.out_dir)
+        sums = {}
+        for f in repo.manifest(version).files:
+            with (root / f.path).open("rb") as fh:
+                sums[f.path] = hashlib.file_digest(fh, "sha256").hexdigest()
+        return sums
 
 
 @click.command()
