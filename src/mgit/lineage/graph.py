@@ -20,11 +20,13 @@ import heapq
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
+from itertools import takewhile
 from typing import Any
 
 from mgit.errors import MgitError, NoMatchError, UnknownRefError
 from mgit.index.catalog import Catalog
 from mgit.reports import Report, json_safe
+from mgit.store.objects import walk_history
 
 
 class FlatReport(Report):
@@ -162,14 +164,9 @@ class Lineage:
         return cls(versions, catalog.heads(), edges)
 
     def _chain(self, vid: str) -> list[VersionNode]:
-        out: list[VersionNode] = []
-        seen: set[str] = set()
-        cur: str | None = vid
-        while cur and cur not in seen and cur in self._versions:
-            seen.add(cur)
-            out.append(self._versions[cur])
-            cur = self._versions[cur].predecessor
-        return out
+        """A version and its predecessors, newest first, as far as the catalog indexes them."""
+        known = takewhile(self._versions.__contains__, walk_history(vid, lambda v: self._versions[v].predecessor))
+        return [self._versions[v] for v in known]
 
     # --- one model ----------------------------------------------------------------------
     def node(self, name: str) -> ModelNode:

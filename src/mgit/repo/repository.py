@@ -53,7 +53,7 @@ from mgit.store.cache import CHECKOUT_BASES, SESSION_CACHE_BYTES, DecodedCache
 from mgit.store.local import LocalStore
 from mgit.store.lossy_policy import DEFAULT_GUARD, LossyPolicy, describe
 from mgit.store.objectformat import DEFAULT_MAX_DEPTH
-from mgit.store.objects import Manifest, Version
+from mgit.store.objects import Manifest, Version, walk_history
 from mgit.usercode import DEFAULT_TIMEOUT
 from mgit.util.atomicfile import write_atomic
 from mgit.util.parallel import Progress, default_jobs
@@ -182,13 +182,12 @@ class Repo:
 
     def chain(self, vid: str) -> list[str]:
         """A version and its predecessors, newest first."""
-        out: list[str] = []
-        cur: str | None = vid
-        while cur and cur not in out:
-            out.append(cur)
-            row = self.catalog.version(cur)
-            cur = row.predecessor if row else self.store.get_version(cur).predecessor
-        return out
+
+        def predecessor(v: str) -> str | None:
+            row = self.catalog.version(v)
+            return row.predecessor if row else self.store.get_version(v).predecessor
+
+        return list(walk_history(vid, predecessor))
 
     def model_of(self, ref: str) -> str:
         """The model name that a reference's version belongs to."""
