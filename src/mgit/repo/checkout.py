@@ -121,10 +121,14 @@ def _allocate(fd: int, size: int) -> None:
 
 def restore_manifest(store: ObjectStore, manifest: Manifest, out_dir: Path, *, jobs: int,
                      reuse: DecodedCache | None = None, progress: Progress | None = None) -> None:  # fmt: skip
-    """Rebuild every file of a manifest under `out_dir` (a version need not exist yet)."""
-    paths = [f.path for f in manifest.files]
-    for p in paths:
-        safe_join(out_dir, p)  # refuse before writing anything
+    """Rebuild every file of a manifest under `out_dir`, created if need be (a version need
+    not exist yet). A lazy clone's store fetches every object it lacks first, in parallel;
+    `reuse` keeps delta bases across the files (the shards of one checkpoint share them)."""
+    for f in manifest.files:
+        safe_join(out_dir, f.path)  # refuse before writing anything
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if store.lazy:
+        store.fetch(manifest.object_ids())
     cache = reuse if reuse is not None else DecodedCache(CHECKOUT_BASES, planned=True)
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-restore") as pool:
         for f in manifest.files:

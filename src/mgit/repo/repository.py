@@ -344,9 +344,7 @@ class Repo:
         `model_card=True` then writes the version's lineage parents into README.md's front
         matter (`base_model`, `base_model_relation`), the one file that then differs from
         what was added."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from mgit.repo.checkout import restore_file, safe_join
+        from mgit.repo.checkout import restore_manifest
 
         vid = self.resolve(ref)
         with self.catalog.explained():
@@ -357,18 +355,9 @@ class Repo:
             raise InputError(str(out), "exists and is not a folder")
         if out.is_dir() and any(out.iterdir()) and not force:
             raise OutputNotEmptyError(str(out))
-        for f in manifest.files:
-            safe_join(out, f.path)
-        out.mkdir(parents=True, exist_ok=True)
-        if self.store.lazy:  # everything it reads, fetched at once, in parallel
-            with self.catalog.explained():
-                self.store.fetch(manifest.object_ids())
         tick = progress(manifest.logical_bytes, 0) if progress else None
-        n = jobs or default_jobs()
-        reuse = self._reuse()  # delta bases, shared by the files of a sharded checkpoint
-        with self.catalog.explained(), ThreadPoolExecutor(max_workers=n, thread_name_prefix="mgit-checkout") as pool:
-            for f in manifest.files:
-                restore_file(self.store, f, out, pool=pool, jobs=n, progress=tick, reuse=reuse)
+        with self.catalog.explained():
+            restore_manifest(self.store, manifest, out, jobs=jobs or default_jobs(), reuse=self._reuse(), progress=tick)
         notes = [f"{f.path} was rebuilt as safetensors from {f.converted_from}" for f in manifest.files if f.converted_from]
         if model_card:
             notes.append(self._write_card(version, out))
