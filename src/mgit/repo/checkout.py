@@ -16,7 +16,7 @@ import numpy as np
 from mgit.errors import ChecksumMismatchError, UnsafePathError
 from mgit.store.base import ObjectStore
 from mgit.store.cache import CHECKOUT_BASES, DecodedCache
-from mgit.store.objectformat import expected_by
+from mgit.store.objectformat import Expected, file_objects_expected
 from mgit.store.objects import FileEntry, Manifest, check_relative_path
 from mgit.util.atomicfile import atomic_writer
 from mgit.util.parallel import Progress, ordered_map
@@ -43,15 +43,14 @@ def safe_join(root: Path, rel: str) -> Path:
 Item = tuple[str, int, "int | None", int]  # object, offset in the file, block (None: whole), bytes
 
 
-def _items(store: ObjectStore, entry: FileEntry) -> tuple[list[Item], dict[str, int]]:
+def _items(store: ObjectStore, entry: FileEntry, expected: dict[str, Expected]) -> tuple[list[Item], dict[str, int]]:
     """The work of rebuilding a file: (object, its offset in the file, block k or None for
-    an object decoded whole, bytes), the tensors checked against their headers; and how
-    often each delta base will be asked for whole (a planned cache releases it after its
-    last use)."""
+    an object decoded whole, bytes), each object's header checked against what the entry
+    expects of it; and how often each delta base will be asked for whole (a planned cache
+    releases it after its last use)."""
     items: list[Item] = []
     uses: dict[str, int] = {}
     offset = 0
-    expected = expected_by(Manifest((entry,)))
     for oid in [entry.object, *(t.object for t in entry.tensors)]:
         header = store.block_table(oid, expected[oid]).header  # checked before anything is decoded
         if header.blocks:
@@ -76,15 +75,14 @@ def restore_file(store: ObjectStore, entry: FileEntry, out_dir: Path, *, pool: T
     When it does not match, each object is verified, so that the error names a damaged one."""
     target = safe_join(out_dir, entry.path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    items, uses = _items(store, entry)
+    expected = file_objects_expected(entry)
+    items, uses = _items(store, entry, expected)
     reuse.expect(uses)
     hasher, written = blake3.blake3(), 0
     try:
         with atomic_writer(target, sync_dir=False, size=entry.size) as fh:
             fd = fh.fileno()
             _allocate(fd, entry.size)
-
-            expected = expected_by(Manifest((entry,)))
 
             def rebuild(oid: str, offset: int, k: int | None, _: int) -> np.ndarray:
                 if k is None:  # (a session keeps what it decodes: verified, as everything it holds)
