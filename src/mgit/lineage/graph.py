@@ -26,7 +26,7 @@ from typing import Any
 from mgit.errors import MgitError, NoMatchError, UnknownRefError
 from mgit.index.catalog import Catalog
 from mgit.reports import Report, json_safe
-from mgit.store.objects import walk_history
+from mgit.store.objects import tag_matches, walk_history
 
 
 class FlatReport(Report):
@@ -271,10 +271,8 @@ class Lineage:
         for name, node in sorted(self.nodes.items()):
             if pattern is not None and not fnmatch.fnmatchcase(name, pattern):
                 continue
-            if tag is not None:
-                key, sep, value = tag.partition("=")
-                if key not in node.tags or (sep and node.tags[key] != value):
-                    continue
+            if tag is not None and not tag_matches(tag, node.tags):
+                continue
             if relation is not None and not any(e.relation == relation for e in self._parents.get(name, [])):
                 continue
             out.append(name)

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -169,6 +169,14 @@ def _tags(tags: Any) -> dict[str, str]:
         _text(key, "a tag's key", MAX_TAG_KEY)
         _text(value, "a tag's value", MAX_TAG_VALUE)
     return dict(tags)
+
+
+def tag_matches(query: str, tags: Mapping[str, str]) -> bool:
+    """Whether a version's tags hold `query`: `KEY` (with any value) or `KEY=VALUE` (the
+    first `=` ends the key). What `mgit graph --tag`, a test attached to `tag:KEY[=VALUE]`
+    and the web app's tag filter select by."""
+    key, sep, value = query.partition("=")
+    return key in tags and (not sep or tags[key] == value)
 
 
 def _time(value: Any) -> str:
