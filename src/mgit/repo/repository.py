@@ -303,16 +303,17 @@ class Repo:
         )  # fmt: skip
 
     def recipe_record(self, recipe: str | Mapping[str, Any], params: Mapping[str, Any] | None = None, *,
-                      resources: Mapping[str, float] | None = None) -> dict[str, Any]:  # fmt: skip
+                      resources: Mapping[str, float] | None = None, recorded: bool = False) -> dict[str, Any]:  # fmt: skip
         """What a version records of a recipe: the function located (never run) and anchored
         at the work folder, its parameters, declared resources, its source file's hash and the
         file as an object (a teammate without it runs that), trusted here (mgit.repo.location). A
-        record (a mapping) is taken as it is."""
+        record (a mapping) is taken as it is; a reference `recorded` is a version's, read from
+        the work folder whatever the current one (`usercode.anchored`)."""
         if isinstance(recipe, Mapping):  # recorded already (a cascade running a recorded source)
             return dict(recipe)
         from mgit.usercode import recipe_record_of, source_file
 
-        record = recipe_record_of(recipe, params, root=self.root, resources=resources)
+        record = recipe_record_of(recipe, params, root=self.root, resources=resources, recorded=recorded)
         record["source"] = self.store.put_blob(source_file(record["fn"], cwd=self.root).read_bytes()).oid
         return trust_recipe(self.dir, record)  # recorded here: the user's own code
 
