@@ -218,8 +218,11 @@ def run(mode: str, spec: str, args: list[str], *, timeout: float, cwd: Path | No
 
 
 def metrics_of(value: Any) -> tuple[dict[str, float], bool | None, str | None]:
-    """(metrics, `passed` if the function returned it, a problem) from a test's return value.
-    NaN and infinite metrics are kept (as such) and reported as a problem."""
+    """(metrics, `passed` if the function returned it, a problem) from what a test or a gate
+    returned: the one reading of a user's metrics. No metrics: the problem says why it gave
+    none. A metric that is NaN or infinite (a NaN arrives as null) cannot pass a bound: it
+    is kept as it is, so that what was measured stays visible, and named in the problem,
+    which makes the verdict a failure."""
     if not isinstance(value, dict) or not value:
         return {}, None, "must return a non-empty dict of metrics"
     passed = value.get("passed")
