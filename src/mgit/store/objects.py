@@ -407,9 +407,10 @@ class Version:
 
 # --- walking what versions link to ---------------------------------------------------------------
 def walk_history(vid: str | None, predecessor: Callable[[str], str | None]) -> Iterator[str]:
-    """`vid` and its predecessors, newest first: the history of one model. `predecessor` is
-    asked of a version only when the walk goes on past it, so a caller that stops early reads
-    no further; the walk ends at a version with no predecessor (or one seen already)."""
+    """`vid` and its predecessors, newest first: the history of one model (or any line of
+    versions one link apart: bisect follows first ancestors). `predecessor` is asked of a
+    version only when the walk goes on past it, so a caller that stops early reads no
+    further; the walk ends at a version with no predecessor (or one seen already)."""
     seen: set[str] = set()
     while vid and vid not in seen:
         seen.add(vid)
