@@ -22,6 +22,7 @@ from mgit.checks import Checks, TestOutcome
 from mgit.errors import MgitError
 from mgit.repo.repository import Repo
 from mgit.reports import Report
+from mgit.store.objects import walk_history
 
 
 class NothingToBisectError(MgitError):
@@ -98,11 +99,11 @@ class Bisector:
 
     def line(self, vid: str) -> list[str]:
         """One line of ancestry from `vid` back to a root, following first ancestors."""
-        out, seen = [vid], {vid}
-        while (steps := self.ancestors(out[-1])) and steps[0][0] not in seen:
-            out.append(steps[0][0])
-            seen.add(steps[0][0])
-        return out
+        return list(walk_history(vid, self.first_ancestor))
+
+    def first_ancestor(self, vid: str) -> str | None:
+        steps = self.ancestors(vid)
+        return steps[0][0] if steps else None
 
     def run(self, start_ref: str) -> BisectResult:
         start = self.repo.resolve(start_ref)

@@ -32,7 +32,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import mgit.merging  # noqa: F401  (registers how a re-run merge is stored: mgit.execution)
@@ -403,7 +402,7 @@ class _Cascade:
         if step.recorded_source:
             record, source = dict(step.recipe), self.repo.store.get(step.recipe["source"])[1].tobytes()
         else:
-            record, source = self.repo.recipe_record(_rooted(fn, self.repo.root), params, resources=resources), None
+            record, source = self.repo.recipe_record(fn, params, resources=resources, recorded=True), None
         message = f"cascade from {self.plan.ref}: {fn} re-run on {', '.join(ref for _, ref in parents)}"
         return RecipeJob(step.model, step.head, [vid for vid, _ in parents], step.relation, record, message,
                          dict(self.repo.version(step.head).tags), self.timeout, source, resources)  # fmt: skip
@@ -432,15 +431,6 @@ def _result(step: CascadeStep, status: str, **extra: Any) -> ModelResult:
     return ModelResult(step.model, status, step.head, step.head_ref,
                        recipe=step.recipe["fn"] if step.recipe else None, source_changed=step.source_changed,
                        **extra)  # fmt: skip
-
-
-def _rooted(spec: str, root: Path) -> str:
-    """A recorded `file.py:fn` is relative to the work folder; make it absolute so that
-    recording it again does not depend on the current folder."""
-    target, name = usercode.split_spec(spec)
-    if target.endswith(".py") and not Path(target).is_absolute():
-        return f"{root / target}:{name}"
-    return spec
 
 
 def tests_summary(lines: list[TestLine] | None) -> str:

@@ -44,7 +44,7 @@ from mgit.lineage.graph import Lineage
 from mgit.repo.location import trust_code, trusted_code, trusts_remote_code
 from mgit.repo.repository import Repo
 from mgit.reports import Report, json_safe
-from mgit.store.objects import OID_RE, user_at_host, utc_now
+from mgit.store.objects import OID_RE, tag_matches, user_at_host, utc_now
 from mgit.usercode import DEFAULT_TIMEOUT
 from mgit.util.database import Database
 
@@ -117,8 +117,7 @@ class TestSpec(Report):
 
     def matches(self, model: str, tags: dict[str, str]) -> bool:
         if self.target.startswith("tag:"):
-            key, sep, value = self.target[4:].partition("=")
-            return key in tags and (not sep or tags[key] == value)
+            return tag_matches(self.target[4:], tags)
         return fnmatch.fnmatchcase(model, self.target)
 
 

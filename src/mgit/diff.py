@@ -37,6 +37,7 @@ import numpy as np
 
 from mgit.errors import InputError, MgitError, UnknownRefError
 from mgit.formats.folder import SourceFile, scan_path
+from mgit.formats.layers import layer_counts, layer_of
 from mgit.formats.safetensors import DTYPES, element_count
 from mgit.formats.tensors import TORCH_SUFFIXES
 from mgit.reports import Report
@@ -419,27 +420,14 @@ def _groups(tensors: list[TensorDiff], unchanged: dict[str, float]) -> list[Grou
     return out
 
 
-def _layer(name: str) -> tuple[str, str] | None:
-    """("model.layers", "3") for "model.layers.3.mlp.up_proj.weight": the first numbered part."""
-    parts = name.split(".")
-    i = next((i for i, p in enumerate(parts[1:], 1) if p.isdigit()), None)
-    return None if i is None else (".".join(parts[:i]), parts[i])
-
-
 def module_group(name: str) -> str:
-    """The module a tensor belongs to, for grouping: up to the first layer number
-    (`model.layers.3.mlp.up_proj.weight` -> `model.layers.3`), else its module
-    (`model.embed_tokens.weight` -> `model.embed_tokens`), else the name itself."""
-    layer = _layer(name)
-    return f"{layer[0]}.{layer[1]}" if layer else name.rpartition(".")[0] or name
-
-
-def layer_counts(names: Iterable[str]) -> dict[str, int]:
-    """Numbered blocks and how many layers each has: {"model.layers": 32}."""
-    blocks: dict[str, set[str]] = {}
-    for block, index in filter(None, map(_layer, names)):
-        blocks.setdefault(block, set()).add(index)
-    return {k: len(v) for k, v in blocks.items()}
+    """The module a tensor belongs to, for grouping: its layer, if it is in one
+    (`model.layers.3.mlp.up_proj.weight` -> `model.layers.3`, `mgit.formats.layers`), else its
+    module (`model.embed_tokens.weight` -> `model.embed_tokens`), else the name itself."""
+    layer = layer_of(name)
+    if layer is None:
+        return name.rpartition(".")[0] or name
+    return ".".join(name.split(".")[: layer[0].count(".") + 2])
 
 
 # --- files -----------------------------------------------------------------------------------

@@ -120,16 +120,16 @@ def source_hash(spec: str, *, cwd: Path | None = None) -> str:
     return hashlib.sha256(source_file(spec, cwd=cwd).read_bytes()).hexdigest()
 
 
-def anchored(spec: str, root: Path) -> str:
-    """A reference that still works from `root` (where MGit runs user code): a file path
-    (from the current folder, or else from `root`) is made relative to `root` when inside it,
-    absolute otherwise; a module name stays."""
+def anchored(spec: str, root: Path, *, recorded: bool = False) -> str:
+    """A reference that still works from `root` (where MGit runs user code): a file path is
+    made relative to `root` when inside it, absolute otherwise; a module name stays. A file
+    path a user gives is read from the current folder, else from `root`; one `recorded` (as
+    a version's recipe holds it, relative to the work folder) from `root` alone."""
     target, name = split_spec(spec)
     if not target.endswith(".py"):
         return spec
-    path = Path(target).resolve()  # relative to the current folder, else to the work folder
-    if not path.is_file():
-        path = (root / target).resolve()
+    here = Path(target).resolve()
+    path = here if not recorded and here.is_file() else (root / target).resolve()
     if not path.is_file():
         raise UserCodeError(spec, f"no file {target}")
     try:
@@ -158,12 +158,13 @@ def resources_of(values: Mapping[str, Any] | None) -> dict[str, float]:
     return out
 
 
-def recipe_record_of(spec: str, params: Any = None, *, root: Path, resources: Any = None) -> dict[str, Any]:
-    """What a version records of its recipe: the reference (anchored at the work folder
-    `root`), its parameters (JSON values; a random seed among them makes the recipe
-    re-runnable as it was), the resources it declares (already checked), and its source's
-    hash."""
-    spec = anchored(spec, root)
+def recipe_record_of(spec: str, params: Any = None, *, root: Path, resources: Any = None,
+                     recorded: bool = False) -> dict[str, Any]:  # fmt: skip
+    """What a version records of its recipe: the reference (`anchored` at the work folder
+    `root`; `recorded`: as a version recorded it), its parameters (JSON values; a random seed
+    among them makes the recipe re-runnable as it was), the resources it declares (already
+    checked), and its source's hash."""
+    spec = anchored(spec, root, recorded=recorded)
     params = dict(params or {})
     try:
         json.dumps(params, allow_nan=False)
@@ -217,8 +218,11 @@ def run(mode: str, spec: str, args: list[str], *, timeout: float, cwd: Path | No
 
 
 def metrics_of(value: Any) -> tuple[dict[str, float], bool | None, str | None]:
-    """(metrics, `passed` if the function returned it, a problem) from a test's return value.
-    NaN and infinite metrics are kept (as such) and reported as a problem."""
+    """(metrics, `passed` if the function returned it, a problem) from what a test or a gate
+    returned: the one reading of a user's metrics. No metrics: the problem says why it gave
+    none. A metric that is NaN or infinite (a NaN arrives as null) cannot pass a bound: it
+    is kept as it is, so that what was measured stays visible, and named in the problem,
+    which makes the verdict a failure."""
     if not isinstance(value, dict) or not value:
         return {}, None, "must return a non-empty dict of metrics"
     passed = value.get("passed")

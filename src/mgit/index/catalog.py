@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from mgit.errors import CatalogError, CorruptObjectError, MissingObjectError
 from mgit.index.rows import GRAPH_COLUMNS, VERSION_COLUMNS, ObjectRow, VersionRow, named_rows
 from mgit.reports import ModelUsage, ParentInfo
-from mgit.store.objects import Parent, Version
+from mgit.store.objects import Parent, Version, ancestors_first
 from mgit.util.database import Database
 
 if TYPE_CHECKING:  # the store's types only: indexing reads records through it
@@ -175,19 +175,13 @@ class Catalog(Database):
         """Index these versions and every version they link to that is not indexed yet,
         ancestors first (a version's position in its history is its predecessor's plus one),
         reading their records and object headers from `store`; one transaction for all."""
-        order: list[tuple[str, Version]] = []
         loaded: dict[str, Version] = {}
-        stack: list[tuple[str, bool]] = [(v, False) for v in reversed(vids)]  # the first first
-        while stack:  # iterative post-order: histories can be longer than the recursion limit
-            v, expanded = stack.pop()
-            if expanded:
-                order.append((v, loaded[v]))
-                continue
-            if v in loaded or self.has_version(v):
-                continue
+
+        def linked(v: str) -> list[str]:
             loaded[v] = store.get_version(v)
-            stack.append((v, True))
-            stack.extend((linked, False) for linked in loaded[v].linked_versions())
+            return loaded[v].linked_versions()
+
+        order = [(v, loaded[v]) for v in ancestors_first(vids, linked, stop=self.has_version)]
         if not order:
             return
         objects = {v: store.get_manifest(version.manifest).object_ids() | version.linked_objects() | {v}

@@ -14,7 +14,6 @@ of stored sketches at once.
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -37,7 +36,6 @@ NOISE = 1e-3  # distances below this are within the noise of a 64-value sample
 TRIM = 0.8  # the distance is the RMS of the closest 80% of tensors: a bias's tiny values can
 # change by a large fraction of themselves and would otherwise drown what the matrices say
 MERGE_GAIN = 0.25  # a merge must fit at most this fraction of the distance of its better parent
-LAYER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 INT_RANGE = {"I8": (-128, 127), "U8": (0, 255)}
 
 
@@ -237,12 +235,6 @@ def compare_all(q: Sketch, stored: Iterable[tuple[str, str, Sketch]]
 # --- relation and direction ----------------------------------------------------------------------
 
 
-def layer_count(s: Sketch) -> int:
-    if s.layers is None:
-        s.layers = len({m.group(1) for n in s.names if (m := LAYER.search(n))})
-    return s.layers
-
-
 def _is_narrower(q: Sketch, i: int, c: Sketch, j: int) -> bool:
     if q.roles[i] == QUANTIZED and c.roles[j] != QUANTIZED:
         return True
@@ -267,7 +259,7 @@ def analyse(q: Sketch, c: Sketch, iq: np.ndarray, ic: np.ndarray) -> tuple[str, 
     changed_params = float(weights[changed].sum())
     zero_gain = float((weights * (q.zeros[iq] - c.zeros[ic])).sum() / weights.sum()) if iq.size else 0.0
     vectors_changed = int(sum(len(q.shapes[i]) < 2 for i in iq[changed]))
-    q_layers, c_layers = layer_count(q), layer_count(c)
+    q_layers, c_layers = q.layers, c.layers
 
     votes = 0
     if changed_params and weights[narrowed].sum() >= 0.5 * changed_params:

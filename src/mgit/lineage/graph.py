@@ -20,11 +20,13 @@ import heapq
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
+from itertools import takewhile
 from typing import Any
 
 from mgit.errors import MgitError, NoMatchError, UnknownRefError
 from mgit.index.catalog import Catalog
 from mgit.reports import Report, json_safe
+from mgit.store.objects import tag_matches, walk_history
 
 
 class FlatReport(Report):
@@ -163,14 +165,9 @@ class Lineage:
         return cls(versions, catalog.heads(), edges)
 
     def _chain(self, vid: str) -> list[VersionNode]:
-        out: list[VersionNode] = []
-        seen: set[str] = set()
-        cur: str | None = vid
-        while cur and cur not in seen and cur in self._versions:
-            seen.add(cur)
-            out.append(self._versions[cur])
-            cur = self._versions[cur].predecessor
-        return out
+        """A version and its predecessors, newest first, as far as the catalog indexes them."""
+        known = takewhile(self._versions.__contains__, walk_history(vid, lambda v: self._versions[v].predecessor))
+        return [self._versions[v] for v in known]
 
     # --- one model ----------------------------------------------------------------------
     def node(self, name: str) -> ModelNode:
@@ -305,10 +302,8 @@ class Lineage:
         for name, node in sorted(self.nodes.items()):
             if pattern is not None and not fnmatch.fnmatchcase(name, pattern):
                 continue
-            if tag is not None:
-                key, sep, value = tag.partition("=")
-                if key not in node.tags or (sep and node.tags[key] != value):
-                    continue
+            if tag is not None and not tag_matches(tag, node.tags):
+                continue
             if relation is not None and not any(e.relation == relation for e in self._parents.get(name, [])):
                 continue
             out.append(name)

@@ -41,7 +41,6 @@ from mgit.lineage.evidence import (
     analyse,
     compare,
     compare_all,
-    layer_count,
     merge_fit,
 )
 from mgit.lineage.sketch import Sketch
@@ -185,7 +184,7 @@ def parent_candidates(query: Sketch, stored: Iterable[tuple[str, str, Sketch]], 
     first.sort(key=lambda c: (-c.evidence.relatedness, c.evidence.residual))
     refined = first[:REFINE]
     for c in refined:
-        if layer_count(query) == layer_count(c.sketch):
+        if query.layers == c.sketch.layers:
             continue  # layers line up by name; matching by pattern only helps a student with fewer
         by_pattern, _, _ = compare(query, c.sketch, by_pattern=True)
         if by_pattern.distance < c.evidence.distance:

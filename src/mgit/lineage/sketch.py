@@ -32,6 +32,7 @@ import numpy as np
 from mgit.codecs.derived import to_bfloat16_bits
 from mgit.formats import safetensors
 from mgit.formats.folder import ModelSource, SourceFile
+from mgit.formats.layers import layer_count
 from mgit.formats.safetensors import DTYPES, FP8_VALUES, TensorSpan, is_float
 from mgit.store.base import ObjectStore
 from mgit.store.objects import Manifest, TensorEntry, object_id, tensor_meta
@@ -113,10 +114,12 @@ class Sketch:
     values: np.ndarray  # float32 (n, SAMPLES)
     scales: np.ndarray  # float32 (n, SAMPLES): the quantization scale at each sample, 0 if none
 
-    def __post_init__(self) -> None:
-        self.layers: int | None = None  # numbered layers, counted when parent inference needs it
-
     # Most stored sketches are only scanned once by parent inference: these are built on demand.
+    @cached_property
+    def layers(self) -> int:
+        """How many layers the model has (`mgit.formats.layers.layer_count`)."""
+        return layer_count(self.names)
+
     @cached_property
     def index(self) -> dict[str, int]:
         return {n: i for i, n in enumerate(self.names)}

@@ -20,13 +20,13 @@ from typing import Any
 
 from mgit.errors import InputError, InvalidOptionError
 from mgit.execution import register_derived_chains
+from mgit.formats.layers import layer_span
 from mgit.merging.methods import METHODS
 from mgit.merging.spec import (
     OUT_DTYPES,
     MergeConfig,
     MergeSpec,
     combine,
-    layer_count,
     layer_positions,
 )
 from mgit.repo.repository import Repo
@@ -90,7 +90,7 @@ def merge_config(repo: Repo, config: str | Path, *, name: str, message: str = ""
     for ref in [*refs, *([cfg.base] if cfg.base else [])]:
         repo.resolve(ref)  # every model named exists, before any work
     if cfg.layer_range is not None:
-        layers = layer_count(t.name for t in repo.manifest(refs[0]).tensors())
+        layers = layer_span(t.name for t in repo.manifest(refs[0]).tensors())
         if cfg.layer_range != (0, layers):
             raise InvalidOptionError(f"{path}: layer_range {list(cfg.layer_range)} of models with {layers} layers: "
                                      "merging part of the layers changes the architecture",

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import fnmatch
 import math
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from mgit.errors import InvalidOptionError
+from mgit.formats.layers import layer_of, layer_span
 from mgit.merging.methods import METHODS
 
 OUT_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}  # --dtype: its safetensors name
@@ -27,21 +27,14 @@ DTYPES = tuple(OUT_DTYPES)
 MAX_INPUTS = 64
 
 
-LAYER = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)\.")
-
-
 def layer_positions(names: Iterable[str]) -> dict[str, float]:
     """Where each tensor sits along the layers, as mergekit's gradients read it: layer i of
-    n at i / (n - 1) (1 when there is one layer), tensors outside the layers (embeddings,
-    final norm, head) at 0."""
+    a span of n (`mgit.formats.layers.layer_span`) at i / (n - 1) (1 when there is one
+    layer), tensors outside the layers (embeddings, final norm, head) at 0."""
     names = list(names)
-    found = {n: int(m.group(1)) for n in names if (m := LAYER.search(n))}
-    count = max(found.values(), default=-1) + 1
-    return {n: (found[n] / (count - 1) if count > 1 else 1.0) if n in found else 0.0 for n in names}
-
-
-def layer_count(names: Iterable[str]) -> int:
-    return max((int(m.group(1)) for n in names if (m := LAYER.search(n))), default=-1) + 1
+    found = {n: layer[1] for n in names if (layer := layer_of(n))}
+    span = layer_span(names)
+    return {n: (found[n] / (span - 1) if span > 1 else 1.0) if n in found else 0.0 for n in names}
 
 
 def _setting(key: str, value: Any) -> Any:

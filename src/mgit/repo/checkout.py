@@ -16,7 +16,7 @@ import numpy as np
 from mgit.errors import ChecksumMismatchError, UnsafePathError
 from mgit.store.base import ObjectStore
 from mgit.store.cache import CHECKOUT_BASES, DecodedCache
-from mgit.store.objectformat import expected_by
+from mgit.store.objectformat import Expected, file_objects_expected
 from mgit.store.objects import FileEntry, Manifest, check_relative_path
 from mgit.util.atomicfile import atomic_writer
 from mgit.util.parallel import Progress, ordered_map
@@ -43,15 +43,14 @@ def safe_join(root: Path, rel: str) -> Path:
 Item = tuple[str, int, "int | None", int]  # object, offset in the file, block (None: whole), bytes
 
 
-def _items(store: ObjectStore, entry: FileEntry) -> tuple[list[Item], dict[str, int]]:
+def _items(store: ObjectStore, entry: FileEntry, expected: dict[str, Expected]) -> tuple[list[Item], dict[str, int]]:
     """The work of rebuilding a file: (object, its offset in the file, block k or None for
-    an object decoded whole, bytes), the tensors checked against their headers; and how
-    often each delta base will be asked for whole (a planned cache releases it after its
-    last use)."""
+    an object decoded whole, bytes), each object's header checked against what the entry
+    expects of it; and how often each delta base will be asked for whole (a planned cache
+    releases it after its last use)."""
     items: list[Item] = []
     uses: dict[str, int] = {}
     offset = 0
-    expected = expected_by(Manifest((entry,)))
     for oid in [entry.object, *(t.object for t in entry.tensors)]:
         header = store.block_table(oid, expected[oid]).header  # checked before anything is decoded
         if header.blocks:
@@ -76,15 +75,14 @@ def restore_file(store: ObjectStore, entry: FileEntry, out_dir: Path, *, pool: T
     When it does not match, each object is verified, so that the error names a damaged one."""
     target = safe_join(out_dir, entry.path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    items, uses = _items(store, entry)
+    expected = file_objects_expected(entry)
+    items, uses = _items(store, entry, expected)
     reuse.expect(uses)
     hasher, written = blake3.blake3(), 0
     try:
         with atomic_writer(target, sync_dir=False, size=entry.size) as fh:
             fd = fh.fileno()
             _allocate(fd, entry.size)
-
-            expected = expected_by(Manifest((entry,)))
 
             def rebuild(oid: str, offset: int, k: int | None, _: int) -> np.ndarray:
                 if k is None:  # (a session keeps what it decodes: verified, as everything it holds)
@@ -121,10 +119,14 @@ def _allocate(fd: int, size: int) -> None:
 
 def restore_manifest(store: ObjectStore, manifest: Manifest, out_dir: Path, *, jobs: int,
                      reuse: DecodedCache | None = None, progress: Progress | None = None) -> None:  # fmt: skip
-    """Rebuild every file of a manifest under `out_dir` (a version need not exist yet)."""
-    paths = [f.path for f in manifest.files]
-    for p in paths:
-        safe_join(out_dir, p)  # refuse before writing anything
+    """Rebuild every file of a manifest under `out_dir`, created if need be (a version need
+    not exist yet). A lazy clone's store fetches every object it lacks first, in parallel;
+    `reuse` keeps delta bases across the files (the shards of one checkpoint share them)."""
+    for f in manifest.files:
+        safe_join(out_dir, f.path)  # refuse before writing anything
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if store.lazy:
+        store.fetch(manifest.object_ids())
     cache = reuse if reuse is not None else DecodedCache(CHECKOUT_BASES, planned=True)
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-restore") as pool:
         for f in manifest.files:

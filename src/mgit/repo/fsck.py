@@ -18,6 +18,7 @@ from mgit.index.refs import RefStore
 from mgit.reports import FsckResult, Problem
 from mgit.store.base import ObjectStore
 from mgit.store.local import LocalStore
+from mgit.store.objectformat import file_objects_expected
 from mgit.store.objects import Manifest, Version
 
 
@@ -120,13 +121,13 @@ def verify_objects(store: ObjectStore, oids: list[str], *, jobs: int,
 
 
 def check_references(store: ObjectStore, seen: Reachable) -> list[Problem]:
-    """Every object a reachable manifest names exists and is of the kind and shape it says."""
+    """Every object a reachable manifest names exists and is what its entry says: of its
+    kind and size, and a tensor of its dtype and shape (the check a read makes)."""
     problems = []
     for moid, manifest in seen.manifests.items():
         users = [f"{v.model} version {vid[:12]}" for vid, v in seen.versions.items() if v.manifest == moid]
         for f in manifest.files:
-            wanted = [(f.object, "blob", None)] + [(t.object, "tensor", t) for t in f.tensors]
-            for oid, kind, tensor in wanted:
+            for oid, expected in file_objects_expected(f).items():
                 if store.promised(oid) is not None:
                     continue  # a lazy clone's object that lives on the remote
                 try:
@@ -134,8 +135,10 @@ def check_references(store: ObjectStore, seen: Reachable) -> list[Problem]:
                 except (CorruptObjectError, MissingObjectError) as exc:
                     problems.append(_problem(oid, exc, users))
                     continue
-                if header.kind != kind or (tensor and header.meta != {"dtype": tensor.dtype, "shape": list(tensor.shape)}):
-                    problems.append(Problem(oid, "corrupt", f"is not the {kind} that {f.path} expects", users))
+                try:
+                    expected.check(oid, header)
+                except CorruptObjectError as exc:
+                    problems.append(Problem(oid, "corrupt", f"is not what {f.path} expects: {exc.why}", users))
     return problems
 
 

@@ -3,8 +3,10 @@ reconstruction, each in a separate Python process with a timeout.
 
 A gate is `module:function` (importable from the current folder) or `path/to/file.py:function`;
 the function takes a model folder and returns a dict of metrics (name -> number). User code
-never runs in the mgit process: `mgit.usercode.run` calls it in a child process. A crash, a
-timeout or malformed metrics are a failed gate, and a failed gate means lossless storage.
+never runs in the mgit process: `mgit.usercode.run` calls it in a child process. Its metrics
+are read as a test's are (`usercode.metrics_of`). A crash, a timeout, no metrics, or a metric
+that is NaN or infinite on either side are a failed gate, and a failed gate means lossless
+storage.
 
 Direction: a metric whose name has a word meaning lower-is-better (`LOWER_IS_BETTER`: loss,
 error, perplexity, ...; words are split on anything but letters and digits) must not rise by
@@ -13,7 +15,6 @@ more than `max_drop`; any other metric must not fall by more than `max_drop`.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,28 +69,31 @@ def compare(original: dict[str, float], reconstruction: dict[str, float], max_dr
     return failures
 
 
-def metrics(spec: str, folder: Path, *, timeout: float = DEFAULT_TIMEOUT) -> dict[str, float]:
-    """Run the gate on one folder in a child process; raise GateFailure if it fails."""
+def metrics(spec: str, folder: Path, *, timeout: float = DEFAULT_TIMEOUT) -> tuple[dict[str, float], str | None]:
+    """Run the gate on one folder in a child process: its metrics, read as a test's are
+    (`usercode.metrics_of`), and why they cannot pass (a metric that is not finite), if so.
+    GateFailure if it gave no metrics."""
     run = usercode.run("call", spec, [str(folder)], timeout=timeout)
     if not run.ok:
         raise GateFailure(f"the gate {spec} failed ({run.error})")
-    value = run.value
-    ok = isinstance(value, dict) and value and all(
-        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        for k, v in value.items()
-    )  # fmt: skip
-    if not ok:
-        raise GateFailure(f"the gate {spec} must return a non-empty dict of finite numbers")
-    return {k: float(v) for k, v in value.items()}
+    values, passed, problem = usercode.metrics_of(run.value)
+    if not values:
+        raise GateFailure(f"the gate {spec} gave no metrics ({problem})")
+    if passed is not None:
+        raise GateFailure(f"the gate {spec} returned 'passed': a gate returns metrics, the gate compares them")
+    return values, problem
 
 
 def evaluate(spec: str, original: Path, reconstruction: Path, *, max_drop: float,
              timeout: float = DEFAULT_TIMEOUT) -> GateResult:  # fmt: skip
-    """Run the gate on both folders and judge the reconstruction."""
+    """Run the gate on both folders and judge the reconstruction. A metric that is not
+    finite on either side fails it (its value is kept in the result)."""
     try:
-        before = metrics(spec, original, timeout=timeout)
-        after = metrics(spec, reconstruction, timeout=timeout)
+        before, unusable_before = metrics(spec, original, timeout=timeout)
+        after, unusable_after = metrics(spec, reconstruction, timeout=timeout)
     except GateFailure as exc:
         return GateResult(False, str(exc))
-    failures = compare(before, after, max_drop)
+    failures = [f"{why} on the {side}" for why, side in ((unusable_before, "original"),
+                                                         (unusable_after, "reconstruction")) if why]  # fmt: skip
+    failures += compare(before, after, max_drop)
     return GateResult(not failures, "; ".join(failures) or None, before, after)

@@ -53,7 +53,7 @@ from mgit.store.cache import CHECKOUT_BASES, SESSION_CACHE_BYTES, DecodedCache
 from mgit.store.local import LocalStore
 from mgit.store.lossy_policy import DEFAULT_GUARD, LossyPolicy, describe
 from mgit.store.objectformat import DEFAULT_MAX_DEPTH
-from mgit.store.objects import Manifest, Version
+from mgit.store.objects import Manifest, Version, walk_history
 from mgit.usercode import DEFAULT_TIMEOUT
 from mgit.util.atomicfile import write_atomic
 from mgit.util.parallel import Progress, default_jobs
@@ -171,13 +171,12 @@ class Repo:
 
     def chain(self, vid: str) -> list[str]:
         """A version and its predecessors, newest first."""
-        out: list[str] = []
-        cur: str | None = vid
-        while cur and cur not in out:
-            out.append(cur)
-            row = self.catalog.version(cur)
-            cur = row.predecessor if row else self.store.get_version(cur).predecessor
-        return out
+
+        def predecessor(v: str) -> str | None:
+            row = self.catalog.version(v)
+            return row.predecessor if row else self.store.get_version(v).predecessor
+
+        return list(walk_history(vid, predecessor))
 
     def model_of(self, ref: str) -> str:
         """The model name that a reference's version belongs to."""
@@ -291,16 +290,17 @@ class Repo:
                            max_depth=self.max_depth, reuse=self._session)  # fmt: skip
 
     def recipe_record(self, recipe: str | Mapping[str, Any], params: Mapping[str, Any] | None = None, *,
-                      resources: Mapping[str, float] | None = None) -> dict[str, Any]:  # fmt: skip
+                      resources: Mapping[str, float] | None = None, recorded: bool = False) -> dict[str, Any]:  # fmt: skip
         """What a version records of a recipe: the function located (never run) and anchored
         at the work folder, its parameters, declared resources, its source file's hash and the
         file as an object (a teammate without it runs that), trusted here (mgit.repo.location). A
-        record (a mapping) is taken as it is."""
+        record (a mapping) is taken as it is; a reference `recorded` is a version's, read from
+        the work folder whatever the current one (`usercode.anchored`)."""
         if isinstance(recipe, Mapping):  # recorded already (a cascade running a recorded source)
             return dict(recipe)
         from mgit.usercode import recipe_record_of, source_file
 
-        record = recipe_record_of(recipe, params, root=self.root, resources=resources)
+        record = recipe_record_of(recipe, params, root=self.root, resources=resources, recorded=recorded)
         record["source"] = self.store.put_blob(source_file(record["fn"], cwd=self.root).read_bytes()).oid
         return trust_recipe(self.dir, record)  # recorded here: the user's own code
 
@@ -332,9 +332,7 @@ class Repo:
         `model_card=True` then writes the version's lineage parents into README.md's front
         matter (`base_model`, `base_model_relation`), the one file that then differs from
         what was added."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from mgit.repo.checkout import restore_file, safe_join
+        from mgit.repo.checkout import restore_manifest
 
         vid = self.resolve(ref)
         with self.catalog.explained():
@@ -345,18 +343,9 @@ class Repo:
             raise InputError(str(out), "exists and is not a folder")
         if out.is_dir() and any(out.iterdir()) and not force:
             raise OutputNotEmptyError(str(out))
-        for f in manifest.files:
-            safe_join(out, f.path)
-        out.mkdir(parents=True, exist_ok=True)
-        if self.store.lazy:  # everything it reads, fetched at once, in parallel
-            with self.catalog.explained():
-                self.store.fetch(manifest.object_ids())
         tick = progress(manifest.logical_bytes, 0) if progress else None
-        n = jobs or default_jobs()
-        reuse = self._reuse()  # delta bases, shared by the files of a sharded checkpoint
-        with self.catalog.explained(), ThreadPoolExecutor(max_workers=n, thread_name_prefix="mgit-checkout") as pool:
-            for f in manifest.files:
-                restore_file(self.store, f, out, pool=pool, jobs=n, progress=tick, reuse=reuse)
+        with self.catalog.explained():
+            restore_manifest(self.store, manifest, out, jobs=jobs or default_jobs(), reuse=self._reuse(), progress=tick)
         notes = [f"{f.path} was rebuilt as safetensors from {f.converted_from}" for f in manifest.files if f.converted_from]
         if model_card:
             notes.append(self._write_card(version, out))

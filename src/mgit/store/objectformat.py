@@ -20,7 +20,7 @@ from typing import Any
 
 from mgit.errors import CorruptObjectError
 from mgit.formats.dtypes import DTYPES, element_count, itemsize, shape_fits
-from mgit.store.objects import KINDS, FileEntry, Manifest, canonical_json
+from mgit.store.objects import KINDS, FileEntry, Manifest, TensorEntry, canonical_json, tensor_meta
 
 MAGIC = b"MGITOBJ\x01"
 PREFIX = len(MAGIC) + 4  # magic and the header length
@@ -120,9 +120,17 @@ def expected_by(manifest: Manifest) -> dict[str, Expected]:
     safetensors header's (the file less its tensors), each tensor's dtype, shape and size."""
     out: dict[str, Expected] = {}
     for f in manifest.files:
-        out.setdefault(f.object, file_expected(f))
-        for t in f.tensors:
-            out.setdefault(t.object, tensor_expected(t.dtype, t.shape))
+        for oid, want in file_objects_expected(f).items():
+            out.setdefault(oid, want)
+    return out
+
+
+def file_objects_expected(f: FileEntry) -> dict[str, Expected]:
+    """What one file's manifest entry expects of each object it names: its own object
+    (`file_expected`) and each of its tensors (`tensor_expected`)."""
+    out = {f.object: file_expected(f)}
+    for t in f.tensors:
+        out.setdefault(t.object, tensor_expected(t))
     return out
 
 
@@ -143,9 +151,11 @@ def blob_expected(size: int) -> Expected:
     return Expected("its manifest", "blob", size)
 
 
-def tensor_expected(dtype: str, shape: tuple[int, ...]) -> Expected:
-    return Expected("its manifest", "tensor", element_count(shape) * itemsize(dtype),
-                    {"dtype": dtype, "shape": list(shape)})  # fmt: skip
+def tensor_expected(t: TensorEntry) -> Expected:
+    """What a manifest's tensor entry expects of its object: a tensor of that dtype and
+    shape, and so of that many bytes. `Expected.check` is the one test of a stored tensor
+    against its entry: a read (`ObjectStore.get`), a checkout and fsck all apply it."""
+    return Expected("its manifest", "tensor", t.nbytes, tensor_meta(t.dtype, t.shape))
 
 
 def _tensor(meta: dict[str, Any]) -> str:

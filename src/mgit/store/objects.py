@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -168,6 +169,14 @@ def _tags(tags: Any) -> dict[str, str]:
         _text(key, "a tag's key", MAX_TAG_KEY)
         _text(value, "a tag's value", MAX_TAG_VALUE)
     return dict(tags)
+
+
+def tag_matches(query: str, tags: Mapping[str, str]) -> bool:
+    """Whether a version's tags hold `query`: `KEY` (with any value) or `KEY=VALUE` (the
+    first `=` ends the key). What `mgit graph --tag`, a test attached to `tag:KEY[=VALUE]`
+    and the web app's tag filter select by."""
+    key, sep, value = query.partition("=")
+    return key in tags and (not sep or tags[key] == value)
 
 
 def _time(value: Any) -> str:
@@ -394,3 +403,38 @@ class Version:
         """Objects this record names besides versions: its manifest and its recipe's source."""
         source = (self.recipe or {}).get("source")
         return {self.manifest} | ({source} if isinstance(source, str) else set())
+
+
+# --- walking what versions link to ---------------------------------------------------------------
+def walk_history(vid: str | None, predecessor: Callable[[str], str | None]) -> Iterator[str]:
+    """`vid` and its predecessors, newest first: the history of one model (or any line of
+    versions one link apart: bisect follows first ancestors). `predecessor` is asked of a
+    version only when the walk goes on past it, so a caller that stops early reads no
+    further; the walk ends at a version with no predecessor (or one seen already)."""
+    seen: set[str] = set()
+    while vid and vid not in seen:
+        seen.add(vid)
+        yield vid
+        vid = predecessor(vid)
+
+
+def ancestors_first(tips: Iterable[str], linked: Callable[[str], Iterable[str]], *,
+                    stop: Callable[[str], bool] = lambda vid: False) -> list[str]:  # fmt: skip
+    """The versions reachable from `tips` through `linked` (what a version links to: its
+    predecessor and lineage parents), each after every version it links to, the first tip's
+    first; not entering a version for which `stop` is true. `linked` is asked once a version.
+    Iterative: a history can be longer than Python's recursion limit."""
+    order: list[str] = []
+    seen: set[str] = set()
+    stack: list[tuple[str, bool]] = [(t, False) for t in reversed(list(tips))]
+    while stack:
+        vid, expanded = stack.pop()
+        if expanded:
+            order.append(vid)
+            continue
+        if vid in seen or stop(vid):
+            continue
+        seen.add(vid)
+        stack.append((vid, True))
+        stack.extend((v, False) for v in linked(vid))
+    return order

@@ -27,7 +27,7 @@ FRAMEWORKS = {"np": "np", "numpy": "np", "pt": "pt", "torch": "pt"}  # (each fra
 
 def tensor_bytes(store: ObjectStore, entry: TensorEntry, *, reuse: DecodedCache | None = None) -> np.ndarray:
     """A stored tensor's bytes, checked against its entry (see `ObjectStore.get` for `reuse`)."""
-    return store.get(entry.object, reuse=reuse, expect=tensor_expected(entry.dtype, entry.shape))[1]
+    return store.get(entry.object, reuse=reuse, expect=tensor_expected(entry))[1]
 
 
 def as_array(store: ObjectStore, entry: TensorEntry, *, reuse: DecodedCache | None = None) -> np.ndarray:

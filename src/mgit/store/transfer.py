@@ -19,7 +19,7 @@ from mgit.reports import Report
 from mgit.store.base import ObjectStore
 from mgit.store.local import LocalStore
 from mgit.store.objectformat import MAX_DEPTH_LIMIT, MAX_HEADER, MAX_RECORD, PREFIX, Expected
-from mgit.store.objects import Manifest, Version
+from mgit.store.objects import Manifest, Version, ancestors_first
 from mgit.store.quarantine import Incoming
 from mgit.store.remote import RemoteObjects
 
@@ -50,20 +50,7 @@ def history(store: ObjectStore, tips: Iterable[str], *, stop: Callable[[str], bo
             ) -> list[str]:  # fmt: skip
     """Versions reachable from `tips` through predecessors and lineage parents, ancestors
     first, not walking past a version for which `stop` is true (the other side has it)."""
-    order: list[str] = []
-    seen: set[str] = set()
-    stack: list[tuple[str, bool]] = [(t, False) for t in tips]
-    while stack:  # iterative post-order: histories are longer than the recursion limit
-        vid, expanded = stack.pop()
-        if expanded:
-            order.append(vid)
-            continue
-        if vid in seen or stop(vid):
-            continue
-        seen.add(vid)
-        stack.append((vid, True))
-        stack.extend((v, False) for v in store.get_version(vid).linked_versions())
-    return order
+    return ancestors_first(tips, lambda vid: store.get_version(vid).linked_versions(), stop=stop)
 
 
 def version_objects(store: ObjectStore, vid: str) -> tuple[Version, Manifest, set[str]]:

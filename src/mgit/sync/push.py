@@ -21,6 +21,7 @@ from mgit.remotes.pack import MAX_VALUE, MetadataPack
 from mgit.repo.repository import Repo
 from mgit.store.lazy import LazyStore
 from mgit.store.memory import MemoryStore
+from mgit.store.objects import walk_history
 from mgit.store.transfer import (
     RECORD_LIMIT,
     TransferStats,
@@ -167,15 +168,19 @@ def _remote_chain(repo: Repo, conn: Connection, vid: str) -> tuple[list[str], st
     (the versions only the remote has, newest first; that first shared version or None).
     Records are read and verified one by one, at most MAX_WALK of them."""
     scratch = MemoryStore()
+
+    def predecessor(v: str) -> str | None:
+        scratch.write_record(v, [conn.remote.read_object(v, limit=RECORD_LIMIT)])
+        return scratch.get_version(v).predecessor
+
     walked: list[str] = []
-    cur: str | None = vid
-    while cur is not None and not repo.store.has(cur):
+    for cur in walk_history(vid, predecessor):
+        if repo.store.has(cur):
+            return walked, cur
         if len(walked) >= MAX_WALK:
             raise RemoteError(f"the history of {vid[:12]} on {conn.name} is longer than {MAX_WALK} versions")
-        scratch.write_record(cur, [conn.remote.read_object(cur, limit=RECORD_LIMIT)])
         walked.append(cur)
-        cur = scratch.get_version(cur).predecessor
-    return walked, cur
+    return walked, None
 
 
 def _describe(repo: Repo, conn: Connection, vid: str) -> str:

@@ -13,7 +13,7 @@ from mgit.repo.fsck import check_references, verify_objects, walk
 from mgit.repo.repository import Repo
 from mgit.reports import FsckResult
 from mgit.store.lazy import LazyStore
-from mgit.store.objects import Version
+from mgit.store.objects import Version, walk_history
 from mgit.store.quarantine import Incoming
 from mgit.store.remote import RemoteStore
 from mgit.store.transfer import TransferStats
@@ -42,12 +42,7 @@ def _show(repo: Repo, conn: Connection) -> RemoteShow:
             fetch_records(conn, incoming, list(theirs.values()), TransferStats())
 
         def chain(vid: str) -> list[str]:
-            out: list[str] = []
-            cur: str | None = vid
-            while cur and cur not in out:
-                out.append(cur)
-                cur = incoming.overlay.get_version(cur).predecessor
-            return out
+            return list(walk_history(vid, lambda v: incoming.overlay.get_version(v).predecessor))
 
         models = []
         for name in sorted(set(theirs) | set(mine)):

@@ -15,7 +15,7 @@ from mgit.checks import Checks
 from mgit.errors import UnknownRefError
 from mgit.index.catalog import storage_class
 from mgit.reports import json_safe
-from mgit.store.objects import RELATIONS
+from mgit.store.objects import RELATIONS, tag_matches
 from mgit.web.card import version_card
 from mgit.web.params import choice, number, paginate, text
 from mgit.web.repoview import RepoView
@@ -30,10 +30,9 @@ def models_page(view: RepoView, query: Mapping[str, str]) -> dict[str, Any]:
     sort = choice(query, "sort", SORTS, "name")
     order = choice(query, "order", ("asc", "desc"), "desc" if sort in ("updated", "size", "stored") else "asc")
     rows = model_rows(view)  # not kept: test results change while heads stay
-    key, sep, value = tag.partition("=")
     chosen = [r for r in rows
               if (not q or q in r["name"].lower() or any(q in f"{k}={v}".lower() for k, v in r["tags"].items()))
-              and (not tag or (key in r["tags"] and (not sep or r["tags"][key] == value)))
+              and (not tag or tag_matches(tag, r["tags"]))
               and (not relation or any(p["relation"] == relation for p in r["parents"]))]  # fmt: skip
     sort_key = {"name": lambda r: r["name"], "updated": lambda r: r["time"], "size": lambda r: r["logical_bytes"],
                 "stored": lambda r: r["stored_bytes"], "versions": lambda r: r["seq"],
