@@ -208,7 +208,7 @@ def test_gc_keeps_bases_of_a_removed_parent(repo: Repo, tmp_path: Path) -> None:
     base = family_state()
     repo.add(write_state(tmp_path / "base", base), name="base")
     repo.add(write_state(tmp_path / "ft", {k: finetuned(v, 1) for k, v in base.items()}), name="ft", parent="base")
-    repo.rm("base")
+    repo.rm("base", force=True)
     repo.gc()
     assert repo.fsck().ok
     repo.checkout("ft", tmp_path / "out")

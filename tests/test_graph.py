@@ -43,7 +43,7 @@ def family(tmp_path: Path) -> Repo:
     repo.add(tensors(7), name="q8", parent="base", relation="quantize")
     repo.add(tensors(8), name="old")
     repo.add(tensors(9), name="kid", parent="old", relation="distill")
-    repo.rm("old")
+    repo.rm("old", force=True)
     return repo
 
 

@@ -370,7 +370,7 @@ def test_a_linear_or_task_arithmetic_merge_is_stored_as_a_weighted_sum_of_its_in
         got = weights_of(clone, "merged", tmp_path / f"got-{lazy}")
         assert {k: v.tobytes() for k, v in got.items()} == {k: v.tobytes() for k, v in expected.items()}
         assert clone.fsck().ok
-    repo.rm("ft2")
+    repo.rm("ft2", force=True)
     repo.gc()
     assert repo.fsck().ok  # ft2's tensors are kept: the merge is coded against them
     again = weights_of(repo, "merged", tmp_path / "again")
