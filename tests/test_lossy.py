@@ -124,7 +124,7 @@ def test_lossy_finetune_is_smaller_bounded_and_marked(family: tuple[Repo, Path])
     assert repo.version("tuned").lossy == lossy.lossy
     # The exact tensors are stored now: a lossy add of the same model stores nothing lossily.
     again = repo.add(tmp / "tuned", name="again", parent="base", lossy=1e-3)
-    assert again.lossy is None and "no tensor" in (again.lossless_reason or "")
+    assert again.lossy is None and "every tensor is stored already" in (again.lossless_reason or "")
     original = load_file(str(tmp / "tuned" / "model.safetensors"))
     restored = repo.load_state_dict("tuned")
     for name, values in original.items():
@@ -415,3 +415,13 @@ def test_a_relative_bound_whose_guard_fails_everywhere_is_stored_losslessly_with
     assert repo.version("ft").lossy is None
     repo.checkout("ft", tmp_path / "out")
     assert sha256_tree(tmp_path / "out") == sha256_tree(tmp_path / "ft")
+
+
+def test_lossy_on_tensors_stored_already_says_deduplication_not_a_missing_parent(tmp_path: Path) -> None:
+    repo = Repo.init(tmp_path)
+    state = {"w": np.random.default_rng(3).standard_normal((64, 64)).astype(np.float32)}
+    repo.add(state, name="base")
+    again = repo.add(dict(state), name="copy", lossy=1e-3)
+    assert again.lossy is None and again.tensors_new == 0
+    assert again.lossless_reason is not None and again.lossless_reason.startswith("every tensor is stored already")
+    assert "parent" not in again.lossless_reason

@@ -242,7 +242,7 @@ def _snapshot(store: ObjectStore, src: ModelSource, source: Any, plan: DeltaPlan
         return Snapshot(*write_snapshot(store, src, jobs=jobs, progress=tick, plan=plan, reuse=reuse))
     manifest, stats = write_snapshot(store, src, jobs=jobs, progress=tick, plan=replace(plan, lossy=policy),
                                      reuse=reuse)  # fmt: skip
-    record, refusal = verdict(stats.lossy, policy)
+    record, refusal = verdict(stats.lossy, policy, new_tensors=stats.tensors_new)
     metrics = None
     if record is not None and options.gate is not None:
         result = _run_gate(store, src, source, manifest, options.gate, jobs)

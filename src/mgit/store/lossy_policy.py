@@ -85,12 +85,17 @@ class LossyTally:
             self.max_error = max(self.max_error, outcome.max_error)
 
 
-def verdict(tally: LossyTally, policy: LossyPolicy) -> tuple[dict[str, Any] | None, str | None]:
-    """The version's `lossy` record, or None and the reason it is stored losslessly."""
+def verdict(tally: LossyTally, policy: LossyPolicy, *, new_tensors: int | None = None
+            ) -> tuple[dict[str, Any] | None, str | None]:  # fmt: skip
+    """The version's `lossy` record, or None and the reason it is stored losslessly
+    (`new_tensors`: how many of its tensors were not stored already)."""
     if tally.changed_params and tally.refused_params > REFUSE_SHARE * tally.changed_params:
         share = tally.refused_params / tally.changed_params
         return None, (f"the fidelity guard failed on {share:.0%} of the changed parameters: the changes are too "
                       f"small for a bound of {describe_policy(policy)} and would round back to the parent")  # fmt: skip
+    if not tally.tensors and new_tensors == 0:
+        return None, ("every tensor is stored already (the same bytes as in a stored version): deduplication "
+                      "keeps them as they are, and nothing is left to store lossily")
     if not tally.tensors:
         return None, ("no tensor could be stored lossily for less than its exact form (none has a changed parent "
                       "tensor of its dtype and shape that a quantized step stores more cheaply)")
