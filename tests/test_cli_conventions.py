@@ -141,3 +141,27 @@ def test_show_labels_its_digest_and_prints_sha256_as_sha256sum_does(work: Path) 
     code, out, _ = run_cli("show", "base", "--sha256", "--json", cwd=work)
     assert code == 0 and json.loads(out)["sha256"] == expected
     assert not any(p.name.startswith("sha256-") for p in (work / ".mgit").iterdir())  # the rebuilt files are gone
+
+
+def test_odd_adds_are_said_and_file_manager_litter_is_not_stored(work: Path) -> None:
+    folder = work / "cfg"
+    (folder / ".cache" / "huggingface" / "download").mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    (folder / ".cache" / "huggingface" / "download" / "config.json.lock").write_text("")
+    code, out, err = run_cli("add", "cfg", "--json", cwd=work)
+    assert code == 0, err
+    added = json.loads(out)
+    assert added["files"] == 1 and added["tensors"] == 0
+    assert any(n.startswith("skipped 2 files that are not part of a model: .DS_Store, .cache/huggingface/")
+               for n in added["notes"])  # fmt: skip
+    assert any(n.startswith("the model holds no tensors: only its files are stored") for n in added["notes"])
+    assert run_cli("add", "models/base", "--name", "base", cwd=work)[0] == 0
+    other = work / "other"
+    make_model(other, seed=9)  # another architecture: its tensors renamed
+    from safetensors.numpy import load_file, save_file
+
+    state = load_file(str(other / "model.safetensors"))
+    save_file({f"other.{k}": v for k, v in state.items()}, str(other / "model.safetensors"))
+    code, out, err = run_cli("add", "other", "--name", "base", cwd=work)
+    assert code == 0 and "note: this version shares 0 of" in err and "with base@1: another architecture" in err

@@ -26,6 +26,9 @@ from mgit.formats.safetensors import SafetensorsLayout, TensorSpan, build_header
 from mgit.formats.tensors import TORCH_SUFFIXES, RawTensor, load_torch_checkpoint, raw_tensors
 
 SKIPPED_DIRS = {".git", ".mgit", "__pycache__"}
+SKIPPED_FILES = {".DS_Store", "Thumbs.db", "desktop.ini"}  # a file manager's, never the model's
+# huggingface_hub's download metadata in a local_dir (its .lock and .metadata files)
+SKIPPED_PATHS = (".cache/huggingface/",)
 
 
 @dataclass
@@ -206,7 +209,7 @@ def _linked_inside(root: Path, link: Path, allowed: Path) -> str:
 
 
 def _scan_folder(root: Path, links_under: Path) -> ModelSource:
-    files, notes = [], []
+    files, notes, not_model = [], [], []
     for dirpath, dirs, names in os.walk(root, onerror=_unreadable):
         here = Path(dirpath)
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
@@ -217,6 +220,9 @@ def _scan_folder(root: Path, links_under: Path) -> ModelSource:
         for name in sorted(names):
             full = here / name
             rel = full.relative_to(root).as_posix()
+            if name in SKIPPED_FILES or rel.startswith(SKIPPED_PATHS):
+                not_model.append(rel)
+                continue
             if not full.is_file():
                 notes.append(f"skipped {rel}: not a regular file")
                 continue
@@ -228,4 +234,8 @@ def _scan_folder(root: Path, links_under: Path) -> ModelSource:
             files.append(scan_file(full, rel))
     if not files:
         raise InputError(str(root), "the folder holds no files")
+    if not_model:
+        shown = ", ".join(not_model[:3]) + (f" and {len(not_model) - 3} more" if len(not_model) > 3 else "")
+        notes.append(f"skipped {len(not_model)} file{'s' if len(not_model) != 1 else ''} that are not part of a "
+                     f"model: {shown}")
     return ModelSource(files, notes)

@@ -162,6 +162,7 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
             if options.expected_head is not None and head != options.expected_head:
                 raise RefConflictError(name, options.expected_head, head)
             prev = store.get_version(head) if head else None
+            src.notes.extend(_odd(store, catalog, name, manifest, prev, head))
             if prev is not None and not parent_ids:
                 lineage = prev.parents
             if recipe_record is None and prev is not None:
@@ -194,6 +195,24 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
     # full sync would read every ref and walk every version, slow with thousands.
     catalog.set_head(name, lambda: refs.get(name))
     return replace(_add_result(catalog, vres.oid, version, snapshot, created=True, notes=src.notes), auto_parent=auto)
+
+
+def _odd(store: ObjectStore, catalog: Catalog, name: str, manifest: Manifest, prev: Version | None,
+         head: str | None) -> list[str]:  # fmt: skip
+    """What looks like a mistake in an add, said and not refused: a model of no tensors, or a new
+    version that shares few tensors (by name and shape) with the one before."""
+    new = {(t.name, tuple(t.shape)) for t in manifest.tensors()}
+    if not new:
+        return ["the model holds no tensors: only its files are stored (is PATH the model's folder? a PyTorch "
+                ".bin inside a folder is kept as a file: add the .bin itself to store its tensors)"]
+    if prev is None or head is None:
+        return []
+    old = {(t.name, tuple(t.shape)) for t in store.get_manifest(prev.manifest).tensors()}
+    if not old or len(new & old) >= 0.5 * max(len(new), len(old)):
+        return []
+    ref = catalog.parent_infos([(head, "finetune")])[0].ref
+    return [f"this version shares {len(new & old)} of {len(new)} tensors (by name and shape) with {ref}: another "
+            f"architecture as a new version of {name}? (another name keeps both as models of their own)"]
 
 
 def suggest_parents(store: ObjectStore, catalog: Catalog, sketch: Sketch, label: str, *, limit: int,
