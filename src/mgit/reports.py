@@ -86,9 +86,10 @@ class AddResult(Report):
     tensors: int
     tensors_new: int
     logical_bytes: int
-    new_bytes: int
+    new_bytes: int  # of objects no other version uses
     parents: list[ParentInfo]
     notes: list[str] = field(default_factory=list)
+    reused_bytes: int = 0  # of new_bytes, found on disk unused (written by an interrupted add) rather than written
     lossy: dict[str, Any] | None = None  # the version's lossy record when it was stored lossily
     lossless_reason: str | None = None  # why a lossy add was stored losslessly instead
     gate: dict[str, dict[str, float]] | None = None  # gate metrics: original and reconstruction
@@ -210,6 +211,8 @@ class FsckResult(Report):
     versions_checked: int
     problems: list[Problem]
     leftovers: int  # temporary files of interrupted writes (harmless; gc removes them)
+    unreferenced: int = 0  # objects no ref reaches (an interrupted add's, a removed model's): gc removes them
+    unreferenced_bytes: int = 0
 
     @property
     def ok(self) -> bool:

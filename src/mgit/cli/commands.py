@@ -193,6 +193,8 @@ def add(ctx: click.Context, path: str, name: str | None, parents: tuple[str, ...
         f"{result.model}@{result.seq} {short(result.version)}: {plural(result.files, 'file')}, "
         f"{plural(result.tensors, 'tensor')} ({dedup} already stored), {size(result.logical_bytes)} -> "
         f"{size(result.new_bytes)} new"
+        + (f" ({size(result.reused_bytes)} of it found already written by an interrupted add, reused)"
+           if result.reused_bytes else "")
         + (f"; parents: {_parents(result.parents)}" if result.parents else "")
         + (f"; lossy: {_lossy_bound(result.lossy)}" if result.lossy else "")
     )
@@ -430,6 +432,9 @@ def fsck(ctx: click.Context, url: str | None, jobs: int | None, rebuild_catalog:
                   f"models, {result.versions_checked} versions: {verdict}")  # fmt: skip
         if result.leftovers:
             out.print(f"{result.leftovers} temporary files of interrupted writes; mgit gc removes them")
+        if result.unreferenced:
+            out.print(f"{result.unreferenced} unreferenced objects ({size(result.unreferenced_bytes)}): written by an "
+                      "interrupted add or left by a removed model; mgit gc removes them")
     if not result.ok:
         ctx.exit(1)
 

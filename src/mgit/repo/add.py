@@ -29,7 +29,7 @@ from mgit.repo.checkout import restore_manifest
 from mgit.repo.gate import Gate, GateResult
 from mgit.repo.ingest import DeltaPlan, SnapshotStats, write_snapshot
 from mgit.reports import AddResult, ParentSuggestion
-from mgit.store.base import ObjectStore
+from mgit.store.base import ObjectStore, PutResult
 from mgit.store.cache import DecodedCache
 from mgit.store.lossy_policy import LossyPolicy, verdict
 from mgit.store.memory import MemoryStore
@@ -97,6 +97,7 @@ class Snapshot:
     lossy: dict[str, Any] | None = None
     refusal: str | None = None
     gate: dict[str, dict[str, float]] | None = None
+    earlier: list[PutResult] = field(default_factory=list)  # what a refused lossy pass wrote first
 
 
 def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
@@ -268,9 +269,11 @@ def _snapshot(store: ObjectStore, src: ModelSource, source: Any, plan: DeltaPlan
         metrics = {"original": result.original, "reconstruction": result.reconstruction}
         if not result.passed:
             record, refusal = None, f"the gate refused it: {result.reason}"
+    earlier: list[PutResult] = []
     if record is None:
+        earlier = stats.new_objects
         manifest, stats = write_snapshot(store, src, jobs=jobs, plan=plan, reuse=reuse)
-    return Snapshot(manifest, stats, record, refusal, metrics)
+    return Snapshot(manifest, stats, record, refusal, metrics, earlier)
 
 
 def _run_gate(store: ObjectStore, src: ModelSource, source: Any, manifest: Manifest, gate: Gate,
@@ -308,10 +311,19 @@ def _add_result(catalog: Catalog, vid: str, version: Version, snapshot: Snapshot
         logical_bytes=version.summary.get("logical_bytes", 0),
         # The catalog's count: a refused lossy pass may have written objects that the
         # lossless pass then found already there.
-        new_bytes=(row.new_bytes if row else sum(r.stored_size for r in stats.new_objects)) if created else 0,
+        new_bytes=(new := (row.new_bytes if row else sum(r.stored_size for r in stats.new_objects)) if created else 0),
+        reused_bytes=_reused(new, vid, version, snapshot) if created else 0,
         parents=catalog.parent_infos(version.parents), notes=list(notes), lossy=version.lossy,
         lossless_reason=snapshot.refusal, gate=snapshot.gate,
     )  # fmt: skip
+
+
+def _reused(new: int, vid: str, version: Version, snapshot: Snapshot) -> int:
+    """Of a version's new bytes (objects no other version uses), those this add found on disk
+    rather than wrote: what an interrupted add of the same model had written before."""
+    mine = {vid, version.manifest, *snapshot.manifest.object_ids()}
+    written = {r.oid: r.stored_size for r in [*snapshot.earlier, *snapshot.stats.new_objects] if r.oid in mine}
+    return max(0, new - sum(written.values()))
 
 
 def _save_sketch(catalog: Catalog, vid: str, manifest: Manifest, src: ModelSource, sketch: Sketch | None) -> None:

@@ -162,7 +162,9 @@ def fsck(store: ObjectStore, refs: RefStore, catalog: Catalog, *, jobs: int,
         problems.append(stray)
     leftovers = len(store.temporary_files()) + len(refs.temporary_files())
     leftovers += len(list(quarantine_folders(store)))
-    return FsckResult(len(oids), checked, len(refs.all()), len(seen.versions), problems, leftovers)
+    garbage = [o for o in oids if o not in seen.objects and o not in bad]
+    return FsckResult(len(oids), checked, len(refs.all()), len(seen.versions), problems, leftovers, len(garbage),
+                      sum(store.stored_size(o) for o in garbage))  # fmt: skip
 
 
 def _stray_rows(store: ObjectStore, catalog: Catalog, seen: Reachable) -> Problem | None:
