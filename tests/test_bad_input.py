@@ -585,7 +585,8 @@ def test_checkout_with_force_does_not_follow_a_planted_file_link(seeded: Repo, t
     (out / "model.safetensors").symlink_to(victim)
     before = tree(out)
 
-    assert_one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--force"),
+    assert_one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--force"), "keep.txt")
+    assert_one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--clean"),
                           "'model.safetensors'", "is a link")  # fmt: skip
 
     assert victim.read_bytes() == b"precious"
@@ -600,7 +601,7 @@ def test_checkout_with_force_does_not_follow_a_planted_folder_link(seeded: Repo,
     (out / "tokenizer").symlink_to(elsewhere, target_is_directory=True)
     before = tree(out)
 
-    assert_one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--force"),
+    assert_one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--clean"),
                           "'tokenizer/vocab.txt'", "is a link")  # fmt: skip
 
     assert list(elsewhere.iterdir()) == []
@@ -617,16 +618,18 @@ def test_checkout_into_non_empty_folder_needs_force(seeded: Repo, tmp_path: Path
     assert tree(out) == {"notes.txt": hashlib.sha256(b"mine").hexdigest()}
 
 
-def test_checkout_into_non_empty_folder_with_force_writes(seeded: Repo, tmp_path: Path) -> None:
+def test_checkout_into_non_empty_folder_with_force_writes_over_the_versions_files(seeded: Repo, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
 
+    assert_one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--force"), "notes.txt", "--clean")
+    assert (out / "notes.txt").read_text() == "mine"  # refused: the folder would not be the version
+    (out / "model.safetensors").write_bytes(b"an older copy")  # a file the version holds is written over
+    (out / "notes.txt").unlink()
     rc, _, err = mgit(seeded, "checkout", "base", "-o", str(out), "--force")
-
     assert rc == 0, err
-    assert (out / "notes.txt").read_text() == "mine"
-    assert (out / "model.safetensors").is_file()
+    assert (out / "model.safetensors").read_bytes() != b"an older copy"
 
 
 def test_checkout_into_a_file_fails(seeded: Repo, tmp_path: Path) -> None:

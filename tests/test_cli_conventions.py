@@ -165,3 +165,20 @@ def test_odd_adds_are_said_and_file_manager_litter_is_not_stored(work: Path) -> 
     save_file({f"other.{k}": v for k, v in state.items()}, str(other / "model.safetensors"))
     code, out, err = run_cli("add", "other", "--name", "base", cwd=work)
     assert code == 0 and "note: this version shares 0 of" in err and "with base@1: another architecture" in err
+
+
+def test_a_forced_checkout_refuses_strays_and_clean_makes_the_folder_the_version(work: Path) -> None:
+    assert run_cli("add", "models/base", cwd=work)[0] == 0
+    (work / "small").mkdir()
+    (work / "small" / "config.json").write_text('{"small": true}')
+    assert run_cli("add", "small", cwd=work)[0] == 0
+    assert run_cli("checkout", "base", "-o", "out", cwd=work)[0] == 0
+    before = sha256_tree(work / "out")
+    code, out, err = run_cli("checkout", "small", "-o", "out", "--force", cwd=work)
+    assert code == 1 and out == "" and "Error: out holds " in err and "that small@1 does not: model.safetensors" in err
+    assert sha256_tree(work / "out") == before  # refused before writing anything
+    code, out, err = run_cli("checkout", "small", "-o", "out", "--clean", cwd=work)
+    assert code == 0, err
+    assert "note: removed " in err and "model.safetensors" in err
+    assert sha256_tree(work / "out") == sha256_tree(work / "small")  # exactly the version, empty folders gone
+    assert sorted(p.name for p in (work / "out").iterdir()) == ["config.json"]

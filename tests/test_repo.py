@@ -20,7 +20,7 @@ from mgit import (
     RepoNotFoundError,
     UnknownRefError,
 )
-from mgit.errors import OutputNotEmptyError, RepoExistsError
+from mgit.errors import OutputNotEmptyError, RepoExistsError, StrayFilesError
 
 
 def test_folder_roundtrip_is_byte_identical(repo: Repo, tmp_path: Path) -> None:
@@ -179,9 +179,12 @@ def test_checkout_refuses_non_empty_folder(repo: Repo, tmp_path: Path) -> None:
     (out / "keep.txt").write_text("mine")
     with pytest.raises(OutputNotEmptyError, match="--force"):
         repo.checkout("m", out)
-    repo.checkout("m", out, force=True)
-    assert (out / "keep.txt").read_text() == "mine"
-    assert (out / "model.safetensors").exists()
+    with pytest.raises(StrayFilesError, match="holds 1 file that m@1 does not: keep.txt"):
+        repo.checkout("m", out, force=True)  # the folder would not be the version
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    done = repo.checkout("m", out, clean=True)
+    assert not (out / "keep.txt").exists() and (out / "model.safetensors").exists()
+    assert any(n.startswith("removed 1 file that m@1 does not hold: keep.txt") for n in done.notes)
 
 
 def test_rm_and_gc(repo: Repo, tmp_path: Path) -> None:

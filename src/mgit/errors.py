@@ -204,6 +204,19 @@ class OutputNotEmptyError(MgitError):
         self.path = path
 
 
+class StrayFilesError(MgitError):
+    """A forced checkout into a folder holding files the version does not: the folder would not
+    be the version."""
+
+    def __init__(self, path: str, ref: str, strays: list[str]) -> None:
+        shown = ", ".join(strays[:5]) + (f" and {len(strays) - 5} more" if len(strays) > 5 else "")
+        super().__init__(f"{path} holds {len(strays)} file{'s' if len(strays) != 1 else ''} that {ref} does not: "
+                         f"{shown}", hint=f"Add --clean to remove them (the folder then holds exactly {ref}), or "
+                                          "check out into an empty folder")  # fmt: skip
+        self.path = path
+        self.strays = strays
+
+
 class StorageFullError(MgitError):
     def __init__(self, path: str) -> None:
         super().__init__(

@@ -204,13 +204,17 @@ def add(ctx: click.Context, path: str, name: str | None, parents: tuple[str, ...
 @click.argument("ref")
 @click.option("--output", "-o", default=None, type=click.Path(),
               help="Folder to write the files into. Default: ./NAME (the model's name, its last part for ORG/NAME).")
-@click.option("--force", "-f", is_flag=True, help="Write into a folder that is not empty.")
+@click.option("--force", "-f", is_flag=True,
+              help="Write into a folder that is not empty (refused if it holds files the version does not).")
+@click.option("--clean", is_flag=True,
+              help="With or without --force: remove the folder's files the version does not hold, so that it holds "
+                   "exactly the version (each is named).")
 @click.option("--model-card", is_flag=True,
               help="Write the lineage parents into README.md's front matter (base_model, base_model_relation).")
 @jobs_option
 @json_option
 @click.pass_context
-def checkout(ctx: click.Context, ref: str, output: str | None, force: bool, model_card: bool, jobs: int | None,
+def checkout(ctx: click.Context, ref: str, output: str | None, force: bool, clean: bool, model_card: bool, jobs: int | None,
              as_json: bool) -> None:  # fmt: skip
     """Rebuild the files of a version, byte for byte (each file is verified).
 
@@ -224,7 +228,7 @@ def checkout(ctx: click.Context, ref: str, output: str | None, force: bool, mode
     if output is None:
         output = repo.model_of(repo.resolve(ref)).rpartition("/")[2]
     with progress_bar(f"Checking out {ref}", enabled=not as_json) as bar:
-        result = repo.checkout(ref, output, force=force, jobs=jobs, progress=bar, model_card=model_card)
+        result = repo.checkout(ref, output, force=force, clean=clean, jobs=jobs, progress=bar, model_card=model_card)
     if as_json:
         print_json(result.to_json())
         return

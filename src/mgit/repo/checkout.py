@@ -117,6 +117,34 @@ def _allocate(fd: int, size: int) -> None:
             os.ftruncate(fd, size)
 
 
+def stray_files(out_dir: Path, paths: set[str]) -> list[str]:
+    """Files (and links) under a folder that are not among a version's `paths`, sorted; links
+    to folders are not followed."""
+    strays = []
+    for dirpath, dirs, names in os.walk(out_dir):
+        here = Path(dirpath)
+        for d in list(dirs):
+            if (here / d).is_symlink():
+                dirs.remove(d)
+                names.append(d)
+        for name in names:
+            rel = (here / name).relative_to(out_dir).as_posix()
+            if rel not in paths:
+                strays.append(rel)
+    return sorted(strays)
+
+
+def remove_strays(out_dir: Path, strays: list[str]) -> None:
+    """Remove these files of a folder, then the folders they leave empty."""
+    for rel in strays:
+        (out_dir / rel).unlink(missing_ok=True)
+    for rel in sorted({str(Path(r).parent) for r in strays if "/" in r}, key=len, reverse=True):
+        folder = out_dir / rel
+        while folder != out_dir and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+            folder = folder.parent
+
+
 def restore_manifest(store: ObjectStore, manifest: Manifest, out_dir: Path, *, jobs: int,
                      reuse: DecodedCache | None = None, progress: Progress | None = None) -> None:  # fmt: skip
     """Rebuild every file of a manifest under `out_dir`, created if need be (a version need

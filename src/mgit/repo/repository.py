@@ -27,6 +27,7 @@ from mgit.errors import (
     InputError,
     OutputNotEmptyError,
     RemoveRefusedError,
+    StrayFilesError,
     UnknownRefError,
 )
 from mgit.index.catalog import Catalog, VersionRow
@@ -325,14 +326,17 @@ class Repo:
                                exclude=exclude, started=started)  # fmt: skip
 
     # --- checkout and reading ---------------------------------------------------------------
-    def checkout(self, ref: str, out_dir: str | os.PathLike[str], *, force: bool = False, jobs: int | None = None,
-                 progress: Callable[[int, int], Progress] | None = None, model_card: bool = False) -> CheckoutResult:  # fmt: skip
+    def checkout(self, ref: str, out_dir: str | os.PathLike[str], *, force: bool = False, clean: bool = False,
+                 jobs: int | None = None, progress: Callable[[int, int], Progress] | None = None,
+                 model_card: bool = False) -> CheckoutResult:  # fmt: skip
         """Rebuild the files of a version in `out_dir`, byte for byte, verifying each file.
+        `force` writes into a folder that is not empty, refusing one that holds files the version
+        does not (StrayFilesError) unless `clean`, which removes them after the version is written.
 
         `model_card=True` then writes the version's lineage parents into README.md's front
         matter (`base_model`, `base_model_relation`), the one file that then differs from
         what was added."""
-        from mgit.repo.checkout import restore_manifest
+        from mgit.repo.checkout import remove_strays, restore_manifest, stray_files
 
         vid = self.resolve(ref)
         with self.catalog.explained():
@@ -341,12 +345,19 @@ class Repo:
         out = Path(out_dir)
         if out.exists() and not out.is_dir():
             raise InputError(str(out), "exists and is not a folder")
-        if out.is_dir() and any(out.iterdir()) and not force:
+        if out.is_dir() and any(out.iterdir()) and not (force or clean):
             raise OutputNotEmptyError(str(out))
+        strays = stray_files(out, {f.path for f in manifest.files}) if out.is_dir() else []
+        if strays and not clean:
+            raise StrayFilesError(str(out), self._ref_of(vid), strays)
         tick = progress(manifest.logical_bytes, 0) if progress else None
         with self.catalog.explained():
             restore_manifest(self.store, manifest, out, jobs=jobs or default_jobs(), reuse=self._reuse(), progress=tick)
         notes = [f"{f.path} was rebuilt as safetensors from {f.converted_from}" for f in manifest.files if f.converted_from]
+        if strays:
+            remove_strays(out, strays)
+            notes.append(f"removed {len(strays)} file{'s' if len(strays) != 1 else ''} that {self._ref_of(vid)} "
+                         f"does not hold: {', '.join(strays[:5])}{' ...' if len(strays) > 5 else ''}")  # fmt: skip
         if model_card:
             notes.append(self._write_card(version, out))
         if version.lossy:
@@ -354,6 +365,10 @@ class Repo:
                          f"(measured max error {version.lossy.get('max_error'):.3g})")  # fmt: skip
         return CheckoutResult(version.model, vid, self._row(vid).seq, str(out), _file_infos(manifest),
                               manifest.logical_bytes, notes)  # fmt: skip
+
+    def _ref_of(self, vid: str) -> str:
+        row = self._row(vid)
+        return f"{row.model}@{row.seq}"
 
     def _write_card(self, version: Version, out: Path) -> str:
         from mgit.formats.model_card import CARD, write_lineage
