@@ -182,3 +182,24 @@ def test_a_forced_checkout_refuses_strays_and_clean_makes_the_folder_the_version
     assert "note: removed " in err and "model.safetensors" in err
     assert sha256_tree(work / "out") == sha256_tree(work / "small")  # exactly the version, empty folders gone
     assert sorted(p.name for p in (work / "out").iterdir()) == ["config.json"]
+
+
+@pytest.mark.parametrize("command", [
+    ["test", "add", "base", "--fn", "evals.py:nofn", "--name", "t", "--min", "files=1"],
+    ["add", "models/base", "--name", "r", "--recipe", "evals.py:does_not_exist"],
+])  # fmt: skip
+def test_a_function_the_file_does_not_define_is_refused_when_registered(work: Path, command: list[str]) -> None:
+    assert run_cli("add", "models/base", cwd=work)[0] == 0
+    missing = command[command.index("--fn") + 1 if "--fn" in command else command.index("--recipe") + 1]
+    code, out, err = run_cli(*command, cwd=work)
+    assert code == 1 and out == ""
+    assert err.startswith(f"Error: cannot use '{missing}': evals.py defines no '{missing.split(':')[1]}' at its top")
+
+
+def test_what_a_file_defines_is_read_without_running_it() -> None:
+    from mgit.usercode import defines
+
+    source = b"import os\nfrom json import loads as parse\nif True:\n    late = 1\nclass C: pass\ndef f(): pass\n"
+    assert all(defines(source, n) for n in ("os", "parse", "late", "C", "f"))
+    assert not defines(source, "g") and not defines(b"def f(): g = 1\n", "g")
+    assert defines(b"from helpers import *\n", "anything") and defines(b"def __getattr__(n): ...\n", "x")

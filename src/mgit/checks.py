@@ -190,6 +190,7 @@ class Checks:
         located (its file must exist) but not run. `resources` (`num_cpus`, `num_gpus`) are
         what each run declares to a cluster's scheduler."""
         fn = usercode.anchored(fn, self.repo.root)
+        usercode.source_hash(fn, cwd=self.repo.root)  # the file names the function: read, never run
         source = self.repo.store.put_blob(usercode.source_file(fn, cwd=self.repo.root).read_bytes()).oid
         self.repo.refs.pin(source)  # kept through gc, sent by push: a teammate runs it without the file
         spec = TestSpec(name or usercode.split_spec(fn)[1], fn, target, inherit, list(conditions or []), timeout,

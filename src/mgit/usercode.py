@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -116,8 +117,46 @@ def source_file(spec: str, *, cwd: Path | None = None) -> Path:
 
 
 def source_hash(spec: str, *, cwd: Path | None = None) -> str:
-    """sha256 of the source file defining the function (any change to the file counts)."""
-    return hashlib.sha256(source_file(spec, cwd=cwd).read_bytes()).hexdigest()
+    """sha256 of the source file defining the function (any change to the file counts), which
+    must name the function at its top level (checked without running it: `defines`)."""
+    path = source_file(spec, cwd=cwd)
+    source = path.read_bytes()
+    _, name = split_spec(spec)
+    if not defines(source, name):
+        raise UserCodeError(spec, f"{path.name} defines no {name!r} at its top level (read, not run)")
+    return hashlib.sha256(source).hexdigest()
+
+
+_PARSING = threading.Lock()
+
+
+def defines(source: bytes, name: str) -> bool:
+    """Whether a module's source binds `name` at its top level (a def, a class, an assignment,
+    an import), or may (a `from M import *` or a module `__getattr__`); a source that does not
+    parse is left to fail when it runs."""
+    import ast
+
+    try:
+        with _PARSING:  # CPython 3.11's parser is not safe to run in two threads at once (gh-106905)
+            tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return True
+    bound: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                if alias.name == "*":
+                    return True
+                bound.add(alias.asname or alias.name.split(".")[0])
+        else:
+            for sub in ast.walk(node):  # assignments, also under if/try at the top level
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    bound.add(sub.id)
+                elif isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    bound.add(sub.name)
+    return name in bound or "__getattr__" in bound
 
 
 def anchored(spec: str, root: Path, *, recorded: bool = False) -> str:
