@@ -47,6 +47,36 @@ def test_every_error_is_a_specific_subclass_with_what_is_at_fault() -> None:
     assert _bare_root_errors() == []
 
 
+def _error_classes() -> dict[str, list[str]]:
+    """Every class of the package that derives from MgitError, directly or through another
+    error: its name and the modules that define it."""
+    bases: dict[str, list[tuple[str, set[str]]]] = {}
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                names = {b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
+                         if isinstance(b, (ast.Name, ast.Attribute))}  # fmt: skip
+                bases.setdefault(node.name, []).append((str(path.relative_to(SRC)), names))
+    errors = {"MgitError"}
+    while grown := {n for n, defs in bases.items() if n not in errors and any(b & errors for _, b in defs)}:
+        errors |= grown
+    return {n: [where for where, _ in bases[n]] for n in errors}
+
+
+def test_every_error_is_defined_in_errors_and_offered_by_the_package() -> None:
+    import inspect
+
+    import mgit
+    import mgit.errors
+
+    classes = _error_classes()
+    assert {n: where for n, where in classes.items() if where != ["errors.py"]} == {}
+    public = {n for n, v in vars(mgit.errors).items() if inspect.isclass(v) and issubclass(v, mgit.MgitError)}
+    assert public == set(classes) and len(public) > 40
+    assert {n for n in public if getattr(mgit, n, None) is not getattr(mgit.errors, n)} == set()
+    assert public <= set(mgit.__all__)
+
+
 def test_no_builtin_error_is_raised_where_a_user_could_meet_it() -> None:
     # RuntimeError and ValueError escape the CLI's one-line mapping. Codec configuration
     # checks raise ValueError on purpose: codec_from_dict turns it into a CodecError.

@@ -19,17 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mgit.checks import Checks, TestOutcome
-from mgit.errors import MgitError
+from mgit.errors import NothingToBisectError
 from mgit.repo.repository import Repo
 from mgit.reports import Report
 from mgit.store.objects import walk_history
-
-
-class NothingToBisectError(MgitError):
-    def __init__(self, test: str, ref: str, start_ref: str) -> None:
-        super().__init__(f"{test} passes on {ref}: there is no failure to trace",
-                         hint=f"Bisect from a version that fails. See: mgit test show {start_ref}")  # fmt: skip
-        self.test = test
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,8 @@ from mgit import usercode
 from mgit.errors import (
     MgitError,
     RemoteError,
+    TestExistsError,
+    TestNotFoundError,
     UnknownRefError,
     UnsafeRegistrationError,
     UntrustedCodeError,
@@ -68,22 +70,6 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
     ("0004_registration_origin", ["ALTER TABLE tests ADD COLUMN origin TEXT NOT NULL DEFAULT ''"]),
 ]  # fmt: skip
 RESULT_COLUMNS = "version, test, source, status, metrics, reasons, output, seconds, time, origin"
-
-
-class TestNotFoundError(MgitError):
-    __test__ = False  # not a pytest class
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"no test named {name!r}", hint="See: mgit test ls")
-        self.name = name
-
-
-class TestExistsError(MgitError):
-    __test__ = False
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"a test named {name!r} exists", hint=f"Choose another --name or: mgit test rm {name}")
-        self.name = name
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,13 @@ from dataclasses import replace
 from typing import Any, TextIO
 
 from mgit import usercode
-from mgit.errors import InvalidOptionError, MgitError, RefConflictError, RemoteConflictError
+from mgit.errors import (
+    ClusterError,
+    InvalidOptionError,
+    MgitError,
+    RefConflictError,
+    RemoteConflictError,
+)
 from mgit.execution import RecipeJob, RecipeRun, TestJob
 from mgit.remotes.config import remote_of, remotes_of
 from mgit.repo.repository import Repo
@@ -38,10 +44,6 @@ from mgit.usercode import RunOutcome, resources_of
 MAX_RETRIES = 3  # of a task whose worker process or node died (Ray's own retry)
 CONNECT_ATTEMPTS = 3  # of a Ray Client connection
 GET_MARGIN = 900.0  # seconds a task may take beyond its user code's limit (checkouts, transfers)
-
-
-class ClusterError(MgitError):
-    """Ray is missing, or the cluster cannot be reached."""
 
 
 def ray_module() -> Any:

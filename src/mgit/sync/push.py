@@ -15,7 +15,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable
 
-from mgit.errors import MgitError, RemoteConflictError, RemoteError
+from mgit.errors import MgitError, PushRefusedError, RemoteConflictError, RemoteError
 from mgit.index.catalog import storage_class
 from mgit.remotes.pack import MAX_VALUE, MetadataPack
 from mgit.repo.repository import Repo
@@ -38,16 +38,6 @@ from mgit.util.faults import crash_point
 
 Progress = Callable[[int], None]
 MAX_WALK = 10_000  # remote records read to number a head this repository does not have
-
-
-class PushRefusedError(RemoteError):
-    """The remote's head is not an ancestor of what would be pushed (without --force)."""
-
-    def __init__(self, model: str, remote: str, theirs: str, others: int) -> None:
-        more = f" (and {others} more model{'s' if others > 1 else ''})" if others else ""
-        super().__init__(f"{model} on {remote} has {theirs} that you do not have{more}",
-                         hint=f"Run: mgit pull {remote} (or push --force to drop it)")  # fmt: skip
-        self.model = model
 
 
 def choose_models(repo: Repo, targets: list[str] | None) -> dict[str, str]:
