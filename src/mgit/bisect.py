@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgit.checks import Checks, TestOutcome
+from mgit.checks import CheckOutcome, Checks
 from mgit.errors import NothingToBisectError
 from mgit.repo.repository import Repo
 from mgit.reports import Report
@@ -67,12 +67,12 @@ class Bisector:
         self.test = test
         self.timeout = timeout
         self.force = force
-        self.results: dict[str, TestOutcome] = {}
+        self.results: dict[str, CheckOutcome] = {}
         self.steps: list[BisectStep] = []
         # An unknown test, or one from a remote not trusted here, fails before anything runs.
         self.checks.require_trust([self.checks.test(test)], trust_remote_code=trust_remote_code)
 
-    def outcome(self, vid: str) -> TestOutcome:
+    def outcome(self, vid: str) -> CheckOutcome:
         if vid not in self.results:
             o = self.checks.run_one(vid, self.test, timeout=self.timeout, force=self.force)
             self.results[vid] = o

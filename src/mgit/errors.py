@@ -209,17 +209,13 @@ class UnsafeRegistrationError(MgitError):
         self.name = name
 
 
-class TestNotFoundError(MgitError):
-    __test__ = False  # not a pytest class
-
+class CheckNotFoundError(MgitError):
     def __init__(self, name: str) -> None:
         super().__init__(f"no test named {name!r}", hint="See: mgit test ls")
         self.name = name
 
 
-class TestExistsError(MgitError):
-    __test__ = False
-
+class CheckExistsError(MgitError):
     def __init__(self, name: str) -> None:
         super().__init__(f"a test named {name!r} exists", hint=f"Choose another --name or: mgit test rm {name}")
         self.name = name

@@ -33,7 +33,7 @@ from mgit.errors import (
     RefConflictError,
     RemoteConflictError,
 )
-from mgit.execution import RecipeJob, RecipeRun, TestJob
+from mgit.execution import CheckJob, RecipeJob, RecipeRun
 from mgit.remotes.config import remote_of, remotes_of
 from mgit.repo.repository import Repo
 from mgit.sync.connection import DEFAULT_REMOTE, connect
@@ -120,7 +120,7 @@ class RayExecutor:
             return ran
         return self._adopt(job, ran)
 
-    def run_tests(self, jobs: list[TestJob]) -> list[RunOutcome]:
+    def run_tests(self, jobs: list[CheckJob]) -> list[RunOutcome]:
         refs = []
         for job in jobs:
             job = self._carrying_source(job)
