@@ -94,16 +94,32 @@ def test_no_builtin_error_is_raised_where_a_user_could_meet_it() -> None:
     assert [f for f in found if not f.startswith(("lineage/sketch.py", "usercode.py"))] == []
 
 
-def test_catalog_inconsistency_is_an_mgit_error_with_a_hint(tmp_path: Path) -> None:
+def test_catalog_inconsistency_is_an_mgit_error_with_a_hint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import tensors
+
+    from mgit import Repo
     from mgit.errors import CatalogError
     from mgit.index.catalog import Catalog
-    from mgit.store.objects import Version
 
+    repo = Repo.init(tmp_path / "repo")
+    first = repo.add(tensors(1), name="m").version
+    second = repo.add(tensors(2), name="m").version
     catalog = Catalog(tmp_path / "catalog.sqlite")
-    orphan = Version("m", "a" * 64, predecessor="b" * 64)
-    with pytest.raises(CatalogError, match="predecessor bbbbbbbbbbbb of version cccccccccccc is not indexed") as caught:
-        catalog.index_version("c" * 64, orphan, set())
+    catalog.index(repo.store, first)
+    read_manifest = repo.store.get_manifest
+
+    def pruned_meanwhile(oid: str) -> object:
+        # Between finding the predecessor indexed and writing: a writer that saw no head
+        # prunes every version, so the predecessor the index counts on is gone.
+        catalog.set_heads(dict)
+        return read_manifest(oid)
+
+    monkeypatch.setattr(repo.store, "get_manifest", pruned_meanwhile)
+    expected = f"predecessor {first[:12]} of version {second[:12]} is not indexed"
+    with pytest.raises(CatalogError, match=expected) as caught:
+        catalog.index(repo.store, second)
     assert "rebuild-catalog" in (caught.value.hint or "")
+    assert not catalog.has_version(second)  # nothing of the failed transaction was kept
 
 
 def test_a_codec_says_what_it_is_and_nothing_else_needs_to_know() -> None:

@@ -102,11 +102,6 @@ class Catalog(Database):
               storage_class(r.codec) if r.kind == "tensor" else None) for r in rows],  # fmt: skip
         )
 
-    def index_version(self, vid: str, version: Version, objects: set[str]) -> None:
-        """Record a version whose objects are already in the `objects` table."""
-        with self.atomic() as tx:
-            self._index_version(tx, vid, version, objects)
-
     @staticmethod
     def _index_version(tx: Any, vid: str, version: Version, objects: set[str]) -> None:
         if tx.execute("SELECT 1 FROM versions WHERE id = ?", (vid,)).fetchone():
