@@ -238,7 +238,7 @@ class Checks:
     def applicable_all(self, lineage: Lineage | None = None, *,
                        specs: list[CheckSpec] | None = None) -> dict[str, list[CheckSpec]]:  # fmt: skip
         """`applicable` of every model at once: each test's models, then their descendants
-        when it is inherited (a thousand models in one pass, not an ancestor walk each)."""
+        when it is inherited, in one pass over the graph however many models it holds."""
         lineage = lineage or self.repo.lineage
         found: dict[str, list[CheckSpec]] = {n: [] for n in lineage.nodes}
         for t in self.tests() if specs is None else specs:
@@ -305,7 +305,7 @@ class Checks:
             self.test(t)
         work: list[tuple[str, list[CheckSpec]]] = []
         skipped = []
-        applying = self.applicable_all(lineage)  # (every model in one pass, not an ancestor walk per version)
+        applying = self.applicable_all(lineage)  # every model's tests, from one pass over the graph
         for vid in vids:
             model = self.repo.model_of(vid)
             specs = [t for t in applying.get(model, []) if wanted is None or t.name in wanted]

@@ -202,7 +202,7 @@ class UserCodeError(MgitError):
 
 class UnsafeRegistrationError(MgitError):
     """A test registration in checks.sqlite whose function reference MGit will not use (one
-    that got in before references were checked)."""
+    written by hand, or by an older MGit that did not check references)."""
 
     def __init__(self, name: str, why: str) -> None:
         super().__init__(f"test {name!r} in checks.sqlite: {why}", hint=f"Remove it: mgit test rm {name}")

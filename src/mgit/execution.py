@@ -130,7 +130,7 @@ class Executor(Protocol):
 
 
 class LocalExecutor:
-    """Jobs run here, on the repository's own disk: today's behaviour, and the default."""
+    """Jobs run here, in this process's repository on its own disk: the default executor."""
 
     name = "local"
 
