@@ -48,7 +48,7 @@ from mgit.util.faults import crash_point
 RECIPE_TIMEOUT = 3600.0  # per recipe run: a fine-tune can take a while
 REBUILT = ("recipe", "manual", "blocked")  # actions under which a model gets (or needs) a new version
 FAILED = ("failed-recipe", "failed-tests")
-Progress = Callable[[str, str], None]  # (model, what happens to it)
+ModelProgress = Callable[[str, str], None]  # (model, what happens to it)
 
 
 @dataclass(frozen=True)
@@ -223,7 +223,7 @@ def _record_command(step: CascadeStep) -> str:
 
 # --- running it ---------------------------------------------------------------------------------
 def cascade(repo: Repo, name: str, *, jobs: int = 1, only: str | None = None, timeout: float | None = None,
-            dry_run: bool = False, recorded_source: bool = False, progress: Progress | None = None,
+            dry_run: bool = False, recorded_source: bool = False, progress: ModelProgress | None = None,
             executor: Executor | None = None, trust_remote_code: bool = False) -> CascadeReport:  # fmt: skip
     """Rebuild the descendants of `name` on its latest version by re-running their recipes,
     commit and test the results: plan it and, unless `dry_run`, carry it out (see
@@ -236,7 +236,7 @@ def cascade(repo: Repo, name: str, *, jobs: int = 1, only: str | None = None, ti
 
 
 def execute(repo: Repo, plan: CascadePlan, *, jobs: int = 1, timeout: float | None = None, dry_run: bool = False,
-            progress: Progress | None = None, executor: Executor | None = None,
+            progress: ModelProgress | None = None, executor: Executor | None = None,
             trust_remote_code: bool = False) -> CascadeReport:  # fmt: skip
     """Carry out a plan: rebuild its `recipe` steps, `jobs` at a time, parents first; a
     failure blocks the models below it. `progress(model, text)` is called from this thread
@@ -272,7 +272,8 @@ def require_trust(repo: Repo, plan: CascadePlan, *, trust_remote_code: bool = Fa
 
 
 class _Cascade:
-    def __init__(self, repo: Repo, plan: CascadePlan, timeout: float, progress: Progress, executor: Executor) -> None:
+    def __init__(self, repo: Repo, plan: CascadePlan, timeout: float, progress: ModelProgress,
+                 executor: Executor) -> None:
         self.repo = repo
         self.plan = plan
         self.timeout = timeout

@@ -11,7 +11,6 @@ test results follow the versions they were recorded for.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 
 from mgit.checks import Checks
@@ -22,12 +21,11 @@ from mgit.store.transfer import history
 from mgit.sync.connection import DEFAULT_REMOTE, connect
 from mgit.sync.fetch import fetch_from
 from mgit.sync.reports import ModelUpdate, PullResult, Renumbered
-
-Progress = Callable[[int], None]
+from mgit.util.parallel import StartProgress
 
 
 def pull(repo: Repo, remote: str = DEFAULT_REMOTE, *, ff_only: bool = False,
-         progress: Callable[[int, int], Progress] | None = None) -> PullResult:  # fmt: skip
+         progress: StartProgress | None = None) -> PullResult:  # fmt: skip
     conn = connect(repo, remote)
     try:
         fetched = fetch_from(repo, conn, progress=progress)

@@ -13,7 +13,6 @@ the other is refused. A re-run after a kill sends only what is still missing.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable
 
 from mgit.errors import MgitError, PushRefusedError, RemoteConflictError, RemoteError
 from mgit.index.catalog import storage_class
@@ -35,8 +34,8 @@ from mgit.sync.check_results import push_checks
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, connect
 from mgit.sync.reports import ModelUpdate, PushResult
 from mgit.util.faults import crash_point
+from mgit.util.parallel import StartProgress
 
-Progress = Callable[[int], None]
 MAX_WALK = 10_000  # remote records read to number a head this repository does not have
 
 
@@ -59,7 +58,7 @@ def choose_models(repo: Repo, targets: list[str] | None) -> dict[str, str]:
 
 
 def push(repo: Repo, remote: str = DEFAULT_REMOTE, targets: list[str] | None = None, *, force: bool = False,
-         progress: Callable[[int, int], Progress] | None = None) -> PushResult:  # fmt: skip
+         progress: StartProgress | None = None) -> PushResult:  # fmt: skip
     """Send models (every one by default) to a remote; see the module docstring."""
     conn = connect(repo, remote)
     try:
@@ -69,7 +68,7 @@ def push(repo: Repo, remote: str = DEFAULT_REMOTE, targets: list[str] | None = N
 
 
 def _push(repo: Repo, conn: Connection, chosen: dict[str, str], *, force: bool,
-          progress: Callable[[int, int], Progress] | None) -> PushResult:  # fmt: skip
+          progress: StartProgress | None) -> PushResult:  # fmt: skip
     remote = conn.remote
     remote.check()
     theirs = remote.heads(chosen)
@@ -125,7 +124,7 @@ def move_head(conn: Connection, name: str, vid: str, *, expected: str | None, to
 
 
 def publish_to(repo: Repo, conn: Connection, tips: list[str], known_tips: list[str], *,
-               progress: Callable[[int, int], Progress] | None = None) -> tuple[set[str], list[str], TransferStats]:  # fmt: skip
+               progress: StartProgress | None = None) -> tuple[set[str], list[str], TransferStats]:  # fmt: skip
     """Send the versions reachable from `tips` that the remote lacks, with every object they
     need that it lacks, and a metadata pack describing them; move no ref. `known_tips` are
     versions the remote has (their histories are not sent or asked about). Returns (the
@@ -142,7 +141,7 @@ def publish_to(repo: Repo, conn: Connection, tips: list[str], known_tips: list[s
         missing = candidates - present
         if isinstance(store, LazyStore):  # a lazy clone sends elsewhere what it has not fetched yet
             store.fetch([o for o in missing if not store.has(o)])
-        tick = progress(sum(store.stored_size(o) for o in missing), 0) if progress else None
+        tick = progress(sum(store.stored_size(o) for o in missing)) if progress else None
         sent = upload(conn.remote, store, missing, progress=tick)
         crash_point("push-after-objects")
         sent.skipped = len(needed) - len(missing)

@@ -72,7 +72,7 @@ class DiffJobs:
             try:
                 sides = [self._side(v) for v in (job.a, job.b)]
 
-                def start(total: int, _: int) -> Any:
+                def start(total: int) -> Any:
                     job.total = total
 
                     def tick(n: int) -> None:
