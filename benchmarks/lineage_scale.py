@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from mgit import Repo
-from mgit.lineage.graph import NoPathError
+from mgit.errors import NoPathError
 from mgit.web import graph_json, render_dot, render_html
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

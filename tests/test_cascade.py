@@ -425,9 +425,9 @@ def test_a_changed_recipe_file_is_reported_and_recorded(tmp_path: Path) -> None:
 
 
 def test_report_json_has_no_nan() -> None:
-    from mgit.cascade import CascadePlan, CascadeReport, ModelResult, TestLine
+    from mgit.cascade import CascadePlan, CascadeReport, CheckLine, ModelResult
 
-    line = TestLine("t", "fail", {"loss": float("nan"), "acc": 0.5}, ["loss is not finite"])
+    line = CheckLine("t", "fail", {"loss": float("nan"), "acc": 0.5}, ["loss is not finite"])
     report = CascadeReport(CascadePlan("b", "0" * 64, "b@2", []), False,
                            [ModelResult("m", "failed-tests", "1" * 64, "m@1", tests_after=[line])])  # fmt: skip
     text = json.dumps(report.to_json(), allow_nan=False)

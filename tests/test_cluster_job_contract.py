@@ -21,7 +21,7 @@ from conftest import make_model, run_cli
 from mgit import Repo, sync
 from mgit.cluster import node
 from mgit.errors import InvalidJobError
-from mgit.execution import RecipeJob, TestJob
+from mgit.execution import CheckJob, RecipeJob
 from mgit.remotes import RemoteSpec
 
 EVALS = b"""
@@ -57,7 +57,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
               "source": driver.store.put_blob(recipes).oid}  # fmt: skip
     return {
         "remote": RemoteSpec(str(tmp_path / "remote.mgit")), "marker": marker, "cache": tmp_path / "cache",
-        "test": TestJob(vid, "count", "evals.py:count", 60.0, evals, root=str(driver.root)),
+        "test": CheckJob(vid, "count", "evals.py:count", 60.0, evals, root=str(driver.root)),
         "recipe": RecipeJob("base", vid, [vid], "finetune", record, "by a node", {"team": "a"}, 60.0, recipes,
                             root=str(driver.root)),
     }  # fmt: skip

@@ -16,7 +16,7 @@ from mgit import Repo, execution, sync
 from mgit.checks import Checks
 from mgit.cluster import open_executor
 from mgit.errors import InvalidOptionError
-from mgit.execution import LocalExecutor, RecipeJob, TestJob, register_derived_chains, resources_of
+from mgit.execution import CheckJob, LocalExecutor, RecipeJob, register_derived_chains, resources_of
 
 RECIPES = """
 import pathlib, shutil
@@ -107,7 +107,7 @@ def test_the_local_executor_runs_jobs_and_commits_by_compare_and_swap(work: Repo
     run = executor.run_recipe(RecipeJob("copy", first.version, [head], "finetune", record, "by a job", {}, 60.0))
     assert run.ok and run.created and run.seq == 2 and work.refs.get("copy") == run.version
     assert (work.manifest("copy").files[-1].path, work.version("copy").parents[0].version) == ("note.txt", head)
-    (outcome,) = executor.run_tests([TestJob(run.version, "count", "recipes.py:count", 60.0)])
+    (outcome,) = executor.run_tests([CheckJob(run.version, "count", "recipes.py:count", 60.0)])
     assert outcome.ok and outcome.value == {"files": 3.0}  # config, weights, note
 
 

@@ -47,6 +47,36 @@ def test_every_error_is_a_specific_subclass_with_what_is_at_fault() -> None:
     assert _bare_root_errors() == []
 
 
+def _error_classes() -> dict[str, list[str]]:
+    """Every class of the package that derives from MgitError, directly or through another
+    error: its name and the modules that define it."""
+    bases: dict[str, list[tuple[str, set[str]]]] = {}
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                names = {b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
+                         if isinstance(b, (ast.Name, ast.Attribute))}  # fmt: skip
+                bases.setdefault(node.name, []).append((str(path.relative_to(SRC)), names))
+    errors = {"MgitError"}
+    while grown := {n for n, defs in bases.items() if n not in errors and any(b & errors for _, b in defs)}:
+        errors |= grown
+    return {n: [where for where, _ in bases[n]] for n in errors}
+
+
+def test_every_error_is_defined_in_errors_and_offered_by_the_package() -> None:
+    import inspect
+
+    import mgit
+    import mgit.errors
+
+    classes = _error_classes()
+    assert {n: where for n, where in classes.items() if where != ["errors.py"]} == {}
+    public = {n for n, v in vars(mgit.errors).items() if inspect.isclass(v) and issubclass(v, mgit.MgitError)}
+    assert public == set(classes) and len(public) > 40
+    assert {n for n in public if getattr(mgit, n, None) is not getattr(mgit.errors, n)} == set()
+    assert public <= set(mgit.__all__)
+
+
 def test_no_builtin_error_is_raised_where_a_user_could_meet_it() -> None:
     # RuntimeError and ValueError escape the CLI's one-line mapping. Codec configuration
     # checks raise ValueError on purpose: codec_from_dict turns it into a CodecError.
@@ -64,16 +94,32 @@ def test_no_builtin_error_is_raised_where_a_user_could_meet_it() -> None:
     assert [f for f in found if not f.startswith(("lineage/sketch.py", "usercode.py"))] == []
 
 
-def test_catalog_inconsistency_is_an_mgit_error_with_a_hint(tmp_path: Path) -> None:
+def test_catalog_inconsistency_is_an_mgit_error_with_a_hint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import tensors
+
+    from mgit import Repo
     from mgit.errors import CatalogError
     from mgit.index.catalog import Catalog
-    from mgit.store.objects import Version
 
+    repo = Repo.init(tmp_path / "repo")
+    first = repo.add(tensors(1), name="m").version
+    second = repo.add(tensors(2), name="m").version
     catalog = Catalog(tmp_path / "catalog.sqlite")
-    orphan = Version("m", "a" * 64, predecessor="b" * 64)
-    with pytest.raises(CatalogError, match="predecessor bbbbbbbbbbbb of version cccccccccccc is not indexed") as caught:
-        catalog.index_version("c" * 64, orphan, set())
+    catalog.index(repo.store, first)
+    read_manifest = repo.store.get_manifest
+
+    def pruned_meanwhile(oid: str) -> object:
+        # Between finding the predecessor indexed and writing: a writer that saw no head
+        # prunes every version, so the predecessor the index counts on is gone.
+        catalog.set_heads(dict)
+        return read_manifest(oid)
+
+    monkeypatch.setattr(repo.store, "get_manifest", pruned_meanwhile)
+    expected = f"predecessor {first[:12]} of version {second[:12]} is not indexed"
+    with pytest.raises(CatalogError, match=expected) as caught:
+        catalog.index(repo.store, second)
     assert "rebuild-catalog" in (caught.value.hint or "")
+    assert not catalog.has_version(second)  # nothing of the failed transaction was kept
 
 
 def test_a_codec_says_what_it_is_and_nothing_else_needs_to_know() -> None:

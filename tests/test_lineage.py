@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mgit import Repo
-from mgit.errors import InvalidOptionError
+from mgit.errors import InvalidOptionError, NoPathError
 from mgit.formats.model_card import read_lineage, write_lineage
-from mgit.lineage.graph import Lineage, NoPathError, VersionNode
+from mgit.lineage.graph import Lineage, VersionNode
 
 
 # --- a pure graph, built without a repository, against a reference implementation ------------

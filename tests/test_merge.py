@@ -333,7 +333,7 @@ def test_a_sharded_merge_rewrites_its_index(tmp_path: Path) -> None:
 def test_the_merge_reports_progress_in_bytes(family: Repo) -> None:
     seen: list[tuple[int, int]] = []
 
-    def factory(total: int, _: int):  # type: ignore[no-untyped-def]
+    def factory(total: int):  # type: ignore[no-untyped-def]
         done = [0]
         seen.append((total, 0))
 

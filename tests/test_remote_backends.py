@@ -227,15 +227,6 @@ class BackendContract:
             assert winners, outcomes
         assert backend.read(key, limit=100) in {f"writer {i}".encode() for i in winners}
 
-    def test_delete(self, backend):
-        backend.write("objects/ab/k", b"1")
-        backend.delete("objects/ab/k")
-        assert not backend.exists("objects/ab/k")
-        with pytest.raises(MissingKeyError):
-            backend.read("objects/ab/k", limit=10)
-        assert list(backend.list("")) == []
-        backend.delete("objects/ab/k")  # deleting what is not there is not an error
-
     @pytest.mark.parametrize("key", ["../escape", "/absolute", "a//b", "a/./b", "a/../b", "", "has space"])
     def test_refuses_what_is_not_a_key(self, backend, key):
         with pytest.raises(RemoteError, match="not a remote key"):

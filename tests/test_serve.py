@@ -23,8 +23,8 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from mgit import Repo  # noqa: E402
 from mgit.checks import Checks, Condition  # noqa: E402
+from mgit.errors import TokenRequiredError  # noqa: E402
 from mgit.web import access, graph_json  # noqa: E402
-from mgit.web.access import TokenRequiredError  # noqa: E402
 from mgit.web.app import create_app  # noqa: E402
 from mgit.web.card import MAX_CARD_BYTES, TOO_LARGE, render_card, version_card  # noqa: E402
 

@@ -101,7 +101,7 @@ class Writes:
         except ImportError:  # pragma: no cover - boto3 is in the dev extras
             pass
         for cls in classes:
-            for method in ("write", "write_if", "delete"):
+            for method in ("write", "write_if"):
                 original = getattr(cls, method)
                 monkeypatch.setattr(cls, method, self._counting(method, original))
 
@@ -115,7 +115,7 @@ class Writes:
 
     @property
     def total(self) -> int:
-        return sum(self.calls[m] for m in ("write", "write_if", "delete"))
+        return sum(self.calls[m] for m in ("write", "write_if"))
 
 
 class SharingContract:

@@ -18,18 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgit.checks import Checks, TestOutcome
-from mgit.errors import MgitError
+from mgit.checks import CheckOutcome, Checks
+from mgit.errors import NothingToBisectError
 from mgit.repo.repository import Repo
 from mgit.reports import Report
 from mgit.store.objects import walk_history
-
-
-class NothingToBisectError(MgitError):
-    def __init__(self, test: str, ref: str, start_ref: str) -> None:
-        super().__init__(f"{test} passes on {ref}: there is no failure to trace",
-                         hint=f"Bisect from a version that fails. See: mgit test show {start_ref}")  # fmt: skip
-        self.test = test
 
 
 @dataclass(frozen=True)
@@ -74,12 +67,12 @@ class Bisector:
         self.test = test
         self.timeout = timeout
         self.force = force
-        self.results: dict[str, TestOutcome] = {}
+        self.results: dict[str, CheckOutcome] = {}
         self.steps: list[BisectStep] = []
         # An unknown test, or one from a remote not trusted here, fails before anything runs.
         self.checks.require_trust([self.checks.test(test)], trust_remote_code=trust_remote_code)
 
-    def outcome(self, vid: str) -> TestOutcome:
+    def outcome(self, vid: str) -> CheckOutcome:
         if vid not in self.results:
             o = self.checks.run_one(vid, self.test, timeout=self.timeout, force=self.force)
             self.results[vid] = o

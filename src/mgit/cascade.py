@@ -36,7 +36,7 @@ from typing import Any
 
 import mgit.merging  # noqa: F401  (registers how a re-run merge is stored: mgit.execution)
 from mgit import usercode
-from mgit.checks import Checks, TestOutcome
+from mgit.checks import CheckOutcome, Checks
 from mgit.errors import MgitError
 from mgit.execution import Executor, LocalExecutor, RecipeJob, RecipeRun, resources_of
 from mgit.lineage.graph import Lineage, LineageEdge
@@ -48,7 +48,7 @@ from mgit.util.faults import crash_point
 RECIPE_TIMEOUT = 3600.0  # per recipe run: a fine-tune can take a while
 REBUILT = ("recipe", "manual", "blocked")  # actions under which a model gets (or needs) a new version
 FAILED = ("failed-recipe", "failed-tests")
-Progress = Callable[[str, str], None]  # (model, what happens to it)
+ModelProgress = Callable[[str, str], None]  # (model, what happens to it)
 
 
 @dataclass(frozen=True)
@@ -98,10 +98,8 @@ class CascadePlan(Report):
 
 
 @dataclass(frozen=True)
-class TestLine(Report):
+class CheckLine(Report):
     """One test's result on one version."""
-
-    __test__ = False  # not a pytest class
 
     test: str
     status: str  # pass, fail or error
@@ -123,8 +121,8 @@ class ModelResult(Report):
     rebuilt_on: list[str] = field(default_factory=list)
     recipe: str | None = None
     source_changed: bool = False
-    tests_before: list[TestLine] | None = None
-    tests_after: list[TestLine] | None = None
+    tests_before: list[CheckLine] | None = None
+    tests_after: list[CheckLine] | None = None
     reason: str | None = None
     command: str | None = None
     output: str = ""  # what a failed recipe printed
@@ -138,7 +136,7 @@ class CascadeReport(Report):
     plan: CascadePlan
     dry_run: bool
     results: list[ModelResult]  # in the plan's order; empty for a dry run
-    tests: list[TestLine] | None = None  # of the cascade's model, when models were rebuilt on it
+    tests: list[CheckLine] | None = None  # of the cascade's model, when models were rebuilt on it
 
     @property
     def failed(self) -> list[ModelResult]:
@@ -225,7 +223,7 @@ def _record_command(step: CascadeStep) -> str:
 
 # --- running it ---------------------------------------------------------------------------------
 def cascade(repo: Repo, name: str, *, jobs: int = 1, only: str | None = None, timeout: float | None = None,
-            dry_run: bool = False, recorded_source: bool = False, progress: Progress | None = None,
+            dry_run: bool = False, recorded_source: bool = False, progress: ModelProgress | None = None,
             executor: Executor | None = None, trust_remote_code: bool = False) -> CascadeReport:  # fmt: skip
     """Rebuild the descendants of `name` on its latest version by re-running their recipes,
     commit and test the results: plan it and, unless `dry_run`, carry it out (see
@@ -238,7 +236,7 @@ def cascade(repo: Repo, name: str, *, jobs: int = 1, only: str | None = None, ti
 
 
 def execute(repo: Repo, plan: CascadePlan, *, jobs: int = 1, timeout: float | None = None, dry_run: bool = False,
-            progress: Progress | None = None, executor: Executor | None = None,
+            progress: ModelProgress | None = None, executor: Executor | None = None,
             trust_remote_code: bool = False) -> CascadeReport:  # fmt: skip
     """Carry out a plan: rebuild its `recipe` steps, `jobs` at a time, parents first; a
     failure blocks the models below it. `progress(model, text)` is called from this thread
@@ -274,7 +272,8 @@ def require_trust(repo: Repo, plan: CascadePlan, *, trust_remote_code: bool = Fa
 
 
 class _Cascade:
-    def __init__(self, repo: Repo, plan: CascadePlan, timeout: float, progress: Progress, executor: Executor) -> None:
+    def __init__(self, repo: Repo, plan: CascadePlan, timeout: float, progress: ModelProgress,
+                 executor: Executor) -> None:
         self.repo = repo
         self.plan = plan
         self.timeout = timeout
@@ -282,7 +281,7 @@ class _Cascade:
         self.executor = executor
         self.checks = Checks(repo)  # opened here, before worker threads share it
         self.rebuilt: dict[str, tuple[str, str]] = {}  # model -> (new version, ref); written by the main thread
-        self.top_tests: list[TestLine] | None = None
+        self.top_tests: list[CheckLine] | None = None
 
     def run(self, jobs: int) -> CascadeReport:
         results: dict[str, ModelResult] = {}
@@ -407,13 +406,13 @@ class _Cascade:
         return RecipeJob(step.model, step.head, [vid for vid, _ in parents], step.relation, record, message,
                          dict(self.repo.version(step.head).tags), self.timeout, source, resources)  # fmt: skip
 
-    def _tests(self, vids: list[str]) -> dict[str, list[TestLine]]:
+    def _tests(self, vids: list[str]) -> dict[str, list[CheckLine]]:
         """The tests that apply to each version, run or reused from recorded results."""
         try:
             outcomes = self.checks.run(vids, executor=self.executor).outcomes
         except MgitError as exc:
-            return {v: [TestLine("tests", "error", {}, [str(exc)])] for v in vids}
-        lines: dict[str, list[TestLine]] = {v: [] for v in vids}
+            return {v: [CheckLine("tests", "error", {}, [str(exc)])] for v in vids}
+        lines: dict[str, list[CheckLine]] = {v: [] for v in vids}
         for o in outcomes:
             lines.setdefault(o.version, []).append(_line(o))
         return lines
@@ -423,8 +422,8 @@ def _fn(step: CascadeStep) -> str:
     return str(step.recipe["fn"]) if step.recipe else "?"
 
 
-def _line(o: TestOutcome) -> TestLine:
-    return TestLine(o.test, o.status, dict(o.metrics), list(o.reasons))
+def _line(o: CheckOutcome) -> CheckLine:
+    return CheckLine(o.test, o.status, dict(o.metrics), list(o.reasons))
 
 
 def _result(step: CascadeStep, status: str, **extra: Any) -> ModelResult:
@@ -433,7 +432,7 @@ def _result(step: CascadeStep, status: str, **extra: Any) -> ModelResult:
                        **extra)  # fmt: skip
 
 
-def tests_summary(lines: list[TestLine] | None) -> str:
+def tests_summary(lines: list[CheckLine] | None) -> str:
     """`2/3 pass` for a list of test results; `-` when none was run, `no tests` when none applies."""
     if lines is None:
         return "-"

@@ -33,13 +33,15 @@ from typing import Any
 
 from mgit import usercode
 from mgit.errors import (
+    CheckExistsError,
+    CheckNotFoundError,
     MgitError,
     RemoteError,
     UnknownRefError,
     UnsafeRegistrationError,
     UntrustedCodeError,
 )
-from mgit.execution import Executor, LocalExecutor, TestJob, resources_of
+from mgit.execution import CheckJob, Executor, LocalExecutor, resources_of
 from mgit.lineage.graph import Lineage
 from mgit.repo.location import trust_code, trusted_code, trusts_remote_code
 from mgit.repo.repository import Repo
@@ -70,22 +72,6 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
 RESULT_COLUMNS = "version, test, source, status, metrics, reasons, output, seconds, time, origin"
 
 
-class TestNotFoundError(MgitError):
-    __test__ = False  # not a pytest class
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"no test named {name!r}", hint="See: mgit test ls")
-        self.name = name
-
-
-class TestExistsError(MgitError):
-    __test__ = False
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"a test named {name!r} exists", hint=f"Choose another --name or: mgit test rm {name}")
-        self.name = name
-
-
 @dataclass(frozen=True)
 class Condition(Report):
     metric: str
@@ -103,9 +89,7 @@ class Condition(Report):
 
 
 @dataclass(frozen=True)
-class TestSpec(Report):
-    __test__ = False  # not a pytest class
-
+class CheckSpec(Report):
     name: str
     fn: str
     target: str  # a model name, a glob (`bert-*`) or a tag (`tag:KEY[=VALUE]`)
@@ -122,9 +106,7 @@ class TestSpec(Report):
 
 
 @dataclass(frozen=True)
-class TestOutcome(Report):
-    __test__ = False
-
+class CheckOutcome(Report):
     version: str
     model: str
     seq: int
@@ -158,15 +140,13 @@ class TestOutcome(Report):
 
 
 @dataclass(frozen=True)
-class TestRunResult(Report):
-    __test__ = False
-
-    outcomes: list[TestOutcome]
+class CheckRunResult(Report):
+    outcomes: list[CheckOutcome]
     skipped: list[str]  # `model@seq` with no test attached
     notes: list[str] = field(default_factory=list)  # recorded sources used, local files changed since
 
     @property
-    def failed(self) -> list[TestOutcome]:
+    def failed(self) -> list[CheckOutcome]:
         return [o for o in self.outcomes if not o.passed]
 
     def to_json(self) -> dict[str, Any]:
@@ -185,7 +165,7 @@ class Checks:
     # --- registrations ------------------------------------------------------------------
     def attach(self, target: str, fn: str, *, name: str | None = None, conditions: list[Condition] | None = None,
                inherit: bool = False, timeout: float | None = None,
-               resources: dict[str, float] | None = None) -> TestSpec:  # fmt: skip
+               resources: dict[str, float] | None = None) -> CheckSpec:  # fmt: skip
         """Attach a test to a model, a glob of names or `tag:KEY[=VALUE]`. The function is
         located (its file must exist) but not run. `resources` (`num_cpus`, `num_gpus`) are
         what each run declares to a cluster's scheduler."""
@@ -193,33 +173,33 @@ class Checks:
         usercode.source_hash(fn, cwd=self.repo.root)  # the file names the function: read, never run
         source = self.repo.store.put_blob(usercode.source_file(fn, cwd=self.repo.root).read_bytes()).oid
         self.repo.refs.pin(source)  # kept through gc, sent by push: a teammate runs it without the file
-        spec = TestSpec(name or usercode.split_spec(fn)[1], fn, target, inherit, list(conditions or []), timeout,
+        spec = CheckSpec(name or usercode.split_spec(fn)[1], fn, target, inherit, list(conditions or []), timeout,
                         source, resources_of(resources))  # fmt: skip
         lineage = self.repo.lineage
         if not any(spec.matches(n, m.tags) for n, m in lineage.nodes.items()) and not _is_pattern(target):
             raise UnknownRefError(target, "no model", hint="Attach to a model name, a glob like 'bert-*' or tag:KEY=VALUE")
         with self._sql.atomic() as db:
             if db.execute("SELECT 1 FROM tests WHERE name = ?", (spec.name,)).fetchone():
-                raise TestExistsError(spec.name)
+                raise CheckExistsError(spec.name)
             self._insert_test(db, spec, utc_now(), "")
         trust_code(self.repo.dir, [(spec.fn, spec.source)])  # attached here: the user's own code
         return spec
 
     @staticmethod
-    def _insert_test(db: Any, spec: TestSpec, created: str, origin: str) -> None:
+    def _insert_test(db: Any, spec: CheckSpec, created: str, origin: str) -> None:
         db.execute("INSERT INTO tests (name, fn, target, inherit, conditions, timeout, created, source, resources, "
                    "origin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                    (spec.name, spec.fn, spec.target, int(spec.inherit),
                     json.dumps([c.to_json() for c in spec.conditions]), spec.timeout, created, spec.source,
                     json.dumps(spec.resources, sort_keys=True), origin))  # fmt: skip
 
-    def detach(self, name: str) -> TestSpec:
+    def detach(self, name: str) -> CheckSpec:
         spec = self.test(name, checked=False)  # (an unsafe registration is removed this way)
         with self._sql.atomic() as db:
             db.execute("DELETE FROM tests WHERE name = ?", (name,))
         return spec
 
-    def tests(self, *, checked: bool = True) -> list[TestSpec]:
+    def tests(self, *, checked: bool = True) -> list[CheckSpec]:
         """Every registration. Each function reference is checked as it is read (see the
         module's docstring): one that is not a module path or a file below the work folder
         (an absolute file too, for a test attached here) is an UnsafeRegistrationError,
@@ -233,20 +213,21 @@ class Checks:
                     usercode.check_reference(f, absolute=origin == "")
                 except usercode.UserCodeError as exc:
                     raise UnsafeRegistrationError(n, exc.message) from None
-            specs.append(TestSpec(n, f, t, bool(i), [Condition(**c) for c in json.loads(cs)], to, src, json.loads(res)))
+            conditions = [Condition(**c) for c in json.loads(cs)]
+            specs.append(CheckSpec(n, f, t, bool(i), conditions, to, src, json.loads(res)))
         return specs
 
-    def test(self, name: str, *, checked: bool = True) -> TestSpec:
+    def test(self, name: str, *, checked: bool = True) -> CheckSpec:
         for spec in self.tests(checked=checked):
             if spec.name == name:
                 return spec
-        raise TestNotFoundError(name)
+        raise CheckNotFoundError(name)
 
     def origins(self) -> dict[str, str]:
         """Where each registration came from: the remote it was pulled from, '' if attached here."""
         return dict(self._sql.db.execute("SELECT name, origin FROM tests").fetchall())
 
-    def applicable(self, model: str, lineage: Lineage | None = None) -> list[TestSpec]:
+    def applicable(self, model: str, lineage: Lineage | None = None) -> list[CheckSpec]:
         """Tests that apply to a model: attached to it (by name, glob or tag), or inherited
         from an ancestor they were attached to with `inherit`."""
         lineage = lineage or self.repo.lineage
@@ -256,11 +237,11 @@ class Checks:
                 if t.matches(model, node.tags) or (t.inherit and any(t.matches(a, tags) for a, tags in ancestors))]  # fmt: skip
 
     def applicable_all(self, lineage: Lineage | None = None, *,
-                       specs: list[TestSpec] | None = None) -> dict[str, list[TestSpec]]:  # fmt: skip
+                       specs: list[CheckSpec] | None = None) -> dict[str, list[CheckSpec]]:  # fmt: skip
         """`applicable` of every model at once: each test's models, then their descendants
-        when it is inherited (a thousand models in one pass, not an ancestor walk each)."""
+        when it is inherited, in one pass over the graph however many models it holds."""
         lineage = lineage or self.repo.lineage
-        found: dict[str, list[TestSpec]] = {n: [] for n in lineage.nodes}
+        found: dict[str, list[CheckSpec]] = {n: [] for n in lineage.nodes}
         for t in self.tests() if specs is None else specs:
             if _is_pattern(t.target):
                 hit = {n for n, node in lineage.nodes.items() if t.matches(n, node.tags)}
@@ -271,7 +252,7 @@ class Checks:
         return found
 
     # --- trust --------------------------------------------------------------------------
-    def untrusted(self, specs: list[TestSpec]) -> list[str]:
+    def untrusted(self, specs: list[CheckSpec]) -> list[str]:
         """What of these tests came from a remote and is not trusted here, each as a user
         reads it: `test 'size' (evals.py:size, pulled from origin)`."""
         trusted, origins = trusted_code(self.repo.dir), self.origins()
@@ -283,7 +264,7 @@ class Checks:
                 out.append(f"test {t.name!r} ({t.fn}, {where})")
         return out
 
-    def require_trust(self, specs: list[TestSpec], *, trust_remote_code: bool = False,
+    def require_trust(self, specs: list[CheckSpec], *, trust_remote_code: bool = False,
                       more: dict[str, tuple[str, str | None]] | None = None) -> None:  # fmt: skip
         """Refuse (UntrustedCodeError, nothing run) to go on with code from a remote that is
         not trusted here, unless `trust_remote_code` (or the repository's `trust-remote-code`
@@ -301,7 +282,7 @@ class Checks:
     def run(self, refs: list[str] | None = None, *, descendants: bool = False, tests: list[str] | None = None,
             jobs: int | None = None, timeout: float | None = None, force: bool = False,
             recorded_source: bool = False, executor: Executor | None = None,
-            trust_remote_code: bool = False) -> TestRunResult:  # fmt: skip
+            trust_remote_code: bool = False) -> CheckRunResult:  # fmt: skip
         """Run the tests that apply to these versions (every model's latest by default; with
         `descendants`, the latest of every descendant too), reusing recorded results.
 
@@ -323,9 +304,9 @@ class Checks:
         wanted = set(tests) if tests else None
         for t in wanted or ():
             self.test(t)
-        work: list[tuple[str, list[TestSpec]]] = []
+        work: list[tuple[str, list[CheckSpec]]] = []
         skipped = []
-        applying = self.applicable_all(lineage)  # (every model in one pass, not an ancestor walk per version)
+        applying = self.applicable_all(lineage)  # every model's tests, from one pass over the graph
         for vid in vids:
             model = self.repo.model_of(vid)
             specs = [t for t in applying.get(model, []) if wanted is None or t.name in wanted]
@@ -346,10 +327,10 @@ class Checks:
             done = list(pool.map(lambda w: self._run_version(w[0], w[1], sources, timeout, reused[w[0]], executor),
                                  work))  # fmt: skip
         outcomes = [self._with_parent(o) for group in done for o in group]
-        return TestRunResult(outcomes, skipped, notes)
+        return CheckRunResult(outcomes, skipped, notes)
 
     def run_one(self, vid: str, test: str, *, timeout: float | None = None, force: bool = False,
-                trust_remote_code: bool = False) -> TestOutcome:  # fmt: skip
+                trust_remote_code: bool = False) -> CheckOutcome:  # fmt: skip
         spec = self.test(test)
         sources = {spec.name: self.source_of(spec)}
         reused = self._reusable(vid, [spec], sources, force)
@@ -357,7 +338,7 @@ class Checks:
             self.require_trust([spec], trust_remote_code=trust_remote_code)
         return self._with_parent(self._run_version(vid, [spec], sources, timeout, reused, LocalExecutor(self.repo))[0])
 
-    def source_of(self, spec: TestSpec, *, recorded: bool = False, notes: list[str] | None = None
+    def source_of(self, spec: CheckSpec, *, recorded: bool = False, notes: list[str] | None = None
                   ) -> tuple[str, bytes | None]:  # fmt: skip
         """(sha256 of the source a run uses, its bytes when it is the recorded one rather
         than the file here). A local file that differs from the recorded source is noted."""
@@ -381,8 +362,8 @@ class Checks:
                          + ("" if local is not None else f" ({spec.fn} is not here)"))  # fmt: skip
         return sha256(data), data
 
-    def _reusable(self, vid: str, specs: list[TestSpec], sources: dict[str, tuple[str, bytes | None]],
-                  force: bool) -> dict[str, TestOutcome]:  # fmt: skip
+    def _reusable(self, vid: str, specs: list[CheckSpec], sources: dict[str, tuple[str, bytes | None]],
+                  force: bool) -> dict[str, CheckOutcome]:  # fmt: skip
         """The recorded results of these tests on `vid` for the sources a run would use (none
         with `force`), by test name, marked reused."""
         if force:
@@ -390,19 +371,19 @@ class Checks:
         found = {s.name: self.recorded(vid, s.name, sources[s.name][0]) for s in specs}
         return {name: replace(o, reused=True) for name, o in found.items() if o is not None}
 
-    def _run_version(self, vid: str, specs: list[TestSpec], sources: dict[str, tuple[str, bytes | None]],
-                     timeout: float | None, reused: dict[str, TestOutcome],
-                     executor: Executor) -> list[TestOutcome]:  # fmt: skip
+    def _run_version(self, vid: str, specs: list[CheckSpec], sources: dict[str, tuple[str, bytes | None]],
+                     timeout: float | None, reused: dict[str, CheckOutcome],
+                     executor: Executor) -> list[CheckOutcome]:  # fmt: skip
         results = dict(reused)
         todo = [s for s in specs if s.name not in results]
         if todo:
-            jobs = [TestJob(vid, s.name, s.fn, timeout or s.timeout or DEFAULT_TIMEOUT, sources[s.name][1], s.resources)
-                    for s in todo]  # fmt: skip
+            jobs = [CheckJob(vid, s.name, s.fn, timeout or s.timeout or DEFAULT_TIMEOUT, sources[s.name][1],
+                             s.resources) for s in todo]  # fmt: skip
             for spec, run in zip(todo, executor.run_tests(jobs), strict=True):
                 results[spec.name] = self.record(vid, spec, sources[spec.name][0], run)
         return [results[s.name] for s in specs]
 
-    def record(self, vid: str, spec: TestSpec, source: str, run: usercode.RunOutcome) -> TestOutcome:
+    def record(self, vid: str, spec: CheckSpec, source: str, run: usercode.RunOutcome) -> CheckOutcome:
         """Judge a run of `spec` on `vid` (its metrics against the test's conditions) and
         record the result, wherever the run happened."""
         metrics: dict[str, float] = {}
@@ -416,7 +397,7 @@ class Checks:
                 reasons.insert(0, "the test returned passed: false")
             status = "error" if problem and not metrics else "fail" if reasons else "pass"
         model, seq = self._model_seq(vid)
-        outcome = TestOutcome(vid, model, seq, spec.name, source, status, metrics, reasons, round(run.seconds, 3),
+        outcome = CheckOutcome(vid, model, seq, spec.name, source, status, metrics, reasons, round(run.seconds, 3),
                               utc_now(), output=run.output, origin=run.origin or user_at_host())  # fmt: skip
         with self._sql.atomic() as db:
             db.execute(f"INSERT OR REPLACE INTO results ({RESULT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -425,7 +406,7 @@ class Checks:
         return outcome
 
     # --- results ------------------------------------------------------------------------
-    def recorded(self, vid: str, test: str, source: str | None = None) -> TestOutcome | None:
+    def recorded(self, vid: str, test: str, source: str | None = None) -> CheckOutcome | None:
         """The recorded result of a test on a version (for that source, or the latest)."""
         sql = f"SELECT {RESULT_COLUMNS} FROM results WHERE version = ? AND test = ?"
         args: tuple[Any, ...] = (vid, test)
@@ -448,7 +429,7 @@ class Checks:
                 out.append(t.name)
         return out
 
-    def show(self, ref: str | None = None) -> list[TestOutcome]:
+    def show(self, ref: str | None = None) -> list[CheckOutcome]:
         """Recorded results (the latest per test) of a version, or of every model's latest."""
         if ref is not None:
             vids = [self.repo.resolve(ref)]
@@ -457,7 +438,7 @@ class Checks:
         return [self._with_parent(o) for found in self.latest(vids).values() for o in found.values()]
 
     def latest(self, vids: list[str], refs: dict[str, tuple[str, int]] | None = None
-               ) -> dict[str, dict[str, TestOutcome]]:  # fmt: skip
+               ) -> dict[str, dict[str, CheckOutcome]]:  # fmt: skip
         """{version: {test: its latest recorded result}} in one query, without the parent's.
         The (model, seq) of the versions not in `refs` are read in one more query, never one
         by one (a page of a thousand models)."""
@@ -471,7 +452,7 @@ class Checks:
         unnamed = sorted({row[0] for row in rows} - refs.keys())
         if unnamed:
             refs.update((vid, (v.model, v.seq)) for vid, v in self.repo.catalog.versions_of(unnamed).items())
-        out: dict[str, dict[str, TestOutcome]] = {vid: {} for vid in vids}
+        out: dict[str, dict[str, CheckOutcome]] = {vid: {} for vid in vids}
         for row in rows:
             out[row[0]][row[1]] = self._outcome(row, refs.get(row[0]))
         return out
@@ -521,13 +502,13 @@ class Checks:
         copied = [{**r, "version": renamed[r["version"]]} for r in self.result_records() if r["version"] in renamed]
         return self.add_results(copied)
 
-    def _outcome(self, row: tuple[Any, ...], ref: tuple[str, int] | None = None) -> TestOutcome:
+    def _outcome(self, row: tuple[Any, ...], ref: tuple[str, int] | None = None) -> CheckOutcome:
         vid, test, source, status, metrics, reasons, output, seconds, time, origin = row
         model, seq = ref or self._model_seq(vid)
-        return TestOutcome(vid, model, seq, test, source, status, _floats(json.loads(metrics)), json.loads(reasons),
+        return CheckOutcome(vid, model, seq, test, source, status, _floats(json.loads(metrics)), json.loads(reasons),
                            seconds, time, output=output, origin=origin)  # fmt: skip
 
-    def _with_parent(self, o: TestOutcome) -> TestOutcome:
+    def _with_parent(self, o: CheckOutcome) -> CheckOutcome:
         """The outcome with its lineage parent's latest recorded result of the same test."""
         try:
             parents = self.repo.info(o.version).parents
@@ -557,11 +538,11 @@ def _is_pattern(target: str) -> bool:
     return target.startswith("tag:") or any(c in target for c in "*?[")
 
 
-def parse_registration(record: Any) -> tuple[TestSpec, str]:
+def parse_registration(record: Any) -> tuple[CheckSpec, str]:
     """A registration from a remote, checked field by field (a RemoteError if malformed)."""
     try:
         conditions = [Condition(str(c["metric"]), c["bound"], float(c["value"])) for c in record["conditions"]]
-        spec = TestSpec(record["name"], record["fn"], record["target"], record["inherit"], conditions,
+        spec = CheckSpec(record["name"], record["fn"], record["target"], record["inherit"], conditions,
                         record.get("timeout"), record.get("source"), resources_of(record.get("resources")))  # fmt: skip
         ok = (all(isinstance(v, str) and 0 < len(v) <= 1024 for v in (spec.name, spec.fn, spec.target))
               and isinstance(spec.inherit, bool) and all(c.bound in ("min", "max") for c in conditions)

@@ -47,7 +47,7 @@ from mgit.store.objectformat import file_expected
 from mgit.store.objects import Manifest, TensorEntry, object_id, tensor_meta
 from mgit.store.reader import tensor_bytes
 from mgit.tensorstats import TensorStats, sum_of_squares, tensor_stats
-from mgit.util.parallel import Progress, default_jobs, one_blas_thread
+from mgit.util.parallel import StartProgress, default_jobs, one_blas_thread
 
 MAX_TEXT_BYTES = 1 << 20  # larger text files are compared by digest only
 STATUSES = ("changed", "dtype", "shape", "only_a", "only_b", "identical", "same")
@@ -299,10 +299,10 @@ def _unchanged(t: TensorRef, reuse: DecodedCache | None) -> tuple[float, int, in
 
 
 def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: int | None = None,
-                progress: Callable[[int, int], Progress] | None = None,
+                progress: StartProgress | None = None,
                 reuse: DecodedCache | None = None) -> DiffResult:  # fmt: skip
     """Compare two sides. `structural` compares only names, shapes, dtypes and layer counts
-    (no tensor data and no files are read). `progress(total_bytes, 0)` may return a callback.
+    (no tensor data and no files are read). `progress(total_bytes)` may return a callback.
     `reuse` (a session's cache) keeps what is decoded; by default each pair has its own."""
     names = list(dict.fromkeys([*a.tensors, *b.tensors]))
     status: dict[str, str] = {}
@@ -329,7 +329,7 @@ def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: i
     if work or same:
         work.sort(key=lambda k: a.tensors[k].nbytes + b.tensors[k].nbytes, reverse=True)
         total = sum(a.tensors[k].nbytes + b.tensors[k].nbytes for k in work) + sum(a.tensors[k].nbytes for k in same)
-        tick = progress(total, 0) if progress else None
+        tick = progress(total) if progress else None
         with one_blas_thread(), ThreadPoolExecutor(max_workers=jobs or default_jobs(), thread_name_prefix="mgit-diff") as pool:
             try:
                 futures = {pool.submit(_compare, a.tensors[k], b.tensors[k], reuse): k for k in work}
@@ -373,7 +373,7 @@ def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: i
 
 
 def diff_paths(a: str | os.PathLike[str], b: str | os.PathLike[str], *, structural: bool = False,
-               jobs: int | None = None, progress: Callable[[int, int], Progress] | None = None) -> DiffResult:  # fmt: skip
+               jobs: int | None = None, progress: StartProgress | None = None) -> DiffResult:  # fmt: skip
     """Compare two models on disk, no repository needed."""
     return diff_models(open_side(a), open_side(b), structural=structural, jobs=jobs, progress=progress)
 

@@ -74,6 +74,13 @@ class UnknownRefError(MgitError):
         self.ref = ref
 
 
+class AmbiguousTensorError(MgitError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"tensor {name!r} appears in two files of this version",
+                         hint="Read it per file with repo.manifest(ref)")  # fmt: skip
+        self.name = name
+
+
 class InputError(MgitError):
     """A file or folder given to MGit cannot be read as a model (malformed, unsafe, unreadable)."""
 
@@ -138,6 +145,10 @@ class RemoveRefusedError(MgitError):
         self.children = children
 
 
+class CodecError(MgitError):
+    """A codec chain that cannot be parsed or whose data does not decode."""
+
+
 class LockTimeoutError(MgitError):
     """Another process holds a lock for longer than we wait. Retrying later is safe."""
 
@@ -180,13 +191,41 @@ class UntrustedCodeError(MgitError):
         self.what = what
 
 
+class UserCodeError(MgitError):
+    """A function reference that does not name a function MGit can find."""
+
+    def __init__(self, spec: str, why: str) -> None:
+        super().__init__(f"cannot use {spec!r}: {why}",
+                         hint="Give MODULE:FUNCTION (importable from this folder) or FILE.py:FUNCTION")  # fmt: skip
+        self.spec = spec
+
+
 class UnsafeRegistrationError(MgitError):
     """A test registration in checks.sqlite whose function reference MGit will not use (one
-    that got in before references were checked)."""
+    written by hand, or by an older MGit that did not check references)."""
 
     def __init__(self, name: str, why: str) -> None:
         super().__init__(f"test {name!r} in checks.sqlite: {why}", hint=f"Remove it: mgit test rm {name}")
         self.name = name
+
+
+class CheckNotFoundError(MgitError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no test named {name!r}", hint="See: mgit test ls")
+        self.name = name
+
+
+class CheckExistsError(MgitError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"a test named {name!r} exists", hint=f"Choose another --name or: mgit test rm {name}")
+        self.name = name
+
+
+class NothingToBisectError(MgitError):
+    def __init__(self, test: str, ref: str, start_ref: str) -> None:
+        super().__init__(f"{test} passes on {ref}: there is no failure to trace",
+                         hint=f"Bisect from a version that fails. See: mgit test show {start_ref}")  # fmt: skip
+        self.test = test
 
 
 class InvalidJobError(MgitError):
@@ -196,6 +235,10 @@ class InvalidJobError(MgitError):
     def __init__(self, kind: str, why: str) -> None:
         super().__init__(f"refusing a forged {kind} job: {why}", hint="Nothing was run; check who can submit to the cluster")
         self.why = why
+
+
+class ClusterError(MgitError):
+    """Ray is missing, or the cluster cannot be reached."""
 
 
 class OutputNotEmptyError(MgitError):
@@ -284,6 +327,14 @@ class NoMatchError(MgitError):
         self.asked = asked
 
 
+class NoPathError(MgitError):
+    def __init__(self, a: str, b: str) -> None:
+        super().__init__(f"{a!r} and {b!r} are not related by lineage",
+                         hint=f"See: mgit lineage {a}")  # fmt: skip
+        self.a = a
+        self.b = b
+
+
 class RemoteError(MgitError):
     """Something about a remote: unreachable, refused, missing, or not what it claims."""
 
@@ -326,6 +377,24 @@ class RemoteTooLargeError(RemoteError):
                          hint="The remote is damaged or hostile; nothing of it was kept")  # fmt: skip
         self.url = url
         self.key = key
+
+
+class PushRefusedError(RemoteError):
+    """The remote's head is not an ancestor of what would be pushed (without --force)."""
+
+    def __init__(self, model: str, remote: str, theirs: str, others: int) -> None:
+        more = f" (and {others} more model{'s' if others > 1 else ''})" if others else ""
+        super().__init__(f"{model} on {remote} has {theirs} that you do not have{more}",
+                         hint=f"Run: mgit pull {remote} (or push --force to drop it)")  # fmt: skip
+        self.model = model
+
+
+class DivergedError(RemoteError):
+    def __init__(self, model: str, remote: str, others: int) -> None:
+        more = f" (and {others} more model{'s' if others > 1 else ''})" if others else ""
+        super().__init__(f"{model} has versions here and on {remote} that the other side lacks{more}",
+                         hint=f"Run: mgit pull {remote} without --ff-only to replay yours after theirs")  # fmt: skip
+        self.model = model
 
 
 UNCHANGED = "nothing was kept, the local repository is unchanged"
@@ -404,3 +473,28 @@ class RemoteEntryError(RemoteError):
                               "folders inside it; nothing was kept")  # fmt: skip
         self.url = url
         self.key = key
+
+
+class BadParameterError(MgitError):
+    """A query parameter out of its range or not among its choices (HTTP 400)."""
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(f"query parameter {name!r}: {why}", hint="Follow the links of the pages")
+        self.name = name
+
+
+class DiffsBusyError(MgitError):
+    """The web app's diff pages: as many diffs asked for as it computes at once (HTTP 503)."""
+
+    def __init__(self, waiting: int) -> None:
+        super().__init__(f"{waiting} diffs are being computed already", hint="Try again when one has finished")
+        self.waiting = waiting
+
+
+class TokenRequiredError(MgitError):
+    """`mgit serve` on an address other machines reach, without a token."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(f"serving on {host} needs a token",
+                         hint="Give --token, or let mgit serve make one (it prints it once)")  # fmt: skip
+        self.host = host

@@ -3,7 +3,7 @@
 A cascade and a test run decide *what* runs (the plan, which results are reused, what a
 result means); an executor decides *where*. Two jobs exist: a `RecipeJob` (check out the
 parents, run the recipe, commit what it wrote as the next version of a model, by
-compare-and-swap on the head it replaces) and a `TestJob` (check out a version, run one
+compare-and-swap on the head it replaces) and a `CheckJob` (check out a version, run one
 test function, return what it returned). Both are plain data, so that an executor can send
 them to other machines (`mgit.cluster`, on Ray); the `LocalExecutor` here runs them in this
 process's repository, each user function in a child process (`mgit.usercode`).
@@ -44,7 +44,7 @@ from mgit.reports import Report
 from mgit.store.objects import OID_RE, RELATIONS
 from mgit.usercode import RESOURCE_KEYS, resources_of
 
-__all__ = ["RESOURCE_KEYS", "Executor", "LocalExecutor", "RecipeJob", "RecipeRun", "TestJob", "received_recipe_job",
+__all__ = ["RESOURCE_KEYS", "CheckJob", "Executor", "LocalExecutor", "RecipeJob", "RecipeRun", "received_recipe_job",
            "received_test_job", "register_derived_chains", "resources_of", "run_recipe_in", "run_tests_in"]
 
 MAX_JOB_TIMEOUT = 7 * 24 * 3600.0  # seconds a job's user code may be given
@@ -98,10 +98,8 @@ class RecipeRun(Report):
 
 
 @dataclass(frozen=True)
-class TestJob(Report):
+class CheckJob(Report):
     """Run test `test` (the function `fn`) on version `version`. `source` as for a recipe."""
-
-    __test__ = False  # not a pytest class
 
     version: str
     test: str
@@ -124,7 +122,7 @@ class Executor(Protocol):
 
     def run_recipe(self, job: RecipeJob) -> RecipeRun: ...
 
-    def run_tests(self, jobs: list[TestJob]) -> list[usercode.RunOutcome]:
+    def run_tests(self, jobs: list[CheckJob]) -> list[usercode.RunOutcome]:
         """Run these tests (all of one version), in order; one outcome each."""
         ...
 
@@ -132,7 +130,7 @@ class Executor(Protocol):
 
 
 class LocalExecutor:
-    """Jobs run here, on the repository's own disk: today's behaviour, and the default."""
+    """Jobs run here, in this process's repository on its own disk: the default executor."""
 
     name = "local"
 
@@ -145,7 +143,7 @@ class LocalExecutor:
     def run_recipe(self, job: RecipeJob) -> RecipeRun:
         return run_recipe_in(self.repo, job, where=self.name)
 
-    def run_tests(self, jobs: list[TestJob]) -> list[usercode.RunOutcome]:
+    def run_tests(self, jobs: list[CheckJob]) -> list[usercode.RunOutcome]:
         return run_tests_in(self.repo, jobs)
 
     def close(self) -> None:
@@ -201,7 +199,7 @@ def derived_chains(repo: Repo, job: RecipeJob) -> dict[str, Any]:
     return dict(chains(repo, job)) if chains is not None else {}
 
 
-def run_tests_in(repo: Repo, jobs: list[TestJob], *, cwd: Path | None = None) -> list[usercode.RunOutcome]:
+def run_tests_in(repo: Repo, jobs: list[CheckJob], *, cwd: Path | None = None) -> list[usercode.RunOutcome]:
     """Check out each version once and run its tests on it, each in a child process."""
     outcomes: list[usercode.RunOutcome] = []
     folders: dict[str, Path] = {}
@@ -248,11 +246,11 @@ def received_recipe_job(job: Any) -> RecipeJob:
     return job
 
 
-def received_test_job(job: Any) -> TestJob:
+def received_test_job(job: Any) -> CheckJob:
     """`job` if it holds to the contract of a test job sent to another machine, else
     InvalidJobError naming the first field at fault."""
     kind = "test"
-    _job(isinstance(job, TestJob), kind, "not a test job")
+    _job(isinstance(job, CheckJob), kind, "not a test job")
     _job(_is_oid(job.version), kind, "version is not an object id")
     _job(isinstance(job.test, str) and 0 < len(job.test) <= 1024 and job.test.isprintable(), kind,
          "its test name is not a short printable text")  # fmt: skip

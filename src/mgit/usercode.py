@@ -30,22 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mgit.errors import InvalidOptionError, MgitError
+from mgit.errors import InvalidOptionError, UserCodeError
 from mgit.reports import json_safe
 
 DEFAULT_TIMEOUT = 600.0  # seconds a test or gate run may take unless told otherwise
 RESULT_MARK = "MGIT-RESULT "
 MAX_OUTPUT = 64 * 1024  # of a run's output kept for `mgit test show --output`
 SOURCE_FILE = "mgit_recorded_source.py"  # what a recorded source runs as, in its temporary folder
-
-
-class UserCodeError(MgitError):
-    """A function reference that does not name a function MGit can find."""
-
-    def __init__(self, spec: str, why: str) -> None:
-        super().__init__(f"cannot use {spec!r}: {why}",
-                         hint="Give MODULE:FUNCTION (importable from this folder) or FILE.py:FUNCTION")  # fmt: skip
-        self.spec = spec
 
 
 @dataclass(frozen=True)

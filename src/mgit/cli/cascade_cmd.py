@@ -11,7 +11,7 @@ from mgit.cascade import (
     CascadePlan,
     CascadeReport,
     CascadeStep,
-    TestLine,
+    CheckLine,
     execute,
     plan_cascade,
     require_trust,
@@ -119,7 +119,7 @@ def _print_plan(plan: CascadePlan) -> None:
                       f"\n  {s.command}")  # fmt: skip
 
 
-def _test_cell(line: TestLine | None) -> str:
+def _test_cell(line: CheckLine | None) -> str:
     """`pass (acc 0.91)`: a test's status and its metrics."""
     if line is None:
         return "-"

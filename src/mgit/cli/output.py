@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from mgit.reports import human_size, json_safe
+from mgit.util.parallel import Progress, StartProgress
 
 # What a terminal would act on rather than show: C0 controls but newline and tab, DEL, C1
 # (ESC and CSI among them), and the bidirectional overrides that reorder what is shown.
@@ -113,8 +114,8 @@ def table(*columns: str, title: str | None = None) -> PlainTable:
 
 
 @contextmanager
-def progress_bar(label: str, *, enabled: bool = True, unit_bytes: bool = True) -> Iterator[Callable[[int, int], Callable[[int], None]] | None]:
-    """Yields a factory `(total, 0) -> advance` for library calls, or None when not shown
+def progress_bar(label: str, *, enabled: bool = True, unit_bytes: bool = True) -> Iterator[StartProgress | None]:
+    """Yields a factory `total -> advance` for library calls, or None when not shown
     (stderr not a terminal)."""
     if not enabled or not err.is_terminal:
         yield None
@@ -123,20 +124,20 @@ def progress_bar(label: str, *, enabled: bool = True, unit_bytes: bool = True) -
     from rich.progress import (
         BarColumn,
         DownloadColumn,
-        Progress,
         TextColumn,
         TimeRemainingColumn,
         TransferSpeedColumn,
     )
+    from rich.progress import Progress as Bars
 
     console = Console(stderr=True, soft_wrap=True, highlight=False, markup=False)
     columns: list[Any] = [TextColumn("{task.description}"), BarColumn()]
     columns += [DownloadColumn(binary_units=True), TransferSpeedColumn()] if unit_bytes else [TextColumn("{task.completed}/{task.total}")]
     columns.append(TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
+    with Bars(*columns, console=console, transient=True) as bars:
 
-        def factory(total: int, _: int) -> Callable[[int], None]:
-            task = progress.add_task(printable(label), total=total)
-            return lambda n: progress.advance(task, n)
+        def factory(total: int) -> Progress:
+            task = bars.add_task(printable(label), total=total)
+            return lambda n: bars.advance(task, n)
 
         yield factory

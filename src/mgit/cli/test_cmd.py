@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from mgit.bisect import bisect as bisect_test
-from mgit.checks import Checks, Condition, TestOutcome
+from mgit.checks import CheckOutcome, Checks, Condition
 from mgit.cli.executor_opts import (
     CLUSTER_JOBS,
     executor_from,
@@ -133,7 +133,7 @@ def _metrics(metrics: dict[str, float]) -> str:
     return ", ".join(f"{k}={v:.4g}" if math.isfinite(v) else f"{k}={v}" for k, v in sorted(metrics.items())) or "-"
 
 
-def _change(o: TestOutcome) -> str:
+def _change(o: CheckOutcome) -> str:
     """Against the lineage parent's result: 'acc +0.012, loss -0.1 (bert-base@2: pass)'."""
     if o.parent is None:
         return "-"
@@ -144,7 +144,7 @@ def _change(o: TestOutcome) -> str:
     return ", ".join(deltas) + f" ({o.parent}: {o.parent_status})" if deltas else f"{o.parent}: {o.parent_status}"
 
 
-def print_outcomes(outcomes: list[TestOutcome], *, output: bool = False) -> None:
+def print_outcomes(outcomes: list[CheckOutcome], *, output: bool = False) -> None:
     t = table("model", "test", "result", "metrics", "vs parent", "why")
     for o in outcomes:
         result = o.status.upper() + (" (recorded)" if o.reused else "")

@@ -26,8 +26,14 @@ from dataclasses import replace
 from typing import Any, TextIO
 
 from mgit import usercode
-from mgit.errors import InvalidOptionError, MgitError, RefConflictError, RemoteConflictError
-from mgit.execution import RecipeJob, RecipeRun, TestJob
+from mgit.errors import (
+    ClusterError,
+    InvalidOptionError,
+    MgitError,
+    RefConflictError,
+    RemoteConflictError,
+)
+from mgit.execution import CheckJob, RecipeJob, RecipeRun
 from mgit.remotes.config import remote_of, remotes_of
 from mgit.repo.repository import Repo
 from mgit.sync.connection import DEFAULT_REMOTE, connect
@@ -38,10 +44,6 @@ from mgit.usercode import RunOutcome, resources_of
 MAX_RETRIES = 3  # of a task whose worker process or node died (Ray's own retry)
 CONNECT_ATTEMPTS = 3  # of a Ray Client connection
 GET_MARGIN = 900.0  # seconds a task may take beyond its user code's limit (checkouts, transfers)
-
-
-class ClusterError(MgitError):
-    """Ray is missing, or the cluster cannot be reached."""
 
 
 def ray_module() -> Any:
@@ -118,7 +120,7 @@ class RayExecutor:
             return ran
         return self._adopt(job, ran)
 
-    def run_tests(self, jobs: list[TestJob]) -> list[RunOutcome]:
+    def run_tests(self, jobs: list[CheckJob]) -> list[RunOutcome]:
         refs = []
         for job in jobs:
             job = self._carrying_source(job)

@@ -36,9 +36,9 @@ import mgit.merging  # noqa: F401  (registers how a re-run merge is stored: mgit
 from mgit import usercode
 from mgit.errors import InvalidJobError, MgitError
 from mgit.execution import (
+    CheckJob,
     RecipeJob,
     RecipeRun,
-    TestJob,
     received_recipe_job,
     received_test_job,
     run_recipe_in,
@@ -54,7 +54,7 @@ from mgit.sync.push import publish_to
 from mgit.usercode import RunOutcome
 from mgit.util.locks import FileLock
 
-J = TypeVar("J", RecipeJob, TestJob)
+J = TypeVar("J", RecipeJob, CheckJob)
 CACHE_VARIABLE = "MGIT_CLUSTER_CACHE"
 LOCK_WAIT = 3600.0  # a task waits this long for another task's clone or commit on this node
 
@@ -131,7 +131,7 @@ def recipe_task(remote: RemoteSpec, job: RecipeJob) -> RecipeRun:
         return run
 
 
-def test_task(remote: RemoteSpec, job: TestJob) -> RunOutcome:
+def test_task(remote: RemoteSpec, job: CheckJob) -> RunOutcome:
     """The body of a test task: check out the version from the node cache and run the test
     (a job that breaks the job contract is refused first: InvalidJobError)."""
     job = received_test_job(job)

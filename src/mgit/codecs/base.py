@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mgit.errors import MgitError
+from mgit.errors import CodecError
 
 Buffer = bytes | bytearray | memoryview | np.ndarray
 
@@ -126,10 +126,6 @@ class Codec:
         compressors say how far they expand). Readers bound a declared size by it before
         they allocate anything."""
         return n
-
-
-class CodecError(MgitError):
-    """A codec chain that cannot be parsed or whose data does not decode."""
 
 
 _REGISTRY: dict[str, type[Codec]] = {}

@@ -1,7 +1,7 @@
 """A merged tensor stored as what it is: a weighted combination of its parents' tensors.
 
 `weighted_sum` predicts the content from its bases (the merge's inputs, by object id) with
-the arithmetic `mgit merge` used to make it (linear: the weighted sum, divided by the sum of
+the arithmetic `mgit merge` made it with (linear: the weighted sum, divided by the sum of
 weights when normalizing; task arithmetic: the anchor plus the weighted sum of the others'
 differences from it, normalized and scaled likewise), all in float32 in a fixed order, then
 rounded to the content's dtype; it stores the XOR of the content with that prediction. Where

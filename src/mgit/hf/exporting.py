@@ -28,7 +28,6 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -40,7 +39,7 @@ from mgit.repo.checkout import safe_join
 from mgit.repo.repository import Repo
 from mgit.reports import Report, VersionInfo
 from mgit.util.atomicfile import disk_full_as_error, fsync_dir, write_atomic
-from mgit.util.parallel import Progress
+from mgit.util.parallel import StartProgress
 
 # The hub's default .gitattributes: what it stores in LFS when a repository says nothing else.
 DEFAULT_LFS = ("*.7z", "*.arrow", "*.bin", "*.bz2", "*.ckpt", "*.ftz", "*.gz", "*.h5", "*.joblib", "*.lfs.*",
@@ -71,11 +70,11 @@ class ExportResult(Report):
 
 
 def export_to_cache(repo: Repo, ref: str, *, cache_dir: str | os.PathLike[str] | None = None,
-                    repo_id: str | None = None, progress: Callable[[int, int], Progress] | None = None
+                    repo_id: str | None = None, progress: StartProgress | None = None
                     ) -> ExportResult:  # fmt: skip
     """Write the version `ref` names into a Hugging Face cache (default: huggingface_hub's)
     as `repo_id`'s `main` (see the module's docstring for the layout, the commit hash and the
-    default repo id). `progress(total_bytes, 0)` may return a callback for the checkout."""
+    default repo id). `progress(total_bytes)` may return a callback for the checkout."""
     hub = load_hub()
     history = repo.log(ref)  # the version, then the versions of its model before it
     info = history[0]
@@ -105,7 +104,7 @@ def export_to_cache(repo: Repo, ref: str, *, cache_dir: str | os.PathLike[str] |
 
 
 def _export(repo: Repo, vid: str, storage: Path, snapshot: Path, tmp: Path, commit: str,
-            progress: Callable[[int, int], Progress] | None) -> tuple[dict[str, int], int, int]:  # fmt: skip
+            progress: StartProgress | None) -> tuple[dict[str, int], int, int]:  # fmt: skip
     """Blobs, snapshot and ref (see `export_to_cache`): (the files, blobs written, their bytes)."""
     checkout = repo.checkout(vid, tmp / "files", progress=progress)
     files = {f.path: f.size for f in checkout.files}

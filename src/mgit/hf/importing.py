@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mgit.errors import InputError, UnknownRefError
@@ -33,7 +32,7 @@ from mgit.hf.cache import CachedModel, CachedRevision, astray_files, read_cache
 from mgit.index.refs import MAX_NAME, is_model_name
 from mgit.repo.repository import Repo
 from mgit.reports import Report
-from mgit.util.parallel import Progress
+from mgit.util.parallel import StartProgress
 
 REPO_ID_TAG = "hf.repo_id"
 COMMIT_TAG = "hf.commit"
@@ -78,11 +77,11 @@ class ImportResult(Report):
 
 
 def import_cache(repo: Repo, cache_dir: str | os.PathLike[str] | None = None, *, dry_run: bool = False,
-                 auto_parent: bool = False, progress: Callable[[int, int], Progress] | None = None) -> ImportResult:  # fmt: skip
+                 auto_parent: bool = False, progress: StartProgress | None = None) -> ImportResult:  # fmt: skip
     """Import the model repositories of a Hugging Face cache (default: huggingface_hub's)
     into `repo` (see the module's docstring). `dry_run` lists what would be imported and
     changes nothing. Whatever cannot be imported is skipped and named in the result;
-    `progress(total_bytes, 0)` may return a callback for the bytes of each add."""
+    `progress(total_bytes)` may return a callback for the bytes of each add."""
     listing = read_cache(cache_dir)
     skipped = list(listing.skipped)
     names: dict[str, str] = {}

@@ -102,11 +102,6 @@ class Catalog(Database):
               storage_class(r.codec) if r.kind == "tensor" else None) for r in rows],  # fmt: skip
         )
 
-    def index_version(self, vid: str, version: Version, objects: set[str]) -> None:
-        """Record a version whose objects are already in the `objects` table."""
-        with self.atomic() as tx:
-            self._index_version(tx, vid, version, objects)
-
     @staticmethod
     def _index_version(tx: Any, vid: str, version: Version, objects: set[str]) -> None:
         if tx.execute("SELECT 1 FROM versions WHERE id = ?", (vid,)).fetchone():
@@ -265,7 +260,8 @@ class Catalog(Database):
     def strays(self, versions: Iterable[str], objects: Iterable[str]) -> tuple[dict[str, int], list[str]]:
         """Sketches of versions and rows of objects that are not among `versions` and
         `objects` (what the refs reach): ({version: its sketch's bytes}, those objects).
-        A pack once brought sketches of versions that do not exist; only gc removes them."""
+        A repository that an older mgit fetched into can hold sketches, from a remote's packs,
+        of versions that do not exist; only gc removes them."""
         sketches = dict(self.db.execute(f"SELECT version, LENGTH(data) FROM sketches WHERE version NOT IN {IDS}",
                                         (json.dumps(sorted(set(versions))),)))  # fmt: skip
         oids = [r[0] for r in self.db.execute(f"SELECT id FROM objects WHERE id NOT IN {IDS}",

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields
 from itertools import takewhile
 from typing import Any
 
-from mgit.errors import MgitError, NoMatchError, UnknownRefError
+from mgit.errors import NoMatchError, NoPathError, UnknownRefError
 from mgit.index.catalog import Catalog
 from mgit.reports import Report, json_safe
 from mgit.store.objects import tag_matches, walk_history
@@ -110,12 +110,6 @@ class TreeNode(Report):
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model.to_json(), "edge": self.edge.to_json() if self.edge else None,
                 "children": [c.to_json() for c in self.children], "repeated": self.repeated}  # fmt: skip
-
-
-class NoPathError(MgitError):
-    def __init__(self, a: str, b: str) -> None:
-        super().__init__(f"{a!r} and {b!r} are not related by lineage",
-                         hint=f"See: mgit lineage {a}")  # fmt: skip
 
 
 class Lineage:

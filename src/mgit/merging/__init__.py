@@ -14,7 +14,6 @@ resolved in the repository before any work is done.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +30,9 @@ from mgit.merging.spec import (
 )
 from mgit.repo.repository import Repo
 from mgit.reports import AddResult
+from mgit.util.parallel import StartProgress
 
 RECIPE = "mgit.merging.recipe:merge"
-Progress = Callable[[int, int], Callable[[int], None] | None]
 
 __all__ = ["METHODS", "RECIPE", "MergeConfig", "MergeSpec", "derived_for_recipe", "merge", "merge_config"]
 
@@ -42,13 +41,13 @@ def merge(repo: Repo, refs: list[str], *, method: str, name: str, base: str | No
           weights: dict[str, float] | None = None, density: dict[str, float] | float | None = None,
           parameters: dict[str, Any] | None = None, dtype: str | None = None, seed: int = 0,
           take: dict[str, str] | None = None, rename: list[tuple[str, str, str]] | None = None,
-          message: str = "", progress: Progress | None = None) -> AddResult:  # fmt: skip
+          message: str = "", progress: StartProgress | None = None) -> AddResult:  # fmt: skip
     """Merge these versions (refs, in order; `base` among them or added first) and add the
     result as the next version of `name`. `weights` and a per-input `density` are keyed by
     the refs as given (or their model names); a single `density` applies to every input.
     `take` maps tensor globs to the ref whose tensor is used unmerged (a task head);
     `rename` rules (glob, ref, prefix) keep that ref's matching tensors unmerged under
-    prefix + name (both task heads of two task models). `progress(total_bytes, 0)` may
+    prefix + name (both task heads of two task models). `progress(total_bytes)` may
     return a callback that receives bytes as the merge, then the add, does them."""
     refs = list(refs)
     if base is not None and base not in refs:
@@ -75,7 +74,7 @@ def merge(repo: Repo, refs: list[str], *, method: str, name: str, base: str | No
 
 
 def merge_config(repo: Repo, config: str | Path, *, name: str, message: str = "", seed: int = 0,
-                 progress: Progress | None = None) -> AddResult:  # fmt: skip
+                 progress: StartProgress | None = None) -> AddResult:  # fmt: skip
     """Merge as the mergekit YAML config at `config` says; `seed` for the DARE methods' masks."""
     path = Path(config)
     try:
@@ -135,7 +134,7 @@ def _input_index(repo: Repo, refs: list[str], vids: list[str]) -> Any:
 
 
 def _run(repo: Repo, spec: MergeSpec, vids: list[str], *, name: str, message: str,
-         progress: Progress | None = None) -> AddResult:  # fmt: skip
+         progress: StartProgress | None = None) -> AddResult:  # fmt: skip
     """Merge straight from the store into the add, tensor by tensor (each input read from
     its store, no checkout, nothing written to a temporary folder but the small files)."""
     from mgit.codecs.buffers import large_buffers

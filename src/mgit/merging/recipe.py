@@ -50,6 +50,7 @@ from mgit.store.cache import DecodedCache
 from mgit.store.objectformat import file_expected
 from mgit.store.objects import Manifest
 from mgit.store.reader import tensor_bytes
+from mgit.util.parallel import Progress
 
 CHUNK = 256 << 10  # elements merged at once in an element-wise method: its float32 temporaries stay in cache
 ELEMENTWISE = ("linear", "task_arithmetic", "ties")  # (ties after a whole-tensor pass choosing what it keeps)
@@ -153,7 +154,7 @@ def merge(parents: list[Path], out_dir: Path, **params: Any) -> None:
 
 
 def merge_inputs(inputs: list[Input], out_dir: Path, spec: MergeSpec,
-                 tick: Callable[[int], None] | None = None) -> None:  # fmt: skip
+                 tick: Progress | None = None) -> None:  # fmt: skip
     """Merge `inputs` (folders or stored versions, in the spec's order) into `out_dir`;
     `tick(nbytes)` after each tensor written."""
     if len(inputs) != len(spec.inputs):
@@ -242,7 +243,7 @@ class FilePlan:
 
 
 def _merge_file(spec: MergeSpec, plan: FilePlan, inputs: list[Input], out: Path, pool: ThreadPoolExecutor,
-                tick: Callable[[int], None]) -> None:  # fmt: skip
+                tick: Progress) -> None:  # fmt: skip
     """Merge one planned safetensors file into `out`."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "wb") as fh:

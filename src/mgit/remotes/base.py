@@ -83,7 +83,3 @@ class Backend:
         """Write `key` only if it is still at version `token` (from `read_versioned`), or,
         with `token=None`, only if it does not exist; else RemoteConflictError."""
         raise NotImplementedError
-
-    def delete(self, key: str) -> None:
-        """Remove `key` if it is there."""
-        raise NotImplementedError

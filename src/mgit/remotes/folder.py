@@ -267,15 +267,3 @@ class FolderBackend(Backend):
             if current != token:
                 raise RemoteConflictError(self.url, key)
             self.write(key, data)
-
-    def delete(self, key: str) -> None:
-        parents, name = self._split(key)
-        folder = self._folder(parents, create=False)
-        if folder is None:
-            return
-        try:
-            os.unlink(name, dir_fd=folder)
-        except FileNotFoundError:
-            pass
-        finally:
-            os.close(folder)

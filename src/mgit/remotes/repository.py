@@ -185,9 +185,6 @@ class RemoteRepository:
                 ids.append(name.removesuffix(".mgpack"))
         return ids
 
-    def read_pack(self, pid: str, *, limit: int) -> bytes:
-        return self.backend.read(f"packs/{pid}.mgpack", limit=limit)
-
     def read_pack_into(self, pid: str, path: Path, *, limit: int) -> int:
         return self.backend.read_into(f"packs/{pid}.mgpack", path, limit=limit)
 

@@ -338,10 +338,6 @@ class S3Backend(Backend):
         except RemoteError:
             return False
 
-    def delete(self, key: str) -> None:
-        with self._translated(key):
-            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
-
 
 def _line(what: object) -> str:
     """The first line of a message, short (botocore's can quote a whole request)."""

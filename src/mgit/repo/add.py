@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from mgit.store.objects import (
     utc_now,
 )
 from mgit.util.faults import crash_point
-from mgit.util.parallel import Progress, default_jobs
+from mgit.util.parallel import Progress, StartProgress, default_jobs
 
 MAX_CARD_BYTES = 1 << 20  # a model card larger than this is not read for lineage
 
@@ -62,7 +62,7 @@ class AddOptions:
     tags: Mapping[str, str] = field(default_factory=dict)  # none: those of the version before
     author: str | None = None  # default: $MGIT_AUTHOR, else user@host
     jobs: int | None = None  # threads (default: one per core, at most 8)
-    progress: Callable[[int, int], Progress] | None = None  # (total_bytes, 0) -> a callback for bytes done
+    progress: StartProgress | None = None  # total_bytes -> a callback for bytes done
     lossy: LossyPolicy | None = None  # lossy storage's bounds and guard; None: lossless
     gate: Gate | None = None  # the metric check lossy storage must also pass
     model_card: bool = True  # without parents: those named by README.md's base_model
@@ -147,7 +147,7 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
         parent_ids = list(auto.parents)
         lineage = tuple(Parent(v, asked_relation or auto.relation or relation) for v in auto.parents)
         src.notes.append(f"auto-parent: {'chose ' if auto.parents else 'no parent: '}{auto.verdict}")
-    tick = options.progress(src.logical_bytes, 0) if options.progress else None
+    tick = options.progress(src.logical_bytes) if options.progress else None
     with catalog.explained():
         plan = replace(_delta_plan(store, refs, name, lineage, max_depth), derived=dict(options.derived),
                        exact=dict(options.exact))  # fmt: skip

@@ -7,7 +7,6 @@ every object their manifests name.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from mgit.store.base import ObjectStore
 from mgit.store.local import LocalStore
 from mgit.store.objectformat import file_objects_expected
 from mgit.store.objects import Manifest, Version
+from mgit.util.parallel import Progress, StartProgress
 
 
 @dataclass
@@ -99,7 +99,7 @@ def _problem(oid: str, exc: MgitError, used_by: list[str]) -> Problem:
 
 
 def verify_objects(store: ObjectStore, oids: list[str], *, jobs: int,
-                   progress: Callable[[int], None] | None = None) -> tuple[list[Problem], int]:  # fmt: skip
+                   progress: Progress | None = None) -> tuple[list[Problem], int]:  # fmt: skip
     """Decode and re-hash every object; return the problems and the bytes checked."""
 
     def check(oid: str) -> tuple[str, MgitError | None, int]:
@@ -143,12 +143,12 @@ def check_references(store: ObjectStore, seen: Reachable) -> list[Problem]:
 
 
 def fsck(store: ObjectStore, refs: RefStore, catalog: Catalog, *, jobs: int,
-         progress: Callable[[int, int], Callable[[int], None]] | None = None) -> FsckResult:  # fmt: skip
+         progress: StartProgress | None = None) -> FsckResult:  # fmt: skip
     """Re-hash every object and check every reference; problems are listed, not raised."""
     heads = root_heads(refs)
     seen = walk(store, heads, pins=refs.pins())
     oids = list(store.ids())
-    tick = progress(len(oids), 0) if progress else None
+    tick = progress(len(oids)) if progress else None
     problems, checked = verify_objects(store, oids, jobs=jobs, progress=tick)
     bad = {p.object for p in problems}
     problems += [p for p in seen.problems if p.object not in bad]

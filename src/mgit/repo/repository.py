@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,7 +57,7 @@ from mgit.store.objectformat import DEFAULT_MAX_DEPTH
 from mgit.store.objects import Manifest, Version, walk_history
 from mgit.usercode import DEFAULT_TIMEOUT
 from mgit.util.atomicfile import write_atomic
-from mgit.util.parallel import Progress, default_jobs
+from mgit.util.parallel import StartProgress, default_jobs
 
 if TYPE_CHECKING:
     from mgit.diff import DiffResult
@@ -212,7 +212,7 @@ class Repo:
         tags: Mapping[str, str] | None = None,
         author: str | None = None,
         jobs: int | None = None,
-        progress: Callable[[int, int], Progress] | None = None,
+        progress: StartProgress | None = None,
         lossy: float | None = None,
         lossy_rel: float | None = None,
         guard: float = DEFAULT_GUARD,
@@ -231,7 +231,7 @@ class Repo:
         `parent` names lineage parents (refs); when omitted, a new version keeps the parents
         of the version before it, and likewise its tags and recipe. Adding the same content,
         parents, tags and recipe as the head changes nothing.
-        `progress(total_bytes, 0)` may return a callback that receives bytes as they are done.
+        `progress(total_bytes)` may return a callback that receives bytes as they are done.
 
         `lossy=EPS` stores float tensors that changed from a parent tensor as a quantized
         change, every value within EPS of the original; `lossy_rel=R` bounds the error by R
@@ -327,7 +327,7 @@ class Repo:
 
     # --- checkout and reading ---------------------------------------------------------------
     def checkout(self, ref: str, out_dir: str | os.PathLike[str], *, force: bool = False, clean: bool = False,
-                 jobs: int | None = None, progress: Callable[[int, int], Progress] | None = None,
+                 jobs: int | None = None, progress: StartProgress | None = None,
                  model_card: bool = False) -> CheckoutResult:  # fmt: skip
         """Rebuild the files of a version in `out_dir`, byte for byte, verifying each file.
         `force` writes into a folder that is not empty, refusing one that holds files the version
@@ -350,7 +350,7 @@ class Repo:
         strays = stray_files(out, {f.path for f in manifest.files}) if out.is_dir() else []
         if strays and not clean:
             raise StrayFilesError(str(out), self._ref_of(vid), strays)
-        tick = progress(manifest.logical_bytes, 0) if progress else None
+        tick = progress(manifest.logical_bytes) if progress else None
         with self.catalog.explained():
             restore_manifest(self.store, manifest, out, jobs=jobs or default_jobs(), reuse=self._reuse(), progress=tick)
         notes = [f"{f.path} was rebuilt as safetensors from {f.converted_from}" for f in manifest.files if f.converted_from]
@@ -400,7 +400,7 @@ class Repo:
                                reuse=self._session)[0]  # fmt: skip
 
     def diff(self, a: str | os.PathLike[str], b: str | os.PathLike[str], *, structural: bool = False,
-             jobs: int | None = None, progress: Callable[[int, int], Progress] | None = None) -> DiffResult:  # fmt: skip
+             jobs: int | None = None, progress: StartProgress | None = None) -> DiffResult:  # fmt: skip
         """Compare two models, each a ref or the path of a model folder or file not yet added
         (an existing path is a path, anything else a ref; see `mgit.diff`)."""
         from mgit.diff import diff_models, open_side
@@ -498,7 +498,7 @@ class Repo:
         self.catalog.set_heads(self.refs.all)
         return RemoveResult(name, head, count)
 
-    def fsck(self, *, jobs: int | None = None, progress: Callable[[int, int], Progress] | None = None) -> FsckResult:
+    def fsck(self, *, jobs: int | None = None, progress: StartProgress | None = None) -> FsckResult:
         """Re-hash every object and check every reference; problems are listed, not raised."""
         from mgit.repo.fsck import fsck
 

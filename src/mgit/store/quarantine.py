@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +32,7 @@ from mgit.store.local import LocalStore
 from mgit.store.objectformat import Expected, base_expected, expected_by
 from mgit.store.overlay import OverlayStore
 from mgit.util.atomicfile import sync_files
+from mgit.util.parallel import Progress
 
 INCOMING = "incoming"
 
@@ -76,7 +77,7 @@ class Incoming:
         except RemoteTooLargeError as exc:
             raise ReceivedError(exc.message, where=where) from None
 
-    def verify(self, oids: list[str], *, jobs: int, progress: Callable[[int], None] | None = None,
+    def verify(self, oids: list[str], *, jobs: int, progress: Progress | None = None,
                expect: Mapping[str, Expected] | None = None) -> None:  # fmt: skip
         """Decode and re-hash each object (CorruptObjectError names the first that fails),
         its header first checked against what the record naming it expects: `expect`, or the

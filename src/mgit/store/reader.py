@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from mgit.codecs.buffers import unpooled
-from mgit.errors import InvalidOptionError, MgitError, MissingDependencyError
+from mgit.errors import AmbiguousTensorError, InvalidOptionError, MissingDependencyError
 from mgit.formats.safetensors import is_float, numpy_view
 from mgit.formats.tensors import to_torch
 from mgit.store.base import ObjectStore
@@ -38,13 +38,6 @@ def as_array(store: ObjectStore, entry: TensorEntry, *, reuse: DecodedCache | No
 
 def as_torch(store: ObjectStore, entry: TensorEntry, *, reuse: DecodedCache | None = None) -> Any:
     return to_torch(tensor_bytes(store, entry, reuse=reuse), entry.dtype, entry.shape)
-
-
-class AmbiguousTensorError(MgitError):
-    def __init__(self, name: str) -> None:
-        super().__init__(f"tensor {name!r} appears in two files of this version",
-                         hint="Read it per file with repo.manifest(ref)")  # fmt: skip
-        self.name = name
 
 
 class ModelReader(Mapping[str, Any]):

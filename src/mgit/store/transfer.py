@@ -22,6 +22,7 @@ from mgit.store.objectformat import MAX_DEPTH_LIMIT, MAX_HEADER, MAX_RECORD, PRE
 from mgit.store.objects import Manifest, Version, ancestors_first
 from mgit.store.quarantine import Incoming
 from mgit.store.remote import RemoteObjects
+from mgit.util.parallel import Progress
 
 SLACK = PREFIX + MAX_HEADER  # what an object file holds besides its payload, at most
 RECORD_LIMIT = MAX_RECORD + SLACK
@@ -105,7 +106,7 @@ def present_on(remote: RemoteObjects, store: ObjectStore, oids: Iterable[str]) -
 
 
 def upload(remote: RemoteObjects, store: LocalStore, oids: Iterable[str], *,
-           progress: Callable[[int], None] | None = None) -> TransferStats:  # fmt: skip
+           progress: Progress | None = None) -> TransferStats:  # fmt: skip
     """Send these object files as they are stored (the caller knows the remote lacks them),
     first aborting what a killed push left of their uploads."""
     wanted = sorted(set(oids))
@@ -125,7 +126,7 @@ def upload(remote: RemoteObjects, store: LocalStore, oids: Iterable[str], *,
 
 # --- receiving -----------------------------------------------------------------------------------
 def receive(remote: RemoteObjects, incoming: Incoming, wanted: Mapping[str, int], *,
-            progress: Callable[[int], None] | None = None, used_by: Callable[[str], list[str]] | None = None,
+            progress: Progress | None = None, used_by: Callable[[str], list[str]] | None = None,
             ) -> TransferStats:  # fmt: skip
     """Download `wanted` objects ({id: most bytes it may take}) that the repository lacks
     into the quarantine, with every delta base they need; verify nothing yet (the caller
@@ -166,7 +167,7 @@ def receive(remote: RemoteObjects, incoming: Incoming, wanted: Mapping[str, int]
 
 
 def fetch_objects(remote: RemoteObjects, store: LocalStore, wanted: Mapping[str, int], *, jobs: int,
-                  progress: Callable[[int], None] | None = None,
+                  progress: Progress | None = None,
                   expect: Mapping[str, Expected] | None = None) -> TransferStats:  # fmt: skip
     """Download, verify and keep objects (with their bases): all of them, or none (then the error
     names the remote). `expect`: what the records naming them say of them, checked before each

@@ -14,7 +14,7 @@ import fnmatch
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -46,12 +46,11 @@ from mgit.sync.connection import DEFAULT_REMOTE, Connection, add_remote, connect
 from mgit.sync.reports import ChecksTravel, CloneResult, FetchResult, ModelUpdate
 from mgit.util.atomicfile import write_atomic
 from mgit.util.faults import crash_point
-
-Progress = Callable[[int], None]
+from mgit.util.parallel import StartProgress
 
 
 def fetch(repo: Repo, remote: str = DEFAULT_REMOTE, *, models: str | None = None,
-          progress: Callable[[int, int], Progress] | None = None) -> FetchResult:  # fmt: skip
+          progress: StartProgress | None = None) -> FetchResult:  # fmt: skip
     """Fetch a remote's models (those matching the glob `models`, default all); see above."""
     conn = connect(repo, remote)
     try:
@@ -61,7 +60,7 @@ def fetch(repo: Repo, remote: str = DEFAULT_REMOTE, *, models: str | None = None
 
 
 def fetch_from(repo: Repo, conn: Connection, *, models: str | None = None,
-               progress: Callable[[int, int], Progress] | None = None) -> FetchResult:  # fmt: skip
+               progress: StartProgress | None = None) -> FetchResult:  # fmt: skip
     remote, lazy = conn.remote, isinstance(repo.store, LazyStore)
     remote.check()
     heads = {n: h for n, (h, _) in _heads(remote).items() if models is None or fnmatch.fnmatchcase(n, models)}
@@ -107,7 +106,7 @@ def fetch_versions(repo: Repo, conn: Connection, vids: list[str]) -> TransferSta
 
 
 def _arrive(repo: Repo, conn: Connection, incoming: Incoming, tips: dict[str, str | None] | dict[str, str],
-            received: TransferStats, progress: Callable[[int, int], Progress] | None, *,
+            received: TransferStats, progress: StartProgress | None, *,
             every_model: bool) -> list[str]:  # fmt: skip
     """The versions along the histories of `tips` ({model: head} of the remote's refs, or
     {version id: None}) that are not here, and what they need, received, verified and kept
@@ -126,7 +125,7 @@ def _arrive(repo: Repo, conn: Connection, incoming: Incoming, tips: dict[str, st
         hold_packed(incoming, spool, wanted, received)
         rows = {} if spool is None else _rows(spool, _described(incoming.overlay, versions))
         sketches = {} if spool is None else _sketches(incoming.overlay, spool.sketches(versions))
-        tick = progress(sum(rows[o][3] if o in rows else n - SLACK for o, n in wanted.items()), 0) if progress else None
+        tick = progress(sum(rows[o][3] if o in rows else n - SLACK for o, n in wanted.items())) if progress else None
         received.add(receive(conn.remote, incoming, wanted, progress=tick))
         arrived = list(dict.fromkeys(incoming.arrived))
         crash_point("fetch-after-download")
@@ -309,7 +308,7 @@ def _describe_objects(repo: Repo, versions: list[str], rows: list[ObjectRow]) ->
 
 def clone(url: str, directory: str | os.PathLike[str] | None = None, *, models: str | None = None,
           lazy: bool = False, endpoint_url: str | None = None, region: str | None = None,
-          profile: str | None = None, progress: Callable[[int, int], Progress] | None = None) -> CloneResult:  # fmt: skip
+          profile: str | None = None, progress: StartProgress | None = None) -> CloneResult:  # fmt: skip
     """A new repository in `directory` with `url` as its remote `origin`, every model (or
     those matching `models`) fetched and checked in as local heads. `lazy` fetches records
     only; objects come when something reads them."""

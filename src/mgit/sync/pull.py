@@ -11,31 +11,21 @@ test results follow the versions they were recorded for.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 
 from mgit.checks import Checks
-from mgit.errors import RemoteError
+from mgit.errors import DivergedError, RemoteError
 from mgit.repo.repository import Repo
 from mgit.store.objects import Parent
 from mgit.store.transfer import history
 from mgit.sync.connection import DEFAULT_REMOTE, connect
 from mgit.sync.fetch import fetch_from
 from mgit.sync.reports import ModelUpdate, PullResult, Renumbered
-
-Progress = Callable[[int], None]
-
-
-class DivergedError(RemoteError):
-    def __init__(self, model: str, remote: str, others: int) -> None:
-        more = f" (and {others} more model{'s' if others > 1 else ''})" if others else ""
-        super().__init__(f"{model} has versions here and on {remote} that the other side lacks{more}",
-                         hint=f"Run: mgit pull {remote} without --ff-only to replay yours after theirs")  # fmt: skip
-        self.model = model
+from mgit.util.parallel import StartProgress
 
 
 def pull(repo: Repo, remote: str = DEFAULT_REMOTE, *, ff_only: bool = False,
-         progress: Callable[[int, int], Progress] | None = None) -> PullResult:  # fmt: skip
+         progress: StartProgress | None = None) -> PullResult:  # fmt: skip
     conn = connect(repo, remote)
     try:
         fetched = fetch_from(repo, conn, progress=progress)

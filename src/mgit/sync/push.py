@@ -13,9 +13,8 @@ the other is refused. A re-run after a kill sends only what is still missing.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable
 
-from mgit.errors import MgitError, RemoteConflictError, RemoteError
+from mgit.errors import MgitError, PushRefusedError, RemoteConflictError, RemoteError
 from mgit.index.catalog import storage_class
 from mgit.remotes.pack import MAX_VALUE, MetadataPack
 from mgit.repo.repository import Repo
@@ -35,19 +34,9 @@ from mgit.sync.check_results import push_checks
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, connect
 from mgit.sync.reports import ModelUpdate, PushResult
 from mgit.util.faults import crash_point
+from mgit.util.parallel import StartProgress
 
-Progress = Callable[[int], None]
 MAX_WALK = 10_000  # remote records read to number a head this repository does not have
-
-
-class PushRefusedError(RemoteError):
-    """The remote's head is not an ancestor of what would be pushed (without --force)."""
-
-    def __init__(self, model: str, remote: str, theirs: str, others: int) -> None:
-        more = f" (and {others} more model{'s' if others > 1 else ''})" if others else ""
-        super().__init__(f"{model} on {remote} has {theirs} that you do not have{more}",
-                         hint=f"Run: mgit pull {remote} (or push --force to drop it)")  # fmt: skip
-        self.model = model
 
 
 def choose_models(repo: Repo, targets: list[str] | None) -> dict[str, str]:
@@ -69,7 +58,7 @@ def choose_models(repo: Repo, targets: list[str] | None) -> dict[str, str]:
 
 
 def push(repo: Repo, remote: str = DEFAULT_REMOTE, targets: list[str] | None = None, *, force: bool = False,
-         progress: Callable[[int, int], Progress] | None = None) -> PushResult:  # fmt: skip
+         progress: StartProgress | None = None) -> PushResult:  # fmt: skip
     """Send models (every one by default) to a remote; see the module docstring."""
     conn = connect(repo, remote)
     try:
@@ -79,7 +68,7 @@ def push(repo: Repo, remote: str = DEFAULT_REMOTE, targets: list[str] | None = N
 
 
 def _push(repo: Repo, conn: Connection, chosen: dict[str, str], *, force: bool,
-          progress: Callable[[int, int], Progress] | None) -> PushResult:  # fmt: skip
+          progress: StartProgress | None) -> PushResult:  # fmt: skip
     remote = conn.remote
     remote.check()
     theirs = remote.heads(chosen)
@@ -135,7 +124,7 @@ def move_head(conn: Connection, name: str, vid: str, *, expected: str | None, to
 
 
 def publish_to(repo: Repo, conn: Connection, tips: list[str], known_tips: list[str], *,
-               progress: Callable[[int, int], Progress] | None = None) -> tuple[set[str], list[str], TransferStats]:  # fmt: skip
+               progress: StartProgress | None = None) -> tuple[set[str], list[str], TransferStats]:  # fmt: skip
     """Send the versions reachable from `tips` that the remote lacks, with every object they
     need that it lacks, and a metadata pack describing them; move no ref. `known_tips` are
     versions the remote has (their histories are not sent or asked about). Returns (the
@@ -152,7 +141,7 @@ def publish_to(repo: Repo, conn: Connection, tips: list[str], known_tips: list[s
         missing = candidates - present
         if isinstance(store, LazyStore):  # a lazy clone sends elsewhere what it has not fetched yet
             store.fetch([o for o in missing if not store.has(o)])
-        tick = progress(sum(store.stored_size(o) for o in missing), 0) if progress else None
+        tick = progress(sum(store.stored_size(o) for o in missing)) if progress else None
         sent = upload(conn.remote, store, missing, progress=tick)
         crash_point("push-after-objects")
         sent.skipped = len(needed) - len(missing)

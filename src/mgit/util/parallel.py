@@ -12,7 +12,10 @@ from contextlib import AbstractContextManager, suppress
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-Progress = Callable[[int], None]  # called with a number of bytes just processed
+Progress = Callable[[int], None]  # called with the units (bytes, objects) just done
+# What a verb's `progress=` takes: called once with the work's total units, it returns the
+# Progress to call as they are done, or None.
+StartProgress = Callable[[int], Progress | None]
 READ_AHEAD_BYTES = 64 << 20
 
 

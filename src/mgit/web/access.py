@@ -25,7 +25,7 @@ from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
 
-from mgit.errors import MgitError
+from mgit.errors import TokenRequiredError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -39,13 +39,6 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 LOOPBACK_NAMES = ("localhost",)
 HOST_RE = re.compile(r"(?:\[(?P<ip6>[0-9A-Fa-f:.]{2,45})\]|(?P<name>[A-Za-z0-9.-]{1,253}))(?::(?P<port>[0-9]{1,5}))?")
 LABEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-
-
-class TokenRequiredError(MgitError):
-    def __init__(self, host: str) -> None:
-        super().__init__(f"serving on {host} needs a token",
-                         hint="Give --token, or let mgit serve make one (it prints it once)")  # fmt: skip
-        self.host = host
 
 
 def is_loopback(host: str) -> bool:

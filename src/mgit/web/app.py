@@ -31,12 +31,12 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from mgit.errors import MgitError, NoMatchError, UnknownRefError
-from mgit.lineage.graph import LineageGraph, NoPathError
+from mgit.errors import DiffsBusyError, MgitError, NoMatchError, NoPathError, UnknownRefError
+from mgit.lineage.graph import LineageGraph
 from mgit.repo.repository import Repo
 from mgit.reports import VersionStorage, human_size, json_safe
 from mgit.web.access import Guard, check_setup
-from mgit.web.diffs import DiffJobs, DiffsBusyError, heatmap, resolve_pair
+from mgit.web.diffs import DiffJobs, heatmap, resolve_pair
 from mgit.web.graph import graph_json, page_csp, render_html
 from mgit.web.matrix import matrix_page, result_page
 from mgit.web.models import model_page, models_page

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mgit.diff import DiffResult, DiffSide, diff_models, stored_side
-from mgit.errors import MgitError
+from mgit.errors import BadParameterError, DiffsBusyError, MgitError
 from mgit.repo.repository import Repo
-from mgit.web.params import BadParameterError
 
 KEPT = 8  # finished diffs kept
 RUNNING = 1  # diffs computed at once (each uses every core)
@@ -42,11 +41,6 @@ class DiffJob:
         return {"state": self.state, "done": self.done, "total": self.total, **({"error": self.error} if self.error else {})}
 
 
-class DiffsBusyError(MgitError):
-    def __init__(self) -> None:
-        super().__init__(f"{WAITING} diffs are being computed already", hint="Try again when one has finished")
-
-
 class DiffJobs:
     """Diffs being computed or recently done, by (version A, version B)."""
 
@@ -64,7 +58,7 @@ class DiffJobs:
                 self._jobs.move_to_end((a, b))
                 return job
             if sum(j.state in ("queued", "running") for j in self._jobs.values()) >= WAITING:
-                raise DiffsBusyError()
+                raise DiffsBusyError(WAITING)
             job = self._jobs[(a, b)] = DiffJob(a, b)
             finished = [k for k, j in self._jobs.items() if j.state in ("done", "error")]
             for k in finished[: max(0, len(finished) - KEPT)]:
@@ -78,7 +72,7 @@ class DiffJobs:
             try:
                 sides = [self._side(v) for v in (job.a, job.b)]
 
-                def start(total: int, _: int) -> Any:
+                def start(total: int) -> Any:
                     job.total = total
 
                     def tick(n: int) -> None:

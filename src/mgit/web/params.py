@@ -12,21 +12,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from mgit.errors import MgitError
+from mgit.errors import BadParameterError
 
 T = TypeVar("T")
 MAX_TEXT = 300  # longer than any name, ref or search a page makes
 PER_PAGE = 50
 MAX_PER_PAGE = 500
 DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also takes "²" (int() refuses it) and "١"
-
-
-class BadParameterError(MgitError):
-    """A query parameter out of its range or not among its choices (HTTP 400)."""
-
-    def __init__(self, name: str, why: str) -> None:
-        super().__init__(f"query parameter {name!r}: {why}", hint="Follow the links of the pages")
-        self.name = name
 
 
 def text(query: Mapping[str, str], name: str, default: str = "") -> str:
