@@ -8,7 +8,6 @@ is refused without running it) and checkout safety (forged paths, planted links)
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import pickle
 import struct
@@ -18,17 +17,11 @@ from pathlib import Path
 import blake3
 import numpy as np
 import pytest
-from conftest import make_model, run_cli, run_mgit, sha256_tree
+from conftest import make_model, needs_torch, run_cli, run_mgit, sha256_tree, st_bytes
 
 from mgit import Repo
 from mgit.errors import InputError
 from mgit.store.objects import FileEntry, Manifest, Version
-
-try:
-    import torch
-except ImportError:  # only the tests marked needs_torch are skipped
-    torch = None
-needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (pip install 'mgit-models[torch]')")
 
 # --- helpers -------------------------------------------------------------------------------
 
@@ -84,10 +77,6 @@ def tree(root: Path) -> dict[str, str]:
                 out[rel] = "dir"
     return out
 
-
-def st_bytes(header: dict | bytes, data: bytes = b"", *, length: int | None = None) -> bytes:
-    body = header if isinstance(header, bytes) else json.dumps(header).encode()
-    return struct.pack("<Q", len(body) if length is None else length) + body + data
 
 
 def f32(shape: list, offsets: list) -> dict:
@@ -301,6 +290,8 @@ def test_add_with_tag_without_equals_is_a_usage_error(seeded: Repo, tmp_path: Pa
 
 
 def torch_state() -> dict[str, object]:
+    import torch
+
     g = torch.Generator().manual_seed(0)
     return {
         "encoder.weight": torch.randn(6, 4, generator=g),
@@ -316,6 +307,7 @@ def torch_state() -> dict[str, object]:
                          [("ckpt.pt", "ckpt.safetensors"), ("pytorch_model.bin", "model.safetensors"),
                           ("weights.pth", "weights.safetensors")])  # fmt: skip
 def test_plain_state_dict_is_converted_to_safetensors(seeded: Repo, tmp_path: Path, file_name: str, target: str) -> None:
+    import torch
     from safetensors.torch import load_file
 
     state = torch_state()
@@ -341,6 +333,8 @@ def test_plain_state_dict_is_converted_to_safetensors(seeded: Repo, tmp_path: Pa
 
 @needs_torch
 def test_nested_state_dict_is_flattened_to_dotted_names(seeded: Repo, tmp_path: Path) -> None:
+    import torch
+
     ckpt = tmp_path / "nested.pt"
     torch.save({"encoder": {"weight": torch.ones(2, 2), "bias": torch.zeros(2)}}, ckpt)
 
@@ -373,6 +367,8 @@ class OpensFile:
 
 
 def write_malicious(path: Path, payload: str, saver: str, marker: Path) -> None:
+    import torch
+
     evil = RunsShell(marker) if payload == "os.system" else OpensFile(marker)
     obj = {"weight": torch.ones(2), "extra": evil}
     if saver == "torch.save":
@@ -386,6 +382,8 @@ def write_malicious(path: Path, payload: str, saver: str, marker: Path) -> None:
 @pytest.mark.parametrize("saver", ["torch.save", "pickle.dump"])
 @pytest.mark.parametrize("payload", ["os.system", "open"])
 def test_malicious_pickle_payload_does_run_when_fully_unpickled(tmp_path: Path, payload: str, saver: str) -> None:
+    import torch
+
     # The control for the test below: the marker check can fail, the payload is live.
     marker = tmp_path / MARKER_NAME
     write_malicious(tmp_path / "evil.pt", payload, saver, marker)
@@ -442,6 +440,8 @@ def test_malicious_pickle_in_subprocess_exits_1_without_traceback(seeded: Repo, 
 
 @needs_torch
 def test_legacy_pickle_in_subprocess_gives_only_the_error_line(seeded: Repo, tmp_path: Path) -> None:
+    import torch
+
     marker = tmp_path / MARKER_NAME
     ckpt = tmp_path / "evil.pt"
     with open(ckpt, "wb") as fh:
@@ -454,21 +454,24 @@ def test_legacy_pickle_in_subprocess_gives_only_the_error_line(seeded: Repo, tmp
 
 
 @needs_torch
-@pytest.mark.parametrize(("content", "fragments"), [  # made in the test: torch may be missing here
-    pytest.param(lambda: {"epoch": 3, "model": {"w": torch.ones(2)}},
+@pytest.mark.parametrize(("content", "fragments"), [  # made in the test, given torch: it may be missing here
+    pytest.param(lambda torch: {"epoch": 3, "model": {"w": torch.ones(2)}},
                  ["'epoch'", "not a tensor", "checkpoint['state_dict']"], id="training-checkpoint"),
-    pytest.param(lambda: {"model": {"w": torch.ones(2)}, "optimizer": {"lr": 0.1}}, ["'lr'", "not a tensor"],
+    pytest.param(lambda torch: {"model": {"w": torch.ones(2)}, "optimizer": {"lr": 0.1}}, ["'lr'", "not a tensor"],
                  id="optimizer-state"),
-    pytest.param(lambda: {"w": torch.ones(2), "names": ["a", "b"]}, ["'names'", "not a tensor"], id="list-value"),
-    pytest.param(lambda: [torch.ones(2), torch.zeros(2)], ["holds a list, not a dict of tensors"],
+    pytest.param(lambda torch: {"w": torch.ones(2), "names": ["a", "b"]}, ["'names'", "not a tensor"], id="list-value"),
+    pytest.param(lambda torch: [torch.ones(2), torch.zeros(2)], ["holds a list, not a dict of tensors"],
                  id="list-of-tensors"),
-    pytest.param(lambda: {}, ["holds no tensors"], id="empty-dict"),
-    pytest.param(lambda: {1: torch.ones(2)}, ["key 1 is not a string"], id="int-key"),
+    pytest.param(lambda torch: {}, ["holds no tensors"], id="empty-dict"),
+    pytest.param(lambda torch: {1: torch.ones(2)}, ["key 1 is not a string"], id="int-key"),
 ])  # fmt: skip
-def test_checkpoint_that_is_not_a_state_dict_is_refused(seeded: Repo, tmp_path: Path, content: Callable[[], object],
+def test_checkpoint_that_is_not_a_state_dict_is_refused(seeded: Repo, tmp_path: Path,
+                                                        content: Callable[[object], object],
                                                         fragments: list[str]) -> None:  # fmt: skip
+    import torch
+
     ckpt = tmp_path / "train.pt"
-    torch.save(content(), ckpt)
+    torch.save(content(torch), ckpt)
     before = repo_state(seeded)
 
     assert_one_line_error(mgit(seeded, "add", str(ckpt), "--name", "train"), str(ckpt), *fragments)
@@ -477,6 +480,8 @@ def test_checkpoint_that_is_not_a_state_dict_is_refused(seeded: Repo, tmp_path: 
 
 
 def _truncated_checkpoint(tmp_path: Path) -> bytes:
+    import torch
+
     torch.save({"w": torch.ones(64)}, tmp_path / "whole.pt")
     raw = (tmp_path / "whole.pt").read_bytes()
     return raw[: len(raw) // 2]
@@ -650,6 +655,8 @@ def test_broken_safetensors_in_subprocess_exits_1_without_traceback(seeded: Repo
 
 @needs_torch
 def test_conversion_note_shows_a_bracketed_file_name_verbatim(seeded: Repo, tmp_path: Path) -> None:
+    import torch
+
     ckpt = tmp_path / "ckpt[red].pt"
     torch.save({"w": torch.ones(2)}, ckpt)
 

@@ -12,11 +12,10 @@ import sqlite3
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from conftest import MGIT, make_model, run_cli, run_mgit, sha256_tree
+from conftest import MGIT, fsck_ok, history, make_model, mgit_json, run_mgit, sha256_tree
 from safetensors.numpy import save_file
 
 from mgit import Repo
@@ -41,40 +40,8 @@ def kill_after(p: subprocess.Popen[str], delay: float) -> int:
     assert p.returncode in (0, KILLED), err
     return p.returncode
 
-def mgit_json(root: Path, *args: str) -> Any:
-    """`mgit ARGS --json`, in-process; it must succeed."""
-    code, out, err = run_cli(*args, "--json", cwd=root)
-    assert code == 0, f"mgit {' '.join(args)} failed ({code}): {err}"
-    return json.loads(out)
-
-
-def fsck_ok(root: Path, *, in_subprocess: bool = False) -> dict[str, Any]:
-    """`mgit fsck --json` exits 0 with no problems (temporary leftovers are allowed)."""
-    if in_subprocess:
-        r = run_mgit("fsck", "--json", cwd=root)
-        code, out, err = r.returncode, r.stdout, r.stderr
-    else:
-        try:
-            code, out, err = run_cli("fsck", "--json", cwd=root)
-        except SystemExit as exc:  # fsck leaves through sys.exit(1) when it finds problems
-            pytest.fail(f"fsck found problems (exit {exc.code}): {Repo(root).fsck().problems}")
-    report = json.loads(out) if out else {}
-    assert code == 0 and report.get("ok") is True, f"fsck failed ({code}): {out} {err}"
-    assert report["problems"] == []
-    return report
-
-
 def heads(root: Path) -> dict[str, str]:
     return {m["name"]: m["head"] for m in mgit_json(root, "ls")}
-
-
-def history(root: Path, name: str) -> list[dict[str, Any]]:
-    """`mgit log NAME --json`, checked to be one chain ending at the model's first version."""
-    log = mgit_json(root, "log", name)
-    for newer, older in zip(log, log[1:], strict=False):
-        assert newer["predecessor"] == older["id"]
-    assert log[-1]["predecessor"] is None
-    return log
 
 
 def object_files(root: Path) -> list[Path]:
