@@ -9,8 +9,7 @@ import time
 
 import networkx as nx
 import pytest
-from conftest import add_lineage as family
-from conftest import make_model, run_cli, tensors
+from conftest import add_lineage, make_model, run_cli, tensors
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -101,7 +100,7 @@ def test_queries_match_networkx(graph: tuple) -> None:
 
 # --- end to end on a repository -----------------------------------------------------------
 def test_parents_children_and_exact_versions(repo: Repo) -> None:
-    family(repo, "base", "ft <- base", "q <- ft : quantize", "m <- ft base : merge", "base")
+    add_lineage(repo, "base", "ft <- base", "q <- ft : quantize", "m <- ft base : merge", "base")
     lin = repo.lineage
     [edge] = lin.parents("ft")
     assert (edge.parent, edge.parent_seq, edge.latest_seq, edge.relation, edge.stale) == ("base", 1, 2, "finetune", True)
@@ -120,7 +119,7 @@ def test_parents_children_and_exact_versions(repo: Repo) -> None:
 
 
 def test_select_by_glob_tag_and_relation(repo: Repo) -> None:
-    family(repo, "bert", "bert-sst2 <- bert", "bert-int8 <- bert-sst2 : quantize", "gpt")
+    add_lineage(repo, "bert", "bert-sst2 <- bert", "bert-int8 <- bert-sst2 : quantize", "gpt")
     repo.add(tensors(7, layers=1, width=4), name="bert-mnli", parent="bert", tags={"task": "nli"})
     lin = repo.lineage
     assert lin.select("bert-*") == ["bert-int8", "bert-mnli", "bert-sst2"]
@@ -136,7 +135,7 @@ def test_select_by_glob_tag_and_relation(repo: Repo) -> None:
 
 
 def test_removed_parent_stays_as_a_node(repo: Repo) -> None:
-    family(repo, "base", "ft <- base")
+    add_lineage(repo, "base", "ft <- base")
     repo.rm("base")
     repo.gc()
     lin = repo.lineage
@@ -193,7 +192,7 @@ def test_lineage_queries_grow_linearly_with_the_number_of_models() -> None:
 
 # --- the CLI --------------------------------------------------------------------------------
 def test_lineage_tree_cli(repo: Repo) -> None:
-    family(repo, "base", "ft <- base", "q <- ft : quantize", "m <- ft base : merge", "base")
+    add_lineage(repo, "base", "ft <- base", "q <- ft : quantize", "m <- ft base : merge", "base")
     code, out, err = run_cli("lineage", cwd=repo.root)
     assert code == 0, err
     lines = out.splitlines()
@@ -218,7 +217,7 @@ def test_lineage_tree_cli(repo: Repo) -> None:
 def test_lineage_cli_errors(repo: Repo) -> None:
     code, out, err = run_cli("lineage", cwd=repo.root)
     assert code == 0 and "No models yet" in out
-    family(repo, "base")
+    add_lineage(repo, "base")
     code, _, err = run_cli("lineage", "bsae", cwd=repo.root)
     assert code == 1 and err.strip() == "Error: no model named 'bsae'. Did you mean 'base'? See: mgit ls"
     code, _, err = run_cli("lineage", "base", "--depth", "0", cwd=repo.root)
