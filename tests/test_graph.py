@@ -14,7 +14,6 @@ import hashlib
 import json
 import random
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -209,11 +208,10 @@ def test_page_escapes_user_text_and_allows_only_its_own_script() -> None:
     assert set(re.findall(r"\w+://[^\"' ]*", page)) == {"http://www.w3.org/2000/svg"}
 
 
-def test_page_of_a_thousand_models_is_quick() -> None:
+def test_page_of_a_thousand_models_holds_them_all() -> None:
+    # How fast it is made is measured by benchmarks/lineage_scale.py, not asserted here.
     graph = random_graph(1000, seed=3)
-    started = time.perf_counter()
     page = render_html(graph)
-    assert time.perf_counter() - started < 3  # about 0.2 s here; generous for a busy CI machine
     assert len(embedded(page)["nodes"]) == 1000
 
 
@@ -359,11 +357,8 @@ def test_hostile_names_in_chromium(tmp_path: Path, open_page: object) -> None:
 def test_a_thousand_models_in_chromium(tmp_path: Path, open_page: object) -> None:
     graph = random_graph(1000, seed=7)
     (tmp_path / "big.html").write_text(render_html(graph))
-    started = time.perf_counter()
     page = open_page(tmp_path / "big.html")  # type: ignore[operator]
-    assert page.locator(".node").count() == 1000
-    loaded = time.perf_counter() - started
-    assert loaded < 10  # about 1 s here
+    assert page.locator(".node").count() == 1000  # how fast: benchmarks/lineage_scale.py
     name = graph.nodes[500].name
     page.fill("#search", name)
     page.press("#search", "Enter")
