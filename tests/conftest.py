@@ -11,6 +11,7 @@
     mgit_json(root, "ls")     `mgit ls --json` in-process, checked to succeed, parsed
     fsck_ok(root)             `mgit fsck --json` finds nothing wrong; its report
     history(root, "m")        `mgit log m --json`, checked to be one chain
+    one_line_error(result, "what")  a command failed with one line "Error: ..." naming what; the line
     st_bytes(header, data)    a safetensors file's bytes, its header length given or forged
     needs_torch               a marker: the test is skipped without torch (an optional extra)
     web_family                the family the web pages show, hostile text in every field (module scope)
@@ -179,6 +180,20 @@ def history(root: Path, name: str) -> list[dict[str, Any]]:
         assert newer["predecessor"] == older["id"], f"{name}: history is not one chain"
     assert log[-1]["predecessor"] is None
     return log  # type: ignore[no-any-return]
+
+
+def one_line_error(result: tuple[int, str, str] | subprocess.CompletedProcess[str], *fragments: str,
+                   code: int = 1) -> str:  # fmt: skip
+    """`result` (of `run_cli` or `run_mgit`) exited `code` with nothing on stdout and exactly one
+    line on stderr, "Error: ..." holding every fragment, no traceback; that line."""
+    if isinstance(result, subprocess.CompletedProcess):
+        result = (result.returncode, result.stdout, result.stderr)
+    rc, out, err = result
+    assert rc == code and out == "", (rc, out, err)
+    assert err.startswith("Error: ") and err.count("\n") == 1 and err.endswith("\n") and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+    return err
 
 
 def st_bytes(header: dict[str, Any] | bytes, data: bytes = b"", *, length: int | None = None) -> bytes:

@@ -17,7 +17,15 @@ from pathlib import Path
 import blake3
 import numpy as np
 import pytest
-from conftest import make_model, needs_torch, run_cli, run_mgit, sha256_tree, st_bytes
+from conftest import (
+    make_model,
+    needs_torch,
+    one_line_error,
+    run_cli,
+    run_mgit,
+    sha256_tree,
+    st_bytes,
+)
 
 from mgit import Repo
 from mgit.errors import InputError
@@ -30,17 +38,6 @@ def mgit(repo: Repo, *args: str) -> tuple[int, str, str]:
     return run_cli("-C", str(repo.root), *args)
 
 
-def assert_one_line_error(result: tuple[int, str, str], *fragments: str, code: int = 1) -> str:
-    """Exit `code`, nothing on stdout, exactly one stderr line "Error: ..." holding `fragments`."""
-    rc, out, err = result
-    assert rc == code, (rc, out, err)
-    assert out == ""
-    assert err.startswith("Error: "), err
-    assert err.count("\n") == 1 and err.endswith("\n"), err
-    assert "Traceback" not in err
-    for fragment in fragments:
-        assert fragment in err, (fragment, err)
-    return err
 
 
 def assert_usage_error(result: tuple[int, str, str], *fragments: str) -> None:
@@ -125,7 +122,7 @@ def test_add_broken_safetensors_file(seeded: Repo, tmp_path: Path, raw: bytes, f
     bad.write_bytes(raw)
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(bad), "--name", "m"), str(bad), fragment)
+    one_line_error(mgit(seeded, "add", str(bad), "--name", "m"), str(bad), fragment)
 
     assert repo_state(seeded) == before
 
@@ -136,7 +133,7 @@ def test_add_folder_with_one_broken_file_writes_nothing(seeded: Repo, tmp_path: 
     (folder / "z-extra.safetensors").write_bytes(raw)
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(folder), "--name", "m"), "z-extra.safetensors", fragment)
+    one_line_error(mgit(seeded, "add", str(folder), "--name", "m"), "z-extra.safetensors", fragment)
 
     assert repo_state(seeded) == before
 
@@ -161,7 +158,7 @@ def test_add_unreadable_file(seeded: Repo, tmp_path: Path, inside_folder: bool) 
     before = repo_state(seeded)
 
     path = target if not inside_folder else folder
-    assert_one_line_error(mgit(seeded, "add", str(path), "--name", "m"), str(target), "cannot read file")
+    one_line_error(mgit(seeded, "add", str(path), "--name", "m"), str(target), "cannot read file")
 
     assert repo_state(seeded) == before
 
@@ -170,7 +167,7 @@ def test_add_nonexistent_path(seeded: Repo, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model"
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(missing), "--name", "m"), str(missing), "no such file or folder")
+    one_line_error(mgit(seeded, "add", str(missing), "--name", "m"), str(missing), "no such file or folder")
 
     assert repo_state(seeded) == before
 
@@ -188,7 +185,7 @@ def test_add_folder_without_files(seeded: Repo, tmp_path: Path, layout: list[str
             (folder / rel).write_text("x")
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(folder), "--name", "m"), str(folder), "holds no files")
+    one_line_error(mgit(seeded, "add", str(folder), "--name", "m"), str(folder), "holds no files")
 
     assert repo_state(seeded) == before
 
@@ -199,7 +196,7 @@ def test_add_single_file_that_is_not_a_model(seeded: Repo, tmp_path: Path, name:
     path.write_text("hello")
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(path), "--name", "m"), str(path), "not a model", ".safetensors")
+    one_line_error(mgit(seeded, "add", str(path), "--name", "m"), str(path), "not a model", ".safetensors")
 
     assert repo_state(seeded) == before
 
@@ -218,7 +215,7 @@ REF_COMMANDS = {
 def test_unknown_model_suggests_ls(seeded: Repo, tmp_path: Path, command: str) -> None:
     before = repo_state(seeded)
 
-    err = assert_one_line_error(mgit(seeded, *REF_COMMANDS[command]("nosuchmodel", tmp_path)),
+    err = one_line_error(mgit(seeded, *REF_COMMANDS[command]("nosuchmodel", tmp_path)),
                                 "'nosuchmodel'", "See: mgit ls")  # fmt: skip
 
     assert "Did you mean" not in err
@@ -233,7 +230,7 @@ def test_unknown_model_suggests_ls(seeded: Repo, tmp_path: Path, command: str) -
 def test_near_miss_model_name_suggests_the_close_name(seeded: Repo, tmp_path: Path, command: str) -> None:
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, *REF_COMMANDS[command]("bsae", tmp_path)),
+    one_line_error(mgit(seeded, *REF_COMMANDS[command]("bsae", tmp_path)),
                           "'bsae'", "Did you mean 'base'?", "mgit ls")  # fmt: skip
 
     assert repo_state(seeded) == before
@@ -241,7 +238,7 @@ def test_near_miss_model_name_suggests_the_close_name(seeded: Repo, tmp_path: Pa
 
 @pytest.mark.parametrize("ref", ["base@7", "base@0", "base@ffffffff"])
 def test_unknown_version_of_known_model_points_to_log(seeded: Repo, tmp_path: Path, ref: str) -> None:
-    assert_one_line_error(mgit(seeded, "checkout", ref, "-o", str(tmp_path / "out")), repr(ref), "mgit log base")
+    one_line_error(mgit(seeded, "checkout", ref, "-o", str(tmp_path / "out")), repr(ref), "mgit log base")
 
     assert not (tmp_path / "out").exists()
 
@@ -251,7 +248,7 @@ def test_add_with_missing_parent_writes_nothing(seeded: Repo, tmp_path: Path, pa
     folder = make_model(tmp_path / "child", seed=3)
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(folder), "--name", "child", "--parent", parent), repr(parent))
+    one_line_error(mgit(seeded, "add", str(folder), "--name", "child", "--parent", parent), repr(parent))
 
     assert repo_state(seeded) == before
 
@@ -262,7 +259,7 @@ def test_add_with_missing_parent_writes_nothing(seeded: Repo, tmp_path: Path, pa
 def test_add_with_invalid_model_name(seeded: Repo, tmp_path: Path, name: str) -> None:
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(make_model(tmp_path / "m", seed=4)), f"--name={name}"),
+    one_line_error(mgit(seeded, "add", str(make_model(tmp_path / "m", seed=4)), f"--name={name}"),
                           f"invalid model name {name!r}", "Use letters, digits")  # fmt: skip
 
     assert repo_state(seeded) == before
@@ -406,7 +403,7 @@ def test_malicious_pickle_is_refused_and_never_run(seeded: Repo, tmp_path: Path,
     write_malicious(ckpt, payload, saver, marker)
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(ckpt), "--name", "evil"),
+    one_line_error(mgit(seeded, "add", str(ckpt), "--name", "evil"),
                           str(ckpt), "not a plain weights file", "state_dict()")  # fmt: skip
 
     assert not marker.exists()
@@ -433,7 +430,7 @@ def test_malicious_pickle_in_subprocess_exits_1_without_traceback(seeded: Repo, 
 
     proc = run_mgit("add", str(ckpt), "--name", "evil", cwd=seeded.root)
 
-    assert_one_line_error((proc.returncode, proc.stdout, proc.stderr), str(ckpt), "not a plain weights file")
+    one_line_error((proc.returncode, proc.stdout, proc.stderr), str(ckpt), "not a plain weights file")
     assert not marker.exists()
     assert repo_state(seeded) == before
 
@@ -450,7 +447,7 @@ def test_legacy_pickle_in_subprocess_gives_only_the_error_line(seeded: Repo, tmp
     proc = run_mgit("add", str(ckpt), "--name", "evil", cwd=seeded.root)
 
     assert not marker.exists()
-    assert_one_line_error((proc.returncode, proc.stdout, proc.stderr), str(ckpt), "not a plain weights file")
+    one_line_error((proc.returncode, proc.stdout, proc.stderr), str(ckpt), "not a plain weights file")
 
 
 @needs_torch
@@ -474,7 +471,7 @@ def test_checkpoint_that_is_not_a_state_dict_is_refused(seeded: Repo, tmp_path: 
     torch.save(content(torch), ckpt)
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(ckpt), "--name", "train"), str(ckpt), *fragments)
+    one_line_error(mgit(seeded, "add", str(ckpt), "--name", "train"), str(ckpt), *fragments)
 
     assert repo_state(seeded) == before
 
@@ -500,7 +497,7 @@ def test_damaged_checkpoint_gives_one_line_error(seeded: Repo, tmp_path: Path, m
     ckpt.write_bytes(make(tmp_path))
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(ckpt), "--name", "broken"), str(ckpt))
+    one_line_error(mgit(seeded, "add", str(ckpt), "--name", "broken"), str(ckpt))
 
     assert repo_state(seeded) == before
 
@@ -559,7 +556,7 @@ def test_checkout_refuses_forged_path(repo: Repo, tmp_path: Path, bad: str) -> N
     before = tree(tmp_path / "work")
     out = work / "out"
 
-    assert_one_line_error(mgit(repo, "checkout", "forged", "-o", str(out)), f"refusing path {bad!r}")
+    one_line_error(mgit(repo, "checkout", "forged", "-o", str(out)), f"refusing path {bad!r}")
 
     assert tree(work) == before  # nothing outside the output folder...
     assert not out.exists()  # ...and nothing inside it, not even the good file listed first
@@ -586,7 +583,7 @@ def test_checkout_with_force_does_not_follow_a_planted_file_link(seeded: Repo, t
     (out / "model.safetensors").symlink_to(victim)
     before = tree(out)
 
-    assert_one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--force"),
+    one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--force"),
                           "'model.safetensors'", "is a link")  # fmt: skip
 
     assert victim.read_bytes() == b"precious"
@@ -601,7 +598,7 @@ def test_checkout_with_force_does_not_follow_a_planted_folder_link(seeded: Repo,
     (out / "tokenizer").symlink_to(elsewhere, target_is_directory=True)
     before = tree(out)
 
-    assert_one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--force"),
+    one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--force"),
                           "'tokenizer/vocab.txt'", "is a link")  # fmt: skip
 
     assert list(elsewhere.iterdir()) == []
@@ -613,7 +610,7 @@ def test_checkout_into_non_empty_folder_needs_force(seeded: Repo, tmp_path: Path
     out.mkdir()
     (out / "notes.txt").write_text("mine")
 
-    assert_one_line_error(mgit(seeded, "checkout", "base", "-o", str(out)), str(out), "not empty", "--force")
+    one_line_error(mgit(seeded, "checkout", "base", "-o", str(out)), str(out), "not empty", "--force")
 
     assert tree(out) == {"notes.txt": hashlib.sha256(b"mine").hexdigest()}
 
@@ -634,7 +631,7 @@ def test_checkout_into_a_file_fails(seeded: Repo, tmp_path: Path) -> None:
     target = tmp_path / "out.txt"
     target.write_text("a file")
 
-    assert_one_line_error(mgit(seeded, "checkout", "base", "-o", str(target)), str(target), "not a folder")
+    one_line_error(mgit(seeded, "checkout", "base", "-o", str(target)), str(target), "not a folder")
 
     assert target.read_text() == "a file"
 
@@ -646,7 +643,7 @@ def test_broken_safetensors_in_subprocess_exits_1_without_traceback(seeded: Repo
 
     proc = run_mgit("add", str(bad), "--name", "m", cwd=seeded.root)
 
-    assert_one_line_error((proc.returncode, proc.stdout, proc.stderr), str(bad), "the file is truncated")
+    one_line_error((proc.returncode, proc.stdout, proc.stderr), str(bad), "the file is truncated")
     assert repo_state(seeded) == before
 
 
