@@ -5,6 +5,7 @@
     tensors(seed, scale)      a small state dict of numpy arrays
     add_lineage(repo, "base", "ft <- base", "q <- ft : quantize")   a lineage graph in a line
     run_cli("add", ...)       the CLI in-process: (exit code, stdout, stderr)
+    run_mgit("add", ..., cwd=)  the CLI in a process of its own (for kills, races, real exit codes)
     sha256_tree(dir)          {relative path: sha256} of every file, to compare round trips
     copy_user_code(dir, "mlp")  tests/fixtures/mlp's recipes.py and evals.py copied into a work folder
     load_recipes(dir)         dir/recipes.py imported here, to make a family's first versions
@@ -15,6 +16,7 @@
     st_bytes(header, data)    a safetensors file's bytes, its header length given or forged
     needs_torch               a marker: the test is skipped without torch (an optional extra)
     web_family                the family the web pages show, hostile text in every field (module scope)
+    HOSTILE, CARD             user text (and a model card) that would run script where it is not escaped
 """
 
 from __future__ import annotations
