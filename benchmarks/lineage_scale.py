@@ -14,9 +14,13 @@ child re-points to its parents' latest versions in a round only half of the time
 Measured, median of N runs (min-max): the library calls (`Repo()` open, `repo.ls()`,
 `repo.lineage` loading, `tree()`, `ancestors`/`descendants` of every model,
 `topological_order()`, `path()` between random pairs, the page, DOT and JSON of the whole
-graph) and the CLI end to end in a subprocess (`mgit ls`, `mgit lineage`, `mgit graph` in
-html, dot and json), beside the cost of starting Python and importing the CLI. The target is
-< 1 s for each command. Results go between the `lineage-scale` markers of docs/benchmarks.md.
+graph), the page of the whole graph opened in headless Chromium until every model is drawn
+(where playwright and Debian's /usr/bin/chromium are installed; the row is left out
+elsewhere), and the CLI end to end in a subprocess (`mgit ls`, `mgit lineage`, `mgit graph`
+in html, dot and json), beside the cost of starting Python and importing the CLI. The target
+is < 1 s for each command. Results go between the `lineage-scale` markers of docs/benchmarks.md.
+(The test suite checks what these pages hold, never how fast they come: this is where that is
+measured.)
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -51,6 +55,7 @@ BEGIN, END = "<!-- lineage-scale:begin -->", "<!-- lineage-scale:end -->"
 TARGET = 1.0  # seconds, for each command
 FORMAT = 1  # bump when the generated repository changes
 RELATIONS = ["finetune"] * 6 + ["adapter", "quantize", "prune", "distill"]
+CHROMIUM = "/usr/bin/chromium"  # Debian's, as the browser tests use: playwright never downloads one
 
 
 
@@ -120,6 +125,36 @@ def cli(path: Path, *args: str) -> Callable[[], object]:
     return lambda: subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=path)
 
 
+@contextlib.contextmanager
+def chromium() -> Iterator[object | None]:
+    """Headless Chromium driven by playwright, or None where either is missing."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        yield None
+        return
+    if not os.access(CHROMIUM, os.X_OK):
+        yield None
+        return
+    os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def drawn(browser: object, page_file: Path, models: int) -> None:
+    """Open the page in a new tab and wait until every model is drawn."""
+    page = browser.new_page(viewport={"width": 1280, "height": 800})  # type: ignore[attr-defined]
+    try:
+        page.goto(page_file.as_uri())
+        page.wait_for_function(f"document.querySelectorAll('.node').length === {models}", timeout=120_000)
+    finally:
+        page.close()
+
+
 def measure(path: Path, runs: int) -> tuple[list[tuple[str, tuple[list[float], list[float]]]], dict[str, object]]:
     repo = Repo(path)
     lineage = repo.lineage
@@ -165,6 +200,12 @@ def measure(path: Path, runs: int) -> tuple[list[tuple[str, tuple[list[float], l
         ("cli: mgit graph --around (depth 2, html)", timed(
             cli(path, "graph", "--around", names[len(names) // 2], "--depth", "2", "-o", f"{out}/around.html"), runs)),
     ]  # fmt: skip
+    with chromium() as browser:
+        if browser is not None:
+            page_file = Path(out) / "page.html"
+            page_file.write_text(html)
+            rows.insert(9, ("browser: the page in Chromium, every model drawn",
+                            timed(lambda: drawn(browser, page_file, len(lineage.nodes)), runs)))  # fmt: skip
     return rows, facts
 
 

@@ -5,8 +5,18 @@
     tensors(seed, scale)      a small state dict of numpy arrays
     add_lineage(repo, "base", "ft <- base", "q <- ft : quantize")   a lineage graph in a line
     run_cli("add", ...)       the CLI in-process: (exit code, stdout, stderr)
+    run_mgit("add", ..., cwd=)  the CLI in a process of its own (for kills, races, real exit codes)
     sha256_tree(dir)          {relative path: sha256} of every file, to compare round trips
+    copy_user_code(dir, "mlp")  tests/fixtures/mlp's recipes.py and evals.py copied into a work folder
     load_recipes(dir)         dir/recipes.py imported here, to make a family's first versions
+    mgit_json(root, "ls")     `mgit ls --json` in-process, checked to succeed, parsed
+    fsck_ok(root)             `mgit fsck --json` finds nothing wrong; its report
+    history(root, "m")        `mgit log m --json`, checked to be one chain
+    one_line_error(result, "what")  a command failed with one line "Error: ..." naming what; the line
+    st_bytes(header, data)    a safetensors file's bytes, its header length given or forged
+    needs_torch               a marker: the test is skipped without torch (an optional extra)
+    web_family                the family the web pages show, hostile text in every field (module scope)
+    HOSTILE, CARD             user text (and a model card) that would run script where it is not escaped
 """
 
 from __future__ import annotations
@@ -16,12 +26,15 @@ import importlib.util
 import io
 import json
 import os
+import shutil
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,6 +43,28 @@ from safetensors.numpy import save_file
 from mgit import Repo
 
 MGIT = [sys.executable, "-m", "mgit.cli.main"]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+# What a page would run if it did not escape user text (messages, tags, names, cards).
+HOSTILE = '</script><script>window.pwned = 1</script><img src=x onerror="window.pwned = 2"> & "q"'
+CARD = f"""---
+base_model: base
+license: "<script>window.pwned = 3</script>"
+---
+# The card
+
+<script>window.pwned = 4</script><iframe src="http://example.com/"></iframe>
+<img src="http://example.com/x.png" onerror="window.pwned = 5">
+
+| metric | value |
+|---|---|
+| acc | 0.9 |
+
+[safe](https://example.com/doc) [bad](javascript:window.pwned=6) ![pixel](http://example.com/p.png)
+{HOSTILE}
+"""
+# torch is an optional extra: the tests that use it import it themselves and carry this mark.
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="needs torch (pip install 'mgit-models[torch]')")
 
 
 def tensors(seed: int = 0, *, scale: float = 1.0, layers: int = 2, width: int = 16) -> dict[str, np.ndarray]:
@@ -62,6 +97,15 @@ def add_lineage(repo: Repo, *lines: str) -> None:
         name, _, parents = head.partition("<-")
         repo.add(tensors(1000 + i, layers=1, width=4), name=name.strip(),
                  parent=parents.split() or None, relation=relation.strip() or None)  # fmt: skip
+
+
+def copy_user_code(root: Path, family: str, *names: str) -> Path:
+    """The user code of a family of tests (tests/fixtures/FAMILY: its recipes.py, evals.py,
+    or only the files `names`) copied into the work folder `root`, where `recipes.py:fn` and
+    `evals.py:fn` name it."""
+    for name in names or sorted(p.name for p in (FIXTURES / family).glob("*.py")):
+        shutil.copyfile(FIXTURES / family / name, root / name)
+    return root
 
 
 def load_recipes(root: Path) -> ModuleType:
@@ -107,9 +151,86 @@ def run_mgit(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: 
                           text=True, timeout=timeout)  # fmt: skip
 
 
+def mgit_json(root: Path, *args: str) -> Any:
+    """`mgit ARGS --json`, in-process; it must succeed."""
+    code, out, err = run_cli(*args, "--json", cwd=root)
+    assert code == 0, f"mgit {' '.join(args)} failed ({code}): {err}"
+    return json.loads(out)
+
+
+def fsck_ok(root: Path, *, in_subprocess: bool = False) -> dict[str, Any]:
+    """`mgit fsck --json` exits 0 with no problems (temporary leftovers are allowed); its
+    report. `in_subprocess`: a real process, for its real exit code."""
+    if in_subprocess:
+        r = run_mgit("fsck", "--json", cwd=root)
+        code, out, err = r.returncode, r.stdout, r.stderr
+    else:
+        try:
+            code, out, err = run_cli("fsck", "--json", cwd=root)
+        except SystemExit as exc:  # fsck leaves through sys.exit(1) when it finds problems
+            pytest.fail(f"fsck found problems (exit {exc.code}): {Repo(root).fsck().problems}")
+    report = json.loads(out) if out else {}
+    assert code == 0 and report.get("ok") is True, f"fsck failed ({code}): {out} {err}"
+    assert report["problems"] == []
+    return report  # type: ignore[no-any-return]
+
+
+def history(root: Path, name: str) -> list[dict[str, Any]]:
+    """`mgit log NAME --json`, checked to be one chain back to the model's first version."""
+    log = mgit_json(root, "log", name)
+    for newer, older in zip(log, log[1:], strict=False):
+        assert newer["predecessor"] == older["id"], f"{name}: history is not one chain"
+    assert log[-1]["predecessor"] is None
+    return log  # type: ignore[no-any-return]
+
+
+def one_line_error(result: tuple[int, str, str] | subprocess.CompletedProcess[str], *fragments: str,
+                   code: int = 1) -> str:  # fmt: skip
+    """`result` (of `run_cli` or `run_mgit`) exited `code` with nothing on stdout and exactly one
+    line on stderr, "Error: ..." holding every fragment, no traceback; that line."""
+    if isinstance(result, subprocess.CompletedProcess):
+        result = (result.returncode, result.stdout, result.stderr)
+    rc, out, err = result
+    assert rc == code and out == "", (rc, out, err)
+    assert err.startswith("Error: ") and err.count("\n") == 1 and err.endswith("\n") and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+    return err
+
+
+def st_bytes(header: dict[str, Any] | bytes, data: bytes = b"", *, length: int | None = None) -> bytes:
+    """A safetensors file: u64 header length (the real one unless `length`), header, data."""
+    body = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return struct.pack("<Q", len(body) if length is None else length) + body + data
+
+
 @pytest.fixture
 def repo(tmp_path: Path) -> Repo:
     return Repo.init(tmp_path / "repo")
+
+
+@pytest.fixture(scope="module")
+def web_family(tmp_path_factory: pytest.TempPathFactory) -> Repo:
+    """base (two versions, a hostile message and tag) -> org/ft (a folder with a hostile
+    card and file name; built on base@1, so stale) -> q8 (quantize, a planted test
+    failure); base -> other (adapter). Test `acc` attached to base and inherited, and run."""
+    from mgit.checks import Checks, Condition
+
+    root = tmp_path_factory.mktemp("web")
+    repo = Repo.init(root / "repo")
+    repo.add(tensors(1), name="base", message=HOSTILE, tags={"stage": HOSTILE})
+    folder = make_model(root / "ft", seed=2)
+    (folder / "README.md").write_text(CARD)
+    (folder / '<img src=x onerror="window.pwned=8">.txt').write_text("hostile file name")
+    repo.add(folder, name="org/ft", parent="base", tags={"task": "sst2"}, message="fine-tune")
+    repo.add(tensors(3, scale=100), name="q8", parent="org/ft", relation="quantize")
+    repo.add(tensors(4), name="other", parent="base", relation="adapter", tags={"task": "nli"})
+    repo.add(tensors(5), name="base", message="v2")
+    copy_user_code(repo.root, "web")
+    checks = Checks(repo)
+    checks.attach("base", "evals.py:acc", conditions=[Condition("acc", "min", 0.5)], inherit=True)
+    checks.run()
+    return repo
 
 
 @pytest.fixture(autouse=True)

@@ -311,6 +311,12 @@ class FaultProxy:
         with self._lock:
             return len(self.seen)
 
+    @property
+    def open_connections(self) -> int:
+        """Client connections still being relayed (their threads have not ended)."""
+        with self._lock:
+            return sum(t.is_alive() for t in self._threads)
+
     def _admit(self, head: _RequestHead) -> str | None:
         """Record the request; return the fault to inject, or None to forward it."""
         with self._lock:

@@ -8,7 +8,6 @@ is refused without running it) and checkout safety (forged paths, planted links)
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import pickle
 import struct
@@ -18,17 +17,19 @@ from pathlib import Path
 import blake3
 import numpy as np
 import pytest
-from conftest import make_model, run_cli, run_mgit, sha256_tree
+from conftest import (
+    make_model,
+    needs_torch,
+    one_line_error,
+    run_cli,
+    run_mgit,
+    sha256_tree,
+    st_bytes,
+)
 
 from mgit import Repo
 from mgit.errors import InputError
 from mgit.store.objects import FileEntry, Manifest, Version
-
-try:
-    import torch
-except ImportError:  # only the tests marked needs_torch are skipped
-    torch = None
-needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (pip install 'mgit-models[torch]')")
 
 # --- helpers -------------------------------------------------------------------------------
 
@@ -37,17 +38,6 @@ def mgit(repo: Repo, *args: str) -> tuple[int, str, str]:
     return run_cli("-C", str(repo.root), *args)
 
 
-def assert_one_line_error(result: tuple[int, str, str], *fragments: str, code: int = 1) -> str:
-    """Exit `code`, nothing on stdout, exactly one stderr line "Error: ..." holding `fragments`."""
-    rc, out, err = result
-    assert rc == code, (rc, out, err)
-    assert out == ""
-    assert err.startswith("Error: "), err
-    assert err.count("\n") == 1 and err.endswith("\n"), err
-    assert "Traceback" not in err
-    for fragment in fragments:
-        assert fragment in err, (fragment, err)
-    return err
 
 
 def assert_usage_error(result: tuple[int, str, str], *fragments: str) -> None:
@@ -84,10 +74,6 @@ def tree(root: Path) -> dict[str, str]:
                 out[rel] = "dir"
     return out
 
-
-def st_bytes(header: dict | bytes, data: bytes = b"", *, length: int | None = None) -> bytes:
-    body = header if isinstance(header, bytes) else json.dumps(header).encode()
-    return struct.pack("<Q", len(body) if length is None else length) + body + data
 
 
 def f32(shape: list, offsets: list) -> dict:
@@ -136,7 +122,7 @@ def test_add_broken_safetensors_file(seeded: Repo, tmp_path: Path, raw: bytes, f
     bad.write_bytes(raw)
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(bad), "--name", "m"), str(bad), fragment)
+    one_line_error(mgit(seeded, "add", str(bad), "--name", "m"), str(bad), fragment)
 
     assert repo_state(seeded) == before
 
@@ -147,7 +133,7 @@ def test_add_folder_with_one_broken_file_writes_nothing(seeded: Repo, tmp_path: 
     (folder / "z-extra.safetensors").write_bytes(raw)
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(folder), "--name", "m"), "z-extra.safetensors", fragment)
+    one_line_error(mgit(seeded, "add", str(folder), "--name", "m"), "z-extra.safetensors", fragment)
 
     assert repo_state(seeded) == before
 
@@ -172,7 +158,7 @@ def test_add_unreadable_file(seeded: Repo, tmp_path: Path, inside_folder: bool) 
     before = repo_state(seeded)
 
     path = target if not inside_folder else folder
-    assert_one_line_error(mgit(seeded, "add", str(path), "--name", "m"), str(target), "cannot read file")
+    one_line_error(mgit(seeded, "add", str(path), "--name", "m"), str(target), "cannot read file")
 
     assert repo_state(seeded) == before
 
@@ -181,7 +167,7 @@ def test_add_nonexistent_path(seeded: Repo, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model"
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(missing), "--name", "m"), str(missing), "no such file or folder")
+    one_line_error(mgit(seeded, "add", str(missing), "--name", "m"), str(missing), "no such file or folder")
 
     assert repo_state(seeded) == before
 
@@ -199,7 +185,7 @@ def test_add_folder_without_files(seeded: Repo, tmp_path: Path, layout: list[str
             (folder / rel).write_text("x")
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(folder), "--name", "m"), str(folder), "holds no files")
+    one_line_error(mgit(seeded, "add", str(folder), "--name", "m"), str(folder), "holds no files")
 
     assert repo_state(seeded) == before
 
@@ -210,7 +196,7 @@ def test_add_single_file_that_is_not_a_model(seeded: Repo, tmp_path: Path, name:
     path.write_text("hello")
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(path), "--name", "m"), str(path), "not a model", ".safetensors")
+    one_line_error(mgit(seeded, "add", str(path), "--name", "m"), str(path), "not a model", ".safetensors")
 
     assert repo_state(seeded) == before
 
@@ -229,7 +215,7 @@ REF_COMMANDS = {
 def test_unknown_model_suggests_ls(seeded: Repo, tmp_path: Path, command: str) -> None:
     before = repo_state(seeded)
 
-    err = assert_one_line_error(mgit(seeded, *REF_COMMANDS[command]("nosuchmodel", tmp_path)),
+    err = one_line_error(mgit(seeded, *REF_COMMANDS[command]("nosuchmodel", tmp_path)),
                                 "'nosuchmodel'", "See: mgit ls")  # fmt: skip
 
     assert "Did you mean" not in err
@@ -244,7 +230,7 @@ def test_unknown_model_suggests_ls(seeded: Repo, tmp_path: Path, command: str) -
 def test_near_miss_model_name_suggests_the_close_name(seeded: Repo, tmp_path: Path, command: str) -> None:
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, *REF_COMMANDS[command]("bsae", tmp_path)),
+    one_line_error(mgit(seeded, *REF_COMMANDS[command]("bsae", tmp_path)),
                           "'bsae'", "Did you mean 'base'?", "mgit ls")  # fmt: skip
 
     assert repo_state(seeded) == before
@@ -252,7 +238,7 @@ def test_near_miss_model_name_suggests_the_close_name(seeded: Repo, tmp_path: Pa
 
 @pytest.mark.parametrize("ref", ["base@7", "base@0", "base@ffffffff"])
 def test_unknown_version_of_known_model_points_to_log(seeded: Repo, tmp_path: Path, ref: str) -> None:
-    assert_one_line_error(mgit(seeded, "checkout", ref, "-o", str(tmp_path / "out")), repr(ref), "mgit log base")
+    one_line_error(mgit(seeded, "checkout", ref, "-o", str(tmp_path / "out")), repr(ref), "mgit log base")
 
     assert not (tmp_path / "out").exists()
 
@@ -262,7 +248,7 @@ def test_add_with_missing_parent_writes_nothing(seeded: Repo, tmp_path: Path, pa
     folder = make_model(tmp_path / "child", seed=3)
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(folder), "--name", "child", "--parent", parent), repr(parent))
+    one_line_error(mgit(seeded, "add", str(folder), "--name", "child", "--parent", parent), repr(parent))
 
     assert repo_state(seeded) == before
 
@@ -273,7 +259,7 @@ def test_add_with_missing_parent_writes_nothing(seeded: Repo, tmp_path: Path, pa
 def test_add_with_invalid_model_name(seeded: Repo, tmp_path: Path, name: str) -> None:
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(make_model(tmp_path / "m", seed=4)), f"--name={name}"),
+    one_line_error(mgit(seeded, "add", str(make_model(tmp_path / "m", seed=4)), f"--name={name}"),
                           f"invalid model name {name!r}", "Use letters, digits")  # fmt: skip
 
     assert repo_state(seeded) == before
@@ -301,6 +287,8 @@ def test_add_with_tag_without_equals_is_a_usage_error(seeded: Repo, tmp_path: Pa
 
 
 def torch_state() -> dict[str, object]:
+    import torch
+
     g = torch.Generator().manual_seed(0)
     return {
         "encoder.weight": torch.randn(6, 4, generator=g),
@@ -316,6 +304,7 @@ def torch_state() -> dict[str, object]:
                          [("ckpt.pt", "ckpt.safetensors"), ("pytorch_model.bin", "model.safetensors"),
                           ("weights.pth", "weights.safetensors")])  # fmt: skip
 def test_plain_state_dict_is_converted_to_safetensors(seeded: Repo, tmp_path: Path, file_name: str, target: str) -> None:
+    import torch
     from safetensors.torch import load_file
 
     state = torch_state()
@@ -341,6 +330,8 @@ def test_plain_state_dict_is_converted_to_safetensors(seeded: Repo, tmp_path: Pa
 
 @needs_torch
 def test_nested_state_dict_is_flattened_to_dotted_names(seeded: Repo, tmp_path: Path) -> None:
+    import torch
+
     ckpt = tmp_path / "nested.pt"
     torch.save({"encoder": {"weight": torch.ones(2, 2), "bias": torch.zeros(2)}}, ckpt)
 
@@ -373,6 +364,8 @@ class OpensFile:
 
 
 def write_malicious(path: Path, payload: str, saver: str, marker: Path) -> None:
+    import torch
+
     evil = RunsShell(marker) if payload == "os.system" else OpensFile(marker)
     obj = {"weight": torch.ones(2), "extra": evil}
     if saver == "torch.save":
@@ -386,6 +379,8 @@ def write_malicious(path: Path, payload: str, saver: str, marker: Path) -> None:
 @pytest.mark.parametrize("saver", ["torch.save", "pickle.dump"])
 @pytest.mark.parametrize("payload", ["os.system", "open"])
 def test_malicious_pickle_payload_does_run_when_fully_unpickled(tmp_path: Path, payload: str, saver: str) -> None:
+    import torch
+
     # The control for the test below: the marker check can fail, the payload is live.
     marker = tmp_path / MARKER_NAME
     write_malicious(tmp_path / "evil.pt", payload, saver, marker)
@@ -408,7 +403,7 @@ def test_malicious_pickle_is_refused_and_never_run(seeded: Repo, tmp_path: Path,
     write_malicious(ckpt, payload, saver, marker)
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(ckpt), "--name", "evil"),
+    one_line_error(mgit(seeded, "add", str(ckpt), "--name", "evil"),
                           str(ckpt), "not a plain weights file", "state_dict()")  # fmt: skip
 
     assert not marker.exists()
@@ -435,13 +430,15 @@ def test_malicious_pickle_in_subprocess_exits_1_without_traceback(seeded: Repo, 
 
     proc = run_mgit("add", str(ckpt), "--name", "evil", cwd=seeded.root)
 
-    assert_one_line_error((proc.returncode, proc.stdout, proc.stderr), str(ckpt), "not a plain weights file")
+    one_line_error((proc.returncode, proc.stdout, proc.stderr), str(ckpt), "not a plain weights file")
     assert not marker.exists()
     assert repo_state(seeded) == before
 
 
 @needs_torch
 def test_legacy_pickle_in_subprocess_gives_only_the_error_line(seeded: Repo, tmp_path: Path) -> None:
+    import torch
+
     marker = tmp_path / MARKER_NAME
     ckpt = tmp_path / "evil.pt"
     with open(ckpt, "wb") as fh:
@@ -450,33 +447,38 @@ def test_legacy_pickle_in_subprocess_gives_only_the_error_line(seeded: Repo, tmp
     proc = run_mgit("add", str(ckpt), "--name", "evil", cwd=seeded.root)
 
     assert not marker.exists()
-    assert_one_line_error((proc.returncode, proc.stdout, proc.stderr), str(ckpt), "not a plain weights file")
+    one_line_error((proc.returncode, proc.stdout, proc.stderr), str(ckpt), "not a plain weights file")
 
 
 @needs_torch
-@pytest.mark.parametrize(("content", "fragments"), [  # made in the test: torch may be missing here
-    pytest.param(lambda: {"epoch": 3, "model": {"w": torch.ones(2)}},
+@pytest.mark.parametrize(("content", "fragments"), [  # made in the test, given torch: it may be missing here
+    pytest.param(lambda torch: {"epoch": 3, "model": {"w": torch.ones(2)}},
                  ["'epoch'", "not a tensor", "checkpoint['state_dict']"], id="training-checkpoint"),
-    pytest.param(lambda: {"model": {"w": torch.ones(2)}, "optimizer": {"lr": 0.1}}, ["'lr'", "not a tensor"],
+    pytest.param(lambda torch: {"model": {"w": torch.ones(2)}, "optimizer": {"lr": 0.1}}, ["'lr'", "not a tensor"],
                  id="optimizer-state"),
-    pytest.param(lambda: {"w": torch.ones(2), "names": ["a", "b"]}, ["'names'", "not a tensor"], id="list-value"),
-    pytest.param(lambda: [torch.ones(2), torch.zeros(2)], ["holds a list, not a dict of tensors"],
+    pytest.param(lambda torch: {"w": torch.ones(2), "names": ["a", "b"]}, ["'names'", "not a tensor"], id="list-value"),
+    pytest.param(lambda torch: [torch.ones(2), torch.zeros(2)], ["holds a list, not a dict of tensors"],
                  id="list-of-tensors"),
-    pytest.param(lambda: {}, ["holds no tensors"], id="empty-dict"),
-    pytest.param(lambda: {1: torch.ones(2)}, ["key 1 is not a string"], id="int-key"),
+    pytest.param(lambda torch: {}, ["holds no tensors"], id="empty-dict"),
+    pytest.param(lambda torch: {1: torch.ones(2)}, ["key 1 is not a string"], id="int-key"),
 ])  # fmt: skip
-def test_checkpoint_that_is_not_a_state_dict_is_refused(seeded: Repo, tmp_path: Path, content: Callable[[], object],
+def test_checkpoint_that_is_not_a_state_dict_is_refused(seeded: Repo, tmp_path: Path,
+                                                        content: Callable[[object], object],
                                                         fragments: list[str]) -> None:  # fmt: skip
+    import torch
+
     ckpt = tmp_path / "train.pt"
-    torch.save(content(), ckpt)
+    torch.save(content(torch), ckpt)
     before = repo_state(seeded)
 
-    assert_one_line_error(mgit(seeded, "add", str(ckpt), "--name", "train"), str(ckpt), *fragments)
+    one_line_error(mgit(seeded, "add", str(ckpt), "--name", "train"), str(ckpt), *fragments)
 
     assert repo_state(seeded) == before
 
 
 def _truncated_checkpoint(tmp_path: Path) -> bytes:
+    import torch
+
     torch.save({"w": torch.ones(64)}, tmp_path / "whole.pt")
     raw = (tmp_path / "whole.pt").read_bytes()
     return raw[: len(raw) // 2]
@@ -496,7 +498,7 @@ def test_damaged_checkpoint_gives_one_line_error(seeded: Repo, tmp_path: Path, m
     before = repo_state(seeded)
 
     done = mgit(seeded, "add", str(ckpt), "--name", "broken")
-    assert_one_line_error(done, str(ckpt))
+    one_line_error(done, str(ckpt))
     assert "unpickler" not in done[2]  # nothing here is a pickle of objects
     if not ckpt.read_bytes().startswith((b"PK\x03\x04", b"\x80")):
         assert "not a PyTorch checkpoint: neither the zip archive torch.save writes nor a pickle" in done[2]
@@ -558,7 +560,7 @@ def test_checkout_refuses_forged_path(repo: Repo, tmp_path: Path, bad: str) -> N
     before = tree(tmp_path / "work")
     out = work / "out"
 
-    assert_one_line_error(mgit(repo, "checkout", "forged", "-o", str(out)), f"refusing path {bad!r}")
+    one_line_error(mgit(repo, "checkout", "forged", "-o", str(out)), f"refusing path {bad!r}")
 
     assert tree(work) == before  # nothing outside the output folder...
     assert not out.exists()  # ...and nothing inside it, not even the good file listed first
@@ -585,8 +587,8 @@ def test_checkout_with_force_does_not_follow_a_planted_file_link(seeded: Repo, t
     (out / "model.safetensors").symlink_to(victim)
     before = tree(out)
 
-    assert_one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--force"), "keep.txt")
-    assert_one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--clean"),
+    one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--force"), "keep.txt")
+    one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--clean"),
                           "'model.safetensors'", "is a link")  # fmt: skip
 
     assert victim.read_bytes() == b"precious"
@@ -601,7 +603,7 @@ def test_checkout_with_force_does_not_follow_a_planted_folder_link(seeded: Repo,
     (out / "tokenizer").symlink_to(elsewhere, target_is_directory=True)
     before = tree(out)
 
-    assert_one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--clean"),
+    one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--clean"),
                           "'tokenizer/vocab.txt'", "is a link")  # fmt: skip
 
     assert list(elsewhere.iterdir()) == []
@@ -613,7 +615,7 @@ def test_checkout_into_non_empty_folder_needs_force(seeded: Repo, tmp_path: Path
     out.mkdir()
     (out / "notes.txt").write_text("mine")
 
-    assert_one_line_error(mgit(seeded, "checkout", "base", "-o", str(out)), str(out), "not empty", "--force")
+    one_line_error(mgit(seeded, "checkout", "base", "-o", str(out)), str(out), "not empty", "--force")
 
     assert tree(out) == {"notes.txt": hashlib.sha256(b"mine").hexdigest()}
 
@@ -623,7 +625,7 @@ def test_checkout_into_non_empty_folder_with_force_writes_over_the_versions_file
     out.mkdir()
     (out / "notes.txt").write_text("mine")
 
-    assert_one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--force"), "notes.txt", "--clean")
+    one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--force"), "notes.txt", "--clean")
     assert (out / "notes.txt").read_text() == "mine"  # refused: the folder would not be the version
     (out / "model.safetensors").write_bytes(b"an older copy")  # a file the version holds is written over
     (out / "notes.txt").unlink()
@@ -636,7 +638,7 @@ def test_checkout_into_a_file_fails(seeded: Repo, tmp_path: Path) -> None:
     target = tmp_path / "out.txt"
     target.write_text("a file")
 
-    assert_one_line_error(mgit(seeded, "checkout", "base", "-o", str(target)), str(target), "not a folder")
+    one_line_error(mgit(seeded, "checkout", "base", "-o", str(target)), str(target), "not a folder")
 
     assert target.read_text() == "a file"
 
@@ -648,7 +650,7 @@ def test_broken_safetensors_in_subprocess_exits_1_without_traceback(seeded: Repo
 
     proc = run_mgit("add", str(bad), "--name", "m", cwd=seeded.root)
 
-    assert_one_line_error((proc.returncode, proc.stdout, proc.stderr), str(bad), "the file is truncated")
+    one_line_error((proc.returncode, proc.stdout, proc.stderr), str(bad), "the file is truncated")
     assert repo_state(seeded) == before
 
 
@@ -657,6 +659,8 @@ def test_broken_safetensors_in_subprocess_exits_1_without_traceback(seeded: Repo
 
 @needs_torch
 def test_conversion_note_shows_a_bracketed_file_name_verbatim(seeded: Repo, tmp_path: Path) -> None:
+    import torch
+
     ckpt = tmp_path / "ckpt[red].pt"
     torch.save({"w": torch.ones(2)}, ckpt)
 

@@ -14,128 +14,13 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from conftest import load_recipes, run_cli, run_mgit
+from conftest import copy_user_code, load_recipes, needs_torch, run_cli, run_mgit
 
 from mgit import Repo
 from mgit.bisect import bisect
 from mgit.cascade import plan_cascade
 from mgit.checks import Checks, Condition
 from mgit.errors import RefConflictError
-
-try:
-    import torch
-except ImportError:  # only the tests marked needs_torch are skipped
-    torch = None
-needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (pip install 'mgit-models[torch]')")
-
-RECIPES = '''
-"""Recipes: fn(parents, out_dir, **params) writes out_dir/model.safetensors. The fine-tune
-trains with torch; quantization and pruning need only numpy (a child process starts faster)."""
-import os
-import pathlib
-
-import numpy as np
-from safetensors.numpy import load_file, save_file
-
-if os.environ.get("CASCADE_MARKER"):  # lets a test see when this file is imported
-    pathlib.Path(os.environ["CASCADE_MARKER"]).write_text("imported")
-
-
-def mlp():
-    import torch
-
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-
-
-def data(seed):
-    import torch
-
-    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(seed))
-    w = torch.randn(8, 4, generator=torch.Generator().manual_seed(1000 + seed))
-    return x, x @ w
-
-
-def train(model, *, seed, steps, lr):
-    import torch
-
-    torch.set_num_threads(1)
-    x, y = data(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    for _ in range(steps):
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
-    return model
-
-
-def load(folder):
-    return load_file(str(pathlib.Path(folder) / "model.safetensors"))
-
-
-def save(state, out_dir):
-    state = {k: np.ascontiguousarray(v.detach().numpy() if hasattr(v, "detach") else v) for k, v in state.items()}
-    save_file(state, str(pathlib.Path(out_dir) / "model.safetensors"))
-
-
-def finetune(parents, out_dir, seed=0, steps=5, lr=0.01):
-    import torch
-
-    torch.manual_seed(seed)
-    model = mlp()
-    model.load_state_dict({k: torch.from_numpy(v) for k, v in load(parents[0]).items()})
-    save(train(model, seed=seed, steps=steps, lr=lr).state_dict(), out_dir)
-
-
-def quantize_int8(parents, out_dir):
-    """Per-output-channel symmetric int8 of every matrix, with its fp32 scales."""
-    out = {}
-    for name, w in load(parents[0]).items():
-        if w.ndim == 2:
-            scale = (np.abs(w).max(axis=1).clip(min=1e-12) / 127).astype(np.float32)
-            out[name] = np.clip(np.round(w / scale[:, None]), -127, 127).astype(np.int8)
-            out[name + "_scale"] = scale
-        else:
-            out[name] = w
-    save(out, out_dir)
-
-
-def prune(parents, out_dir, sparsity=0.5):
-    """Zero the smallest-magnitude fraction of every matrix."""
-    out = {}
-    for name, w in load(parents[0]).items():
-        if w.ndim == 2:
-            flat = w.flatten()
-            flat[np.argsort(np.abs(flat), kind="stable")[: int(flat.size * sparsity)]] = 0.0
-            w = flat.reshape(w.shape)
-        out[name] = w
-    save(out, out_dir)
-
-
-def broken(parents, out_dir):
-    (pathlib.Path(out_dir) / "partial.txt").write_text("half")
-    raise RuntimeError("this recipe is broken")
-
-
-def poison(parents, out_dir, seed=0):
-    finetune(parents, out_dir, seed=seed)
-    state = load(out_dir)
-    state["0.weight"][0, 0] = np.nan
-    save(state, out_dir)
-'''
-
-EVALS = '''
-import numpy as np
-from safetensors.numpy import load_file
-
-
-def quality(folder):
-    raw = load_file(f"{folder}/model.safetensors")
-    w = {k: v.astype(np.float32) * raw[k + "_scale"][:, None] if k + "_scale" in raw else v
-         for k, v in raw.items() if not k.endswith("_scale")}
-    x = np.random.default_rng(7).standard_normal((128, 8)).astype(np.float32)
-    y = np.maximum(x @ w["0.weight"].T + w["0.bias"], 0) @ w["2.weight"].T + w["2.bias"]
-    return {"finite": float(np.isfinite(y).all()), "mean_abs_output": float(np.nan_to_num(np.abs(y)).mean())}
-'''
 
 # name, parent, relation, recorded recipe (None: made by hand), its params, recipe that made the first version
 Member = tuple[str, str, str, str | None, dict[str, Any], str]
@@ -153,6 +38,8 @@ PRUNED: list[Member] = [  # recipes without torch, whose child processes start f
 
 def base_state(recipes: ModuleType, steps: int) -> dict[str, Any]:
     """The base MLP, trained `steps` AdamW steps (a new base version trains more)."""
+    import torch
+
     torch.manual_seed(0)
     return recipes.train(recipes.mlp(), seed=0, steps=steps, lr=0.05).state_dict()
 
@@ -162,8 +49,7 @@ def build(root: Path, members: list[Member], *, tests: bool = True) -> Repo:
     recipe from its parent), tests attached to the base and inherited, and then a second
     base version that the members are not built on yet."""
     root.mkdir(parents=True, exist_ok=True)
-    (root / "recipes.py").write_text(RECIPES)
-    (root / "evals.py").write_text(EVALS)
+    copy_user_code(root, "mlp")
     recipes = load_recipes(root)
     repo = Repo.init(root)
     folders = {"base": root / "made" / "base"}

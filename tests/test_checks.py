@@ -9,63 +9,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli, run_mgit
+from conftest import copy_user_code, needs_torch, run_cli, run_mgit
 
 from mgit import Repo
 from mgit.bisect import bisect
 from mgit.checks import Checks, Condition
 from mgit.errors import MgitError
 
-try:
-    import torch
-except ImportError:  # only the tests marked needs_torch are skipped
-    torch = None
-needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (pip install 'mgit-models[torch]')")
-
-EVALS = '''
-import json, os, pathlib, time
-import numpy as np
-from safetensors.numpy import load_file
-
-pathlib.Path("imported.marker").write_text("yes")
-
-def data():
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((256, 8)).astype(np.float32)
-    y = (x @ np.arange(1, 9, dtype=np.float32) > 0).astype(np.int64)
-    return x, y
-
-def accuracy(folder):
-    with open("calls.log", "a") as f:
-        f.write(folder + "\\n")
-    state = load_file(os.path.join(folder, "model.safetensors"))
-    x, y = data()
-    logits = x @ state["linear.weight"].T + state["linear.bias"]
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    loss = float(np.mean(np.log(np.exp(shifted).sum(axis=1)) - shifted[np.arange(len(y)), y]))
-    print("evaluated", folder)
-    return {"acc": float((logits.argmax(axis=1) == y).mean()), "loss": loss}
-
-def crash(folder):
-    raise RuntimeError("boom in the test")
-
-def hang(folder):
-    time.sleep(60)
-
-def exits(folder):
-    os._exit(3)
-
-def nan(folder):
-    return {"acc": float("nan")}
-
-def verdict(folder):
-    return {"acc": accuracy(folder)["acc"], "passed": False}
-'''
-
 
 def train(state: dict[str, np.ndarray] | None, steps: int, *, seed: int, flip: bool = False) -> dict[str, np.ndarray]:
     """A few real AdamW steps of a linear classifier on the generated task (labels flipped
     on request: a planted bug)."""
+    import torch
+
     torch.manual_seed(seed)
     model = torch.nn.Linear(8, 2)
     if state is not None:
@@ -86,7 +42,7 @@ def train(state: dict[str, np.ndarray] | None, steps: int, *, seed: int, flip: b
 
 @pytest.fixture
 def work(repo: Repo) -> Repo:
-    (repo.root / "evals.py").write_text(EVALS)
+    copy_user_code(repo.root, "classifier")
     return repo
 
 
@@ -135,7 +91,8 @@ def test_run_records_reuses_and_reruns_on_source_change(work: Repo) -> None:
     assert code == 0 and "PASS (recorded)" in out and calls(work) == 1
     code, out, _ = run_cli("test", "run", "base", "--force", cwd=work.root)
     assert code == 0 and calls(work) == 2
-    (work.root / "evals.py").write_text(EVALS + "\n# edited\n")  # a new source: results are stale
+    with open(work.root / "evals.py", "a") as evals:
+        evals.write("\n# edited\n")  # a new source: results are stale
     run_cli("test", "run", "base", cwd=work.root)
     assert calls(work) == 3
     code, out, _ = run_cli("test", "show", "base", "--json", cwd=work.root)

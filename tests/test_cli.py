@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 import numpy as np
 import pytest
-from conftest import make_model, run_cli, run_mgit, sha256_tree, tensors
+from conftest import copy_user_code, make_model, mgit_json, run_cli, run_mgit, sha256_tree, tensors
 
 from mgit import Repo
 from mgit.cli.main import cli
@@ -74,27 +74,21 @@ def work(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def cli_json(*args: str, cwd: Path) -> object:
-    code, out, err = run_cli(*args, "--json", cwd=cwd)
-    assert code == 0, err
-    return json.loads(out)
-
-
 def test_tour_through_the_commands(work: Path) -> None:
-    added = cli_json("add", "base", "--name", "base", "-m", "first", cwd=work)
+    added = mgit_json(work, "add", "base", "--name", "base", "-m", "first")
     assert added["created"] and added["seq"] == 1 and added["tensors"] == 6
-    ft = cli_json("add", "ft", "--name", "ft", "--parent", "base", "--relation", "finetune", "-t", "k=v", cwd=work)
+    ft = mgit_json(work, "add", "ft", "--name", "ft", "--parent", "base", "--relation", "finetune", "-t", "k=v")
     assert ft["parents"][0]["model"] == "base" and ft["parents"][0]["relation"] == "finetune"
 
-    models = cli_json("ls", cwd=work)
+    models = mgit_json(work, "ls")
     assert [m["name"] for m in models] == ["base", "ft"]
-    log = cli_json("log", "ft", cwd=work)
+    log = mgit_json(work, "log", "ft")
     assert log[0]["tags"] == {"k": "v"} and log[0]["id"] == ft["version"]
-    shown = cli_json("show", "base@1", cwd=work)
+    shown = mgit_json(work, "show", "base@1")
     assert shown["version"]["message"] == "first"
-    du = cli_json("du", cwd=work)
+    du = mgit_json(work, "du")
     assert du["logical_bytes"] == added["logical_bytes"] + ft["logical_bytes"] and du["stored_bytes"] > 0
-    assert cli_json("fsck", cwd=work)["ok"] is True
+    assert mgit_json(work, "fsck")["ok"] is True
 
     code, out, _ = run_cli("checkout", "ft", "-o", str(work / "out"), cwd=work)
     assert code == 0 and "verified" in out
@@ -104,33 +98,13 @@ def test_tour_through_the_commands(work: Path) -> None:
     assert "base" in out and "ft" in out and "base@1 (finetune)" in out
     code, out, _ = run_cli("du", cwd=work)
     assert code == 0 and "repository" in out
-    removed = cli_json("rm", "ft", cwd=work)
+    removed = mgit_json(work, "rm", "ft")
     assert removed["model"] == "ft"
-    gc = cli_json("gc", cwd=work)
+    gc = mgit_json(work, "gc")
     assert gc["removed"] and not gc["dry_run"]
 
 
 # --- JSON twins (the tour above covers add, ls, log, show, du, fsck, rm and gc) -----------------
-
-EVALS = """
-import json, pathlib
-
-
-def accuracy(folder):
-    \"\"\"The accuracy that the model's config.json states.\"\"\"
-    return {"acc": json.loads((pathlib.Path(folder) / "config.json").read_text())["acc"]}
-"""
-
-RECIPES = """
-import json, pathlib, shutil
-
-
-def tune(parents, out_dir, acc=0.5):
-    \"\"\"The parent's files, with the accuracy `acc` in config.json.\"\"\"
-    shutil.copytree(parents[0], out_dir, dirs_exist_ok=True)
-    config = pathlib.Path(out_dir) / "config.json"
-    config.write_text(json.dumps({**json.loads(config.read_text()), "acc": acc}))
-"""
 
 
 def scored_model(path: Path, seed: int, acc: float) -> Path:
@@ -141,14 +115,13 @@ def scored_model(path: Path, seed: int, acc: float) -> Path:
 
 
 @pytest.fixture
-def family(work: Path) -> Path:
+def scored(work: Path) -> Path:
     """base@1 (acc 0.9); ft@1 (acc 0.85), derived from it by the recipe recipes.py:tune; the
     test `acc` (acc >= 0.5) attached to base and inherited by ft. Nothing run yet."""
-    (work / "evals.py").write_text(EVALS)
-    (work / "recipes.py").write_text(RECIPES)
-    cli_json("add", str(scored_model(work / "base-v1", 1, 0.9)), "--name", "base", cwd=work)
-    cli_json("add", str(scored_model(work / "ft-v1", 2, 0.85)), "--name", "ft", "--parent", "base",
-             "--recipe", "recipes.py:tune", "--param", "acc=0.85", cwd=work)  # fmt: skip
+    copy_user_code(work, "scored")
+    mgit_json(work, "add", str(scored_model(work / "base-v1", 1, 0.9)), "--name", "base")
+    mgit_json(work, "add", str(scored_model(work / "ft-v1", 2, 0.85)), "--name", "ft", "--parent", "base",
+             "--recipe", "recipes.py:tune", "--param", "acc=0.85")  # fmt: skip
     code, _, err = run_cli("test", "add", "base", "--fn", "evals.py:accuracy", "--name", "acc", "--min", "acc=0.5",
                            "--inherit", cwd=work)  # fmt: skip
     assert code == 0, err
@@ -156,15 +129,15 @@ def family(work: Path) -> Path:
 
 
 def test_init_json(tmp_path: Path) -> None:
-    assert cli_json("init", str(tmp_path / "r"), cwd=tmp_path) == {"path": str(tmp_path / "r" / ".mgit"), "bare": False}
-    assert cli_json("init", "--bare", str(tmp_path / "b"), cwd=tmp_path) == {"path": str(tmp_path / "b"), "bare": True}
+    assert mgit_json(tmp_path, "init", str(tmp_path / "r")) == {"path": str(tmp_path / "r" / ".mgit"), "bare": False}
+    assert mgit_json(tmp_path, "init", "--bare", str(tmp_path / "b")) == {"path": str(tmp_path / "b"), "bare": True}
     assert (tmp_path / "r" / ".mgit").is_dir()
 
 
 def test_checkout_json(work: Path) -> None:
-    added = cli_json("add", "base", "--name", "base", cwd=work)
+    added = mgit_json(work, "add", "base", "--name", "base")
 
-    done = cli_json("checkout", "base", "-o", str(work / "out"), cwd=work)
+    done = mgit_json(work, "checkout", "base", "-o", str(work / "out"))
 
     assert (done["model"], done["seq"], done["version"]) == ("base", 1, added["version"])
     assert done["out_dir"] == str(work / "out") and done["bytes"] == added["logical_bytes"]
@@ -174,19 +147,19 @@ def test_checkout_json(work: Path) -> None:
     assert all(f["size"] == (work / "out" / path).stat().st_size for path, f in files.items())
 
 
-def test_test_commands_json(family: Path) -> None:
-    attached = cli_json("test", "add", "ft", "--fn", "evals.py:accuracy", "--name", "strict", "--metric", "acc",
-                        "--min", "0.99", cwd=family)  # fmt: skip
+def test_test_commands_json(scored: Path) -> None:
+    attached = mgit_json(scored, "test", "add", "ft", "--fn", "evals.py:accuracy", "--name", "strict",
+                         "--metric", "acc", "--min", "0.99")  # fmt: skip
     source = attached.pop("source")  # the source file, stored as an object when attached
     assert attached == {"name": "strict", "fn": "evals.py:accuracy", "target": "ft", "inherit": False,
                         "conditions": [{"metric": "acc", "bound": "min", "value": 0.99}], "timeout": None,
                         "resources": {}}  # fmt: skip
-    assert Repo(family).store.get(source)[1].tobytes() == (family / "evals.py").read_bytes()
-    listed = cli_json("test", "ls", cwd=family)
+    assert Repo(scored).store.get(source)[1].tobytes() == (scored / "evals.py").read_bytes()
+    listed = mgit_json(scored, "test", "ls")
     assert [t["name"] for t in listed] == ["acc", "strict"] and listed[1] == {**attached, "source": source}
     assert listed[0]["target"] == "base" and listed[0]["inherit"] is True
 
-    code, out, err = run_cli("test", "run", "--all", "--json", cwd=family)
+    code, out, err = run_cli("test", "run", "--all", "--json", cwd=scored)
     assert code == 1, err  # strict fails on ft
     run = json.loads(out)
     got = {(o["model"], o["test"]): (o["status"], o["metrics"], o["reused"]) for o in run["outcomes"]}
@@ -196,18 +169,18 @@ def test_test_commands_json(family: Path) -> None:
     ft_strict = next(o for o in run["outcomes"] if o["test"] == "strict")
     assert ft_strict["reasons"] == ["acc 0.85 < 0.99"] and ft_strict["parent"] == "base@1"
 
-    shown = cli_json("test", "show", "ft", cwd=family)
+    shown = mgit_json(scored, "test", "show", "ft")
     assert [(o["test"], o["status"], o["metrics"]) for o in shown] == [("acc", "pass", {"acc": 0.85}),
                                                                         ("strict", "fail", {"acc": 0.85})]  # fmt: skip
     assert shown[0]["parent_status"] == "pass" and shown[0]["parent_metrics"] == {"acc": 0.9}
 
 
-def test_bisect_json(family: Path) -> None:
-    cli_json("add", str(scored_model(family / "base-v2", 1, 0.2)), "--name", "base", "-m", "regressed", cwd=family)
-    code, out, err = run_cli("test", "run", "base", "--json", cwd=family)
+def test_bisect_json(scored: Path) -> None:
+    mgit_json(scored, "add", str(scored_model(scored / "base-v2", 1, 0.2)), "--name", "base", "-m", "regressed")
+    code, out, err = run_cli("test", "run", "base", "--json", cwd=scored)
     assert code == 1 and json.loads(out)["failed"] == 1, err
 
-    found = cli_json("bisect", "acc", "base", cwd=family)
+    found = mgit_json(scored, "bisect", "acc", "base")
 
     assert (found["start"], found["culprit"], found["parent"], found["edge"]) == ("base@2", "base@2", "base@1", "history")
     assert found["reasons"] == ["acc 0.2 < 0.5"]
@@ -216,11 +189,11 @@ def test_bisect_json(family: Path) -> None:
     assert found["diff"]["summary"]["files"] == {"changed": 1, "identical": 2}  # only config.json differs
 
 
-def test_cascade_json(family: Path) -> None:
-    new_base = cli_json("add", str(scored_model(family / "base-v2", 3, 0.95)), "--name", "base", cwd=family)
-    old_ft = cli_json("log", "ft", cwd=family)[0]["id"]
+def test_cascade_json(scored: Path) -> None:
+    new_base = mgit_json(scored, "add", str(scored_model(scored / "base-v2", 3, 0.95)), "--name", "base")
+    old_ft = mgit_json(scored, "log", "ft")[0]["id"]
 
-    dry = cli_json("cascade", "base", "--dry-run", cwd=family)  # a report with the plan and no results
+    dry = mgit_json(scored, "cascade", "base", "--dry-run")  # a report with the plan and no results
     assert dry["dry_run"] is True and dry["results"] == []
     plan = dry["plan"]
 
@@ -229,47 +202,47 @@ def test_cascade_json(family: Path) -> None:
     assert (step["model"], step["head_ref"], step["action"]) == ("ft", "ft@1", "recipe")
     assert [(p["recorded_ref"], p["ref"]) for p in step["parents"]] == [("base@1", "base@2")]
     assert step["recipe"]["fn"] == "recipes.py:tune" and step["recipe"]["params"] == {"acc": 0.85}
-    assert cli_json("log", "ft", cwd=family)[0]["id"] == old_ft  # a dry run changes nothing
+    assert mgit_json(scored, "log", "ft")[0]["id"] == old_ft  # a dry run changes nothing
 
-    report = cli_json("cascade", "base", cwd=family)
+    report = mgit_json(scored, "cascade", "base")
 
     [result] = report["results"]
     assert (result["model"], result["status"], result["old_ref"], result["new_ref"]) == ("ft", "updated", "ft@1", "ft@2")
     assert result["rebuilt_on"] == ["base@2"] and report["dry_run"] is False
     assert [(t["test"], t["status"], t["metrics"]) for t in result["tests_after"]] == [("acc", "pass", {"acc": 0.85})]
-    ft = cli_json("show", "ft", cwd=family)["version"]
+    ft = mgit_json(scored, "show", "ft")["version"]
     assert ft["id"] == result["new"] and ft["parents"][0]["version"] == new_base["version"]
-    code, _, err = run_cli("checkout", "ft", "-o", str(family / "ft-v2"), cwd=family)
+    code, _, err = run_cli("checkout", "ft", "-o", str(scored / "ft-v2"), cwd=scored)
     assert code == 0, err
-    assert json.loads((family / "ft-v2" / "config.json").read_text())["acc"] == 0.85  # the recipe ran on base@2
-    assert sha256_tree(family / "ft-v2")["model.safetensors"] == sha256_tree(family / "base-v2")["model.safetensors"]
+    assert json.loads((scored / "ft-v2" / "config.json").read_text())["acc"] == 0.85  # the recipe ran on base@2
+    assert sha256_tree(scored / "ft-v2")["model.safetensors"] == sha256_tree(scored / "base-v2")["model.safetensors"]
 
 
-def test_lineage_graph_diff_and_suggest_json(family: Path) -> None:
-    cli_json("add", str(scored_model(family / "base-v2", 3, 0.95)), "--name", "base", cwd=family)
+def test_lineage_graph_diff_and_suggest_json(scored: Path) -> None:
+    mgit_json(scored, "add", str(scored_model(scored / "base-v2", 3, 0.95)), "--name", "base")
 
-    [tree] = cli_json("lineage", cwd=family)
+    [tree] = mgit_json(scored, "lineage")
     assert (tree["model"]["name"], tree["model"]["seq"], tree["edge"]) == ("base", 2, None)
     [child] = tree["children"]
     assert child["model"]["name"] == "ft" and child["children"] == []
     edge = child["edge"]
     assert (edge["relation"], edge["parent_seq"], edge["latest_seq"], edge["stale"]) == ("finetune", 1, 2, True)
-    [up] = cli_json("lineage", "tree", "ft", "--up", cwd=family)
+    [up] = mgit_json(scored, "lineage", "tree", "ft", "--up")
     assert [up["model"]["name"], up["children"][0]["model"]["name"]] == ["ft", "base"]
 
-    graph = cli_json("graph", cwd=family)
+    graph = mgit_json(scored, "graph")
     assert [n["name"] for n in graph["nodes"]] == ["base", "ft"]
     assert [(e["parent"], e["child"], e["stale"]) for e in graph["edges"]] == [("base", "ft", True)]
 
-    diff = cli_json("diff", "base@1", "base@2", cwd=family)  # "base" alone is the folder of that name
+    diff = mgit_json(scored, "diff", "base@1", "base@2")  # "base" alone is the folder of that name
     assert (diff["a"]["label"], diff["b"]["label"]) == ("base@1", "base@2")
     assert diff["summary"]["counts"] == {"changed": 3, "identical": 3}  # new weights; zero biases, positions
     assert {f["path"]: f["status"] for f in diff["files"]}["config.json"] == "changed"
 
     state = tensors(1)  # base@1's weights, cast to float16: a quantization of it
     quantized = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in state.items()}
-    make_model(family / "q", state=quantized)
-    suggestion = cli_json("lineage", "suggest", str(family / "q"), cwd=family)
+    make_model(scored / "q", state=quantized)
+    suggestion = mgit_json(scored, "lineage", "suggest", str(scored / "q"))
     best = suggestion["candidates"][0]
     assert (best["model"], best["seq"], best["relation"]) == ("base", 1, "quantize")
     assert suggestion["parents"] == [best["version"]] and suggestion["verdict"].startswith("base@1 (quantize)")
@@ -347,12 +320,12 @@ def test_fsck_exits_1_on_corruption(work: Path) -> None:
 
 @pytest.mark.parametrize("damage", ["missing", "corrupt"])
 def test_gc_refuses_when_a_reachable_object_is_damaged(work: Path, damage: str) -> None:
-    cli_json("add", "base", "--name", "base", cwd=work)
-    cli_json("add", "ft", "--name", "ft", "--parent", "base", cwd=work)
-    cli_json("add", "ft", "--name", "old", cwd=work)
-    cli_json("rm", "old", cwd=work)
-    assert cli_json("gc", "--dry-run", cwd=work)["removed"]  # there is garbage to collect
-    vid = cli_json("log", "ft", cwd=work)[0]["id"]
+    mgit_json(work, "add", "base", "--name", "base")
+    mgit_json(work, "add", "ft", "--name", "ft", "--parent", "base")
+    mgit_json(work, "add", "ft", "--name", "old")
+    mgit_json(work, "rm", "old")
+    assert mgit_json(work, "gc", "--dry-run")["removed"]  # there is garbage to collect
+    vid = mgit_json(work, "log", "ft")[0]["id"]
     record = work / ".mgit" / "objects" / vid[:2] / vid[2:]  # ft's head version: reachable
     if damage == "missing":
         record.unlink()
@@ -378,15 +351,14 @@ def test_real_process_exit_codes_and_debug_traceback(work: Path) -> None:
     assert proc.returncode == 0 and "mgit" in proc.stdout
 
 
-def test_a_nan_metric_is_null_in_every_json(family: Path) -> None:
+def test_a_nan_metric_is_null_in_every_json(scored: Path) -> None:
     # One convention for numbers JSON cannot hold: null, in the run, the recorded results and
     # the cascade's report alike (never the string "nan").
-    (family / "evals.py").write_text(EVALS + "\n\ndef broken(folder):\n    return {'loss': float('nan'), 'acc': 1.0}\n")
-    code, _, err = run_cli("test", "add", "base", "--fn", "evals.py:broken", "--name", "broken", cwd=family)
+    code, _, err = run_cli("test", "add", "base", "--fn", "evals.py:broken", "--name", "broken", cwd=scored)
     assert code == 0, err
-    code, out, _ = run_cli("test", "run", "base", "--test", "broken", "--json", cwd=family)
+    code, out, _ = run_cli("test", "run", "base", "--test", "broken", "--json", cwd=scored)
     assert code == 1 and '"nan"' not in out and "NaN" not in out
     [outcome] = json.loads(out)["outcomes"]
     assert outcome["metrics"] == {"loss": None, "acc": 1.0} and outcome["status"] == "fail"
-    [shown] = [o for o in cli_json("test", "show", "base", cwd=family) if o["test"] == "broken"]
+    [shown] = [o for o in mgit_json(scored, "test", "show", "base") if o["test"] == "broken"]
     assert shown["metrics"] == {"loss": None, "acc": 1.0}

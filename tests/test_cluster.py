@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MGIT, load_recipes, make_model
+from conftest import MGIT, copy_user_code, load_recipes, make_model
 from raycluster import RayCluster, can_make_netns, loopback_only
 from s3server import S3Server, aws_env
 
@@ -34,66 +34,6 @@ ray = pytest.importorskip("ray")
 if (why := can_make_netns()) is not None:
     pytest.skip(f"the Ray cluster tests run in a network namespace: {why}", allow_module_level=True)
 
-RECIPES = '''
-import json, os, time
-from pathlib import Path
-import numpy as np
-from safetensors.numpy import load_file, save_file
-
-def _load(folder):
-    return load_file(str(Path(folder) / "model.safetensors"))
-
-def _save(state, out, parent):
-    save_file(state, str(Path(out) / "model.safetensors"), metadata={"format": "pt"})
-    (Path(out) / "config.json").write_bytes((Path(parent) / "config.json").read_bytes())
-
-def _hold(name):
-    """Tests stall a recipe here: HOLD/NAME.hold names the node to stall on (or 'any');
-    the recipe says it started, then waits for HOLD/NAME.go (or to be killed)."""
-    hold = os.environ.get("MGIT_TEST_HOLD")
-    if not hold or not (Path(hold) / f"{name}.hold").exists():
-        return
-    node = os.environ.get("MGIT_TEST_NODE", "local")
-    if (Path(hold) / f"{name}.hold").read_text() not in (node, "any"):
-        return
-    (Path(hold) / f"{name}.started").write_text(node)
-    deadline = time.monotonic() + 300
-    while not (Path(hold) / f"{name}.go").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-def finetune(parents, out, name="", seed=0, scale=0.01):
-    _hold(name)
-    rng = np.random.default_rng(seed)
-    state = {k: (v + (rng.standard_normal(v.shape) * scale).astype(v.dtype)) if v.dtype.kind == "f" else v
-             for k, v in sorted(_load(parents[0]).items())}
-    _save(state, out, parents[0])
-
-def quantize(parents, out, name=""):
-    _hold(name)
-    state = {}
-    for k, v in sorted(_load(parents[0]).items()):
-        if v.dtype.kind == "f":
-            step = float(np.abs(v).max()) / 127 or 1.0
-            v = (np.round(v / step).astype(np.int8).astype(np.float32) * step).astype(v.dtype)
-        state[k] = v
-    _save(state, out, parents[0])
-
-def merge(parents, out, name=""):
-    _hold(name)
-    a, b = _load(parents[0]), _load(parents[1])
-    _save({k: ((a[k] + b[k]) / 2).astype(a[k].dtype) if a[k].dtype.kind == "f" else a[k] for k in sorted(a)},
-          out, parents[0])
-'''
-
-EVALS = '''
-from pathlib import Path
-import numpy as np
-from safetensors.numpy import load_file
-
-def spread(folder):
-    state = load_file(str(Path(folder) / "model.safetensors"))
-    return {"mean_abs": float(np.mean([np.abs(v).mean() for v in state.values() if v.dtype.kind == "f"]))}
-'''
 
 # name, parents, relation, recipe, params
 FAMILY = [
@@ -157,8 +97,7 @@ def _build_family(setup: Setup, url: str) -> None:
     pushed to `url`, then cloned twice: `local` and `ray`."""
     origin = setup.root / "origin"
     origin.mkdir()
-    (origin / "recipes.py").write_text(RECIPES)
-    (origin / "evals.py").write_text(EVALS)
+    copy_user_code(origin, "cluster")
     make_model(origin / "m" / "base", seed=0)
     setup.mgit(origin, "init")
     setup.mgit(origin, "add", "m/base", "--name", "base")

@@ -4,8 +4,8 @@ module or a relative file, an unbounded number, a source that is not the recipe'
 refused in one line before the node opens its cache or runs anything.
 
 The node-side functions are called directly, as a Ray worker would call them, against a
-real folder remote; no Ray cluster is needed. Every job's code touches a marker file, so
-"nothing ran" is checked on disk.
+real folder remote; no Ray cluster is needed. Every job's code touches a marker file (the one
+MGIT_TEST_MARKER names), so "nothing ran" is checked on disk.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_model, run_cli
+from conftest import FIXTURES, make_model, run_cli
 
 from mgit import Repo, sync
 from mgit.cluster import node
@@ -24,19 +24,6 @@ from mgit.errors import InvalidJobError
 from mgit.execution import CheckJob, RecipeJob
 from mgit.remotes import RemoteSpec
 
-EVALS = b"""
-import pathlib
-def count(folder):
-    pathlib.Path(MARKER).open("a").write("test\\n")
-    return {"files": float(len(list(pathlib.Path(folder).rglob("*"))))}
-"""
-RECIPES = b"""
-import pathlib, shutil
-def tune(parents, out_dir, scale=1):
-    pathlib.Path(MARKER).open("a").write("recipe\\n")
-    shutil.copytree(parents[0], out_dir, dirs_exist_ok=True)
-    (pathlib.Path(out_dir) / "scale.txt").write_text(str(scale))
-"""
 OID = "ab" * 32
 
 
@@ -45,19 +32,19 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """A driver's repository pushed to a folder remote, the node cache's folder, a marker,
     and a well-formed test job and recipe job."""
     marker = tmp_path / "ran.txt"
+    monkeypatch.setenv("MGIT_TEST_MARKER", str(marker))
     assert run_cli("init", "--bare", str(tmp_path / "remote.mgit"))[0] == 0
     driver = Repo.init(tmp_path / "driver")
     sync.add_remote(driver, "origin", str(tmp_path / "remote.mgit"))
     vid = driver.add(make_model(tmp_path / "src"), name="base").version
     sync.push(driver)
     monkeypatch.setenv(node.CACHE_VARIABLE, str(tmp_path / "cache"))
-    evals = EVALS.replace(b"MARKER", repr(str(marker)).encode())
-    recipes = RECIPES.replace(b"MARKER", repr(str(marker)).encode())
+    evals, recipes = (FIXTURES / "tune" / "evals.py").read_bytes(), (FIXTURES / "tune" / "recipes.py").read_bytes()
     record = {"fn": "recipes.py:tune", "params": {"scale": 2}, "source_sha256": hashlib.sha256(recipes).hexdigest(),
               "source": driver.store.put_blob(recipes).oid}  # fmt: skip
     return {
         "remote": RemoteSpec(str(tmp_path / "remote.mgit")), "marker": marker, "cache": tmp_path / "cache",
-        "test": CheckJob(vid, "count", "evals.py:count", 60.0, evals, root=str(driver.root)),
+        "test": CheckJob(vid, "size", "evals.py:size", 60.0, evals, root=str(driver.root)),
         "recipe": RecipeJob("base", vid, [vid], "finetune", record, "by a node", {"team": "a"}, 60.0, recipes,
                             root=str(driver.root)),
     }  # fmt: skip
@@ -140,6 +127,6 @@ def test_a_function_named_by_an_absolute_path_is_never_read_on_the_node(cluster:
     not open that path (here: a folder, which would fail a read)."""
     elsewhere = tmp_path / "elsewhere.py"
     elsewhere.mkdir()
-    job = replace(cluster["test"], fn=f"{elsewhere}:count", root="/")
+    job = replace(cluster["test"], fn=f"{elsewhere}:size", root="/")
     run = node.test_task(cluster["remote"], job)
     assert run.ok and cluster["marker"].read_text().split() == ["test"], run

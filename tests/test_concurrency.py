@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_model, run_cli, run_mgit, sha256_tree
+from conftest import fsck_ok, history, make_model, mgit_json, run_mgit, sha256_tree
 
 from mgit import Repo
 from mgit.reports import AddResult
@@ -69,27 +69,6 @@ def settle(root: Path, result: subprocess.CompletedProcess[str]) -> dict[str, An
     return json.loads(result.stdout)
 
 
-def mgit_json(root: Path, *args: str) -> Any:
-    code, out, err = run_cli(*args, "--json", cwd=root)
-    assert code == 0, f"mgit {' '.join(args)} failed ({code}): {err}"
-    return json.loads(out)
-
-
-def fsck_ok(root: Path) -> None:
-    r = run_mgit("fsck", "--json", cwd=root)
-    assert r.returncode == 0, f"fsck failed: {r.stdout} {r.stderr}"
-    assert json.loads(r.stdout)["problems"] == []
-
-
-def history(root: Path, name: str) -> list[dict[str, Any]]:
-    """`mgit log NAME --json`, checked to be one chain back to the model's first version."""
-    log = mgit_json(root, "log", name)
-    for newer, older in zip(log, log[1:], strict=False):
-        assert newer["predecessor"] == older["id"], f"{name}: history is not one chain"
-    assert log[-1]["predecessor"] is None
-    return log
-
-
 def check_out_all(root: Path, out: Path, expected: dict[str, dict[str, str]]) -> None:
     """Every version id in `expected` checks out to exactly that tree."""
     repo = Repo(root)
@@ -134,7 +113,7 @@ def test_many_models_and_one_shared_model_at_once(root: Path, tmp_path: Path) ->
     assert [v["seq"] for v in log] == [3, 2, 1]
     assert {v["id"] for v in log[:2]} == {r["version"] for r in results[4:]}, "a shared version was lost"
     check_out_all(root, tmp_path / "out", {**added, base: sha256_tree(base_src)})
-    fsck_ok(root)
+    fsck_ok(root, in_subprocess=True)
 
     expected_heads = {f"m{i}": results[i]["version"] for i in range(4)} | {"shared": log[0]["id"]}
     assert refs_on_disk(root) == expected_heads
@@ -162,7 +141,7 @@ def test_rounds_of_same_model_races_keep_one_chain(root: Path, tmp_path: Path) -
     assert [set(oldest_first[3 * r : 3 * r + 3]) for r in range(5)] == rounds
     assert refs_on_disk(root) == {"m": ids[0]}
     check_out_all(root, tmp_path / "out", expected)
-    fsck_ok(root)
+    fsck_ok(root, in_subprocess=True)
 
 
 def test_gc_during_adds_never_deletes_their_objects(root: Path, tmp_path: Path) -> None:
@@ -190,7 +169,7 @@ def test_gc_during_adds_never_deletes_their_objects(root: Path, tmp_path: Path) 
                 created[res["version"]] = sha256_tree(Path(cmd[1]))
         kept[results[3]["version"]] = created[results[3]["version"]]
         check_out_all(root, tmp_path / f"out{r}", {**created, **kept})
-        fsck_ok(root)
+        fsck_ok(root, in_subprocess=True)
     assert {v["id"] for v in history(root, "keep")} == set(kept)
     assert set(refs_on_disk(root)) == {"keep", "recycled", "fresh0", "fresh1", "fresh2"}
 
@@ -239,7 +218,7 @@ def test_threads_adding_to_one_repository(root: Path, tmp_path: Path, sharing: s
         assert mine == [f"t{t}k{k}" for k in range(per_thread)]
     assert [v["message"] for v in history(root, "solo")] == ["k2", "k1", "k0"]
     check_out_all(root, tmp_path / "out", expected)
-    fsck_ok(root)
+    fsck_ok(root, in_subprocess=True)
     shared_repo.catalog.close()
 
 

@@ -1,25 +1,23 @@
-"""Crash safety with real kills: `mgit add`, `gc` and `checkout` SIGKILLed at fixed points
-(MGIT_CRASH_AT) and at random times leave a repository that fsck accepts, that shows no half
-version, and that the next command simply continues from."""
+"""Crash safety with real kills: `mgit add`, `gc` and `checkout` SIGKILLed at named crash
+points (MGIT_CRASH_AT=<point> or <point>:<n>, mgit.util.faults) leave a repository that fsck
+accepts, that shows no half version, and that the next command simply continues from. Every
+kill lands where it is named, so each test asserts what that kill leaves."""
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import sqlite3
-import subprocess
-import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from conftest import MGIT, make_model, run_cli, run_mgit, sha256_tree
+from conftest import fsck_ok, history, make_model, mgit_json, run_mgit, sha256_tree
 from safetensors.numpy import save_file
 
 from mgit import Repo
+from mgit.store.local import LocalStore
 from mgit.util.atomicfile import TMP_PREFIX
 
 pytestmark = pytest.mark.slow
@@ -31,50 +29,8 @@ KILLED = -signal.SIGKILL
 # Only the commands that are killed run in subprocesses (and one `mgit fsck` per test, for its
 # exit code); the checks after them run the same CLI in-process, which starts much faster.
 
-def kill_after(p: subprocess.Popen[str], delay: float) -> int:
-    """SIGKILL `p` unless it finishes within `delay` seconds; its exit code (0 or KILLED)."""
-    try:
-        p.wait(timeout=delay)
-    except subprocess.TimeoutExpired:
-        p.send_signal(signal.SIGKILL)
-    _, err = p.communicate(timeout=60)
-    assert p.returncode in (0, KILLED), err
-    return p.returncode
-
-def mgit_json(root: Path, *args: str) -> Any:
-    """`mgit ARGS --json`, in-process; it must succeed."""
-    code, out, err = run_cli(*args, "--json", cwd=root)
-    assert code == 0, f"mgit {' '.join(args)} failed ({code}): {err}"
-    return json.loads(out)
-
-
-def fsck_ok(root: Path, *, in_subprocess: bool = False) -> dict[str, Any]:
-    """`mgit fsck --json` exits 0 with no problems (temporary leftovers are allowed)."""
-    if in_subprocess:
-        r = run_mgit("fsck", "--json", cwd=root)
-        code, out, err = r.returncode, r.stdout, r.stderr
-    else:
-        try:
-            code, out, err = run_cli("fsck", "--json", cwd=root)
-        except SystemExit as exc:  # fsck leaves through sys.exit(1) when it finds problems
-            pytest.fail(f"fsck found problems (exit {exc.code}): {Repo(root).fsck().problems}")
-    report = json.loads(out) if out else {}
-    assert code == 0 and report.get("ok") is True, f"fsck failed ({code}): {out} {err}"
-    assert report["problems"] == []
-    return report
-
-
 def heads(root: Path) -> dict[str, str]:
     return {m["name"]: m["head"] for m in mgit_json(root, "ls")}
-
-
-def history(root: Path, name: str) -> list[dict[str, Any]]:
-    """`mgit log NAME --json`, checked to be one chain ending at the model's first version."""
-    log = mgit_json(root, "log", name)
-    for newer, older in zip(log, log[1:], strict=False):
-        assert newer["predecessor"] == older["id"]
-    assert log[-1]["predecessor"] is None
-    return log
 
 
 def object_files(root: Path) -> list[Path]:
@@ -164,9 +120,9 @@ def test_add_killed_at_crash_point_leaves_no_half_version(tmp_path: Path, point:
     fsck_ok(root)
 
 
-# --- random-time kills ----------------------------------------------------------------------------
+# --- a large model's add killed at each point of its writes -------------------------------------
 TENSORS = 8
-SHAPE = (1300, 1000)  # 8 x 5.2 MB of float32 (each coded in two blocks): 42 MB
+SHAPE = (1300, 1000)  # 8 x 5.2 MB of float32, each coded in two blocks: 42 MB
 
 
 @pytest.fixture(scope="module")
@@ -184,81 +140,86 @@ def write_big_model(path: Path, base: list[np.ndarray], variant: int) -> dict[st
     return sha256_tree(path)
 
 
-def holds_lock(pid: int, lock: Path) -> bool:
-    """Whether process `pid` holds an flock on `lock`, read from /proc/locks (probing the lock
-    ourselves would get in the way of the process we watch)."""
-    try:
-        inode = lock.stat().st_ino
-    except FileNotFoundError:
-        return False
-    with open("/proc/locks") as fh:
-        for line in fh:  # "1: FLOCK  ADVISORY  READ 26987 fe:00:2541083 0 EOF"
-            f = line.split()
-            if len(f) >= 6 and f[1] == "FLOCK" and f[4] == str(pid) and int(f[5].rsplit(":", 1)[1]) == inode:
-                return True
-    return False
+def object_temporaries(root: Path) -> list[Path]:
+    return list((root / ".mgit" / "objects").glob(f"??/{TMP_PREFIX}*"))
 
 
-def test_add_killed_at_random_times(tmp_path: Path, big_base: list[np.ndarray]) -> None:
+def tensors_among(root: Path, files: set[Path]) -> int:
+    """How many of these complete object files hold tensors."""
+    store = LocalStore(root / ".mgit" / "objects")
+    return sum(store.header(p.parent.name + p.name).kind == "tensor" for p in files)
+
+
+def killed_add(root: Path, src: Path, message: str, point: str) -> set[Path]:
+    """`mgit add SRC --name big` SIGKILLed at `point`: the complete object files it left."""
+    before = set(object_files(root))
+    r = run_mgit("add", str(src), "--name", "big", "-m", message, cwd=root, env={"MGIT_CRASH_AT": point})
+    assert r.returncode == KILLED, f"expected a SIGKILL at {point}, got {r.returncode}: {r.stderr}"
+    return set(object_files(root)) - before
+
+
+# The model's first add (its tensors coded whole, each in two blocks) is killed in the first
+# block of the first tensor and among the blocks, then done; its next versions (deltas
+# against the last) are killed after three objects and with the ref moved but the catalog not
+# told. (test_add_killed_at_crash_point_leaves_no_half_version kills at every point of a small
+# model's add.)
+FIRST_ADD_KILLS = ["block-written:1", "block-written:9"]
+NEXT_ADD_KILLS = ["object-written:3", "after-ref"]
+
+
+def test_add_of_a_large_model_killed_at_each_point_of_its_writes(tmp_path: Path, big_base: list[np.ndarray]) -> None:
     root = tmp_path / "work"
     root.mkdir()
     mgit_json(root, "init", ".")
     src = tmp_path / "src"
-    writer_lock = root / ".mgit" / "locks" / "repo.lock"
-    expected: dict[str, dict[str, str]] = {}  # message -> tree of the source added with it
+    expected = {"v0": write_big_model(src, big_base, 0)}  # message -> tree of the source added with it
+    finished = 0  # tensors the killed adds wrote whole
+    for point in FIRST_ADD_KILLS:
+        temporaries_before = len(object_temporaries(root))
+        new_files = killed_add(root, src, "v0", point)
+        assert len(object_temporaries(root)) > temporaries_before, point  # the tensors being written
+        done = tensors_among(root, new_files)
+        # Nine blocks of two-block tensors: one tensor at least was whole (more, the fewer
+        # tensors the add was writing at once).
+        assert done == 0 if point == "block-written:1" else done >= 1, point
+        finished += done
+        assert heads(root) == {}, point
+    first = mgit_json(root, "add", str(src), "--name", "big", "-m", "v0")
+    assert first["tensors_new"] == TENSORS - finished  # what the killed adds finished is kept
 
-    def start_writing(message: str) -> tuple[subprocess.Popen[bytes], float]:
-        """Start `mgit add`; return once it holds the writer lock, under which it writes its
-        objects, manifest, version and ref (interpreter start-up and the scan come before)."""
-        p = subprocess.Popen([*MGIT, "add", str(src), "--name", "big", "-m", message, "--json"], cwd=root,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-        while not holds_lock(p.pid, writer_lock) and p.poll() is None:
-            time.sleep(0.001)
-        return p, time.monotonic()
-
-    # An uninterrupted add first, to time its writing phase.
-    expected["v0"] = write_big_model(src, big_base, 0)
-    p, started = start_writing("v0")
-    _, err = p.communicate(timeout=120)
-    assert p.returncode == 0, err
-    writing = time.monotonic() - started
-
-    # This seed kills five adds in the middle of their writes and one near the end (around
-    # the ref move); an add that outruns its delay just completes.
-    rng = random.Random(9)
-    outcomes = []
-    for attempt in range(1, 7):
-        message = f"v{attempt}"
-        expected[message] = write_big_model(src, big_base, attempt)
-        p, started = start_writing(message)
-        if kill_after(p, rng.uniform(0.0, 1.15) * writing) == 0:  # faster than measured (the machine's load changed): measure again
-            writing = time.monotonic() - started
-        outcomes.append(p.returncode)
-    assert outcomes.count(KILLED) >= 4, f"too few adds were interrupted ({outcomes}, writing takes {writing:.2f}s)"
+    for variant, point in enumerate(NEXT_ADD_KILLS, start=1):
+        message = f"v{variant}"
+        expected[message] = write_big_model(src, big_base, variant)
+        new_files = killed_add(root, src, message, point)
+        name, _, nth = point.partition(":")
+        if name == "object-written":
+            assert len(new_files) >= int(nth), point
+        else:  # every tensor written, and the version record
+            assert tensors_among(root, new_files) == TENSORS, point
+        if point == "after-ref":
+            log = history(root, "big")
+            assert [v["message"] for v in log] == [message, "v0"]
+            assert heads(root) == {"big": log[0]["id"]}
+        else:
+            assert heads(root) == {"big": first["version"]}, point
 
     report = fsck_ok(root, in_subprocess=True)
+    assert report["leftovers"] >= len(FIRST_ADD_KILLS)  # the tensors killed mid-write
     log = history(root, "big")
-    messages = [v["message"] for v in log]
-    assert len(set(messages)) == len(messages)
-    assert messages[-1] == "v0"
-    # Every add that exited 0 is listed; a killed one may be listed only if its ref had moved.
-    completed = {f"v{i + 1}" for i, rc in enumerate(outcomes) if rc == 0}
-    assert completed <= set(messages)
-    assert heads(root) == {"big": log[0]["id"]}
+    assert [v["message"] for v in log] == [f"v{len(NEXT_ADD_KILLS)}", "v0"]
     for v in log:
         out = tmp_path / f"out-{v['message']}"
         assert checkout_tree(root, v["id"], out) == expected[v["message"]], f"version {v['message']} differs"
 
     expected["final"] = write_big_model(src, big_base, 99)
     final = mgit_json(root, "add", str(src), "--name", "big", "-m", "final")
-    assert final["created"] is True and final["seq"] == len(log) + 1
+    assert final["created"] is True and final["seq"] == 3
     assert checkout_tree(root, "big", tmp_path / "out-final") == expected["final"]
 
     gc = mgit_json(root, "gc")
     assert gc["leftovers"] == report["leftovers"]
-    assert gc["removed"] or gc["leftovers"], f"no kill interrupted a write ({outcomes})"
-    leftovers = [p for p in (root / ".mgit" / "objects").rglob(f"{TMP_PREFIX}*")]
-    assert leftovers == []
+    assert gc["removed"]  # what the killed adds wrote, which no version uses
+    assert object_temporaries(root) == []
     after = fsck_ok(root)
     assert after["leftovers"] == 0
     assert after["objects_checked"] == gc["kept"] == len(object_files(root))
@@ -266,9 +227,13 @@ def test_add_killed_at_random_times(tmp_path: Path, big_base: list[np.ndarray]) 
 
 
 # --- gc killed mid-way --------------------------------------------------------------------------
+GARBAGE = 1500
+GC_KILLED_AFTER = 500  # deletions
+
+
 def kill_gc_midway(tmp_path: Path) -> tuple[Path, str, dict[str, str]]:
-    """A repository with a live model and ~1500 garbage objects known to the catalog, and a
-    `mgit gc` SIGKILLed after it deleted some garbage but not all. Skips if the kill misses."""
+    """A repository with a live model and GARBAGE garbage objects known to the catalog, and a
+    `mgit gc` SIGKILLed right after its GC_KILLED_AFTER-th deletion."""
     root = tmp_path / "work"
     src = make_model(tmp_path / "keep", seed=5)
     repo = Repo.init(root)
@@ -276,26 +241,17 @@ def kill_gc_midway(tmp_path: Path) -> tuple[Path, str, dict[str, str]]:
         keep = repo.add(src, name="keep").version
         live = set(repo.store.ids())
         repo.store.fsync = False  # only to build the garbage quickly
-        repo.add({f"t{i}": np.full(8, i, np.float32) for i in range(1500)}, name="junk")
+        repo.add({f"t{i}": np.full(8, i, np.float32) for i in range(GARBAGE)}, name="junk")
         repo.rm("junk")
     finally:
         repo.catalog.close()
-    for _ in range(3):
-        garbage = sorted({p.parent.name + p.name for p in object_files(root)} - live)
-        paths = [root / ".mgit" / "objects" / o[:2] / o[2:] for o in garbage]
-        p = subprocess.Popen([*MGIT, "gc"], cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        # gc deletes in id order: once the first garbage object is gone, it is mid-way.
-        while paths[0].exists() and p.poll() is None:
-            time.sleep(0.0005)
-        p.send_signal(signal.SIGKILL)
-        _, err = p.communicate(timeout=60)
-        assert p.returncode in (0, KILLED), err
-        left = sum(path.exists() for path in paths)
-        if p.returncode == KILLED and 0 < left < len(paths):
-            return root, keep, sha256_tree(src)
-        if left == 0:
-            break  # gc finished before the kill: nothing left to interrupt
-    pytest.skip("could not SIGKILL gc while it was deleting objects (it finished too fast)")
+    garbage = sorted({p.parent.name + p.name for p in object_files(root)} - live)
+    assert len(garbage) > GARBAGE  # the tensors, the manifest and the version
+    r = run_mgit("gc", cwd=root, env={"MGIT_CRASH_AT": f"gc-deleted:{GC_KILLED_AFTER}"})
+    assert r.returncode == KILLED, r.stderr
+    left = {p.parent.name + p.name for p in object_files(root)}
+    assert len(set(garbage) - left) == GC_KILLED_AFTER and live <= left
+    return root, keep, sha256_tree(src)
 
 
 def test_gc_killed_midway_leaves_repository_clean(tmp_path: Path) -> None:
@@ -304,7 +260,7 @@ def test_gc_killed_midway_leaves_repository_clean(tmp_path: Path) -> None:
     assert heads(root) == {"keep": keep}
     assert checkout_tree(root, "keep", tmp_path / "out") == tree
     gc = mgit_json(root, "gc")
-    assert gc["removed"], "the second gc had nothing left to remove"
+    assert len(gc["removed"]) > GARBAGE - GC_KILLED_AFTER  # what the killed gc had not deleted yet
     after = fsck_ok(root)
     assert after["objects_checked"] == gc["kept"] == len(object_files(root))
     assert checkout_tree(root, "keep", tmp_path / "out2") == tree
@@ -321,7 +277,7 @@ def test_gc_killed_midway_then_gc_leaves_du_exact(tmp_path: Path) -> None:
     assert (du["on_disk_bytes"], du["unreachable_bytes"]) == (on_disk, 0)
 
 
-# --- checkout killed at random times -------------------------------------------------------------
+# --- checkout killed while it writes a file ------------------------------------------------------
 def temporaries(folder: Path) -> list[str]:
     try:
         return [n for n in os.listdir(folder) if n.startswith(TMP_PREFIX)]
@@ -334,17 +290,14 @@ def final_files(folder: Path) -> dict[str, str]:
     return {k: v for k, v in sha256_tree(folder).items() if not Path(k).name.startswith(TMP_PREFIX)}
 
 
-def run_checkout_until_writing(root: Path, out: Path) -> tuple[subprocess.Popen[bytes], float]:
-    """Start `mgit checkout big -o OUT`; return once it has created its first temporary file."""
-    p = subprocess.Popen([*MGIT, "checkout", "big", "-o", str(out), "--json"], cwd=root,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-    while not temporaries(out) and p.poll() is None:
-        time.sleep(0.001)
-    return p, time.monotonic()
+# A checkout rebuilds config.json (one piece), then model.safetensors (its header, then its
+# tensors' blocks), each in a temporary file renamed when its digest checks out: killed after
+# config.json's piece (not renamed yet), the weights' header, their eighth piece, their last.
+CHECKOUT_KILLS = [1, 2, 9, 2 + 2 * TENSORS]
 
 
-def test_checkout_killed_at_random_times_leaves_no_partial_file(tmp_path: Path,
-                                                                big_base: list[np.ndarray]) -> None:  # fmt: skip
+def test_checkout_killed_while_writing_a_file_leaves_no_partial_file(tmp_path: Path,
+                                                                      big_base: list[np.ndarray]) -> None:  # fmt: skip
     root = tmp_path / "work"
     root.mkdir()
     mgit_json(root, "init", ".")
@@ -352,26 +305,15 @@ def test_checkout_killed_at_random_times_leaves_no_partial_file(tmp_path: Path,
     tree = write_big_model(src, big_base, 7)
     mgit_json(root, "add", str(src), "--name", "big")
 
-    # How long the writing phase lasts, from the first temporary file to the end.
-    p, started = run_checkout_until_writing(root, tmp_path / "measure")
-    _, err = p.communicate(timeout=120)
-    assert p.returncode == 0, err
-    writing = time.monotonic() - started
-    assert sha256_tree(tmp_path / "measure") == tree
-
-    rng = random.Random(7)
-    interrupted = []
-    for attempt in range(6):
-        out = tmp_path / f"out{attempt}"
-        p, started = run_checkout_until_writing(root, out)
-        if kill_after(p, rng.uniform(0.0, 0.9) * writing) == 0:  # faster than measured (the machine's load changed): measure again
-            writing = time.monotonic() - started
-        for name, digest in final_files(out).items():
-            assert tree.get(name) == digest, f"{name} has its final name but not its final content"
-        if p.returncode == KILLED and temporaries(out):
-            interrupted.append(out)
-    assert interrupted, "no checkout was killed while writing a file"
+    for n in CHECKOUT_KILLS:
+        out = tmp_path / f"out{n}"
+        r = run_mgit("checkout", "big", "-o", str(out), cwd=root, env={"MGIT_CRASH_AT": f"checkout-piece-written:{n}"})
+        assert r.returncode == KILLED, f"expected a SIGKILL after piece {n}, got {r.returncode}: {r.stderr}"
+        # The file being written is a temporary; only a file written before has its final name.
+        assert final_files(out) == ({} if n == 1 else {"config.json": tree["config.json"]}), n
+        assert len(temporaries(out)) == 1, n
 
     # A checkout into an interrupted folder completes it.
-    mgit_json(root, "checkout", "big", "-o", str(interrupted[0]), "--force")
-    assert final_files(interrupted[0]) == tree
+    interrupted = tmp_path / f"out{CHECKOUT_KILLS[-1]}"
+    mgit_json(root, "checkout", "big", "-o", str(interrupted), "--force")
+    assert final_files(interrupted) == tree

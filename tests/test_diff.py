@@ -38,7 +38,7 @@ def write_raw_safetensors(path: Path, entries: dict[str, tuple[str, tuple[int, .
 
 
 @pytest.fixture
-def family(tmp_path: Path) -> tuple[Path, Path, dict[str, np.ndarray], dict[str, np.ndarray]]:
+def derived_pair(tmp_path: Path) -> tuple[Path, Path, dict[str, np.ndarray], dict[str, np.ndarray]]:
     """A base folder and a derived one with one of each kind of difference."""
     base = tensors(1, layers=3)
     base["head.weight"] = np.random.default_rng(9).standard_normal((8, 16)).astype(np.float32)
@@ -56,8 +56,8 @@ def family(tmp_path: Path) -> tuple[Path, Path, dict[str, np.ndarray], dict[str,
 # --- classification and statistics -----------------------------------------------------------
 
 
-def test_every_kind_of_difference_is_classified(family) -> None:
-    base_dir, ft_dir, _, _ = family
+def test_every_kind_of_difference_is_classified(derived_pair) -> None:
+    base_dir, ft_dir, _, _ = derived_pair
     result = diff_paths(base_dir, ft_dir)
     status = {t.name: t.status for t in result.tensors}
     assert status == {
@@ -71,8 +71,8 @@ def test_every_kind_of_difference_is_classified(family) -> None:
     assert not result.identical
 
 
-def test_statistics_match_numpy(family) -> None:
-    base_dir, ft_dir, base, ft = family
+def test_statistics_match_numpy(derived_pair) -> None:
+    base_dir, ft_dir, base, ft = derived_pair
     result = by_name(diff_paths(base_dir, ft_dir))
     for name in ("layer.0.weight", "layer.1.weight", "position_ids", "head.weight"):
         a, b = base[name].astype(np.float64), ft[name].astype(np.float64)
@@ -260,8 +260,8 @@ def test_a_cast_differs_only_by_rounding(tmp_path: Path) -> None:
 # --- stored versions ---------------------------------------------------------------------------
 
 
-def test_refs_and_folders_give_the_same_answer(repo: Repo, family) -> None:
-    base_dir, ft_dir, _, _ = family
+def test_refs_and_folders_give_the_same_answer(repo: Repo, derived_pair) -> None:
+    base_dir, ft_dir, _, _ = derived_pair
     repo.add(base_dir, name="base")
     repo.add(ft_dir, name="ft", parent="base")
     stored = repo.diff("base", "ft")
@@ -274,8 +274,8 @@ def test_refs_and_folders_give_the_same_answer(repo: Repo, family) -> None:
         assert other.summary.counts == stored.summary.counts
 
 
-def test_identical_objects_are_never_compared_and_read_once_for_their_norm(repo: Repo, family) -> None:
-    base_dir, ft_dir, _, _ = family
+def test_identical_objects_are_never_compared_and_read_once_for_their_norm(repo: Repo, derived_pair) -> None:
+    base_dir, ft_dir, _, _ = derived_pair
     repo.add(base_dir, name="base")
     repo.add(ft_dir, name="ft", parent="base")
     identical = [t.name for t in repo.diff("base", "ft").tensors if t.status == "identical"]
@@ -289,8 +289,8 @@ def test_identical_objects_are_never_compared_and_read_once_for_their_norm(repo:
         repo.diff("base", "ft")
 
 
-def test_a_delta_base_is_decoded_once(repo: Repo, family) -> None:
-    base_dir, ft_dir, _, _ = family
+def test_a_delta_base_is_decoded_once(repo: Repo, derived_pair) -> None:
+    base_dir, ft_dir, _, _ = derived_pair
     repo.add(base_dir, name="base")
     repo.add(ft_dir, name="ft", parent="base")
     base_objects = {t.name: t.object for t in repo.manifest("base").tensors()}
@@ -307,8 +307,8 @@ def test_a_delta_base_is_decoded_once(repo: Repo, family) -> None:
     assert folder.decoded == compared + sum(t.status == "identical" for t in repo.diff("base", ft_dir).tensors)
 
 
-def test_corrupt_changed_tensor_is_a_one_line_error(repo: Repo, family) -> None:
-    base_dir, ft_dir, _, _ = family
+def test_corrupt_changed_tensor_is_a_one_line_error(repo: Repo, derived_pair) -> None:
+    base_dir, ft_dir, _, _ = derived_pair
     repo.add(base_dir, name="base")
     repo.add(ft_dir, name="ft", parent="base")
     oid = next(t.object for t in repo.manifest("ft").tensors() if t.name == "layer.1.weight")
@@ -320,8 +320,8 @@ def test_corrupt_changed_tensor_is_a_one_line_error(repo: Repo, family) -> None:
     assert err.count("\n") == 1
 
 
-def test_structural_mode_reads_no_data(repo: Repo, family) -> None:
-    base_dir, ft_dir, _, _ = family
+def test_structural_mode_reads_no_data(repo: Repo, derived_pair) -> None:
+    base_dir, ft_dir, _, _ = derived_pair
     repo.add(base_dir, name="base")
     repo.add(ft_dir, name="ft", parent="base")
     for oid in {t.object for t in repo.manifest("ft").tensors()} | {t.object for t in repo.manifest("base").tensors()}:
@@ -340,10 +340,10 @@ def test_structural_mode_reads_no_data(repo: Repo, family) -> None:
 # --- statuses --------------------------------------------------------------------------------
 
 
-def test_every_status_is_counted_and_named(tmp_path: Path, family) -> None:
+def test_every_status_is_counted_and_named(tmp_path: Path, derived_pair) -> None:
     # A full and a structural diff of the family give every status between them; each
     # tensor is counted once in the summary and in its group, and the CLI names each status.
-    base_dir, ft_dir, _, _ = family
+    base_dir, ft_dir, _, _ = derived_pair
     full, structural = diff_paths(base_dir, ft_dir), diff_paths(base_dir, ft_dir, structural=True)
     assert {t.status for t in full.tensors} | {t.status for t in structural.tensors} == set(STATUSES)
     for result in (full, structural):
@@ -418,16 +418,16 @@ def test_a_path_that_is_also_a_model_name_is_a_path_with_a_note(repo: Repo, tmp_
     assert data["summary"]["counts"]["changed"] == 3
 
 
-def test_cli_json_is_the_library_result(repo: Repo, family) -> None:
-    base_dir, ft_dir, _, _ = family
+def test_cli_json_is_the_library_result(repo: Repo, derived_pair) -> None:
+    base_dir, ft_dir, _, _ = derived_pair
     repo.add(base_dir, name="base")
     code, out, err = run_cli("-C", str(repo.root), "diff", "base", str(ft_dir), "--json")
     assert code == 0, err
     assert json.loads(out) == json.loads(json.dumps(repo.diff("base", ft_dir).to_json()))
 
 
-def test_cli_human_output(repo: Repo, family) -> None:
-    base_dir, ft_dir, _, _ = family
+def test_cli_human_output(repo: Repo, derived_pair) -> None:
+    base_dir, ft_dir, _, _ = derived_pair
     repo.add(base_dir, name="base")
     repo.add(ft_dir, name="ft", parent="base")
     code, out, err = run_cli("-C", str(repo.root), "diff", "base", "ft")
@@ -446,8 +446,8 @@ def test_cli_human_output(repo: Repo, family) -> None:
     assert code == 0 and "Layers: layer: 3 -> 4" in structural and "rel change" not in structural
 
 
-def test_two_folders_outside_a_repository(tmp_path: Path, family) -> None:
-    base_dir, ft_dir, _, _ = family
+def test_two_folders_outside_a_repository(tmp_path: Path, derived_pair) -> None:
+    base_dir, ft_dir, _, _ = derived_pair
     code, out, err = run_cli("diff", str(base_dir), str(ft_dir), "--json", cwd=tmp_path)
     assert code == 0, err
     assert json.loads(out)["summary"]["counts"]["changed"] == 3

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_model, run_cli, tensors
+from conftest import copy_user_code, make_model, run_cli, tensors
 
 from mgit import Repo, execution, sync
 from mgit.checks import Checks
@@ -18,24 +18,11 @@ from mgit.cluster import open_executor
 from mgit.errors import InvalidOptionError
 from mgit.execution import CheckJob, LocalExecutor, RecipeJob, register_derived_chains, resources_of
 
-RECIPES = """
-import pathlib, shutil
-
-def copy(parents, out_dir, note=""):
-    for f in pathlib.Path(parents[0]).iterdir():
-        if f.is_file():
-            shutil.copyfile(f, pathlib.Path(out_dir) / f.name)
-    (pathlib.Path(out_dir) / "note.txt").write_text(note)
-
-def count(folder):
-    return {"files": float(len(list(pathlib.Path(folder).iterdir())))}
-"""
-
 
 @pytest.fixture()
 def work(tmp_path: Path) -> Repo:
     repo = Repo.init(tmp_path / "work")
-    (repo.root / "recipes.py").write_text(RECIPES)
+    copy_user_code(repo.root, "execution")
     make_model(tmp_path / "base", seed=1)
     repo.add(tmp_path / "base", name="base")
     return repo

@@ -14,23 +14,20 @@ import hashlib
 import json
 import random
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, tensors
+from conftest import HOSTILE, run_cli, tensors
 
 from mgit import Repo
 from mgit.lineage.graph import LineageEdge, LineageGraph, ModelNode, VersionNode
 from mgit.web import graph_json, page_data, render_dot, render_html
 from mgit.web.layout import Box, layered_layout
 
-HOSTILE = '</script><script>window.pwned = 1</script><img src=x onerror="window.pwned = 2"> & "q"'
-
 
 @pytest.fixture
-def family(tmp_path: Path) -> Repo:
+def lineage_repo(tmp_path: Path) -> Repo:
     """base@1 -> ft-a (2 versions), ft-b (adapter); ft-a + ft-b -> merged; base@2 -> q8 (so the
     edges from base@1 are stale); old -> kid, then old removed. Messages and tags carry HTML."""
     repo = Repo.init(tmp_path)
@@ -89,11 +86,11 @@ def parse_dot(text: str) -> tuple[dict[str, str], list[tuple[str, str, str]]]:
     return nodes, edges
 
 
-def test_dot_has_every_node_and_edge(family: Repo) -> None:
-    code, text, err = run_cli("-C", str(family.root), "graph", "--format", "dot")
+def test_dot_has_every_node_and_edge(lineage_repo: Repo) -> None:
+    code, text, err = run_cli("-C", str(lineage_repo.root), "graph", "--format", "dot")
     assert code == 0, err
     nodes, edges = parse_dot(text)
-    lineage = family.lineage
+    lineage = lineage_repo.lineage
     assert set(nodes) == set(lineage.nodes) == {"base", "ft-a", "ft-b", "merged", "q8", "old", "kid"}
     assert {(p, c) for p, c, _ in edges} == {(e.parent, e.child) for e in lineage.subgraph().edges}
     attrs = {(p, c): a for p, c, a in edges}
@@ -111,17 +108,17 @@ def test_dot_quotes_names() -> None:
 
 
 # --- JSON ---------------------------------------------------------------------------------
-def test_json_is_the_subgraph_and_round_trips(family: Repo) -> None:
-    data = cli_graph(family)
-    expected = json.loads(json.dumps(family.lineage.subgraph().to_json()))
+def test_json_is_the_subgraph_and_round_trips(lineage_repo: Repo) -> None:
+    data = cli_graph(lineage_repo)
+    expected = json.loads(json.dumps(lineage_repo.lineage.subgraph().to_json()))
     assert {k: data[k] for k in ("nodes", "edges", "versions")} == expected
     rebuilt = LineageGraph([ModelNode(**n) for n in data["nodes"]], [LineageEdge(**e) for e in data["edges"]],
                            {m: [VersionNode(**v) for v in vs] for m, vs in data["versions"].items()})  # fmt: skip
-    assert rebuilt == family.lineage.subgraph()
+    assert rebuilt == lineage_repo.lineage.subgraph()
     # storage: every version, matching what `show` says of it
     assert set(data["storage"]) == {v["id"] for vs in data["versions"].values() for v in vs}
     for ref in ("base@1", "merged", "q8"):
-        shown = family.show(ref)
+        shown = lineage_repo.show(ref)
         assert data["storage"][shown.version.id] == {"stored_bytes": shown.version.stored_bytes,
                                                      "tensors": shown.tensor_storage}  # fmt: skip
 
@@ -131,8 +128,8 @@ def test_graph_json_is_to_json_plus_storage() -> None:
     assert json.loads(json.dumps(graph_json(graph))) == {**json.loads(json.dumps(graph.to_json())), "storage": {}}
 
 
-def test_json_to_a_file(family: Repo, tmp_path: Path) -> None:
-    code, out, _ = run_cli("-C", str(family.root), "graph", "--json", "-o", str(tmp_path / "g.json"))
+def test_json_to_a_file(lineage_repo: Repo, tmp_path: Path) -> None:
+    code, out, _ = run_cli("-C", str(lineage_repo.root), "graph", "--json", "-o", str(tmp_path / "g.json"))
     assert code == 0 and "g.json: 7 models, 6 edges" in out
     assert [n["name"] for n in json.loads((tmp_path / "g.json").read_text())["nodes"]][0] == "base"
 
@@ -142,18 +139,18 @@ def names(data: dict) -> set[str]:
     return {n["name"] for n in data["nodes"]}
 
 
-def test_selection_options(family: Repo) -> None:
-    assert names(cli_graph(family, "ft-*")) == {"ft-a", "ft-b"}
-    assert cli_graph(family, "ft-*")["edges"] == []  # edges to models outside are left out
-    assert names(cli_graph(family, "--tag", "task")) == {"ft-a", "ft-b"}
-    assert names(cli_graph(family, "--tag", "task=nli")) == {"ft-b"}
-    assert names(cli_graph(family, "--relation", "merge")) == {"merged"}
-    assert names(cli_graph(family, "--around", "ft-a", "--depth", "1")) == {"base", "ft-a", "merged"}
-    assert names(cli_graph(family, "--around", "ft-a@1")) == {"base", "ft-a", "merged"}
-    assert names(cli_graph(family, "--around", family.resolve("ft-a")[:12])) == {"base", "ft-a", "merged"}
-    assert names(cli_graph(family, "--around", "base")) == {"base", "ft-a", "ft-b", "merged", "q8"}
-    assert names(cli_graph(family, "--around", "kid")) == {"kid", "old"}
-    assert names(cli_graph(family, "m*", "--around", "base")) == {"merged"}
+def test_selection_options(lineage_repo: Repo) -> None:
+    assert names(cli_graph(lineage_repo, "ft-*")) == {"ft-a", "ft-b"}
+    assert cli_graph(lineage_repo, "ft-*")["edges"] == []  # edges to models outside are left out
+    assert names(cli_graph(lineage_repo, "--tag", "task")) == {"ft-a", "ft-b"}
+    assert names(cli_graph(lineage_repo, "--tag", "task=nli")) == {"ft-b"}
+    assert names(cli_graph(lineage_repo, "--relation", "merge")) == {"merged"}
+    assert names(cli_graph(lineage_repo, "--around", "ft-a", "--depth", "1")) == {"base", "ft-a", "merged"}
+    assert names(cli_graph(lineage_repo, "--around", "ft-a@1")) == {"base", "ft-a", "merged"}
+    assert names(cli_graph(lineage_repo, "--around", lineage_repo.resolve("ft-a")[:12])) == {"base", "ft-a", "merged"}
+    assert names(cli_graph(lineage_repo, "--around", "base")) == {"base", "ft-a", "ft-b", "merged", "q8"}
+    assert names(cli_graph(lineage_repo, "--around", "kid")) == {"kid", "old"}
+    assert names(cli_graph(lineage_repo, "m*", "--around", "base")) == {"merged"}
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -161,8 +158,8 @@ def test_selection_options(family: Repo) -> None:
     (["--tag", "task=none"], "no model matches --tag task=none"),
     (["--around", "nope"], "no model named 'nope'"),
 ])  # fmt: skip
-def test_selection_errors_are_one_line(family: Repo, args: list[str], message: str) -> None:
-    code, out, err = run_cli("-C", str(family.root), "graph", *args)
+def test_selection_errors_are_one_line(lineage_repo: Repo, args: list[str], message: str) -> None:
+    code, out, err = run_cli("-C", str(lineage_repo.root), "graph", *args)
     assert code == 1 and out == ""
     assert err.startswith(f"Error: {message}") and err.count("\n") == 1
 
@@ -175,14 +172,14 @@ def test_empty_repository_and_usage_errors(tmp_path: Path) -> None:
     assert code == 2 and "--depth needs --around" in err
 
 
-def test_html_default_file_and_stdout(family: Repo, tmp_path: Path) -> None:
+def test_html_default_file_and_stdout(lineage_repo: Repo, tmp_path: Path) -> None:
     work = tmp_path / "elsewhere"
     work.mkdir()
-    code, out, err = run_cli("-C", str(family.root), "graph", cwd=work)  # -C is git's: written in DIR
+    code, out, err = run_cli("-C", str(lineage_repo.root), "graph", cwd=work)  # -C is git's: written in DIR
     assert code == 0, err
-    assert out.strip() == f"{family.root / 'mgit-graph.html'}: 7 models, 6 edges" and list(work.iterdir()) == []
-    page = (family.root / "mgit-graph.html").read_text()
-    code, out, _ = run_cli("-C", str(family.root), "graph", "-o", "-")
+    assert out.strip() == f"{lineage_repo.root / 'mgit-graph.html'}: 7 models, 6 edges" and list(work.iterdir()) == []
+    page = (lineage_repo.root / "mgit-graph.html").read_text()
+    code, out, _ = run_cli("-C", str(lineage_repo.root), "graph", "-o", "-")
     assert code == 0 and out.startswith("<!DOCTYPE html>") and out == page
 
 
@@ -211,11 +208,10 @@ def test_page_escapes_user_text_and_allows_only_its_own_script() -> None:
     assert set(re.findall(r"\w+://[^\"' ]*", page)) == {"http://www.w3.org/2000/svg"}
 
 
-def test_page_of_a_thousand_models_is_quick() -> None:
+def test_page_of_a_thousand_models_holds_them_all() -> None:
+    # How fast it is made is measured by benchmarks/lineage_scale.py, not asserted here.
     graph = random_graph(1000, seed=3)
-    started = time.perf_counter()
     page = render_html(graph)
-    assert time.perf_counter() - started < 3  # about 0.2 s here; generous for a busy CI machine
     assert len(embedded(page)["nodes"]) == 1000
 
 
@@ -284,12 +280,12 @@ def transform(page: object) -> str:
     return page.get_attribute("#viewport", "transform")  # type: ignore[attr-defined]
 
 
-def test_page_in_chromium(family: Repo, tmp_path: Path, open_page: object) -> None:
-    code, _, err = run_cli("-C", str(family.root), "graph", "-o", str(tmp_path / "g.html"))
+def test_page_in_chromium(lineage_repo: Repo, tmp_path: Path, open_page: object) -> None:
+    code, _, err = run_cli("-C", str(lineage_repo.root), "graph", "-o", str(tmp_path / "g.html"))
     assert code == 0, err
     page = open_page(tmp_path / "g.html")  # type: ignore[operator]
     drawn = page.eval_on_selector_all(".node", "els => els.map(e => e.getAttribute('data-model'))")
-    assert sorted(drawn) == sorted(family.lineage.nodes)
+    assert sorted(drawn) == sorted(lineage_repo.lineage.nodes)
     assert page.locator(".edge").count() == 6 and page.locator(".edge[data-stale]").count() == 2
     assert page.locator('.node[data-model="old"][data-removed]').count() == 1
     assert page.locator("#panel").is_hidden()
@@ -298,7 +294,7 @@ def test_page_in_chromium(family: Repo, tmp_path: Path, open_page: object) -> No
     panel = page.locator("#panel")
     assert panel.is_visible()
     assert panel.locator("h2").inner_text() == "merged"
-    merged = family.lineage.versions("merged")
+    merged = lineage_repo.lineage.versions("merged")
     assert panel.locator("tr[data-version]").count() == len(merged)
     assert panel.locator(f'tr[data-version="{merged[0].id}"]').is_visible()
     parents = panel.locator('[data-list="parents"] li')
@@ -361,11 +357,8 @@ def test_hostile_names_in_chromium(tmp_path: Path, open_page: object) -> None:
 def test_a_thousand_models_in_chromium(tmp_path: Path, open_page: object) -> None:
     graph = random_graph(1000, seed=7)
     (tmp_path / "big.html").write_text(render_html(graph))
-    started = time.perf_counter()
     page = open_page(tmp_path / "big.html")  # type: ignore[operator]
-    assert page.locator(".node").count() == 1000
-    loaded = time.perf_counter() - started
-    assert loaded < 10  # about 1 s here
+    assert page.locator(".node").count() == 1000  # how fast: benchmarks/lineage_scale.py
     name = graph.nodes[500].name
     page.fill("#search", name)
     page.press("#search", "Enter")

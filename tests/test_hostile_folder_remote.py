@@ -9,20 +9,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import make_model, run_mgit, sha256_tree
+from conftest import make_model, one_line_error, run_mgit, sha256_tree
 
 from mgit import Repo, sync
 
 WAIT = 30  # seconds a CLI run may take here before it counts as hung (it takes about one)
 
 
-def one_line(result, *fragments: str) -> str:
-    assert result.returncode == 1 and result.stdout == "", (result.returncode, result.stdout, result.stderr)
-    err = result.stderr
-    assert err.startswith("Error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    for f in fragments:
-        assert f in err, (f, err)
-    return err
 
 
 def files_under(folder: Path) -> list[str]:
@@ -58,7 +51,7 @@ def test_a_push_never_writes_through_a_linked_folder(alice: Repo, remote: Path, 
     outside = tmp_path / "outside"
     link_away(remote, rel, outside)
 
-    one_line(run_mgit("push", str(remote), cwd=alice.root, timeout=WAIT), "is a link")
+    one_line_error(run_mgit("push", str(remote), cwd=alice.root, timeout=WAIT), "is a link")
 
     assert files_under(outside) == []
     assert not (remote / "refs" / "models" / "m").exists()
@@ -70,7 +63,7 @@ def test_a_push_into_a_planted_lock_link_writes_nothing_outside(alice: Repo, rem
     (remote / "locks" / "refs").mkdir(parents=True, exist_ok=True)
     (remote / "locks" / "refs" / "m.lock").symlink_to(outside / "planted")
 
-    one_line(run_mgit("push", str(remote), cwd=alice.root, timeout=WAIT), "locks/refs/m.lock", "is a link")
+    one_line_error(run_mgit("push", str(remote), cwd=alice.root, timeout=WAIT), "locks/refs/m.lock", "is a link")
 
     assert files_under(outside) == []
 
@@ -89,7 +82,7 @@ def test_a_clone_refuses_a_linked_object_file(alice: Repo, remote: Path, tmp_pat
     (remote / key).symlink_to(kept)
     shutil.rmtree(remote / "packs")  # records then come from objects/ one by one
 
-    one_line(run_mgit("clone", str(remote), str(tmp_path / "bob"), cwd=tmp_path, timeout=WAIT), key, "is a link")
+    one_line_error(run_mgit("clone", str(remote), str(tmp_path / "bob"), cwd=tmp_path, timeout=WAIT), key, "is a link")
 
     assert not (tmp_path / "bob").exists() or Repo(tmp_path / "bob").refs.all() == {}
 
@@ -101,7 +94,7 @@ def test_a_clone_refuses_a_linked_object_folder(alice: Repo, remote: Path, tmp_p
     shutil.move(folder, tmp_path / "kept")
     folder.symlink_to(tmp_path / "kept", target_is_directory=True)
 
-    one_line(run_mgit("clone", str(remote), str(tmp_path / "bob"), cwd=tmp_path, timeout=WAIT),
+    one_line_error(run_mgit("clone", str(remote), str(tmp_path / "bob"), cwd=tmp_path, timeout=WAIT),
              f"objects/{oid[:2]}", "is a link")  # fmt: skip
 
 
@@ -110,7 +103,7 @@ def test_a_clone_refuses_linked_refs(alice: Repo, remote: Path, tmp_path: Path) 
     shutil.move(remote / "refs" / "models", tmp_path / "kept")
     (remote / "refs" / "models").symlink_to(tmp_path / "kept", target_is_directory=True)
 
-    one_line(run_mgit("clone", str(remote), str(tmp_path / "bob"), cwd=tmp_path, timeout=WAIT),
+    one_line_error(run_mgit("clone", str(remote), str(tmp_path / "bob"), cwd=tmp_path, timeout=WAIT),
              "refs/models", "is a link")  # fmt: skip
 
 
@@ -124,14 +117,14 @@ def test_a_fifo_in_the_remote_is_refused_not_waited_on(alice: Repo, remote: Path
     path.unlink(missing_ok=True)
     os.mkfifo(path)  # nobody ever writes to it: a reader that opens it waits forever
 
-    one_line(run_mgit("clone", str(remote), str(tmp_path / "bob"), cwd=tmp_path, timeout=WAIT), key, "FIFO")
+    one_line_error(run_mgit("clone", str(remote), str(tmp_path / "bob"), cwd=tmp_path, timeout=WAIT), key, "FIFO")
 
 
 def test_a_fifo_ref_is_refused_by_a_push_too(alice: Repo, remote: Path, tmp_path: Path) -> None:
     (remote / "refs" / "models").mkdir(parents=True, exist_ok=True)
     os.mkfifo(remote / "refs" / "models" / "m")
 
-    one_line(run_mgit("push", str(remote), cwd=alice.root, timeout=WAIT), "refs/models/m", "FIFO")
+    one_line_error(run_mgit("push", str(remote), cwd=alice.root, timeout=WAIT), "refs/models/m", "FIFO")
 
 
 def test_a_clean_remote_still_round_trips(alice: Repo, remote: Path, tmp_path: Path) -> None:

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from conftest import make_model, run_cli
-from safetensors.torch import save_file
 
-from mgit import InputError, MgitError, Repo
-from mgit.lineage.sketch import QUANTIZED, SCALE, Sketch, element_values, round_to
+torch = pytest.importorskip("torch", reason="needs torch (pip install 'mgit-models[torch]')")
+from safetensors.torch import save_file  # noqa: E402
+
+from mgit import InputError, MgitError, Repo  # noqa: E402
+from mgit.lineage.sketch import QUANTIZED, SCALE, Sketch, element_values, round_to  # noqa: E402
 
 VOCAB, WIDTH, LAYERS, CLASSES = 120, 32, 4, 4
 State = dict[str, torch.Tensor]
@@ -123,16 +124,17 @@ Family = dict[str, tuple[State, tuple[str, ...], str | None]]
 
 
 @pytest.fixture(scope="module")
-def family() -> Family:
+def trained() -> Family:
+    """The torch family, trained once per module: each name's state, true parents, relation."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: threads only contend (seconds instead of milliseconds)
     try:
-        return build_family()
+        return train_family()
     finally:
         torch.set_num_threads(threads)
 
 
-def build_family() -> Family:
+def train_family() -> Family:
     base = init(0)
     ft_a, ft_b = train(base, task=1, steps=15, seed=1), train(base, task=2, steps=15, seed=2)
     other = init(99)
@@ -154,9 +156,9 @@ def build_family() -> Family:
 
 
 @pytest.fixture(scope="module")
-def everything(family: Family, tmp_path_factory: pytest.TempPathFactory) -> Repo:
+def everything(trained: Family, tmp_path_factory: pytest.TempPathFactory) -> Repo:
     repo = Repo.init(tmp_path_factory.mktemp("family"))
-    for name, (state, parents, relation) in family.items():
+    for name, (state, parents, relation) in trained.items():
         repo.add(state, name=name, parent=list(parents) or None, relation=relation)
     return repo
 
@@ -165,8 +167,8 @@ DERIVED = ["ft-a", "ft-b", "ft-a-int8", "ft-a-pruned", "ft-a-bf16", "base-adapte
 
 
 @pytest.mark.parametrize("name", DERIVED)
-def test_each_derived_model_gets_its_parent_and_relation_first(family: Family, everything: Repo, name: str) -> None:
-    state, parents, relation = family[name]
+def test_each_derived_model_gets_its_parent_and_relation_first(trained: Family, everything: Repo, name: str) -> None:
+    state, parents, relation = trained[name]
     result = everything.suggest_parents(state, exclude={name})  # leave one out: everything else is stored
     best = result.candidates[0]
     assert best.model in parents and best.relation == relation, [(c.ref, c.relation, c.score) for c in result.candidates]
@@ -176,25 +178,26 @@ def test_each_derived_model_gets_its_parent_and_relation_first(family: Family, e
         assert best.merge_with is not None and everything.model_of(best.merge_with) in parents
     # Showing one candidate does not change the choice (a merge's partner may rank below it).
     assert everything.suggest_parents(state, exclude={name}, limit=1).parents == result.parents
-    unrelated = {"wide"} | ({"other", "other-ft"} if name != "other-ft" else {n for n in family if n not in ("other", "wide")})
+    unrelated = {"wide"} | ({"other", "other-ft"} if name != "other-ft"
+                            else {n for n in trained if n not in ("other", "wide")})  # fmt: skip
     assert all(c.score < 0.1 for c in result.candidates if c.model in unrelated)
 
 
-def test_the_evidence_says_why(family: Family, everything: Repo) -> None:
-    result = everything.suggest_parents(family["ft-a-int8"][0], exclude={"ft-a-int8"})
+def test_the_evidence_says_why(trained: Family, everything: Repo) -> None:
+    result = everything.suggest_parents(trained["ft-a-int8"][0], exclude={"ft-a-int8"})
     best = result.candidates[0]
     assert best.model == "ft-a" and best.exact == 1.0  # re-quantizing the parent gives every sample exactly
     assert best.structure == 1.0 and 0 < best.identical < 1  # biases and norms are shared bit for bit
-    pruned = everything.suggest_parents(family["ft-a-pruned"][0], exclude={"ft-a-pruned"}).candidates[0]
+    pruned = everything.suggest_parents(trained["ft-a-pruned"][0], exclude={"ft-a-pruned"}).candidates[0]
     assert pruned.distance == 0.0 and any("more exact zeros" in r for r in pruned.reasons)
-    adapter = everything.suggest_parents(family["base-adapter"][0], exclude={"base-adapter"}).candidates[0]
+    adapter = everything.suggest_parents(trained["base-adapter"][0], exclude={"base-adapter"}).candidates[0]
     assert adapter.identical > 0.7 and adapter.structure < 1
 
 
-def test_a_child_in_the_repository_is_not_taken_for_the_parent(family: Family, everything: Repo) -> None:
+def test_a_child_in_the_repository_is_not_taken_for_the_parent(trained: Family, everything: Repo) -> None:
     """ft-a's int8, pruned and bf16 copies and its merge with ft-b are all closer to it than
     base is; each is recognised as derived from ft-a."""
-    result = everything.suggest_parents(family["ft-a"][0], exclude={"ft-a"}, limit=8)
+    result = everything.suggest_parents(trained["ft-a"][0], exclude={"ft-a"}, limit=8)
     by_model = {c.model: c for c in result.candidates}
     assert result.candidates[0].model == "base"
     for child in ("ft-a-int8", "ft-a-pruned", "ft-a-bf16", "merge-ab"):
@@ -202,7 +205,7 @@ def test_a_child_in_the_repository_is_not_taken_for_the_parent(family: Family, e
             assert by_model[child].direction == "query -> candidate", by_model[child]
 
 
-def test_an_unrelated_model_has_no_confident_parent(family: Family, everything: Repo) -> None:
+def test_an_unrelated_model_has_no_confident_parent(trained: Family, everything: Repo) -> None:
     fresh = init(1234)
     result = everything.suggest_parents(fresh)
     assert not result.parents and "confidence" in result.verdict
@@ -211,59 +214,59 @@ def test_an_unrelated_model_has_no_confident_parent(family: Family, everything: 
     assert not other_arch.parents
 
 
-def test_auto_parent_takes_a_confident_parent(family: Family, tmp_path: Path) -> None:
+def test_auto_parent_takes_a_confident_parent(trained: Family, tmp_path: Path) -> None:
     repo = Repo.init(tmp_path)
     for name in ("base", "ft-a", "other", "wide"):
-        state, parents, relation = family[name]
+        state, parents, relation = trained[name]
         repo.add(state, name=name, parent=list(parents) or None, relation=relation)
-    added = repo.add(family["ft-a-int8"][0], name="int8", auto_parent=True)
+    added = repo.add(trained["ft-a-int8"][0], name="int8", auto_parent=True)
     assert [(p.model, p.relation) for p in added.parents] == [("ft-a", "quantize")]
     assert added.auto_parent is not None and added.auto_parent.parents == [repo.resolve("ft-a")]
     assert any(n.startswith("auto-parent: chose ft-a@1 (quantize)") for n in added.notes)
     # a relation given by the user wins over the guessed one
-    merged = repo.add(family["ft-a-pruned"][0], name="pruned", auto_parent=True, relation="other")
+    merged = repo.add(trained["ft-a-pruned"][0], name="pruned", auto_parent=True, relation="other")
     assert [(p.model, p.relation) for p in merged.parents] == [("ft-a", "other")]
 
 
-def test_auto_parent_refuses_below_the_threshold(family: Family, tmp_path: Path) -> None:
+def test_auto_parent_refuses_below_the_threshold(trained: Family, tmp_path: Path) -> None:
     repo = Repo.init(tmp_path)
     for name in ("base", "ft-a"):
-        repo.add(family[name][0], name=name, parent=list(family[name][1]) or None)
-    added = repo.add(family["other"][0], name="other", auto_parent=True)
+        repo.add(trained[name][0], name=name, parent=list(trained[name][1]) or None)
+    added = repo.add(trained["other"][0], name="other", auto_parent=True)
     assert added.parents == [] and added.auto_parent is not None and added.auto_parent.parents == []
     assert any(n.startswith("auto-parent: no parent:") for n in added.notes)
     # versions of the model itself are its history, not candidate parents
-    again = repo.add(family["other-ft"][0], name="other", auto_parent=True)
+    again = repo.add(trained["other-ft"][0], name="other", auto_parent=True)
     assert again.parents == [] and again.seq == 2
 
 
-def test_auto_parent_with_a_given_parent_is_refused(family: Family, repo: Repo) -> None:
-    repo.add(family["base"][0], name="base")
+def test_auto_parent_with_a_given_parent_is_refused(trained: Family, repo: Repo) -> None:
+    repo.add(trained["base"][0], name="base")
     with pytest.raises(MgitError, match="cannot be combined"):
-        repo.add(family["ft-a"][0], name="ft", parent="base", auto_parent=True)
+        repo.add(trained["ft-a"][0], name="ft", parent="base", auto_parent=True)
 
 
-def test_sketches_survive_a_catalog_rebuild(family: Family, repo: Repo) -> None:
+def test_sketches_survive_a_catalog_rebuild(trained: Family, repo: Repo) -> None:
     for name in ("base", "ft-a", "ft-a-int8", "other"):
-        state, parents, relation = family[name]
+        state, parents, relation = trained[name]
         repo.add(state, name=name, parent=list(parents) or None, relation=relation)
     before = {v: blob for v, _, _, blob in repo.catalog.sketches()[0]}
     assert len(before) == 4
-    first = repo.suggest_parents(family["ft-a-pruned"][0])
+    first = repo.suggest_parents(trained["ft-a-pruned"][0])
     repo.rebuild_catalog()
     assert repo.catalog.sketches() == ([], sorted(before, key=lambda v: list(before).index(v)))
-    second = repo.suggest_parents(family["ft-a-pruned"][0])  # computed again from the stored tensors
+    second = repo.suggest_parents(trained["ft-a-pruned"][0])  # computed again from the stored tensors
     assert [(c.ref, c.score, c.relation) for c in second.candidates] == [(c.ref, c.score, c.relation) for c in first.candidates]
     after = {v: blob for v, _, _, blob in repo.catalog.sketches()[0]}
     assert after == before  # the sketch made from the source at add time is the one made from the store
 
 
-def test_a_damaged_sketch_is_made_again(family: Family, repo: Repo) -> None:
-    repo.add(family["base"][0], name="base")
+def test_a_damaged_sketch_is_made_again(trained: Family, repo: Repo) -> None:
+    repo.add(trained["base"][0], name="base")
     vid = repo.resolve("base")
     good = repo.catalog.sketches()[0][0][3]
     repo.catalog.put_sketch(vid, good[:100])
-    assert repo.suggest_parents(family["ft-a"][0]).candidates[0].model == "base"
+    assert repo.suggest_parents(trained["ft-a"][0]).candidates[0].model == "base"
     assert repo.catalog.sketches()[0][0][3] == good
 
 
@@ -279,10 +282,10 @@ def test_bad_input_is_one_line(repo: Repo, tmp_path: Path) -> None:
         assert code == 1 and out == "" and err.startswith("Error: ") and err.count("\n") == 1, err
 
 
-def test_cli_suggest_and_add_auto_parent(family: Family, repo: Repo, tmp_path: Path) -> None:
-    repo.add(family["ft-a"][0], name="ft-a")
-    repo.add(family["other"][0], name="other")
-    save_file({k: v.contiguous() for k, v in quantize(family["ft-a"][0]).items()}, str(tmp_path / "int8.safetensors"))
+def test_cli_suggest_and_add_auto_parent(trained: Family, repo: Repo, tmp_path: Path) -> None:
+    repo.add(trained["ft-a"][0], name="ft-a")
+    repo.add(trained["other"][0], name="other")
+    save_file({k: v.contiguous() for k, v in quantize(trained["ft-a"][0]).items()}, str(tmp_path / "int8.safetensors"))
     code, out, err = run_cli("lineage", "suggest", str(tmp_path / "int8.safetensors"), cwd=repo.root)
     assert code == 0, err
     assert "ft-a@1" in out and "quantize" in out and "Most likely parent: ft-a@1 (quantize)" in out
@@ -309,18 +312,18 @@ def test_decoding_and_rounding_match_torch() -> None:
             assert np.array_equal(round_to(x.numpy(), name), narrow.float().numpy()), name
 
 
-def test_a_quantized_tensor_is_sketched_dequantized_with_its_scale(family: Family, repo: Repo) -> None:
-    repo.add(family["ft-a-int8"][0], name="q")
+def test_a_quantized_tensor_is_sketched_dequantized_with_its_scale(trained: Family, repo: Repo) -> None:
+    repo.add(trained["ft-a-int8"][0], name="q")
     sketch = Sketch.from_bytes(repo.catalog.sketches()[0][0][3])
     i = sketch.index["layers.0.fc1.weight"]
     assert sketch.roles[i] == QUANTIZED and sketch.roles[sketch.index["layers.0.fc1.weight_scale"]] == SCALE
-    dense = family["ft-a"][0]["layers.0.fc1.weight"].numpy().reshape(-1)
+    dense = trained["ft-a"][0]["layers.0.fc1.weight"].numpy().reshape(-1)
     from mgit.lineage.sketch import pattern, positions
 
     pos = positions(pattern("layers.0.fc1.weight"), (2 * WIDTH, WIDTH))
     assert np.allclose(sketch.values[i], dense[pos], atol=float(np.abs(dense).max()) / 127)
-    assert math.isclose(float(sketch.zeros[i]), float(np.mean(family["ft-a-int8"][0]["layers.0.fc1.weight"].numpy() == 0)),
-                        abs_tol=1e-6)  # fmt: skip
+    zeros = float(np.mean(trained["ft-a-int8"][0]["layers.0.fc1.weight"].numpy() == 0))
+    assert math.isclose(float(sketch.zeros[i]), zeros, abs_tol=1e-6)
 
 
 def test_sketching_an_added_model_releases_each_tensor_it_sampled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,6 +25,15 @@ def test_the_user_code_child_imports_neither_the_library_nor_numpy() -> None:
     assert json.loads(done.stdout) == ["mgit", "mgit.errors", "mgit.reports", "mgit.usercode"]
 
 
+def test_the_package_runs_without_pytest_and_only_its_test_kit_needs_it() -> None:
+    probe = ("import json, sys, mgit, mgit.repo, mgit.cli.main, mgit.store.lazy, mgit.store.overlay, mgit.store.remote\n"
+             "before = sorted(m for m in sys.modules if m.split('.')[0] == 'pytest' or m.startswith('mgit.testing'))\n"
+             "import mgit.testing.store\n"
+             "print(json.dumps([before, 'pytest' in sys.modules]))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(done.stdout) == [[], True]
+
+
 def test_the_package_still_offers_its_names_lazily() -> None:
     import mgit
 

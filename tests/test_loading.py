@@ -35,7 +35,7 @@ def fine_tune(src: Path, out: Path, seed: int, names: tuple[str, ...]) -> dict[s
 
 
 @pytest.fixture(scope="module")
-def family(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, np.ndarray]]]:
+def minilm_family(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, np.ndarray]]]:
     """minilm-base, minilm-ft (layer 5's output changed) and minilm-ft2 (layer 0's query)."""
     root = tmp_path_factory.mktemp("loading")
     src = Path(minilm.get_model_path())
@@ -49,8 +49,8 @@ def family(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, di
     return root, states
 
 
-def test_load_gives_every_tensor_bit_exact_in_torch_and_numpy(family) -> None:
-    root, states = family
+def test_load_gives_every_tensor_bit_exact_in_torch_and_numpy(minilm_family) -> None:
+    root, states = minilm_family
     for name, state in states.items():
         loaded = mgit.load(name, repo=root)
         assert set(loaded) == set(state)
@@ -62,8 +62,8 @@ def test_load_gives_every_tensor_bit_exact_in_torch_and_numpy(family) -> None:
         assert mgit.load(name, repo=root, framework="numpy")[CHANGED[0]].tobytes() == state[CHANGED[0]].tobytes()
 
 
-def test_load_converts_floating_tensors_only(family) -> None:
-    root, states = family
+def test_load_converts_floating_tensors_only(minilm_family) -> None:
+    root, states = minilm_family
     half = mgit.load("minilm-ft", repo=root, dtype="bfloat16", device="cpu")
     assert half[CHANGED[0]].dtype == torch.bfloat16
     assert torch.equal(half[CHANGED[0]], torch.from_numpy(states["minilm-ft"][CHANGED[0]]).to(torch.bfloat16))
@@ -72,8 +72,8 @@ def test_load_converts_floating_tensors_only(family) -> None:
     assert arrays[CHANGED[1]].dtype == np.float16 and arrays["embeddings.position_ids"].dtype == np.int64
 
 
-def test_load_many_shares_what_the_models_share(family) -> None:
-    root, states = family
+def test_load_many_shares_what_the_models_share(minilm_family) -> None:
+    root, states = minilm_family
     refs = ["minilm-base", "minilm-ft", "minilm-ft2"]
     loaded = mgit.load_many(refs, repo=root)
     repo = Repo(root)
@@ -95,8 +95,8 @@ def test_load_many_shares_what_the_models_share(family) -> None:
         shared[0, 0] = 0.0
 
 
-def test_load_pretrained_builds_models_and_tokenizers_without_files(family, tmp_path, monkeypatch) -> None:
-    root, states = family
+def test_load_pretrained_builds_models_and_tokenizers_without_files(minilm_family, tmp_path, monkeypatch) -> None:
+    root, states = minilm_family
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setenv("TMPDIR", str(scratch))
@@ -122,8 +122,8 @@ def test_load_pretrained_builds_models_and_tokenizers_without_files(family, tmp_
     assert head.bert.encoder.layer[5].output.dense.weight.dtype == torch.bfloat16
 
 
-def test_load_errors_are_one_line_with_a_hint(family, tmp_path) -> None:
-    root, _ = family
+def test_load_errors_are_one_line_with_a_hint(minilm_family, tmp_path) -> None:
+    root, _ = minilm_family
     with pytest.raises(mgit.UnknownRefError, match="no model named 'nope'"):
         mgit.load("nope", repo=root)
     with pytest.raises(mgit.MgitError, match="unknown framework 'jax'"):
@@ -142,8 +142,8 @@ def test_load_errors_are_one_line_with_a_hint(family, tmp_path) -> None:
         mgit.load_pretrained("minilm-ft", transformers.AutoModelForSpeechSeq2Seq, repo=root)
 
 
-def test_the_readme_loading_example_runs_as_written(family, monkeypatch) -> None:
-    root, states = family
+def test_the_readme_loading_example_runs_as_written(minilm_family, monkeypatch) -> None:
+    root, states = minilm_family
     text = README.read_text()
     block = text.split("<!-- loading-example -->", 1)[1].split("<!-- /loading-example -->", 1)[0]
     code = re.search(r"```python\n(.*?)```", block, re.S)

@@ -104,7 +104,8 @@ def test_nan_inf_and_integer_tensors_stay_exact() -> None:
 
 
 @pytest.fixture
-def family(repo: Repo, tmp_path: Path) -> tuple[Repo, Path]:
+def base_and_tuned(repo: Repo, tmp_path: Path) -> tuple[Repo, Path]:
+    """The repository with `base` added, and the folder holding base/ and tuned/ (a fine-tune)."""
     parent = state()
     make_model(tmp_path / "base", state=parent)
     make_model(tmp_path / "tuned", state=finetune(parent, 1e-2))
@@ -112,8 +113,8 @@ def family(repo: Repo, tmp_path: Path) -> tuple[Repo, Path]:
     return repo, tmp_path
 
 
-def test_lossy_finetune_is_smaller_bounded_and_marked(family: tuple[Repo, Path]) -> None:
-    repo, tmp = family
+def test_lossy_finetune_is_smaller_bounded_and_marked(base_and_tuned: tuple[Repo, Path]) -> None:
+    repo, tmp = base_and_tuned
     lossy = repo.add(tmp / "tuned", name="tuned", parent="base", lossy=1e-3)
     lossless = repo.add(tmp / "tuned", name="exact", parent="base")
     assert lossless.lossy is None and lossy.lossless_reason is None
@@ -132,8 +133,8 @@ def test_lossy_finetune_is_smaller_bounded_and_marked(family: tuple[Repo, Path])
     assert np.array_equal(restored["position_ids"], original["position_ids"])
 
 
-def test_checkouts_are_the_stored_reconstruction_every_time(family: tuple[Repo, Path]) -> None:
-    repo, tmp = family
+def test_checkouts_are_the_stored_reconstruction_every_time(base_and_tuned: tuple[Repo, Path]) -> None:
+    repo, tmp = base_and_tuned
     first = repo.add(tmp / "tuned", name="tuned", parent="base", lossy=1e-3)
     repo.checkout("tuned", tmp / "out1")
     repo.checkout("tuned", tmp / "out2")
@@ -146,8 +147,8 @@ def test_checkouts_are_the_stored_reconstruction_every_time(family: tuple[Repo, 
     assert repo.fsck().ok
 
 
-def test_lossless_stays_the_default(family: tuple[Repo, Path]) -> None:
-    repo, tmp = family
+def test_lossless_stays_the_default(base_and_tuned: tuple[Repo, Path]) -> None:
+    repo, tmp = base_and_tuned
     result = repo.add(tmp / "tuned", name="tuned", parent="base")
     assert result.lossy is None and result.lossless_reason is None
     repo.checkout("tuned", tmp / "out")
@@ -237,8 +238,8 @@ def gate_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_gate_accepts_within_max_drop_and_refuses_beyond(family: tuple[Repo, Path], gate_file: Path) -> None:
-    repo, tmp = family
+def test_gate_accepts_within_max_drop_and_refuses_beyond(base_and_tuned: tuple[Repo, Path], gate_file: Path) -> None:
+    repo, tmp = base_and_tuned
     # 64 x 64 elements, each within 1e-3: the sum moves by at most 4.096.
     ok = repo.add(tmp / "tuned", name="a", parent="base", lossy=1e-3, gate=f"{gate_file}:accuracy", max_drop=4.1)
     assert ok.lossy is not None and ok.lossless_reason is None and ok.gate is not None
@@ -260,8 +261,9 @@ def test_gate_by_module_name_on_a_state_dict(repo: Repo, tmp_path: Path, gate_fi
     assert result.gate is not None and result.gate["original"]["acc"] == 1.0
 
 
-def test_refused_lossy_objects_are_never_visible_and_gc_frees_them(family: tuple[Repo, Path], gate_file: Path) -> None:
-    repo, tmp = family
+def test_refused_lossy_objects_are_never_visible_and_gc_frees_them(base_and_tuned: tuple[Repo, Path],
+                                                                    gate_file: Path) -> None:  # fmt: skip
+    repo, tmp = base_and_tuned
     result = repo.add(tmp / "tuned", name="b", parent="base", lossy=1e-3, gate=f"{gate_file}:loss_up")
     assert result.lossy is None
     assert all(not v.lossy for v in repo.log("b")) and repo.fsck().ok
@@ -270,8 +272,8 @@ def test_refused_lossy_objects_are_never_visible_and_gc_frees_them(family: tuple
     assert sha256_tree(tmp / "out") == sha256_tree(tmp / "tuned")
 
 
-def test_a_metric_that_must_not_rise(family: tuple[Repo, Path], gate_file: Path) -> None:
-    repo, tmp = family
+def test_a_metric_that_must_not_rise(base_and_tuned: tuple[Repo, Path], gate_file: Path) -> None:
+    repo, tmp = base_and_tuned
     result = repo.add(tmp / "tuned", name="b", parent="base", lossy=1e-3, gate=f"{gate_file}:loss_up", max_drop=0.5)
     assert result.lossy is None and "val_loss rose" in (result.lossless_reason or "")
 
@@ -288,8 +290,9 @@ def test_a_gate_without_a_lossy_bound_is_refused_before_anything_is_written(fami
 
 
 @pytest.mark.parametrize("function", ["crash", "hang"])
-def test_a_crashing_or_hanging_gate_means_lossless(family: tuple[Repo, Path], gate_file: Path, function: str) -> None:
-    repo, tmp = family
+def test_a_crashing_or_hanging_gate_means_lossless(base_and_tuned: tuple[Repo, Path], gate_file: Path,
+                                                    function: str) -> None:  # fmt: skip
+    repo, tmp = base_and_tuned
     result = repo.add(tmp / "tuned", name="c", parent="base", lossy=1e-3, gate=f"{gate_file}:{function}",
                       gate_timeout=3)  # fmt: skip
     assert result.lossy is None
@@ -308,8 +311,8 @@ def test_metric_directions() -> None:
 # --- the CLI marks it everywhere ------------------------------------------------------------------
 
 
-def test_cli_marks_a_lossy_version(family: tuple[Repo, Path]) -> None:
-    repo, tmp = family
+def test_cli_marks_a_lossy_version(base_and_tuned: tuple[Repo, Path]) -> None:
+    repo, tmp = base_and_tuned
     cwd = repo.root
     code, out, err = run_cli("add", str(tmp / "tuned"), "--name", "tuned", "--parent", "base", "--lossy", "1e-3",
                              cwd=cwd)  # fmt: skip
@@ -333,8 +336,8 @@ def test_cli_marks_a_lossy_version(family: tuple[Repo, Path]) -> None:
     assert code == 0 and "lossy" not in err
 
 
-def test_cli_says_why_it_stored_losslessly(family: tuple[Repo, Path]) -> None:
-    repo, tmp = family
+def test_cli_says_why_it_stored_losslessly(base_and_tuned: tuple[Repo, Path]) -> None:
+    repo, tmp = base_and_tuned
     code, out, err = run_cli("add", str(tmp / "base"), "--name", "copy", "--lossy", "1e-3", cwd=repo.root)
     assert code == 0 and "stored losslessly" in err and "[lossy]" not in out
     code, _, err = run_cli("add", str(tmp / "tuned"), "--name", "x", "--gate", "m:f", cwd=repo.root)

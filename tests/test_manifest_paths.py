@@ -16,7 +16,7 @@ from pathlib import Path
 
 import blake3
 import pytest
-from conftest import make_model, run_cli
+from conftest import make_model, one_line_error, run_cli
 
 from mgit import Repo, sync
 from mgit.errors import MgitError
@@ -78,13 +78,6 @@ def stored(repo_dir: Path) -> dict[str, list[str]]:
             for sub in ("objects", "refs/models")}  # fmt: skip
 
 
-def one_line_error(result: tuple[int, str, str], *fragments: str) -> str:
-    code, out, err = result
-    assert code == 1 and out == "", (code, out, err)
-    assert err.startswith("Error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    for f in fragments:
-        assert f in err, (f, err)
-    return err
 
 
 @pytest.mark.parametrize(("files", "why"), BAD)

@@ -24,7 +24,8 @@ FIXTURES = Path(__file__).parent / "fixtures" / "merge"
 
 
 @pytest.fixture(scope="module")
-def family(tmp_path_factory: pytest.TempPathFactory) -> Repo:
+def merge_inputs(tmp_path_factory: pytest.TempPathFactory) -> Repo:
+    """Every model of merge_models.py (the inputs of the mergekit fixtures), fp32 and bf16."""
     root = tmp_path_factory.mktemp("merge")
     repo = Repo.init(root / "repo")
     for name, (_, parent) in MODELS.items():
@@ -49,13 +50,13 @@ def weights_of(repo: Repo, ref: str, tmp: Path) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("method", sorted(m for m in CONFIGS if not m.endswith("_bf16")))
-def test_the_same_bits_as_mergekit(family: Repo, method: str, tmp_path: Path) -> None:
+def test_the_same_bits_as_mergekit(merge_inputs: Repo, method: str, tmp_path: Path) -> None:
     """float32 models, float32 arithmetic in mergekit's order: the same bytes, every tensor
     (dare_ties at density 1, where no random mask is drawn); slerp within 1e-6 of each tensor's largest value."""
     config = tmp_path / f"{method}.yml"
     config.write_text(CONFIGS[method])
-    result = merge_config(family, config, name=f"m-{method}")
-    ours = weights_of(family, f"m-{method}", tmp_path / "out")
+    result = merge_config(merge_inputs, config, name=f"m-{method}")
+    ours = weights_of(merge_inputs, f"m-{method}", tmp_path / "out")
     theirs = load_file(str(FIXTURES / f"{method}.safetensors"))
     assert list(ours) == list(theirs)
     if method.startswith("slerp"):  # mergekit's norms and dot products are torch reductions: another summation order
@@ -64,9 +65,9 @@ def test_the_same_bits_as_mergekit(family: Repo, method: str, tmp_path: Path) ->
     else:
         differing = [k for k in theirs if ours[k].tobytes() != theirs[k].tobytes()]
         assert differing == [], f"{method}: {len(differing)} tensors differ, e.g. {differing[:3]}"
-    version = family.version(result.version)
+    version = merge_inputs.version(result.version)
     assert {p.relation for p in version.parents} == {"merge"}
-    named = [family.model_of(p.version) for p in version.parents]
+    named = [merge_inputs.model_of(p.version) for p in version.parents]
     expected = [m.split(": ")[1] for m in CONFIGS[method].splitlines() if "model: " in m and "base_model" not in m]
     kind = method.removesuffix("_gradient")
     assert set(named) == set(expected) | ({"base"} if METHODS[kind].needs_base else set())
@@ -74,7 +75,7 @@ def test_the_same_bits_as_mergekit(family: Repo, method: str, tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("method", ["linear_bf16", "task_arithmetic_bf16"])
-def test_bfloat16_merges_agree_with_mergekit_within_bfloat16_rounding(family: Repo, method: str,
+def test_bfloat16_merges_agree_with_mergekit_within_bfloat16_rounding(merge_inputs: Repo, method: str,
                                                                       tmp_path: Path) -> None:  # fmt: skip
     """bfloat16 models with dtype bfloat16: mergekit rounds every intermediate (task vectors,
     weighted sums) to bfloat16, MGit computes in float32 and rounds once. The stated
@@ -82,13 +83,13 @@ def test_bfloat16_merges_agree_with_mergekit_within_bfloat16_rounding(family: Re
     the result, element by element; most elements are the same bits."""
     config = tmp_path / f"{method}.yml"
     config.write_text(CONFIGS[method])
-    result = merge_config(family, config, name=f"m-{method}")
-    family.checkout(f"m-{method}", tmp_path / "out")
+    result = merge_config(merge_inputs, config, name=f"m-{method}")
+    merge_inputs.checkout(f"m-{method}", tmp_path / "out")
     ours, theirs = floats_of(tmp_path / "out" / "model.safetensors"), floats_of(FIXTURES / f"{method}.safetensors")
     assert list(ours) == list(theirs) and {d for d, _ in ours.values()} == {"BF16"}
     inputs = []
-    for p in family.version(result.version).parents:
-        family.checkout(p.version, tmp_path / p.version[:12])
+    for p in merge_inputs.version(result.version).parents:
+        merge_inputs.checkout(p.version, tmp_path / p.version[:12])
         inputs.append(floats_of(tmp_path / p.version[:12] / "model.safetensors"))
     for name, (_, expected) in theirs.items():
         scale = np.abs(expected) + sum(np.abs(i[name][1]) for i in inputs)
@@ -97,38 +98,38 @@ def test_bfloat16_merges_agree_with_mergekit_within_bfloat16_rounding(family: Re
     assert same > 0.8, same
 
 
-def test_dare_is_reproducible_from_its_seed_and_keeps_about_density(family: Repo, tmp_path: Path) -> None:
-    a = merge(family, ["ft1", "ft2"], method="dare_linear", base="base", density=0.3, seed=7, name="dare-a")
-    b = merge(family, ["ft1", "ft2"], method="dare_linear", base="base", density=0.3, seed=7, name="dare-b")
-    c = merge(family, ["ft1", "ft2"], method="dare_linear", base="base", density=0.3, seed=8, name="dare-c")
-    assert family.version(a.version).manifest == family.version(b.version).manifest
-    assert family.version(a.version).manifest != family.version(c.version).manifest
-    merged = weights_of(family, "dare-a", tmp_path / "a")
-    base = weights_of(family, "base", tmp_path / "base")
+def test_dare_is_reproducible_from_its_seed_and_keeps_about_density(merge_inputs: Repo, tmp_path: Path) -> None:
+    a = merge(merge_inputs, ["ft1", "ft2"], method="dare_linear", base="base", density=0.3, seed=7, name="dare-a")
+    b = merge(merge_inputs, ["ft1", "ft2"], method="dare_linear", base="base", density=0.3, seed=7, name="dare-b")
+    c = merge(merge_inputs, ["ft1", "ft2"], method="dare_linear", base="base", density=0.3, seed=8, name="dare-c")
+    assert merge_inputs.version(a.version).manifest == merge_inputs.version(b.version).manifest
+    assert merge_inputs.version(a.version).manifest != merge_inputs.version(c.version).manifest
+    merged = weights_of(merge_inputs, "dare-a", tmp_path / "a")
+    base = weights_of(merge_inputs, "base", tmp_path / "base")
     changed = np.mean([np.mean(merged[k] != base[k]) for k in base])
     assert 0.4 < changed < 0.6  # 1 - 0.7 * 0.7 of the elements have a kept delta from either input
 
 
-def test_a_cascade_merges_again_when_an_input_changes(family: Repo, tmp_path: Path) -> None:
+def test_a_cascade_merges_again_when_an_input_changes(merge_inputs: Repo, tmp_path: Path) -> None:
     # An input of its own (the other tests' ft1 and ft2 stay as mergekit saw them).
-    first = weights_of(family, "ft2", tmp_path / "ft3-v1")
-    family.add(tmp_path / "ft3-v1", name="ft3", parent="base")
-    merge(family, ["ft1", "ft3"], method="task_arithmetic", base="base", weights={"ft1": 0.5, "ft3": 0.5},
+    first = weights_of(merge_inputs, "ft2", tmp_path / "ft3-v1")
+    merge_inputs.add(tmp_path / "ft3-v1", name="ft3", parent="base")
+    merge(merge_inputs, ["ft1", "ft3"], method="task_arithmetic", base="base", weights={"ft1": 0.5, "ft3": 0.5},
           name="casc")  # fmt: skip
     folder = tmp_path / "ft3-v2"
     folder.mkdir()
     save_file({k: v + np.float32(0.01) for k, v in first.items()}, str(folder / "model.safetensors"),
               metadata={"format": "pt"})  # fmt: skip
     (folder / "config.json").write_bytes((tmp_path / "ft3-v1" / "config.json").read_bytes())
-    family.add(folder, name="ft3")
-    code, out, err = run_cli("cascade", "ft3", "--json", cwd=family.root)
+    merge_inputs.add(folder, name="ft3")
+    code, out, err = run_cli("cascade", "ft3", "--json", cwd=merge_inputs.root)
     assert code == 0, err
     (result,) = [r for r in json.loads(out)["results"] if r["model"] == "casc"]
     assert result["status"] == "updated"
     # Merged again, it is stored again as weighted sums of its (new) inputs.
-    assert family.show("casc").tensor_storage == {"derived": len(family.manifest("casc").tensors())}
-    again = weights_of(family, "casc", tmp_path / "again")
-    base, ft1, ft3 = (weights_of(family, m, tmp_path / m) for m in ("base", "ft1", "ft3"))
+    assert merge_inputs.show("casc").tensor_storage == {"derived": len(merge_inputs.manifest("casc").tensors())}
+    again = weights_of(merge_inputs, "casc", tmp_path / "again")
+    base, ft1, ft3 = (weights_of(merge_inputs, m, tmp_path / m) for m in ("base", "ft1", "ft3"))
     key = "model.layers.0.mlp.up_proj.weight"
     expected = base[key] + (np.float32(0.5) * (ft1[key] - base[key]) + np.float32(0.5) * (ft3[key] - base[key]))
     assert again[key].tobytes() == expected.astype(np.float32).tobytes()
@@ -150,50 +151,52 @@ def test_a_cascade_through_the_library_stores_its_re_merge_as_weighted_sums(tmp_
     assert repo.show("lib").tensor_storage == {"derived": len(repo.manifest("lib").tensors())}
 
 
-def test_task_heads_are_refused_then_taken_from_one_input(family: Repo, tmp_path: Path) -> None:
+def test_task_heads_are_refused_then_taken_from_one_input(merge_inputs: Repo, tmp_path: Path) -> None:
     for name, classes in (("head2", 2), ("head4", 4)):
-        src = weights_of(family, "ft1", tmp_path / f"src-{name}")
+        src = weights_of(merge_inputs, "ft1", tmp_path / f"src-{name}")
         src["classifier.weight"] = np.full((classes, 32), float(classes), np.float32)
         folder = tmp_path / name
         folder.mkdir()
         save_file(src, str(folder / "model.safetensors"), metadata={"format": "pt"})
         (folder / "config.json").write_text("{}")
-        family.add(folder, name=name, parent="base")
+        merge_inputs.add(folder, name=name, parent="base")
     with pytest.raises(Exception, match=r"classifier\.weight: is only in some inputs.*--take"):
-        merge(family, ["head2", "head4"], method="task_arithmetic", base="base", name="heads")
+        merge(merge_inputs, ["head2", "head4"], method="task_arithmetic", base="base", name="heads")
     config = tmp_path / "heads.yml"  # --take is refused beside --config: the hint points to the YAML's take:
     config.write_text("models: [head2, head4]\nmerge_method: task_arithmetic\nbase_model: base\n")
     with pytest.raises(InputError, match=r"classifier\.weight: is only in some inputs") as caught:
-        merge_config(family, config, name="heads")
+        merge_config(merge_inputs, config, name="heads")
     assert caught.value.hint == "Say which model it comes from in the config: take: {'classifier.weight': MODEL}"
     with pytest.raises(Exception, match=r"classifier\.weight: has shapes \(2, 32\) and \(4, 32\) in the inputs"):
-        merge(family, ["head2", "head4"], method="linear", name="heads")
+        merge(merge_inputs, ["head2", "head4"], method="linear", name="heads")
     code, out, err = run_cli("merge", "head2", "head4", "--method", "task_arithmetic", "--base", "base",
-                             "--take", "classifier.*=head4", "--name", "heads", "--json", cwd=family.root)  # fmt: skip
+                             "--take", "classifier.*=head4", "--name", "heads", "--json",
+                             cwd=merge_inputs.root)  # fmt: skip
     assert code == 0, err
-    merged = weights_of(family, "heads", tmp_path / "heads")
+    merged = weights_of(merge_inputs, "heads", tmp_path / "heads")
     assert merged["classifier.weight"].shape == (4, 32) and float(merged["classifier.weight"][0, 0]) == 4.0
 
 
-def test_bad_input_is_refused_before_any_work(family: Repo, tmp_path: Path) -> None:
-    before = family.refs.all()
+def test_bad_input_is_refused_before_any_work(merge_inputs: Repo, tmp_path: Path) -> None:
+    before = merge_inputs.refs.all()
     with pytest.raises(InvalidOptionError, match="unknown merge method 'average'.*") as exc:
-        merge(family, ["ft1", "ft2"], method="average", name="bad")
+        merge(merge_inputs, ["ft1", "ft2"], method="average", name="bad")
     assert "linear, slerp, task_arithmetic, ties, dare_linear, dare_ties" in str(exc.value.hint)
     with pytest.raises(InvalidOptionError, match="ties takes no merge parameter 'temperature'"):
-        merge(family, ["ft1", "ft2"], method="ties", base="base", parameters={"temperature": 2}, name="bad")
+        merge(merge_inputs, ["ft1", "ft2"], method="ties", base="base", parameters={"temperature": 2}, name="bad")
     with pytest.raises(InvalidOptionError, match="needs a base model"):
-        merge(family, ["ft1", "ft2"], method="ties", name="bad")
+        merge(merge_inputs, ["ft1", "ft2"], method="ties", name="bad")
     with pytest.raises(InvalidOptionError, match="density must be in"):
-        merge(family, ["ft1", "ft2"], method="ties", base="base", density=1.5, name="bad")
+        merge(merge_inputs, ["ft1", "ft2"], method="ties", base="base", density=1.5, name="bad")
     config = tmp_path / "bad.yml"
     config.write_text("models:\n  - model: ft1\n  - model: nosuch\nmerge_method: linear\n")
     with pytest.raises(UnknownRefError, match="nosuch"):
-        merge_config(family, config, name="bad")
+        merge_config(merge_inputs, config, name="bad")
     config.write_text("models:\n  - model: ft1\n  - model: ft2\nmerge_method: linear\nparameters: {t: [0, 1]}\n")
     with pytest.raises(InvalidOptionError, match="takes no merge parameter 't'"):
-        merge_config(family, config, name="bad")
-    code, _, err = run_cli("merge", "ft1", "ft2", "--method", "slerp", "--base", "base", "--name", "bad", cwd=family.root)
+        merge_config(merge_inputs, config, name="bad")
+    code, _, err = run_cli("merge", "ft1", "ft2", "--method", "slerp", "--base", "base", "--name", "bad",
+                           cwd=merge_inputs.root)  # fmt: skip
     assert code == 1 and "slerp merges exactly two models" in err
     slices = "slices:\n  - sources:\n      - {{model: base, layer_range: {a}}}\n      - {{model: ft1, layer_range: {b}}}\n"
     for body, refused in (
@@ -209,41 +212,41 @@ def test_bad_input_is_refused_before_any_work(family: Repo, tmp_path: Path) -> N
         method = "slerp\nbase_model: base\nparameters: {t: 0.5}" if "slices" in body else "linear"
         config.write_text(f"{body}merge_method: {method}\n")
         with pytest.raises(InvalidOptionError, match=refused):
-            merge_config(family, config, name="bad")
+            merge_config(merge_inputs, config, name="bad")
     config.write_text("models: [base, ft1]\nmerge_method: slerp\nbase_model: base\n"
                       "parameters: {t: [{filter: mlp, value: 0.5}]}\n")  # fmt: skip
     with pytest.raises(InvalidOptionError, match="no merge parameter 't' for tensor 'lm_head.weight': none of its filters"):
-        merge_config(family, config, name="bad")
+        merge_config(merge_inputs, config, name="bad")
     other = tmp_path / "other"
     other.mkdir()
     save_file({"model.norm.weight": np.ones(32, np.float32), "extra.weight": np.ones(3, np.float32)},
               str(other / "model.safetensors"))  # fmt: skip
-    family.add(other, name="other")
+    merge_inputs.add(other, name="other")
     with pytest.raises(Exception, match="has no tensor 'lm_head.weight'|is only in some inputs"):
-        merge(family, ["ft1", "other"], method="linear", name="bad")
-    assert family.refs.all() == {**before, "other": family.refs.get("other")}
+        merge(merge_inputs, ["ft1", "other"], method="linear", name="bad")
+    assert merge_inputs.refs.all() == {**before, "other": merge_inputs.refs.get("other")}
 
 
-def test_two_task_models_keep_both_heads_under_their_own_names(family: Repo, tmp_path: Path) -> None:
-    if "head2" not in family.refs.all():
-        test_task_heads_are_refused_then_taken_from_one_input(family, tmp_path / "setup")
+def test_two_task_models_keep_both_heads_under_their_own_names(merge_inputs: Repo, tmp_path: Path) -> None:
+    if "head2" not in merge_inputs.refs.all():
+        test_task_heads_are_refused_then_taken_from_one_input(merge_inputs, tmp_path / "setup")
     code, out, err = run_cli("merge", "head2", "head4", "--method", "task_arithmetic", "--base", "base",
                              "--rename", "classifier.*=head2:sentiment.", "--rename", "classifier.*=head4:topic.",
-                             "--name", "two-heads", cwd=family.root)  # fmt: skip
+                             "--name", "two-heads", cwd=merge_inputs.root)  # fmt: skip
     assert code == 0, err
-    merged = weights_of(family, "two-heads", tmp_path / "two")
+    merged = weights_of(merge_inputs, "two-heads", tmp_path / "two")
     assert merged["sentiment.classifier.weight"].shape == (2, 32) and merged["topic.classifier.weight"].shape == (4, 32)
     assert "classifier.weight" not in merged
-    recipe = family.version("two-heads").recipe["params"]
+    recipe = merge_inputs.version("two-heads").recipe["params"]
     assert recipe["rename"] == [["classifier.*", 1, "sentiment."], ["classifier.*", 2, "topic."]]
     code, _, err = run_cli("merge", "head2", "head4", "--method", "task_arithmetic", "--base", "base",
                            "--rename", "classifier.*=head2:x.", "--rename", "classifier.*=head4:x.", "--name", "clash",
-                           cwd=family.root)  # fmt: skip
+                           cwd=merge_inputs.root)  # fmt: skip
     assert code == 1 and "x.classifier.weight: would be written twice" in err
 
 
 @pytest.mark.parametrize("method", ["linear", "task_arithmetic", "ties"])
-def test_chunked_merges_give_the_same_bits(family: Repo, method: str, tmp_path: Path,
+def test_chunked_merges_give_the_same_bits(merge_inputs: Repo, method: str, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """Large tensors merge a chunk at a time (TIES after choosing what it keeps over the
     whole tensor): with chunks of 1,000 elements, still mergekit's bytes."""
@@ -253,8 +256,8 @@ def test_chunked_merges_give_the_same_bits(family: Repo, method: str, tmp_path: 
     monkeypatch.setattr(methods, "SCAN", 777)  # and TIES's selection scans in pieces
     config = tmp_path / f"{method}.yml"
     config.write_text(CONFIGS[method])
-    merge_config(family, config, name=f"chunked-{method}")
-    ours = weights_of(family, f"chunked-{method}", tmp_path / "out")
+    merge_config(merge_inputs, config, name=f"chunked-{method}")
+    ours = weights_of(merge_inputs, f"chunked-{method}", tmp_path / "out")
     theirs = load_file(str(FIXTURES / f"{method}.safetensors"))
     assert [k for k in theirs if ours[k].tobytes() != theirs[k].tobytes()] == []
 
@@ -330,7 +333,7 @@ def test_a_sharded_merge_rewrites_its_index(tmp_path: Path) -> None:
     assert repo.version(added.version).manifest == repo.version("sharded").manifest
 
 
-def test_the_merge_reports_progress_in_bytes(family: Repo) -> None:
+def test_the_merge_reports_progress_in_bytes(merge_inputs: Repo) -> None:
     seen: list[tuple[int, int]] = []
 
     def factory(total: int):  # type: ignore[no-untyped-def]
@@ -343,8 +346,8 @@ def test_the_merge_reports_progress_in_bytes(family: Repo) -> None:
 
         return advance
 
-    merge(family, ["ft1", "ft2"], method="linear", name="with-progress", progress=factory)
-    total = sum(f.size for f in family.manifest("with-progress").files)
+    merge(merge_inputs, ["ft1", "ft2"], method="linear", name="with-progress", progress=factory)
+    total = sum(f.size for f in merge_inputs.manifest("with-progress").files)
     assert seen == [(total, total)]  # one bar: the merge streams into the add, file bytes all counted
 
 
@@ -397,19 +400,20 @@ def test_the_weighted_sum_codec_decodes_any_content_and_refuses_bad_configuratio
 def test_a_task_arithmetic_merge_with_gradients_is_stored_as_weighted_sums(tmp_path: Path) -> None:
     """Weights that change along the layers and by tensor: each tensor's weighted sum is
     recorded with its own weights (and decodes to mergekit's bytes: the test above)."""
-    family = Repo.init(tmp_path / "repo")
+    merge_inputs = Repo.init(tmp_path / "repo")
     for name, (_, parent) in MODELS.items():
-        family.add(write_model(tmp_path / name, name), name=name, parent=parent)
+        merge_inputs.add(write_model(tmp_path / name, name), name=name, parent=parent)
     config = tmp_path / "gradient.yml"
     config.write_text(CONFIGS["task_arithmetic_gradient"])
-    merge_config(family, config, name="gradient-stored")
-    assert family.show("gradient-stored").tensor_storage == {"derived": len(family.manifest("gradient-stored").tensors())}
-    headers = {t.name: family.store.header(t.object) for t in family.manifest("gradient-stored").tensors()}
+    merge_config(merge_inputs, config, name="gradient-stored")
+    stored = len(merge_inputs.manifest("gradient-stored").tensors())
+    assert merge_inputs.show("gradient-stored").tensor_storage == {"derived": stored}
+    headers = {t.name: merge_inputs.store.header(t.object) for t in merge_inputs.manifest("gradient-stored").tensors()}
     weights = {n: h.codecs[0]["configuration"]["weights"] for n, h in headers.items()}
     assert weights["model.layers.0.mlp.up_proj.weight"] == [0.0, 0.25]
     assert weights["model.layers.3.self_attn.q_proj.weight"] == [1.0, 0.75]
     assert weights["model.layers.1.self_attn.q_proj.weight"] == pytest.approx([1 / 3, 0.75])
-    assert family.fsck().ok
+    assert merge_inputs.fsck().ok
 
 
 def test_a_streamed_merge_is_written_as_its_prediction_only_when_its_bases_allow(tmp_path: Path) -> None:

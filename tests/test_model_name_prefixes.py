@@ -10,7 +10,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, tensors
+from conftest import one_line_error, run_cli, tensors
 from s3server import S3Bucket, s3_bucket, s3_server  # noqa: F401
 
 from mgit import Repo, sync
@@ -20,11 +20,6 @@ requires_s3 = pytest.mark.skipif(not (importlib.util.find_spec("boto3") and impo
                                  reason="needs the S3 extra (boto3) and moto")  # fmt: skip
 
 
-def one_line(result: tuple[int, str, str], start: str) -> str:
-    code, out, err = result
-    assert code == 1 and out == "", (code, out, err)
-    assert err.startswith(f"Error: {start}") and err.count("\n") == 1 and "Traceback" not in err, err
-    return err
 
 
 @pytest.mark.parametrize(("first", "second", "said"), [
@@ -39,7 +34,7 @@ def test_an_add_refuses_a_name_above_or_under_a_model(tmp_path: Path, first: str
 
     save_file(tensors(2), str(tmp_path / "m.safetensors"))
 
-    one_line(run_cli("-C", str(repo.root), "add", str(tmp_path / "m.safetensors"), "--name", second), said)
+    one_line_error(run_cli("-C", str(repo.root), "add", str(tmp_path / "m.safetensors"), "--name", second), said)
 
     assert run_cli("-C", str(repo.root), "ls", "--json")[1] == before
     with pytest.raises(ModelNameConflictError):
@@ -72,7 +67,7 @@ class NamesOnRemote:
         bob.add(tensors(2), name=second)
         sync.push(alice, url)
 
-        one_line(run_cli("-C", str(bob.root), "push", url), said)
+        one_line_error(run_cli("-C", str(bob.root), "push", url), said)
 
         clone = sync.clone(url, tmp_path / "carol")
         assert clone.models == [first]
@@ -85,7 +80,7 @@ class NamesOnRemote:
         sync.add_remote(bob, "origin", url)
         heads = bob.refs.all()
 
-        one_line(run_cli("-C", str(bob.root), "pull"), "model name 'x/y' is under the model 'x'")
+        one_line_error(run_cli("-C", str(bob.root), "pull"), "model name 'x/y' is under the model 'x'")
 
         assert Repo(bob.root).refs.all() == heads
 
@@ -113,7 +108,8 @@ class TestS3Remote(NamesOnRemote):
         # What an older mgit let two pushes make: S3 has no folders, so both keys can exist.
         s3_bucket.client().put_object(Bucket=s3_bucket.name, Key="team/refs/models/x/y", Body=f"{vid}\n".encode())
 
-        err = one_line(run_cli("clone", url, str(tmp_path / "bob")), "model name 'x/y' is under the model 'x' on ")
+        err = one_line_error(run_cli("clone", url, str(tmp_path / "bob")),
+                             "model name 'x/y' is under the model 'x' on ")  # fmt: skip
 
         assert url in err
         assert not (tmp_path / "bob" / ".mgit").exists() or Repo(tmp_path / "bob").refs.all() == {}

@@ -6,7 +6,7 @@ repository's `trust-remote-code` setting), after a one-line error naming it.
 
 Alice and Bob share a folder remote; Bob's clone has neither her recipes.py nor her
 evals.py, so what runs there is what arrived. Her test and recipe touch a marker file each
-time they run, so "nothing ran" is checked on disk.
+time they run (the one MGIT_TEST_MARKER names), so "nothing ran" is checked on disk.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import make_model, run_cli, tensors
+from conftest import copy_user_code, make_model, run_cli, tensors
 
 from mgit import Repo, sync, usercode
 from mgit.cascade import cascade
@@ -24,20 +24,6 @@ from mgit.checks import Checks
 from mgit.errors import RemoteError, UntrustedCodeError
 from mgit.sync.check_results import registration_key
 from mgit.sync.connection import connect
-
-RECIPES = """
-import json, pathlib, shutil
-def tune(parents, out_dir, scale=1):
-    pathlib.Path({marker!r}).open("a").write("recipe\\n")
-    shutil.copytree(parents[0], out_dir, dirs_exist_ok=True)
-    (pathlib.Path(out_dir) / "config.json").write_text(json.dumps({{"scale": scale}}))
-"""
-EVALS = """
-import pathlib
-def size(folder):
-    pathlib.Path({marker!r}).open("a").write("test\\n")
-    return {{"files": float(len(list(pathlib.Path(folder).rglob("*"))))}}
-"""
 
 
 def cli(repo: Repo, *args: str) -> tuple[int, str, str]:
@@ -49,14 +35,14 @@ def ran(marker: Path) -> list[str]:
 
 
 @pytest.fixture
-def shared(tmp_path: Path) -> tuple[Repo, Repo, Path]:
+def shared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Repo, Repo, Path]:
     """Alice's family (base, ft with a recipe, a test on ft), pushed; Bob's clone; the marker."""
     marker = tmp_path / "ran.txt"
+    monkeypatch.setenv("MGIT_TEST_MARKER", str(marker))
     assert run_cli("init", "--bare", str(tmp_path / "team.mgit"))[0] == 0
     alice = Repo.init(tmp_path / "alice")
     sync.add_remote(alice, "origin", str(tmp_path / "team.mgit"))
-    (alice.root / "recipes.py").write_text(RECIPES.format(marker=str(marker)))
-    (alice.root / "evals.py").write_text(EVALS.format(marker=str(marker)))
+    copy_user_code(alice.root, "tune")
     alice.add(make_model(tmp_path / "src-base", state=tensors(1)), name="base")
     alice.add(make_model(tmp_path / "src-ft", state=tensors(2)), name="ft", parent="base", recipe="recipes.py:tune",
               params={"scale": 2})  # fmt: skip

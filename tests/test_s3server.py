@@ -15,7 +15,6 @@ import io
 import os
 import socket
 import threading
-import time
 import zlib
 
 import boto3
@@ -333,9 +332,9 @@ def test_proxy_stop_closes_open_connections_promptly(s3_bucket):
     proxy = FaultProxy(s3_bucket.endpoint)
     s3 = s3_client(proxy.endpoint, NO_RETRIES)
     s3.put_object(Bucket=s3_bucket.name, Key="k", Body=b"x")  # leaves a keep-alive connection open
-    started = time.monotonic()
-    proxy.stop()
-    assert time.monotonic() - started < 2
+    assert proxy.open_connections >= 1
+    proxy.stop()  # cuts it: its relay would otherwise wait out the proxy's 30 s timeout, past stop's wait
+    assert proxy.open_connections == 0
     with pytest.raises((ConnectionError, HTTPClientError)):
         s3.get_object(Bucket=s3_bucket.name, Key="k")
     proxy.stop()  # twice is harmless

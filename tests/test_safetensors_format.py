@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import safetensors.numpy
+from conftest import st_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
@@ -30,11 +31,6 @@ from mgit.formats.safetensors import (
 
 # --- builders ------------------------------------------------------------------------------
 
-
-def st_bytes(header: dict | bytes, data: bytes = b"", *, length: int | None = None) -> bytes:
-    """A safetensors file: u64 header length (the real one unless `length`), header, data."""
-    body = header if isinstance(header, bytes) else json.dumps(header).encode()
-    return struct.pack("<Q", len(body) if length is None else length) + body + data
 
 
 def entry(dtype: str, shape: list, offsets: list) -> dict:

@@ -16,77 +16,23 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import MGIT, make_model, tensors
+from conftest import CARD, MGIT, make_model, tensors
 
 pytest.importorskip("starlette")
 from starlette.testclient import TestClient  # noqa: E402
 
 from mgit import Repo  # noqa: E402
-from mgit.checks import Checks, Condition  # noqa: E402
 from mgit.errors import TokenRequiredError  # noqa: E402
 from mgit.web import access, graph_json  # noqa: E402
 from mgit.web.app import create_app  # noqa: E402
 from mgit.web.card import MAX_CARD_BYTES, TOO_LARGE, render_card, version_card  # noqa: E402
 
-HOSTILE = '</script><script>window.pwned = 1</script><img src=x onerror="window.pwned = 2"> & "q"'
-CARD = f"""---
-base_model: base
-license: "<script>window.pwned = 3</script>"
----
-# The card
-
-<script>window.pwned = 4</script><iframe src="http://example.com/"></iframe>
-<img src="http://example.com/x.png" onerror="window.pwned = 5">
-
-| metric | value |
-|---|---|
-| acc | 0.9 |
-
-[safe](https://example.com/doc) [bad](javascript:window.pwned=6) ![pixel](http://example.com/p.png)
-{HOSTILE}
-"""
-EVALS = """
-import json, os
-import numpy as np
-from safetensors.numpy import load_file
-
-def acc(folder):
-    print('evaluated </pre><script>window.pwned = 7</script>')
-    state = load_file(os.path.join(folder, 'model.safetensors'))
-    big = float(np.abs(state['embed.weight']).mean()) > 10
-    return {'acc': 0.2 if big else 0.95}
-"""
 BASE = "http://127.0.0.1:8808"
 
 
-def build_family(root: Path) -> Repo:
-    """base (two versions, a hostile message and tag) -> org/ft (a folder with a hostile
-    card and file name; built on base@1, so stale) -> q8 (quantize, a planted test
-    failure); base -> other (adapter). Test `acc` attached to base and inherited."""
-    repo = Repo.init(root / "repo")
-    repo.add(tensors(1), name="base", message=HOSTILE, tags={"stage": HOSTILE})
-    folder = make_model(root / "ft", seed=2)
-    (folder / "README.md").write_text(CARD)
-    (folder / '<img src=x onerror="window.pwned=8">.txt').write_text("hostile file name")
-    repo.add(folder, name="org/ft", parent="base", tags={"task": "sst2"}, message="fine-tune")
-    repo.add(tensors(3, scale=100), name="q8", parent="org/ft", relation="quantize")
-    repo.add(tensors(4), name="other", parent="base", relation="adapter", tags={"task": "nli"})
-    repo.add(tensors(5), name="base", message="v2")
-    (repo.root / "evals.py").write_text(EVALS)
-    checks = Checks(repo)
-    checks.attach("base", "evals.py:acc", conditions=[Condition("acc", "min", 0.5)], inherit=True)
-    checks.run()
-    return repo
-
-
 @pytest.fixture(scope="module")
-def family(tmp_path_factory: pytest.TempPathFactory) -> Repo:
-    return build_family(tmp_path_factory.mktemp("serve"))
-
-
-@pytest.fixture(scope="module")
-def client(family: Repo) -> Iterator[TestClient]:
-    with TestClient(create_app(family), base_url=BASE) as c:
+def client(web_family: Repo) -> Iterator[TestClient]:
+    with TestClient(create_app(web_family), base_url=BASE) as c:
         yield c
 
 
@@ -110,9 +56,9 @@ def finished_diff(client: TestClient, a: str, b: str) -> dict:
 
 
 # --- JSON twins: the library's own results ------------------------------------------------
-def test_models_json_is_the_lineage_with_test_status(client: TestClient, family: Repo) -> None:
+def test_models_json_is_the_lineage_with_test_status(client: TestClient, web_family: Repo) -> None:
     data = client.get("/api/models").json()
-    lineage = family.lineage
+    lineage = web_family.lineage
     assert [m["name"] for m in data["models"]] == ["base", "org/ft", "other", "q8"] and data["total"] == 4
     by = {m["name"]: m for m in data["models"]}
     for name, m in by.items():
@@ -126,13 +72,13 @@ def test_models_json_is_the_lineage_with_test_status(client: TestClient, family:
     assert by["base"]["tests"]["status"] == "pass"
 
 
-def test_model_json_is_show_log_and_lineage(client: TestClient, family: Repo) -> None:
+def test_model_json_is_show_log_and_lineage(client: TestClient, web_family: Repo) -> None:
     data = client.get("/api/models/org/ft").json()
-    assert data["version"] == json.loads(json.dumps(family.show("org/ft").to_json()))
-    assert data["versions"] == json.loads(json.dumps([v.to_json() for v in family.log("org/ft")]))
-    assert data["parents"] == [e.to_json() for e in family.lineage.parents("org/ft")]
+    assert data["version"] == json.loads(json.dumps(web_family.show("org/ft").to_json()))
+    assert data["versions"] == json.loads(json.dumps([v.to_json() for v in web_family.log("org/ft")]))
+    assert data["parents"] == [e.to_json() for e in web_family.lineage.parents("org/ft")]
     assert [e["child"] for e in data["children"]] == ["q8"]
-    manifest = family.manifest("org/ft")
+    manifest = web_family.manifest("org/ft")
     assert [t["name"] for t in data["tensors"]["items"]] == [t.name for t in manifest.tensors()]
     assert {t["storage"] for t in data["tensors"]["items"]} <= {"delta", "derived", "standalone"}
     assert data["card"]["front_matter"]["base_model"] == "base"
@@ -142,9 +88,9 @@ def test_model_json_is_show_log_and_lineage(client: TestClient, family: Repo) ->
     assert [v["seq"] for v in old["tests"]["versions"]] == [2, 1]
 
 
-def test_diff_json_is_repo_diff_with_a_heatmap_row_per_layer(client: TestClient, family: Repo) -> None:
+def test_diff_json_is_repo_diff_with_a_heatmap_row_per_layer(client: TestClient, web_family: Repo) -> None:
     data = finished_diff(client, "base@1", "org/ft")
-    expected = json.loads(json.dumps(family.diff("base@1", "org/ft").to_json()))
+    expected = json.loads(json.dumps(web_family.diff("base@1", "org/ft").to_json()))
     for result in (data["result"], expected):  # how many decodes a shared base saved depends on timing
         del result["summary"]["decoded"], result["summary"]["reused"]
     assert rounded(data["result"]) == rounded(expected)
@@ -159,21 +105,21 @@ def test_diff_json_is_repo_diff_with_a_heatmap_row_per_layer(client: TestClient,
     assert page.count('class="heat-row"') == len(expected["groups"])
 
 
-def test_storage_and_lineage_json(client: TestClient, family: Repo) -> None:
+def test_storage_and_lineage_json(client: TestClient, web_family: Repo) -> None:
     data = client.get("/api/storage").json()
-    du = family.du().to_json()
+    du = web_family.du().to_json()
     assert data["summary"] == {k: v for k, v in du.items() if k != "models"}
     assert sorted(({k: v for k, v in m.items() if k != "bars"} for m in data["models"]), key=lambda m: m["name"]) == \
         sorted(du["models"], key=lambda m: m["name"])  # fmt: skip
     assert [m["stored_bytes"] for m in data["models"]] == sorted((m["stored_bytes"] for m in du["models"]), reverse=True)
-    graph = family.lineage.subgraph()
-    storage = family.storage([v.id for vs in graph.versions.values() for v in vs])
+    graph = web_family.lineage.subgraph()
+    storage = web_family.storage([v.id for vs in graph.versions.values() for v in vs])
     assert client.get("/api/lineage").json() == json.loads(json.dumps(graph_json(graph, storage=storage)))
     around = client.get("/api/lineage", params={"around": "q8"}).json()
     assert sorted(n["name"] for n in around["nodes"]) == ["base", "org/ft", "q8"]
 
 
-def test_tests_matrix_and_result(client: TestClient, family: Repo) -> None:
+def test_tests_matrix_and_result(client: TestClient, web_family: Repo) -> None:
     data = client.get("/api/tests").json()
     assert data["names"] == ["acc"]
     cells = {r["model"]: r["cells"]["acc"] for r in data["rows"]}
@@ -181,7 +127,7 @@ def test_tests_matrix_and_result(client: TestClient, family: Repo) -> None:
     assert cells["other"]["status"] == "pass" and cells["other"]["change"] is None
     assert data["totals"] == {"pass": 3, "fail": 1, "error": 0, "not run": 0}
     assert [r["model"] for r in client.get("/api/tests", params={"show": "failing"}).json()["rows"]] == ["q8"]
-    q8 = family.resolve("q8")
+    q8 = web_family.resolve("q8")
     result = client.get("/api/tests/result", params={"version": q8, "test": "acc"}).json()["result"]
     assert result["status"] == "fail" and result["metrics"] == {"acc": 0.2} and "window.pwned = 7" in result["output"]
     assert result["parent"] == "org/ft@1" and result["parent_status"] == "pass"
@@ -207,9 +153,9 @@ PAGES = ["/models", "/models/org/ft", "/models/base?version=1", "/models/q8", "/
          "/lineage", "/lineage?around=org/ft"]  # fmt: skip
 
 
-def test_every_page_escapes_what_users_wrote(client: TestClient, family: Repo) -> None:
+def test_every_page_escapes_what_users_wrote(client: TestClient, web_family: Repo) -> None:
     finished_diff(client, "base@1", "org/ft")
-    q8 = family.resolve("q8")
+    q8 = web_family.resolve("q8")
     for url in [*PAGES, "/diff?a=base@1&b=org/ft", f"/tests/result?version={q8}&test=acc"]:
         r = client.get(url)
         assert r.status_code == 200, url
@@ -287,7 +233,7 @@ def test_search_filters_sorting_and_pages(client: TestClient) -> None:
         assert r.status_code == 400 and "query parameter" in r.json()["error"], bad
 
 
-def test_unknown_things_are_404_pages(client: TestClient, family: Repo) -> None:
+def test_unknown_things_are_404_pages(client: TestClient, web_family: Repo) -> None:
     r = client.get("/models/<b>nope</b>")
     assert r.status_code == 404 and "no model named" in r.text and "<b>nope</b>" not in r.text
     r = client.get("/api/models/nope")
@@ -296,12 +242,13 @@ def test_unknown_things_are_404_pages(client: TestClient, family: Repo) -> None:
     assert client.get("/api/diff", params={"a": "base", "b": "nope@3"}).status_code == 404
     assert client.get("/api/diff", params={"a": "base"}).status_code == 400
     assert client.get("/api/tests/result", params={"version": "../../etc", "test": "acc"}).status_code == 404
-    assert client.get("/api/tests/result", params={"version": family.resolve("base"), "test": "x"}).status_code == 404
+    base = web_family.resolve("base")
+    assert client.get("/api/tests/result", params={"version": base, "test": "x"}).status_code == 404
     assert client.get("/no/such/page").status_code == 404
     assert client.get("/api/lineage", params={"around": "nope"}).status_code == 404
 
 
-def test_no_request_parameter_reaches_the_filesystem(client: TestClient, family: Repo, tmp_path: Path,
+def test_no_request_parameter_reaches_the_filesystem(client: TestClient, web_family: Repo, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     # `mgit diff` compares a folder that exists; the server only ever resolves refs.
     make_model(tmp_path / "mystery", seed=9)
@@ -316,13 +263,13 @@ def test_no_request_parameter_reaches_the_filesystem(client: TestClient, family:
 
 
 # --- who may look -----------------------------------------------------------------------------
-def test_a_token_is_required_off_the_loopback(family: Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_token_is_required_off_the_loopback(web_family: Repo, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(TokenRequiredError, match="serving on 0.0.0.0 needs a token"):
-        create_app(family, host="0.0.0.0")
+        create_app(web_family, host="0.0.0.0")
     compared = []
     real = access.hmac.compare_digest
     monkeypatch.setattr(access.hmac, "compare_digest", lambda a, b: compared.append(1) or real(a, b))
-    with TestClient(create_app(family, host="0.0.0.0", token="s3cret"), base_url="http://10.1.2.3:8808",
+    with TestClient(create_app(web_family, host="0.0.0.0", token="s3cret"), base_url="http://10.1.2.3:8808",
                     follow_redirects=False) as c:  # fmt: skip
         for path in ("/models", "/api/models", "/static/app.css", "/api/diff?a=base&b=q8", "/lineage"):
             assert c.get(path).status_code == 401, path
@@ -338,16 +285,16 @@ def test_a_token_is_required_off_the_loopback(family: Repo, monkeypatch: pytest.
         assert c.get("/api/models").status_code == 401
 
 
-def test_without_a_token_only_loopback_hosts_are_answered(family: Repo) -> None:
-    with TestClient(create_app(family)) as c:
+def test_without_a_token_only_loopback_hosts_are_answered(web_family: Repo) -> None:
+    with TestClient(create_app(web_family)) as c:
         for host, status in (("127.0.0.1:8808", 200), ("localhost:8808", 200), ("[::1]:8808", 200),
                              ("evil.example", 400), ("evil.example:8808", 400), ("10.0.0.1", 400)):  # fmt: skip
             assert c.get("/api/models", headers={"host": host}).status_code == status, host
 
 
-def test_serve_command_listens_and_enforces_its_token(family: Repo) -> None:
+def test_serve_command_listens_and_enforces_its_token(web_family: Repo) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([*MGIT, "-C", str(family.root), "serve", "--port", "0", "--token", "tok"],
+    proc = subprocess.Popen([*MGIT, "-C", str(web_family.root), "serve", "--port", "0", "--token", "tok"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
@@ -367,38 +314,38 @@ def test_serve_command_listens_and_enforces_its_token(family: Repo) -> None:
         proc.wait(timeout=20)
 
 
-def test_a_busy_port_is_named_with_the_way_out(family: Repo) -> None:
+def test_a_busy_port_is_named_with_the_way_out(web_family: Repo) -> None:
     import socket
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen(1)
         port = held.getsockname()[1]
-        done = subprocess.run([*MGIT, "-C", str(family.root), "serve", "--port", str(port)], capture_output=True,
+        done = subprocess.run([*MGIT, "-C", str(web_family.root), "serve", "--port", str(port)], capture_output=True,
                               text=True, timeout=60)  # fmt: skip
     assert done.returncode == 1
     assert done.stderr.strip() == (f"Error: port {port} of 127.0.0.1 is in use (another mgit serve?): choose another "
                                    "with --port N, or --port 0 for any free port")  # fmt: skip
 
 
-def test_commands_other_than_serve_do_not_import_the_web_stack(family: Repo) -> None:
+def test_commands_other_than_serve_do_not_import_the_web_stack(web_family: Repo) -> None:
     probe = ("import io, json, sys, contextlib\n"
              "from mgit.cli.main import main\n"
              "with contextlib.redirect_stdout(io.StringIO()):\n"
-             f"    main(['-C', {str(family.root)!r}, 'ls']); main(['--help']); main(['serve', '--help'])\n"
+             f"    main(['-C', {str(web_family.root)!r}, 'ls']); main(['--help']); main(['serve', '--help'])\n"
              "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
              "('starlette', 'uvicorn', 'jinja2', 'markdown_it', 'nh3', 'anyio'))))")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
 
-def test_diffs_waiting_are_bounded(family: Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_diffs_waiting_are_bounded(web_family: Repo, monkeypatch: pytest.MonkeyPatch) -> None:
     from mgit.web import diffs
 
     monkeypatch.setattr(diffs, "RUNNING", 0)  # nothing runs: every job waits (daemon threads, left blocked)
-    refs = [v.ref for n in family.lineage.nodes for v in family.lineage.versions(n)]
+    refs = [v.ref for n in web_family.lineage.nodes for v in web_family.lineage.versions(n)]
     pairs = [{"a": a, "b": b} for a in refs for b in refs if a != b][: diffs.WAITING + 1]
-    with TestClient(create_app(family), base_url=BASE) as c:
+    with TestClient(create_app(web_family), base_url=BASE) as c:
         for pair in pairs[:-1]:
             r = c.get("/api/diff", params=pair)
             assert r.status_code == 202 and r.json()["state"] == "queued"
@@ -407,7 +354,7 @@ def test_diffs_waiting_are_bounded(family: Repo, monkeypatch: pytest.MonkeyPatch
         assert r.status_code == 503 and r.json()["error"] == "16 diffs are being computed already"
 
 
-def test_a_remote_is_served_from_a_lazy_mirror_brought_up_to_date(family: Repo, tmp_path: Path,
+def test_a_remote_is_served_from_a_lazy_mirror_brought_up_to_date(web_family: Repo, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """`mgit serve URL`: a lazy clone under the mirror cache; pages of records fetch no
     object, a diff fetches what it reads; opened again, it has the remote's new versions."""

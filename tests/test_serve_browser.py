@@ -17,15 +17,10 @@ import pytest
 
 pytest.importorskip("uvicorn")
 import uvicorn  # noqa: E402
-from test_serve import HOSTILE, build_family  # noqa: E402
+from conftest import HOSTILE  # noqa: E402
 
 from mgit import Repo  # noqa: E402
 from mgit.web.app import create_app  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def family(tmp_path_factory: pytest.TempPathFactory) -> Repo:
-    return build_family(tmp_path_factory.mktemp("serve-browser"))
 
 
 def start_server(app: object) -> tuple[str, uvicorn.Server]:
@@ -41,8 +36,8 @@ def start_server(app: object) -> tuple[str, uvicorn.Server]:
 
 
 @pytest.fixture(scope="module")
-def served(family: Repo) -> Iterator[str]:
-    base, server = start_server(create_app(family))
+def served(web_family: Repo) -> Iterator[str]:
+    base, server = start_server(create_app(web_family))
     yield base
     server.should_exit = True
 
@@ -87,7 +82,7 @@ def open_page(browser: object, request: pytest.FixtureRequest, tmp_path_factory:
     assert problems == []
 
 
-def test_every_page_by_clicking_from_the_models_list(served: str, family: Repo, open_page: object) -> None:
+def test_every_page_by_clicking_from_the_models_list(served: str, web_family: Repo, open_page: object) -> None:
     page = open_page(served)  # type: ignore[operator]
     page.goto(served + "/")
     assert page.url == served + "/models"
@@ -105,9 +100,9 @@ def test_every_page_by_clicking_from_the_models_list(served: str, family: Repo, 
     page.wait_for_url("**/models")
     page.click('a[data-sort="size"]')  # sort by a column
     page.wait_for_url("**sort=size*")
-    sizes = [n.logical_bytes for n in sorted(family.lineage.nodes.values(), key=lambda n: -n.logical_bytes)]
+    sizes = [n.logical_bytes for n in sorted(web_family.lineage.nodes.values(), key=lambda n: -n.logical_bytes)]
     assert sizes[0] > sizes[-1] and page.locator("#models tbody tr[data-model]").first.get_attribute(
-        "data-model") in [n.name for n in family.lineage.nodes.values() if n.logical_bytes == sizes[0]]  # fmt: skip
+        "data-model") in [n.name for n in web_family.lineage.nodes.values() if n.logical_bytes == sizes[0]]  # fmt: skip
 
     page.click('a.model-link:text-is("org/ft")')  # a model
     assert page.locator("#model-name").inner_text().startswith("org/ft")
@@ -116,7 +111,7 @@ def test_every_page_by_clicking_from_the_models_list(served: str, family: Repo, 
     assert "window.pwned = 4" in card.inner_text()  # raw HTML shown as text, never run
     assert page.locator("#files").inner_text().count('<img src=x onerror="window.pwned=8">.txt') == 1
     assert "stale: base is now at @2" in page.locator("#parents").inner_text()
-    assert page.locator("#tensors tr").count() == 1 + len(family.manifest("org/ft").tensors())
+    assert page.locator("#tensors tr").count() == 1 + len(web_family.manifest("org/ft").tensors())
 
     page.click("#lineage-link")  # the graph, centred on the model
     assert page.locator("#panel h2").inner_text() == "org/ft"
@@ -132,7 +127,7 @@ def test_every_page_by_clicking_from_the_models_list(served: str, family: Repo, 
 
     page.click('#parents a:text-is("diff")')  # a diff: progress, then the heatmap
     page.wait_for_selector("#heatmap", timeout=30_000)
-    groups = family.diff("base@1", "org/ft@1").groups
+    groups = web_family.diff("base@1", "org/ft@1").groups
     assert page.locator("#heatmap .heat-row").count() == len(groups)
     assert page.locator("#groups tr[data-group]").count() == len(groups)
     assert "config.json only b" in page.locator("#files").inner_text().replace("\t", " ")
@@ -154,9 +149,9 @@ def test_every_page_by_clicking_from_the_models_list(served: str, family: Repo, 
     assert page.locator("#model-name").inner_text().startswith("q8")
 
 
-def test_the_token_is_enforced_off_localhost(family: Repo, open_page: object) -> None:
+def test_the_token_is_enforced_off_localhost(web_family: Repo, open_page: object) -> None:
     # A token given on the loopback is enforced as it is on any other address.
-    base, server = start_server(create_app(family, token="tok-123"))
+    base, server = start_server(create_app(web_family, token="tok-123"))
     try:
         page = open_page(base, expected="status of 401")  # type: ignore[operator]
         response = page.goto(base + "/models")

@@ -35,7 +35,8 @@ HOSTILE_NAME = "evil\x1b[31m<script>window.pwned=1</script>"
 
 
 @pytest.fixture(scope="module")
-def family(tmp_path_factory: pytest.TempPathFactory) -> Repo:
+def two_models(tmp_path_factory: pytest.TempPathFactory) -> Repo:
+    """base (two versions) and ft, a fine-tune of it."""
     repo = Repo.init(tmp_path_factory.mktemp("hostile") / "repo")
     repo.add(tensors(1), name="base")
     repo.add(tensors(2), name="base")
@@ -67,8 +68,8 @@ def stop(proc: subprocess.Popen[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def served(family: Repo) -> Iterator[str]:
-    proc, address = start(["-C", str(family.root), "serve"])
+def served(two_models: Repo) -> Iterator[str]:
+    proc, address = start(["-C", str(two_models.root), "serve"])
     try:
         yield address
     finally:
@@ -76,8 +77,8 @@ def served(family: Repo) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def served_with_token(family: Repo) -> Iterator[str]:
-    proc, address = start(["-C", str(family.root), "serve", "--token", "tok"])
+def served_with_token(two_models: Repo) -> Iterator[str]:
+    proc, address = start(["-C", str(two_models.root), "serve", "--token", "tok"])
     try:
         yield address
     finally:
@@ -108,10 +109,10 @@ def get(address: str, target: str, *, host: str | None = None, extra: str = "") 
 
 # --- numbers in queries ---------------------------------------------------------------------
 @pytest.mark.parametrize("value", ["²", "١", "9" * 5000, "1" + "0" * 30, "+1", " 1", "1 ", "1_0", "0x1", "-1", "1.0"])
-def test_numeric_parameters_are_bounded_ascii_digits(family: Repo, value: str) -> None:
+def test_numeric_parameters_are_bounded_ascii_digits(two_models: Repo, value: str) -> None:
     """`str.isdigit()` accepts `²` (int() refuses: a 500 and a traceback) and `١` (int() says
     1), and int() of 5000 digits raises: every number is ASCII digits, a few of them, or 400."""
-    with TestClient(create_app(family), base_url=BASE, raise_server_exceptions=False) as c:
+    with TestClient(create_app(two_models), base_url=BASE, raise_server_exceptions=False) as c:
         for path, name in (("/api/models", "page"), ("/api/models", "per_page"), ("/api/tests", "page"),
                            ("/api/storage", "per_page"), ("/api/models/base", "version"),
                            ("/api/models/base", "tpage"), ("/api/models/base", "tper_page")):  # fmt: skip
@@ -124,18 +125,18 @@ def test_numeric_parameters_are_bounded_ascii_digits(family: Repo, value: str) -
 
 
 @pytest.mark.parametrize(("sel", "why"), [("²", ""), ("١", ""), ("9" * 290, "model 'base' has 2 versions; ")])
-def test_a_version_number_in_a_ref_is_ascii_digits(family: Repo, sel: str, why: str) -> None:
-    with TestClient(create_app(family), base_url=BASE, raise_server_exceptions=False) as c:
+def test_a_version_number_in_a_ref_is_ascii_digits(two_models: Repo, sel: str, why: str) -> None:
+    with TestClient(create_app(two_models), base_url=BASE, raise_server_exceptions=False) as c:
         r = c.get("/api/diff", params={"a": f"base@{sel}", "b": "ft"})
         assert r.status_code == 404 and r.json()["error"].startswith(f"{why}no version named 'base@{sel}'"), r.text
-        r = c.get("/api/tests/result", params={"version": family.resolve("base") + "\n", "test": "acc"})
+        r = c.get("/api/tests/result", params={"version": two_models.resolve("base") + "\n", "test": "acc"})
         assert r.status_code == 404, r.text
 
 
 @pytest.mark.parametrize("sel", ["²", "١", "9" * 5000])
-def test_the_cli_reads_a_version_number_as_the_app_does(family: Repo, sel: str) -> None:
+def test_the_cli_reads_a_version_number_as_the_app_does(two_models: Repo, sel: str) -> None:
     """The same parsing behind `mgit show`: `base@²` was a ValueError and a traceback."""
-    code, out, err = run_cli("-C", str(family.root), "show", f"base@{sel}")
+    code, out, err = run_cli("-C", str(two_models.root), "show", f"base@{sel}")
     assert code == 1 and out == "" and err.startswith("Error: ") and f"no version named 'base@{sel}'" in err, err
 
 
@@ -162,9 +163,9 @@ def test_a_loopback_host_is_still_answered(served: str, host: str) -> None:
     assert status == 200 and json.loads(body)["total"] == 2, (host, body)
 
 
-def test_two_host_headers_are_refused(family: Repo) -> None:
+def test_two_host_headers_are_refused(two_models: Repo) -> None:
     """h11 refuses them itself; the app does too, whatever server runs it."""
-    with TestClient(create_app(family), base_url=BASE) as c:
+    with TestClient(create_app(two_models), base_url=BASE) as c:
         for first, second in (("evil.example", "127.0.0.1"), ("127.0.0.1", "evil.example"), ("127.0.0.1", "127.0.0.1")):
             assert c.get("/api/models", headers=[("host", first), ("host", second)]).status_code == 400, first
 
@@ -191,12 +192,12 @@ def test_the_token_link_keeps_the_page_and_its_query(served_with_token: str) -> 
 
 
 # --- connections that say nothing -------------------------------------------------------------
-def test_half_open_connections_are_closed_and_a_request_still_answered(family: Repo) -> None:
+def test_half_open_connections_are_closed_and_a_request_still_answered(two_models: Repo) -> None:
     """Connections that send nothing, half a request line, or a header a byte at a time are
     closed within the header timeout; past the connection limit the oldest waiting one makes
     room, so that a real request is answered while they are held."""
     held_count = server.MAX_CONNECTIONS + 40
-    proc, address = start(["-C", str(family.root), "serve"])
+    proc, address = start(["-C", str(two_models.root), "serve"])
     parts = urlsplit(address)
     held: list[socket.socket] = []
     trickle = None
@@ -241,8 +242,8 @@ def test_half_open_connections_are_closed_and_a_request_still_answered(family: R
 
 
 # --- Ctrl-C ------------------------------------------------------------------------------------
-def test_ctrl_c_stops_the_server_quietly(family: Repo) -> None:
-    proc, address = start(["-C", str(family.root), "serve"])
+def test_ctrl_c_stops_the_server_quietly(two_models: Repo) -> None:
+    proc, address = start(["-C", str(two_models.root), "serve"])
     with urllib.request.urlopen(address + "api/models", timeout=10) as r:
         assert r.status == 200
     proc.send_signal(signal.SIGINT)

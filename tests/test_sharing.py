@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import MGIT, make_model, run_cli, sha256_tree, tensors
+from conftest import MGIT, copy_user_code, make_model, run_cli, sha256_tree, tensors
 from s3server import FaultProxy, S3Bucket, s3_bucket, s3_server  # noqa: F401
 
 from mgit import Repo, sync
@@ -39,31 +39,15 @@ def finetune(seed: int, base_seed: int = 1, scale: float = 1e-3) -> dict[str, np
             for k, v in tensors(base_seed, width=64).items()}  # fmt: skip
 
 
-def family(repo: Repo, tmp: Path) -> dict[str, Path]:
+def add_family(repo: Repo, tmp: Path) -> dict[str, Path]:
     """base, ft (a fine-tune of base, with a tag and a recipe) and q (ft's int8-ish copy)."""
     folders = {"base": make_model(tmp / "src-base", state=tensors(1, width=64)),
                "ft": make_model(tmp / "src-ft", state=finetune(2))}  # fmt: skip
-    (repo.root / "recipes.py").write_text(RECIPES)
+    copy_user_code(repo.root, "tune", "recipes.py")
     repo.add(folders["base"], name="base", message="pretrained")
     repo.add(folders["ft"], name="ft", parent="base", tags={"task": "demo"}, recipe="recipes.py:tune",
              params={"scale": 2})  # fmt: skip
     return folders
-
-
-RECIPES = """
-import json, pathlib, shutil
-
-def tune(parents, out_dir, scale=1):
-    shutil.copytree(parents[0], out_dir, dirs_exist_ok=True)
-    (pathlib.Path(out_dir) / "config.json").write_text(json.dumps({"scale": scale}))
-"""
-
-EVALS = """
-import json, pathlib
-
-def size(folder):
-    return {"files": float(len(list(pathlib.Path(folder).rglob("*"))))}
-"""
 
 
 def mgit_cli(repo_root: Path, *args: str) -> tuple[int, str, str]:
@@ -137,7 +121,7 @@ class SharingContract:
 
     # --- round trips and what travels --------------------------------------------------------
     def test_push_then_clone_gives_every_version_back_bit_exact(self, alice: Repo, url: str, tmp_path: Path) -> None:
-        folders = family(alice, tmp_path)
+        folders = add_family(alice, tmp_path)
         alice.add(folders["ft"], name="ft", message="again", tags={"task": "demo2"})  # a second version
         pushed = sync.push(alice)
         assert {m.model: m.status for m in pushed.models} == {"base": "new", "ft": "new"}
@@ -161,7 +145,7 @@ class SharingContract:
 
     def test_only_what_is_missing_travels_and_a_no_op_push_writes_nothing(self, alice: Repo, url: str, tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-        folders = family(alice, tmp_path)
+        folders = add_family(alice, tmp_path)
         first = sync.push(alice, "origin", ["base"])
         ft_new = alice.info("ft").new_bytes
         second = sync.push(alice, "origin", ["ft"])
@@ -179,7 +163,7 @@ class SharingContract:
         del folders
 
     def test_a_delta_never_arrives_without_its_base(self, alice: Repo, url: str, tmp_path: Path) -> None:
-        folders = family(alice, tmp_path)
+        folders = add_family(alice, tmp_path)
         sync.push(alice, "origin", ["ft"])  # base (the model) is not pushed; its tensors are ft's bases
         sync.clone(url, tmp_path / "bob")
         bob = Repo(tmp_path / "bob")
@@ -190,7 +174,7 @@ class SharingContract:
 
     def test_a_push_whose_remote_head_is_not_an_ancestor_is_refused_unless_forced(self, alice: Repo, url: str,
                                                                                tmp_path: Path) -> None:  # fmt: skip
-        family(alice, tmp_path)
+        add_family(alice, tmp_path)
         sync.push(alice)
         sync.clone(url, tmp_path / "bob")
         bob = Repo(tmp_path / "bob")
@@ -206,7 +190,7 @@ class SharingContract:
 
     # --- pull: fast-forward, rebase, what arrives with it -----------------------------------
     def test_pull_replays_local_versions_after_the_remotes(self, alice: Repo, url: str, tmp_path: Path) -> None:
-        family(alice, tmp_path)
+        add_family(alice, tmp_path)
         sync.push(alice)
         sync.clone(url, tmp_path / "bob")
         bob = Repo(tmp_path / "bob")
@@ -233,7 +217,7 @@ class SharingContract:
 
     def test_recipes_and_tests_run_from_their_recorded_source_on_a_teammates_machine(
             self, alice: Repo, url: str, tmp_path: Path) -> None:  # fmt: skip
-        family(alice, tmp_path)
+        add_family(alice, tmp_path)
         Checks(alice).attach("ft", _evals(alice), name="size", conditions=[Condition("files", "min", 1)], inherit=True)
         alice.add(make_model(tmp_path / "base2", state=tensors(11, width=64)), name="base")
         sync.push(alice)
@@ -272,7 +256,7 @@ class SharingContract:
     # --- lazy clones ---------------------------------------------------------------------------
     def test_a_lazy_clone_works_offline_and_fetches_exactly_what_it_reads(self, alice: Repo, url: str, tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-        folders = family(alice, tmp_path)
+        folders = add_family(alice, tmp_path)
         alice.add(make_model(tmp_path / "other", state=tensors(20, width=64)), name="other")
         sync.push(alice)
         clone = sync.clone(url, tmp_path / "lazy", lazy=True)
@@ -309,7 +293,7 @@ class SharingContract:
 
     def test_fetch_objects_readies_a_lazy_clone_for_work_offline_and_clone_can_take_some_models(
             self, alice: Repo, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-        folders = family(alice, tmp_path)
+        folders = add_family(alice, tmp_path)
         alice.add(make_model(tmp_path / "other", state=tensors(20, width=64)), name="other")
         sync.push(alice)
         lazy = Repo(sync.clone(url, tmp_path / "lazy", lazy=True).path)
@@ -334,7 +318,7 @@ class SharingContract:
 
     def test_a_lazy_clone_pushes_what_it_adds_and_fetches_nothing_more_to_do_it(self, alice: Repo, url: str,
                                                                                tmp_path: Path) -> None:  # fmt: skip
-        family(alice, tmp_path)
+        add_family(alice, tmp_path)
         sync.push(alice)
         lazy = Repo(sync.clone(url, tmp_path / "lazy", lazy=True).path)
         newer = make_model(tmp_path / "ft3", state=finetune(3))
@@ -350,7 +334,7 @@ class SharingContract:
     @pytest.mark.parametrize("damage", ["flip", "truncate"])
     def test_a_damaged_object_is_refused_and_nothing_is_kept(self, alice: Repo, url: str, tmp_path: Path,
                                                             damage: str) -> None:  # fmt: skip
-        family(alice, tmp_path)
+        add_family(alice, tmp_path)
         sync.push(alice)
         victim = next(t.object for t in alice.manifest("ft").tensors())
         fn = (lambda b: b[:-1] + bytes([b[-1] ^ 0xFF])) if damage == "flip" else (lambda b: b[: len(b) // 2])
@@ -387,7 +371,7 @@ class SharingContract:
     # --- races and kills ------------------------------------------------------------------------
     def test_two_pushes_of_one_model_at_once_land_exactly_one(self, alice: Repo, url: str, tmp_path: Path,
                                                               env: dict[str, str]) -> None:  # fmt: skip
-        family(alice, tmp_path)
+        add_family(alice, tmp_path)
         sync.push(alice)
         clones = []
         for who in ("bob", "carol"):
@@ -407,7 +391,7 @@ class SharingContract:
 
     def test_pushes_of_different_models_at_once_both_land(self, alice: Repo, url: str, tmp_path: Path,
                                                           env: dict[str, str]) -> None:  # fmt: skip
-        family(alice, tmp_path)
+        add_family(alice, tmp_path)
         sync.push(alice)
         repos = []
         for who, model in (("bob", "b-model"), ("carol", "c-model")):
@@ -424,7 +408,7 @@ class SharingContract:
     @pytest.mark.parametrize("point", ["push-after-objects", "push-before-refs", "push-between-refs"])
     def test_a_killed_push_leaves_the_remote_consistent_and_resumes(self, alice: Repo, url: str, tmp_path: Path,
                                                                     env: dict[str, str], point: str) -> None:  # fmt: skip
-        family(alice, tmp_path)
+        add_family(alice, tmp_path)
         killed = subprocess.run([*MGIT, "-C", str(alice.root), "push"], capture_output=True, text=True, timeout=120,
                                 env={**env, "MGIT_CRASH_AT": point})  # fmt: skip
         assert killed.returncode == -signal.SIGKILL
@@ -441,7 +425,7 @@ class SharingContract:
     @pytest.mark.parametrize("point", ["fetch-after-download", "fetch-after-promote", "clone-before-heads"])
     def test_a_killed_clone_leaves_it_consistent_and_resumes(self, alice: Repo, url: str, tmp_path: Path,
                                                              env: dict[str, str], point: str) -> None:  # fmt: skip
-        folders = family(alice, tmp_path)
+        folders = add_family(alice, tmp_path)
         sync.push(alice)
         target = tmp_path / "bob"
         killed = subprocess.run([*MGIT, "clone", url, str(target)], capture_output=True, text=True, timeout=120,
@@ -464,7 +448,7 @@ class SharingContract:
     def test_remote_commands(self, alice: Repo, url: str, tmp_path: Path) -> None:
         code, out, _ = mgit_cli(alice.root, "remote", "ls", "--json")
         assert code == 0 and json.loads(out)[0]["name"] == "origin" and json.loads(out)[0]["url"] == url
-        family(alice, tmp_path)
+        add_family(alice, tmp_path)
         mgit_cli(alice.root, "push", "origin", "base")
         code, out, _ = mgit_cli(alice.root, "remote", "show", "origin", "--json")
         states = {m["model"]: m["state"] for m in json.loads(out)["models"]}
@@ -477,7 +461,7 @@ class SharingContract:
 
 
 def _evals(repo: Repo) -> str:
-    (repo.root / "evals.py").write_text(EVALS)
+    copy_user_code(repo.root, "tune", "evals.py")
     return "evals.py:size"
 
 
@@ -501,7 +485,7 @@ class TestFolderRemote(SharingContract):
         return _moved_away(Path(url))
 
     def test_a_folder_remote_is_a_bare_repository(self, alice: Repo, url: str, tmp_path: Path) -> None:
-        family(alice, tmp_path)
+        add_family(alice, tmp_path)
         sync.push(alice)
         code, out, err = run_cli("-C", url, "fsck", "--json")
         assert code == 0 and json.loads(out)["ok"], err
@@ -511,7 +495,7 @@ class TestFolderRemote(SharingContract):
         assert bare.bare and bare.refs.all() == alice.refs.all()
 
     def test_a_record_of_two_gigabytes_is_refused_before_reading_it(self, alice: Repo, url: str, tmp_path: Path) -> None:
-        family(alice, tmp_path)
+        add_family(alice, tmp_path)
         sync.push(alice)
         vid = alice.resolve("ft")
         path = Path(url) / "objects" / vid[:2] / vid[2:]
@@ -530,7 +514,7 @@ class TestFolderRemote(SharingContract):
         import blake3
         import zstandard
 
-        family(alice, tmp_path)
+        add_family(alice, tmp_path)
         sync.push(alice)
         [pack] = list((Path(url) / "packs").iterdir())
         body = json.loads(zstandard.ZstdDecompressor().decompress(pack.read_bytes()))
@@ -604,7 +588,7 @@ class TestS3Remote(SharingContract):
 
     def test_retries_ride_out_a_flaky_endpoint_and_give_up_in_one_line(self, alice: Repo, url: str, tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-        folders = family(alice, tmp_path)
+        folders = add_family(alice, tmp_path)
         for i, mode in enumerate(("503", "500", "drop")):
             with FaultProxy(self.bucket.endpoint, every=3, mode=mode) as proxy:
                 monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
@@ -648,7 +632,6 @@ class _unreachable:
 def test_remote_conflict_is_an_error_with_a_hint() -> None:
     exc = RemoteConflictError("s3://b/p", "refs/models/ft")
     assert "changed while it was being updated" in str(exc) and exc.hint
-
 
 
 def test_a_fetch_of_some_models_then_of_the_rest_brings_every_object(tmp_path: Path) -> None:

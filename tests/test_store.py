@@ -1,150 +1,44 @@
-"""The object store contract, run against every backend: content addressing, deduplication,
-verify-on-read, and clear errors for damaged or missing objects."""
+"""The object store contract (mgit.testing.store) run against every backend: files, memory,
+a lazy clone's store over a folder remote, a fetch's quarantine over a repository's store,
+and a remote's objects read through the contract; and what only one backend does."""
 
 from __future__ import annotations
 
-import json
-import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mgit.errors import CorruptObjectError, MissingObjectError
+from mgit.errors import CorruptObjectError, ReceivedCorruptError
+from mgit.remotes.folder import FolderBackend
+from mgit.remotes.repository import RemoteRepository
 from mgit.store.base import ObjectStore
+from mgit.store.lazy import LazyStore
 from mgit.store.local import LocalStore
 from mgit.store.memory import MemoryStore
-from mgit.store.objectformat import MAGIC, ObjectHeader
-from mgit.store.objects import object_id, tensor_meta
+from mgit.store.objectformat import MAGIC
+from mgit.store.overlay import OverlayStore
+from mgit.store.remote import RemoteStore
+from mgit.testing.store import Damage, StoreContract
 
 
-class StoreContract:
-    """Subclasses supply `store` and `damage(store, oid, fn)` (rewrite an object's record)."""
+def rewrite(store: LocalStore, oid: str, fn: Damage) -> None:
+    """Replace an object file's bytes `raw` with `fn(raw)` (object files are read-only)."""
+    path = store.path_of(oid)
+    raw = path.read_bytes()
+    path.chmod(0o644)
+    path.write_bytes(fn(raw))
 
-    def damage(self, store: ObjectStore, oid: str, fn) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
 
-    def test_tensor_roundtrip_and_id(self, store: ObjectStore) -> None:
-        data = np.arange(100, dtype=np.float32)
-        res = store.put_tensor("F32", (10, 10), data.view(np.uint8))
-        assert res.new and res.oid == object_id("tensor", tensor_meta("F32", (10, 10)), data.tobytes())
-        header, out = store.get(res.oid)
-        assert header.kind == "tensor" and header.meta == {"dtype": "F32", "shape": [10, 10]}
-        assert out.tobytes() == data.tobytes()
-        assert header.codec_names == "byteplanes+zstd"
-
-    def test_identical_content_is_stored_once(self, store: ObjectStore) -> None:
-        data = np.ones(1000, np.float32).view(np.uint8)
-        first = store.put_tensor("F32", (1000,), data)
-        second = store.put_tensor("F32", (1000,), data.copy())
-        assert first.oid == second.oid and first.new and not second.new
-        assert list(store.ids()).count(first.oid) == 1
-
-    def test_same_bytes_other_shape_is_another_object(self, store: ObjectStore) -> None:
-        data = np.ones(16, np.float32).view(np.uint8)
-        assert store.put_tensor("F32", (16,), data).oid != store.put_tensor("F32", (4, 4), data).oid
-        assert store.put_tensor("F32", (16,), data).oid != store.put_tensor("I32", (16,), data).oid
-
-    def test_incompressible_data_is_kept_raw(self, store: ObjectStore) -> None:
-        data = np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8)
-        res = store.put_blob(data)
-        assert store.header(res.oid).codec_names == "raw"
-        assert store.get(res.oid)[1].tobytes() == data.tobytes()
-
-    def test_records(self, store: ObjectStore) -> None:
-        res = store.put_record("manifest", {"b": 1, "a": [1, 2]})
-        assert store.get_record(res.oid, "manifest") == {"a": [1, 2], "b": 1}
-        with pytest.raises(CorruptObjectError, match="expected a version"):
-            store.get_record(res.oid, "version")
-
-    def test_missing_object(self, store: ObjectStore) -> None:
-        with pytest.raises(MissingObjectError, match="missing"):
-            store.get("ab" * 32)
-
-    def test_flipped_payload_byte_is_detected(self, store: ObjectStore) -> None:
-        data = np.random.default_rng(1).standard_normal(2000).astype(np.float32).view(np.uint8)
-        oid = store.put_tensor("F32", (2000,), data).oid
-
-        def flip(raw: bytes) -> bytes:
-            b = bytearray(raw)
-            b[-10] ^= 0x01
-            return bytes(b)
-
-        self.damage(store, oid, flip)
-        with pytest.raises(CorruptObjectError, match=oid[:16]):
-            store.get(oid)
-
-    def test_raw_object_with_changed_content_is_detected(self, store: ObjectStore) -> None:
-        data = np.random.default_rng(2).integers(0, 256, 512, dtype=np.uint8)
-        oid = store.put_blob(data).oid
-        self.damage(store, oid, lambda raw: raw[:-1] + bytes([raw[-1] ^ 0xFF]))
-        with pytest.raises(CorruptObjectError, match="does not hash to its id"):
-            store.get(oid)
-
-    @pytest.mark.parametrize(
-        ("mutate", "message"),
-        [
-            (lambda raw: b"NOTMGIT!" + raw[8:], "bad magic"),
-            (lambda raw: raw[:8] + struct.pack("<I", 1 << 30) + raw[12:], "header length"),
-            (lambda raw: raw[:12], "header length"),
-            (lambda raw: raw[:12] + b"[" + raw[13:], "unreadable header"),
-        ],
-        ids=["magic", "huge-header", "truncated", "bad-json"],
-    )
-    def test_damaged_headers_are_detected(self, store: ObjectStore, mutate, message: str) -> None:
-        oid = store.put_blob(b"config" * 100).oid
-        self.damage(store, oid, mutate)
-        with pytest.raises(CorruptObjectError, match=message):
-            store.get(oid)
-
-    def test_tensor_header_that_lies_about_size_is_detected(self, store: ObjectStore) -> None:
-        oid = store.put_tensor("F32", (4,), np.zeros(4, np.float32).view(np.uint8)).oid
-
-        def lie(raw: bytes) -> bytes:
-            (n,) = struct.unpack("<I", raw[8:12])
-            header = json.loads(raw[12 : 12 + n])
-            header["meta"]["shape"] = [1 << 40]
-            body = json.dumps(header).encode()
-            return MAGIC + struct.pack("<I", len(body)) + body + raw[12 + n :]
-
-        self.damage(store, oid, lie)
-        with pytest.raises(CorruptObjectError, match="does not match its size"):
-            store.get(oid)
-
-    def test_unknown_codec_in_header(self, store: ObjectStore) -> None:
-        oid = store.put_blob(b"x" * 1000).oid
-
-        def swap(raw: bytes) -> bytes:
-            return raw.replace(b'"name":"zstd"', b'"name":"zzzz"')
-
-        self.damage(store, oid, swap)
-        with pytest.raises(CorruptObjectError, match="unknown codec 'zzzz'"):
-            store.get(oid)
-
-    @pytest.mark.parametrize("chain", [[{"name": "zstd", "configuration": {"level": 1}}],
-                                       [{"name": "pco", "configuration": {"dtype": "<u8", "level": 8}}],
-                                       [{"name": "byteplanes", "configuration": {"itemsize": 8}}]])  # fmt: skip
-    def test_a_declared_size_the_record_cannot_hold_is_refused_before_allocating(self, store: ObjectStore,
-                                                                               chain: list) -> None:  # fmt: skip
-        # A forged header claims 1 TiB behind a 64-byte payload: no codec expands 64 bytes that far.
-        size = 1 << 40
-        header = ObjectHeader("tensor", {"dtype": "U8", "shape": [size]}, size, chain)
-        oid = "ab" * 32
-        store.write_record(oid, [header.to_bytes(), b"\x00" * 64])
-        with pytest.raises(CorruptObjectError, match="declares 1099511627776 bytes, more than its 64 stored bytes"):
-            store.get(oid)
-
-    def test_put_offers_no_way_to_store_content_under_an_unchecked_id(self, store: ObjectStore) -> None:
-        import inspect
-
-        assert not {"oid", "chain"} & set(inspect.signature(store.put).parameters)
-
-    def test_delete_and_ids(self, store: ObjectStore) -> None:
-        a = store.put_blob(b"a" * 10).oid
-        b = store.put_blob(b"b" * 10).oid
-        assert set(store.ids()) == {a, b}
-        store.delete(a)
-        assert set(store.ids()) == {b} and not store.has(a)
+@pytest.fixture
+def folder_remote(tmp_path: Path) -> Iterator[RemoteRepository]:
+    """An empty bare repository in a folder, reached as a remote."""
+    (tmp_path / "remote.mgit").mkdir()
+    remote = RemoteRepository(FolderBackend(tmp_path / "remote.mgit"))
+    remote.init_bare()
+    yield remote
+    remote.close()
 
 
 class TestLocalStore(StoreContract):
@@ -152,11 +46,9 @@ class TestLocalStore(StoreContract):
     def store(self, tmp_path: Path) -> LocalStore:
         return LocalStore(tmp_path / "objects")
 
-    def damage(self, store: LocalStore, oid: str, fn) -> None:
-        path = store.path_of(oid)
-        raw = path.read_bytes()
-        path.chmod(0o644)
-        path.write_bytes(fn(raw))
+    def damage(self, store: ObjectStore, oid: str, fn: Damage) -> None:
+        assert isinstance(store, LocalStore)
+        rewrite(store, oid, fn)
 
     def test_layout_and_read_only_files(self, store: LocalStore) -> None:
         oid = store.put_blob(b"hello").oid
@@ -180,8 +72,104 @@ class TestMemoryStore(StoreContract):
     def store(self) -> MemoryStore:
         return MemoryStore()
 
-    def damage(self, store: MemoryStore, oid: str, fn) -> None:
+    def damage(self, store: ObjectStore, oid: str, fn: Damage) -> None:
+        assert isinstance(store, MemoryStore)
         store.records[oid] = fn(store.records[oid])
+
+
+class TestLazyStore(StoreContract):
+    """A lazy clone's store: what is written or fetched lives in its folder, like any
+    repository's; what it lacks comes from its remote when first read."""
+
+    @pytest.fixture
+    def store(self, tmp_path: Path, folder_remote: RemoteRepository) -> LazyStore:
+        return LazyStore(tmp_path / "clone" / "objects", remote=lambda: folder_remote, fsync=False)
+
+    def damage(self, store: ObjectStore, oid: str, fn: Damage) -> None:
+        assert isinstance(store, LazyStore)
+        rewrite(store, oid, fn)
+
+    @staticmethod
+    def on_remote(store: LazyStore, remote: RemoteRepository, root: Path) -> LocalStore:
+        """The remote's objects as a store to put into (a folder remote keeps object files as
+        a repository does), and the lazy store told what the remote holds (its catalog's rows,
+        in a clone)."""
+        there = LocalStore(root / "objects", fsync=False)
+        store.describe = lambda oids: {o: (there.header(o).size, tuple(there.header(o).bases))
+                                       for o in oids if there.has(o)}  # fmt: skip
+        return there
+
+    def test_an_object_only_on_the_remote_is_fetched_when_read_and_kept(
+            self, store: LazyStore, folder_remote: RemoteRepository, tmp_path: Path) -> None:  # fmt: skip
+        there = self.on_remote(store, folder_remote, tmp_path / "remote.mgit")
+        data = np.random.default_rng(3).standard_normal(500).astype(np.float32)
+        oid = there.put_tensor("F32", (500,), data.view(np.uint8)).oid
+        assert not store.has(oid) and store.promised(oid) == ()
+        assert store.get(oid)[1].tobytes() == data.tobytes()
+        assert store.has(oid) and store.fetched.objects == 1
+        assert store.get(oid)[1].tobytes() == data.tobytes() and store.fetched.objects == 1  # kept: not again
+
+    def test_an_object_damaged_on_the_remote_is_refused_and_not_kept(
+            self, store: LazyStore, folder_remote: RemoteRepository, tmp_path: Path) -> None:  # fmt: skip
+        there = self.on_remote(store, folder_remote, tmp_path / "remote.mgit")
+        oid = there.put_blob(np.random.default_rng(4).integers(0, 256, 512, dtype=np.uint8)).oid
+        rewrite(there, oid, lambda raw: raw[:-1] + bytes([raw[-1] ^ 0xFF]))
+        with pytest.raises(ReceivedCorruptError, match="does not hash to its id"):
+            store.get(oid)
+        assert not store.has(oid)
+
+
+class TestOverlayStore(StoreContract):
+    """A fetch's view: the quarantine first, then the repository's store; it writes nothing
+    (a fetch writes into the quarantine) and lists nothing (a fetch knows what arrived)."""
+
+    writable = False
+    lists_ids = False
+
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> OverlayStore:
+        return OverlayStore(LocalStore(tmp_path / "incoming", fsync=False), LocalStore(tmp_path / "objects"))
+
+    def writer(self, store: ObjectStore) -> ObjectStore:
+        assert isinstance(store, OverlayStore)
+        return store.quarantine
+
+    def damage(self, store: ObjectStore, oid: str, fn: Damage) -> None:
+        assert isinstance(store, OverlayStore)
+        rewrite(store.quarantine, oid, fn)
+
+    def test_a_delta_in_the_quarantine_reads_its_base_from_the_repository(self, store: OverlayStore) -> None:
+        rng = np.random.default_rng(5)
+        base = rng.standard_normal(4096).astype(np.float32)
+        tuned = base + rng.standard_normal(4096).astype(np.float32) * np.float32(1e-3)
+        base_oid = store.store.put_tensor("F32", (4096,), base.view(np.uint8)).oid
+        tuned_oid = store.store.put_tensor("F32", (4096,), tuned.view(np.uint8), bases=[base_oid]).oid
+        store.quarantine.write_record(tuned_oid, [store.store.read_bytes(tuned_oid)])  # as if it arrived
+        store.store.delete(tuned_oid)
+        assert store.header(tuned_oid).bases == [base_oid] and not store.quarantine.has(base_oid)
+        assert store.get(tuned_oid)[1].tobytes() == tuned.tobytes()
+        assert store.decoded == {tuned_oid, base_oid}  # both were read to be decoded, and so verified
+
+
+class TestRemoteStore(StoreContract):
+    """A remote's objects through the contract (what fsck of a remote reads): read-only."""
+
+    writable = False
+
+    @pytest.fixture
+    def store(self, folder_remote: RemoteRepository) -> RemoteStore:
+        return RemoteStore(folder_remote)
+
+    def writer(self, store: ObjectStore) -> ObjectStore:
+        assert isinstance(store, RemoteStore) and isinstance(store.remote, RemoteRepository)
+        backend = store.remote.backend
+        assert isinstance(backend, FolderBackend)
+        return LocalStore(backend.root / "objects", fsync=False)  # a folder remote's object files
+
+    def damage(self, store: ObjectStore, oid: str, fn: Damage) -> None:
+        writer = self.writer(store)
+        assert isinstance(writer, LocalStore)
+        rewrite(writer, oid, fn)
 
 
 # --- records: what a manifest may hold ------------------------------------------------------------

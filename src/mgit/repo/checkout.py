@@ -19,6 +19,7 @@ from mgit.store.cache import CHECKOUT_BASES, DecodedCache
 from mgit.store.objectformat import Expected, file_objects_expected
 from mgit.store.objects import FileEntry, Manifest, check_relative_path
 from mgit.util.atomicfile import atomic_writer
+from mgit.util.faults import crash_point
 from mgit.util.parallel import Progress, ordered_map
 
 
@@ -96,6 +97,7 @@ def restore_file(store: ObjectStore, entry: FileEntry, out_dir: Path, *, pool: T
             for data in ordered_map(pool, rebuild, items, jobs=jobs, size=lambda item: item[3]):
                 hasher.update(data)
                 written += data.nbytes
+                crash_point("checkout-piece-written")
                 if progress:
                     progress(data.nbytes)
             if written != entry.size or hasher.hexdigest() != entry.digest:

@@ -13,6 +13,7 @@ from mgit.repo.fsck import quarantine_folders, root_heads, walk
 from mgit.reports import GcResult
 from mgit.store.base import ObjectStore
 from mgit.util.atomicfile import remove_files
+from mgit.util.faults import crash_point
 
 
 def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, *, dry_run: bool = False) -> GcResult:
@@ -44,6 +45,7 @@ def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, *, dry_run: bool = 
         catalog.remove_strays(seen.versions, seen.objects)
         for oid in garbage:
             store.delete(oid)
+            crash_point("gc-deleted")
         remove_files(leftovers)
         for folder in quarantines:  # a killed fetch's: nothing in it was ever kept
             shutil.rmtree(folder, ignore_errors=True)

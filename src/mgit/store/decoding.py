@@ -21,6 +21,7 @@ from mgit.store.objectformat import (
     ObjectHeader,
 )
 from mgit.store.objects import object_hasher
+from mgit.util.faults import crash_point
 
 if TYPE_CHECKING:  # numpy loads when something is decoded, not before
     import numpy as np
@@ -133,6 +134,7 @@ def framed(header: ObjectHeader, frames: Iterable[Any]) -> Iterator[Any]:
     for frame in frames:
         yield FRAME.pack(len(frame))
         yield frame
+        crash_point("block-written")
 
 
 def unzstd(oid: str, payload: bytes, size: int) -> bytes:

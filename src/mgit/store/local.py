@@ -14,6 +14,7 @@ from mgit.store.base import ObjectStore
 from mgit.store.objectformat import PREFIX, ObjectHeader, header_length, parse_record
 from mgit.store.objects import OID_RE
 from mgit.util.atomicfile import TMP_PREFIX, fsync_dir, write_atomic
+from mgit.util.faults import crash_point
 from mgit.util.locks import FileLock
 
 
@@ -50,6 +51,7 @@ class LocalStore(ObjectStore):
         size = write_atomic(path, chunks, fsync=self.fsync, mode=0o444, sync_dir=False)
         with self._lock:
             self._dirty.add(path.parent)
+        crash_point("object-written")
         return size
 
     def adopt(self, oid: str, path: Path) -> None:

@@ -1,14 +1,36 @@
-"""Fault injection for the crash tests: `MGIT_CRASH_AT=<name>` SIGKILLs the process at the
-crash point of that name (in `add` and after a cascade's commit). A module of its own so that any layer
-can place one without importing upwards."""
+"""Fault injection for the crash tests: `MGIT_CRASH_AT=<name>` SIGKILLs the process the first
+time it reaches the crash point of that name, `MGIT_CRASH_AT=<name>:<n>` the n-th time (so a
+test can kill an add after its third object, or a gc after its hundredth deletion). A module
+of its own so that any layer can place one without importing upwards.
+
+The points: in `add`, after-scan, after-objects, before-ref, after-ref, object-written (an
+object file in place) and block-written (a coded block of a large object handed to its
+file); in `checkout`, checkout-piece-written (a tensor, or a block of one, written into the
+file being rebuilt); in `gc`, gc-deleted (a garbage object removed); push-before-refs,
+push-between-refs, push-after-objects; fetch-after-download, fetch-after-promote,
+clone-before-heads; cascade-after-commit.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
+
+_reached: dict[str, int] = {}
+_counting = threading.Lock()
 
 
 def crash_point(name: str) -> None:
-    """SIGKILL this process here when `MGIT_CRASH_AT` names this point."""
-    if os.environ.get("MGIT_CRASH_AT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
+    """SIGKILL this process here when `MGIT_CRASH_AT` names this point (and this is the n-th
+    time this process reaches it, with `:<n>`)."""
+    wanted = os.environ.get("MGIT_CRASH_AT")
+    if not wanted:
+        return
+    point, _, nth = wanted.partition(":")
+    if point != name:
+        return
+    with _counting:
+        _reached[name] = _reached.get(name, 0) + 1
+        if _reached[name] == (int(nth) if nth.isdigit() else 1):
+            os.kill(os.getpid(), signal.SIGKILL)
