@@ -37,6 +37,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     driver = Repo.init(tmp_path / "driver")
     sync.add_remote(driver, "origin", str(tmp_path / "remote.mgit"))
     vid = driver.add(make_model(tmp_path / "src"), name="base").version
+    tuned = driver.add(make_model(tmp_path / "tuned", seed=7), name="tuned", parent="base").version
     sync.push(driver)
     monkeypatch.setenv(node.CACHE_VARIABLE, str(tmp_path / "cache"))
     evals, recipes = (FIXTURES / "tune" / "evals.py").read_bytes(), (FIXTURES / "tune" / "recipes.py").read_bytes()
@@ -45,7 +46,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return {
         "remote": RemoteSpec(str(tmp_path / "remote.mgit")), "marker": marker, "cache": tmp_path / "cache",
         "test": CheckJob(vid, "size", "evals.py:size", 60.0, evals, root=str(driver.root)),
-        "recipe": RecipeJob("base", vid, [vid], "finetune", record, "by a node", {"team": "a"}, 60.0, recipes,
+        "recipe": RecipeJob("tuned", tuned, [vid], "finetune", record, "by a node", {"team": "a"}, 60.0, recipes,
                             root=str(driver.root)),
     }  # fmt: skip
 

@@ -88,8 +88,9 @@ def test_a_clone_refuses_the_manifest_and_keeps_nothing(tmp_path: Path, files: d
     one_line_error(run_cli("clone", url, str(target)), manifest[:16], "not a valid manifest", why)
 
     assert stored(target) == {"objects": [], "refs/models": []}
+    assert not target.exists()  # a refused clone removes what it made
     code, _, err = run_cli("-C", str(target), "checkout", "evil", "-o", str(tmp_path / "out"))
-    assert code == 1 and not (tmp_path / "out").exists(), err
+    assert code == 2 and "cannot change to" in err and not (tmp_path / "out").exists(), err
 
 
 @pytest.mark.parametrize(("files", "why"), BAD[:3])

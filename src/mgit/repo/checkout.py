@@ -18,7 +18,7 @@ from mgit.store.base import ObjectStore
 from mgit.store.cache import CHECKOUT_BASES, DecodedCache
 from mgit.store.objectformat import Expected, file_objects_expected
 from mgit.store.objects import FileEntry, Manifest, check_relative_path
-from mgit.util.atomicfile import atomic_writer
+from mgit.util.atomicfile import TMP_PREFIX, atomic_writer
 from mgit.util.faults import crash_point
 from mgit.util.parallel import Progress, ordered_map
 
@@ -120,8 +120,8 @@ def _allocate(fd: int, size: int) -> None:
 
 
 def stray_files(out_dir: Path, paths: set[str]) -> list[str]:
-    """Files (and links) under a folder that are not among a version's `paths`, sorted; links
-    to folders are not followed."""
+    """Files (and links) under a folder that are not among a version's `paths`, sorted, but for
+    the temporary files a killed checkout leaves (`.tmp-*`); links to folders are not followed."""
     strays = []
     for dirpath, dirs, names in os.walk(out_dir):
         here = Path(dirpath)
@@ -131,7 +131,7 @@ def stray_files(out_dir: Path, paths: set[str]) -> list[str]:
                 names.append(d)
         for name in names:
             rel = (here / name).relative_to(out_dir).as_posix()
-            if rel not in paths:
+            if rel not in paths and not name.startswith(TMP_PREFIX):  # an interrupted checkout's own: not a stray
                 strays.append(rel)
     return sorted(strays)
 
