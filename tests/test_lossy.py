@@ -278,9 +278,9 @@ def test_a_metric_that_must_not_rise(base_and_tuned: tuple[Repo, Path], gate_fil
     assert result.lossy is None and "val_loss rose" in (result.lossless_reason or "")
 
 
-def test_a_gate_without_a_lossy_bound_is_refused_before_anything_is_written(family: tuple[Repo, Path],
+def test_a_gate_without_a_lossy_bound_is_refused_before_anything_is_written(base_and_tuned: tuple[Repo, Path],
                                                                             gate_file: Path) -> None:  # fmt: skip
-    repo, tmp = family
+    repo, tmp = base_and_tuned
     before = sorted(repo.store.ids())
     with pytest.raises(InvalidOptionError, match="a gate only checks lossy storage"):
         repo.add(tmp / "tuned", name="d", parent="base", gate=f"{gate_file}:accuracy")

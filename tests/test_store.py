@@ -4,13 +4,14 @@ and a remote's objects read through the contract; and what only one backend does
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mgit.errors import CorruptObjectError, ReceivedCorruptError
+from mgit.index.catalog import Catalog
 from mgit.remotes.folder import FolderBackend
 from mgit.remotes.repository import RemoteRepository
 from mgit.store.base import ObjectStore
@@ -77,13 +78,29 @@ class TestMemoryStore(StoreContract):
         store.records[oid] = fn(store.records[oid])
 
 
+class RemoteRows:
+    """The rows a clone's catalog keeps of its remote's objects (`mgit.store.lazy.ObjectIndex`),
+    read from the remote's own files."""
+
+    def __init__(self, there: LocalStore) -> None:
+        self.there = there
+
+    def sizes_and_bases(self, oids: Iterable[str]) -> dict[str, tuple[int, tuple[str, ...]]]:
+        return {o: (self.there.header(o).size, tuple(self.there.header(o).bases)) for o in oids if self.there.has(o)}
+
+    def index_objects(self, store: ObjectStore, oids: Iterable[str]) -> None:
+        pass
+
+
 class TestLazyStore(StoreContract):
     """A lazy clone's store: what is written or fetched lives in its folder, like any
     repository's; what it lacks comes from its remote when first read."""
 
     @pytest.fixture
     def store(self, tmp_path: Path, folder_remote: RemoteRepository) -> LazyStore:
-        return LazyStore(tmp_path / "clone" / "objects", remote=lambda: folder_remote, fsync=False)
+        (tmp_path / "clone").mkdir(exist_ok=True)
+        index = Catalog(tmp_path / "clone" / "catalog.sqlite")  # the clone's own: rows of what it knows
+        return LazyStore(tmp_path / "clone" / "objects", remote=lambda: folder_remote, index=index, fsync=False)
 
     def damage(self, store: ObjectStore, oid: str, fn: Damage) -> None:
         assert isinstance(store, LazyStore)
@@ -95,8 +112,7 @@ class TestLazyStore(StoreContract):
         a repository does), and the lazy store told what the remote holds (its catalog's rows,
         in a clone)."""
         there = LocalStore(root / "objects", fsync=False)
-        store.describe = lambda oids: {o: (there.header(o).size, tuple(there.header(o).bases))
-                                       for o in oids if there.has(o)}  # fmt: skip
+        store.index = RemoteRows(there)
         return there
 
     def test_an_object_only_on_the_remote_is_fetched_when_read_and_kept(
