@@ -329,12 +329,26 @@ def test_fault_filter_and_cap_pick_which_requests_fail(s3_bucket):
 
 
 def test_proxy_stop_closes_open_connections_promptly(s3_bucket):
+    import contextlib
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
     proxy = FaultProxy(s3_bucket.endpoint)
     s3 = s3_client(proxy.endpoint, NO_RETRIES)
-    s3.put_object(Bucket=s3_bucket.name, Key="k", Body=b"x")  # leaves a keep-alive connection open
-    assert proxy.open_connections >= 1
-    proxy.stop()  # cuts it: its relay would otherwise wait out the proxy's 30 s timeout, past stop's wait
-    assert proxy.open_connections == 0
+    s3.put_object(Bucket=s3_bucket.name, Key="k", Body=b"x")
+    where = urlsplit(proxy.endpoint)
+    # A connection that stays open whatever the server does with keep-alive: connected, silent.
+    with socket.create_connection((where.hostname, where.port), timeout=10) as held:
+        for _ in range(200):  # bounded wait for the proxy to take it (its relay thread starts)
+            if proxy.open_connections >= 1:
+                break
+            time.sleep(0.05)
+        assert proxy.open_connections >= 1
+        proxy.stop()  # cuts it: its relay would otherwise wait out the proxy's 30 s timeout, past stop's wait
+        assert proxy.open_connections == 0
+        with contextlib.suppress(ConnectionResetError):  # closed from the proxy's side: end of stream, or a reset
+            assert held.recv(1) == b""
     with pytest.raises((ConnectionError, HTTPClientError)):
         s3.get_object(Bucket=s3_bucket.name, Key="k")
     proxy.stop()  # twice is harmless
