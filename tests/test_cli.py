@@ -283,7 +283,7 @@ def test_errors_are_one_line_with_exit_code_1(work: Path, args: list[str], messa
 
 @pytest.mark.parametrize(
     "args",
-    [["add"], ["add", "base", "--name", "x", "--relation", "cousin"], ["frobnicate"], ["log"],
+    [["add"], ["add", "base", "--name", "x", "--relation", "cousin"], ["frobnicate"], ["log", "-n", "-1"],
      ["add", "base", "--name", "x", "--tag", "novalue"]],
 )  # fmt: skip
 def test_usage_errors_exit_2(work: Path, args: list[str]) -> None:

@@ -203,3 +203,23 @@ def test_what_a_file_defines_is_read_without_running_it() -> None:
     assert all(defines(source, n) for n in ("os", "parse", "late", "C", "f"))
     assert not defines(source, "g") and not defines(b"def f(): g = 1\n", "g")
     assert defines(b"from helpers import *\n", "anything") and defines(b"def __getattr__(n): ...\n", "x")
+
+
+def test_log_without_a_model_is_every_version_newest_first_with_filters(work: Path) -> None:
+    from mgit import Repo
+
+    repo = Repo(work)
+    repo.add(make_model(work / "a", seed=1), name="a", message="first\nmore")
+    repo.add(make_model(work / "b", seed=2), name="b", parent="a", relation="quantize", tags={"task": "x"})
+    repo.add(make_model(work / "a2", seed=3), name="a", message="again")
+    code, out, err = run_cli("log", "--oneline", cwd=work)
+    assert code == 0, err
+    assert [line.split()[0] for line in out.splitlines()] == ["a@2", "b@1", "a@1"]
+    assert out.splitlines()[2].endswith(" first")  # the message's first line
+    code, out, _ = run_cli("log", "--json", "-n", "2", cwd=work)
+    assert [v["ref"] if "ref" in v else f"{v['model']}@{v['seq']}" for v in json.loads(out)] == ["a@2", "b@1"]
+    assert [ln.split()[0] for ln in run_cli("log", "--oneline", "--tag", "task=x", cwd=work)[1].splitlines()] == ["b@1"]
+    assert [ln.split()[0] for ln in run_cli("log", "--oneline", "--relation", "quantize", cwd=work)[1].splitlines()] == [
+        "b@1"]  # fmt: skip
+    assert run_cli("log", "--oneline", "--since", "2999-01-01", cwd=work)[1] == ""
+    assert [ln.split()[0] for ln in run_cli("log", "a", "--oneline", cwd=work)[1].splitlines()] == ["a@2", "a@1"]

@@ -287,19 +287,43 @@ def _version_line(v: VersionInfo) -> str:
 
 
 @click.command()
-@click.argument("ref")
+@click.argument("ref", required=False)
+@click.option("--oneline", is_flag=True, help="One line per version: REF, id, date, the message's first line.")
+@click.option("-n", "--max-count", "limit", type=click.IntRange(0), default=None, help="Show at most N versions.")
+@click.option("--since", metavar="DATE", default=None, help="Versions made on or after DATE (2026-11-30, or a time).")
+@click.option("--tag", "tag", metavar="KEY[=VALUE]", default=None, help="Versions tagged KEY (with VALUE).")
+@click.option("--relation", type=click.Choice(RELATIONS), default=None,
+              help="Versions with a lineage parent of this relation.")
 @json_option
 @click.pass_context
-def log(ctx: click.Context, ref: str, as_json: bool) -> None:
-    """Show the versions of a model, newest first.
+def log(ctx: click.Context, ref: str | None, oneline: bool, limit: int | None, since: str | None, tag: str | None,
+        relation: str | None, as_json: bool) -> None:  # fmt: skip
+    """Show the versions of a model, newest first; without a model, every version of every
+    model, newest first.
 
     \b
-    Example:
+    Examples:
       mgit log bert-sst2
+      mgit log --oneline -n 10
+      mgit log --since 2026-11-30 --tag task=sst2
     """
+    from mgit.store.objects import tag_matches
+
     versions = _repo(ctx).log(ref)
+    if since is not None:
+        versions = [v for v in versions if v.time >= since]
+    if tag is not None:
+        versions = [v for v in versions if tag_matches(tag, v.tags)]
+    if relation is not None:
+        versions = [v for v in versions if any(p.relation == relation for p in v.parents)]
+    versions = versions[:limit] if limit is not None else versions
     if as_json:
         print_json([v.to_json() for v in versions])
+        return
+    if oneline:
+        for v in versions:
+            first = v.message.splitlines()[0] if v.message else ""
+            out.print(f"{v.ref} {short(v.id)} {v.time[:10]} {first}".rstrip())
         return
     out.print("\n\n".join(_version_line(v) for v in versions))
 

@@ -442,9 +442,13 @@ class Repo:
                                     row.logical_bytes, row.time, row.lossy))  # fmt: skip
         return out
 
-    def log(self, ref: str) -> list[VersionInfo]:
-        """Versions of a model (or from a given version back), newest first."""
-        return [self._info(self._row(v)) for v in self.chain(self.resolve(ref))]
+    def log(self, ref: str | None = None) -> list[VersionInfo]:
+        """Versions of a model (or from a given version back), newest first; without a ref,
+        every version of every model, newest first."""
+        if ref is not None:
+            return [self._info(self._row(v)) for v in self.chain(self.resolve(ref))]
+        every = [self._info(self._row(v)) for head in self.refs.all().values() for v in self.chain(head)]
+        return sorted(every, key=lambda v: (v.time, v.ref), reverse=True)
 
     def show(self, ref: str) -> ShowResult:
         vid = self.resolve(ref)
