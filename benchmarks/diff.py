@@ -173,7 +173,8 @@ def main() -> None:
         f"The largest changed tensor is {largest / MB:.1f} MB; the peaks above are "
         f"{min(peaks) / largest:.0f}-{max(peaks) / largest:.0f} times it and at most "
         f"{100 * max(peaks) / (2 * size):.0f}% of the two models' bytes. Identical tensors (the "
-        f"{result.summary.counts.get('identical', 0)} here, {identical_mb:.0f} MB of each model) are never decoded.",
+        f"{result.summary.counts.get('identical', 0)} here, {identical_mb:.0f} MB of each model) are never compared; each is read once, from A, "
+        "for its share of ||A|| (the relative change counts every shared value).",
         END,
     ])  # fmt: skip
     print("\n" + section)
