@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mgit.errors import CorruptObjectError, MissingObjectError
 from mgit.store.cache import UNBOUNDED, DecodedCache, Entry
@@ -58,6 +58,8 @@ if TYPE_CHECKING:  # numpy and the codecs load when something is encoded or deco
 
     from mgit.codecs import Codec
     from mgit.store.codec_policy import Encoding
+
+R = TypeVar("R", Version, Manifest)
 
 PARSED_RECORDS = 16384  # versions and manifests kept parsed (a few KB each)
 BLOCK_TABLES = 4096  # where the blocks of recently read blocked objects lie
@@ -475,27 +477,22 @@ class ObjectStore:
     def get_version(self, vid: str, *, fresh: bool = False) -> Version:
         """A version record, validated field by field (`fresh`: read and verified again
         even if parsed before, as fsck and gc want)."""
-        found = None if fresh else self._parsed.get(vid)
-        if isinstance(found, Version):
-            return found
-        try:
-            version = Version.from_json(self.get_record(vid, "version"))
-        except RecordError as exc:
-            raise CorruptObjectError(vid, f"not a valid version record ({exc})") from None
-        self._remember(vid, version)
-        return version
+        return self._parsed_record(vid, Version, "version", "a valid version record", fresh=fresh)
 
     def get_manifest(self, oid: str, *, fresh: bool = False) -> Manifest:
         """A manifest record, validated field by field (paths included)."""
+        return self._parsed_record(oid, Manifest, "manifest", "a valid manifest", fresh=fresh)
+
+    def _parsed_record(self, oid: str, cls: type[R], kind: str, what: str, *, fresh: bool) -> R:
         found = None if fresh else self._parsed.get(oid)
-        if isinstance(found, Manifest):
+        if isinstance(found, cls):
             return found
         try:
-            manifest = Manifest.from_json(self.get_record(oid, "manifest"))
+            record = cls.from_json(self.get_record(oid, kind))
         except RecordError as exc:
-            raise CorruptObjectError(oid, f"not a valid manifest ({exc})") from None
-        self._remember(oid, manifest)
-        return manifest
+            raise CorruptObjectError(oid, f"not {what} ({exc})") from None
+        self._remember(oid, record)
+        return record
 
     def remember(self, oid: str, record: Version | Manifest) -> None:
         """Keep a record parsed and verified elsewhere (a fetch's quarantine) for this store's
