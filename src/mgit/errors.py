@@ -440,20 +440,18 @@ class NotFetchedError(RemoteError, MissingObjectError):
     here is damaged."""
 
     def __init__(self, oid: str, *, where: str, why: str, used_by: list[str] | None = None) -> None:
-        users = f" (used by {', '.join(used_by)})" if used_by else ""
-        RemoteError.__init__(self, f"object {oid[:16]}{users} is not fetched yet, and the remote {where} cannot be "
-                                   f"reached: {why}",
-                             hint="Nothing here is damaged: reconnect (or fix the remote's URL: mgit remote ls) and "
-                                  "retry; mgit fetch --objects REF brings a model's objects for work offline")  # fmt: skip
-        self.oid = oid
-        self.where = where
-        self.used_by = used_by or []
-        self.why = why
+        RemoteError.__init__(self, "", hint="Nothing here is damaged: reconnect (or fix the remote's URL: mgit remote "
+                                            "ls) and retry; mgit fetch --objects REF brings a model's objects for "
+                                            "work offline")  # fmt: skip
+        self.oid, self.where, self.why = oid, where, why
+        self.name_users(used_by or [])
 
     def name_users(self, users: list[str]) -> None:
         self.used_by = users
-        self.message = (f"object {self.oid[:16]} (used by {', '.join(users)}) is not fetched yet, and the remote "
-                        f"{self.where} cannot be reached: {self.why}")
+        named = f" (used by {', '.join(users)})" if users else ""
+        self.message = f"object {self.oid[:16]}{named} is not fetched yet, and the remote {self.where} cannot be " \
+                       f"reached: {self.why}"  # fmt: skip
+        self.args = (self.message,)
 
 
 class MissingKeyError(RemoteError):
