@@ -447,7 +447,9 @@ class Repo:
         every version of every model, newest first."""
         if ref is not None:
             return [self._info(self._row(v)) for v in self.chain(self.resolve(ref))]
-        every = [self._info(self._row(v)) for head in self.refs.all().values() for v in self.chain(head)]
+        vids = [v for head in self.refs.all().values() for v in self.chain(head)]
+        rows = self.catalog.versions_of(vids)  # one query for all of them
+        every = [self._info(rows[v] if v in rows else self._row(v)) for v in vids]
         return sorted(every, key=lambda v: (v.time, v.ref), reverse=True)
 
     def show(self, ref: str) -> ShowResult:
