@@ -342,33 +342,29 @@ class Repo:
         with self.catalog.explained():
             version = self.store.get_version(vid)
             manifest = self.store.get_manifest(version.manifest)
-        out = Path(out_dir)
+        seq, out = self._row(vid).seq, Path(out_dir)
         if out.exists() and not out.is_dir():
             raise InputError(str(out), "exists and is not a folder")
         if out.is_dir() and any(out.iterdir()) and not (force or clean):
             raise OutputNotEmptyError(str(out))
         strays = stray_files(out, {f.path for f in manifest.files}) if out.is_dir() else []
         if strays and not clean:
-            raise StrayFilesError(str(out), self._ref_of(vid), strays)
+            raise StrayFilesError(str(out), f"{version.model}@{seq}", strays)
         tick = progress(manifest.logical_bytes) if progress else None
         with self.catalog.explained():
             restore_manifest(self.store, manifest, out, jobs=jobs or default_jobs(), reuse=self._reuse(), progress=tick)
         notes = [f"{f.path} was rebuilt as safetensors from {f.converted_from}" for f in manifest.files if f.converted_from]
         if strays:
             remove_strays(out, strays)
-            notes.append(f"removed {len(strays)} file{'s' if len(strays) != 1 else ''} that {self._ref_of(vid)} "
+            notes.append(f"removed {len(strays)} file{'s' if len(strays) != 1 else ''} that {version.model}@{seq} "
                          f"does not hold: {', '.join(strays[:5])}{' ...' if len(strays) > 5 else ''}")  # fmt: skip
         if model_card:
             notes.append(self._write_card(version, out))
         if version.lossy:
             notes.append(f"these files are a lossy reconstruction of what was added: {describe(version.lossy)} "
                          f"(measured max error {version.lossy.get('max_error'):.3g})")  # fmt: skip
-        return CheckoutResult(version.model, vid, self._row(vid).seq, str(out), _file_infos(manifest),
+        return CheckoutResult(version.model, vid, seq, str(out), _file_infos(manifest),
                               manifest.logical_bytes, notes)  # fmt: skip
-
-    def _ref_of(self, vid: str) -> str:
-        row = self._row(vid)
-        return f"{row.model}@{row.seq}"
 
     def _write_card(self, version: Version, out: Path) -> str:
         from mgit.formats.model_card import CARD, write_lineage
