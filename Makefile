@@ -34,16 +34,22 @@ chromium:
 	  || { $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends chromium; }; \
 	fi
 
-# The import contract (pyproject.toml, [tool.importlinter]) first: a layering break fails fast.
+# The layout (ruff format), the lint rules and the import contract (pyproject.toml) first:
+# each takes seconds, so a formatting or layering break fails fast.
+LINTED := src tests benchmarks demo
 test: $(STAMP) chromium
+	$(BIN)/ruff format --check --quiet $(LINTED)
+	$(BIN)/ruff check --quiet $(LINTED)
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/core.py
 
+# Lays out every file (ruff format), then checks what make test checks.
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks demo
+	$(BIN)/ruff format $(LINTED)
+	$(BIN)/ruff check $(LINTED)
 	$(BIN)/lint-imports --no-cache
 
 clean:

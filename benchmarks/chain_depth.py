@@ -79,8 +79,15 @@ def measure(depth: int, history: list[Path], runs: int) -> dict[str, float]:
     size = history[0].joinpath("model.safetensors").stat().st_size
     # Chains restart after `depth` links, so version depth + 1 is the deepest there is.
     deepest, second = checkout(f"model@{min(depth + 1, len(history))}"), checkout("model@2")
-    return {"stored": repo.du().stored_bytes, "reduction": logical / repo.du().stored_bytes, "add_mbs": logical / 1e6 / add_s,
-            "deepest_s": deepest, "second_s": second, "deepest_mbs": size / 1e6 / deepest, "second_mbs": size / 1e6 / second}  # fmt: skip
+    return {
+        "stored": repo.du().stored_bytes,
+        "reduction": logical / repo.du().stored_bytes,
+        "add_mbs": logical / 1e6 / add_s,
+        "deepest_s": deepest,
+        "second_s": second,
+        "deepest_mbs": size / 1e6 / deepest,
+        "second_mbs": size / 1e6 / second,
+    }
 
 
 def report(results: dict[int, dict[str, float]], versions: int, megabytes: int, load: float) -> str:
@@ -99,8 +106,10 @@ def report(results: dict[int, dict[str, float]], versions: int, megabytes: int, 
         "| ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for depth, r in results.items():
-        lines.append(f"| {depth} | {r['stored'] / 1e6:,.0f} MB | {r['reduction']:.2f}x | {r['add_mbs']:,.0f} | "
-                     f"{r['deepest_s']:.2f} s ({r['deepest_mbs']:,.0f}) | {r['second_s']:.2f} s ({r['second_mbs']:,.0f}) |")  # fmt: skip
+        lines.append(
+            f"| {depth} | {r['stored'] / 1e6:,.0f} MB | {r['reduction']:.2f}x | {r['add_mbs']:,.0f} | "
+            f"{r['deepest_s']:.2f} s ({r['deepest_mbs']:,.0f}) | {r['second_s']:.2f} s ({r['second_mbs']:,.0f}) |"
+        )
     return "\n".join([*lines, END])
 
 
@@ -115,7 +124,11 @@ def main() -> None:
     for depth in DEPTHS:
         results[depth] = measure(depth, history, runs=3)
         r = results[depth]
-        print(f"depth {depth}: {r['reduction']:.2f}x, add {r['add_mbs']:.0f} MB/s, checkout deepest {r['deepest_s']:.2f}s, @2 {r['second_s']:.2f}s", flush=True)
+        print(
+            f"depth {depth}: {r['reduction']:.2f}x, add {r['add_mbs']:.0f} MB/s,"
+            f" checkout deepest {r['deepest_s']:.2f}s, @2 {r['second_s']:.2f}s",
+            flush=True,
+        )
     section = report(results, args.versions, args.megabytes, load)
     write_doc(section, BEGIN, END)
     print(section)

@@ -47,7 +47,7 @@ WORK = CACHE / "bench" / "cluster"
 BEGIN, END = "<!-- cluster:begin -->", "<!-- cluster:end -->"
 MGIT = [sys.executable, "-m", "mgit.cli.main"]
 
-TOY_RECIPES = '''
+TOY_RECIPES = """
 from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
@@ -57,8 +57,8 @@ def finetune(parents, out, seed=0):
     state = load_file(str(Path(parents[0]) / "model.safetensors"))
     state = {k: (v + rng.standard_normal(v.shape).astype(v.dtype) * 0.01) for k, v in sorted(state.items())}
     save_file(state, str(Path(out) / "model.safetensors"), metadata={"format": "pt"})
-'''
-TOY_EVALS = '''
+"""
+TOY_EVALS = """
 from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file
@@ -66,7 +66,7 @@ from safetensors.numpy import load_file
 def spread(folder):
     state = load_file(str(Path(folder) / "model.safetensors"))
     return {"mean_abs": float(np.mean([np.abs(v).mean() for v in state.values()]))}
-'''
+"""
 
 
 class Bench:
@@ -94,8 +94,21 @@ def demo_repos(bench: Bench, url: str) -> tuple[Path, Path]:
     bench.mgit(origin, "init")
     for args in add_commands(members):  # as `make demo` adds them
         bench.mgit(origin, *args)
-    bench.mgit(origin, "test", "add", "minilm-sentiment", "--fn", f"{ROOT / 'demo' / 'evals.py'}:sentiment_accuracy",
-               "--name", "accuracy", "--metric", "accuracy", "--min", "0.8", "--inherit")  # fmt: skip
+    bench.mgit(
+        origin,
+        "test",
+        "add",
+        "minilm-sentiment",
+        "--fn",
+        f"{ROOT / 'demo' / 'evals.py'}:sentiment_accuracy",
+        "--name",
+        "accuracy",
+        "--metric",
+        "accuracy",
+        "--min",
+        "0.8",
+        "--inherit",
+    )
     return clone_pair(bench, origin, url, "demo", new_base=("minilm-base", base_v2(members[0].path)))
 
 
@@ -120,14 +133,32 @@ def toy_repos(bench: Bench, url: str, count: int) -> tuple[Path, Path]:
         out = origin / "m" / f"ft-{i:02d}"
         out.mkdir(parents=True)
         namespace["finetune"]([origin / "m" / "base"], out, seed=i)
-        bench.mgit(origin, "add", f"m/ft-{i:02d}", "--name", f"ft-{i:02d}", "--parent", "base", "--recipe",
-                   "recipes.py:finetune", "--param", f"seed={i}")  # fmt: skip
+        bench.mgit(
+            origin,
+            "add",
+            f"m/ft-{i:02d}",
+            "--name",
+            f"ft-{i:02d}",
+            "--parent",
+            "base",
+            "--recipe",
+            "recipes.py:finetune",
+            "--param",
+            f"seed={i}",
+        )
     bench.mgit(origin, "test", "add", "*", "--fn", "evals.py:spread", "--name", "spread")
     return clone_pair(bench, origin, url, "toy", files=("recipes.py", "evals.py"))
 
 
-def clone_pair(bench: Bench, origin: Path, url: str, name: str, *, files: tuple[str, ...] = (),
-               new_base: tuple[str, Path] | None = None) -> tuple[Path, Path]:  # fmt: skip
+def clone_pair(
+    bench: Bench,
+    origin: Path,
+    url: str,
+    name: str,
+    *,
+    files: tuple[str, ...] = (),
+    new_base: tuple[str, Path] | None = None,
+) -> tuple[Path, Path]:
     bench.mgit(origin, "init", "--bare", url)
     bench.mgit(origin, "remote", "add", "origin", url)
     bench.mgit(origin, "push")
@@ -149,66 +180,93 @@ def cascade_both(bench: Bench, local: Path, ray: Path, model: str) -> dict[str, 
         args = ["cascade", model, "--json"] + (["--executor", "ray"] if kind == "ray" else ["--jobs", "2"])
         wall, text = bench.mgit(clone, *args, ray=kind == "ray")
         report = json.loads(text)
-        out[kind] = {"wall": wall, "tasks": len(report["results"]), "statuses": sorted({r["status"] for r in report["results"]}),
-                     "recipe_seconds": sum(r["seconds"] for r in report["results"]),
-                     "nodes": len({r["where"] for r in report["results"]})}  # fmt: skip
+        out[kind] = {
+            "wall": wall,
+            "tasks": len(report["results"]),
+            "statuses": sorted({r["status"] for r in report["results"]}),
+            "recipe_seconds": sum(r["seconds"] for r in report["results"]),
+            "nodes": len({r["where"] for r in report["results"]}),
+        }
     from mgit import Repo
 
     a, b = Repo(local), Repo(ray)
-    out["same_manifests"] = all(a.version(h).manifest == b.version(b.refs.get(n)).manifest
-                                for n, h in a.refs.all().items())  # fmt: skip
+    out["same_manifests"] = all(
+        a.version(h).manifest == b.version(b.refs.get(n)).manifest for n, h in a.refs.all().items()
+    )
     return out
 
 
 def tests_both(bench: Bench, local: Path, ray: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for kind, clone in (("local", local), ("ray", ray)):
-        args = ["test", "run", "--all", "--force", "--json"] + (["--executor", "ray"] if kind == "ray" else ["--jobs", "2"])
+        args = ["test", "run", "--all", "--force", "--json"] + (
+            ["--executor", "ray"] if kind == "ray" else ["--jobs", "2"]
+        )
         wall, text = bench.mgit(clone, *args, ray=kind == "ray")
         outcomes = json.loads(text)["outcomes"]
         user = sum(o["seconds"] for o in outcomes)
-        out[kind] = {"wall": wall, "tasks": len(outcomes), "user_seconds": user,
-                     "overhead_per_task": (wall * 2 - user) / len(outcomes),
-                     "passed": sum(o["status"] == "pass" for o in outcomes)}  # fmt: skip
+        out[kind] = {
+            "wall": wall,
+            "tasks": len(outcomes),
+            "user_seconds": user,
+            "overhead_per_task": (wall * 2 - user) / len(outcomes),
+            "passed": sum(o["status"] == "pass" for o in outcomes),
+        }
     return out
 
 
 def noop_round_trip(bench: Bench, count: int = 20) -> float:
     """Seconds per no-op Ray task (submitted one after another) from a driver on this cluster."""
-    code = (f"import ray, time; ray.init(address={bench.cluster.address!r}, logging_level='ERROR', log_to_driver=False)\n"
-            "f = ray.remote(num_cpus=1)(lambda: None); ray.get(f.remote())\n"
-            f"t = time.perf_counter()\nfor _ in range({count}): ray.get(f.remote())\n"
-            f"print((time.perf_counter() - t) / {count})")  # fmt: skip
+    code = (
+        f"import ray, time; ray.init(address={bench.cluster.address!r}, logging_level='ERROR', log_to_driver=False)\n"
+        "f = ray.remote(num_cpus=1)(lambda: None); ray.get(f.remote())\n"
+        f"t = time.perf_counter()\nfor _ in range({count}): ray.get(f.remote())\n"
+        f"print((time.perf_counter() - t) / {count})"
+    )
     run = subprocess.run([sys.executable, "-c", code], env=bench.env, capture_output=True, text=True, timeout=300)
     return float(run.stdout.strip().splitlines()[-1])
 
 
 def render(results: dict[str, Any]) -> str:
-    lines = [BEGIN, "## Cascades and test runs on a Ray cluster (`benchmarks/cluster.py`, issue 13)", "",
-             f"Measured {time.strftime('%Y-%m-%d')} on {machine()}; Ray {results['ray_version']}. A single run of each.",
-             "The cluster: a head and a second node on this machine (`ray start`, one CPU each), moto's S3 server as "
-             "the shared remote, all in a network namespace holding only loopback; each node its own node cache. "
-             "Local runs use `--jobs 2` (two slots, as the cluster has). "
-             "Reproduce: `sudo .venv/bin/python benchmarks/cluster.py`.", "",
-             "| workload | executor | wall (s) | tasks | user code (s) | per-task overhead (s) | notes |",
-             "| --- | --- | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+    lines = [
+        BEGIN,
+        "## Cascades and test runs on a Ray cluster (`benchmarks/cluster.py`, issue 13)",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d')} on {machine()}; Ray {results['ray_version']}. A single run of each.",
+        "The cluster: a head and a second node on this machine (`ray start`, one CPU each), moto's S3 server as "
+        "the shared remote, all in a network namespace holding only loopback; each node its own node cache. "
+        "Local runs use `--jobs 2` (two slots, as the cluster has). "
+        "Reproduce: `sudo .venv/bin/python benchmarks/cluster.py`.",
+        "",
+        "| workload | executor | wall (s) | tasks | user code (s) | per-task overhead (s) | notes |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
     if "demo" in results:
         d = results["demo"]
         for kind in ("local", "ray"):
             r = d[kind]
-            lines.append(f"| demo family cascade (MiniLM, {r['tasks']} models) | {kind} | {r['wall']:.1f} | {r['tasks']} | "
-                         f"{r['recipe_seconds']:.1f} (recipe and tests, per model) | - | {', '.join(r['statuses'])}; "
-                         f"{r['nodes']} node(s) |")  # fmt: skip
+            lines.append(
+                f"| demo family cascade (MiniLM, {r['tasks']} models) | {kind} | {r['wall']:.1f} | {r['tasks']} | "
+                f"{r['recipe_seconds']:.1f} (recipe and tests, per model) | - | {', '.join(r['statuses'])}; "
+                f"{r['nodes']} node(s) |"
+            )
         lines.append(f"| | | | | | | same manifests as the local run: {'yes' if d['same_manifests'] else 'NO'} |")
     t = results["tests"]
     for kind in ("local", "ray"):
         r = t[kind]
-        lines.append(f"| test run, 20 small models | {kind} | {r['wall']:.1f} | {r['tasks']} | {r['user_seconds']:.1f} | "
-                     f"{r['overhead_per_task']:.2f} | {r['passed']} passed |")  # fmt: skip
-    lines += ["", f"A no-op Ray task's round trip on the same cluster: {results['noop'] * 1000:.1f} ms.", "",
-              "Per-task overhead = (wall x 2 slots - the user functions' own seconds) / tasks: the checkout, the "
-              "child process, and on Ray the scheduling, the node cache's fetch of records and objects from S3, "
-              "and the driver's fetch and ref moves.", END]  # fmt: skip
+        lines.append(
+            f"| test run, 20 small models | {kind} | {r['wall']:.1f} | {r['tasks']} | {r['user_seconds']:.1f} | "
+            f"{r['overhead_per_task']:.2f} | {r['passed']} passed |"
+        )
+    lines += [
+        "",
+        f"A no-op Ray task's round trip on the same cluster: {results['noop'] * 1000:.1f} ms.",
+        "",
+        "Per-task overhead = (wall x 2 slots - the user functions' own seconds) / tasks: the checkout, the "
+        "child process, and on Ray the scheduling, the node cache's fetch of records and objects from S3, "
+        "and the driver's fetch and ref moves.",
+        END,
+    ]
     return "\n".join(lines)
 
 
@@ -229,8 +287,11 @@ def main() -> None:
         s3 = S3Server()
         cluster = None
         try:
-            env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **aws_env(s3.endpoint),
-                   "HF_HUB_OFFLINE": "1"}  # fmt: skip
+            env = {
+                **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+                **aws_env(s3.endpoint),
+                "HF_HUB_OFFLINE": "1",
+            }
             cluster = RayCluster(WORK / "nodes", env)
             cluster.add_node("n2")
             bench = Bench(env, cluster)

@@ -119,10 +119,18 @@ def synthetic_tensors(spec: dict[str, int]) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(spec["seed"])
     h, f = spec["hidden"], spec["ffn"]
     shapes = {"embed_tokens.weight": (spec["vocab"], h)}
-    layer = {"attn.q_proj.weight": (h, h), "attn.k_proj.weight": (h, h), "attn.v_proj.weight": (h, h),
-             "attn.o_proj.weight": (h, h), "attn.o_proj.bias": (h,), "attn_norm.weight": (h,),
-             "mlp.up_proj.weight": (f, h), "mlp.up_proj.bias": (f,), "mlp.down_proj.weight": (h, f),
-             "mlp_norm.weight": (h,)}  # fmt: skip
+    layer = {
+        "attn.q_proj.weight": (h, h),
+        "attn.k_proj.weight": (h, h),
+        "attn.v_proj.weight": (h, h),
+        "attn.o_proj.weight": (h, h),
+        "attn.o_proj.bias": (h,),
+        "attn_norm.weight": (h,),
+        "mlp.up_proj.weight": (f, h),
+        "mlp.up_proj.bias": (f,),
+        "mlp.down_proj.weight": (h, f),
+        "mlp_norm.weight": (h,),
+    }
     per_layer = sum(math.prod(s) * 4 for s in layer.values())
     layers = math.ceil((spec["min_bytes"] - math.prod(shapes["embed_tokens.weight"]) * 4) / per_layer)
     for i in range(layers):
@@ -174,8 +182,9 @@ def warm_page_cache(path: Path) -> None:
 # --- measuring ---------------------------------------------------------------------------------
 
 
-def repeat(label: str, runs: int, nbytes: int, prepare: Callable[[int], T], action: Callable[[T], Any]
-           ) -> tuple[Timing, list[Any]]:  # fmt: skip
+def repeat(
+    label: str, runs: int, nbytes: int, prepare: Callable[[int], T], action: Callable[[T], Any]
+) -> tuple[Timing, list[Any]]:
     """Time `action(prepare(i))` for each run; only the action is timed. Dirty pages of earlier
     runs are flushed first (untimed), so that their write-back does not land on this run."""
     seconds, cpu, results = [], [], []
@@ -186,8 +195,11 @@ def repeat(label: str, runs: int, nbytes: int, prepare: Callable[[int], T], acti
         results.append(action(arg))
         seconds.append(time.perf_counter() - start)
         cpu.append(cpu_seconds() - cpu_start)
-        print(f"  {label} {i + 1}/{runs}: {seconds[-1]:.2f} s ({nbytes / seconds[-1] / MB:,.0f} MB/s), "
-              f"CPU {cpu[-1]:.2f} s", flush=True)  # fmt: skip
+        print(
+            f"  {label} {i + 1}/{runs}: {seconds[-1]:.2f} s ({nbytes / seconds[-1] / MB:,.0f} MB/s), "
+            f"CPU {cpu[-1]:.2f} s",
+            flush=True,
+        )
     return Timing(seconds, cpu, nbytes), results
 
 
@@ -246,19 +258,25 @@ def peak_memory(verb: str, first: Path, second: Path) -> dict[str, int]:
 
 def measure(model: Model, work: Path, runs: int) -> Result:
     """Add, checkout, copy, deduplicated add and peak memory of one model."""
-    print(f"\n{model.label}: {model.logical_bytes / MB:,.0f} MB, {model.tensors} tensors, "
-          f"largest {model.largest_tensor / MB:,.1f} MB, {runs} runs", flush=True)  # fmt: skip
+    print(
+        f"\n{model.label}: {model.logical_bytes / MB:,.0f} MB, {model.tensors} tensors, "
+        f"largest {model.largest_tensor / MB:,.1f} MB, {runs} runs",
+        flush=True,
+    )
     warm_page_cache(model.path)
     src, n = model.path, model.logical_bytes
-    add, added = repeat("add", runs, n, lambda i: Repo.init(empty_dir(work / "add")),
-                        lambda repo: repo.add(src, name="model"))  # fmt: skip
+    add, added = repeat(
+        "add", runs, n, lambda i: Repo.init(empty_dir(work / "add")), lambda repo: repo.add(src, name="model")
+    )
     assert added[0].logical_bytes == n, "the model folder holds files that add does not store"
     repo = Repo(work / "add")
     stored = repo.du().stored_bytes
-    checkout, _ = repeat("checkout", runs, n, lambda i: empty_dir(work / "checkout"),
-                         lambda out: repo.checkout("model", out))  # fmt: skip
-    copy, _ = repeat("copy", runs, n, lambda i: empty_dir(work / "copy"),
-                     lambda out: shutil.copytree(src, out, dirs_exist_ok=True))  # fmt: skip
+    checkout, _ = repeat(
+        "checkout", runs, n, lambda i: empty_dir(work / "checkout"), lambda out: repo.checkout("model", out)
+    )
+    copy, _ = repeat(
+        "copy", runs, n, lambda i: empty_dir(work / "copy"), lambda out: shutil.copytree(src, out, dirs_exist_ok=True)
+    )
     dedup, again = repeat("dedup add", runs, n, lambda i: f"copy-{i}", lambda name: repo.add(src, name=name))
     print("  peak memory (child processes)", flush=True)
     add_rss = peak_memory("add", src, work / "rss-add")
@@ -272,8 +290,9 @@ def measure(model: Model, work: Path, runs: int) -> Result:
 
 def _head() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()  # fmt: skip
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -285,13 +304,21 @@ COMMIT_AT_START = _head()
 
 def machine() -> str:
     """One line naming the machine and the versions that matter for these numbers."""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor() or "unknown CPU")  # fmt: skip
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor() or "unknown CPU",
+    )
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
     commit = COMMIT_AT_START
-    return (f"{cpu}, {os.cpu_count()} cores, {ram:.1f} GiB RAM, {platform.system()} {platform.release()}; "
-            f"Python {platform.python_version()}, numpy {np.__version__}, zstandard {zstandard.__version__}, "
-            f"blake3 {blake3.__version__}, mgit {mgit.__version__} (commit {commit})")  # fmt: skip
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {ram:.1f} GiB RAM, {platform.system()} {platform.release()}; "
+        f"Python {platform.python_version()}, numpy {np.__version__}, zstandard {zstandard.__version__}, "
+        f"blake3 {blake3.__version__}, mgit {mgit.__version__} (commit {commit})"
+    )
 
 
 METHOD = """\
@@ -340,57 +367,82 @@ def report(results: list[Result], baseline: dict[str, int], load: tuple[float, f
     """The markdown section for docs/benchmarks.md (also printed)."""
     speed = table(
         ["model", "size", "add MB/s", "checkout MB/s", "copy MB/s", "CPU s/GB: add", "checkout", "copy"],
-        [[r.model.label, mb(r.model.logical_bytes), r.add.spread(), r.checkout.spread(), r.copy.spread(),
-          r.add.cpu_per_gb(), r.checkout.cpu_per_gb(), r.copy.cpu_per_gb()] for r in results],
-    )  # fmt: skip
+        [
+            [
+                r.model.label,
+                mb(r.model.logical_bytes),
+                r.add.spread(),
+                r.checkout.spread(),
+                r.copy.spread(),
+                r.add.cpu_per_gb(),
+                r.checkout.cpu_per_gb(),
+                r.copy.cpu_per_gb(),
+            ]
+            for r in results
+        ],
+    )
     storage = table(
         ["model", "size", "stored", "reduction", "dedup add", "dedup add stored"],
-        [[r.model.label, mb(r.model.logical_bytes), mb(r.stored_bytes),
-          f"{r.model.logical_bytes / r.stored_bytes:.3f}x", f"{r.dedup.median:.2f} s ({r.dedup.rate:,.0f} MB/s)",
-          f"{r.dedup_new_bytes:,} B"] for r in results],
-    )  # fmt: skip
+        [
+            [
+                r.model.label,
+                mb(r.model.logical_bytes),
+                mb(r.stored_bytes),
+                f"{r.model.logical_bytes / r.stored_bytes:.3f}x",
+                f"{r.dedup.median:.2f} s ({r.dedup.rate:,.0f} MB/s)",
+                f"{r.dedup_new_bytes:,} B",
+            ]
+            for r in results
+        ],
+    )
     targets = table(
         ["target", *(r.model.label for r in results)],
-        [[f"{verb} >= {goal:.0f} MB/s", *(verdict(getattr(r, verb).rate, goal) for r in results)]
-         for verb, goal in TARGETS.items()],
-    )  # fmt: skip
+        [
+            [f"{verb} >= {goal:.0f} MB/s", *(verdict(getattr(r, verb).rate, goal) for r in results)]
+            for verb, goal in TARGETS.items()
+        ],
+    )
     memory = table(
         ["model", "size", "largest tensor", "add: RSS / anon", "checkout: RSS / anon"],
-        [[r.model.label, mb(r.model.logical_bytes), mb(r.model.largest_tensor), rss(r.add_rss), rss(r.checkout_rss)]
-         for r in results],
-    )  # fmt: skip
+        [
+            [r.model.label, mb(r.model.logical_bytes), mb(r.model.largest_tensor), rss(r.add_rss), rss(r.checkout_rss)]
+            for r in results
+        ],
+    )
     big = results[-1]
     extra = max(big.add_rss["anon"], big.checkout_rss["anon"]) - baseline["anon"]
     busy = "; other processes were using the CPUs, so the numbers are pessimistic" if load[0] > 0.5 else ""
     runs = ", ".join(f"{r.model.label}: {len(r.add.seconds)}" for r in results)
-    return "\n".join([
-        BEGIN,
-        "## Repository core: add, checkout, storage, memory",
-        "",
-        f"Measured {datetime.now(UTC):%Y-%m-%d} on {machine()}. One-minute load average "
-        f"{load[0]:.2f} before the run{busy}; {load[1]:.2f} at its end, the benchmark's own threads included.",
-        "",
-        "Reproduce: `make bench`, which runs `.venv/bin/python benchmarks/core.py` (a few minutes; the first "
-        "run also generates the 1 GiB model under `.cache/bench/`).",
-        "",
-        METHOD.format(runs=runs, idle=f"{mb(baseline['hwm'])} RSS, {mb(baseline['anon'])} anon"),
-        "",
-        *speed,
-        "",
-        *storage,
-        "",
-        "Targets from the issue, for a model with no parent on this machine:",
-        "",
-        *targets,
-        "",
-        *memory,
-        "",
-        f"For the {big.model.label} model, the larger anonymous peak is {mb(extra)} above the bare "
-        f"process: {extra / big.model.largest_tensor:.1f}x its largest tensor, "
-        f"{100 * extra / big.model.logical_bytes:.0f}% of its size (goal: near the largest tensor plus a "
-        "constant, not the model size).",
-        END,
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            BEGIN,
+            "## Repository core: add, checkout, storage, memory",
+            "",
+            f"Measured {datetime.now(UTC):%Y-%m-%d} on {machine()}. One-minute load average "
+            f"{load[0]:.2f} before the run{busy}; {load[1]:.2f} at its end, the benchmark's own threads included.",
+            "",
+            "Reproduce: `make bench`, which runs `.venv/bin/python benchmarks/core.py` (a few minutes; the first "
+            "run also generates the 1 GiB model under `.cache/bench/`).",
+            "",
+            METHOD.format(runs=runs, idle=f"{mb(baseline['hwm'])} RSS, {mb(baseline['anon'])} anon"),
+            "",
+            *speed,
+            "",
+            *storage,
+            "",
+            "Targets from the issue, for a model with no parent on this machine:",
+            "",
+            *targets,
+            "",
+            *memory,
+            "",
+            f"For the {big.model.label} model, the larger anonymous peak is {mb(extra)} above the bare "
+            f"process: {extra / big.model.largest_tensor:.1f}x its largest tensor, "
+            f"{100 * extra / big.model.logical_bytes:.0f}% of its size (goal: near the largest tensor plus a "
+            "constant, not the model size).",
+            END,
+        ]
+    )
 
 
 def write_doc(section: str, begin: str = BEGIN, end: str = END) -> None:
@@ -418,8 +470,10 @@ def main() -> None:
         child_main(*args.child)
         return
     started, load = time.perf_counter(), os.getloadavg()[0]
-    models = [(Model.of("MiniLM-L6", minilm_model()), args.runs),
-              (Model.of("synthetic 1 GiB", synthetic_model()), args.big_runs)]  # fmt: skip
+    models = [
+        (Model.of("MiniLM-L6", minilm_model()), args.runs),
+        (Model.of("synthetic 1 GiB", synthetic_model()), args.big_runs),
+    ]
     work = CACHE / f"work-{os.getpid()}"
     try:
         results = [measure(model, work, runs) for model, runs in models]

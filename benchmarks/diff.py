@@ -65,7 +65,9 @@ def make_models(spec: dict[str, int]) -> tuple[Path, Path]:
     r = spec["lora_rank"]
     for k in "qv":  # a merged LoRA
         name = f"layers.0.attn.{k}.weight"
-        ft[name] = (base[name] + (rng.standard_normal((h, r)) * 0.02) @ (rng.standard_normal((r, h)) * 0.02)).astype(np.float32)
+        ft[name] = (base[name] + (rng.standard_normal((h, r)) * 0.02) @ (rng.standard_normal((r, h)) * 0.02)).astype(
+            np.float32
+        )
     for name in [n for n in base if n.startswith("layers.1.") and base[n].ndim == 2]:  # a full fine-tune
         ft[name] = (base[name] * (1 + rng.standard_normal(base[name].shape) * 1e-3)).astype(np.float32)
     for name in [n for n in base if "norm" in n]:
@@ -126,9 +128,12 @@ def main() -> None:
         ("stored ref and folder", "`repo.diff('base', ft_dir)`", lambda: repo.diff("base", ft_dir)),
         ("two folders", "`repo.diff(base_dir, ft_dir)`", lambda: repo.diff(base_dir, ft_dir)),
         ("two stored refs, one thread", "`repo.diff('base', 'ft', jobs=1)`", lambda: repo.diff("base", "ft", jobs=1)),
-        ("two stored refs, structural", "`repo.diff('base', 'ft', structural=True)`",
-         lambda: repo.diff("base", "ft", structural=True)),
-    ]  # fmt: skip
+        (
+            "two stored refs, structural",
+            "`repo.diff('base', 'ft', structural=True)`",
+            lambda: repo.diff("base", "ft", structural=True),
+        ),
+    ]
     rows, peak_list = [], []
     for label, call, fn in cases:
         seconds, cpu, result = timed(fn, args.runs)
@@ -137,46 +142,67 @@ def main() -> None:
         peak = peak_allocations(fn) if "structural" not in label and "one thread" not in label else None
         peak_list.append(peak)
         counts = ", ".join(f"{n} {k}" for k, n in s.counts.items())
-        rows.append([label, call, f"{median:.2f} s", f"{min(seconds):.2f}-{max(seconds):.2f}", f"{statistics.median(cpu):.2f} s",
-                     f"{2 * size / MB / median:,.0f}" if "structural" not in label else "-", counts, f"{s.decoded} / {s.reused}",
-                     f"{peak / MB:.0f} MB" if peak is not None else "-"])  # fmt: skip
-        print(f"{label}: {median:.3f} s, CPU {statistics.median(cpu):.3f} s ({counts}; decoded {s.decoded}, "
-              f"reused {s.reused})", flush=True)  # fmt: skip
+        rows.append(
+            [
+                label,
+                call,
+                f"{median:.2f} s",
+                f"{min(seconds):.2f}-{max(seconds):.2f}",
+                f"{statistics.median(cpu):.2f} s",
+                f"{2 * size / MB / median:,.0f}" if "structural" not in label else "-",
+                counts,
+                f"{s.decoded} / {s.reused}",
+                f"{peak / MB:.0f} MB" if peak is not None else "-",
+            ]
+        )
+        print(
+            f"{label}: {median:.3f} s, CPU {statistics.median(cpu):.3f} s ({counts}; decoded {s.decoded}, "
+            f"reused {s.reused})",
+            flush=True,
+        )
     result = repo.diff("base", "ft")
     largest = max(t.stats.values for t in result.tensors if t.stats) * 4
     ranks = {t.name: t.stats.rank for t in result.tensors if t.stats and t.stats.rank is not None}
     params = result.summary.params_a
     peaks = [p for p in peak_list if p is not None]
     identical_mb = sum(4 * math.prod(t.shape_a or []) for t in result.tensors if t.status == "identical") / MB
-    section = "\n".join([
-        BEGIN,
-        "## Diff: two related ~100 MB models",
-        "",
-        f"Measured {datetime.now(UTC):%Y-%m-%d} on {machine()}. One-minute load average {load:.2f} at the start, "
-        f"{os.getloadavg()[0]:.2f} at the end; BLAS threads {blas}.",
-        "",
-        f"Reproduce: `.venv/bin/python benchmarks/diff.py --runs {args.runs}`. Two generated fp32 models of "
-        f"{size / MB:.0f} MB each ({params / 1e6:.1f} M parameters, {result.summary.tensors_a} tensors): a random base and a fine-tune "
-        f"of it (a merged rank-{SPEC['lora_rank']} LoRA on layer 0's query and value, a dense 1e-3 drift on every "
-        "matrix of layer 1, small changes to every norm; the embedding and the rest identical), the fine-tune added "
-        "with the base as its parent. Median of the runs after one warm-up run, page cache warm; MB/s counts both "
-        "models' bytes. *CPU*: median user + system time of all threads, which says what a diff costs even when "
-        "other processes share the machine. *decoded / reused*: stored objects decoded, and decodes saved by taking a delta's base from "
-        "the other side. *peak alloc*: the peak of Python and numpy allocations (tracemalloc) during one more run.",
-        "",
-        *table(["case", "call", "median", "min-max", "CPU", "MB/s", "tensors", "decoded / reused", "peak alloc"], rows),
-        "",
-        f"Rank estimates in that diff: layer 0 query and value (the merged LoRA) "
-        f"{ranks.get('layers.0.attn.q.weight')} and {ranks.get('layers.0.attn.v.weight')}; "
-        f"layer 1 matrices (dense drift) {_rank_range(result, 'layers.1.')}.",
-        "",
-        f"The largest changed tensor is {largest / MB:.1f} MB; the peaks above are "
-        f"{min(peaks) / largest:.0f}-{max(peaks) / largest:.0f} times it and at most "
-        f"{100 * max(peaks) / (2 * size):.0f}% of the two models' bytes. Identical tensors (the "
-        f"{result.summary.counts.get('identical', 0)} here, {identical_mb:.0f} MB of each model) are never compared; each is read once, from A, "
-        "for its share of ||A|| (the relative change counts every shared value).",
-        END,
-    ])  # fmt: skip
+    section = "\n".join(
+        [
+            BEGIN,
+            "## Diff: two related ~100 MB models",
+            "",
+            f"Measured {datetime.now(UTC):%Y-%m-%d} on {machine()}. One-minute load average {load:.2f} at the start, "
+            f"{os.getloadavg()[0]:.2f} at the end; BLAS threads {blas}.",
+            "",
+            f"Reproduce: `.venv/bin/python benchmarks/diff.py --runs {args.runs}`. Two generated fp32 models of "
+            f"{size / MB:.0f} MB each ({params / 1e6:.1f} M parameters, {result.summary.tensors_a} tensors): "
+            "a random base and a fine-tune "
+            f"of it (a merged rank-{SPEC['lora_rank']} LoRA on layer 0's query and value, a dense 1e-3 drift on every "
+            "matrix of layer 1, small changes to every norm; the embedding and the rest identical), "
+            "the fine-tune added "
+            "with the base as its parent. Median of the runs after one warm-up run, page cache warm; MB/s counts both "
+            "models' bytes. *CPU*: median user + system time of all threads, which says what a diff costs even when "
+            "other processes share the machine. *decoded / reused*: stored objects decoded, and decodes saved by "
+            "taking a delta's base from "
+            "the other side. *peak alloc*: the peak of Python and numpy allocations (tracemalloc) during one more run.",
+            "",
+            *table(
+                ["case", "call", "median", "min-max", "CPU", "MB/s", "tensors", "decoded / reused", "peak alloc"], rows
+            ),
+            "",
+            f"Rank estimates in that diff: layer 0 query and value (the merged LoRA) "
+            f"{ranks.get('layers.0.attn.q.weight')} and {ranks.get('layers.0.attn.v.weight')}; "
+            f"layer 1 matrices (dense drift) {_rank_range(result, 'layers.1.')}.",
+            "",
+            f"The largest changed tensor is {largest / MB:.1f} MB; the peaks above are "
+            f"{min(peaks) / largest:.0f}-{max(peaks) / largest:.0f} times it and at most "
+            f"{100 * max(peaks) / (2 * size):.0f}% of the two models' bytes. Identical tensors (the "
+            f"{result.summary.counts.get('identical', 0)} here, {identical_mb:.0f} MB of each model) "
+            "are never compared; each is read once, from A, "
+            "for its share of ||A|| (the relative change counts every shared value).",
+            END,
+        ]
+    )
     print("\n" + section)
     if not args.no_doc:
         write_doc(section, BEGIN, END)
@@ -185,4 +211,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

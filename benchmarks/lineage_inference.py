@@ -192,8 +192,13 @@ def student(arch: Arch, teacher: State, seed: int) -> State:
     """Every other layer of the teacher, renumbered, then trained a little (DistilBERT's recipe)."""
     out = {k: v for k, v in teacher.items() if not k.startswith("layers.")}
     for new, old in enumerate(range(0, arch.layers, 2)):
-        out.update({k.replace(f"layers.{old}.", f"layers.{new}.", 1): v for k, v in teacher.items()
-                    if k.startswith(f"layers.{old}.")})  # fmt: skip
+        out.update(
+            {
+                k.replace(f"layers.{old}.", f"layers.{new}.", 1): v
+                for k, v in teacher.items()
+                if k.startswith(f"layers.{old}.")
+            }
+        )
     return train(arch, out, task=1, steps=10, seed=seed)
 
 
@@ -227,7 +232,7 @@ def synthetic_family(prefix: str, arch: Arch, seed: int) -> list[Model]:
         ("merge", {k: (ft1[k] + ft2[k]) / 2 for k in ft1}, ("ft1", "ft2"), "merge"),
         ("merge-37", {k: 0.3 * ft1[k] + 0.7 * ft2[k] for k in ft1}, ("ft1", "ft2"), "merge"),
         ("student", student(arch, ft1, seed + 5), ("ft1",), "distill"),
-    ]  # fmt: skip
+    ]
     return [Model(f"{prefix}-{n}", "synthetic", s, tuple(f"{prefix}-{p}" for p in ps), r) for n, s, ps, r in members]
 
 
@@ -244,12 +249,20 @@ def minilm_models() -> list[Model]:
         relation = m.relation if m.relation != "base" else None
         models.append(Model(m.name, "MiniLM (real)", m.path, (parent,) if parent else (), relation))
     torch.manual_seed(77)
-    fresh = {k: v.detach().clone().contiguous()
-             for k, v in BertModel(BertConfig.from_pretrained(members[0].path), add_pooling_layer=False).state_dict().items()}  # fmt: skip
+    fresh = {
+        k: v.detach().clone().contiguous()
+        for k, v in BertModel(BertConfig.from_pretrained(members[0].path), add_pooling_layer=False).state_dict().items()
+    }
     models.append(Model("random-minilm", "MiniLM distractors", fresh))
-    models.append(Model("random-minilm-bf16", "MiniLM distractors", {k: v.to(torch.bfloat16) if v.is_floating_point() else v
-                                                                       for k, v in fresh.items()},
-                        ("random-minilm",), "quantize"))  # fmt: skip
+    models.append(
+        Model(
+            "random-minilm-bf16",
+            "MiniLM distractors",
+            {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in fresh.items()},
+            ("random-minilm",),
+            "quantize",
+        )
+    )
     return models
 
 
@@ -293,8 +306,15 @@ class Outcome:
 def outcome(repo: Repo, m: Model, result: ParentSuggestion, seconds: float) -> Outcome:
     first = result.candidates[0] if result.candidates else None
     second = result.candidates[1].model if len(result.candidates) > 1 else None
-    return Outcome(m, first.model if first else None, first.relation if first else None,
-                   first.confidence if first else 0.0, [repo.model_of(v) for v in result.parents], seconds, second)  # fmt: skip
+    return Outcome(
+        m,
+        first.model if first else None,
+        first.relation if first else None,
+        first.confidence if first else 0.0,
+        [repo.model_of(v) for v in result.parents],
+        seconds,
+        second,
+    )
 
 
 def in_creation_order(models: list[Model], work: Path) -> list[Outcome]:
@@ -349,8 +369,10 @@ def scale_state(width: int, seed: int, noise: float, base_seed: int) -> dict[str
     state["head.bias"] = np.zeros(4, np.float32)
     if noise:
         own = np.random.default_rng(seed)
-        state = {k: (v + noise * own.standard_normal(v.shape, np.float32) * v.std()).astype(np.float32)
-                 for k, v in state.items()}  # fmt: skip
+        state = {
+            k: (v + noise * own.standard_normal(v.shape, np.float32) * v.std()).astype(np.float32)
+            for k, v in state.items()
+        }
     return state
 
 
@@ -370,8 +392,11 @@ def scale_repo(count: int) -> Path:
         family, member = divmod(i, 20)
         width = (16, 24, 32)[family % 3]
         noise = 0.0 if member == 0 else 0.01 * (1 + member % 5)
-        repo.add(scale_state(width, i, noise, 10_000 + family), name=f"f{family:03d}-m{member:02d}",
-                 parent=f"f{family:03d}-m00" if member else None)  # fmt: skip
+        repo.add(
+            scale_state(width, i, noise, 10_000 + family),
+            name=f"f{family:03d}-m{member:02d}",
+            parent=f"f{family:03d}-m00" if member else None,
+        )
         if (i + 1) % 100 == 0:
             print(f"  scale repository: {i + 1}/{count} models, {time.perf_counter() - started:.0f}s", flush=True)
     marker.write_text("ok")
@@ -414,14 +439,24 @@ def measure_scale(count: int, runs: int) -> ScaleResult:
     subprocess.run([sys.executable, "-c", "import mgit.cli.main"], check=True, env=env)
     python_start = time.perf_counter() - started
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "mgit.cli.main", "-C", str(path), "lineage", "suggest", str(tmp)],
-                          capture_output=True, text=True, env=env)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "mgit.cli.main", "-C", str(path), "lineage", "suggest", str(tmp)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if done.returncode == 0:
         cli = time.perf_counter() - started
     tmp.unlink()
-    return ScaleResult(len(stored), sum(len(r[3]) for r in rows), times, load,
-                       bool(result.candidates) and result.candidates[0].model == f"f{family:03d}-m00", cli,
-                       python_start)  # fmt: skip
+    return ScaleResult(
+        len(stored),
+        sum(len(r[3]) for r in rows),
+        times,
+        load,
+        bool(result.candidates) and result.candidates[0].model == f"f{family:03d}-m00",
+        cli,
+        python_start,
+    )
 
 
 # --- report ------------------------------------------------------------------------------------
@@ -447,15 +482,27 @@ def accuracy_rows(loo: list[Outcome], ordered: list[Outcome]) -> list[list[str]]
     for g in [*groups, None]:
         d = [o for o in derived if g is None or o.model.group == g]
         o2 = [in_order[o.model.name] for o in d]
-        rows.append(["**all**" if g is None else g, str(len(d)), share([o.parent_ok for o in d]),
-                     share([o.relation_ok for o in d]), share([o.parent_ok for o in o2]),
-                     share([o.relation_ok for o in o2]), share([o.auto_ok for o in o2])])  # fmt: skip
+        rows.append(
+            [
+                "**all**" if g is None else g,
+                str(len(d)),
+                share([o.parent_ok for o in d]),
+                share([o.relation_ok for o in d]),
+                share([o.parent_ok for o in o2]),
+                share([o.relation_ok for o in o2]),
+                share([o.auto_ok for o in o2]),
+            ]
+        )
     return rows
 
 
 def mistakes(outcomes: list[Outcome]) -> list[str]:
-    return [f"- {o.model.name}: expected {'/'.join(o.model.parents)} ({o.model.relation}), got {o.top} ({o.relation}), "
-            f"confidence {o.confidence:.2f}" for o in outcomes if o.model.parents and not (o.parent_ok and o.relation_ok)]  # fmt: skip
+    return [
+        f"- {o.model.name}: expected {'/'.join(o.model.parents)} ({o.model.relation}), got {o.top} ({o.relation}), "
+        f"confidence {o.confidence:.2f}"
+        for o in outcomes
+        if o.model.parents and not (o.parent_ok and o.relation_ok)
+    ]
 
 
 def why(loo: list[Outcome], models: list[Model]) -> list[str]:
@@ -479,18 +526,28 @@ def why(loo: list[Outcome], models: list[Model]) -> list[str]:
     own = [o for o in wrong if descends(o.top, o.model.name)]
     return [
         f"Why: {len(own)} of the {len(wrong)} wrong parents (leave one out) are the query's own descendant"
-        + (": each query is the middle of a chain of fine-tunes of one architecture (parent -> query -> query "
-           "trained further), and the further-trained child, stored, is closer to the query than the query's "
-           "parent. Nothing in the weights says which way such a chain runs (no tensor added, no precision lost, "
-           "no zeros gained), so the closer neighbour is taken, with high confidence. When the chain has one-way "
-           "evidence (MiniLM's fine-tunes add a classifier head to the base), the child is recognised as "
-           "downstream and the parent is found. In creation order, which is how `--auto-parent` meets a family, "
-           "the child does not exist yet." if len(own) == len(wrong) else "."),
+        + (
+            ": each query is the middle of a chain of fine-tunes of one architecture (parent -> query -> query "
+            "trained further), and the further-trained child, stored, is closer to the query than the query's "
+            "parent. Nothing in the weights says which way such a chain runs (no tensor added, no precision lost, "
+            "no zeros gained), so the closer neighbour is taken, with high confidence. When the chain has one-way "
+            "evidence (MiniLM's fine-tunes add a classifier head to the base), the child is recognised as "
+            "downstream and the parent is found. In creation order, which is how `--auto-parent` meets a family, "
+            "the child does not exist yet."
+            if len(own) == len(wrong)
+            else "."
+        ),
     ]
 
 
-def report(loo: list[Outcome], ordered: list[Outcome], models: list[Model], scale: ScaleResult,
-           load: tuple[float, float], quick: bool) -> str:  # fmt: skip
+def report(
+    loo: list[Outcome],
+    ordered: list[Outcome],
+    models: list[Model],
+    scale: ScaleResult,
+    load: tuple[float, float],
+    quick: bool,
+) -> str:
     stored = len(models)
     derived = [o for o in loo if o.model.parents]
     parent = sum(o.parent_ok for o in derived) / len(derived)
@@ -501,11 +558,17 @@ def report(loo: list[Outcome], ordered: list[Outcome], models: list[Model], scal
     median = statistics.median(scale.times)
     relations = Counter(o.model.relation for o in derived)
     in_order = {o.model.name: o for o in ordered}
-    by_relation = [[r or "-", str(n), share([o.parent_ok for o in derived if o.model.relation == r]),
-                    share([o.relation_ok for o in derived if o.model.relation == r]),
-                    share([in_order[o.model.name].parent_ok for o in derived if o.model.relation == r]),
-                    share([in_order[o.model.name].relation_ok for o in derived if o.model.relation == r])]
-                   for r, n in sorted(relations.items())]  # fmt: skip
+    by_relation = [
+        [
+            r or "-",
+            str(n),
+            share([o.parent_ok for o in derived if o.model.relation == r]),
+            share([o.relation_ok for o in derived if o.model.relation == r]),
+            share([in_order[o.model.name].parent_ok for o in derived if o.model.relation == r]),
+            share([in_order[o.model.name].relation_ok for o in derived if o.model.relation == r]),
+        ]
+        for r, n in sorted(relations.items())
+    ]
     confident_wrong = [o for o in ordered_derived if o.chosen and not o.parent_ok]
     refused = [not o.chosen for o in ordered if not o.model.parents]
     lines = [
@@ -527,11 +590,23 @@ def report(loo: list[Outcome], ordered: list[Outcome], models: list[Model], scal
         f"*auto-parent*: what `--auto-parent` (confidence >= {DEFAULT_MIN_CONFIDENCE}) recorded is exactly the "
         "recorded parents (both, for a merge).",
         "",
-        *table(["models", "derived", "parent (LOO)", "relation (LOO)", "parent (in order)", "relation (in order)",
-                "auto-parent (in order)"], accuracy_rows(loo, ordered)),  # fmt: skip
+        *table(
+            [
+                "models",
+                "derived",
+                "parent (LOO)",
+                "relation (LOO)",
+                "parent (in order)",
+                "relation (in order)",
+                "auto-parent (in order)",
+            ],
+            accuracy_rows(loo, ordered),
+        ),
         "",
-        *table(["relation", "models", "parent (LOO)", "relation (LOO)", "parent (in order)", "relation (in order)"],
-               by_relation),  # fmt: skip
+        *table(
+            ["relation", "models", "parent (LOO)", "relation (LOO)", "parent (in order)", "relation (in order)"],
+            by_relation,
+        ),
         "",
         f"Unrelated models (other initialisations, other architectures), added with `--auto-parent`: {share(refused)} "
         f"got no parent. Derived models given a wrong parent by `--auto-parent`: {len(confident_wrong)}. Median time "
@@ -550,9 +625,13 @@ def report(loo: list[Outcome], ordered: list[Outcome], models: list[Model], scal
         f"query, sketch it, load every sketch in one query, rank): median {median:.2f} s over {len(scale.times)} runs "
         f"(min {min(scale.times):.2f}, max {max(scale.times):.2f}); loading and parsing the sketches alone: "
         f"{scale.load:.2f} s. The true parent ranked first: {'yes' if scale.correct else 'NO'}. "
-        + (f"`mgit lineage suggest` in a subprocess: {scale.cli:.2f} s, of which {scale.python_start:.2f} s is starting "
-           "Python and importing the CLI." if scale.cli is not None else
-           "`mgit lineage suggest` is not attached to the CLI yet, so no subprocess time."),
+        + (
+            f"`mgit lineage suggest` in a subprocess: {scale.cli:.2f} s, "
+            f"of which {scale.python_start:.2f} s is starting "
+            "Python and importing the CLI."
+            if scale.cli is not None
+            else "`mgit lineage suggest` is not attached to the CLI yet, so no subprocess time."
+        ),
         "",
         "Targets from the issue:",
         "",
@@ -584,8 +663,10 @@ def main() -> None:
         print(f"\n{label}:")
         for o in outcomes:
             flag = "ok " if o.parent_ok and o.relation_ok else "-- " if o.model.parents else "   "
-            print(f"{flag}{o.model.name:<28} want {'/'.join(o.model.parents) or '-':<30} {o.model.relation or '-':<9} "
-                  f"got {o.top or '-':<28} {o.relation or '-':<9} conf {o.confidence:.2f} chose {o.chosen}")  # fmt: skip
+            print(
+                f"{flag}{o.model.name:<28} want {'/'.join(o.model.parents) or '-':<30} {o.model.relation or '-':<9} "
+                f"got {o.top or '-':<28} {o.relation or '-':<9} conf {o.confidence:.2f} chose {o.chosen}"
+            )
     scale = measure_scale(200 if args.quick else 1000, args.runs)
     section = report(loo, ordered, models, scale, (load, os.getloadavg()[0]), args.quick)
     print(section)

@@ -58,10 +58,10 @@ RELATIONS = ["finetune"] * 6 + ["adapter", "quantize", "prune", "distill"]
 CHROMIUM = "/usr/bin/chromium"  # Debian's, as the browser tests use: playwright never downloads one
 
 
-
 def version_storage(repo: Repo, graph) -> dict:
     """What the graph page shows of each version's storage (the CLI's own call)."""
     return repo.storage([v.id for versions in graph.versions.values() for v in versions])
+
 
 def build(path: Path, models: int, versions: int, seed: int) -> float:
     """Generate the repository (no fsync: it is scratch data); returns seconds taken."""
@@ -79,7 +79,7 @@ def build(path: Path, models: int, versions: int, seed: int) -> float:
         if i < 3 or pick.random() < 0.04:
             parents[name] = []
         elif pick.random() < 0.06 and i > 10:
-            parents[name] = pick.sample(names[max(0, i - 60):i], 2)  # a merge of two recent models
+            parents[name] = pick.sample(names[max(0, i - 60) : i], 2)  # a merge of two recent models
         else:  # mostly recent models, so that chains form
             parents[name] = [names[max(0, i - 1 - int(pick.expovariate(1 / 8)))]]
     relation = {n: "merge" if len(ps) == 2 else pick.choice(RELATIONS) for n, ps in parents.items()}
@@ -96,10 +96,17 @@ def build(path: Path, models: int, versions: int, seed: int) -> float:
                 sd["w"] = state[name]["w"] + np.float32(0.001 * (rnd + 1))
             state[name] = sd
             repoint = rnd == 0 or pick.random() < 0.5
-            repo.add(sd, name=name, parent=ps if ps and repoint else None, relation=relation[name] if ps else None,
-                     message=f"round {rnd + 1} of {name}", tags={"round": str(rnd + 1), "group": f"g{i % 7}"})  # fmt: skip
-        print(f"  round {rnd + 1}/{versions}: {models} versions added, {time.perf_counter() - started:.0f} s",
-              flush=True)  # fmt: skip
+            repo.add(
+                sd,
+                name=name,
+                parent=ps if ps and repoint else None,
+                relation=relation[name] if ps else None,
+                message=f"round {rnd + 1} of {name}",
+                tags={"round": str(rnd + 1), "group": f"g{i % 7}"},
+            )
+        print(
+            f"  round {rnd + 1}/{versions}: {models} versions added, {time.perf_counter() - started:.0f} s", flush=True
+        )
     return time.perf_counter() - started
 
 
@@ -169,27 +176,44 @@ def measure(path: Path, runs: int) -> tuple[list[tuple[str, tuple[list[float], l
 
     graph = lineage.subgraph()
     html = render_html(graph)
-    facts = {"models": len(lineage.nodes), "versions": sum(len(v) for v in graph.versions.values()),
-             "edges": len(graph.edges), "stale": len(lineage.stale()), "roots": len(lineage.roots()),
-             "merges": sum(1 for n in names if len(lineage.parents(n)) > 1),
-             "html_bytes": len(html.encode()), "dot_bytes": len(render_dot(graph).encode())}  # fmt: skip
+    facts = {
+        "models": len(lineage.nodes),
+        "versions": sum(len(v) for v in graph.versions.values()),
+        "edges": len(graph.edges),
+        "stale": len(lineage.stale()),
+        "roots": len(lineage.roots()),
+        "merges": sum(1 for n in names if len(lineage.parents(n)) > 1),
+        "html_bytes": len(html.encode()),
+        "dot_bytes": len(render_dot(graph).encode()),
+    }
     out = "/tmp" if not os.access(path, os.W_OK) else str(path)
     rows = [
         ("library: Repo() open", timed(lambda: Repo(path), runs)),
         ("library: repo.ls()", timed(repo.ls, runs)),
         ("library: repo.lineage (load the graph)", timed(lambda: repo.lineage, runs)),
         ("library: lineage.tree() of every root", timed(lineage.tree, runs)),
-        ("library: ancestors + descendants of every model", timed(
-            lambda: [(lineage.ancestors(n), lineage.descendants(n)) for n in names], runs)),
+        (
+            "library: ancestors + descendants of every model",
+            timed(lambda: [(lineage.ancestors(n), lineage.descendants(n)) for n in names], runs),
+        ),
         ("library: topological_order()", timed(lineage.topological_order, runs)),
         ("library: path() x 100 random pairs", timed(paths, runs)),
         ("library: storage of every version (one catalog read)", timed(lambda: version_storage(repo, graph), runs)),
         ("library: subgraph() + render_html (page)", timed(lambda: render_html(lineage.subgraph()), runs)),
         ("library: subgraph() + render_dot", timed(lambda: render_dot(lineage.subgraph()), runs)),
-        ("library: subgraph() + graph_json + compact json.dumps", timed(
-            lambda: json.dumps(graph_json(lineage.subgraph(), storage=version_storage(repo, graph)), separators=(",", ":")), runs)),
-        ("cli: python -c 'import mgit.cli.main' (start-up)", timed(
-            lambda: subprocess.run([sys.executable, "-c", "import mgit.cli.main"], check=True), runs)),
+        (
+            "library: subgraph() + graph_json + compact json.dumps",
+            timed(
+                lambda: json.dumps(
+                    graph_json(lineage.subgraph(), storage=version_storage(repo, graph)), separators=(",", ":")
+                ),
+                runs,
+            ),
+        ),
+        (
+            "cli: python -c 'import mgit.cli.main' (start-up)",
+            timed(lambda: subprocess.run([sys.executable, "-c", "import mgit.cli.main"], check=True), runs),
+        ),
         ("cli: mgit ls", timed(cli(path, "ls"), runs)),
         ("cli: mgit ls --json", timed(cli(path, "ls", "--json"), runs)),
         ("cli: mgit lineage", timed(cli(path, "lineage"), runs)),
@@ -197,42 +221,73 @@ def measure(path: Path, runs: int) -> tuple[list[tuple[str, tuple[list[float], l
         ("cli: mgit graph (html)", timed(cli(path, "graph", "-o", f"{out}/graph.html"), runs)),
         ("cli: mgit graph --format dot", timed(cli(path, "graph", "--format", "dot"), runs)),
         ("cli: mgit graph --format json", timed(cli(path, "graph", "--format", "json"), runs)),
-        ("cli: mgit graph --around (depth 2, html)", timed(
-            cli(path, "graph", "--around", names[len(names) // 2], "--depth", "2", "-o", f"{out}/around.html"), runs)),
-    ]  # fmt: skip
+        (
+            "cli: mgit graph --around (depth 2, html)",
+            timed(
+                cli(path, "graph", "--around", names[len(names) // 2], "--depth", "2", "-o", f"{out}/around.html"), runs
+            ),
+        ),
+    ]
     with chromium() as browser:
         if browser is not None:
             page_file = Path(out) / "page.html"
             page_file.write_text(html)
-            rows.insert(9, ("browser: the page in Chromium, every model drawn",
-                            timed(lambda: drawn(browser, page_file, len(lineage.nodes)), runs)))  # fmt: skip
+            rows.insert(
+                9,
+                (
+                    "browser: the page in Chromium, every model drawn",
+                    timed(lambda: drawn(browser, page_file, len(lineage.nodes)), runs),
+                ),
+            )
     return rows, facts
 
 
-def report(rows: list[tuple[str, tuple[list[float], list[float]]]], facts: dict[str, object], built: float | None, runs: int,
-           models: int, versions: int, load: float) -> str:  # fmt: skip
-    lines = [BEGIN, "## Lineage at scale (issue 4)", "",
-             f"Measured {datetime.now(UTC):%Y-%m-%d} on {machine()}; one-minute load average "
-             f"{load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end (other work shared the machine "
-             "when it is above 1).", "",
-             f"Reproduce: `.venv/bin/python benchmarks/lineage_scale.py --models {models} --versions {versions} "
-             f"--runs {runs}`. A generated repository of {facts['models']} models x {versions} versions "
-             f"({facts['versions']} versions, {facts['edges']} lineage edges of which {facts['stale']} stale, "
-             f"{facts['merges']} merges, {facts['roots']} roots), tiny tensors; see the script's docstring. "
-             f"The page of the whole graph is {int(facts['html_bytes']) / 1e6:.1f} MB, its DOT "  # type: ignore[call-overload]
-             f"{int(facts['dot_bytes']) / 1e3:.0f} kB."  # type: ignore[call-overload]
-             + (f" Building it took {built:.0f} s." if built else ""), "",
-             f"Median of {runs} runs, then the range; CPU is user + system time (of the subprocess for `cli:` rows). `cli:` rows run `python -m mgit.cli.main -C REPO ...` "
-             "in a subprocess, end to end (start-up, imports, the work, output to /dev/null or a file). "
-             f"Target: < {TARGET:.0f} s for each command.", "",
-             "| what | median | min-max | CPU (median) | target |", "| --- | ---: | ---: | ---: | --- |"]  # fmt: skip
+def report(
+    rows: list[tuple[str, tuple[list[float], list[float]]]],
+    facts: dict[str, object],
+    built: float | None,
+    runs: int,
+    models: int,
+    versions: int,
+    load: float,
+) -> str:
+    lines = [
+        BEGIN,
+        "## Lineage at scale (issue 4)",
+        "",
+        f"Measured {datetime.now(UTC):%Y-%m-%d} on {machine()}; one-minute load average "
+        f"{load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end (other work shared the machine "
+        "when it is above 1).",
+        "",
+        f"Reproduce: `.venv/bin/python benchmarks/lineage_scale.py --models {models} --versions {versions} "
+        f"--runs {runs}`. A generated repository of {facts['models']} models x {versions} versions "
+        f"({facts['versions']} versions, {facts['edges']} lineage edges of which {facts['stale']} stale, "
+        f"{facts['merges']} merges, {facts['roots']} roots), tiny tensors; see the script's docstring. "
+        f"The page of the whole graph is {int(facts['html_bytes']) / 1e6:.1f} MB, its DOT "  # type: ignore[call-overload]
+        f"{int(facts['dot_bytes']) / 1e3:.0f} kB." + (f" Building it took {built:.0f} s." if built else ""),  # type: ignore[call-overload]
+        "",
+        f"Median of {runs} runs, then the range; CPU is user + system time (of the subprocess for `cli:` rows). "
+        "`cli:` rows run `python -m mgit.cli.main -C REPO ...` "
+        "in a subprocess, end to end (start-up, imports, the work, output to /dev/null or a file). "
+        f"Target: < {TARGET:.0f} s for each command.",
+        "",
+        "| what | median | min-max | CPU (median) | target |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
     for label, (secs, cpu) in rows:
         med = statistics.median(secs)
         cpu_med = statistics.median(cpu)
-        target = "" if not label.startswith("cli: mgit") else "met" if med < TARGET else (
-            f"missed (CPU {cpu_med:.2f} s)" if cpu_med < TARGET else "**missed**")
-        lines.append(f"| {label} | {med * 1000:.0f} ms | {min(secs) * 1000:.0f}-{max(secs) * 1000:.0f} ms | "
-                     f"{cpu_med * 1000:.0f} ms | {target} |")
+        target = (
+            ""
+            if not label.startswith("cli: mgit")
+            else "met"
+            if med < TARGET
+            else (f"missed (CPU {cpu_med:.2f} s)" if cpu_med < TARGET else "**missed**")
+        )
+        lines.append(
+            f"| {label} | {med * 1000:.0f} ms | {min(secs) * 1000:.0f}-{max(secs) * 1000:.0f} ms | "
+            f"{cpu_med * 1000:.0f} ms | {target} |"
+        )
     lines.append(END)
     return "\n".join(lines)
 

@@ -51,10 +51,19 @@ class Shape:
         out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (self.vocab, self.hidden))]
         for i in range(self.layers):
             p = f"model.layers.{i}"
-            out += [(f"{p}.self_attn.{m}.weight", (self.hidden, self.hidden)) for m in ("q_proj", "k_proj", "v_proj", "o_proj")]
-            out += [(f"{p}.mlp.gate_proj.weight", (self.ffn, self.hidden)), (f"{p}.mlp.up_proj.weight", (self.ffn, self.hidden)),
-                    (f"{p}.mlp.down_proj.weight", (self.hidden, self.ffn))]  # fmt: skip
-            out += [(f"{p}.input_layernorm.weight", (self.hidden,)), (f"{p}.post_attention_layernorm.weight", (self.hidden,))]
+            out += [
+                (f"{p}.self_attn.{m}.weight", (self.hidden, self.hidden))
+                for m in ("q_proj", "k_proj", "v_proj", "o_proj")
+            ]
+            out += [
+                (f"{p}.mlp.gate_proj.weight", (self.ffn, self.hidden)),
+                (f"{p}.mlp.up_proj.weight", (self.ffn, self.hidden)),
+                (f"{p}.mlp.down_proj.weight", (self.hidden, self.ffn)),
+            ]
+            out += [
+                (f"{p}.input_layernorm.weight", (self.hidden,)),
+                (f"{p}.post_attention_layernorm.weight", (self.hidden,)),
+            ]
         out += [("model.norm.weight", (self.hidden,)), ("lm_head.weight", (self.vocab, self.hidden))]
         return out
 
@@ -69,7 +78,9 @@ def tensor(shape: Shape, index: int, dims: tuple[int, ...], generation: int, noi
     bits = to_bfloat16_bits(w)
     for g in range(1, generation + 1):
         w = (bits.astype(np.uint32) << 16).view(np.float32)  # the parent's bf16 values, exactly
-        w *= 1 + np.random.default_rng([shape.seed, index, g]).standard_normal(dims, dtype=np.float32) * np.float32(noise)
+        w *= 1 + np.random.default_rng([shape.seed, index, g]).standard_normal(dims, dtype=np.float32) * np.float32(
+            noise
+        )
         bits = to_bfloat16_bits(w)
     return bits
 
@@ -105,8 +116,14 @@ def _folder(path: Path, shape: Shape, generation: int, noise: float) -> None:
         total += write_safetensors(path / file, members, values)
     index = {"metadata": {"total_size": total}, "weight_map": {n: f for f, ms in shards.items() for n, _ in ms}}
     (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    config = {"model_type": "llama", "hidden_size": shape.hidden, "intermediate_size": shape.ffn,
-              "num_hidden_layers": shape.layers, "vocab_size": shape.vocab, "torch_dtype": "bfloat16"}  # fmt: skip
+    config = {
+        "model_type": "llama",
+        "hidden_size": shape.hidden,
+        "intermediate_size": shape.ffn,
+        "num_hidden_layers": shape.layers,
+        "vocab_size": shape.vocab,
+        "torch_dtype": "bfloat16",
+    }
     (path / "config.json").write_text(json.dumps(config, indent=2))
 
 

@@ -109,8 +109,13 @@ def timed(cmd: list[str]) -> Run:
     resident set as its peak, the kernel carrying the parent's mark over the exec.)"""
     with tempfile.NamedTemporaryFile("w+") as figures, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
-        done = subprocess.run([TIME, "-q", "-f", "%M %U %S", "-o", figures.name, *cmd], stdout=subprocess.DEVNULL,
-                              stderr=err, env=child_env(), check=False)  # fmt: skip
+        done = subprocess.run(
+            [TIME, "-q", "-f", "%M %U %S", "-o", figures.name, *cmd],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=child_env(),
+            check=False,
+        )
         seconds = time.perf_counter() - started
         if done.returncode != 0:
             err.seek(0)
@@ -139,8 +144,10 @@ def measure(row: Row, runs: int, prepare, command, reads: list[Path] | None = No
         row.runs.append(timed(command(arg)))
         r = row.runs[-1]
         speed = f"{row.nbytes / r.seconds / MB:,.0f} MB/s, " if row.nbytes else ""
-        print(f"  {row.label} {i + 1}/{runs}: {r.seconds:.3f} s ({speed}RSS {r.rss / MB:,.0f} MB, CPU {r.cpu:.2f} s)",
-              flush=True)  # fmt: skip
+        print(
+            f"  {row.label} {i + 1}/{runs}: {r.seconds:.3f} s ({speed}RSS {r.rss / MB:,.0f} MB, CPU {r.cpu:.2f} s)",
+            flush=True,
+        )
     return row
 
 
@@ -192,8 +199,15 @@ def model_rows(layers: int, runs: int) -> tuple[str, list[Row], dict[str, object
     mgit = mgit_command()
     rows: list[Row] = []
 
-    rows.append(measure(Row("cp -r (base folder)", size), runs, lambda i: fresh(work / "copy"),
-                        lambda out: ["cp", "-r", str(base), str(out)], [base]))  # fmt: skip
+    rows.append(
+        measure(
+            Row("cp -r (base folder)", size),
+            runs,
+            lambda i: fresh(work / "copy"),
+            lambda out: ["cp", "-r", str(base), str(out)],
+            [base],
+        )
+    )
     shutil.rmtree(work / "copy")
 
     def fresh_repo(_: int) -> Path:
@@ -201,33 +215,64 @@ def model_rows(layers: int, runs: int) -> tuple[str, list[Row], dict[str, object
         subprocess.run([*mgit, "init", str(path)], check=True, stdout=subprocess.DEVNULL, env=child_env())
         return path
 
-    rows.append(measure(Row("add base", size), runs, fresh_repo,
-                        lambda repo: [*mgit, "-C", str(repo), "add", str(base), "-n", "llm-base"],
-                        lambda repo: [base, repo]))  # fmt: skip
+    rows.append(
+        measure(
+            Row("add base", size),
+            runs,
+            fresh_repo,
+            lambda repo: [*mgit, "-C", str(repo), "add", str(base), "-n", "llm-base"],
+            lambda repo: [base, repo],
+        )
+    )
 
     def repo_copy(src: str, dst: str):
         def prepare(_: int) -> Path:
             return copy_tree(work / src, work / dst)
+
         return prepare
 
-    rows.append(measure(Row("add fine-tune", size), runs, repo_copy("repo-base", "repo-ft"),
-                        lambda repo: [*mgit, "-C", str(repo), "add", str(ft1), "-n", "llm-ft", "-p", "llm-base"],
-                        lambda repo: [ft1, repo]))  # fmt: skip
-    rows.append(measure(Row("add fine-tune of fine-tune", size), runs, repo_copy("repo-ft", "repo-chain"),
-                        lambda repo: [*mgit, "-C", str(repo), "add", str(ft2), "-n", "llm-ft2", "-p", "llm-ft"],
-                        lambda repo: [ft2, repo]))  # fmt: skip
+    rows.append(
+        measure(
+            Row("add fine-tune", size),
+            runs,
+            repo_copy("repo-base", "repo-ft"),
+            lambda repo: [*mgit, "-C", str(repo), "add", str(ft1), "-n", "llm-ft", "-p", "llm-base"],
+            lambda repo: [ft1, repo],
+        )
+    )
+    rows.append(
+        measure(
+            Row("add fine-tune of fine-tune", size),
+            runs,
+            repo_copy("repo-ft", "repo-chain"),
+            lambda repo: [*mgit, "-C", str(repo), "add", str(ft2), "-n", "llm-ft2", "-p", "llm-ft"],
+            lambda repo: [ft2, repo],
+        )
+    )
     repo = work / "repo-chain"
     shutil.rmtree(work / "repo-ft")
     depth = chain_depth(repo, "llm-ft2")
     facts: dict[str, object] = {
         "stored": {name: stored_bytes(repo, name) for name in ("llm-base", "llm-ft", "llm-ft2")},
-        "depth": depth, "label": label, "size": size,
-    }  # fmt: skip
-    for name, src, row_label in (("llm-base", base, "checkout base"), ("llm-ft", ft1, "checkout fine-tune"),
-                                 ("llm-ft2", ft2, "checkout at depth bound")):  # fmt: skip
+        "depth": depth,
+        "label": label,
+        "size": size,
+    }
+    for name, src, row_label in (
+        ("llm-base", base, "checkout base"),
+        ("llm-ft", ft1, "checkout fine-tune"),
+        ("llm-ft2", ft2, "checkout at depth bound"),
+    ):
         out = work / "out"
-        rows.append(measure(Row(row_label, size), runs, lambda i, out=out: fresh(out),
-                            lambda o, name=name: [*mgit, "-C", str(repo), "checkout", name, "-o", str(o)], [repo]))  # fmt: skip
+        rows.append(
+            measure(
+                Row(row_label, size),
+                runs,
+                lambda i, out=out: fresh(out),
+                lambda o, name=name: [*mgit, "-C", str(repo), "checkout", name, "-o", str(o)],
+                [repo],
+            )
+        )
         if file_hashes(out) != file_hashes(src):
             raise SystemExit(f"checkout of {name} differs from {src}")
         print(f"  {name}: checkout identical to its folder (sha256 of every file)", flush=True)
@@ -250,12 +295,20 @@ def startup_rows(runs: int) -> list[tuple[str, Row]]:
     name = sorted(s.name for s in Repo(small).ls())[0]
     mgit = mgit_command()
     rows = []
-    for repo, key, args in ((small, "10", ["--version"]), (small, "10", ["ls"]), (small, "10", ["log", name]),
-                            (small, "10", ["show", name]), (small, "10", ["lineage"]),
-                            (big, "1000x5", ["ls"]), (big, "1000x5", ["lineage"])):  # fmt: skip
+    for repo, key, args in (
+        (small, "10", ["--version"]),
+        (small, "10", ["ls"]),
+        (small, "10", ["log", name]),
+        (small, "10", ["show", name]),
+        (small, "10", ["lineage"]),
+        (big, "1000x5", ["ls"]),
+        (big, "1000x5", ["lineage"]),
+    ):
         timed([*mgit, "-C", str(repo), *args])  # bytecode compiled, files in the page cache
         label = f"mgit {' '.join(args)}"
-        rows.append((key, measure(Row(label, 0), runs, lambda i: None, lambda _, a=args, r=repo: [*mgit, "-C", str(r), *a])))
+        rows.append(
+            (key, measure(Row(label, 0), runs, lambda i: None, lambda _, a=args, r=repo: [*mgit, "-C", str(r), *a]))
+        )
     return rows
 
 
@@ -266,20 +319,34 @@ def verdict(ok: bool, how: str) -> str:
     return f"met ({how})" if ok else f"**missed** ({how})"
 
 
-def report(models: list[tuple[str, list[Row], dict[str, object]]], startup: list[tuple[str, Row]], runs: int,
-           load: tuple[float, float]) -> str:  # fmt: skip
-    lines = [BEGIN, "## Speed and memory at LLM scale (issue 12)", "",
-             f"Machine: {machine()}. One-minute load average {load[0]:.2f} at the start, {load[1]:.2f} at the end; "
-             f"{time.strftime('%Y-%m-%d')}.", "",
-             "Reproduce: `.venv/bin/python benchmarks/llm_scale.py` (its docstring says what each row does). One "
-             f"`mgit` process per command, wall clock, median of {runs} runs (min-max in brackets); MB = 10^6 bytes "
-             "of the model's files; peak RSS is the process's maximum resident set (file pages it maps included); "
-             "CPU is user + system seconds of the process. Every checkout was compared with its source folder by "
-             "sha256, file by file.", ""]  # fmt: skip
+def report(
+    models: list[tuple[str, list[Row], dict[str, object]]],
+    startup: list[tuple[str, Row]],
+    runs: int,
+    load: tuple[float, float],
+) -> str:
+    lines = [
+        BEGIN,
+        "## Speed and memory at LLM scale (issue 12)",
+        "",
+        f"Machine: {machine()}. One-minute load average {load[0]:.2f} at the start, {load[1]:.2f} at the end; "
+        f"{time.strftime('%Y-%m-%d')}.",
+        "",
+        "Reproduce: `.venv/bin/python benchmarks/llm_scale.py` (its docstring says what each row does). One "
+        f"`mgit` process per command, wall clock, median of {runs} runs (min-max in brackets); MB = 10^6 bytes "
+        "of the model's files; peak RSS is the process's maximum resident set (file pages it maps included); "
+        "CPU is user + system seconds of the process. Every checkout was compared with its source folder by "
+        "sha256, file by file.",
+        "",
+    ]
     for label, rows, facts in models:
         copy = rows[0]
-        lines += [f"### {label}", "",
-                  "| command | throughput | vs cp -r | peak RSS | CPU | target |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            f"### {label}",
+            "",
+            "| command | throughput | vs cp -r | peak RSS | CPU | target |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for row in rows:
             secs = [r.seconds for r in row.runs]
             rate = f"{row.rate:,.0f} MB/s ({row.nbytes / max(secs) / MB:,.0f}-{row.nbytes / min(secs) / MB:,.0f})"
@@ -289,24 +356,35 @@ def report(models: list[tuple[str, list[Row], dict[str, object]]], startup: list
                 goals.append(verdict(row.rate >= target, f">= {target:.0f} MB/s"))
             if row is not copy:
                 goals.append(verdict(row.rss <= RSS_BOUND, "RSS <= 512 MB"))
-            lines.append(f"| {row.label} | {rate} | {row.rate / copy.rate:.2f}x | {row.rss / MB:,.0f} MB | "
-                         f"{row.cpu:.1f} s | {'; '.join(goals) or '-'} |")  # fmt: skip
+            lines.append(
+                f"| {row.label} | {rate} | {row.rate / copy.rate:.2f}x | {row.rss / MB:,.0f} MB | "
+                f"{row.cpu:.1f} s | {'; '.join(goals) or '-'} |"
+            )
         stored = facts["stored"]
         assert isinstance(stored, dict)
-        lines += ["", f"Stored: base {stored['llm-base'] / MB:,.0f} MB, fine-tune {stored['llm-ft'] / MB:,.0f} MB, "
-                      f"fine-tune of the fine-tune {stored['llm-ft2'] / MB:,.0f} MB (its deepest tensor at delta "
-                      f"depth {facts['depth']}).", ""]  # fmt: skip
+        lines += [
+            "",
+            f"Stored: base {stored['llm-base'] / MB:,.0f} MB, fine-tune {stored['llm-ft'] / MB:,.0f} MB, "
+            f"fine-tune of the fine-tune {stored['llm-ft2'] / MB:,.0f} MB (its deepest tensor at delta "
+            f"depth {facts['depth']}).",
+            "",
+        ]
     if startup:
-        lines += ["### Start-up: commands that touch no tensor", "",
-                  "| repository | command | wall (median, min-max) | peak RSS | CPU | target |",
-                  "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "### Start-up: commands that touch no tensor",
+            "",
+            "| repository | command | wall (median, min-max) | peak RSS | CPU | target |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for key, row in startup:
             secs = [r.seconds * 1000 for r in row.runs]
             where = "MiniLM family, 10 models" if key == "10" else "1,000 models x 5 versions"
             goal = STARTUP_MS[key]
-            lines.append(f"| {where} | `{row.label}` | {row.median * 1000:.0f} ms ({min(secs):.0f}-{max(secs):.0f}) | "
-                         f"{row.rss / MB:.0f} MB | {row.cpu * 1000:.0f} ms | "
-                         f"{verdict(row.median * 1000 < goal, f'< {goal:.0f} ms')} |")  # fmt: skip
+            lines.append(
+                f"| {where} | `{row.label}` | {row.median * 1000:.0f} ms ({min(secs):.0f}-{max(secs):.0f}) | "
+                f"{row.rss / MB:.0f} MB | {row.cpu * 1000:.0f} ms | "
+                f"{verdict(row.median * 1000 < goal, f'< {goal:.0f} ms')} |"
+            )
         lines.append("")
     lines.append(END)
     return "\n".join(lines)

@@ -9,7 +9,8 @@ its early layers frozen, a merged LoRA, int8, pruned and bfloat16 copies, a seco
 fine-tune), or the demo preset's 5 with --preset demo; added to a repository under
 .cache/bench/loading/ with their lineage. Each way of loading runs in a fresh child process
 (torch imported first): wall time of the loads, and peak RSS (VmHWM, after every tensor was read
-once, as a forward pass would) above the process's RSS before them, against the family's total tensor bytes and its distinct ones (tensors that
+once, as a forward pass would) above the process's RSS before them, against the family's total
+tensor bytes and its distinct ones (tensors that
 several members hold by the same object id counted once). Median of --runs.
 """
 
@@ -86,8 +87,12 @@ def repository(preset: str) -> tuple[Path, list[str], list[Path]]:
         refs = []
         for m in members:
             name = m.version_of or m.name
-            added = repo.add(m.path, name=name, parent=[ids[p] for p in m.parents] or None,
-                             relation=m.relation if m.parents else None)  # fmt: skip
+            added = repo.add(
+                m.path,
+                name=name,
+                parent=[ids[p] for p in m.parents] or None,
+                relation=m.relation if m.parents else None,
+            )
             ids[m.name] = added.version
             refs.append(f"{name}@{added.version[:12]}")
         marker.write_text(json.dumps(refs))
@@ -108,8 +113,12 @@ def sizes(path: Path, refs: list[str]) -> tuple[int, int]:
 
 
 def run(how: str, path: Path, refs: list[str], folders: list[Path]) -> dict[str, float]:
-    done = subprocess.run([sys.executable, "-c", CHILD, how, str(path), json.dumps(refs),
-                           json.dumps([str(f) for f in folders])], capture_output=True, text=True, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, how, str(path), json.dumps(refs), json.dumps([str(f) for f in folders])],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -129,16 +138,24 @@ def main() -> None:
         results = [run(how, path, refs, folders) for _ in range(opts.runs)]
         row = {k: statistics.median(r[k] for r in results) for k in ("seconds", "peak", "held")}
         rows.append((how, row))
-        print(f"{how}: {row['seconds']:.2f} s, peak +{row['peak'] / MB:.0f} MB, held {row['held'] / MB:.0f} MB", flush=True)
-    lines = [BEGIN, "## Loading a family into one process (`benchmarks/loading.py`, issue 16)", "",
-             f"Measured {time.strftime('%Y-%m-%d')} on {machine()}, load {load_start:.1f} -> {os.getloadavg()[0]:.1f}. "
-             f"The {opts.preset} MiniLM family: {len(refs)} versions, {total / MB:.0f} MB of tensors, "
-             f"{distinct / MB:.0f} MB of distinct ones (one object id counted once). Each way in a fresh process "
-             f"(torch imported), median of {opts.runs}: time of the loads, peak RSS above the RSS before them "
-             "(VmHWM, after every tensor was read once: load_file maps the files and reads pages as they are "
-             "touched, which RSS counts), and the bytes of the distinct tensor storages the process then holds.", "",
-             "| loading | time (s) | peak RSS above start (MB) | tensor memory held (MB) |",
-             "| --- | ---: | ---: | ---: |"]  # fmt: skip
+        print(
+            f"{how}: {row['seconds']:.2f} s, peak +{row['peak'] / MB:.0f} MB, held {row['held'] / MB:.0f} MB",
+            flush=True,
+        )
+    lines = [
+        BEGIN,
+        "## Loading a family into one process (`benchmarks/loading.py`, issue 16)",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d')} on {machine()}, load {load_start:.1f} -> {os.getloadavg()[0]:.1f}. "
+        f"The {opts.preset} MiniLM family: {len(refs)} versions, {total / MB:.0f} MB of tensors, "
+        f"{distinct / MB:.0f} MB of distinct ones (one object id counted once). Each way in a fresh process "
+        f"(torch imported), median of {opts.runs}: time of the loads, peak RSS above the RSS before them "
+        "(VmHWM, after every tensor was read once: load_file maps the files and reads pages as they are "
+        "touched, which RSS counts), and the bytes of the distinct tensor storages the process then holds.",
+        "",
+        "| loading | time (s) | peak RSS above start (MB) | tensor memory held (MB) |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     for how, row in rows:
         lines.append(f"| {WAYS[how]} | {row['seconds']:.2f} | {row['peak'] / MB:.0f} | {row['held'] / MB:.0f} |")
     lines += ["", "Reproduce: `.venv/bin/python benchmarks/loading.py [--preset demo] [--runs N]`.", END]

@@ -38,19 +38,24 @@ BEGIN, END = "<!-- merge:begin -->", "<!-- merge:end -->"
 MB = 1e6
 TARGET = 200.0  # MB/s of output
 CASES = {  # label: (mgit merge arguments, mergekit config body)
-    "linear": (["ft1", "ft2", "--method", "linear"],
-               "models:\n  - model: {ft1}\n    parameters: {{weight: 0.5}}\n  - model: {ft2}\n"
-               "    parameters: {{weight: 0.5}}\nmerge_method: linear\ndtype: bfloat16\n"),
-    "task_arithmetic": (["ft1", "ft2", "--method", "task_arithmetic", "--base", "base", "--weight", "ft1=0.5",
-                         "--weight", "ft2=0.5"],
-                        "models:\n  - model: {ft1}\n    parameters: {{weight: 0.5}}\n  - model: {ft2}\n"
-                        "    parameters: {{weight: 0.5}}\nmerge_method: task_arithmetic\nbase_model: {base}\n"
-                        "dtype: bfloat16\n"),
-    "ties": (["ft1", "ft2", "--method", "ties", "--base", "base", "--density", "0.5"],
-             "models:\n  - model: {ft1}\n    parameters: {{weight: 1.0, density: 0.5}}\n  - model: {ft2}\n"
-             "    parameters: {{weight: 1.0, density: 0.5}}\nmerge_method: ties\nbase_model: {base}\n"
-             "dtype: bfloat16\n"),
-}  # fmt: skip
+    "linear": (
+        ["ft1", "ft2", "--method", "linear"],
+        "models:\n  - model: {ft1}\n    parameters: {{weight: 0.5}}\n  - model: {ft2}\n"
+        "    parameters: {{weight: 0.5}}\nmerge_method: linear\ndtype: bfloat16\n",
+    ),
+    "task_arithmetic": (
+        ["ft1", "ft2", "--method", "task_arithmetic", "--base", "base", "--weight", "ft1=0.5", "--weight", "ft2=0.5"],
+        "models:\n  - model: {ft1}\n    parameters: {{weight: 0.5}}\n  - model: {ft2}\n"
+        "    parameters: {{weight: 0.5}}\nmerge_method: task_arithmetic\nbase_model: {base}\n"
+        "dtype: bfloat16\n",
+    ),
+    "ties": (
+        ["ft1", "ft2", "--method", "ties", "--base", "base", "--density", "0.5"],
+        "models:\n  - model: {ft1}\n    parameters: {{weight: 1.0, density: 0.5}}\n  - model: {ft2}\n"
+        "    parameters: {{weight: 1.0, density: 0.5}}\nmerge_method: ties\nbase_model: {base}\n"
+        "dtype: bfloat16\n",
+    ),
+}
 
 
 def repository() -> tuple[Path, list[Path]]:
@@ -59,9 +64,12 @@ def repository() -> tuple[Path, list[Path]]:
     if not (WORK / ".built").exists():
         shutil.rmtree(repo, ignore_errors=True)
         repo.mkdir(parents=True)
-        for args in (["init"], ["add", str(folders[0]), "--name", "base"],
-                     ["add", str(folders[1]), "--name", "ft1", "--parent", "base"],
-                     ["add", str(folders[2]), "--name", "ft2", "--parent", "base"]):  # fmt: skip
+        for args in (
+            ["init"],
+            ["add", str(folders[0]), "--name", "base"],
+            ["add", str(folders[1]), "--name", "ft1", "--parent", "base"],
+            ["add", str(folders[2]), "--name", "ft2", "--parent", "base"],
+        ):
             subprocess.run([*mgit_command(), *args], cwd=repo, check=True, capture_output=True)
         (WORK / ".built").write_text("ok\n")
     return repo, folders
@@ -75,14 +83,24 @@ def for_mergekit(folder: Path, view: Path) -> Path:
         if f.name != "config.json":
             (view / f.name).symlink_to(f)
     config = json.loads((folder / "config.json").read_text())
-    config.update({"architectures": ["LlamaForCausalLM"], "num_attention_heads": 16, "num_key_value_heads": 16,
-                   "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "tie_word_embeddings": False})  # fmt: skip
+    config.update(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "max_position_embeddings": 2048,
+            "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": False,
+        }
+    )
     (view / "config.json").write_text(json.dumps(config))
     return view
 
 
 def stored(repo: Path, name: str) -> int:
-    shown = subprocess.run([*mgit_command(), "show", name, "--json"], cwd=repo, capture_output=True, text=True, check=True)
+    shown = subprocess.run(
+        [*mgit_command(), "show", name, "--json"], cwd=repo, capture_output=True, text=True, check=True
+    )
     return int(json.loads(shown.stdout)["version"]["new_bytes"])
 
 
@@ -111,25 +129,50 @@ def main() -> None:
                 yml.write_text(config.format(base=inputs[0], ft1=inputs[1], ft2=inputs[2]))
                 settle(folders)
                 started = time.perf_counter()
-                subprocess.run([str(opts.mergekit), str(yml), str(Path(tmp) / "out"), "--no-copy-tokenizer",
-                                "--allow-crimes", "--lazy-unpickle"], check=True, capture_output=True)  # fmt: skip
+                subprocess.run(
+                    [
+                        str(opts.mergekit),
+                        str(yml),
+                        str(Path(tmp) / "out"),
+                        "--no-copy-tokenizer",
+                        "--allow-crimes",
+                        "--lazy-unpickle",
+                    ],
+                    check=True,
+                    capture_output=True,
+                )
                 theirs = time.perf_counter() - started
         rows.append((label, row, stored(scratch, name), theirs))
-        print(f"{label}: {row.rate:.0f} MB/s, peak RSS {row.rss / MB:.0f} MB, stored {rows[-1][2] / MB:.1f} MB"
-              + (f"; mergekit {theirs:.1f} s" if theirs else ""), flush=True)  # fmt: skip
-    lines = [BEGIN, "## Merging (`benchmarks/merge.py`, issue 15)", "",
-             f"Measured {time.strftime('%Y-%m-%d')} on {machine()}, load {os.getloadavg()[0]:.1f}. One run of each "
-             f"(page cache emptied, the repository read once before it). Inputs: two fine-tunes (and their base) of "
-             f"the generated {size / 1e9:.2f} GB bf16 model of `llm_family.py`, each merge into a fresh copy of the "
-             f"repository (stored: what the merged version added). Target: {TARGET:.0f} MB/s of output.",
-             "", "| merge | wall (s) | MB/s of output | peak RSS (MB) | CPU (s) | stored (MB) | mergekit (s) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+        print(
+            f"{label}: {row.rate:.0f} MB/s, peak RSS {row.rss / MB:.0f} MB, stored {rows[-1][2] / MB:.1f} MB"
+            + (f"; mergekit {theirs:.1f} s" if theirs else ""),
+            flush=True,
+        )
+    lines = [
+        BEGIN,
+        "## Merging (`benchmarks/merge.py`, issue 15)",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d')} on {machine()}, load {os.getloadavg()[0]:.1f}. One run of each "
+        f"(page cache emptied, the repository read once before it). Inputs: two fine-tunes (and their base) of "
+        f"the generated {size / 1e9:.2f} GB bf16 model of `llm_family.py`, each merge into a fresh copy of the "
+        f"repository (stored: what the merged version added). Target: {TARGET:.0f} MB/s of output.",
+        "",
+        "| merge | wall (s) | MB/s of output | peak RSS (MB) | CPU (s) | stored (MB) | mergekit (s) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for label, row, new, theirs in rows:
-        lines.append(f"| {label} | {row.median:.1f} | {row.rate:.0f} | {row.rss / MB:.0f} | {row.cpu:.1f} | "
-                     f"{(new or 0) / MB:.1f} | {f'{theirs:.1f}' if theirs else '-'} |")  # fmt: skip
+        lines.append(
+            f"| {label} | {row.median:.1f} | {row.rate:.0f} | {row.rss / MB:.0f} | {row.cpu:.1f} | "
+            f"{(new or 0) / MB:.1f} | {f'{theirs:.1f}' if theirs else '-'} |"
+        )
     delta = stored(repo, "ft2")
-    lines += ["", f"For scale: the fine-tune ft2 itself is stored in {delta / MB:.1f} MB (its delta against the base).",
-              "", "Reproduce: `.venv/bin/python benchmarks/merge.py [--mergekit PATH/TO/mergekit-yaml]`.", END]
+    lines += [
+        "",
+        f"For scale: the fine-tune ft2 itself is stored in {delta / MB:.1f} MB (its delta against the base).",
+        "",
+        "Reproduce: `.venv/bin/python benchmarks/merge.py [--mergekit PATH/TO/mergekit-yaml]`.",
+        END,
+    ]
     section = "\n".join(lines)
     print(section)
     if not opts.no_doc:

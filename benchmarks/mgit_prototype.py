@@ -123,8 +123,7 @@ def decode_tensor(store: ParameterStore, entry: Entry, base: torch.Tensor | None
     return (base.double() + q.double() * store.step).to(entry.dtype)
 
 
-def encode_folder(store: ParameterStore, folder: Path, weights: str, base: dict[str, torch.Tensor] | None
-                  ) -> Encoded:  # fmt: skip
+def encode_folder(store: ParameterStore, folder: Path, weights: str, base: dict[str, torch.Tensor] | None) -> Encoded:
     """Store a model folder: the tensors of its weights file against the parent's reconstruction
     `base` (None: no parent), every other file with LZMA."""
     tensors = load_file(folder / weights)
@@ -138,8 +137,9 @@ def encode_folder(store: ParameterStore, folder: Path, weights: str, base: dict[
     return Encoded(dict(zip(names, entries, strict=True)), files)
 
 
-def decode_folder(store: ParameterStore, encoded: Encoded, weights: str, base: dict[str, torch.Tensor] | None
-                  ) -> tuple[dict[str, torch.Tensor], dict[str, bytes]]:  # fmt: skip
+def decode_folder(
+    store: ParameterStore, encoded: Encoded, weights: str, base: dict[str, torch.Tensor] | None
+) -> tuple[dict[str, torch.Tensor], dict[str, bytes]]:
     """The reconstructed tensors, and the bytes of every file (the weights rebuilt as safetensors)."""
     names = list(encoded.tensors)
     values = parallel(lambda n: decode_tensor(store, encoded.tensors[n], base.get(n) if base else None), names)

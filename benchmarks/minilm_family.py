@@ -49,7 +49,10 @@ FROZEN_PREFIXES = ("embeddings.", "encoder.layer.0.", "encoder.layer.1.", "encod
 HEAD = ("classifier.weight", "classifier.bias")
 # README relation words: the Hugging Face model tree's where it has one (it has none for pruning).
 HF_RELATION = {"finetune": "finetune", "quantize": "quantized", "adapter": "adapter", "prune": "prune"}
-STEPS = {"demo": {"sentiment": 40, "topic": 40}, "full": {"sentiment": 300, "topic": 200, "frozen": 300, "lora": 300, "v2": 200}}
+STEPS = {
+    "demo": {"sentiment": 40, "topic": 40},
+    "full": {"sentiment": 300, "topic": 200, "frozen": 300, "lora": 300, "v2": 200},
+}
 
 
 @dataclass(frozen=True)
@@ -81,19 +84,67 @@ class EvalResult:
 # --- generated tasks ---------------------------------------------------------------------------
 
 SENTIMENT_WORDS = (  # per label; the last HELD_OUT_WORDS of each appear only in the held-out set
-    ("terrible", "awful", "boring", "dreadful", "disappointing", "horrible", "dull", "mediocre", "annoying",
-     "poor", "tedious", "unpleasant"),
-    ("wonderful", "excellent", "delightful", "superb", "charming", "brilliant", "pleasant", "lovely", "fantastic",
-     "great", "enjoyable", "impressive"),
+    (
+        "terrible",
+        "awful",
+        "boring",
+        "dreadful",
+        "disappointing",
+        "horrible",
+        "dull",
+        "mediocre",
+        "annoying",
+        "poor",
+        "tedious",
+        "unpleasant",
+    ),
+    (
+        "wonderful",
+        "excellent",
+        "delightful",
+        "superb",
+        "charming",
+        "brilliant",
+        "pleasant",
+        "lovely",
+        "fantastic",
+        "great",
+        "enjoyable",
+        "impressive",
+    ),
 )
 SUBJECTS = ("movie", "meal", "hotel", "concert", "book", "service", "game", "trip", "phone", "show")
 INTENSIFIERS = ("", "very ", "really ", "quite ", "truly ")
 ASIDES = ("", " although we arrived late", " and it rained all day", " on a tuesday evening", " as my friend said")
 TOPIC_TERMS = (
-    ("the goalkeeper", "the marathon", "the tennis final", "the referee", "basketball", "the league table",
-     "a penalty kick", "the swimmer", "the championship", "the striker", "the hockey match", "the cycling race"),
-    ("the telescope", "a molecule", "the experiment", "quantum physics", "the laboratory", "a chemical reaction",
-     "the genome", "an electron", "the microscope", "the hypothesis", "the fossil record", "the vaccine trial"),
+    (
+        "the goalkeeper",
+        "the marathon",
+        "the tennis final",
+        "the referee",
+        "basketball",
+        "the league table",
+        "a penalty kick",
+        "the swimmer",
+        "the championship",
+        "the striker",
+        "the hockey match",
+        "the cycling race",
+    ),
+    (
+        "the telescope",
+        "a molecule",
+        "the experiment",
+        "quantum physics",
+        "the laboratory",
+        "a chemical reaction",
+        "the genome",
+        "an electron",
+        "the microscope",
+        "the hypothesis",
+        "the fossil record",
+        "the vaccine trial",
+    ),
 )
 SPEAKERS = ("my neighbour", "the teacher", "a reporter", "our guest", "the student", "my uncle")
 VERBS = ("talked about", "wrote about", "asked about", "read about", "argued about")
@@ -374,27 +425,68 @@ def family_specs(preset: str) -> list[MemberSpec]:
     steps, base, tuned = STEPS[preset], ("minilm-base",), ("minilm-sentiment",)
     specs = [
         MemberSpec("minilm-base", (), "base", "all-MiniLM-L6-v2, original bytes", None),
-        MemberSpec("minilm-sentiment", base, "finetune", f"full fine-tune on sentiment, {steps['sentiment']} steps",
-                   FineTune("sentiment", steps["sentiment"]), task="sentiment"),
-        MemberSpec("minilm-sentiment-int8", tuned, "quantize", "per-row symmetric int8 of every weight matrix",
-                   QuantizeInt8(), task="sentiment"),
-        MemberSpec("minilm-sentiment-pruned", tuned, "prune", "50% magnitude pruning of every weight matrix",
-                   MagnitudePrune(0.5), task="sentiment"),
+        MemberSpec(
+            "minilm-sentiment",
+            base,
+            "finetune",
+            f"full fine-tune on sentiment, {steps['sentiment']} steps",
+            FineTune("sentiment", steps["sentiment"]),
+            task="sentiment",
+        ),
+        MemberSpec(
+            "minilm-sentiment-int8",
+            tuned,
+            "quantize",
+            "per-row symmetric int8 of every weight matrix",
+            QuantizeInt8(),
+            task="sentiment",
+        ),
+        MemberSpec(
+            "minilm-sentiment-pruned",
+            tuned,
+            "prune",
+            "50% magnitude pruning of every weight matrix",
+            MagnitudePrune(0.5),
+            task="sentiment",
+        ),
     ]
-    topic = MemberSpec("minilm-topic", base, "finetune", f"full fine-tune on topic, {steps['topic']} steps",
-                       FineTune("topic", steps["topic"]), task="topic")
+    topic = MemberSpec(
+        "minilm-topic",
+        base,
+        "finetune",
+        f"full fine-tune on topic, {steps['topic']} steps",
+        FineTune("topic", steps["topic"]),
+        task="topic",
+    )
     if preset != "full":
         return [*specs, topic]  # the demo merges it with the sentiment fine-tune
     return specs + [
         topic,
-        MemberSpec("minilm-sentiment-frozen", base, "finetune",
-                   f"sentiment fine-tune, embeddings and layers 0-2 frozen, {steps['frozen']} steps",
-                   FineTune("sentiment", steps["frozen"], freeze_early_layers=True), task="sentiment"),
-        MemberSpec("minilm-sentiment-lora", base, "adapter",
-                   f"sentiment LoRA rank {LORA_RANK} on query/value, merged, {steps['lora']} steps",
-                   FineTune("sentiment", steps["lora"], lora_rank=LORA_RANK), task="sentiment"),
-        MemberSpec("minilm-sentiment-v2", tuned, "finetune", f"minilm-sentiment trained {steps['v2']} more steps",
-                   FineTune("sentiment", steps["v2"], seed=SEED + 1), version_of="minilm-sentiment", task="sentiment"),
+        MemberSpec(
+            "minilm-sentiment-frozen",
+            base,
+            "finetune",
+            f"sentiment fine-tune, embeddings and layers 0-2 frozen, {steps['frozen']} steps",
+            FineTune("sentiment", steps["frozen"], freeze_early_layers=True),
+            task="sentiment",
+        ),
+        MemberSpec(
+            "minilm-sentiment-lora",
+            base,
+            "adapter",
+            f"sentiment LoRA rank {LORA_RANK} on query/value, merged, {steps['lora']} steps",
+            FineTune("sentiment", steps["lora"], lora_rank=LORA_RANK),
+            task="sentiment",
+        ),
+        MemberSpec(
+            "minilm-sentiment-v2",
+            tuned,
+            "finetune",
+            f"minilm-sentiment trained {steps['v2']} more steps",
+            FineTune("sentiment", steps["v2"], seed=SEED + 1),
+            version_of="minilm-sentiment",
+            task="sentiment",
+        ),
         MemberSpec("minilm-base-bf16", base, "quantize", "bfloat16 cast", CastBfloat16()),
         MemberSpec("minilm-sentiment-bf16", tuned, "quantize", "bfloat16 cast", CastBfloat16(), task="sentiment"),
     ]
@@ -415,9 +507,19 @@ def cache_key(spec: MemberSpec, parent_keys: list[str], source: Path) -> str:
 
 def model_card(spec: MemberSpec) -> str:
     """README.md whose front matter names the parent member and the relation, as the Hugging Face Hub reads it."""
-    lines = ["---", f"base_model: {spec.parents[0]}", f"base_model_relation: {HF_RELATION[spec.relation]}",
-             "library_name: transformers", "tags:", "- mgit-benchmark", "---", "", f"# {spec.name}", "",
-             f"{spec.description}."]
+    lines = [
+        "---",
+        f"base_model: {spec.parents[0]}",
+        f"base_model_relation: {HF_RELATION[spec.relation]}",
+        "library_name: transformers",
+        "tags:",
+        "- mgit-benchmark",
+        "---",
+        "",
+        f"# {spec.name}",
+        "",
+        f"{spec.description}.",
+    ]
     if spec.version_of:
         lines += ["", f"A new version of `{spec.version_of}`."]
     return "\n".join(lines) + "\n"
@@ -477,8 +579,17 @@ def build_family(out_dir: Path, *, preset: str = "demo", progress: Callable[[str
         started = time.perf_counter()
         built = build_member(spec, keys[spec.name], out_dir, source)
         progress(f"{spec.name}: " + (f"built in {time.perf_counter() - started:.1f}s" if built else "cached"))
-        members.append(Member(spec.name, out_dir / spec.name, spec.parents, spec.relation, spec.version_of,
-                              spec.description, spec.task))
+        members.append(
+            Member(
+                spec.name,
+                out_dir / spec.name,
+                spec.parents,
+                spec.relation,
+                spec.version_of,
+                spec.description,
+                spec.task,
+            )
+        )
     return members
 
 
@@ -496,8 +607,10 @@ def main(argv: list[str] | None = None) -> None:
     for m in members:
         accuracy = f"{evaluate(m.path, m.task).accuracy:.3f}" if args.evaluate and m.task else "-"
         size = (m.path / WEIGHTS).stat().st_size / 1e6
-        print(f"{m.name:<25}{m.relation:<10}{','.join(m.parents) or '-':<18}{m.version_of or '-':<18}"
-              f"{size:>6.1f}  {accuracy:<10}{m.description}")
+        print(
+            f"{m.name:<25}{m.relation:<10}{','.join(m.parents) or '-':<18}{m.version_of or '-':<18}"
+            f"{size:>6.1f}  {accuracy:<10}{m.description}"
+        )
 
 
 if __name__ == "__main__":

@@ -74,8 +74,12 @@ def minilm_repo() -> Repo:
     members = build_family(CACHE.parent / "family-full", preset="full", progress=lambda _: None)
     repo = Repo.init(fresh(path))
     for m in members:
-        repo.add(m.path, name=m.version_of or m.name, parent=list(m.parents) or None,
-                 relation=None if m.relation == "base" else m.relation)  # fmt: skip
+        repo.add(
+            m.path,
+            name=m.version_of or m.name,
+            parent=list(m.parents) or None,
+            relation=None if m.relation == "base" else m.relation,
+        )
     (path / ".built").write_text("ok\n")
     return repo
 
@@ -126,11 +130,11 @@ def throughput(repo: Repo, runs: int, s3: S3 | None) -> dict[str, Any]:
     """Push and clone, folder and S3, beside cp -r and the client's upload."""
     stored, logical = stored_bytes(repo), repo.du().logical_bytes
     out: dict[str, Any] = {"stored": stored, "logical": logical}
-    out["cp"], _ = median_time(runs, lambda: fresh(WORK / "cp"),
-                               lambda dst: shutil.copytree(repo.dir, dst))  # fmt: skip
+    out["cp"], _ = median_time(runs, lambda: fresh(WORK / "cp"), lambda dst: shutil.copytree(repo.dir, dst))
     subprocess.run(["sync"], check=False)
-    out["cp_cmd"], _ = median_time(runs, lambda: fresh(WORK / "cpr"),
-                                   lambda dst: subprocess.run(["cp", "-r", str(repo.dir), str(dst)], check=True))  # fmt: skip
+    out["cp_cmd"], _ = median_time(
+        runs, lambda: fresh(WORK / "cpr"), lambda dst: subprocess.run(["cp", "-r", str(repo.dir), str(dst)], check=True)
+    )
 
     def remote_folder() -> str:
         url = str(fresh(WORK / "remote.mgit"))
@@ -139,9 +143,11 @@ def throughput(repo: Repo, runs: int, s3: S3 | None) -> dict[str, Any]:
         return url
 
     out["folder_push"], _ = median_time(runs, remote_folder, lambda url: sync.push(repo, "bench"))
-    out["folder_clone"], _ = median_time(runs, lambda: fresh(WORK / "clone"),
-                                         lambda dst: sync.clone(str(WORK / "remote.mgit"), dst))  # fmt: skip
+    out["folder_clone"], _ = median_time(
+        runs, lambda: fresh(WORK / "clone"), lambda dst: sync.clone(str(WORK / "remote.mgit"), dst)
+    )
     if s3 is not None:
+
         def remote_s3() -> str:
             url = s3.url()
             sync.init_bare(url)
@@ -173,8 +179,12 @@ def fine_tune_cost(repo: Repo, base: str, ft: str) -> dict[str, int]:
     sync.push(repo, "bench", [base])
     first = f"{ft}@1"  # its first version: one version's worth
     sent = sync.push(repo, "bench", [first]).sent
-    return {"sent": sent.bytes, "objects": sent.objects, "ft_new": repo.info(first).new_bytes,
-            "ft_logical": repo.info(first).logical_bytes}
+    return {
+        "sent": sent.bytes,
+        "objects": sent.objects,
+        "ft_new": repo.info(first).new_bytes,
+        "ft_logical": repo.info(first).logical_bytes,
+    }
 
 
 def lazy_checkout(repo: Repo, ft: str) -> dict[str, int]:
@@ -192,9 +202,13 @@ def lazy_checkout(repo: Repo, ft: str) -> dict[str, int]:
                 needed.add(b)
                 stack.append(b)
     need = needed - before
-    return {"fetched": len(fetched), "fetched_bytes": sum(lazy.store.stored_size(o) for o in fetched),
-            "needed": len(need), "needed_bytes": sum(repo.store.stored_size(o) for o in need),
-            "extra": len(fetched - need)}
+    return {
+        "fetched": len(fetched),
+        "fetched_bytes": sum(lazy.store.stored_size(o) for o in fetched),
+        "needed": len(need),
+        "needed_bytes": sum(repo.store.stored_size(o) for o in need),
+        "extra": len(fetched - need),
+    }
 
 
 def lazy_scale(s3: S3 | None, runs: int) -> dict[str, Any]:
@@ -213,8 +227,9 @@ def lazy_scale(s3: S3 | None, runs: int) -> dict[str, Any]:
         started = time.perf_counter()
         sync.push(repo, "bench")
         out[f"{kind}_push"] = time.perf_counter() - started
-        seconds, result = median_time(runs, lambda: fresh(WORK / "scale-lazy"),
-                                      lambda dst, url=url: sync.clone(url, dst, lazy=True))  # fmt: skip
+        seconds, result = median_time(
+            runs, lambda: fresh(WORK / "scale-lazy"), lambda dst, url=url: sync.clone(url, dst, lazy=True)
+        )
         out[f"{kind}_lazy"], out[f"{kind}_lazy_bytes"] = seconds, result.fetch.received.bytes
         lazy = Repo(WORK / "scale-lazy")
         started = time.perf_counter()
@@ -228,41 +243,75 @@ def rate(nbytes: int, seconds: float) -> str:
 
 
 def report(results: dict[str, Any], runs: int) -> str:
-    lines = [BEGIN, "## Remotes: push, clone, lazy clone (`benchmarks/remote.py`)", "",
-             f"Measured {time.strftime('%Y-%m-%d')} on {machine()}, load {os.getloadavg()[0]:.1f}, commit "
-             f"{_commit()}; median of {runs} runs. Stored bytes are what travels (objects as stored); "
-             "logical bytes what the versions hold as plain files. Folder remote on the same disk; S3 is "
-             "moto's server process on 127.0.0.1 (Python, in-memory), so S3 figures measure MGit against "
-             "the same client's plain upload to the same server, not AWS.", ""]  # fmt: skip
-    lines += ["| data | stored | logical | cp -r .mgit | folder push | folder clone | S3 client upload | S3 push (vs client) | S3 clone |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        BEGIN,
+        "## Remotes: push, clone, lazy clone (`benchmarks/remote.py`)",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d')} on {machine()}, load {os.getloadavg()[0]:.1f}, commit "
+        f"{_commit()}; median of {runs} runs. Stored bytes are what travels (objects as stored); "
+        "logical bytes what the versions hold as plain files. Folder remote on the same disk; S3 is "
+        "moto's server process on 127.0.0.1 (Python, in-memory), so S3 figures measure MGit against "
+        "the same client's plain upload to the same server, not AWS.",
+        "",
+    ]
+    lines += [
+        "| data | stored | logical | cp -r .mgit | folder push | folder clone "
+        "| S3 client upload | S3 push (vs client) | S3 clone |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for label, r in results["throughput"].items():
-        s3 = ("-", "-", "-") if "s3_push" not in r else (
-            rate(r["stored"], r["s3_client"]), f"{rate(r['stored'], r['s3_push'])} ({r['s3_push'] / r['s3_client']:.2f}x)",
-            rate(r["stored"], r["s3_clone"]))  # fmt: skip
-        lines.append(f"| {label} | {r['stored'] / MB:,.0f} MB | {r['logical'] / MB:,.0f} MB | {rate(r['stored'], r['cp_cmd'])} "
-                     f"| {rate(r['stored'], r['folder_push'])} ({rate(r['logical'], r['folder_push'])} logical) "
-                     f"| {rate(r['stored'], r['folder_clone'])} ({rate(r['logical'], r['folder_clone'])} logical) "
-                     f"| {s3[0]} | {s3[1]} | {s3[2]} |")  # fmt: skip
-    lines += ["", "| a fine-tune pushed after its base | bytes sent | its stored size (new bytes) | its logical size |",
-              "| --- | --- | --- | --- |"]  # fmt: skip
+        s3 = (
+            ("-", "-", "-")
+            if "s3_push" not in r
+            else (
+                rate(r["stored"], r["s3_client"]),
+                f"{rate(r['stored'], r['s3_push'])} ({r['s3_push'] / r['s3_client']:.2f}x)",
+                rate(r["stored"], r["s3_clone"]),
+            )
+        )
+        lines.append(
+            f"| {label} | {r['stored'] / MB:,.0f} MB | {r['logical'] / MB:,.0f} MB | {rate(r['stored'], r['cp_cmd'])} "
+            f"| {rate(r['stored'], r['folder_push'])} ({rate(r['logical'], r['folder_push'])} logical) "
+            f"| {rate(r['stored'], r['folder_clone'])} ({rate(r['logical'], r['folder_clone'])} logical) "
+            f"| {s3[0]} | {s3[1]} | {s3[2]} |"
+        )
+    lines += [
+        "",
+        "| a fine-tune pushed after its base | bytes sent | its stored size (new bytes) | its logical size |",
+        "| --- | --- | --- | --- |",
+    ]
     for label, r in results["fine_tune"].items():
-        lines.append(f"| {label} | {r['sent'] / MB:,.2f} MB ({r['objects']} objects) | {r['ft_new'] / MB:,.2f} MB "
-                     f"| {r['ft_logical'] / MB:,.0f} MB |")  # fmt: skip
-    lines += ["", "| lazy checkout of a fine-tune | objects fetched | bytes fetched | needed (objects, bytes) | fetched but not needed |",
-              "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines.append(
+            f"| {label} | {r['sent'] / MB:,.2f} MB ({r['objects']} objects) | {r['ft_new'] / MB:,.2f} MB "
+            f"| {r['ft_logical'] / MB:,.0f} MB |"
+        )
+    lines += [
+        "",
+        "| lazy checkout of a fine-tune | objects fetched | bytes fetched "
+        "| needed (objects, bytes) | fetched but not needed |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for label, r in results["lazy_checkout"].items():
-        lines.append(f"| {label} | {r['fetched']} | {r['fetched_bytes'] / MB:,.2f} MB | {r['needed']}, "
-                     f"{r['needed_bytes'] / MB:,.2f} MB | {r['extra']} |")  # fmt: skip
+        lines.append(
+            f"| {label} | {r['fetched']} | {r['fetched_bytes'] / MB:,.2f} MB | {r['needed']}, "
+            f"{r['needed_bytes'] / MB:,.2f} MB | {r['extra']} |"
+        )
     if "lazy_scale" in results:
         r = results["lazy_scale"]
-        lines += ["", f"Lazy clone of {r['models']:,} models x 5 ({r['versions']:,} versions) "
-                      f"(target < {TARGETS['lazy_clone_s']:.0f} s):", "",
-                  "| remote | first push | lazy clone | received | `ls` in the clone |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "",
+            f"Lazy clone of {r['models']:,} models x 5 ({r['versions']:,} versions) "
+            f"(target < {TARGETS['lazy_clone_s']:.0f} s):",
+            "",
+            "| remote | first push | lazy clone | received | `ls` in the clone |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         for kind in ("folder", "s3"):
             if f"{kind}_lazy" in r:
-                lines.append(f"| {kind} | {r[f'{kind}_push']:.1f} s | {r[f'{kind}_lazy']:.2f} s | "
-                             f"{r[f'{kind}_lazy_bytes'] / MB:,.1f} MB | {r[f'{kind}_ls'] * 1000:.0f} ms |")  # fmt: skip
+                lines.append(
+                    f"| {kind} | {r[f'{kind}_push']:.1f} s | {r[f'{kind}_lazy']:.2f} s | "
+                    f"{r[f'{kind}_lazy_bytes'] / MB:,.1f} MB | {r[f'{kind}_ls'] * 1000:.0f} ms |"
+                )
     lines += ["", END]
     return "\n".join(lines)
 
@@ -290,7 +339,9 @@ def main() -> None:
             if args.only and label != args.only:
                 continue
             repo = make()
-            print(f"{label}: {len(list(repo.store.ids()))} objects, {stored_bytes(repo) / MB:,.0f} MB stored", flush=True)
+            print(
+                f"{label}: {len(list(repo.store.ids()))} objects, {stored_bytes(repo) / MB:,.0f} MB stored", flush=True
+            )
             results["throughput"][label] = throughput(repo, args.runs, s3)
             print(results["throughput"][label], flush=True)
             results["lazy_checkout"][label] = lazy_checkout(repo, ft)

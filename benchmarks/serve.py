@@ -72,10 +72,24 @@ def prepare(models: int, versions: int, seed: int) -> Repo:
 def measure(repo: Repo, runs: int) -> list[tuple[str, float, list[float]]]:
     names = sorted(repo.lineage.nodes)
     middle = names[len(names) // 2]
-    pages = ["/models", "/api/models", "/models?sort=stored&page=3", "/models?q=m05&tag=group=g3",
-             f"/models/{middle}", f"/api/models/{middle}", f"/models/{middle}?version=1",
-             f"/diff?a={middle}@1&b={middle}", "/tests", "/tests?show=failing", "/api/tests", "/storage",
-             "/api/storage", f"/lineage?around={middle}", "/lineage", "/api/lineage"]  # fmt: skip
+    pages = [
+        "/models",
+        "/api/models",
+        "/models?sort=stored&page=3",
+        "/models?q=m05&tag=group=g3",
+        f"/models/{middle}",
+        f"/api/models/{middle}",
+        f"/models/{middle}?version=1",
+        f"/diff?a={middle}@1&b={middle}",
+        "/tests",
+        "/tests?show=failing",
+        "/api/tests",
+        "/storage",
+        "/api/storage",
+        f"/lineage?around={middle}",
+        "/lineage",
+        "/api/lineage",
+    ]
     client = TestClient(create_app(repo), base_url="http://127.0.0.1:8808")
     rows = []
     for url in pages:
@@ -122,31 +136,52 @@ def big_diff() -> dict[str, float] | None:
     assert client.get("/diff?a=llm&b=llm-ft").status_code == 200
     again = time.perf_counter() - started
     shutil.rmtree(work, ignore_errors=True)
-    return {"first": first, "done": done, "again": again, "gb": sum(
-        f.stat().st_size for f in (LLM / "base").rglob("*") if f.is_file()) / 1e9}
+    return {
+        "first": first,
+        "done": done,
+        "again": again,
+        "gb": sum(f.stat().st_size for f in (LLM / "base").rglob("*") if f.is_file()) / 1e9,
+    }
 
 
-def report(rows: list[tuple[str, float, list[float]]], big: dict[str, float] | None, runs: int, load: float,
-           args: argparse.Namespace) -> str:  # fmt: skip
-    lines = [BEGIN, "## mgit serve at scale (issue 14)", "",
-             f"Measured {datetime.now(UTC):%Y-%m-%d} on {machine()}; one-minute load average {load:.2f} at the start, "
-             f"{os.getloadavg()[0]:.2f} at the end.", "",
-             f"Reproduce: `.venv/bin/python benchmarks/serve.py --runs {runs}{' --big' if big else ''}`. lineage_scale.py's "
-             f"repository of {args.models} models x {args.versions} versions, a test attached to every root and "
-             "inherited, a result recorded on every head (3% failing). Each page through the ASGI app in-process "
-             "(no socket): its first request after the app is made (the lineage snapshot and disk usage are read "
-             f"then), then the median and range of {runs} more. Target: < {TARGET * 1000:.0f} ms per page.", "",
-             "| page | first | median | min-max | target |", "| --- | ---: | ---: | ---: | --- |"]  # fmt: skip
+def report(
+    rows: list[tuple[str, float, list[float]]],
+    big: dict[str, float] | None,
+    runs: int,
+    load: float,
+    args: argparse.Namespace,
+) -> str:
+    lines = [
+        BEGIN,
+        "## mgit serve at scale (issue 14)",
+        "",
+        f"Measured {datetime.now(UTC):%Y-%m-%d} on {machine()}; one-minute load average {load:.2f} at the start, "
+        f"{os.getloadavg()[0]:.2f} at the end.",
+        "",
+        f"Reproduce: `.venv/bin/python benchmarks/serve.py --runs {runs}{' --big' if big else ''}`. lineage_scale.py's "
+        f"repository of {args.models} models x {args.versions} versions, a test attached to every root and "
+        "inherited, a result recorded on every head (3% failing). Each page through the ASGI app in-process "
+        "(no socket): its first request after the app is made (the lineage snapshot and disk usage are read "
+        f"then), then the median and range of {runs} more. Target: < {TARGET * 1000:.0f} ms per page.",
+        "",
+        "| page | first | median | min-max | target |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
     for url, first, secs in rows:
         med = statistics.median(secs)
         verdict = "met" if med < TARGET and first < TARGET else "first request missed" if med < TARGET else "**missed**"
-        lines.append(f"| `{url}` | {first * 1000:.0f} ms | {med * 1000:.0f} ms | "
-                     f"{min(secs) * 1000:.0f}-{max(secs) * 1000:.0f} ms | {verdict} |")
+        lines.append(
+            f"| `{url}` | {first * 1000:.0f} ms | {med * 1000:.0f} ms | "
+            f"{min(secs) * 1000:.0f}-{max(secs) * 1000:.0f} ms | {verdict} |"
+        )
     if big:
-        lines += ["", f"Diff of two {big['gb']:.2f} GB bf16 versions (llm_scale.py's base and fine-tune): the page answers "
-                  f"in {big['first'] * 1000:.0f} ms with a progress bar (HTTP 202; the page polls /api/diff), the diff "
-                  f"is done {big['done']:.1f} s later, and the finished page is served from memory in "
-                  f"{big['again'] * 1000:.0f} ms."]  # fmt: skip
+        lines += [
+            "",
+            f"Diff of two {big['gb']:.2f} GB bf16 versions (llm_scale.py's base and fine-tune): the page answers "
+            f"in {big['first'] * 1000:.0f} ms with a progress bar (HTTP 202; the page polls /api/diff), the diff "
+            f"is done {big['done']:.1f} s later, and the finished page is served from memory in "
+            f"{big['again'] * 1000:.0f} ms.",
+        ]
     lines.append(END)
     return "\n".join(lines)
 

@@ -171,12 +171,14 @@ def fidelity(member: Member, folder: Path) -> Fidelity:
 
 def lossy_name(options: dict[str, float]) -> str:
     parts = ([f"eps={eps_text(options['lossy'])}"] if "lossy" in options else []) + (
-        [f"rel={options['lossy_rel']:g}"] if "lossy_rel" in options else [])
+        [f"rel={options['lossy_rel']:g}"] if "lossy_rel" in options else []
+    )
     return "MGit lossy " + " + ".join(parts)
 
 
-def run_mgit(family: list[Member], work: Path, runs: int, lossy: dict[str, float] | None = None,
-             session: bool = False) -> SchemeResult:  # fmt: skip
+def run_mgit(
+    family: list[Member], work: Path, runs: int, lossy: dict[str, float] | None = None, session: bool = False
+) -> SchemeResult:
     """MGit: add the members parents first into a fresh repository, then check each one out.
 
     Parents are given by version id, not by name: after `minilm-sentiment` gets its second
@@ -193,8 +195,14 @@ def run_mgit(family: list[Member], work: Path, runs: int, lossy: dict[str, float
         repo, ids, add = Repo.init(empty_dir(work / "repo")), {}, 0.0
         with repo.caching() if session else nullcontext():
             for m in family:
-                added, seconds = timed(repo.add, m.path, name=model_name(m), parent=[ids[p] for p in m.parents] or None,
-                                       relation=m.relation if m.parents else None, **options)  # fmt: skip
+                added, seconds = timed(
+                    repo.add,
+                    m.path,
+                    name=model_name(m),
+                    parent=[ids[p] for p in m.parents] or None,
+                    relation=m.relation if m.parents else None,
+                    **options,
+                )
                 ids[m.name], add = added.version, add + seconds
                 if getattr(added, "lossless_reason", None):  # a lossy add that stored the version losslessly
                     fallbacks.setdefault(added.lossless_reason, set()).add(m.name)
@@ -205,12 +213,15 @@ def run_mgit(family: list[Member], work: Path, runs: int, lossy: dict[str, float
         print(f"  {name} run {run + 1}/{runs}: add {add:.1f} s, checkout {result.checkout[-1]:.1f} s", flush=True)
     shutil.rmtree(work / "repo")
     if fallbacks:
-        result.note = "stored losslessly: " + "; ".join(f"{', '.join(sorted(ms))} ({why})" for why, ms in fallbacks.items())
+        result.note = "stored losslessly: " + "; ".join(
+            f"{', '.join(sorted(ms))} ({why})" for why, ms in fallbacks.items()
+        )
     return result
 
 
-def checkout_all(repo: Repo, family: list[Member], ids: dict[str, str], work: Path, result: SchemeResult,
-                 *, last_run: bool) -> float:  # fmt: skip
+def checkout_all(
+    repo: Repo, family: list[Member], ids: dict[str, str], work: Path, result: SchemeResult, *, last_run: bool
+) -> float:
     """Check out every member, verify it, and return the seconds the checkouts took (only they are timed)."""
     total = 0.0
     for m in family:
@@ -303,8 +314,7 @@ def run_codec(name: str, family: list[Member], runs: int, split: Callable[[Path,
         decoded, seconds = timed(pmap, lambda pb: pb[0][1].decode(pb[1]), zip(parts, blobs, strict=True))
         result.checkout.append(seconds)
         check_round_trip(files, decoded)
-        print(f"  {name} run {run + 1}/{runs}: compress {result.add[-1]:.1f} s, decompress {seconds:.1f} s",
-              flush=True)  # fmt: skip
+        print(f"  {name} run {run + 1}/{runs}: compress {result.add[-1]:.1f} s, decompress {seconds:.1f} s", flush=True)
     for (member, _, _), blob in zip(parts, blobs, strict=True):
         result.stored[member] = result.stored.get(member, 0) + len(blob)
     result.total = sum(result.stored.values())
@@ -343,12 +353,17 @@ def run_prototype(family: list[Member], work: Path) -> SchemeResult:
         folder = write_folder(files, empty_dir(work / "rebuilt"))
         check_identical(m, folder, skip_weights=True)
         result.fidelity[m.name] = fidelity(m, folder)
-        print(f"  {m.name}: {result.stored[m.name] / MB:.1f} MB, encode {result.add[-1]:.1f} s, "
-              f"decode {seconds:.1f} s, max error {result.fidelity[m.name].max_abs_error:.2e}", flush=True)  # fmt: skip
+        print(
+            f"  {m.name}: {result.stored[m.name] / MB:.1f} MB, encode {result.add[-1]:.1f} s, "
+            f"decode {seconds:.1f} s, max error {result.fidelity[m.name].max_abs_error:.2e}",
+            flush=True,
+        )
     result.add, result.checkout = [sum(result.add)], [sum(result.checkout)]
     result.total = sum(len(b) for b in store.blobs.values())
-    result.note = (f"{as_prototype / MB:,.1f} MB ({folder_total(family) / as_prototype:.2f}x) with standalone "
-                   "tensors and files left uncompressed, as the prototype stores them")
+    result.note = (
+        f"{as_prototype / MB:,.1f} MB ({folder_total(family) / as_prototype:.2f}x) with standalone "
+        "tensors and files left uncompressed, as the prototype stores them"
+    )
     shutil.rmtree(work / "rebuilt")
     return result
 
@@ -377,8 +392,12 @@ def per_member(family: list[Member], results: list[SchemeResult]) -> list[str]:
     rows, results = [], [r for r in results if r.per_member]
     for m in family:
         raw = folder_bytes(m.path)
-        row = [m.name, m.relation + (f" (v2 of {m.version_of})" if m.version_of else ""), f"{raw / MB:,.1f}",
-               f"{folder_bytes(m.path, '.safetensors') / MB:,.1f}"]  # fmt: skip
+        row = [
+            m.name,
+            m.relation + (f" (v2 of {m.version_of})" if m.version_of else ""),
+            f"{raw / MB:,.1f}",
+            f"{folder_bytes(m.path, '.safetensors') / MB:,.1f}",
+        ]
         rows.append(row + [cell(r.stored.get(m.name), raw) if r.total else r.note for r in results])
     header = ["member", "relation", "raw MB", "weights MB", *(f"{r.name}: MB (x)" for r in results)]
     return table(header, rows)
@@ -393,23 +412,58 @@ def totals(raw: int, results: list[SchemeResult]) -> list[str]:
             continue
         worst = [f.agreement for f in r.fidelity.values() if f.agreement is not None]
         error = max((f.max_abs_error for f in r.fidelity.values()), default=0.0)
-        rows.append([r.name, "yes" if r.lossless else "no", f"{r.total / MB:,.1f}", f"{raw / r.total:.2f}x",
-                     f"{r.rate('add', raw):,.1f}", f"{r.rate('checkout', raw):,.1f}",
-                     "0 (bit-exact)" if r.lossless else f"{error:.2e}",
-                     f"{100 * min(worst):.1f}%" if worst else "-"])  # fmt: skip
-    header = ["scheme", "lossless", "stored MB", "reduction", "add MB/s", "checkout MB/s", "max abs error",
-              "min agreement"]  # fmt: skip
+        rows.append(
+            [
+                r.name,
+                "yes" if r.lossless else "no",
+                f"{r.total / MB:,.1f}",
+                f"{raw / r.total:.2f}x",
+                f"{r.rate('add', raw):,.1f}",
+                f"{r.rate('checkout', raw):,.1f}",
+                "0 (bit-exact)" if r.lossless else f"{error:.2e}",
+                f"{100 * min(worst):.1f}%" if worst else "-",
+            ]
+        )
+    header = [
+        "scheme",
+        "lossless",
+        "stored MB",
+        "reduction",
+        "add MB/s",
+        "checkout MB/s",
+        "max abs error",
+        "min agreement",
+    ]
     return table(header, rows)
 
 
 def fidelity_rows(results: list[SchemeResult]) -> list[str]:
     """Accuracy and agreement of every lossy reconstruction of a member with a classifier head."""
-    rows = [[r.name, name, f.task, f"{100 * f.original_accuracy:.1f}%", f"{100 * f.accuracy:.1f}%",
-             f"{100 * f.agreement:.1f}%", f"{f.max_abs_error:.2e}",
-             "pass" if f.original_accuracy - f.accuracy <= 0.02 * f.original_accuracy else "fail"]
-            for r in results for name, f in r.fidelity.items() if f.task]  # fmt: skip
-    header = ["scheme", "member", "task", "accuracy: original", "reconstruction", "agreement", "max abs error",
-              "prototype's gate"]  # fmt: skip
+    rows = [
+        [
+            r.name,
+            name,
+            f.task,
+            f"{100 * f.original_accuracy:.1f}%",
+            f"{100 * f.accuracy:.1f}%",
+            f"{100 * f.agreement:.1f}%",
+            f"{f.max_abs_error:.2e}",
+            "pass" if f.original_accuracy - f.accuracy <= 0.02 * f.original_accuracy else "fail",
+        ]
+        for r in results
+        for name, f in r.fidelity.items()
+        if f.task
+    ]
+    header = [
+        "scheme",
+        "member",
+        "task",
+        "accuracy: original",
+        "reconstruction",
+        "agreement",
+        "max abs error",
+        "prototype's gate",
+    ]
     return [*table(header, rows), ""] if rows else []
 
 
@@ -430,12 +484,21 @@ def targets(raw: int, results: list[SchemeResult]) -> list[str]:
         rows.append([goal, lossy_verdict(raw, r) if r else "not measured (--quick)"])
     if proto and proto.total:
         agreement = min(f.agreement for f in proto.fidelity.values() if f.agreement is not None)
-        rows.append([f"reference: original MGit scheme, eps=1e-4 (issue: ~{PAPER_REFERENCE}x)",
-                     f"{raw / proto.total:.2f}x, min agreement {100 * agreement:.1f}%"])  # fmt: skip
-    rows += [[f"{verb} >= {TARGETS[verb]:g} MB/s with deltas (MGit lossless{session}, family with parents)",
-              judge(r.rate(verb, raw), TARGETS[verb], " MB/s")]
-             for verb in ("add", "checkout") for r, session in ((mgit, ""), (by_name.get(f"MGit lossless{SESSION}"), SESSION))
-             if r is not None]  # fmt: skip
+        rows.append(
+            [
+                f"reference: original MGit scheme, eps=1e-4 (issue: ~{PAPER_REFERENCE}x)",
+                f"{raw / proto.total:.2f}x, min agreement {100 * agreement:.1f}%",
+            ]
+        )
+    rows += [
+        [
+            f"{verb} >= {TARGETS[verb]:g} MB/s with deltas (MGit lossless{session}, family with parents)",
+            judge(r.rate(verb, raw), TARGETS[verb], " MB/s"),
+        ]
+        for verb in ("add", "checkout")
+        for r, session in ((mgit, ""), (by_name.get(f"MGit lossless{SESSION}"), SESSION))
+        if r is not None
+    ]
     return table(["target", "measured"], rows)
 
 
@@ -496,40 +559,43 @@ or tensors: they show what the codec costs, not a tool's file handling; MGit's n
 reading, hashing, writing and fsync."""
 
 
-def report(family: list[Member], results: list[SchemeResult], load: tuple[float, float], args: argparse.Namespace
-           ) -> str:  # fmt: skip
+def report(
+    family: list[Member], results: list[SchemeResult], load: tuple[float, float], args: argparse.Namespace
+) -> str:
     """The markdown section for docs/benchmarks.md (also printed)."""
     raw = folder_total(family)
     weights = folder_total(family, ".safetensors")
     busy = "; other processes were using the CPUs, so throughputs are pessimistic" if load[0] > 0.5 else ""
     notes = [f"- {r.name}: {r.note}." for r in results if r.note and r.total]
-    return "\n".join([
-        BEGIN,
-        "## Storage: a family of related models (issue 3)",
-        "",
-        f"Measured {datetime.now(UTC):%Y-%m-%d} on {machine()}; torch {torch.__version__}{code_under_test()}. "
-        f"One-minute load average {load[0]:.2f} before the run{busy}; {load[1]:.2f} at its end.",
-        "",
-        f"Reproduce: `{'' if mgit_src() == Path('src') else f'PYTHONPATH={mgit_src()} '}"
-        f".venv/bin/python benchmarks/storage.py{' --quick' if args.quick else ''}` "
-        f"(`pip install zipnn` first for the ZipNN row). The family: `build_family(preset=\"{args.preset}\")`, "
-        f"{len(family)} members derived from all-MiniLM-L6-v2, {raw / MB:,.1f} MB raw, of which "
-        f"{weights / MB:,.1f} MB of safetensors weights.",
-        "",
-        METHOD.format(runs=f"{args.runs} runs" if args.runs > 1 else "one run", zipnn=zipnn_version()),
-        "",
-        *per_member(family, results),
-        "",
-        *totals(raw, results),
-        "",
-        *fidelity_rows(results),
-        *notes,
-        *([""] if notes else []),
-        "Targets from the issue:",
-        "",
-        *targets(raw, results),
-        END,
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            BEGIN,
+            "## Storage: a family of related models (issue 3)",
+            "",
+            f"Measured {datetime.now(UTC):%Y-%m-%d} on {machine()}; torch {torch.__version__}{code_under_test()}. "
+            f"One-minute load average {load[0]:.2f} before the run{busy}; {load[1]:.2f} at its end.",
+            "",
+            f"Reproduce: `{'' if mgit_src() == Path('src') else f'PYTHONPATH={mgit_src()} '}"
+            f".venv/bin/python benchmarks/storage.py{' --quick' if args.quick else ''}` "
+            f'(`pip install zipnn` first for the ZipNN row). The family: `build_family(preset="{args.preset}")`, '
+            f"{len(family)} members derived from all-MiniLM-L6-v2, {raw / MB:,.1f} MB raw, of which "
+            f"{weights / MB:,.1f} MB of safetensors weights.",
+            "",
+            METHOD.format(runs=f"{args.runs} runs" if args.runs > 1 else "one run", zipnn=zipnn_version()),
+            "",
+            *per_member(family, results),
+            "",
+            *totals(raw, results),
+            "",
+            *fidelity_rows(results),
+            *notes,
+            *([""] if notes else []),
+            "Targets from the issue:",
+            "",
+            *targets(raw, results),
+            END,
+        ]
+    )
 
 
 def zipnn_version() -> str:
@@ -585,8 +651,11 @@ def run_schemes(family: list[Member], work: Path, args: argparse.Namespace) -> l
 def main() -> None:
     """Build or reuse the family, measure every scheme, print the section and write it into the doc."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke test: demo family, MGit lossless and zstd, one run, docs/ left alone")  # fmt: skip
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: demo family, MGit lossless and zstd, one run, docs/ left alone",
+    )
     parser.add_argument("--runs", type=int, default=3, help="runs of each fast scheme (default 3)")
     parser.add_argument("--no-doc", action="store_true", help="print the results, leave docs/ alone")
     args = parser.parse_args()

@@ -31,7 +31,7 @@ def task_accuracy(folder: str, task: str, head: str = "") -> float:
     model_dir = Path(folder)
     weights = read_weights(model_dir)
     if head:  # that head as `classifier.*`, the other heads left out
-        chosen = {n[len(head):]: w for n, w in weights.items() if n.startswith(head)}
+        chosen = {n[len(head) :]: w for n, w in weights.items() if n.startswith(head)}
         weights = {n: w for n, w in weights.items() if "classifier." not in n} | chosen
     model = load_classifier(model_dir, weights).eval()
     test = task_examples(task, "test")[:EXAMPLES]

@@ -21,10 +21,18 @@ from mgit.checks import Checks, Condition
 from mgit.web.app import create_app
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = {"attention.query.weight": (32, 32), "attention.key.weight": (32, 32), "attention.value.weight": (32, 32),
-         "attention.output.weight": (32, 32), "intermediate.weight": (64, 32), "output.weight": (32, 64),
-         "output.norm.weight": (32,)}  # fmt: skip
-EVALS = "def accuracy(folder):\n    return {'accuracy': 0.62 if 'int8' in open(folder + '/config.json').read() else 0.91}\n"
+KINDS = {
+    "attention.query.weight": (32, 32),
+    "attention.key.weight": (32, 32),
+    "attention.value.weight": (32, 32),
+    "attention.output.weight": (32, 32),
+    "intermediate.weight": (64, 32),
+    "output.weight": (32, 64),
+    "output.norm.weight": (32,),
+}
+EVALS = (
+    "def accuracy(folder):\n    return {'accuracy': 0.62 if 'int8' in open(folder + '/config.json').read() else 0.91}\n"
+)
 
 
 def bert(seed: int, base: dict[str, np.ndarray] | None = None, change: float = 0.0) -> dict[str, np.ndarray]:
@@ -60,17 +68,30 @@ def family(root: Path) -> Repo:
     config = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 6}
     repo.add(folder(root, "bert-base", base, config), name="bert-base", message="pretrained", tags={"arch": "bert"})
     sst2 = bert(1, base, 0.002)
-    repo.add(folder(root, "bert-sst2", sst2, {**config, "num_labels": 2}), name="bert-sst2", parent="bert-base",
-             tags={"task": "sst2"}, message="SST-2, 3 epochs")  # fmt: skip
-    repo.add(folder(root, "bert-mnli", bert(2, base, 0.004), {**config, "num_labels": 3}), name="bert-mnli",
-             parent="bert-base", tags={"task": "mnli"}, message="MNLI, 2 epochs")  # fmt: skip
+    repo.add(
+        folder(root, "bert-sst2", sst2, {**config, "num_labels": 2}),
+        name="bert-sst2",
+        parent="bert-base",
+        tags={"task": "sst2"},
+        message="SST-2, 3 epochs",
+    )
+    repo.add(
+        folder(root, "bert-mnli", bert(2, base, 0.004), {**config, "num_labels": 3}),
+        name="bert-mnli",
+        parent="bert-base",
+        tags={"task": "mnli"},
+        message="MNLI, 2 epochs",
+    )
     int8 = {k: (np.round(v * 16) / 16).astype(np.float32) for k, v in sst2.items()}
-    repo.add(folder(root, "bert-sst2-int8", int8, {**config, "num_labels": 2, "quantization": "int8"}),
-             name="bert-sst2-int8", parent="bert-sst2", relation="quantize")  # fmt: skip
+    repo.add(
+        folder(root, "bert-sst2-int8", int8, {**config, "num_labels": 2, "quantization": "int8"}),
+        name="bert-sst2-int8",
+        parent="bert-sst2",
+        relation="quantize",
+    )
     repo.add(folder(root, "bert-base-v2", bert(3, base, 0.0005), config), name="bert-base", message="more steps")
     (repo.root / "evals.py").write_text(EVALS)
-    Checks(repo).attach("bert-sst2", "evals.py:accuracy", conditions=[Condition("accuracy", "min", 0.9)],
-                        inherit=True)  # fmt: skip
+    Checks(repo).attach("bert-sst2", "evals.py:accuracy", conditions=[Condition("accuracy", "min", 0.9)], inherit=True)
     Checks(repo).run()
     return repo
 

@@ -47,8 +47,11 @@ def mgit(*args: str, cwd: Path, ok: tuple[int, ...] = (0,)) -> int:
 
 
 def sha256_tree(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}  # fmt: skip
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def main() -> None:
@@ -109,20 +112,44 @@ def merge(work: Path) -> None:
     """Task arithmetic of the sentiment and topic fine-tunes on their base, each task's head
     kept under its own name; held-out accuracy of the inputs and the merge on both tasks."""
     print("\n== Merge: the sentiment and topic fine-tunes into one encoder, both heads kept ==", flush=True)
-    mgit("merge", "minilm-sentiment", "minilm-topic", "--method", "task_arithmetic", "--base", "minilm-base",
-         "--rename", "classifier.*=minilm-sentiment:sentiment.", "--rename", "classifier.*=minilm-topic:topic.",
-         "--name", "minilm-multitask", "-m", "sentiment + topic task vectors", cwd=work)  # fmt: skip
+    mgit(
+        "merge",
+        "minilm-sentiment",
+        "minilm-topic",
+        "--method",
+        "task_arithmetic",
+        "--base",
+        "minilm-base",
+        "--rename",
+        "classifier.*=minilm-sentiment:sentiment.",
+        "--rename",
+        "classifier.*=minilm-topic:topic.",
+        "--name",
+        "minilm-multitask",
+        "-m",
+        "sentiment + topic task vectors",
+        cwd=work,
+    )
     mgit("show", "minilm-multitask", cwd=work)
     from evals import task_accuracy
 
     print(f"\n{'model':<20} {'sentiment accuracy':>19} {'topic accuracy':>15}")
-    for model, heads in (("minilm-sentiment", ("", None)), ("minilm-topic", (None, "")),
-                         ("minilm-multitask", ("sentiment.", "topic."))):  # fmt: skip
+    for model, heads in (
+        ("minilm-sentiment", ("", None)),
+        ("minilm-topic", (None, "")),
+        ("minilm-multitask", ("sentiment.", "topic.")),
+    ):
         folder = work / "eval" / model
-        subprocess.run([sys.executable, "-m", "mgit.cli.main", "checkout", model, "-o", str(folder)], cwd=work,
-                       check=True, capture_output=True)  # fmt: skip
-        cells = [f"{task_accuracy(str(folder), task, head):.2f}" if head is not None else "-"
-                 for task, head in zip(("sentiment", "topic"), heads, strict=True)]  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "mgit.cli.main", "checkout", model, "-o", str(folder)],
+            cwd=work,
+            check=True,
+            capture_output=True,
+        )
+        cells = [
+            f"{task_accuracy(str(folder), task, head):.2f}" if head is not None else "-"
+            for task, head in zip(("sentiment", "topic"), heads, strict=True)
+        ]
         print(f"{model:<20} {cells[0]:>19} {cells[1]:>15}", flush=True)
 
 
@@ -130,8 +157,7 @@ def where_they_are(work: Path) -> None:
     """A version loaded into transformers straight from the store, then written into a
     Hugging Face cache that transformers reads offline, and imported from it into another
     repository."""
-    print("\n== Use models where they are: transformers straight from the store, the Hugging Face cache ==",
-          flush=True)  # fmt: skip
+    print("\n== Use models where they are: transformers straight from the store, the Hugging Face cache ==", flush=True)
     import torch
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging
@@ -152,8 +178,10 @@ def where_they_are(work: Path) -> None:
     exported = AutoModel.from_pretrained("demo/minilm-sentiment", cache_dir=cache, local_files_only=True).eval()
     with torch.inference_mode():
         theirs = exported(**tokenizer(sentences, padding=True, return_tensors="pt")).last_hidden_state
-    print(f"from_pretrained of the exported cache, offline: {'the same' if torch.equal(ours, theirs) else 'OTHER'} "
-          "embeddings")  # fmt: skip
+    print(
+        f"from_pretrained of the exported cache, offline: {'the same' if torch.equal(ours, theirs) else 'OTHER'} "
+        "embeddings"
+    )
     imported = work / "imported"  # (a repository of its own: the tour's lineage stays as it is)
     mgit("init", str(imported), cwd=work)
     mgit("-C", str(imported), "import-hf", str(cache), cwd=work)
@@ -174,8 +202,11 @@ def base_v2(base: Path) -> Path:
     for name in (*COPIED_FILES, "README.md"):
         shutil.copyfile(base / name, folder / name)
     weights = FineTune("topic", BASE_V2_STEPS).weights(base)
-    save_file({k: v.contiguous() for k, v in weights.items() if k not in HEAD}, str(folder / WEIGHTS),
-              metadata={"format": "pt"})  # fmt: skip
+    save_file(
+        {k: v.contiguous() for k, v in weights.items() if k not in HEAD},
+        str(folder / WEIGHTS),
+        metadata={"format": "pt"},
+    )
     marker.write_text(key)
     print(f"(built {folder.relative_to(ROOT)} in {time.perf_counter() - started:.0f} s)")
     return folder
@@ -184,10 +215,26 @@ def base_v2(base: Path) -> Path:
 def cascade(base: Path, work: Path) -> None:
     """A new base version reaches every descendant through their recipes, tested before and after."""
     print("\n== Tests: held-out accuracy, attached to the fine-tune and inherited by its variants ==", flush=True)
-    mgit("test", "add", "minilm-sentiment", "--fn", f"{DEMO / 'evals.py'}:sentiment_accuracy", "--name", "accuracy",
-         "--metric", "accuracy", "--min", "0.8", "--inherit", cwd=work)  # fmt: skip
-    print(f"\n== A new version of the base (its encoder trained {BASE_V2_STEPS} more steps): everything derived "
-          "from it is now stale ==", flush=True)  # fmt: skip
+    mgit(
+        "test",
+        "add",
+        "minilm-sentiment",
+        "--fn",
+        f"{DEMO / 'evals.py'}:sentiment_accuracy",
+        "--name",
+        "accuracy",
+        "--metric",
+        "accuracy",
+        "--min",
+        "0.8",
+        "--inherit",
+        cwd=work,
+    )
+    print(
+        f"\n== A new version of the base (its encoder trained {BASE_V2_STEPS} more steps): everything derived "
+        "from it is now stale ==",
+        flush=True,
+    )
     folder = base_v2(base)
     mgit("add", str(folder), "--name", "minilm-base", "-m", f"encoder trained {BASE_V2_STEPS} steps more", cwd=work)
     mgit("lineage", "minilm-base", cwd=work)
@@ -196,8 +243,10 @@ def cascade(base: Path, work: Path) -> None:
     started = time.perf_counter()
     # One at a time: two trainings at once on a 2-core machine oversubscribe torch's threads.
     code = mgit("cascade", "minilm-base", "--jobs", "1", cwd=work, ok=(0, 1))
-    print(f"(cascade took {time.perf_counter() - started:.0f} s"
-          + ("; a recipe or a test failed: the report above says which, and what it blocked)" if code else ")"))  # fmt: skip
+    print(
+        f"(cascade took {time.perf_counter() - started:.0f} s"
+        + ("; a recipe or a test failed: the report above says which, and what it blocked)" if code else ")")
+    )
     mgit("lineage", "minilm-base", cwd=work)
     mgit("log", "minilm-sentiment-int8", cwd=work)
 

@@ -1,12 +1,12 @@
 """Hostile objects built with MGit's own object format and codecs, planted in a folder remote.
 
-    remote_with_model(dir)             a bare remote (`mgit init --bare`) with a real small model `m` pushed
-    zero_bomb(kind, meta, size)        an object whose logical content is `size` zero bytes, coded by zstd
-                                       into almost nothing: its id is valid (the hash of those zeros)
-    plant(remote, oid, header, payload)   an object file written under `oid` (replacing any)
-    version_with(remote, model, files)    a new version of `model`: the head's manifest with some file
-                                       entries replaced, its records written, the ref moved
-    peak_rss(cmd)                      a command run in a child, and that child's peak resident set (bytes)
+remote_with_model(dir)             a bare remote (`mgit init --bare`) with a real small model `m` pushed
+zero_bomb(kind, meta, size)        an object whose logical content is `size` zero bytes, coded by zstd
+                                   into almost nothing: its id is valid (the hash of those zeros)
+plant(remote, oid, header, payload)   an object file written under `oid` (replacing any)
+version_with(remote, model, files)    a new version of `model`: the head's manifest with some file
+                                   entries replaced, its records written, the ref moved
+peak_rss(cmd)                      a command run in a child, and that child's peak resident set (bytes)
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def zero_bomb(kind: str, meta: dict, size: int, *, level: int = 19) -> tuple[str
             return len(data)
 
     with zstandard.ZstdCompressor(level=level, write_content_size=True).stream_writer(
-            Sink(), size=size, closefd=False) as writer:  # fmt: skip
+        Sink(), size=size, closefd=False
+    ) as writer:
         left = size
         while left:
             n = min(left, CHUNK)
@@ -96,8 +97,14 @@ def version_with(remote: Path, model: str, files: dict[str, dict], *, base: str 
     manifest = repo.store.get_manifest(version.manifest)
     entries = [replace(f, **files[f.path]) if f.path in files else f for f in manifest.files]
     mid = repo.store.put_record("manifest", Manifest(tuple(entries)).to_json()).oid
-    record = Version(model=model, manifest=mid, message="crafted", author="attacker", time=version.time,
-                     summary=dict(version.summary))  # fmt: skip
+    record = Version(
+        model=model,
+        manifest=mid,
+        message="crafted",
+        author="attacker",
+        time=version.time,
+        summary=dict(version.summary),
+    )
     vid = repo.store.put_record("version", record.to_json()).oid
     repo.refs.update(model, vid, expected=None)
     return vid
@@ -109,18 +116,21 @@ def file_entry(remote: Path, path: str, *, model: str = "m") -> FileEntry:
     return next(f for f in repo.store.get_manifest(version.manifest).files if f.path == path)
 
 
-PROBE = ("import resource, subprocess, sys\n"
-         "done = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
-         "sys.stdout.write(done.stdout); sys.stderr.write(done.stderr)\n"
-         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, file=sys.stderr)\n"
-         "sys.exit(done.returncode)\n")  # fmt: skip
+PROBE = (
+    "import resource, subprocess, sys\n"
+    "done = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+    "sys.stdout.write(done.stdout); sys.stderr.write(done.stderr)\n"
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, file=sys.stderr)\n"
+    "sys.exit(done.returncode)\n"
+)
 
 
 def peak_rss(*args: str, cwd: Path | None = None, timeout: float = 300) -> tuple[int, str, int]:
     """Run `mgit ARGS` in a child of a fresh probe process: (exit code, its stderr less the
     last line, the child's peak resident set in bytes)."""
-    done = subprocess.run([sys.executable, "-c", PROBE, *MGIT, *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=timeout)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *MGIT, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
     *lines, peak = done.stderr.rstrip("\n").split("\n")
     return done.returncode, "\n".join(lines), int(peak)
 
@@ -141,8 +151,13 @@ def serve_peak(remote: Path, mirrors: Path, pages: list[str]) -> tuple[list[int]
     import urllib.request
 
     env = {**os.environ, "MGIT_MIRROR_CACHE": str(mirrors), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([*MGIT, "serve", f"file://{remote}", "--port", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        [*MGIT, "serve", f"file://{remote}", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         url = None
         deadline = time.monotonic() + 60

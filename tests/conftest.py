@@ -1,22 +1,22 @@
 """Fixtures and terse builders shared by the suite.
 
-    repo                      an empty repository in a temporary folder
-    make_model(dir, seed=0)   a small Hugging Face-style folder (config, tokenizer, safetensors)
-    tensors(seed, scale)      a small state dict of numpy arrays
-    add_lineage(repo, "base", "ft <- base", "q <- ft : quantize")   a lineage graph in a line
-    run_cli("add", ...)       the CLI in-process: (exit code, stdout, stderr)
-    run_mgit("add", ..., cwd=)  the CLI in a process of its own (for kills, races, real exit codes)
-    sha256_tree(dir)          {relative path: sha256} of every file, to compare round trips
-    copy_user_code(dir, "mlp")  tests/fixtures/mlp's recipes.py and evals.py copied into a work folder
-    load_recipes(dir)         dir/recipes.py imported here, to make a family's first versions
-    mgit_json(root, "ls")     `mgit ls --json` in-process, checked to succeed, parsed
-    fsck_ok(root)             `mgit fsck --json` finds nothing wrong; its report
-    history(root, "m")        `mgit log m --json`, checked to be one chain
-    one_line_error(result, "what")  a command failed with one line "Error: ..." naming what; the line
-    st_bytes(header, data)    a safetensors file's bytes, its header length given or forged
-    needs_torch               a marker: the test is skipped without torch (an optional extra)
-    web_family                the family the web pages show, hostile text in every field (module scope)
-    HOSTILE, CARD             user text (and a model card) that would run script where it is not escaped
+repo                      an empty repository in a temporary folder
+make_model(dir, seed=0)   a small Hugging Face-style folder (config, tokenizer, safetensors)
+tensors(seed, scale)      a small state dict of numpy arrays
+add_lineage(repo, "base", "ft <- base", "q <- ft : quantize")   a lineage graph in a line
+run_cli("add", ...)       the CLI in-process: (exit code, stdout, stderr)
+run_mgit("add", ..., cwd=)  the CLI in a process of its own (for kills, races, real exit codes)
+sha256_tree(dir)          {relative path: sha256} of every file, to compare round trips
+copy_user_code(dir, "mlp")  tests/fixtures/mlp's recipes.py and evals.py copied into a work folder
+load_recipes(dir)         dir/recipes.py imported here, to make a family's first versions
+mgit_json(root, "ls")     `mgit ls --json` in-process, checked to succeed, parsed
+fsck_ok(root)             `mgit fsck --json` finds nothing wrong; its report
+history(root, "m")        `mgit log m --json`, checked to be one chain
+one_line_error(result, "what")  a command failed with one line "Error: ..." naming what; the line
+st_bytes(header, data)    a safetensors file's bytes, its header length given or forged
+needs_torch               a marker: the test is skipped without torch (an optional extra)
+web_family                the family the web pages show, hostile text in every field (module scope)
+HOSTILE, CARD             user text (and a model card) that would run script where it is not escaped
 """
 
 from __future__ import annotations
@@ -63,8 +63,9 @@ license: "<script>window.pwned = 3</script>"
 {HOSTILE}
 """
 # torch is an optional extra: the tests that use it import it themselves and carry this mark.
-needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
-                                 reason="needs torch (pip install 'mgit-models[torch]')")
+needs_torch = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="needs torch (pip install 'mgit-models[torch]')"
+)
 
 
 def tensors(seed: int = 0, *, scale: float = 1.0, layers: int = 2, width: int = 16) -> dict[str, np.ndarray]:
@@ -77,12 +78,16 @@ def tensors(seed: int = 0, *, scale: float = 1.0, layers: int = 2, width: int = 
     return state
 
 
-def make_model(path: Path, seed: int = 0, *, state: dict[str, np.ndarray] | None = None,
-               metadata: dict[str, str] | None = None) -> Path:  # fmt: skip
+def make_model(
+    path: Path, seed: int = 0, *, state: dict[str, np.ndarray] | None = None, metadata: dict[str, str] | None = None
+) -> Path:
     """A model folder: model.safetensors written by the reference library, plus text files."""
     path.mkdir(parents=True, exist_ok=True)
-    save_file(state if state is not None else tensors(seed), str(path / "model.safetensors"),
-              metadata=metadata or {"format": "pt"})  # fmt: skip
+    save_file(
+        state if state is not None else tensors(seed),
+        str(path / "model.safetensors"),
+        metadata=metadata or {"format": "pt"},
+    )
     (path / "config.json").write_text(json.dumps({"model_type": "toy", "hidden_size": 16, "seed": seed}))
     (path / "tokenizer").mkdir(exist_ok=True)
     (path / "tokenizer" / "vocab.txt").write_text("\n".join(f"tok{i}" for i in range(50)))
@@ -95,8 +100,12 @@ def add_lineage(repo: Repo, *lines: str) -> None:
     for i, line in enumerate(lines):
         head, _, relation = line.partition(":")
         name, _, parents = head.partition("<-")
-        repo.add(tensors(1000 + i, layers=1, width=4), name=name.strip(),
-                 parent=parents.split() or None, relation=relation.strip() or None)  # fmt: skip
+        repo.add(
+            tensors(1000 + i, layers=1, width=4),
+            name=name.strip(),
+            parent=parents.split() or None,
+            relation=relation.strip() or None,
+        )
 
 
 def copy_user_code(root: Path, family: str, *names: str) -> Path:
@@ -145,10 +154,13 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     return code, out.getvalue(), err.getvalue()
 
 
-def run_mgit(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_mgit(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """Run `mgit ARGS` in a separate process (for kills, races and real exit codes)."""
-    return subprocess.run([*MGIT, *args], cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [*MGIT, *args], cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def mgit_json(root: Path, *args: str) -> Any:
@@ -184,8 +196,9 @@ def history(root: Path, name: str) -> list[dict[str, Any]]:
     return log  # type: ignore[no-any-return]
 
 
-def one_line_error(result: tuple[int, str, str] | subprocess.CompletedProcess[str], *fragments: str,
-                   code: int = 1) -> str:  # fmt: skip
+def one_line_error(
+    result: tuple[int, str, str] | subprocess.CompletedProcess[str], *fragments: str, code: int = 1
+) -> str:
     """`result` (of `run_cli` or `run_mgit`) exited `code` with nothing on stdout and exactly one
     line on stderr, "Error: ..." holding every fragment, no traceback; that line."""
     if isinstance(result, subprocess.CompletedProcess):
@@ -254,8 +267,18 @@ def browser() -> Iterator[object]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"])  # fmt: skip
+        b = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--disable-dev-shm-usage",
+            ],
+        )
         yield b
         b.close()

@@ -81,8 +81,13 @@ def clone_peak(url: str, target: Path, *extra: str) -> tuple[int, int, str]:
     """`mgit clone URL TARGET` in a child process: (exit code, the child's peak RSS in
     KiB, its stderr)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, "-c", _PEAK, *MGIT, "clone", *extra, url, str(target)],
-                          capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK, *MGIT, "clone", *extra, url, str(target)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     return done.returncode, int(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
@@ -92,7 +97,11 @@ def holdings(root: Path) -> dict[str, Any]:
     dot = root / ".mgit"
     if not dot.is_dir():
         return {}
-    files = sorted(p.relative_to(dot).as_posix() for sub in ("objects", "refs", "remotes")
-                   for p in (dot / sub).rglob("*") if p.is_file())  # fmt: skip
+    files = sorted(
+        p.relative_to(dot).as_posix()
+        for sub in ("objects", "refs", "remotes")
+        for p in (dot / sub).rglob("*")
+        if p.is_file()
+    )
     code, out, _ = cli("-C", str(root), "ls", "--json")
     return {"files": files, "ls": json.loads(out) if code == 0 else None}

@@ -81,8 +81,15 @@ class RayCluster:
         self._sessions: list[Path] = []
         self.client_address = f"ray://127.0.0.1:{free_port()}"  # Ray Client's
         try:
-            self._start("head", ["--head", f"--port={self.port}", "--include-dashboard=false",
-                                 f"--ray-client-server-port={self.client_address.rpartition(':')[2]}"])  # fmt: skip
+            self._start(
+                "head",
+                [
+                    "--head",
+                    f"--port={self.port}",
+                    "--include-dashboard=false",
+                    f"--ray-client-server-port={self.client_address.rpartition(':')[2]}",
+                ],
+            )
         except BaseException:  # the caller has no cluster to stop: stop the head that did start
             self.stop()
             raise
@@ -96,11 +103,18 @@ class RayCluster:
     def _start(self, name: str, args: list[str]) -> None:
         disk = self.folder(name)
         (disk / "tmp").mkdir(parents=True, exist_ok=True)
-        env = {**self.env, "TMPDIR": str(disk / "tmp"), "MGIT_CLUSTER_CACHE": str(disk / "cache"),
-               "MGIT_TEST_NODE": name, "RAY_USAGE_STATS_ENABLED": "0",
-               # A killed node is declared dead after ~3 s instead of ~30 s.
-               "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3",
-               "RAY_health_check_timeout_ms": "1000", "RAY_health_check_initial_delay_ms": "1000"}  # fmt: skip
+        env = {
+            **self.env,
+            "TMPDIR": str(disk / "tmp"),
+            "MGIT_CLUSTER_CACHE": str(disk / "cache"),
+            "MGIT_TEST_NODE": name,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            # A killed node is declared dead after ~3 s instead of ~30 s.
+            "RAY_health_check_period_ms": "1000",
+            "RAY_health_check_failure_threshold": "3",
+            "RAY_health_check_timeout_ms": "1000",
+            "RAY_health_check_initial_delay_ms": "1000",
+        }
         # Ray's session folder holds unix sockets, whose paths must stay under 108 bytes.
         session = Path(tempfile.mkdtemp(prefix="mgit-ray-", dir="/tmp"))
         self._sessions.append(session)
@@ -108,20 +122,36 @@ class RayCluster:
         self._logs[name] = log
         with open(log, "wb") as out:
             self.nodes[name] = subprocess.Popen(
-                [RAY, "start", "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={self.cpus}",
-                 "--object-store-memory=78643200", "--disable-usage-stats", f"--temp-dir={session}",
-                 f"--resources={{\"node:{name}\": 1}}", *args],
-                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+                [
+                    RAY,
+                    "start",
+                    "--block",
+                    "--node-ip-address=127.0.0.1",
+                    f"--num-cpus={self.cpus}",
+                    "--object-store-memory=78643200",
+                    "--disable-usage-stats",
+                    f"--temp-dir={session}",
+                    f'--resources={{"node:{name}": 1}}',
+                    *args,
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         self.wait_for_nodes(len(self.nodes))
 
     def alive(self) -> int:
         """How many nodes the cluster counts as alive (asked from a separate driver process)."""
-        probe = (f"import ray; ray.init(address={self.address!r}, logging_level='ERROR', log_to_driver=False); "
-                 "print(sum(n['Alive'] for n in ray.nodes()))")  # fmt: skip
+        probe = (
+            f"import ray; ray.init(address={self.address!r}, logging_level='ERROR', log_to_driver=False); "
+            "print(sum(n['Alive'] for n in ray.nodes()))"
+        )
         try:
-            run = subprocess.run([sys.executable, "-c", probe], env=self.env, capture_output=True, text=True,
-                                 timeout=30)  # fmt: skip
+            run = subprocess.run(
+                [sys.executable, "-c", probe], env=self.env, capture_output=True, text=True, timeout=30
+            )
         except subprocess.TimeoutExpired:
             return -1
         return int(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 and run.stdout.strip() else -1

@@ -70,8 +70,9 @@ def s3_client(endpoint: str, config: Any = None) -> Any:
     from botocore.config import Config
 
     base = Config(s3={"addressing_style": "path"}, connect_timeout=5, read_timeout=15)
-    return boto3.client("s3", endpoint_url=endpoint, region_name=REGION,
-                        config=base.merge(config) if config else base, **CREDENTIALS)  # fmt: skip
+    return boto3.client(
+        "s3", endpoint_url=endpoint, region_name=REGION, config=base.merge(config) if config else base, **CREDENTIALS
+    )
 
 
 def aws_env(endpoint: str) -> dict[str, str]:
@@ -112,8 +113,10 @@ class S3Server:
             self._log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop()
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)],
-                stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+            )
             if self._wait_until_answering(deadline):
                 return
             if self.process.poll() is None:  # still running but silent: out of time
@@ -234,10 +237,9 @@ def s3_bucket(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 
 FAULT_MODES = ("drop", "500", "503")
 _S3_ERRORS = {  # mode -> (status, reason, S3 error code, message), as S3 itself words them
-    "500": (500, "Internal Server Error", "InternalError",
-            "We encountered an internal error. Please try again."),
+    "500": (500, "Internal Server Error", "InternalError", "We encountered an internal error. Please try again."),
     "503": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
-}  # fmt: skip
+}
 _MAX_HEAD_BYTES = 64 * 1024
 _MAX_CHUNKS = 1 << 20
 _MAX_TRAILER_LINES = 100
@@ -272,9 +274,17 @@ class FaultProxy:
     S3's InternalError or SlowDown XML and close. `every=0` never faults; `max_faults` caps
     the number of faults. `set_faults` changes the plan while running and restarts the count."""
 
-    def __init__(self, upstream: str, *, every: int = 0, mode: str = "503",
-                 methods: Iterable[str] | None = None, path: str | None = None,
-                 max_faults: int | None = None, timeout: float = 30.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        every: int = 0,
+        mode: str = "503",
+        methods: Iterable[str] | None = None,
+        path: str | None = None,
+        max_faults: int | None = None,
+        timeout: float = 30.0,
+    ) -> None:
         host, _, port = upstream.removeprefix("http://").rstrip("/").partition(":")
         self._upstream = (host, int(port or 80))
         self._timeout = timeout
@@ -291,8 +301,15 @@ class FaultProxy:
         self._acceptor = threading.Thread(target=self._accept_loop, name="fault-proxy", daemon=True)
         self._acceptor.start()
 
-    def set_faults(self, *, every: int, mode: str = "503", methods: Iterable[str] | None = None,
-                   path: str | None = None, max_faults: int | None = None) -> None:  # fmt: skip
+    def set_faults(
+        self,
+        *,
+        every: int,
+        mode: str = "503",
+        methods: Iterable[str] | None = None,
+        path: str | None = None,
+        max_faults: int | None = None,
+    ) -> None:
         """Replace the fault plan; the every-N count starts again from zero."""
         if mode not in FAULT_MODES:
             raise ValueError(f"fault mode {mode!r} is not one of {FAULT_MODES}")
@@ -472,19 +489,24 @@ def _copy_exact(rfile: IO[bytes], size: int, sink: Callable[[bytes], Any]) -> No
         size -= len(data)
 
 
-def _answer_with_error(mode: str, head: _RequestHead, rfile: IO[bytes], client: socket.socket,
-                       send_lock: threading.Lock) -> None:  # fmt: skip
+def _answer_with_error(
+    mode: str, head: _RequestHead, rfile: IO[bytes], client: socket.socket, send_lock: threading.Lock
+) -> None:
     """Answer like S3 under strain. The body is read first, so that closing the connection
     afterwards does not reset it; unless the client waits for 100-continue before sending it."""
     if "100-continue" not in head.headers.get("expect", "").lower():
         _copy_body(rfile, head, lambda _data: None)
     status, reason, code, message = _S3_ERRORS[mode]
     request_id = uuid.uuid4().hex[:16].upper()
-    body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
-            f"<Message>{message}</Message><RequestId>{request_id}</RequestId></Error>").encode()  # fmt: skip
-    response = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\n"
-                f"Content-Length: {len(body)}\r\nx-amz-request-id: {request_id}\r\n"
-                "Connection: close\r\n\r\n").encode()  # fmt: skip
+    body = (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+        f"<Message>{message}</Message><RequestId>{request_id}</RequestId></Error>"
+    ).encode()
+    response = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\n"
+        f"Content-Length: {len(body)}\r\nx-amz-request-id: {request_id}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
     with send_lock:
         client.sendall(response if head.method == "HEAD" else response + body)
 

@@ -38,8 +38,6 @@ def mgit(repo: Repo, *args: str) -> tuple[int, str, str]:
     return run_cli("-C", str(repo.root), *args)
 
 
-
-
 def assert_usage_error(result: tuple[int, str, str], *fragments: str) -> None:
     rc, out, err = result
     assert rc == 2, (rc, out, err)
@@ -75,7 +73,6 @@ def tree(root: Path) -> dict[str, str]:
     return out
 
 
-
 def f32(shape: list, offsets: list) -> dict:
     return {"dtype": "F32", "shape": shape, "data_offsets": offsets}
 
@@ -89,19 +86,23 @@ BROKEN_SAFETENSORS = [
     pytest.param(st_bytes(b"[1, 2]"), "header is not a JSON object", id="json-list"),
     pytest.param(st_bytes(b'{"\xff": 1}'), "header is not valid JSON", id="not-utf8"),
     pytest.param(st_bytes(b'{"w": {}, "w": {}}'), "duplicate key 'w'", id="duplicate-keys"),
-    pytest.param(st_bytes({"w": {"dtype": "Q8", "shape": [2], "data_offsets": [0, 2]}}, b"\0" * 2),
-                 "unknown dtype 'Q8'", id="unknown-dtype"),  # fmt: skip
+    pytest.param(
+        st_bytes({"w": {"dtype": "Q8", "shape": [2], "data_offsets": [0, 2]}}, b"\0" * 2),
+        "unknown dtype 'Q8'",
+        id="unknown-dtype",
+    ),
     pytest.param(st_bytes({"w": f32([-1], [0, 4])}, b"\0" * 4), "invalid shape [-1]", id="negative-dim"),
     pytest.param(st_bytes({"w": f32([1], [4, 0])}, b"\0" * 4), "invalid data_offsets [4, 0]", id="reversed-offsets"),
     pytest.param(st_bytes({"w": f32([2], [0, 4])}, b"\0" * 4), "needs 8", id="span-mismatch"),
-    pytest.param(st_bytes({"a": f32([2], [0, 8]), "b": f32([2], [4, 12])}, b"\0" * 12), "overlaps",
-                 id="overlap"),  # fmt: skip
-    pytest.param(st_bytes({"a": f32([1], [0, 4]), "b": f32([1], [8, 12])}, b"\0" * 12), "gap before tensor 'b'",
-                 id="gap"),  # fmt: skip
+    pytest.param(st_bytes({"a": f32([2], [0, 8]), "b": f32([2], [4, 12])}, b"\0" * 12), "overlaps", id="overlap"),
+    pytest.param(
+        st_bytes({"a": f32([1], [0, 4]), "b": f32([1], [8, 12])}, b"\0" * 12), "gap before tensor 'b'", id="gap"
+    ),
     pytest.param(st_bytes({"a": f32([1], [0, 4])}, b"\0" * 9), "5 bytes after the last tensor", id="trailing"),
     pytest.param(st_bytes({"a": f32([4], [0, 16])}, b"\0" * 10), "the file is truncated", id="data-truncated"),
-    pytest.param(st_bytes({"__metadata__": {"epoch": 1}}), "__metadata__ must map strings to strings",
-                 id="metadata-not-strings"),  # fmt: skip
+    pytest.param(
+        st_bytes({"__metadata__": {"epoch": 1}}), "__metadata__ must map strings to strings", id="metadata-not-strings"
+    ),
     pytest.param(st_bytes(b'{"a":' * 50_000), "nested too deeply", id="deeply-nested-json"),
 ]
 
@@ -128,7 +129,9 @@ def test_add_broken_safetensors_file(seeded: Repo, tmp_path: Path, raw: bytes, f
 
 
 @pytest.mark.parametrize(("raw", "fragment"), BROKEN_SAFETENSORS)
-def test_add_folder_with_one_broken_file_writes_nothing(seeded: Repo, tmp_path: Path, raw: bytes, fragment: str) -> None:
+def test_add_folder_with_one_broken_file_writes_nothing(
+    seeded: Repo, tmp_path: Path, raw: bytes, fragment: str
+) -> None:
     folder = make_model(tmp_path / "model", seed=1)  # new tensors: storing them would add objects
     (folder / "z-extra.safetensors").write_bytes(raw)
     before = repo_state(seeded)
@@ -172,8 +175,11 @@ def test_add_nonexistent_path(seeded: Repo, tmp_path: Path) -> None:
     assert repo_state(seeded) == before
 
 
-@pytest.mark.parametrize("layout", [[], ["sub/"], ["a/b/"], [".git/HEAD"], ["__pycache__/x.pyc"]],
-                         ids=["empty", "empty-subfolder", "nested-empty", "only-dot-git", "only-pycache"])  # fmt: skip
+@pytest.mark.parametrize(
+    "layout",
+    [[], ["sub/"], ["a/b/"], [".git/HEAD"], ["__pycache__/x.pyc"]],
+    ids=["empty", "empty-subfolder", "nested-empty", "only-dot-git", "only-pycache"],
+)
 def test_add_folder_without_files(seeded: Repo, tmp_path: Path, layout: list[str]) -> None:
     folder = tmp_path / "hollow"
     folder.mkdir()
@@ -215,23 +221,24 @@ REF_COMMANDS = {
 def test_unknown_model_suggests_ls(seeded: Repo, tmp_path: Path, command: str) -> None:
     before = repo_state(seeded)
 
-    err = one_line_error(mgit(seeded, *REF_COMMANDS[command]("nosuchmodel", tmp_path)),
-                                "'nosuchmodel'", "See: mgit ls")  # fmt: skip
+    err = one_line_error(mgit(seeded, *REF_COMMANDS[command]("nosuchmodel", tmp_path)), "'nosuchmodel'", "See: mgit ls")
 
     assert "Did you mean" not in err
     assert repo_state(seeded) == before
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("command", [
-    *["checkout", "show", "log"],
-    "rm",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "command",
+    [
+        *["checkout", "show", "log"],
+        "rm",
+    ],
+)
 def test_near_miss_model_name_suggests_the_close_name(seeded: Repo, tmp_path: Path, command: str) -> None:
     before = repo_state(seeded)
 
-    one_line_error(mgit(seeded, *REF_COMMANDS[command]("bsae", tmp_path)),
-                          "'bsae'", "Did you mean 'base'?", "mgit ls")  # fmt: skip
+    one_line_error(mgit(seeded, *REF_COMMANDS[command]("bsae", tmp_path)), "'bsae'", "Did you mean 'base'?", "mgit ls")
 
     assert repo_state(seeded) == before
 
@@ -253,14 +260,19 @@ def test_add_with_missing_parent_writes_nothing(seeded: Repo, tmp_path: Path, pa
     assert repo_state(seeded) == before
 
 
-@pytest.mark.parametrize("name", ["../x", "a@b", "", "x" * 129, "a/b/c", "/abs", "has space", "m.lock", "a..b"],
-                         ids=["dotdot", "at", "empty", "too-long", "two-slashes", "absolute", "space", "lock",
-                              "double-dot"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name",
+    ["../x", "a@b", "", "x" * 129, "a/b/c", "/abs", "has space", "m.lock", "a..b"],
+    ids=["dotdot", "at", "empty", "too-long", "two-slashes", "absolute", "space", "lock", "double-dot"],
+)
 def test_add_with_invalid_model_name(seeded: Repo, tmp_path: Path, name: str) -> None:
     before = repo_state(seeded)
 
-    one_line_error(mgit(seeded, "add", str(make_model(tmp_path / "m", seed=4)), f"--name={name}"),
-                          f"invalid model name {name!r}", "Use letters, digits")  # fmt: skip
+    one_line_error(
+        mgit(seeded, "add", str(make_model(tmp_path / "m", seed=4)), f"--name={name}"),
+        f"invalid model name {name!r}",
+        "Use letters, digits",
+    )
 
     assert repo_state(seeded) == before
 
@@ -268,8 +280,22 @@ def test_add_with_invalid_model_name(seeded: Repo, tmp_path: Path, name: str) ->
 def test_add_with_unknown_relation_is_a_usage_error(seeded: Repo, tmp_path: Path) -> None:
     before = repo_state(seeded)
 
-    assert_usage_error(mgit(seeded, "add", str(make_model(tmp_path / "m", seed=5)), "--name", "m",
-                            "--parent", "base", "--relation", "frobnicate"), "--relation", "frobnicate", "finetune")  # fmt: skip
+    assert_usage_error(
+        mgit(
+            seeded,
+            "add",
+            str(make_model(tmp_path / "m", seed=5)),
+            "--name",
+            "m",
+            "--parent",
+            "base",
+            "--relation",
+            "frobnicate",
+        ),
+        "--relation",
+        "frobnicate",
+        "finetune",
+    )
 
     assert repo_state(seeded) == before
 
@@ -277,8 +303,11 @@ def test_add_with_unknown_relation_is_a_usage_error(seeded: Repo, tmp_path: Path
 def test_add_with_tag_without_equals_is_a_usage_error(seeded: Repo, tmp_path: Path) -> None:
     before = repo_state(seeded)
 
-    assert_usage_error(mgit(seeded, "add", str(make_model(tmp_path / "m", seed=5)), "--name", "m",
-                            "--tag", "stage"), "--tag", "'stage' is not key=value")  # fmt: skip
+    assert_usage_error(
+        mgit(seeded, "add", str(make_model(tmp_path / "m", seed=5)), "--name", "m", "--tag", "stage"),
+        "--tag",
+        "'stage' is not key=value",
+    )
 
     assert repo_state(seeded) == before
 
@@ -300,10 +329,17 @@ def torch_state() -> dict[str, object]:
 
 
 @needs_torch
-@pytest.mark.parametrize(("file_name", "target"),
-                         [("ckpt.pt", "ckpt.safetensors"), ("pytorch_model.bin", "model.safetensors"),
-                          ("weights.pth", "weights.safetensors")])  # fmt: skip
-def test_plain_state_dict_is_converted_to_safetensors(seeded: Repo, tmp_path: Path, file_name: str, target: str) -> None:
+@pytest.mark.parametrize(
+    ("file_name", "target"),
+    [
+        ("ckpt.pt", "ckpt.safetensors"),
+        ("pytorch_model.bin", "model.safetensors"),
+        ("weights.pth", "weights.safetensors"),
+    ],
+)
+def test_plain_state_dict_is_converted_to_safetensors(
+    seeded: Repo, tmp_path: Path, file_name: str, target: str
+) -> None:
     import torch
     from safetensors.torch import load_file
 
@@ -403,8 +439,9 @@ def test_malicious_pickle_is_refused_and_never_run(seeded: Repo, tmp_path: Path,
     write_malicious(ckpt, payload, saver, marker)
     before = repo_state(seeded)
 
-    one_line_error(mgit(seeded, "add", str(ckpt), "--name", "evil"),
-                          str(ckpt), "not a plain weights file", "state_dict()")  # fmt: skip
+    one_line_error(
+        mgit(seeded, "add", str(ckpt), "--name", "evil"), str(ckpt), "not a plain weights file", "state_dict()"
+    )
 
     assert not marker.exists()
     assert repo_state(seeded) == before
@@ -451,20 +488,32 @@ def test_legacy_pickle_in_subprocess_gives_only_the_error_line(seeded: Repo, tmp
 
 
 @needs_torch
-@pytest.mark.parametrize(("content", "fragments"), [  # made in the test, given torch: it may be missing here
-    pytest.param(lambda torch: {"epoch": 3, "model": {"w": torch.ones(2)}},
-                 ["'epoch'", "not a tensor", "checkpoint['state_dict']"], id="training-checkpoint"),
-    pytest.param(lambda torch: {"model": {"w": torch.ones(2)}, "optimizer": {"lr": 0.1}}, ["'lr'", "not a tensor"],
-                 id="optimizer-state"),
-    pytest.param(lambda torch: {"w": torch.ones(2), "names": ["a", "b"]}, ["'names'", "not a tensor"], id="list-value"),
-    pytest.param(lambda torch: [torch.ones(2), torch.zeros(2)], ["holds a list, not a dict of tensors"],
-                 id="list-of-tensors"),
-    pytest.param(lambda torch: {}, ["holds no tensors"], id="empty-dict"),
-    pytest.param(lambda torch: {1: torch.ones(2)}, ["key 1 is not a string"], id="int-key"),
-])  # fmt: skip
-def test_checkpoint_that_is_not_a_state_dict_is_refused(seeded: Repo, tmp_path: Path,
-                                                        content: Callable[[object], object],
-                                                        fragments: list[str]) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("content", "fragments"),
+    [  # made in the test, given torch: it may be missing here
+        pytest.param(
+            lambda torch: {"epoch": 3, "model": {"w": torch.ones(2)}},
+            ["'epoch'", "not a tensor", "checkpoint['state_dict']"],
+            id="training-checkpoint",
+        ),
+        pytest.param(
+            lambda torch: {"model": {"w": torch.ones(2)}, "optimizer": {"lr": 0.1}},
+            ["'lr'", "not a tensor"],
+            id="optimizer-state",
+        ),
+        pytest.param(
+            lambda torch: {"w": torch.ones(2), "names": ["a", "b"]}, ["'names'", "not a tensor"], id="list-value"
+        ),
+        pytest.param(
+            lambda torch: [torch.ones(2), torch.zeros(2)], ["holds a list, not a dict of tensors"], id="list-of-tensors"
+        ),
+        pytest.param(lambda torch: {}, ["holds no tensors"], id="empty-dict"),
+        pytest.param(lambda torch: {1: torch.ones(2)}, ["key 1 is not a string"], id="int-key"),
+    ],
+)
+def test_checkpoint_that_is_not_a_state_dict_is_refused(
+    seeded: Repo, tmp_path: Path, content: Callable[[object], object], fragments: list[str]
+) -> None:
     import torch
 
     ckpt = tmp_path / "train.pt"
@@ -485,13 +534,16 @@ def _truncated_checkpoint(tmp_path: Path) -> bytes:
 
 
 @needs_torch
-@pytest.mark.parametrize("make", [
-    pytest.param(_truncated_checkpoint, id="truncated-zip"),
-    pytest.param(lambda _: b"", id="empty"),
-    pytest.param(lambda _: b"this is a text file, not a checkpoint\n", id="text"),
-    pytest.param(lambda _: bytes(np.random.default_rng(1).integers(0, 256, 512, dtype=np.uint8)), id="random"),
-    pytest.param(lambda _: b"PK\x03\x04" + b"\0" * 100, id="zip-magic-only"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(_truncated_checkpoint, id="truncated-zip"),
+        pytest.param(lambda _: b"", id="empty"),
+        pytest.param(lambda _: b"this is a text file, not a checkpoint\n", id="text"),
+        pytest.param(lambda _: bytes(np.random.default_rng(1).integers(0, 256, 512, dtype=np.uint8)), id="random"),
+        pytest.param(lambda _: b"PK\x03\x04" + b"\0" * 100, id="zip-magic-only"),
+    ],
+)
 def test_damaged_checkpoint_gives_one_line_error(seeded: Repo, tmp_path: Path, make) -> None:
     ckpt = tmp_path / "broken.pt"
     ckpt.write_bytes(make(tmp_path))
@@ -531,8 +583,13 @@ def forge_version(repo: Repo, name: str, files: dict[str, bytes]) -> str:
         oid = repo.store.put_blob(data).oid
         entries.append(FileEntry(path, "blob", len(data), blake3.blake3(data).hexdigest(), oid))
     manifest = repo.store.put_record("manifest", Manifest(tuple(entries)).to_json()).oid
-    version = Version(model=name, manifest=manifest, author="forger", time="2024-01-01T00:00:00.000000Z",
-                      summary={"files": len(entries)})  # fmt: skip
+    version = Version(
+        model=name,
+        manifest=manifest,
+        author="forger",
+        time="2024-01-01T00:00:00.000000Z",
+        summary={"files": len(entries)},
+    )
     vid = repo.store.put_record("version", version.to_json()).oid
     repo.refs.update(name, vid, expected=None)
     return vid
@@ -588,8 +645,7 @@ def test_checkout_with_force_does_not_follow_a_planted_file_link(seeded: Repo, t
     before = tree(out)
 
     one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--force"), "keep.txt")
-    one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--clean"),
-                          "'model.safetensors'", "is a link")  # fmt: skip
+    one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--clean"), "'model.safetensors'", "is a link")
 
     assert victim.read_bytes() == b"precious"
     assert tree(out) == before
@@ -603,8 +659,7 @@ def test_checkout_with_force_does_not_follow_a_planted_folder_link(seeded: Repo,
     (out / "tokenizer").symlink_to(elsewhere, target_is_directory=True)
     before = tree(out)
 
-    one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--clean"),
-                          "'tokenizer/vocab.txt'", "is a link")  # fmt: skip
+    one_line_error(mgit(seeded, "checkout", "base", "-o", str(out), "--clean"), "'tokenizer/vocab.txt'", "is a link")
 
     assert list(elsewhere.iterdir()) == []
     assert tree(out) == before
@@ -654,8 +709,8 @@ def test_broken_safetensors_in_subprocess_exits_1_without_traceback(seeded: Repo
     assert repo_state(seeded) == before
 
 
-
 # --- file names that look like rich console markup -------------------------------------------
+
 
 @needs_torch
 def test_conversion_note_shows_a_bracketed_file_name_verbatim(seeded: Repo, tmp_path: Path) -> None:

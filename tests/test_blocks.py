@@ -51,8 +51,9 @@ def as_bytes(a: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", ["local", "memory"])
-def test_a_chain_of_blocked_deltas_reads_back_exactly_whole_and_block_by_block(tmp_path: Path, small_blocks: int,
-                                                                                kind: str) -> None:  # fmt: skip
+def test_a_chain_of_blocked_deltas_reads_back_exactly_whole_and_block_by_block(
+    tmp_path: Path, small_blocks: int, kind: str
+) -> None:
     store = LocalStore(tmp_path / "objects") if kind == "local" else MemoryStore()
     size = 300_001  # not a whole number of blocks
     values = generations(3, size)
@@ -135,8 +136,9 @@ def test_a_damaged_base_is_not_vouched_for_by_its_delta(small_blocks: int) -> No
     assert store.marked == []
 
 
-def test_a_block_of_a_delta_reads_only_that_block_of_it_and_of_its_bases(tmp_path: Path, small_blocks: int,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_block_of_a_delta_reads_only_that_block_of_it_and_of_its_bases(
+    tmp_path: Path, small_blocks: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = LocalStore(tmp_path / "objects")
     values = generations(3, 200_000)
     oids: list[str] = []
@@ -146,7 +148,9 @@ def test_a_block_of_a_delta_reads_only_that_block_of_it_and_of_its_bases(tmp_pat
     reads: list[tuple[str, int]] = []
     whole: list[str] = []
     real_range, real_record = LocalStore.read_range, LocalStore.read_record
-    monkeypatch.setattr(LocalStore, "read_range", lambda s, o, at, n: (reads.append((o, n)), real_range(s, o, at, n))[1])
+    monkeypatch.setattr(
+        LocalStore, "read_range", lambda s, o, at, n: (reads.append((o, n)), real_range(s, o, at, n))[1]
+    )
     monkeypatch.setattr(LocalStore, "read_record", lambda s, o: (whole.append(o), real_record(s, o))[1])
     block = store.decode_block(oids[2], 5)
     assert np.array_equal(block, as_bytes(values[2])[5 * SMALL : 6 * SMALL])
@@ -155,8 +159,9 @@ def test_a_block_of_a_delta_reads_only_that_block_of_it_and_of_its_bases(tmp_pat
     assert all(n == store.block_table(o).spans[5][1] for o, n in reads)
 
 
-def test_objects_coded_whole_stay_readable_and_are_bases_for_blocked_ones(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_objects_coded_whole_stay_readable_and_are_bases_for_blocked_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = LocalStore(tmp_path / "objects")
     values = generations(3, 100_000, seed=3)
     monkeypatch.setattr(ObjectStore, "block_bytes", 1 << 30)  # as written before blocks: whole
@@ -181,8 +186,12 @@ def family_folders(tmp_path: Path, *, big: int) -> dict[str, Path]:
     half = [(v[: big // 2 + 1] * 0.5).astype(np.float16) for v in generations(3, big, seed=6)]
     folders = {}
     for i, name in enumerate(("base", "ft", "ft2")):
-        state = {"w.weight": f32[i].reshape(-1, 1), "emb.weight": half[i], "bias": f32[i][:64].copy(),
-                 "ids": np.arange(100, dtype=np.int64)}  # fmt: skip
+        state = {
+            "w.weight": f32[i].reshape(-1, 1),
+            "emb.weight": half[i],
+            "bias": f32[i][:64].copy(),
+            "ids": np.arange(100, dtype=np.int64),
+        }
         folders[name] = make_model(tmp_path / name, state=state)
     return folders
 
@@ -220,8 +229,9 @@ def test_a_large_file_that_is_not_safetensors_is_coded_in_blocks_too(tmp_path: P
     assert sha256_tree(Path(repo.checkout("m", tmp_path / "out").out_dir)) == sha256_tree(folder)
 
 
-def test_add_hashes_each_tensor_once_whatever_path_it_takes(tmp_path: Path, small_blocks: int,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_add_hashes_each_tensor_once_whatever_path_it_takes(
+    tmp_path: Path, small_blocks: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Large tensors are hashed in file order before their chain is chosen; whether they are
     then coded in blocks as written or coded first (a cast from a float32 parent, measured
     whole), the writer must not hash them again."""
@@ -232,8 +242,9 @@ def test_add_hashes_each_tensor_once_whatever_path_it_takes(tmp_path: Path, smal
     rng = np.random.default_rng(6)
     w = rng.standard_normal(200_000).astype(np.float32)
     base = make_model(tmp_path / "base", state={"w": w, "v": w[::-1].copy(), "b": w[:8].copy()})
-    child = make_model(tmp_path / "child", state={"w": w.astype(np.float16), "v": w[::-1] * np.float32(1.001),
-                                                   "b": w[:8].copy()})  # fmt: skip
+    child = make_model(
+        tmp_path / "child", state={"w": w.astype(np.float16), "v": w[::-1] * np.float32(1.001), "b": w[:8].copy()}
+    )
     repo = Repo.init(tmp_path / "repo")
     repo.add(base, name="base")
     hashed: list[str] = []
@@ -289,16 +300,19 @@ def rewrite_header(raw: bytes, **fields: object) -> bytes:
     return MAGIC + struct.pack("<I", len(body)) + body + raw[PREFIX + n :]
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    (lambda raw: rewrite_header(raw, blocks=3 << 16), "malformed block size"),
-    (lambda raw: rewrite_header(raw, blocks=True), "malformed block size"),
-    (lambda raw: rewrite_header(raw, blocks=1 << 12), "malformed block size"),
-    (lambda raw: rewrite_header(raw, blocks=1 << 40), "malformed block size"),
-    (lambda raw: rewrite_header(raw, blocks=SMALL * 2), "follow its last block"),  # half as many blocks declared
-    (lambda raw: raw[:-10], "runs past the end of its payload"),
-    (lambda raw: raw + b"\0" * 3, "follow its last block"),
-    (lambda raw: raw + FRAME.pack(1 << 30), "follow its last block"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda raw: rewrite_header(raw, blocks=3 << 16), "malformed block size"),
+        (lambda raw: rewrite_header(raw, blocks=True), "malformed block size"),
+        (lambda raw: rewrite_header(raw, blocks=1 << 12), "malformed block size"),
+        (lambda raw: rewrite_header(raw, blocks=1 << 40), "malformed block size"),
+        (lambda raw: rewrite_header(raw, blocks=SMALL * 2), "follow its last block"),  # half as many blocks declared
+        (lambda raw: raw[:-10], "runs past the end of its payload"),
+        (lambda raw: raw + b"\0" * 3, "follow its last block"),
+        (lambda raw: raw + FRAME.pack(1 << 30), "follow its last block"),
+    ],
+)
 def test_a_forged_block_layout_is_a_corrupt_object(tmp_path: Path, small_blocks: int, change, message: str) -> None:
     store = LocalStore(tmp_path / "objects")
     oid = store.put_tensor("F32", (100_000,), as_bytes(generations(1, 100_000)[0])).oid
@@ -343,8 +357,9 @@ def test_a_checkout_through_a_damaged_base_block_names_the_base(tmp_path: Path, 
 
 
 # --- failures while blocks are written -----------------------------------------------------------
-def test_a_block_that_fails_to_code_leaves_no_object_and_no_thread(tmp_path: Path, small_blocks: int,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_block_that_fails_to_code_leaves_no_object_and_no_thread(
+    tmp_path: Path, small_blocks: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     folders = family_folders(tmp_path, big=300_000)
     repo = Repo.init(tmp_path / "repo")
     before_threads = threading.active_count()
@@ -368,8 +383,9 @@ def test_a_block_that_fails_to_code_leaves_no_object_and_no_thread(tmp_path: Pat
     assert sha256_tree(Path(repo.checkout("base", tmp_path / "out").out_dir)) == sha256_tree(folders["base"])
 
 
-def test_a_writer_that_runs_out_of_space_stops_the_add_with_one_error(tmp_path: Path, small_blocks: int,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_writer_that_runs_out_of_space_stops_the_add_with_one_error(
+    tmp_path: Path, small_blocks: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     folders = family_folders(tmp_path, big=300_000)
     repo = Repo.init(tmp_path / "repo")
     real = LocalStore.write_record
@@ -382,8 +398,9 @@ def test_a_writer_that_runs_out_of_space_stops_the_add_with_one_error(tmp_path: 
 
     monkeypatch.setattr(LocalStore, "write_record", full)
     done: list[BaseException] = []
-    worker = threading.Thread(target=lambda: done.append(pytest.raises(StorageFullError, repo.add, folders["base"],
-                                                                       name="base").value))  # fmt: skip
+    worker = threading.Thread(
+        target=lambda: done.append(pytest.raises(StorageFullError, repo.add, folders["base"], name="base").value)
+    )
     worker.start()
     worker.join(timeout=60)
     assert not worker.is_alive(), "the add hung after its writer failed"

@@ -92,10 +92,13 @@ def int8_family(repo: Repo) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray
     return parent, child
 
 
-def test_a_base_shared_by_two_tensors_is_decoded_once_per_checkout(repo: Repo, tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_base_shared_by_two_tensors_is_decoded_once_per_checkout(
+    repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     parent, child = int8_family(repo)
-    codecs = {t.name: repo.store.header(t.object).codec_names for f in repo.manifest("base-int8").files for t in f.tensors}
+    codecs = {
+        t.name: repo.store.header(t.object).codec_names for f in repo.manifest("base-int8").files for t in f.tensors
+    }
     assert all(c.startswith(("quantize_int8", "absmax_scale")) for c in codecs.values()), codecs
     reads = count_reads(repo, monkeypatch)
     repo.checkout("base-int8", tmp_path / "out")
@@ -105,14 +108,22 @@ def test_a_base_shared_by_two_tensors_is_decoded_once_per_checkout(repo: Repo, t
     assert all(np.array_equal(out[k], v) for k, v in child.items())
 
 
-def test_a_session_decodes_a_shared_parent_once_and_gives_the_same_bytes(repo: Repo, tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_session_decodes_a_shared_parent_once_and_gives_the_same_bytes(
+    repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     int8_family(repo)
-    cold = {ref: sha256_tree(Path(repo.checkout(ref, tmp_path / f"cold-{ref}").out_dir)) for ref in ("base", "base-int8")}
+    cold = {
+        ref: sha256_tree(Path(repo.checkout(ref, tmp_path / f"cold-{ref}").out_dir)) for ref in ("base", "base-int8")
+    }
     reads = count_reads(repo, monkeypatch)
     with repo.caching() as cache:
-        warm = {ref: sha256_tree(Path(repo.checkout(ref, tmp_path / f"warm-{ref}").out_dir)) for ref in ("base", "base-int8")}
-        tensor_objects = {t.object for ref in ("base", "base-int8") for f in repo.manifest(ref).files for t in f.tensors}
+        warm = {
+            ref: sha256_tree(Path(repo.checkout(ref, tmp_path / f"warm-{ref}").out_dir))
+            for ref in ("base", "base-int8")
+        }
+        tensor_objects = {
+            t.object for ref in ("base", "base-int8") for f in repo.manifest(ref).files for t in f.tensors
+        }
         assert all(reads[oid] == 1 for oid in tensor_objects)  # the parent decoded once for both checkouts
         before = reads.copy()
         repo.checkout("base-int8", tmp_path / "again")
@@ -150,8 +161,9 @@ def test_threads_wanting_the_same_object_decode_it_once() -> None:
         return header(10), np.arange(10, dtype=np.uint8)
 
     results: list[np.ndarray] = []
-    threads = [threading.Thread(target=lambda: results.append(cache.get_or_decode("x", slow_decode)[1]))
-               for _ in range(4)]  # fmt: skip
+    threads = [
+        threading.Thread(target=lambda: results.append(cache.get_or_decode("x", slow_decode)[1])) for _ in range(4)
+    ]
     for t in threads:
         t.start()
     while cache.misses + cache.hits < 4:  # every thread has asked (one decodes, three wait)

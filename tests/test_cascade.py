@@ -60,8 +60,14 @@ def build(root: Path, members: list[Member], *, tests: bool = True) -> Repo:
         folders[name] = root / "made" / name
         folders[name].mkdir()
         getattr(recipes, made_by)([folders[parent]], folders[name], **params)
-        repo.add(folders[name], name=name, parent=parent, relation=relation, params=params,
-                 recipe=f"{root / 'recipes.py'}:{recipe}" if recipe else None)  # fmt: skip
+        repo.add(
+            folders[name],
+            name=name,
+            parent=parent,
+            relation=relation,
+            params=params,
+            recipe=f"{root / 'recipes.py'}:{recipe}" if recipe else None,
+        )
     if tests:
         Checks(repo).attach("base", "evals.py:quality", conditions=[Condition("finite", "min", 1.0)], inherit=True)
     shutil.rmtree(root / "made")
@@ -96,8 +102,11 @@ def heads(repo: Repo) -> dict[str, str]:
 # --- tests -------------------------------------------------------------------------------------
 @needs_torch
 def test_dry_run_plans_parents_first_and_runs_nothing(tmp_path: Path) -> None:
-    members = [*FT, ("hand", "base", "finetune", None, {"seed": 2}, "finetune"),
-               ("hand-int8", "hand", "quantize", "quantize_int8", {}, "quantize_int8")]  # fmt: skip
+    members = [
+        *FT,
+        ("hand", "base", "finetune", None, {"seed": 2}, "finetune"),
+        ("hand-int8", "hand", "quantize", "quantize_int8", {}, "quantize_int8"),
+    ]
     repo = build(tmp_path / "w", members)
     before = heads(repo)
     plan = plan_cascade(repo, "base")
@@ -105,13 +114,20 @@ def test_dry_run_plans_parents_first_and_runs_nothing(tmp_path: Path) -> None:
     order = [s.model for s in plan.steps]
     assert order.index("ft") < order.index("ft-int8") and order.index("hand") < order.index("hand-int8")
     steps = {s.model: s for s in plan.steps}
-    assert {m: s.action for m, s in steps.items()} == {"ft": "recipe", "ft-int8": "recipe", "ft-pruned": "recipe",
-                                                       "hand": "manual", "hand-int8": "blocked"}  # fmt: skip
+    assert {m: s.action for m, s in steps.items()} == {
+        "ft": "recipe",
+        "ft-int8": "recipe",
+        "ft-pruned": "recipe",
+        "hand": "manual",
+        "hand-int8": "blocked",
+    }
     assert [(p.recorded_ref, p.ref) for p in steps["ft"].parents] == [("base@1", "base@2")]
     assert [p.ref for p in steps["ft-int8"].parents] == ["ft@next"] and steps["ft-int8"].waits_for == ["ft"]
     assert steps["ft"].recipe is not None and steps["ft"].recipe["params"] == {"seed": 1}
-    assert steps["hand"].command == ("mgit checkout hand@1 -o hand-v1 && mgit add hand-v1 --name hand --parent base@1 "
-                                     "--relation finetune --recipe FILE.py:FUNCTION --param KEY=VALUE")  # fmt: skip
+    assert steps["hand"].command == (
+        "mgit checkout hand@1 -o hand-v1 && mgit add hand-v1 --name hand --parent base@1 "
+        "--relation finetune --recipe FILE.py:FUNCTION --param KEY=VALUE"
+    )
     assert steps["hand-int8"].reason == "below hand, which is manual"
 
     code, out, err = run_cli("cascade", "base", "--dry-run", cwd=repo.root)
@@ -139,7 +155,10 @@ def test_cascade_rebuilds_descendants_on_the_new_base_and_tests_them(tmp_path: P
         assert version.predecessor == old[model]
         assert [p.version for p in version.parents] == [repo.resolve(parent)]  # the new parent version
         assert version.parents[0].relation == repo.version(old[model]).parents[0].relation
-        assert version.message == f"cascade from base@2: recipes.py:{version.recipe['fn'].split(':')[1]} re-run on {parent}@2"
+        assert (
+            version.message
+            == f"cascade from base@2: recipes.py:{version.recipe['fn'].split(':')[1]} re-run on {parent}@2"
+        )
         assert version.recipe["params"] == repo.version(old[model]).recipe["params"]
         assert not any(e.stale for e in lineage.parents(model))
         new_weights = weights(repo, model)
@@ -151,7 +170,9 @@ def test_cascade_rebuilds_descendants_on_the_new_base_and_tests_them(tmp_path: P
     assert (pruned["0.weight"] == 0).mean() == 0.5
 
     # Test results before (on the old versions) and after, per model.
-    assert [t.status for t in Checks(repo).show("ft@1")] == ["pass"] and [t.status for t in Checks(repo).show("ft")] == ["pass"]
+    assert [t.status for t in Checks(repo).show("ft@1")] == ["pass"] and [
+        t.status for t in Checks(repo).show("ft")
+    ] == ["pass"]
     assert re.search(r"\nft-int8 +quality +pass \(finite 1, mean_abs_output [0-9.]+\) +pass", out)
     # Nothing is left to do: every model is up to date, and a second run changes nothing.
     code, report = cascade(repo.root, "base")
@@ -161,15 +182,19 @@ def test_cascade_rebuilds_descendants_on_the_new_base_and_tests_them(tmp_path: P
 
 @needs_torch
 def test_manual_model_gives_the_command_to_record_a_recipe(tmp_path: Path) -> None:
-    members = [("hand", "base", "finetune", None, {"seed": 2}, "finetune"),
-               ("hand-int8", "hand", "quantize", "quantize_int8", {}, "quantize_int8")]  # fmt: skip
+    members = [
+        ("hand", "base", "finetune", None, {"seed": 2}, "finetune"),
+        ("hand-int8", "hand", "quantize", "quantize_int8", {}, "quantize_int8"),
+    ]
     repo = build(tmp_path / "w", members, tests=False)
     code, report = cascade(repo.root, "base")
     results = by_model(report)
     assert code == 0 and results["hand"]["status"] == "manual" and results["hand-int8"]["status"] == "blocked"
     assert repo.resolve("hand") == results["hand"]["old"]  # nothing was committed
     # The given command, with a real recipe, records one; the next cascade then uses it.
-    command = results["hand"]["command"].replace("FILE.py:FUNCTION", "recipes.py:finetune").replace("KEY=VALUE", "seed=2")
+    command = (
+        results["hand"]["command"].replace("FILE.py:FUNCTION", "recipes.py:finetune").replace("KEY=VALUE", "seed=2")
+    )
     for part in command.split(" && "):
         args = part.split()[1:]
         code, _, err = run_cli(*args, cwd=repo.root)
@@ -184,8 +209,11 @@ def test_manual_model_gives_the_command_to_record_a_recipe(tmp_path: Path) -> No
 
 @needs_torch
 def test_a_failing_recipe_stops_only_its_subtree(tmp_path: Path) -> None:
-    members = [*FT[:2], ("bad", "base", "finetune", "broken", {}, "finetune"),
-               ("bad-pruned", "bad", "prune", "prune", {}, "prune")]  # fmt: skip
+    members = [
+        *FT[:2],
+        ("bad", "base", "finetune", "broken", {}, "finetune"),
+        ("bad-pruned", "bad", "prune", "prune", {}, "prune"),
+    ]
     repo = build(tmp_path / "w", members, tests=False)
     old_bad = repo.resolve("bad")
     code, out, _ = run_cli("cascade", "base", "--jobs", "2", cwd=repo.root)
@@ -204,9 +232,11 @@ def test_a_failing_recipe_stops_only_its_subtree(tmp_path: Path) -> None:
 
 @needs_torch
 def test_nan_weights_fail_the_tests_and_block_the_subtree_until_fixed(tmp_path: Path) -> None:
-    members = [("ft", "base", "finetune", "poison", {"seed": 1}, "finetune"),
-               ("ft-int8", "ft", "quantize", "quantize_int8", {}, "quantize_int8"),
-               ("other", "base", "prune", "prune", {}, "prune")]  # fmt: skip
+    members = [
+        ("ft", "base", "finetune", "poison", {"seed": 1}, "finetune"),
+        ("ft-int8", "ft", "quantize", "quantize_int8", {}, "quantize_int8"),
+        ("other", "base", "prune", "prune", {}, "prune"),
+    ]
     repo = build(tmp_path / "w", members)
     code, report = cascade(repo.root, "base")
     results = by_model(report)
@@ -222,7 +252,9 @@ def test_nan_weights_fail_the_tests_and_block_the_subtree_until_fixed(tmp_path: 
     # Run again: ft is up to date but fails its test, so ft-int8 stays blocked.
     code, report = cascade(repo.root, "base")
     results = by_model(report)
-    assert code == 0 and results["ft-int8"]["status"] == "blocked" and results["ft-int8"]["reason"] == "ft@2 fails quality"
+    assert (
+        code == 0 and results["ft-int8"]["status"] == "blocked" and results["ft-int8"]["reason"] == "ft@2 fails quality"
+    )
     # Nor does a cascade from ft itself build on it.
     plan = plan_cascade(repo, "ft")
     assert [(s.model, s.action, s.reason) for s in plan.steps] == [("ft-int8", "blocked", "ft@2 fails quality")]
@@ -235,8 +267,9 @@ def test_nan_weights_fail_the_tests_and_block_the_subtree_until_fixed(tmp_path: 
 @needs_torch
 def test_a_killed_cascade_resumes_without_redoing_finished_models(tmp_path: Path) -> None:
     repo = build(tmp_path / "w", PRUNED)
-    proc = run_mgit("cascade", "base", cwd=repo.root,
-                    env={"MGIT_CRASH_AT": "cascade-after-commit", "TMPDIR": str(tmp_path)})  # fmt: skip
+    proc = run_mgit(
+        "cascade", "base", cwd=repo.root, env={"MGIT_CRASH_AT": "cascade-after-commit", "TMPDIR": str(tmp_path)}
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     repo = Repo(repo.root)
     assert [len(repo.log(m)) for m in ("pruned", "pruned-int8", "pruned-more")] == [2, 1, 1]
@@ -261,8 +294,11 @@ def test_only_restricts_the_cascade_and_the_rest_follows_later(tmp_path: Path) -
     assert code == 0 and results["pruned"]["status"] == "updated"
     assert results["pruned-int8"]["status"] == results["pruned-more"]["status"] == "skipped"
     plan = plan_cascade(repo, "base")
-    assert [(s.model, s.action) for s in plan.steps] == [("pruned", "up-to-date"), ("pruned-int8", "recipe"),
-                                                         ("pruned-more", "recipe")]  # fmt: skip
+    assert [(s.model, s.action) for s in plan.steps] == [
+        ("pruned", "up-to-date"),
+        ("pruned-int8", "recipe"),
+        ("pruned-more", "recipe"),
+    ]
     assert [p.ref for p in plan.steps[1].parents] == ["pruned@2"]
     code, report = cascade(repo.root, "base", "--only", "*-int8")
     assert code == 0 and [r["status"] for r in report["results"]] == ["up-to-date", "updated", "skipped"]
@@ -286,9 +322,14 @@ def test_recipes_run_only_in_a_cascade(tmp_path: Path) -> None:
     repo = build(tmp_path / "w", PRUNED[:2], tests=False)
     marker = tmp_path / "imported.marker"
     env = {"CASCADE_MARKER": str(marker)}
-    for args in (["ls"], ["lineage"], ["log", "pruned"], ["show", "pruned"],
-                 ["checkout", "pruned", "-o", str(tmp_path / "out")],
-                 ["cascade", "base", "--dry-run"]):  # fmt: skip
+    for args in (
+        ["ls"],
+        ["lineage"],
+        ["log", "pruned"],
+        ["show", "pruned"],
+        ["checkout", "pruned", "-o", str(tmp_path / "out")],
+        ["cascade", "base", "--dry-run"],
+    ):
         code, _, err = run_cli(*args, cwd=repo.root, env=env)
         assert code == 0, err
         assert not marker.exists(), args
@@ -314,8 +355,11 @@ def test_report_json_has_no_nan() -> None:
     from mgit.cascade import CascadePlan, CascadeReport, CheckLine, ModelResult
 
     line = CheckLine("t", "fail", {"loss": float("nan"), "acc": 0.5}, ["loss is not finite"])
-    report = CascadeReport(CascadePlan("b", "0" * 64, "b@2", []), False,
-                           [ModelResult("m", "failed-tests", "1" * 64, "m@1", tests_after=[line])])  # fmt: skip
+    report = CascadeReport(
+        CascadePlan("b", "0" * 64, "b@2", []),
+        False,
+        [ModelResult("m", "failed-tests", "1" * 64, "m@1", tests_after=[line])],
+    )
     text = json.dumps(report.to_json(), allow_nan=False)
     assert json.loads(text)["results"][0]["tests_after"][0]["metrics"] == {"loss": None, "acc": 0.5}
 
@@ -352,4 +396,3 @@ def test_an_add_with_an_expected_head_commits_nothing_if_the_model_moved(tmp_pat
     with pytest.raises(RefConflictError, match="moved while updating it"):
         repo.add(folder, name="pruned", message="mine", expected_head=old)
     assert repo.log("pruned")[0].message == "someone else's version"
-

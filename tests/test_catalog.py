@@ -23,20 +23,43 @@ def indexed(tmp_path: Path) -> tuple[Catalog, dict[str, Any]]:
     manifest = store.put_record("manifest", Manifest(()).to_json()).oid
     base = store.put_record("version", Version("base", manifest, time="2026-01-01T00:00:00Z").to_json()).oid
     first = store.put_record("version", Version("m", manifest, time="2026-01-01T00:00:01Z").to_json()).oid
-    second = Version("m", manifest, parents=(Parent(base, "finetune"),), predecessor=first, message="tuned",
-                     author="ann", time="2026-01-02T03:04:05Z", tags={"team": "a"},
-                     summary={"files": 11, "tensors": 13, "params": 17, "logical_bytes": 19}, recipe=RECIPE,
-                     lossy=LOSSY)  # fmt: skip
+    second = Version(
+        "m",
+        manifest,
+        parents=(Parent(base, "finetune"),),
+        predecessor=first,
+        message="tuned",
+        author="ann",
+        time="2026-01-02T03:04:05Z",
+        tags={"team": "a"},
+        summary={"files": 11, "tensors": 13, "params": 17, "logical_bytes": 19},
+        recipe=RECIPE,
+        lossy=LOSSY,
+    )
     vid = store.put_record("version", second.to_json()).oid
     catalog = Catalog(tmp_path / "catalog.sqlite")
     catalog.index(store, vid)
     catalog.set_heads(lambda: {"base": base, "m": vid})
-    expected = {"id": vid, "model": "m", "seq": 2, "manifest": manifest, "predecessor": first, "message": "tuned",
-                "author": "ann", "time": "2026-01-02T03:04:05Z", "tags": {"team": "a"}, "files": 11, "tensors": 13,
-                "params": 17, "logical_bytes": 19,
-                "stored_bytes": store.stored_size(manifest) + store.stored_size(vid),  # the manifest is shared
-                "new_bytes": store.stored_size(vid), "lossy": LOSSY, "parents": ((base, "finetune"),),
-                "recipe": RECIPE}  # fmt: skip
+    expected = {
+        "id": vid,
+        "model": "m",
+        "seq": 2,
+        "manifest": manifest,
+        "predecessor": first,
+        "message": "tuned",
+        "author": "ann",
+        "time": "2026-01-02T03:04:05Z",
+        "tags": {"team": "a"},
+        "files": 11,
+        "tensors": 13,
+        "params": 17,
+        "logical_bytes": 19,
+        "stored_bytes": store.stored_size(manifest) + store.stored_size(vid),  # the manifest is shared
+        "new_bytes": store.stored_size(vid),
+        "lossy": LOSSY,
+        "parents": ((base, "finetune"),),
+        "recipe": RECIPE,
+    }
     assert len({repr(v) for v in expected.values()}) == len(expected)
     return catalog, expected
 

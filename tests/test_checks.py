@@ -106,11 +106,36 @@ def test_conditions_and_change_against_the_parent(work: Repo) -> None:
     work.add(base, name="base")
     work.add(train(base, 40, seed=1, flip=True), name="flipped", parent="base")
     Checks(work).attach("base", "evals.py:accuracy", name="acc", conditions=[], inherit=True)
-    code, out, _ = run_cli("test", "add", "base", "--fn", "evals.py:accuracy", "--name", "strict",
-                           "--metric", "acc", "--min", "0.9", "--inherit", cwd=work.root)  # fmt: skip
+    code, out, _ = run_cli(
+        "test",
+        "add",
+        "base",
+        "--fn",
+        "evals.py:accuracy",
+        "--name",
+        "strict",
+        "--metric",
+        "acc",
+        "--min",
+        "0.9",
+        "--inherit",
+        cwd=work.root,
+    )
     assert code == 0 and "passes if acc >= 0.9" in out
-    code, out, _ = run_cli("test", "add", "base", "--fn", "evals.py:accuracy", "--name", "two",
-                           "--min", "acc=0.5", "--max", "loss=2", cwd=work.root)  # fmt: skip
+    code, out, _ = run_cli(
+        "test",
+        "add",
+        "base",
+        "--fn",
+        "evals.py:accuracy",
+        "--name",
+        "two",
+        "--min",
+        "acc=0.5",
+        "--max",
+        "loss=2",
+        cwd=work.root,
+    )
     assert code == 0 and "passes if acc >= 0.5, loss <= 2" in out
     code, _, err = run_cli("test", "add", "base", "--fn", "evals.py:accuracy", "--min", "0.9", cwd=work.root)
     assert code == 2 and "say which metric" in err
@@ -173,16 +198,29 @@ def test_bisect_follows_lineage_to_the_ancestor_that_broke(work: Repo) -> None:
     work.add(base, name="base")
     ft = train(base, 5, seed=1)
     work.add(ft, name="ft", parent="base")
-    work.add({k: v.astype(np.float16).astype(np.float32) for k, v in ft.items()}, name="q", parent="ft",
-             relation="quantize")  # fmt: skip
+    work.add(
+        {k: v.astype(np.float16).astype(np.float32) for k, v in ft.items()}, name="q", parent="ft", relation="quantize"
+    )
     bad = train(base, 40, seed=2, flip=True)
     work.add(bad, name="base", message="retrained")
     ft2 = train(bad, 5, seed=1)
     work.add(ft2, name="ft", parent="base")
-    work.add({k: v.astype(np.float16).astype(np.float32) for k, v in ft2.items()}, name="q", parent="ft",
-             relation="quantize")  # fmt: skip
-    run_cli("test", "add", "base", "--fn", "evals.py:accuracy", "--name", "acc", "--min", "acc=0.8",
-            "--inherit", cwd=work.root)  # fmt: skip
+    work.add(
+        {k: v.astype(np.float16).astype(np.float32) for k, v in ft2.items()}, name="q", parent="ft", relation="quantize"
+    )
+    run_cli(
+        "test",
+        "add",
+        "base",
+        "--fn",
+        "evals.py:accuracy",
+        "--name",
+        "acc",
+        "--min",
+        "acc=0.8",
+        "--inherit",
+        cwd=work.root,
+    )
     code, out, err = run_cli("bisect", "acc", "q", cwd=work.root)
     assert code == 0, err
     assert "acc started failing at base@2 (a new version from base@1, which passes)" in out
@@ -225,16 +263,37 @@ def test_results_survive_a_catalog_rebuild(work: Repo) -> None:
 def test_user_code_runs_only_in_commands_that_run_it(work: Repo, tmp_path: Path) -> None:
     marker = work.root / "imported.marker"
     work.add(train(None, 30, seed=0), name="m")
-    (work.root / "recipes.py").write_text(textwrap.dedent('''
+    (work.root / "recipes.py").write_text(
+        textwrap.dedent("""
         import pathlib
         pathlib.Path("imported.marker").write_text("recipe")
         def copy(parents, out):
             pass
-    '''))  # fmt: skip
-    run_mgit("add", str(_folder(tmp_path / "n", train(None, 3, seed=5))), "--name", "n", "--parent", "m",
-             "--recipe", "recipes.py:copy", "--param", "seed=3", cwd=work.root)  # fmt: skip
-    for args in (["test", "add", "m", "--fn", "evals.py:accuracy"], ["ls"], ["log", "n"], ["lineage"], ["show", "n"],
-                 ["test", "ls"], ["test", "show"], ["checkout", "n", "-o", str(tmp_path / "out")]):  # fmt: skip
+    """)
+    )
+    run_mgit(
+        "add",
+        str(_folder(tmp_path / "n", train(None, 3, seed=5))),
+        "--name",
+        "n",
+        "--parent",
+        "m",
+        "--recipe",
+        "recipes.py:copy",
+        "--param",
+        "seed=3",
+        cwd=work.root,
+    )
+    for args in (
+        ["test", "add", "m", "--fn", "evals.py:accuracy"],
+        ["ls"],
+        ["log", "n"],
+        ["lineage"],
+        ["show", "n"],
+        ["test", "ls"],
+        ["test", "show"],
+        ["checkout", "n", "-o", str(tmp_path / "out")],
+    ):
         proc = run_mgit(*args, cwd=work.root)
         assert proc.returncode == 0, proc.stderr
         assert not marker.exists(), args
@@ -244,12 +303,27 @@ def test_user_code_runs_only_in_commands_that_run_it(work: Repo, tmp_path: Path)
 
 @needs_torch
 def test_add_records_a_recipe_without_running_it(work: Repo, tmp_path: Path) -> None:
-    (work.root / "recipes.py").write_text("import pathlib\npathlib.Path('imported.marker').write_text('r')\n"
-                                          "def tune(parents, out, seed=0):\n    pass\n")  # fmt: skip
+    (work.root / "recipes.py").write_text(
+        "import pathlib\npathlib.Path('imported.marker').write_text('r')\ndef tune(parents, out, seed=0):\n    pass\n"
+    )
     work.add(train(None, 30, seed=0), name="base")
-    code, _, err = run_cli("add", str(_folder(tmp_path, train(None, 3, seed=5))), "--name", "ft", "--parent", "base",
-                           "--recipe", "recipes.py:tune", "--param", "seed=3", "--param", "lr=2e-5",
-                           "--param", "note=warm", cwd=work.root)  # fmt: skip
+    code, _, err = run_cli(
+        "add",
+        str(_folder(tmp_path, train(None, 3, seed=5))),
+        "--name",
+        "ft",
+        "--parent",
+        "base",
+        "--recipe",
+        "recipes.py:tune",
+        "--param",
+        "seed=3",
+        "--param",
+        "lr=2e-5",
+        "--param",
+        "note=warm",
+        cwd=work.root,
+    )
     assert code == 0, err
     recipe = work.version("ft").recipe
     assert recipe["fn"] == "recipes.py:tune" and recipe["params"] == {"seed": 3, "lr": 2e-5, "note": "warm"}
@@ -267,8 +341,9 @@ def _folder(path: Path, state: dict[str, np.ndarray]) -> Path:
 
 
 def test_latest_results_of_many_versions_in_one_call(repo: Repo) -> None:
-    (repo.root / "evals.py").write_text("def size(folder):\n    return {'n': 1.0}\n"
-                                        "def never(folder):\n    return {'n': 0.0, 'passed': False}\n")  # fmt: skip
+    (repo.root / "evals.py").write_text(
+        "def size(folder):\n    return {'n': 1.0}\ndef never(folder):\n    return {'n': 0.0, 'passed': False}\n"
+    )
     repo.add({"w": np.ones(4, np.float32)}, name="base")
     repo.add({"w": np.full(4, 2, np.float32)}, name="ft", parent="base")
     repo.add({"w": np.zeros(4, np.float32)}, name="other")
@@ -279,7 +354,10 @@ def test_latest_results_of_many_versions_in_one_call(repo: Repo) -> None:
     checks.attach("o*", "evals.py:size", name="glob")  # never run
     lineage = repo.lineage
     assert {n: [t.name for t in checks.applicable(n, lineage)] for n in lineage.nodes} == {
-        "base": ["size"], "ft": ["never", "size"], "other": ["glob"]}
+        "base": ["size"],
+        "ft": ["never", "size"],
+        "other": ["glob"],
+    }
     assert checks.applicable_all(lineage) == {n: checks.applicable(n, lineage) for n in lineage.nodes}
     heads = {n: lineage.nodes[n].head for n in lineage.nodes}
     with pytest.MonkeyPatch.context() as mp:  # the versions' names in one query, not one by one

@@ -30,10 +30,39 @@ def _leaves(group: click.Group, prefix: tuple[str, ...] = ()) -> list[str]:
 
 COMMANDS = _leaves(cli)
 # Each prints its result as data with --json (see the tests of the JSON twins below).
-DATA_COMMANDS = {"init", "add", "checkout", "ls", "log", "show", "du", "fsck", "gc", "rm", "diff", "graph",
-                 "lineage tree", "lineage suggest", "test add", "test ls", "test run", "test show", "bisect",
-                 "cascade", "remote add", "remote ls", "remote rm", "remote show", "push", "fetch", "pull",
-                 "clone", "merge", "import-hf", "export-hf"}  # fmt: skip
+DATA_COMMANDS = {
+    "init",
+    "add",
+    "checkout",
+    "ls",
+    "log",
+    "show",
+    "du",
+    "fsck",
+    "gc",
+    "rm",
+    "diff",
+    "graph",
+    "lineage tree",
+    "lineage suggest",
+    "test add",
+    "test ls",
+    "test run",
+    "test show",
+    "bisect",
+    "cascade",
+    "remote add",
+    "remote ls",
+    "remote rm",
+    "remote show",
+    "push",
+    "fetch",
+    "pull",
+    "clone",
+    "merge",
+    "import-hf",
+    "export-hf",
+}
 NO_DATA = {"test rm", "serve"}  # one confirmation line; a server (its data is its /api, tests/test_serve.py)
 
 
@@ -58,8 +87,14 @@ def test_no_example_in_help_runs_two_lines_together(command: str) -> None:
     assert [line for line in out.splitlines() if line.lstrip().startswith("mgit ") and "     --" in line] == []
 
 
-@pytest.mark.parametrize("group", sorted(n for n in cli.list_commands(click.Context(cli))
-                                         if isinstance(cli.get_command(click.Context(cli), n), click.Group)))
+@pytest.mark.parametrize(
+    "group",
+    sorted(
+        n
+        for n in cli.list_commands(click.Context(cli))
+        if isinstance(cli.get_command(click.Context(cli), n), click.Group)
+    ),
+)
 def test_every_group_has_help_with_an_example(group: str) -> None:
     code, out, _ = run_cli(group, "--help")
     assert code == 0 and "Example" in out and f"mgit {group}" in out
@@ -120,10 +155,22 @@ def scored(work: Path) -> Path:
     test `acc` (acc >= 0.5) attached to base and inherited by ft. Nothing run yet."""
     copy_user_code(work, "scored")
     mgit_json(work, "add", str(scored_model(work / "base-v1", 1, 0.9)), "--name", "base")
-    mgit_json(work, "add", str(scored_model(work / "ft-v1", 2, 0.85)), "--name", "ft", "--parent", "base",
-             "--recipe", "recipes.py:tune", "--param", "acc=0.85")  # fmt: skip
-    code, _, err = run_cli("test", "add", "base", "--fn", "evals.py:accuracy", "--name", "acc", "--min", "acc=0.5",
-                           "--inherit", cwd=work)  # fmt: skip
+    mgit_json(
+        work,
+        "add",
+        str(scored_model(work / "ft-v1", 2, 0.85)),
+        "--name",
+        "ft",
+        "--parent",
+        "base",
+        "--recipe",
+        "recipes.py:tune",
+        "--param",
+        "acc=0.85",
+    )
+    code, _, err = run_cli(
+        "test", "add", "base", "--fn", "evals.py:accuracy", "--name", "acc", "--min", "acc=0.5", "--inherit", cwd=work
+    )
     assert code == 0, err
     return work
 
@@ -148,12 +195,19 @@ def test_checkout_json(work: Path) -> None:
 
 
 def test_test_commands_json(scored: Path) -> None:
-    attached = mgit_json(scored, "test", "add", "ft", "--fn", "evals.py:accuracy", "--name", "strict",
-                         "--metric", "acc", "--min", "0.99")  # fmt: skip
+    attached = mgit_json(
+        scored, "test", "add", "ft", "--fn", "evals.py:accuracy", "--name", "strict", "--metric", "acc", "--min", "0.99"
+    )
     source = attached.pop("source")  # the source file, stored as an object when attached
-    assert attached == {"name": "strict", "fn": "evals.py:accuracy", "target": "ft", "inherit": False,
-                        "conditions": [{"metric": "acc", "bound": "min", "value": 0.99}], "timeout": None,
-                        "resources": {}}  # fmt: skip
+    assert attached == {
+        "name": "strict",
+        "fn": "evals.py:accuracy",
+        "target": "ft",
+        "inherit": False,
+        "conditions": [{"metric": "acc", "bound": "min", "value": 0.99}],
+        "timeout": None,
+        "resources": {},
+    }
     assert Repo(scored).store.get(source)[1].tobytes() == (scored / "evals.py").read_bytes()
     listed = mgit_json(scored, "test", "ls")
     assert [t["name"] for t in listed] == ["acc", "strict"] and listed[1] == {**attached, "source": source}
@@ -163,15 +217,20 @@ def test_test_commands_json(scored: Path) -> None:
     assert code == 1, err  # strict fails on ft
     run = json.loads(out)
     got = {(o["model"], o["test"]): (o["status"], o["metrics"], o["reused"]) for o in run["outcomes"]}
-    assert got == {("base", "acc"): ("pass", {"acc": 0.9}, False), ("ft", "acc"): ("pass", {"acc": 0.85}, False),
-                   ("ft", "strict"): ("fail", {"acc": 0.85}, False)}  # fmt: skip
+    assert got == {
+        ("base", "acc"): ("pass", {"acc": 0.9}, False),
+        ("ft", "acc"): ("pass", {"acc": 0.85}, False),
+        ("ft", "strict"): ("fail", {"acc": 0.85}, False),
+    }
     assert (run["passed"], run["failed"], run["skipped"]) == (2, 1, [])
     ft_strict = next(o for o in run["outcomes"] if o["test"] == "strict")
     assert ft_strict["reasons"] == ["acc 0.85 < 0.99"] and ft_strict["parent"] == "base@1"
 
     shown = mgit_json(scored, "test", "show", "ft")
-    assert [(o["test"], o["status"], o["metrics"]) for o in shown] == [("acc", "pass", {"acc": 0.85}),
-                                                                        ("strict", "fail", {"acc": 0.85})]  # fmt: skip
+    assert [(o["test"], o["status"], o["metrics"]) for o in shown] == [
+        ("acc", "pass", {"acc": 0.85}),
+        ("strict", "fail", {"acc": 0.85}),
+    ]
     assert shown[0]["parent_status"] == "pass" and shown[0]["parent_metrics"] == {"acc": 0.9}
 
 
@@ -182,7 +241,12 @@ def test_bisect_json(scored: Path) -> None:
 
     found = mgit_json(scored, "bisect", "acc", "base")
 
-    assert (found["start"], found["culprit"], found["parent"], found["edge"]) == ("base@2", "base@2", "base@1", "history")
+    assert (found["start"], found["culprit"], found["parent"], found["edge"]) == (
+        "base@2",
+        "base@2",
+        "base@1",
+        "history",
+    )
     assert found["reasons"] == ["acc 0.2 < 0.5"]
     assert [(s["ref"], s["status"]) for s in found["steps"]] == [("base@2", "fail"), ("base@1", "pass")]
     assert found["tests_run"] == 1  # base@2's result was recorded by the run above
@@ -207,7 +271,12 @@ def test_cascade_json(scored: Path) -> None:
     report = mgit_json(scored, "cascade", "base")
 
     [result] = report["results"]
-    assert (result["model"], result["status"], result["old_ref"], result["new_ref"]) == ("ft", "updated", "ft@1", "ft@2")
+    assert (result["model"], result["status"], result["old_ref"], result["new_ref"]) == (
+        "ft",
+        "updated",
+        "ft@1",
+        "ft@2",
+    )
     assert result["rebuilt_on"] == ["base@2"] and report["dry_run"] is False
     assert [(t["test"], t["status"], t["metrics"]) for t in result["tests_after"]] == [("acc", "pass", {"acc": 0.85})]
     ft = mgit_json(scored, "show", "ft")["version"]
@@ -267,7 +336,10 @@ def test_unchanged_add_says_so(work: Path) -> None:
         (["test", "rm", "nope"], "Error: no test named 'nope'. See: mgit test ls"),
         (["test", "show", "nope"], "Error: no model named 'nope'. See: mgit ls"),
         (["test", "show", "bsae"], "Error: no model named 'bsae'. Did you mean 'base'? See: mgit ls"),
-        (["test", "show", "base@2"], "Error: model 'base' has 1 version; no version named 'base@2'. See: mgit log base"),
+        (
+            ["test", "show", "base@2"],
+            "Error: model 'base' has 1 version; no version named 'base@2'. See: mgit log base",
+        ),
     ],
 )
 def test_errors_are_one_line_with_exit_code_1(work: Path, args: list[str], message: str) -> None:
@@ -283,9 +355,14 @@ def test_errors_are_one_line_with_exit_code_1(work: Path, args: list[str], messa
 
 @pytest.mark.parametrize(
     "args",
-    [["add"], ["add", "base", "--name", "x", "--relation", "cousin"], ["frobnicate"], ["log", "-n", "-1"],
-     ["add", "base", "--name", "x", "--tag", "novalue"]],
-)  # fmt: skip
+    [
+        ["add"],
+        ["add", "base", "--name", "x", "--relation", "cousin"],
+        ["frobnicate"],
+        ["log", "-n", "-1"],
+        ["add", "base", "--name", "x", "--tag", "novalue"],
+    ],
+)
 def test_usage_errors_exit_2(work: Path, args: list[str]) -> None:
     code, _, err = run_cli(*args, cwd=work)
     assert code == 2, err

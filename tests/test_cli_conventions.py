@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from conftest import make_model, run_cli, run_mgit, sha256_tree
 
-EVALS = '''
+EVALS = """
 import json, pathlib
 
 
 def width(folder):
     return {"files": len(list(pathlib.Path(folder).iterdir()))}
-'''
+"""
 
 
 @pytest.fixture
@@ -37,8 +37,20 @@ def test_dash_c_finds_every_relative_path_from_dir(work: Path) -> None:
     elsewhere = work.parent / "elsewhere"
     added = run_mgit("-C", str(work), "add", "models/base", "--name", "base", "--json", cwd=elsewhere)
     assert added.returncode == 0, added.stderr
-    test = run_mgit("-C", str(work), "test", "add", "base", "--fn", "evals.py:width", "--name", "w",
-                    "--min", "files=1", cwd=elsewhere)  # fmt: skip
+    test = run_mgit(
+        "-C",
+        str(work),
+        "test",
+        "add",
+        "base",
+        "--fn",
+        "evals.py:width",
+        "--name",
+        "w",
+        "--min",
+        "files=1",
+        cwd=elsewhere,
+    )
     assert test.returncode == 0, test.stderr
     ran = run_mgit("-C", str(work), "test", "run", "base", "--json", cwd=elsewhere)
     assert ran.returncode == 0, ran.stderr
@@ -61,13 +73,15 @@ def test_dash_c_to_a_missing_folder_is_a_usage_error(tmp_path: Path) -> None:
     assert f"cannot change to '{tmp_path / 'nope'}': No such file or directory" in done.stderr
 
 
-@pytest.mark.parametrize(("args", "code", "kind", "error"), [
-    (["show", "nope", "--json"], 1, "UnknownRefError", "no model named 'nope'"),
-    (["ls", "--json", "--bogus"], 2, "NoSuchOption", "No such option '--bogus'."),
-    (["graph", "--format", "json", "nope"], 1, "NoMatchError", "no models yet"),
-])  # fmt: skip
-def test_a_json_error_is_a_json_object_on_stdout(work: Path, args: list[str], code: int, kind: str,
-                                                 error: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "code", "kind", "error"),
+    [
+        (["show", "nope", "--json"], 1, "UnknownRefError", "no model named 'nope'"),
+        (["ls", "--json", "--bogus"], 2, "NoSuchOption", "No such option '--bogus'."),
+        (["graph", "--format", "json", "nope"], 1, "NoMatchError", "no models yet"),
+    ],
+)
+def test_a_json_error_is_a_json_object_on_stdout(work: Path, args: list[str], code: int, kind: str, error: str) -> None:
     done = run_mgit(*args, cwd=work)
     assert done.returncode == code
     body = json.loads(done.stdout)
@@ -86,12 +100,15 @@ def test_json_after_a_double_dash_is_an_argument_not_the_flag(work: Path) -> Non
     assert done.returncode != 0 and done.stdout == ""
 
 
-@pytest.mark.parametrize(("args", "suggestion"), [
-    (["checkot"], "Did you mean 'checkout'?"),
-    (["linage"], "Did you mean 'lineage'?"),
-    (["test", "rn"], "Did you mean 'run'?"),
-    (["remote", "sho"], "Did you mean 'show'?"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "suggestion"),
+    [
+        (["checkot"], "Did you mean 'checkout'?"),
+        (["linage"], "Did you mean 'lineage'?"),
+        (["test", "rn"], "Did you mean 'run'?"),
+        (["remote", "sho"], "Did you mean 'show'?"),
+    ],
+)
 def test_an_unknown_command_suggests_the_closest(work: Path, args: list[str], suggestion: str) -> None:
     code, _, err = run_cli(*args, cwd=work)
     assert code == 2
@@ -105,7 +122,9 @@ def test_an_unknown_command_far_from_any_suggests_nothing(work: Path) -> None:
 
 def test_add_without_a_name_takes_the_folders_or_the_files(work: Path) -> None:
     code, out, err = run_cli("add", "models/base", cwd=work)
-    assert code == 0 and out.startswith("base@1 ") and "note: no --name: the model is named 'base' after its folder" in err
+    assert (
+        code == 0 and out.startswith("base@1 ") and "note: no --name: the model is named 'base' after its folder" in err
+    )
     code, out, err = run_cli("add", ".", cwd=work / "models" / "base")  # `.` is the folder it names
     assert code == 0 and out.startswith("base@1 ") and "unchanged" in out
     code, out, _ = run_cli("add", "models/base/model.safetensors", "--json", cwd=work)
@@ -131,8 +150,11 @@ def test_show_labels_its_digest_and_prints_sha256_as_sha256sum_does(work: Path) 
     code, out, err = run_cli("show", "base", "--sha256", cwd=work)
     assert code == 0, err
     model = work / "models" / "base"
-    expected = {p.relative_to(model).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-                for p in model.rglob("*") if p.is_file()}  # fmt: skip
+    expected = {
+        p.relative_to(model).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in model.rglob("*")
+        if p.is_file()
+    }
     lines = [ln for ln in out.splitlines() if len(ln) > 66 and ln[64:66] == "  "]
     assert {ln[66:]: ln[:64] for ln in lines} == expected
     (model / "SUMS").write_text("\n".join(lines) + "\n")
@@ -153,8 +175,10 @@ def test_odd_adds_are_said_and_file_manager_litter_is_not_stored(work: Path) -> 
     assert code == 0, err
     added = json.loads(out)
     assert added["files"] == 1 and added["tensors"] == 0
-    assert any(n.startswith("skipped 2 files that are not part of a model: .DS_Store, .cache/huggingface/")
-               for n in added["notes"])  # fmt: skip
+    assert any(
+        n.startswith("skipped 2 files that are not part of a model: .DS_Store, .cache/huggingface/")
+        for n in added["notes"]
+    )
     assert any(n.startswith("the model holds no tensors: only its files are stored") for n in added["notes"])
     assert run_cli("add", "models/base", "--name", "base", cwd=work)[0] == 0
     other = work / "other"
@@ -184,10 +208,13 @@ def test_a_forced_checkout_refuses_strays_and_clean_makes_the_folder_the_version
     assert sorted(p.name for p in (work / "out").iterdir()) == ["config.json"]
 
 
-@pytest.mark.parametrize("command", [
-    ["test", "add", "base", "--fn", "evals.py:nofn", "--name", "t", "--min", "files=1"],
-    ["add", "models/base", "--name", "r", "--recipe", "evals.py:does_not_exist"],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["test", "add", "base", "--fn", "evals.py:nofn", "--name", "t", "--min", "files=1"],
+        ["add", "models/base", "--name", "r", "--recipe", "evals.py:does_not_exist"],
+    ],
+)
 def test_a_function_the_file_does_not_define_is_refused_when_registered(work: Path, command: list[str]) -> None:
     assert run_cli("add", "models/base", cwd=work)[0] == 0
     missing = command[command.index("--fn") + 1 if "--fn" in command else command.index("--recipe") + 1]
@@ -219,7 +246,8 @@ def test_log_without_a_model_is_every_version_newest_first_with_filters(work: Pa
     code, out, _ = run_cli("log", "--json", "-n", "2", cwd=work)
     assert [v["ref"] if "ref" in v else f"{v['model']}@{v['seq']}" for v in json.loads(out)] == ["a@2", "b@1"]
     assert [ln.split()[0] for ln in run_cli("log", "--oneline", "--tag", "task=x", cwd=work)[1].splitlines()] == ["b@1"]
-    assert [ln.split()[0] for ln in run_cli("log", "--oneline", "--relation", "quantize", cwd=work)[1].splitlines()] == [
-        "b@1"]  # fmt: skip
+    assert [
+        ln.split()[0] for ln in run_cli("log", "--oneline", "--relation", "quantize", cwd=work)[1].splitlines()
+    ] == ["b@1"]
     assert run_cli("log", "--oneline", "--since", "2999-01-01", cwd=work)[1] == ""
     assert [ln.split()[0] for ln in run_cli("log", "a", "--oneline", cwd=work)[1].splitlines()] == ["a@2", "a@1"]

@@ -57,8 +57,9 @@ class Setup:
         self.hold = root / "hold"
         self.hold.mkdir()
 
-    def mgit(self, cwd: Path, *args: str, ray_env: bool = False, extra: dict[str, str] | None = None,
-             check: bool = True) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    def mgit(
+        self, cwd: Path, *args: str, ray_env: bool = False, extra: dict[str, str] | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         env = {**self.env, **(extra or {})}
         if ray_env:
             env["RAY_ADDRESS"] = self.cluster.address
@@ -76,11 +77,15 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         cluster = None
         try:
             bucket = s3.new_bucket()
-            env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **aws_env(s3.endpoint),
-                   "MGIT_TEST_HOLD": str(root / "hold"), "PYTHONPATH": os.pathsep.join(sys.path),
-                   # A token in ~/.ray/auth_token (left by any earlier Ray run) turns token auth on for
-                   # the head but not for drivers: the test cluster never reads the user's.
-                   "RAY_AUTH_MODE": "disabled"}  # fmt: skip
+            env = {
+                **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+                **aws_env(s3.endpoint),
+                "MGIT_TEST_HOLD": str(root / "hold"),
+                "PYTHONPATH": os.pathsep.join(sys.path),
+                # A token in ~/.ray/auth_token (left by any earlier Ray run) turns token auth on for
+                # the head but not for drivers: the test cluster never reads the user's.
+                "RAY_AUTH_MODE": "disabled",
+            }
             cluster = RayCluster(root / "nodes", env)
             cluster.add_node("n2")
             setup = Setup(root, s3, cluster, env)
@@ -111,8 +116,21 @@ def _build_family(setup: Setup, url: str) -> None:
         for k, v in params.items():
             args += ["--param", f"{k}={json.dumps(v)}"]
         setup.mgit(origin, *args)
-    setup.mgit(origin, "test", "add", "base", "--fn", "evals.py:spread", "--name", "spread", "--metric", "mean_abs",
-               "--max", "10", "--inherit")  # fmt: skip
+    setup.mgit(
+        origin,
+        "test",
+        "add",
+        "base",
+        "--fn",
+        "evals.py:spread",
+        "--name",
+        "spread",
+        "--metric",
+        "mean_abs",
+        "--max",
+        "10",
+        "--inherit",
+    )
     setup.mgit(origin, "init", "--bare", url)
     setup.mgit(origin, "remote", "add", "origin", url)
     setup.mgit(origin, "push")
@@ -225,8 +243,14 @@ def disarm(setup: Setup, names: tuple[str, ...]) -> None:
 
 def start_cascade(setup: Setup, *extra: str) -> subprocess.Popen[str]:
     env = {**setup.env, "RAY_ADDRESS": setup.cluster.address}
-    return subprocess.Popen([*MGIT, "cascade", "base", "--json", "--executor", "ray", "--trust-remote-code", *extra], cwd=setup.root / "ray",
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [*MGIT, "cascade", "base", "--json", "--executor", "ray", "--trust-remote-code", *extra],
+        cwd=setup.root / "ray",
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def remote_heads(setup: Setup) -> dict[str, str]:
@@ -339,8 +363,11 @@ def test_a_task_lost_past_its_retries_fails_its_model_and_blocks_the_models_belo
     assert running.returncode == 1, json.dumps({m: (r["status"], r["where"], r["reason"]) for m, r in report.items()})
     lost = [m for m, r in report.items() if r["status"] == "failed-recipe"]
     assert len(lost) == 1 and "was lost after 0 retries" in report[lost[0]]["reason"]
-    below = {"ft-a": ["ft-a-int8", "ft-a2", "ft-a2-int8", "merge-ab"], "ft-b": ["ft-b-int8", "merge-ab"],
-             "ft-c": ["ft-c-int8"]}[lost[0]]  # fmt: skip
+    below = {
+        "ft-a": ["ft-a-int8", "ft-a2", "ft-a2-int8", "merge-ab"],
+        "ft-b": ["ft-b-int8", "merge-ab"],
+        "ft-c": ["ft-c-int8"],
+    }[lost[0]]
     assert all(report[m]["status"] == "blocked" for m in below)
     # Nothing of it was committed; the next run (through Ray Client this time) rebuilds
     # exactly what is left, and ends where the local executor does.

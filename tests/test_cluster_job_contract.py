@@ -41,14 +41,21 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     sync.push(driver)
     monkeypatch.setenv(node.CACHE_VARIABLE, str(tmp_path / "cache"))
     evals, recipes = (FIXTURES / "tune" / "evals.py").read_bytes(), (FIXTURES / "tune" / "recipes.py").read_bytes()
-    record = {"fn": "recipes.py:tune", "params": {"scale": 2}, "source_sha256": hashlib.sha256(recipes).hexdigest(),
-              "source": driver.store.put_blob(recipes).oid}  # fmt: skip
+    record = {
+        "fn": "recipes.py:tune",
+        "params": {"scale": 2},
+        "source_sha256": hashlib.sha256(recipes).hexdigest(),
+        "source": driver.store.put_blob(recipes).oid,
+    }
     return {
-        "remote": RemoteSpec(str(tmp_path / "remote.mgit")), "marker": marker, "cache": tmp_path / "cache",
+        "remote": RemoteSpec(str(tmp_path / "remote.mgit")),
+        "marker": marker,
+        "cache": tmp_path / "cache",
         "test": CheckJob(vid, "size", "evals.py:size", 60.0, evals, root=str(driver.root)),
-        "recipe": RecipeJob("tuned", tuned, [vid], "finetune", record, "by a node", {"team": "a"}, 60.0, recipes,
-                            root=str(driver.root)),
-    }  # fmt: skip
+        "recipe": RecipeJob(
+            "tuned", tuned, [vid], "finetune", record, "by a node", {"team": "a"}, 60.0, recipes, root=str(driver.root)
+        ),
+    }
 
 
 def test_well_formed_jobs_run_on_the_node(cluster: dict[str, Any]) -> None:
@@ -69,7 +76,7 @@ FORGED_TESTS = {
     "unknown resource 'memory'": {"resources": {"memory": 1}},
     "its work folder is not an absolute, normalized path": [{"root": "relative/work"}, {"root": "/a/../etc"}],
     "its test name is not": {"test": ""},
-}  # fmt: skip
+}
 FORGED_RECIPES = {
     "model '../../x' is not a model name": {"model": "../../x"},
     "head is not an object id": {"head": "main"},
@@ -82,7 +89,7 @@ FORGED_RECIPES = {
     "its tags are not short text": {"tags": {"k": 1}},
     "its message is not a short text": {"message": "x" * (1 << 20)},
     "timeout is not a number": {"timeout": float("nan")},
-}  # fmt: skip
+}
 
 
 def cases(table: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -105,14 +112,16 @@ def refused(cluster: dict[str, Any], task: Any, job: Any, why: str, kind: str) -
 
 
 @pytest.mark.parametrize(("why", "changes"), cases(FORGED_TESTS))
-def test_a_forged_test_job_is_refused_before_anything_runs(why: str, changes: dict[str, Any],
-                                                           cluster: dict[str, Any]) -> None:  # fmt: skip
+def test_a_forged_test_job_is_refused_before_anything_runs(
+    why: str, changes: dict[str, Any], cluster: dict[str, Any]
+) -> None:
     refused(cluster, node.test_task, forged_job(cluster["test"], changes), why, "test")
 
 
 @pytest.mark.parametrize(("why", "changes"), cases(FORGED_RECIPES))
-def test_a_forged_recipe_job_is_refused_before_anything_runs(why: str, changes: dict[str, Any],
-                                                             cluster: dict[str, Any]) -> None:  # fmt: skip
+def test_a_forged_recipe_job_is_refused_before_anything_runs(
+    why: str, changes: dict[str, Any], cluster: dict[str, Any]
+) -> None:
     refused(cluster, node.recipe_task, forged_job(cluster["recipe"], changes), why, "recipe")
 
 
@@ -122,8 +131,9 @@ def test_what_is_not_a_job_or_a_remote_is_refused(cluster: dict[str, Any]) -> No
     refused(cluster, lambda _, job: node.test_task("/etc", job), cluster["test"], "the remote it names", "cluster")
 
 
-def test_a_function_named_by_an_absolute_path_is_never_read_on_the_node(cluster: dict[str, Any],
-                                                                        tmp_path: Path) -> None:  # fmt: skip
+def test_a_function_named_by_an_absolute_path_is_never_read_on_the_node(
+    cluster: dict[str, Any], tmp_path: Path
+) -> None:
     """The driver's file outside its work folder: the node runs the carried source and does
     not open that path (here: a folder, which would fail a read)."""
     elsewhere = tmp_path / "elsewhere.py"

@@ -23,8 +23,7 @@ from mgit.codecs.pco import PCO_DTYPES
 from mgit.formats.safetensors import DTYPES
 from mgit.store.codec_policy import default_chain
 
-SPECIAL_F32 = np.array([np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-45, -1e-45, 1.17e-38, 3.4e38],
-                       dtype=np.float32)  # fmt: skip
+SPECIAL_F32 = np.array([np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-45, -1e-45, 1.17e-38, 3.4e38], dtype=np.float32)
 # A NaN with a payload: the exact bits must survive, not just "some NaN".
 NAN_PAYLOAD = np.array([0x7FC12345, 0xFFA00001], dtype=np.uint32).view(np.float32)
 
@@ -91,7 +90,9 @@ def test_pco_keeps_nan_payloads_and_signed_zeros(dtype: str) -> None:
 def test_pco_codes_a_narrow_distribution_in_few_bits() -> None:
     deltas = np.random.default_rng(0).laplace(0, 300, 100_000).astype("<i4")  # a fine-tune's ~11-bit deltas
     encoded = encode_chain([PcoCodec(dtype="<i4")], deltas.view(np.uint8), CodecContext(deltas.nbytes))
-    planes = encode_chain([ByteplanesCodec(itemsize=4), ZstdCodec(level=1)], deltas.view(np.uint8), CodecContext(deltas.nbytes))
+    planes = encode_chain(
+        [ByteplanesCodec(itemsize=4), ZstdCodec(level=1)], deltas.view(np.uint8), CodecContext(deltas.nbytes)
+    )
     assert len(encoded) < 0.95 * len(planes)
 
 

@@ -41,9 +41,16 @@ def run_together(root: Path, commands: list[list[str]]) -> list[subprocess.Compl
     procs = []
     try:
         for args in commands:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-c", LAUNCHER, str(ready_w), str(go_r), *args], cwd=root,
-                pass_fds=(ready_w, go_r), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", LAUNCHER, str(ready_w), str(go_r), *args],
+                    cwd=root,
+                    pass_fds=(ready_w, go_r),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
         os.close(ready_w)
         ready = b""
         while len(ready) < len(commands):
@@ -83,8 +90,11 @@ def check_out_all(root: Path, out: Path, expected: dict[str, dict[str, str]]) ->
 
 def refs_on_disk(root: Path) -> dict[str, str]:
     base = root / ".mgit" / "refs" / "models"
-    return {p.relative_to(base).as_posix(): p.read_text().strip() for p in base.rglob("*")
-            if p.is_file() and not p.name.startswith(".tmp-")}  # fmt: skip
+    return {
+        p.relative_to(base).as_posix(): p.read_text().strip()
+        for p in base.rglob("*")
+        if p.is_file() and not p.name.startswith(".tmp-")
+    }
 
 
 @pytest.fixture
@@ -125,8 +135,10 @@ def test_rounds_of_same_model_races_keep_one_chain(root: Path, tmp_path: Path) -
     rounds: list[set[str]] = []
     for r in range(5):
         sources = [make_model(tmp_path / f"r{r}s{i}", seed=10 * r + i) for i in range(3)]
-        results = [settle(root, res) for res in run_together(
-            root, [["add", str(s), "--name", "m", "-m", s.name, "--json"] for s in sources])]  # fmt: skip
+        results = [
+            settle(root, res)
+            for res in run_together(root, [["add", str(s), "--name", "m", "-m", s.name, "--json"] for s in sources])
+        ]
         assert all(res["created"] for res in results)
         rounds.append({res["version"] for res in results})
         expected.update((res["version"], sha256_tree(s)) for res, s in zip(results, sources, strict=True))
@@ -179,8 +191,9 @@ def test_gc_during_adds_never_deletes_their_objects(root: Path, tmp_path: Path) 
 def test_threads_adding_to_one_repository(root: Path, tmp_path: Path, sharing: str) -> None:
     shared_repo = Repo(root)
     threads, per_thread = 4, 3
-    sources = {(t, k): make_model(tmp_path / f"t{t}k{k}", seed=100 * t + k) for t in range(threads)
-               for k in range(per_thread)}  # fmt: skip
+    sources = {
+        (t, k): make_model(tmp_path / f"t{t}k{k}", seed=100 * t + k) for t in range(threads) for k in range(per_thread)
+    }
     barrier = threading.Barrier(threads)
     results: dict[tuple[int, int], AddResult] = {}
     errors: list[BaseException] = []
@@ -222,8 +235,9 @@ def test_threads_adding_to_one_repository(root: Path, tmp_path: Path, sharing: s
     shared_repo.catalog.close()
 
 
-def test_version_numbers_when_the_previous_writer_indexes_late(root: Path, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_version_numbers_when_the_previous_writer_indexes_late(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Writer A moves the ref and is descheduled before it updates the catalog; writer B adds
     the next version meanwhile. Both versions must get their true numbers (before commit
     74206f5 writer B numbered its version 1: it read its predecessor's row, not yet written)."""
@@ -255,8 +269,9 @@ def test_version_numbers_when_the_previous_writer_indexes_late(root: Path, tmp_p
     assert result_b.seq == 3
 
 
-def test_a_stale_catalog_sync_does_not_undo_a_newer_head(root: Path, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_stale_catalog_sync_does_not_undo_a_newer_head(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Process C syncs the catalog (it saw a head the catalog lacked) and is descheduled between
     reading refs/ and writing the catalog; writer A adds a version meanwhile. The catalog must
     end up with A's head, as refs/ has it (a sync that read refs/ before taking the catalog's
@@ -264,8 +279,9 @@ def test_a_stale_catalog_sync_does_not_undo_a_newer_head(root: Path, tmp_path: P
     writer_a, syncer = Repo(root), Repo(root)
     writer_a.add(make_model(tmp_path / "m1", seed=1), name="m")
     # A head the catalog does not know yet: an add killed right after its ref moved.
-    killed = run_mgit("add", str(make_model(tmp_path / "x", seed=2)), "--name", "x", cwd=root,
-                      env={"MGIT_CRASH_AT": "after-ref"})  # fmt: skip
+    killed = run_mgit(
+        "add", str(make_model(tmp_path / "x", seed=2)), "--name", "x", cwd=root, env={"MGIT_CRASH_AT": "after-ref"}
+    )
     assert killed.returncode == -9, killed.stderr
     writing, resume = threading.Event(), threading.Event()
     set_heads = syncer.catalog.set_heads

@@ -29,6 +29,7 @@ KILLED = -signal.SIGKILL
 # Only the commands that are killed run in subprocesses (and one `mgit fsck` per test, for its
 # exit code); the checks after them run the same CLI in-process, which starts much faster.
 
+
 def heads(root: Path) -> dict[str, str]:
     return {m["name"]: m["head"] for m in mgit_json(root, "ls")}
 
@@ -296,8 +297,9 @@ def final_files(folder: Path) -> dict[str, str]:
 CHECKOUT_KILLS = [1, 2, 9, 2 + 2 * TENSORS]
 
 
-def test_checkout_killed_while_writing_a_file_leaves_no_partial_file(tmp_path: Path,
-                                                                      big_base: list[np.ndarray]) -> None:  # fmt: skip
+def test_checkout_killed_while_writing_a_file_leaves_no_partial_file(
+    tmp_path: Path, big_base: list[np.ndarray]
+) -> None:
     root = tmp_path / "work"
     root.mkdir()
     mgit_json(root, "init", ".")

@@ -65,11 +65,16 @@ def remote(tmp_path_factory: pytest.TempPathFactory) -> Path:
     hasher.update(content)
     child = hasher.hexdigest()
     chain = [XorDeltaCodec(base=base), ZstdCodec(level=1)]
-    plant(remote, child, ObjectHeader("tensor", meta, 64, chain_to_list(chain), depth=1),
-          zstandard.ZstdCompressor(write_content_size=True).compress(content))  # (XOR with zeros: itself)
+    plant(
+        remote,
+        child,
+        ObjectHeader("tensor", meta, 64, chain_to_list(chain), depth=1),
+        zstandard.ZstdCompressor(write_content_size=True).compress(content),
+    )  # (XOR with zeros: itself)
     weights = file_entry(remote, "model.safetensors")
-    tensors = tuple(t if t.name != "position_ids" else type(t)(t.name, t.dtype, t.shape, child)
-                    for t in weights.tensors)  # fmt: skip
+    tensors = tuple(
+        t if t.name != "position_ids" else type(t)(t.name, t.dtype, t.shape, child) for t in weights.tensors
+    )
     version_with(remote, "base-bomb", {"model.safetensors": {"tensors": tensors}})
     return remote
 

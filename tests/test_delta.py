@@ -26,7 +26,11 @@ def data_and_base(draw: st.DrawFn) -> tuple[str, bytes, bytes]:
     dtype = draw(st.sampled_from(sorted(DTYPES)))
     size = DTYPES[dtype][0]
     n, m = draw(st.integers(0, 40)), draw(st.integers(0, 40))  # base may be shorter or longer
-    return dtype, draw(st.binary(min_size=n * size, max_size=n * size)), draw(st.binary(min_size=m * size, max_size=m * size))
+    return (
+        dtype,
+        draw(st.binary(min_size=n * size, max_size=n * size)),
+        draw(st.binary(min_size=m * size, max_size=m * size)),
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -80,7 +84,9 @@ def test_store_picks_a_delta_when_it_is_smaller(n: int) -> None:
 def test_unrelated_base_loses_to_standalone() -> None:
     store = MemoryStore()
     zeros = np.zeros(8192, np.float32)
-    b = store.put_tensor("F32", (8192,), np.random.default_rng(0).standard_normal(8192).astype(np.float32).view(np.uint8))
+    b = store.put_tensor(
+        "F32", (8192,), np.random.default_rng(0).standard_normal(8192).astype(np.float32).view(np.uint8)
+    )
     res = store.put_tensor("F32", (8192,), zeros.view(np.uint8), bases=[b.oid])
     assert store.header(res.oid).bases == [] and store.header(res.oid).depth == 0
 
@@ -120,8 +126,9 @@ def test_a_derived_leaf_may_go_one_link_past_the_bound() -> None:
         assert res.stored_size < child.nbytes / 10
         assert store.get(res.oid)[1].tobytes() == child.tobytes()
         # Nothing is encoded against a leaf: a change of it is stored on its own.
-        nxt = store.put_tensor(dtype, child.shape, (child + 1).astype(child.dtype).view(np.uint8),
-                               bases=[res.oid], max_depth=2)  # fmt: skip
+        nxt = store.put_tensor(
+            dtype, child.shape, (child + 1).astype(child.dtype).view(np.uint8), bases=[res.oid], max_depth=2
+        )
         assert store.header(nxt.oid).bases == []
     ft = finetuned(w, 9, scale=1e-5)
     res = store.put_tensor("F32", ft.shape, ft.view(np.uint8), bases=[oid], max_depth=2)
@@ -134,8 +141,10 @@ def write_state(path: Path, state: dict[str, np.ndarray]) -> Path:
 
 def family_state(seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {"embed.weight": rng.standard_normal((300, 64)).astype(np.float32),
-            "layer.0.weight": rng.standard_normal((64, 64)).astype(np.float32)}  # fmt: skip
+    return {
+        "embed.weight": rng.standard_normal((300, 64)).astype(np.float32),
+        "layer.0.weight": rng.standard_normal((64, 64)).astype(np.float32),
+    }
 
 
 def test_finetune_costs_a_fraction_of_its_parent(repo: Repo, tmp_path: Path) -> None:

@@ -29,8 +29,16 @@ def oid_of(kind: str, meta: dict, content: bytes) -> str:
     return hasher.hexdigest()
 
 
-def plant_dag(remote: Path, top: str, top_content: bytes, depth: int, *, kind: str = "tensor",
-              meta: dict | None = None, top_depth: int | None = None) -> list[str]:  # fmt: skip
+def plant_dag(
+    remote: Path,
+    top: str,
+    top_content: bytes,
+    depth: int,
+    *,
+    kind: str = "tensor",
+    meta: dict | None = None,
+    top_depth: int | None = None,
+) -> list[str]:
     """Levels 0 .. depth-1 of two objects each (level 0 standalone, level i coded against both
     of level i-1), and `top` (whose content is `top_content`) coded against both of the last.
     Returns every id planted."""
@@ -40,8 +48,11 @@ def plant_dag(remote: Path, top: str, top_content: bytes, depth: int, *, kind: s
     level: list[str] = []
     planted = []
     for i in range(depth + 1):
-        pair = [(top, top_content)] if i == depth else [(oid_of(kind, meta, c), c) for c in
-                                                         (rng.bytes(len(top_content)) for _ in range(2))]  # fmt: skip
+        pair = (
+            [(top, top_content)]
+            if i == depth
+            else [(oid_of(kind, meta, c), c) for c in (rng.bytes(len(top_content)) for _ in range(2))]
+        )
         for oid, content in pair:
             chain = [*(XorDeltaCodec(base=b) for b in level), ZstdCodec(level=1)]
             payload = encode_chain(chain, content, CodecContext(len(content), load_object=contents.__getitem__))
@@ -85,8 +96,9 @@ def decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 @pytest.mark.parametrize("depth", [16, 40])
-def test_clone_and_checkout_decode_each_base_once(setup: tuple[Path, Path, str, bytes], decodes: list[int],
-                                                  tmp_path: Path, depth: int) -> None:  # fmt: skip
+def test_clone_and_checkout_decode_each_base_once(
+    setup: tuple[Path, Path, str, bytes], decodes: list[int], tmp_path: Path, depth: int
+) -> None:
     remote, model, top, content = setup
     plant_dag(remote, top, content, depth)
     objects = 2 * depth + 1  # the top and both objects of each level below it (the first standalone)
@@ -108,9 +120,9 @@ def test_clone_and_checkout_decode_each_base_once(setup: tuple[Path, Path, str, 
     assert decodes[0] <= coded
 
 
-def test_a_read_decoding_more_objects_than_the_bound_is_refused(setup: tuple[Path, Path, str, bytes],
-                                                                decodes: list[int], tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_read_decoding_more_objects_than_the_bound_is_refused(
+    setup: tuple[Path, Path, str, bytes], decodes: list[int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     remote, _, top, content = setup
     plant_dag(remote, top, content, 12)
     sync.clone(str(remote), tmp_path / "full")
@@ -119,13 +131,16 @@ def test_a_read_decoding_more_objects_than_the_bound_is_refused(setup: tuple[Pat
 
     monkeypatch.setattr(mgit.store.decoding, "MAX_READ_DECODES", 20)  # 25 objects under the top
     repo = Repo(tmp_path / "full")
-    with pytest.raises(CorruptObjectError, match=f"object {top[:16]} is corrupt: reading it decodes more than 20 objects"):
+    with pytest.raises(
+        CorruptObjectError, match=f"object {top[:16]} is corrupt: reading it decodes more than 20 objects"
+    ):
         repo.open("m")["position_ids"]
     assert decodes[0] < 40
 
 
-def test_a_depth_that_is_not_one_more_than_the_deepest_base_is_refused(setup: tuple[Path, Path, str, bytes],
-                                                                       tmp_path: Path) -> None:  # fmt: skip
+def test_a_depth_that_is_not_one_more_than_the_deepest_base_is_refused(
+    setup: tuple[Path, Path, str, bytes], tmp_path: Path
+) -> None:
     remote, _, top, content = setup
     plant_dag(remote, top, content, 6, top_depth=1)  # its bases have depth 5
     with pytest.raises(CorruptObjectError, match="it declares delta depth 1, its deepest base has 5"):
@@ -150,7 +165,9 @@ def test_blobs_coded_against_bases_are_refused(setup: tuple[Path, Path, str, byt
     entry = next(f for f in repo.manifest("m").files if f.path == "config.json")
     data = (Path(setup[1]) / "config.json").read_bytes()
     plant_dag(remote, entry.object, data, 3, kind="blob", meta={})
-    with pytest.raises(CorruptObjectError, match=f"object {entry.object[:16]} from .* is corrupt \\(a blob names delta bases") as refused:
+    with pytest.raises(
+        CorruptObjectError, match=f"object {entry.object[:16]} from .* is corrupt \\(a blob names delta bases"
+    ) as refused:
         sync.clone(str(remote), tmp_path / "full")
     assert "the local repository is unchanged" in str(refused.value)
 

@@ -39,12 +39,15 @@ def test_every_derived_codec_roundtrips_any_child(rows: int, cols: int, data: st
     n = rows * cols
     base = np.frombuffer(data.draw(st.binary(min_size=4 * n, max_size=4 * n)), "<f4")
     for codec, itemsize, count in [
-        (CastCodec(base=BASE, to="BF16"), 2, n), (CastCodec(base=BASE, to="F16"), 2, n),
-        (QuantizeInt8Codec(base=BASE, rows=rows), 1, n), (AbsmaxScaleCodec(base=BASE, rows=rows), 4, rows),
+        (CastCodec(base=BASE, to="BF16"), 2, n),
+        (CastCodec(base=BASE, to="F16"), 2, n),
+        (QuantizeInt8Codec(base=BASE, rows=rows), 1, n),
+        (AbsmaxScaleCodec(base=BASE, rows=rows), 4, rows),
         (PatchCodec(base=BASE, itemsize=4), 4, data.draw(st.integers(0, n + 3))),
         (LowRankCodec(base=BASE, rows=rows, rank=data.draw(st.integers(1, min(rows, cols)))), 4, n),
-        (TransposeCodec(base=BASE, rows=rows, itemsize=4), 4, n), (TransposeCodec(base=BASE, rows=rows, itemsize=2), 2, 2 * n),
-    ]:  # fmt: skip
+        (TransposeCodec(base=BASE, rows=rows, itemsize=4), 4, n),
+        (TransposeCodec(base=BASE, rows=rows, itemsize=2), 2, 2 * n),
+    ]:
         child = np.frombuffer(data.draw(st.binary(min_size=itemsize * count, max_size=itemsize * count)), np.uint8)
         assert roundtrip(codec, child, base) == child.tobytes()
 
@@ -180,7 +183,9 @@ def test_show_and_du_count_a_merged_adapter_as_derived(tmp_path) -> None:
     merged, w = merged_lora()
     repo = Repo.init(tmp_path)
     repo.add({"q.weight": w, "norm": np.ones(192, np.float32)}, name="base")
-    repo.add({"q.weight": merged, "norm": np.ones(192, np.float32)}, name="base-lora", parent=["base"], relation="adapter")
+    repo.add(
+        {"q.weight": merged, "norm": np.ones(192, np.float32)}, name="base-lora", parent=["base"], relation="adapter"
+    )
     assert repo.show("base-lora").tensor_storage == {"deduplicated": 1, "derived": 1}
 
 
@@ -188,8 +193,11 @@ def test_show_and_du_count_a_merged_adapter_as_derived(tmp_path) -> None:
 def test_a_transposed_matrix_costs_almost_nothing(dtype: str) -> None:
     """A checkpoint converted between layouts (a linear layer stored in x out, or out x in)."""
     w = np.nan_to_num(weights(96, 80), nan=0.0, posinf=0.0)
-    base = {"F32": w, "BF16": torch.from_numpy(w).to(torch.bfloat16).view(torch.int16).numpy(),
-            "I8": np.clip(np.rint(w * 1000), -127, 127).astype(np.int8)}[dtype]  # fmt: skip
+    base = {
+        "F32": w,
+        "BF16": torch.from_numpy(w).to(torch.bfloat16).view(torch.int16).numpy(),
+        "I8": np.clip(np.rint(w * 1000), -127, 127).astype(np.int8),
+    }[dtype]
     size, codec = stored_cost(dtype, np.ascontiguousarray(base.T), base, base_dtype=dtype)
     assert codec.startswith("transpose") and size < base.nbytes / 20
 

@@ -61,10 +61,17 @@ def test_every_kind_of_difference_is_classified(derived_pair) -> None:
     result = diff_paths(base_dir, ft_dir)
     status = {t.name: t.status for t in result.tensors}
     assert status == {
-        "embed.weight": "shape", "layer.0.weight": "changed", "layer.0.bias": "identical",
-        "layer.1.weight": "changed", "layer.1.bias": "identical", "layer.2.weight": "identical",
-        "layer.2.bias": "only_a", "position_ids": "changed", "head.weight": "dtype", "layer.3.weight": "only_b",
-    }  # fmt: skip
+        "embed.weight": "shape",
+        "layer.0.weight": "changed",
+        "layer.0.bias": "identical",
+        "layer.1.weight": "changed",
+        "layer.1.bias": "identical",
+        "layer.2.weight": "identical",
+        "layer.2.bias": "only_a",
+        "position_ids": "changed",
+        "head.weight": "dtype",
+        "layer.3.weight": "only_b",
+    }
     assert result.summary.counts == {"changed": 3, "dtype": 1, "shape": 1, "only_a": 1, "only_b": 1, "identical": 3}
     assert by_name(result)["embed.weight"].shape_b == [36, 16] and by_name(result)["embed.weight"].stats is None
     assert result.layers == {"layer": [3, 4]}
@@ -110,7 +117,8 @@ def test_groups_summarise_their_tensors(tmp_path: Path) -> None:
     assert result.summary.rel_change == pytest.approx(np.sqrt(total_d2 / total_a2), rel=1e-9)
     assert result.summary.compared_values == sum(base[n].size for n in everything)
     assert g0.changed_values == 2 * 120 and result.summary.changed_values == sum(
-        int(np.count_nonzero(ft[n].astype(np.float64) != base[n])) for n in everything)
+        int(np.count_nonzero(ft[n].astype(np.float64) != base[n])) for n in everything
+    )
     assert g0.max_abs == pytest.approx(max(np.abs(ft[n].astype(np.float64) - base[n]).max() for n in changed))
     assert g0.changed_values == 2 * 120 and g0.max_rank == 10 and g0.params == 360
     stats = {t.name: t.stats for t in result.tensors}
@@ -163,9 +171,10 @@ def test_bfloat16_models_are_compared_by_value(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "shape", [(64, 48), (48, 64), (200, 150), (640, 512), (80, 4000)],
+    "shape",
+    [(64, 48), (48, 64), (200, 150), (640, 512), (80, 4000)],
     ids=["gram-tall", "gram-wide", "sketch-float64", "sketch-float32", "sketch-wide-float32"],
-)  # fmt: skip
+)
 def test_merged_lora_shows_its_rank(tmp_path: Path, shape: tuple[int, int]) -> None:
     w = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     merged = (w + lora(shape, 4, seed=2)).astype(np.float32)
@@ -193,14 +202,19 @@ def change_of_rank(shape: tuple[int, int], rank: int, seed: int) -> np.ndarray:
 GRAM = RANK_CAP + OVERSAMPLE  # up to this many columns, the rank comes from D's own Gram matrix
 
 
-@pytest.mark.parametrize(("cols", "rank", "found", "printed"), [
-    (GRAM, GRAM, (GRAM, False), f"full ({GRAM})"),
-    (GRAM + 1, RANK_CAP - 1, (RANK_CAP - 1, False), f"{RANK_CAP - 1} of {GRAM + 1}"),
-    (GRAM + 1, RANK_CAP, (RANK_CAP, True), f">= {RANK_CAP} of {GRAM + 1}"),
-    (GRAM + 1, GRAM + 1, (RANK_CAP, True), f">= {RANK_CAP} of {GRAM + 1}"),
-], ids=["gram-exact-above-the-cap", "sketch-just-below-the-cap", "sketch-at-the-cap", "sketch-full-rank"])  # fmt: skip
-def test_a_rank_below_the_cap_is_exact_and_from_the_cap_on_a_lower_bound(tmp_path: Path, cols: int, rank: int,
-                                                                        found: tuple[int, bool], printed: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("cols", "rank", "found", "printed"),
+    [
+        (GRAM, GRAM, (GRAM, False), f"full ({GRAM})"),
+        (GRAM + 1, RANK_CAP - 1, (RANK_CAP - 1, False), f"{RANK_CAP - 1} of {GRAM + 1}"),
+        (GRAM + 1, RANK_CAP, (RANK_CAP, True), f">= {RANK_CAP} of {GRAM + 1}"),
+        (GRAM + 1, GRAM + 1, (RANK_CAP, True), f">= {RANK_CAP} of {GRAM + 1}"),
+    ],
+    ids=["gram-exact-above-the-cap", "sketch-just-below-the-cap", "sketch-at-the-cap", "sketch-full-rank"],
+)
+def test_a_rank_below_the_cap_is_exact_and_from_the_cap_on_a_lower_bound(
+    tmp_path: Path, cols: int, rank: int, found: tuple[int, bool], printed: str
+) -> None:
     w = np.random.default_rng(0).standard_normal((100, cols))
     a = make_model(tmp_path / "a", state={"w": w})
     b = make_model(tmp_path / "b", state={"w": w + change_of_rank((100, cols), rank, seed=1)})
@@ -221,8 +235,9 @@ def test_a_merged_lora_shows_its_rank_on_both_sides_of_the_float32_switch(tmp_pa
     w = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     merged = (w + lora(shape, 4, seed=2)).astype(np.float32)
 
-    s = by_name(diff_paths(make_model(tmp_path / "a", state={"w": w}),
-                           make_model(tmp_path / "b", state={"w": merged})))["w"].stats  # fmt: skip
+    s = by_name(
+        diff_paths(make_model(tmp_path / "a", state={"w": w}), make_model(tmp_path / "b", state={"w": merged}))
+    )["w"].stats
 
     assert (s.rank, s.rank_capped, s.rank_of) == (4, False, min(shape))
 
@@ -233,16 +248,20 @@ def test_a_low_rank_change_with_decaying_spectrum(tmp_path: Path) -> None:
     v, _ = np.linalg.qr(rng.standard_normal((200, 12)))
     sigma = np.array([10.0 ** -(i / 4) for i in range(12)])  # 1 down to 1.8e-3
     w = rng.standard_normal((300, 200))
-    s = by_name(diff_paths(make_model(tmp_path / "a", state={"w": w}),
-                           make_model(tmp_path / "b", state={"w": w + (u * sigma) @ v.T})))["w"].stats  # fmt: skip
+    s = by_name(
+        diff_paths(
+            make_model(tmp_path / "a", state={"w": w}), make_model(tmp_path / "b", state={"w": w + (u * sigma) @ v.T})
+        )
+    )["w"].stats
     assert s.rank == 12  # float64 values: every direction above 1e-4 of the largest counts
 
 
 def test_lora_merged_into_float16_is_not_hidden_by_rounding(tmp_path: Path) -> None:
     w = np.random.default_rng(4).standard_normal((96, 80)).astype(np.float16)
     merged = (w.astype(np.float64) + lora((96, 80), 3, seed=5, scale=0.15)).astype(np.float16)
-    s = by_name(diff_paths(make_model(tmp_path / "a", state={"w": w}),
-                           make_model(tmp_path / "b", state={"w": merged})))["w"].stats  # fmt: skip
+    s = by_name(
+        diff_paths(make_model(tmp_path / "a", state={"w": w}), make_model(tmp_path / "b", state={"w": merged}))
+    )["w"].stats
     assert (s.rank, s.rank_capped) == (3, False)
     d = merged.astype(np.float64) - w
     assert np.linalg.matrix_rank(d) == 80  # rounding made it full rank; the estimate sees through it
@@ -250,8 +269,11 @@ def test_lora_merged_into_float16_is_not_hidden_by_rounding(tmp_path: Path) -> N
 
 def test_a_cast_differs_only_by_rounding(tmp_path: Path) -> None:
     w = np.random.default_rng(6).standard_normal((40, 30)).astype(np.float32)
-    result = by_name(diff_paths(make_model(tmp_path / "a", state={"w": w}),
-                                make_model(tmp_path / "b", state={"w": w.astype(np.float16)})))  # fmt: skip
+    result = by_name(
+        diff_paths(
+            make_model(tmp_path / "a", state={"w": w}), make_model(tmp_path / "b", state={"w": w.astype(np.float16)})
+        )
+    )
     s = result["w"].stats
     assert result["w"].status == "dtype"
     assert 0 < s.rel_change < 2.0**-11 and s.rank == 0
@@ -294,8 +316,13 @@ def test_a_delta_base_is_decoded_once(repo: Repo, derived_pair) -> None:
     repo.add(base_dir, name="base")
     repo.add(ft_dir, name="ft", parent="base")
     base_objects = {t.name: t.object for t in repo.manifest("base").tensors()}
-    deltas = [t.name for t in repo.manifest("ft").tensors() if t.name != "embed.weight"  # its shape changed
-              and t.object != base_objects.get(t.name) and base_objects.get(t.name) in repo.store.header(t.object).bases]
+    deltas = [
+        t.name
+        for t in repo.manifest("ft").tensors()
+        if t.name != "embed.weight"  # its shape changed
+        and t.object != base_objects.get(t.name)
+        and base_objects.get(t.name) in repo.store.header(t.object).bases
+    ]
     assert len(deltas) >= 2, deltas  # the fine-tune's changed tensors are stored against the base's
     result = repo.diff("base", "ft")
     summary = result.summary
@@ -352,16 +379,26 @@ def test_every_status_is_counted_and_named(tmp_path: Path, derived_pair) -> None
 
     code, out, err = run_cli("diff", str(base_dir), str(ft_dir), "--tensors", cwd=tmp_path)
     assert code == 0, err
-    assert ("Total: 9 tensors in A, 9 in B: 3 changed, 1 dtype changed, 1 shape changed, 1 only in A, 1 only in B, "
-            "3 identical;") in out  # fmt: skip
-    rows = {"position_ids": "changed", "layer.0.weight": "changed", "head.weight": "dtype changed",
-            "embed.weight": "shape changed", "layer.2.bias": "only in A", "layer.3.weight": "only in B"}  # fmt: skip
+    assert (
+        "Total: 9 tensors in A, 9 in B: 3 changed, 1 dtype changed, 1 shape changed, 1 only in A, 1 only in B, "
+        "3 identical;"
+    ) in out
+    rows = {
+        "position_ids": "changed",
+        "layer.0.weight": "changed",
+        "head.weight": "dtype changed",
+        "embed.weight": "shape changed",
+        "layer.2.bias": "only in A",
+        "layer.3.weight": "only in B",
+    }
     for name, word in rows.items():
         assert re.search(rf"^{re.escape(name)} +{word}  ", out, re.M), (name, word)
     code, out, err = run_cli("diff", str(base_dir), str(ft_dir), "--structural", cwd=tmp_path)
     assert code == 0, err
-    assert ("Total: 9 tensors in A, 9 in B: 1 dtype changed, 1 shape changed, 1 only in A, 1 only in B, "
-            "6 same shape and dtype\n") in out  # fmt: skip
+    assert (
+        "Total: 9 tensors in A, 9 in B: 1 dtype changed, 1 shape changed, 1 only in A, 1 only in B, "
+        "6 same shape and dtype\n"
+    ) in out
     assert re.search(r"^layer\.2 +2 +1 only in A, 1 same shape and dtype$", out, re.M)
 
 
@@ -479,8 +516,9 @@ def test_bad_input_is_one_line_with_a_hint(repo: Repo, tmp_path: Path) -> None:
     assert_error(diff("base", "nope"), "no model named 'nope'", "mgit ls")
     assert_error(diff("base", "bsae"), "Did you mean 'base'?")
     assert_error(diff("base@2", "base"), "model 'base' has 1 version", "mgit log base")
-    assert_error(diff("base", "./missing"), "./missing: no such file or folder, and no model has that name",
-                 "refs are NAME")  # fmt: skip
+    assert_error(
+        diff("base", "./missing"), "./missing: no such file or folder, and no model has that name", "refs are NAME"
+    )
     assert_error(diff("base", "notes.txt"), "notes.txt: not a model", "mgit diff compares")
     assert_error(diff("texts", "base"), "texts: holds no tensors", "Compare model folders")
     assert_error(diff("base", "pickles"), "holds no tensors", "give the file itself (pytorch_model.bin)")
@@ -525,8 +563,13 @@ def test_a_cast_is_named_rounding_and_the_total_counts_every_shared_value(tmp_pa
     base = {f"layers.{i}.w": rng.standard_normal((16, 12)).astype(np.float32) for i in range(3)}
     ft = dict(base)
     ft["layers.0.w"] = base["layers.0.w"].astype(np.float16)  # a cast: B-A is rounding only
-    code, out, err = run_cli("diff", str(make_model(tmp_path / "a", state=base)),
-                             str(make_model(tmp_path / "b", state=ft)), "--tensors", cwd=tmp_path)  # fmt: skip
+    code, out, err = run_cli(
+        "diff",
+        str(make_model(tmp_path / "a", state=base)),
+        str(make_model(tmp_path / "b", state=ft)),
+        "--tensors",
+        cwd=tmp_path,
+    )
     assert code == 0, err
     row = next(line for line in out.splitlines() if line.startswith("layers.0.w"))
     assert row.rstrip().endswith("rounding") and " 0 of " not in row

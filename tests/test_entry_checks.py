@@ -22,8 +22,9 @@ def forged(repo: Repo) -> Repo:
     repo.add(tensors(1), name="m")
     manifest = repo.manifest("m")
     [f] = manifest.files
-    lying = tuple(dataclasses.replace(t, dtype="F16", shape=(32, 32)) if t.name == "embed.weight" else t
-                  for t in f.tensors)  # fmt: skip
+    lying = tuple(
+        dataclasses.replace(t, dtype="F16", shape=(32, 32)) if t.name == "embed.weight" else t for t in f.tensors
+    )
     mid = repo.store.put_record("manifest", Manifest((dataclasses.replace(f, tensors=lying),)).to_json()).oid
     head = repo.version("m")
     version = Version("m", mid, predecessor=repo.resolve("m"), author="forger", time=head.time)

@@ -38,7 +38,9 @@ def test_executors_by_name_and_their_errors(work: Repo) -> None:
     with pytest.raises(InvalidOptionError, match="needs a remote that the cluster's nodes reach"):
         open_executor(work, "ray")
     code, out, err = run_cli("cascade", "base", "--executor", "slurm", cwd=work.root)
-    assert code == 1 and err.startswith("Error: unknown executor 'slurm'") and "Use local, ray or ray://HOST:PORT" in err
+    assert (
+        code == 1 and err.startswith("Error: unknown executor 'slurm'") and "Use local, ray or ray://HOST:PORT" in err
+    )
     code, out, err = run_cli("test", "run", "--all", "--num-gpus", "1", cwd=work.root)
     assert code == 1 and "are for a cluster executor" in err
 
@@ -52,13 +54,30 @@ def test_resources_are_checked() -> None:
 
 
 def test_resources_recorded_with_a_recipe_and_a_test_travel_with_push_and_pull(work: Repo, tmp_path: Path) -> None:
-    code, _, err = run_cli("add", str(tmp_path / "base"), "--name", "ft", "--parent", "base", "--recipe",
-                           "recipes.py:copy", "--param", "note=hi", "--num-gpus", "1", "--num-cpus", "4", cwd=work.root)  # fmt: skip
+    code, _, err = run_cli(
+        "add",
+        str(tmp_path / "base"),
+        "--name",
+        "ft",
+        "--parent",
+        "base",
+        "--recipe",
+        "recipes.py:copy",
+        "--param",
+        "note=hi",
+        "--num-gpus",
+        "1",
+        "--num-cpus",
+        "4",
+        cwd=work.root,
+    )
     assert code == 0, err
     assert work.version("ft").recipe["resources"] == {"num_cpus": 4.0, "num_gpus": 1.0}
     code, _, err = run_cli("add", str(tmp_path / "base"), "--name", "x", "--num-gpus", "1", cwd=work.root)
     assert code == 2 and "recorded with a recipe: add --recipe" in err
-    code, out, err = run_cli("test", "add", "ft", "--fn", "recipes.py:count", "--num-cpus", "2", "--json", cwd=work.root)
+    code, out, err = run_cli(
+        "test", "add", "ft", "--fn", "recipes.py:count", "--num-cpus", "2", "--json", cwd=work.root
+    )
     assert code == 0, err
     assert json.loads(out)["resources"] == {"num_cpus": 2.0}
     remote = tmp_path / "team.mgit"
@@ -71,8 +90,14 @@ def test_resources_recorded_with_a_recipe_and_a_test_travel_with_push_and_pull(w
 
 
 def test_a_cascade_keeps_the_recorded_resources(work: Repo, tmp_path: Path) -> None:
-    work.add(tmp_path / "base", name="ft", parent="base", recipe="recipes.py:copy", params={"note": "a"},
-             resources={"num_gpus": 1})  # fmt: skip
+    work.add(
+        tmp_path / "base",
+        name="ft",
+        parent="base",
+        recipe="recipes.py:copy",
+        params={"note": "a"},
+        resources={"num_gpus": 1},
+    )
     make_model(tmp_path / "base2", seed=2)
     work.add(tmp_path / "base2", name="base")
     code, out, err = run_cli("cascade", "base", "--json", cwd=work.root)
@@ -154,7 +179,8 @@ def test_the_local_executor_never_imports_ray(work: Repo, tmp_path: Path) -> Non
         "import sys\nfrom mgit.cli.main import main\n"
         "for args in (['cascade', 'base'], ['test', 'run', '--all']):\n"
         "    try:\n        main(args)\n    except SystemExit:\n        pass\n"
-        "print('RAY-IMPORTED' if 'ray' in sys.modules else 'NO-RAY')\n")  # fmt: skip
+        "print('RAY-IMPORTED' if 'ray' in sys.modules else 'NO-RAY')\n"
+    )
     run = subprocess.run([sys.executable, "run.py"], cwd=work.root, capture_output=True, text=True, timeout=300)
     assert "updated" in run.stdout and run.stdout.strip().endswith("NO-RAY"), run.stdout + run.stderr
 
@@ -185,9 +211,11 @@ def test_a_cascade_alone_stores_a_re_merge_as_weighted_sums(tmp_path: Path) -> N
         repo.add(write_model(tmp_path / name, name), name=name, parent=parent)
     merge(repo, ["ft1", "ft2"], method="linear", name="lib")
     repo.add({k: v + np.float32(0.01) for k, v in repo.load_state_dict("ft2").items()}, name="ft2")
-    probe = ("import sys\nfrom mgit import Repo\nfrom mgit.cascade import cascade\n"
-             "report = cascade(Repo(sys.argv[1]), 'ft2')\n"
-             "print([r.status for r in report.results], 'mgit.merging' in sys.modules)\n")  # fmt: skip
+    probe = (
+        "import sys\nfrom mgit import Repo\nfrom mgit.cascade import cascade\n"
+        "report = cascade(Repo(sys.argv[1]), 'ft2')\n"
+        "print([r.status for r in report.results], 'mgit.merging' in sys.modules)\n"
+    )
     run = subprocess.run([sys.executable, "-c", probe, str(repo.root)], capture_output=True, text=True, timeout=300)
     assert run.stdout.split() == ["['updated']", "True"], run.stdout + run.stderr
     assert Repo(repo.root).show("lib").tensor_storage == {"derived": len(repo.manifest("lib").tensors())}

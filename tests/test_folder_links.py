@@ -22,8 +22,11 @@ def work(tmp_path: Path) -> Path:
 
 
 def _repo_files(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in (root / ".mgit").rglob("*")
-            if p.is_file() and "locks" not in p.parts and not p.name.endswith(("-wal", "-shm"))}  # fmt: skip
+    return {
+        str(p.relative_to(root))
+        for p in (root / ".mgit").rglob("*")
+        if p.is_file() and "locks" not in p.parts and not p.name.endswith(("-wal", "-shm"))
+    }
 
 
 @pytest.mark.parametrize("target", ["/etc/passwd", "../secret.txt", "ABSOLUTE_SECRET"])
@@ -35,8 +38,10 @@ def test_a_link_out_of_the_folder_is_refused_by_every_reader(work: Path, target:
     before = _repo_files(work) if command[0] == "add" else None
     code, out, err = run_cli(*command, cwd=work)
     assert code == 1 and out == "", err
-    assert err.startswith(f"Error: m/leak: is a link to {os.path.realpath(work / 'm' / 'leak')}, outside the model "
-                          "folder") and err.count("\n") == 1  # fmt: skip
+    assert (
+        err.startswith(f"Error: m/leak: is a link to {os.path.realpath(work / 'm' / 'leak')}, outside the model folder")
+        and err.count("\n") == 1
+    )
     if before is not None:
         assert _repo_files(work) == before and "m" not in Repo(work).refs.all()
 

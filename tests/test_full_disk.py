@@ -52,8 +52,9 @@ def test_add_on_a_full_disk_commits_nothing(tiny_disk: Path, tmp_path: Path, one
     assert run_cli("add", str(small), "--name", "small", cwd=tiny_disk)[0] == 0
     before = run_cli("ls", "--json", cwd=tiny_disk)[1]
 
-    code, out, err = run_cli("add", str(big_model(tmp_path / "big", 5, one_tensor=one_tensor)), "--name", "big",
-                             cwd=tiny_disk)  # fmt: skip
+    code, out, err = run_cli(
+        "add", str(big_model(tmp_path / "big", 5, one_tensor=one_tensor)), "--name", "big", cwd=tiny_disk
+    )
 
     assert code == 1 and out == ""
     assert err.startswith("Error: no space left on the device") and "nothing was committed" in err
@@ -86,7 +87,9 @@ def test_checkout_onto_a_full_disk_leaves_no_half_file(tiny_disk: Path, tmp_path
     for path in out.rglob("*"):
         if path.is_file():
             assert not path.name.startswith(".tmp-"), f"temporary file left: {path}"
-            assert sha256_tree(out)[path.relative_to(out).as_posix()] == sha256_tree(src)[path.relative_to(out).as_posix()]
+            assert (
+                sha256_tree(out)[path.relative_to(out).as_posix()] == sha256_tree(src)[path.relative_to(out).as_posix()]
+            )
 
 
 # --- sharing on a full disk: push, fetch and clone --------------------------------------------
@@ -126,8 +129,11 @@ def no_space(result: tuple[int, str, str]) -> None:
 def remote_objects(remote: Path) -> dict[str, int]:
     """{object id: file size} of every entry under an object's final name on a folder remote
     (-1 for one that is not a regular file)."""
-    return {p.parent.name + p.name: p.lstat().st_size if stat.S_ISREG(p.lstat().st_mode) else -1
-            for p in (remote / "objects").glob("*/*") if not p.name.startswith(".")}  # fmt: skip
+    return {
+        p.parent.name + p.name: p.lstat().st_size if stat.S_ISREG(p.lstat().st_mode) else -1
+        for p in (remote / "objects").glob("*/*")
+        if not p.name.startswith(".")
+    }
 
 
 def test_a_push_onto_a_full_remote_publishes_no_short_object(small_disk: Path, tmp_path: Path) -> None:
@@ -230,8 +236,12 @@ def test_a_clone_onto_a_full_disk_says_no_space_and_keeps_nothing(small_disk: Pa
 
 
 def objects_and_refs(repo: Repo) -> dict[str, object]:
-    files = sorted(p.relative_to(repo.dir).as_posix() for sub in ("objects", "refs") for p in (repo.dir / sub).rglob("*")
-                   if p.is_file())  # fmt: skip
+    files = sorted(
+        p.relative_to(repo.dir).as_posix()
+        for sub in ("objects", "refs")
+        for p in (repo.dir / sub).rglob("*")
+        if p.is_file()
+    )
     return {"files": files, "heads": repo.refs.all()}
 
 
@@ -251,8 +261,9 @@ def test_an_export_to_a_full_hf_cache_writes_no_short_blob_and_no_ref(tiny_disk:
     assert [p.name for p in storage.iterdir() if p.name.startswith(".")] == []
 
 
-def test_any_full_disk_the_cli_meets_is_the_one_line_of_storage_full(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_any_full_disk_the_cli_meets_is_the_one_line_of_storage_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A write that meets a full disk outside the atomic writers (a folder made, a quarantine
     file) says the same line as every other: nothing was committed, free space, run again."""
     import errno

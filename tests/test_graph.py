@@ -58,8 +58,9 @@ def hand_graph(names: list[str], edges: list[tuple[str, str]], message: str = "m
         nodes.append(ModelNode(n, vid, 1, 10 * i, 1000 + i, 900, {"t": n}))
         versions[n] = [VersionNode(vid, n, 1, None, "2026-01-01T00:00:00Z", message, {}, 10 * i, 1000 + i, 900)]
     heads = {n.name: n.head for n in nodes}
-    return LineageGraph(nodes, [LineageEdge(c, heads[c], 1, p, heads[p], 1, "finetune", 1, False) for p, c in edges],
-                        versions)  # fmt: skip
+    return LineageGraph(
+        nodes, [LineageEdge(c, heads[c], 1, p, heads[p], 1, "finetune", 1, False) for p, c in edges], versions
+    )
 
 
 # --- DOT ----------------------------------------------------------------------------------
@@ -112,15 +113,20 @@ def test_json_is_the_subgraph_and_round_trips(lineage_repo: Repo) -> None:
     data = cli_graph(lineage_repo)
     expected = json.loads(json.dumps(lineage_repo.lineage.subgraph().to_json()))
     assert {k: data[k] for k in ("nodes", "edges", "versions")} == expected
-    rebuilt = LineageGraph([ModelNode(**n) for n in data["nodes"]], [LineageEdge(**e) for e in data["edges"]],
-                           {m: [VersionNode(**v) for v in vs] for m, vs in data["versions"].items()})  # fmt: skip
+    rebuilt = LineageGraph(
+        [ModelNode(**n) for n in data["nodes"]],
+        [LineageEdge(**e) for e in data["edges"]],
+        {m: [VersionNode(**v) for v in vs] for m, vs in data["versions"].items()},
+    )
     assert rebuilt == lineage_repo.lineage.subgraph()
     # storage: every version, matching what `show` says of it
     assert set(data["storage"]) == {v["id"] for vs in data["versions"].values() for v in vs}
     for ref in ("base@1", "merged", "q8"):
         shown = lineage_repo.show(ref)
-        assert data["storage"][shown.version.id] == {"stored_bytes": shown.version.stored_bytes,
-                                                     "tensors": shown.tensor_storage}  # fmt: skip
+        assert data["storage"][shown.version.id] == {
+            "stored_bytes": shown.version.stored_bytes,
+            "tensors": shown.tensor_storage,
+        }
 
 
 def test_graph_json_is_to_json_plus_storage() -> None:
@@ -153,11 +159,14 @@ def test_selection_options(lineage_repo: Repo) -> None:
     assert names(cli_graph(lineage_repo, "m*", "--around", "base")) == {"merged"}
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["nothing*"], "no model matches name nothing*"),
-    (["--tag", "task=none"], "no model matches --tag task=none"),
-    (["--around", "nope"], "no model named 'nope'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nothing*"], "no model matches name nothing*"),
+        (["--tag", "task=none"], "no model matches --tag task=none"),
+        (["--around", "nope"], "no model named 'nope'"),
+    ],
+)
 def test_selection_errors_are_one_line(lineage_repo: Repo, args: list[str], message: str) -> None:
     code, out, err = run_cli("-C", str(lineage_repo.root), "graph", *args)
     assert code == 1 and out == ""
@@ -321,7 +330,8 @@ def test_page_in_chromium(lineage_repo: Repo, tmp_path: Path, open_page: object)
     page.mouse.wheel(0, -400)
     zoomed = transform(page)
     assert zoomed != before and float(re.search(r"scale\(([\d.]+)\)", zoomed)[1]) > float(
-        re.search(r"scale\(([\d.]+)\)", before)[1])  # fmt: skip
+        re.search(r"scale\(([\d.]+)\)", before)[1]
+    )
     page.click("#zoom-out")
     assert transform(page) != zoomed
     moved = transform(page)
@@ -344,8 +354,9 @@ def test_page_in_chromium(lineage_repo: Repo, tmp_path: Path, open_page: object)
 
 def test_hostile_names_in_chromium(tmp_path: Path, open_page: object) -> None:
     names_ = [HOSTILE, "b<!--", 'c"&amp;']
-    (tmp_path / "h.html").write_text(render_html(hand_graph(names_, [(HOSTILE, "b<!--")], message=HOSTILE),
-                                                 title=HOSTILE))  # fmt: skip
+    (tmp_path / "h.html").write_text(
+        render_html(hand_graph(names_, [(HOSTILE, "b<!--")], message=HOSTILE), title=HOSTILE)
+    )
     page = open_page(tmp_path / "h.html")  # type: ignore[operator]
     drawn = page.eval_on_selector_all(".node", "els => els.map(e => e.getAttribute('data-model'))")
     assert sorted(drawn) == sorted(names_)

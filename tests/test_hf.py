@@ -55,8 +55,9 @@ def repo_dir(cache: Path, repo_id: str, kind: str = "models") -> Path:
     return cache / f"{kind}--{repo_id.replace('/', '--')}"
 
 
-def put_revision(cache: Path, repo_id: str, rev: str, files: dict[str, bytes], *, ref: bool, mtime: float,
-                 kind: str = "models") -> None:  # fmt: skip
+def put_revision(
+    cache: Path, repo_id: str, rev: str, files: dict[str, bytes], *, ref: bool, mtime: float, kind: str = "models"
+) -> None:
     """One revision as hf_hub_download leaves it: blobs, relative links, refs/main."""
     root = repo_dir(cache, repo_id, kind)
     (root / "blobs").mkdir(parents=True, exist_ok=True)
@@ -79,7 +80,7 @@ def weights(base: dict[str, np.ndarray], seed: int, names: list[str]) -> bytes:
     rng = np.random.default_rng(seed)
     state = dict(base)
     for n in names:
-        state[n] = (state[n] + rng.standard_normal(state[n].shape).astype(np.float32) * np.float32(0.01))
+        state[n] = state[n] + rng.standard_normal(state[n].shape).astype(np.float32) * np.float32(0.01)
     return save_bytes(state)
 
 
@@ -95,10 +96,15 @@ def build_cache(cache: Path) -> dict[str, dict[str, bytes]]:
     files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
     state = load_file(folder / "model.safetensors")
     rev_b = {**files, "model.safetensors": weights(state, 1, [CHANGED])}
-    card = (b"---\nbase_model: sentence-transformers/all-MiniLM-L6-v2\nbase_model_relation: finetune\n"
-            b"license: apache-2.0\n---\n\n# minilm-sst2\n\nAll-MiniLM-L6-v2 tuned on SST-2.\n")  # fmt: skip
-    rev_c = {**files, "README.md": card,
-             "model.safetensors": weights(state, 2, ["encoder.layer.5.output.dense.weight", "pooler.dense.weight"])}
+    card = (
+        b"---\nbase_model: sentence-transformers/all-MiniLM-L6-v2\nbase_model_relation: finetune\n"
+        b"license: apache-2.0\n---\n\n# minilm-sst2\n\nAll-MiniLM-L6-v2 tuned on SST-2.\n"
+    )
+    rev_c = {
+        **files,
+        "README.md": card,
+        "model.safetensors": weights(state, 2, ["encoder.layer.5.output.dense.weight", "pooler.dense.weight"]),
+    }
     put_revision(cache, BASE, A, files, ref=False, mtime=T0)
     put_revision(cache, BASE, B, rev_b, ref=True, mtime=T0 + 100)
     (repo_dir(cache, BASE) / "snapshots" / commit("empty")).mkdir()
@@ -108,8 +114,15 @@ def build_cache(cache: Path) -> dict[str, dict[str, bytes]]:
     etag = hashlib.sha256(partial).hexdigest()
     (repo_dir(cache, TUNED) / "blobs" / f"{etag}.incomplete").write_bytes(partial[: len(partial) // 3])
     (repo_dir(cache, TUNED) / "snapshots" / D / "model.safetensors").symlink_to(f"../../blobs/{etag}")
-    put_revision(cache, "acme/reviews", commit("data"), {"train.csv": b"text,label\ngood,1\nbad,0\n"}, ref=True,
-                 mtime=T0, kind="datasets")  # fmt: skip
+    put_revision(
+        cache,
+        "acme/reviews",
+        commit("data"),
+        {"train.csv": b"text,label\ngood,1\nbad,0\n"},
+        ref=True,
+        mtime=T0,
+        kind="datasets",
+    )
     (cache / ".locks" / "models--acme--minilm-sst2").mkdir(parents=True)
     (cache / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
     return {A: files, B: rev_b, C: rev_c}
@@ -135,12 +148,23 @@ def scan(cache: Path) -> dict[str, object]:
     """What huggingface_hub's scan_cache_dir reads of a cache (all but access times)."""
     info = hub.scan_cache_dir(cache)
     return {
-        "size": info.size_on_disk, "warnings": sorted(map(str, info.warnings)),
+        "size": info.size_on_disk,
+        "warnings": sorted(map(str, info.warnings)),
         "incomplete": sorted((str(f.file_path), f.size_on_disk) for f in info.incomplete_files),
-        "repos": {(r.repo_type, r.repo_id): {rev.commit_hash: (sorted(rev.refs), sorted(
-            (str(f.file_path.relative_to(rev.snapshot_path)), f.blob_path.name, f.size_on_disk) for f in rev.files))
-            for rev in r.revisions} for r in info.repos},
-    }  # fmt: skip
+        "repos": {
+            (r.repo_type, r.repo_id): {
+                rev.commit_hash: (
+                    sorted(rev.refs),
+                    sorted(
+                        (str(f.file_path.relative_to(rev.snapshot_path)), f.blob_path.name, f.size_on_disk)
+                        for f in rev.files
+                    ),
+                )
+                for rev in r.revisions
+            }
+            for r in info.repos
+        },
+    }
 
 
 @pytest.fixture(scope="module")
@@ -169,8 +193,10 @@ def test_each_cached_model_is_a_model_and_each_revision_a_version_main_last(impo
     repo, result, _ = imported
     assert [(r.model, r.seq, r.commit) for r in result.imported] == [(BASE, 1, A), (BASE, 2, B), (TUNED, 1, C)]
     base = repo.log(BASE)
-    assert [(v.seq, v.tags) for v in base] == [(2, {"hf.repo_id": BASE, "hf.commit": B}),
-                                               (1, {"hf.repo_id": BASE, "hf.commit": A})]  # fmt: skip
+    assert [(v.seq, v.tags) for v in base] == [
+        (2, {"hf.repo_id": BASE, "hf.commit": B}),
+        (1, {"hf.repo_id": BASE, "hf.commit": A}),
+    ]
     assert "refs/main" in base[0].message and B in base[0].message
     assert repo.load_state_dict(BASE)[CHANGED].tolist() != repo.load_state_dict(f"{BASE}@1")[CHANGED].tolist()
     assert sorted(m.name for m in repo.ls()) == [TUNED, BASE]
@@ -211,16 +237,20 @@ def test_sizes_of_the_cache_and_of_the_repository(imported: tuple, cache: tuple)
     assert result.repository_bytes == repo.du().stored_bytes < blobs
 
 
-def test_checkout_of_an_imported_version_is_the_snapshot_byte_for_byte(imported: tuple, cache: tuple,
-                                                                        tmp_path: Path) -> None:  # fmt: skip
+def test_checkout_of_an_imported_version_is_the_snapshot_byte_for_byte(
+    imported: tuple, cache: tuple, tmp_path: Path
+) -> None:
     repo, _, _ = imported
     root, revisions = cache
     for ref, rev, folder in ((f"{BASE}@1", A, BASE), (BASE, B, BASE), (TUNED, C, TUNED)):
         out = tmp_path / rev
         repo.checkout(ref, out)
         snapshot = repo_dir(root, folder) / "snapshots" / rev
-        assert sha256_tree(out) == sha256_tree(snapshot) == {
-            k: hashlib.sha256(v).hexdigest() for k, v in revisions[rev].items()}
+        assert (
+            sha256_tree(out)
+            == sha256_tree(snapshot)
+            == {k: hashlib.sha256(v).hexdigest() for k, v in revisions[rev].items()}
+        )
 
 
 def test_a_second_import_adds_nothing_and_a_new_revision_adds_one_version(cache: tuple, tmp_path: Path) -> None:
@@ -232,7 +262,10 @@ def test_a_second_import_adds_nothing_and_a_new_revision_adds_one_version(cache:
     assert again.imported == [] and again.already_imported == len(first.imported) == 3
     assert {m.name: m.head for m in repo.ls()} == heads
     copy = hard_link_copy(root, tmp_path / "hub")
-    newer = {**revisions[C], "config.json": revisions[C]["config.json"].replace(b'"use_cache": true', b'"use_cache": false')}
+    newer = {
+        **revisions[C],
+        "config.json": revisions[C]["config.json"].replace(b'"use_cache": true', b'"use_cache": false'),
+    }
     put_revision(copy, TUNED, E, newer, ref=True, mtime=T0 + 400)
     third = import_cache(repo, copy)
     assert [(r.model, r.seq, r.commit, r.refs) for r in third.imported] == [(TUNED, 2, E, ["main"])]
@@ -247,8 +280,9 @@ def test_a_dry_run_lists_the_same_import_and_changes_nothing(cache: tuple, impor
     planned = import_cache(repo, root, dry_run=True)
     assert repo.ls() == [] and planned.dry_run
     done = imported[1]
-    assert [(r.model, r.seq, r.commit, r.relation) for r in planned.imported] == \
-        [(r.model, r.seq, r.commit, r.relation) for r in done.imported]  # fmt: skip
+    assert [(r.model, r.seq, r.commit, r.relation) for r in planned.imported] == [
+        (r.model, r.seq, r.commit, r.relation) for r in done.imported
+    ]
     assert planned.imported[2].parents == [BASE] and planned.skipped == done.skipped
 
 
@@ -276,7 +310,9 @@ def test_auto_parent_infers_the_parent_of_a_model_whose_card_names_none(cache: t
     assert plain.info("acme/minilm-nocard").parents == []
     repo = Repo.init(tmp_path / "auto")
     result = import_cache(repo, copy, auto_parent=True)
-    assert [r.model for r in result.imported].index("acme/minilm-nocard") > [r.model for r in result.imported].index(BASE)
+    assert [r.model for r in result.imported].index("acme/minilm-nocard") > [r.model for r in result.imported].index(
+        BASE
+    )
     assert [p.ref for p in repo.info("acme/minilm-nocard").parents] == [f"{BASE}@2"]
     assert repo.info(BASE).parents == [] and [p.ref for p in repo.info(TUNED).parents] == [f"{BASE}@2"]
 
@@ -288,18 +324,27 @@ def test_cards_that_name_each_other_and_a_hub_relation(tmp_path: Path) -> None:
     cache = tmp_path / "hub"
     tiny = {"model.safetensors": save_bytes({"w": np.arange(4, dtype=np.float32)}), "config.json": b"{}"}
     put_revision(cache, "acme/a", A, {**tiny, "README.md": card("acme/b")}, ref=True, mtime=T0)
-    put_revision(cache, "acme/b", B, {**tiny, "README.md": card("ACME/A", "base_model_relation: quantized\n")},
-                 ref=True, mtime=T0)  # fmt: skip
+    put_revision(
+        cache,
+        "acme/b",
+        B,
+        {**tiny, "README.md": card("ACME/A", "base_model_relation: quantized\n")},
+        ref=True,
+        mtime=T0,
+    )
     put_revision(cache, "acme/c", C, {**tiny, "README.md": card("elsewhere/model")}, ref=True, mtime=T0)
     repo = Repo.init(tmp_path / "repo")
     result = import_cache(repo, cache)
     assert [r.model for r in result.imported] == ["acme/c", "acme/a", "acme/b"]  # c needs nothing of the cache
-    assert result.notes == ["acme/a, acme/b name or look derived from each other; acme/a is imported first, "
-                            "without those parents"]  # fmt: skip
+    assert result.notes == [
+        "acme/a, acme/b name or look derived from each other; acme/a is imported first, without those parents"
+    ]
     assert repo.info("acme/a").parents == []
     assert [(p.ref, p.relation) for p in repo.info("acme/b").parents] == [("acme/a@1", "quantize")]
-    assert repo.info("acme/c").parents == [] and "'elsewhere/model', in neither the cache nor this repository" in \
-        result.imported[0].notes[0]  # fmt: skip
+    assert (
+        repo.info("acme/c").parents == []
+        and "'elsewhere/model', in neither the cache nor this repository" in result.imported[0].notes[0]
+    )
 
 
 def test_model_names_from_hub_ids() -> None:
@@ -309,7 +354,9 @@ def test_model_names_from_hub_ids() -> None:
     assert model_name("org/a..b") == "org/a.b"
 
 
-def test_without_huggingface_hub_the_error_says_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_without_huggingface_hub_the_error_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     import sys
 
     from mgit.errors import MissingDependencyError
@@ -331,10 +378,16 @@ def test_an_exported_version_loads_in_transformers_offline(imported: tuple, cach
     assert isinstance(result, ExportResult)
     assert (result.repo_id, result.commit, result.files) == (BASE, B, len(revisions[B]))
     # the same blobs, named as the hub names them, as in the cache it was imported from
-    original = {p.relative_to(repo_dir(root, BASE) / "snapshots" / B).as_posix(): os.readlink(p)
-                for p in (repo_dir(root, BASE) / "snapshots" / B).rglob("*") if p.is_symlink()}  # fmt: skip
-    written = {p.relative_to(Path(result.snapshot)).as_posix(): os.readlink(p)
-               for p in Path(result.snapshot).rglob("*") if p.is_symlink()}  # fmt: skip
+    original = {
+        p.relative_to(repo_dir(root, BASE) / "snapshots" / B).as_posix(): os.readlink(p)
+        for p in (repo_dir(root, BASE) / "snapshots" / B).rglob("*")
+        if p.is_symlink()
+    }
+    written = {
+        p.relative_to(Path(result.snapshot)).as_posix(): os.readlink(p)
+        for p in Path(result.snapshot).rglob("*")
+        if p.is_symlink()
+    }
     assert written == original
     assert (repo_dir(out, BASE) / "refs" / "main").read_text() == B
     scanned = scan(out)
@@ -346,13 +399,17 @@ def test_an_exported_version_loads_in_transformers_offline(imported: tuple, cach
     common = [k for k in expected if k in state]
     assert len(common) >= 100 and CHANGED in common
     assert all(torch.equal(state[k], torch.from_numpy(expected[k])) for k in common)
-    assert not torch.equal(state[CHANGED], torch.from_numpy(load_file(
-        repo_dir(root, BASE) / "snapshots" / A / "model.safetensors")[CHANGED]))  # fmt: skip
+    assert not torch.equal(
+        state[CHANGED],
+        torch.from_numpy(load_file(repo_dir(root, BASE) / "snapshots" / A / "model.safetensors")[CHANGED]),
+    )
     again = export_to_cache(repo, BASE, cache_dir=out)
     assert (again.commit, again.blobs_written, again.bytes_written) == (B, 0, 0)
 
 
-def test_a_version_made_here_exports_under_its_model_name_and_a_commit_from_its_id(tmp_path: Path, cache: tuple) -> None:
+def test_a_version_made_here_exports_under_its_model_name_and_a_commit_from_its_id(
+    tmp_path: Path, cache: tuple
+) -> None:
     _, revisions = cache
     repo = Repo.init(tmp_path / "repo")
     folder = tmp_path / "mine"
@@ -375,11 +432,15 @@ def test_a_version_made_here_exports_under_its_model_name_and_a_commit_from_its_
     save_file({"x": np.zeros(3, np.float32)}, str(tmp_path / "x.safetensors"))
     on_top = imported.add(tmp_path / "x.safetensors", name=TUNED)
     assert imported.info(TUNED).tags["hf.commit"] == C
-    assert export_to_cache(imported, TUNED, cache_dir=out).commit == hashlib.sha1(f"mgit:{on_top.version}".encode()).hexdigest()
+    assert (
+        export_to_cache(imported, TUNED, cache_dir=out).commit
+        == hashlib.sha1(f"mgit:{on_top.version}".encode()).hexdigest()
+    )
 
 
-def test_an_export_into_an_existing_snapshot_refuses_a_folder_that_is_a_link(imported: tuple, cache: tuple,
-                                                                             tmp_path: Path) -> None:  # fmt: skip
+def test_an_export_into_an_existing_snapshot_refuses_a_folder_that_is_a_link(
+    imported: tuple, cache: tuple, tmp_path: Path
+) -> None:
     """Into a snapshot that exists (the one the version was imported from) an export adds the
     links it lacks; a folder of it that is a link (planted to lead elsewhere) is refused, and
     nothing is written through it."""
@@ -396,7 +457,9 @@ def test_an_export_into_an_existing_snapshot_refuses_a_folder_that_is_a_link(imp
     assert list(elsewhere.iterdir()) == []
     pooling.unlink()
     assert export_to_cache(repo, BASE, cache_dir=out).blobs_written == 0  # the missing link added, its blob there
-    assert (pooling / "config.json").read_bytes() == (repo_dir(root, BASE) / "snapshots" / B / "1_Pooling" / "config.json").read_bytes()
+    assert (pooling / "config.json").read_bytes() == (
+        repo_dir(root, BASE) / "snapshots" / B / "1_Pooling" / "config.json"
+    ).read_bytes()
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -422,12 +485,15 @@ def test_cli_import_and_export(cache: tuple, tmp_path: Path) -> None:
     assert code == 0 and f"in {tmp_path.resolve() / 'hub'}\n" in out and ".." not in out
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["export-hf", "nope"], "Error: no model named 'nope'"),
-    (["export-hf", TUNED, "--repo-id", "a--b"], "cannot be a Hugging Face repository id"),
-    (["import-hf", "/no/such/cache"], "Error: /no/such/cache: no such folder, so no Hugging Face cache"),
-    (["import-hf", "MODEL"], "not a Hugging Face cache (no models--ORG--NAME folders in it)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["export-hf", "nope"], "Error: no model named 'nope'"),
+        (["export-hf", TUNED, "--repo-id", "a--b"], "cannot be a Hugging Face repository id"),
+        (["import-hf", "/no/such/cache"], "Error: /no/such/cache: no such folder, so no Hugging Face cache"),
+        (["import-hf", "MODEL"], "not a Hugging Face cache (no models--ORG--NAME folders in it)"),
+    ],
+)
 def test_cli_errors_are_one_line_and_exit_1(args: list[str], message: str, cache: tuple, tmp_path: Path) -> None:
     Repo.init(tmp_path).add({"w": np.zeros(2, np.float32)}, name=TUNED)
     (tmp_path / "model").mkdir()
@@ -444,8 +510,9 @@ def test_cli_reads_the_cache_huggingface_hub_uses(cache: tuple, tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["cache_dir"] == str(root.resolve())
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_CACHE"} | {"HF_HOME": str(tmp_path / "nothing")}
-    done = subprocess.run([*MGIT, "import-hf", "--dry-run"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [*MGIT, "import-hf", "--dry-run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 1 and "nothing/hub: no such folder" in done.stderr
 
 
@@ -461,6 +528,7 @@ def test_a_snapshot_link_outside_the_repository_blobs_is_not_imported(cache: tup
     repo = Repo.init(tmp_path / "repo")
     result = import_cache(repo, copy)
     assert "acme/planted" not in result.models
-    assert any("acme/planted revision" in s and "notes.txt links outside the repository's blobs" in s
-               for s in result.skipped), result.skipped
+    assert any(
+        "acme/planted revision" in s and "notes.txt links outside the repository's blobs" in s for s in result.skipped
+    ), result.skipped
     assert len(result.imported) == 3  # the rest of the cache as ever

@@ -41,13 +41,16 @@ def weights(seed: int) -> bytes:
     return save({"w": np.random.default_rng(seed).standard_normal(8).astype(np.float32)}, metadata={"format": "pt"})
 
 
-def put_revision(repo_root: Path, rev: str, files: dict[str, bytes], *, blob_names: dict[str, str] | None = None) -> None:
+def put_revision(
+    repo_root: Path, rev: str, files: dict[str, bytes], *, blob_names: dict[str, str] | None = None
+) -> None:
     """One revision as hf_hub_download leaves it, in the repository folder `repo_root`."""
     (repo_root / "blobs").mkdir(parents=True, exist_ok=True)
     (repo_root / "snapshots" / rev).mkdir(parents=True, exist_ok=True)
     for rel, data in files.items():
-        name = (blob_names or {}).get(rel) or (hashlib.sha256(data).hexdigest() if rel.endswith(".safetensors")
-                                               else git_sha1(data))  # fmt: skip
+        name = (blob_names or {}).get(rel) or (
+            hashlib.sha256(data).hexdigest() if rel.endswith(".safetensors") else git_sha1(data)
+        )
         blob = repo_root / "blobs" / name
         if not blob.exists():
             blob.write_bytes(data)
@@ -160,8 +163,9 @@ def test_a_huge_ref_is_not_read(cache: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("plant", ["blob links out", "blob links into another repository", "snapshot links out"])
-def test_a_revision_whose_file_leads_out_of_its_blobs_is_skipped(plant: str, cache: Path, secret: Path,
-                                                                 tmp_path: Path) -> None:  # fmt: skip
+def test_a_revision_whose_file_leads_out_of_its_blobs_is_skipped(
+    plant: str, cache: Path, secret: Path, tmp_path: Path
+) -> None:
     """A file of a snapshot that reaches anything but a regular file of its repository's
     blobs (or of the cache's shared blob store) skips its revision; the rest is imported."""
     evil = cache / "models--acme--evil"
@@ -180,8 +184,10 @@ def test_a_revision_whose_file_leads_out_of_its_blobs_is_skipped(plant: str, cac
     repo = Repo.init(tmp_path / "repo")
     result = import_cache(repo, cache)
     assert result.models == ["acme/good"]
-    assert any(s.startswith(f"acme/evil revision {REV[:12]}: notes.txt links outside the repository's blobs")
-               for s in result.skipped), result.skipped
+    assert any(
+        s.startswith(f"acme/evil revision {REV[:12]}: notes.txt links outside the repository's blobs")
+        for s in result.skipped
+    ), result.skipped
     assert not any("PRIVATE KEY" in s for s in result.skipped)
 
 
@@ -209,8 +215,9 @@ def test_a_blob_in_the_shared_blob_store_is_imported(cache: Path, tmp_path: Path
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == data
 
 
-def test_a_link_planted_after_the_cache_was_listed_is_not_read(cache: Path, secret: Path, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_link_planted_after_the_cache_was_listed_is_not_read(
+    cache: Path, secret: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The cache changes between its listing and the read of a revision: the revision is
     checked again right before it is added."""
     import mgit.hf.importing as importing

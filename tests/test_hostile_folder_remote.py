@@ -16,8 +16,6 @@ from mgit import Repo, sync
 WAIT = 30  # seconds a CLI run may take here before it counts as hung (it takes about one)
 
 
-
-
 def files_under(folder: Path) -> list[str]:
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
 
@@ -94,8 +92,11 @@ def test_a_clone_refuses_a_linked_object_folder(alice: Repo, remote: Path, tmp_p
     shutil.move(folder, tmp_path / "kept")
     folder.symlink_to(tmp_path / "kept", target_is_directory=True)
 
-    one_line_error(run_mgit("clone", str(remote), str(tmp_path / "bob"), cwd=tmp_path, timeout=WAIT),
-             f"objects/{oid[:2]}", "is a link")  # fmt: skip
+    one_line_error(
+        run_mgit("clone", str(remote), str(tmp_path / "bob"), cwd=tmp_path, timeout=WAIT),
+        f"objects/{oid[:2]}",
+        "is a link",
+    )
 
 
 def test_a_clone_refuses_linked_refs(alice: Repo, remote: Path, tmp_path: Path) -> None:
@@ -103,8 +104,9 @@ def test_a_clone_refuses_linked_refs(alice: Repo, remote: Path, tmp_path: Path) 
     shutil.move(remote / "refs" / "models", tmp_path / "kept")
     (remote / "refs" / "models").symlink_to(tmp_path / "kept", target_is_directory=True)
 
-    one_line_error(run_mgit("clone", str(remote), str(tmp_path / "bob"), cwd=tmp_path, timeout=WAIT),
-             "refs/models", "is a link")  # fmt: skip
+    one_line_error(
+        run_mgit("clone", str(remote), str(tmp_path / "bob"), cwd=tmp_path, timeout=WAIT), "refs/models", "is a link"
+    )
 
 
 @pytest.mark.parametrize("key", ["refs/models/m", "config.json", "refs/models/other", "packs/PACK"])

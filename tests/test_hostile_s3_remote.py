@@ -23,8 +23,10 @@ from s3server import HOST, S3Bucket, s3_bucket, s3_server  # noqa: F401
 
 from mgit import Repo, sync
 
-pytestmark = pytest.mark.skipif(not (importlib.util.find_spec("boto3") and importlib.util.find_spec("moto")),
-                                reason="needs the S3 extra (boto3) and moto")  # fmt: skip
+pytestmark = pytest.mark.skipif(
+    not (importlib.util.find_spec("boto3") and importlib.util.find_spec("moto")),
+    reason="needs the S3 extra (boto3) and moto",
+)
 WAIT = 60  # seconds a CLI run may take before it counts as hung
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection"}
 MAX_TRICKLE = 10_000  # bytes a trickled body sends at most (then the proxy closes)
@@ -59,7 +61,8 @@ class HostileProxy:
                 data = answer.read()
                 up.close()
                 hostile = bool(proxy.path.search(self.path)) and (
-                    self.command == "GET" or (self.command == "HEAD" and proxy.mode == "no-length"))
+                    self.command == "GET" or (self.command == "HEAD" and proxy.mode == "no-length")
+                )
                 if hostile:
                     proxy.matched.append(f"{self.command} {self.path}")
                 self.send_response(answer.status)
@@ -113,16 +116,20 @@ def pushed(s3_bucket: S3Bucket, tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 
 def through(proxy: HostileProxy, s3_bucket: S3Bucket, **extra: str) -> dict[str, str]:
-    return {**os.environ, **s3_bucket.env, "AWS_ENDPOINT_URL": proxy.endpoint, "AWS_ENDPOINT_URL_S3": proxy.endpoint,
-            **extra}  # fmt: skip
+    return {
+        **os.environ,
+        **s3_bucket.env,
+        "AWS_ENDPOINT_URL": proxy.endpoint,
+        "AWS_ENDPOINT_URL_S3": proxy.endpoint,
+        **extra,
+    }
 
 
 def test_a_trickling_endpoint_meets_a_deadline_and_one_line(pushed, s3_bucket: S3Bucket, tmp_path: Path) -> None:
     url, _ = pushed
     proxy = HostileProxy(s3_bucket.endpoint, mode="trickle")
     try:
-        env = through(proxy, s3_bucket, MGIT_S3_ATTEMPTS="2", MGIT_TRANSFER_GRACE="1",
-                      MGIT_TRANSFER_MIN_RATE="1048576")  # fmt: skip
+        env = through(proxy, s3_bucket, MGIT_S3_ATTEMPTS="2", MGIT_TRANSFER_GRACE="1", MGIT_TRANSFER_MIN_RATE="1048576")
         try:
             done = run_mgit("clone", url, str(tmp_path / "bob"), cwd=tmp_path, env=env, timeout=WAIT)
         except subprocess.TimeoutExpired:
@@ -139,13 +146,13 @@ def test_a_trickling_endpoint_meets_a_deadline_and_one_line(pushed, s3_bucket: S
     assert not (tmp_path / "bob").exists() or Repo(tmp_path / "bob").refs.all() == {}
 
 
-def test_answers_without_content_length_are_read_within_their_limit(pushed, s3_bucket: S3Bucket,
-                                                                    tmp_path: Path) -> None:  # fmt: skip
+def test_answers_without_content_length_are_read_within_their_limit(
+    pushed, s3_bucket: S3Bucket, tmp_path: Path
+) -> None:
     url, src = pushed
     proxy = HostileProxy(s3_bucket.endpoint, mode="no-length", path=r"/team/")
     try:
-        done = run_mgit("clone", url, str(tmp_path / "bob"), cwd=tmp_path, env=through(proxy, s3_bucket),
-                        timeout=WAIT)  # fmt: skip
+        done = run_mgit("clone", url, str(tmp_path / "bob"), cwd=tmp_path, env=through(proxy, s3_bucket), timeout=WAIT)
     finally:
         proxy.stop()
     assert done.returncode == 0, done.stderr

@@ -21,8 +21,10 @@ HUGE = [2**70, 0]
 
 
 def crafted(path: Path, shape: list[int]) -> Path:
-    header = {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-              "x": {"dtype": "F32", "shape": shape, "data_offsets": [8, 8]}}  # fmt: skip
+    header = {
+        "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+        "x": {"dtype": "F32", "shape": shape, "data_offsets": [8, 8]},
+    }
     body = json.dumps(header).encode()
     body += b" " * (-len(body) % 8)
     path.write_bytes(struct.pack("<Q", len(body)) + body + np.ones(2, "<f4").tobytes())
@@ -33,11 +35,17 @@ def test_add_refuses_a_shape_no_array_can_have(tmp_path: Path) -> None:
     import subprocess
 
     repo = Repo.init(tmp_path / "r")
-    done = subprocess.run([*MGIT, "-C", str(repo.root), "add", str(crafted(tmp_path / "m.safetensors", HUGE)),
-                           "--name", "m"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [*MGIT, "-C", str(repo.root), "add", str(crafted(tmp_path / "m.safetensors", HUGE)), "--name", "m"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr
-    assert lines[0].startswith(f"Error: {tmp_path / 'm.safetensors'}: tensor 'x' has a shape {HUGE} that no array can have")
+    assert lines[0].startswith(
+        f"Error: {tmp_path / 'm.safetensors'}: tensor 'x' has a shape {HUGE} that no array can have"
+    )
     assert repo.refs.all() == {}
 
 

@@ -171,15 +171,18 @@ def test_each_derived_model_gets_its_parent_and_relation_first(trained: Family, 
     state, parents, relation = trained[name]
     result = everything.suggest_parents(state, exclude={name})  # leave one out: everything else is stored
     best = result.candidates[0]
-    assert best.model in parents and best.relation == relation, [(c.ref, c.relation, c.score) for c in result.candidates]
+    assert best.model in parents and best.relation == relation, [
+        (c.ref, c.relation, c.score) for c in result.candidates
+    ]
     assert result.parents and {everything.model_of(p) for p in result.parents} == set(parents)
     assert best.confidence >= result.min_confidence and best.direction != "query -> candidate"
     if relation == "merge":
         assert best.merge_with is not None and everything.model_of(best.merge_with) in parents
     # Showing one candidate does not change the choice (a merge's partner may rank below it).
     assert everything.suggest_parents(state, exclude={name}, limit=1).parents == result.parents
-    unrelated = {"wide"} | ({"other", "other-ft"} if name != "other-ft"
-                            else {n for n in trained if n not in ("other", "wide")})  # fmt: skip
+    unrelated = {"wide"} | (
+        {"other", "other-ft"} if name != "other-ft" else {n for n in trained if n not in ("other", "wide")}
+    )
     assert all(c.score < 0.1 for c in result.candidates if c.model in unrelated)
 
 
@@ -256,7 +259,9 @@ def test_sketches_survive_a_catalog_rebuild(trained: Family, repo: Repo) -> None
     repo.rebuild_catalog()
     assert repo.catalog.sketches() == ([], sorted(before, key=lambda v: list(before).index(v)))
     second = repo.suggest_parents(trained["ft-a-pruned"][0])  # computed again from the stored tensors
-    assert [(c.ref, c.score, c.relation) for c in second.candidates] == [(c.ref, c.score, c.relation) for c in first.candidates]
+    assert [(c.ref, c.score, c.relation) for c in second.candidates] == [
+        (c.ref, c.score, c.relation) for c in first.candidates
+    ]
     after = {v: blob for v, _, _, blob in repo.catalog.sketches()[0]}
     assert after == before  # the sketch made from the source at add time is the one made from the store
 
@@ -292,7 +297,9 @@ def test_cli_suggest_and_add_auto_parent(trained: Family, repo: Repo, tmp_path: 
     code, out, _ = run_cli("lineage", "suggest", str(tmp_path / "int8.safetensors"), "--json", "-n", "1", cwd=repo.root)
     data = json.loads(out)
     assert len(data["candidates"]) == 1 and data["relation"] == "quantize" and data["compared"] == 2
-    code, out, err = run_cli("add", str(tmp_path / "int8.safetensors"), "--name", "int8", "--auto-parent", cwd=repo.root)
+    code, out, err = run_cli(
+        "add", str(tmp_path / "int8.safetensors"), "--name", "int8", "--auto-parent", cwd=repo.root
+    )
     assert code == 0 and "parents: ft-a@1 (quantize)" in out and "auto-parent: chose ft-a@1" in err
     code, out, _ = run_cli("lineage", "suggest", "--help", cwd=repo.root)
     assert "Example" in out and "mgit lineage suggest" in out
@@ -303,10 +310,18 @@ def test_cli_suggest_and_add_auto_parent(trained: Family, repo: Repo, tmp_path: 
 
 def test_decoding_and_rounding_match_torch() -> None:
     x = torch.randn(4096) * torch.logspace(-6, 4, 4096)
-    for dtype, name in ((torch.bfloat16, "BF16"), (torch.float16, "F16"), (torch.float8_e4m3fn, "F8_E4M3"),
-                        (torch.float8_e5m2, "F8_E5M2")):  # fmt: skip
+    for dtype, name in (
+        (torch.bfloat16, "BF16"),
+        (torch.float16, "F16"),
+        (torch.float8_e4m3fn, "F8_E4M3"),
+        (torch.float8_e5m2, "F8_E5M2"),
+    ):
         narrow = x.clamp(-400, 400).to(dtype) if name.startswith("F8") else x.to(dtype)
-        raw = narrow.view(torch.uint8).numpy() if narrow.element_size() == 1 else narrow.view(torch.int16).numpy().view(np.uint8)
+        raw = (
+            narrow.view(torch.uint8).numpy()
+            if narrow.element_size() == 1
+            else narrow.view(torch.int16).numpy().view(np.uint8)
+        )
         assert np.array_equal(element_values(raw, name), narrow.float().numpy(), equal_nan=True), name
         if name in ("BF16", "F16"):
             assert np.array_equal(round_to(x.numpy(), name), narrow.float().numpy()), name
@@ -326,7 +341,9 @@ def test_a_quantized_tensor_is_sketched_dequantized_with_its_scale(trained: Fami
     assert math.isclose(float(sketch.zeros[i]), zeros, abs_tol=1e-6)
 
 
-def test_sketching_an_added_model_releases_each_tensor_it_sampled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sketching_an_added_model_releases_each_tensor_it_sampled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A sample strided across a memory-mapped tensor faults in most of its pages: each
     tensor's pages are released once it is sampled (and once more after the object ids are
     hashed for --auto-parent), so an add's resident size does not grow to the model's."""

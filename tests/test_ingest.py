@@ -29,6 +29,7 @@ def weights(change: float = 0.0, seed: int = 1) -> dict[str, np.ndarray]:
     """Weights from integer hashing alone (IEEE arithmetic rounds it the same everywhere, so
     the ids pinned below depend on no library's random stream), each float tensor moved by
     `change` times noise of its own `seed`."""
+
     def noise(shape: tuple[int, ...], k: int) -> np.ndarray:
         x = np.arange(int(np.prod(shape)), dtype=np.uint64).reshape(shape)
         return ((x * np.uint64(2654435761) + np.uint64(k)) % np.uint64(1 << 32)).astype(np.float64) / 2**32 - 0.5
@@ -36,8 +37,12 @@ def weights(change: float = 0.0, seed: int = 1) -> dict[str, np.ndarray]:
     def tensor(shape: tuple[int, ...], k: int) -> np.ndarray:
         return (noise(shape, k) + change * noise(shape, k * 7919 + seed)).astype(np.float32)
 
-    return {"big.weight": tensor((256, 200), 1), "w": tensor((64, 64), 2), "bias": tensor((64,), 3),
-            "ids": np.arange(16, dtype=np.int64)}
+    return {
+        "big.weight": tensor((256, 200), 1),
+        "w": tensor((64, 64), 2),
+        "bias": tensor((64,), 3),
+        "ids": np.arange(16, dtype=np.int64),
+    }
 
 
 def folder(path: Path, state: dict[str, np.ndarray]) -> Path:
@@ -50,18 +55,36 @@ def folder(path: Path, state: dict[str, np.ndarray]) -> Path:
 
 # Each version's manifest id, and each tensor's chain (its first codec) and whether it is blocked.
 PINNED = {
-    "base": ("a96961947c78471bb9168db90b5d3c5b381c78c1e9a92c87674111052b2c5872",
-             {"big.weight": ("byteplanes", True), "w": ("byteplanes", False), "bias": ("byteplanes", False),
-              "ids": ("zstd", False)}),
-    "ft": ("3e5a3ec23648285863f78fe3596eb184d1e6618c1b1715447ad943818520e92b",
-           {"big.weight": ("sub_delta", True), "w": ("sub_delta", False), "bias": ("sub_delta", False),
-            "ids": ("zstd", False)}),
+    "base": (
+        "a96961947c78471bb9168db90b5d3c5b381c78c1e9a92c87674111052b2c5872",
+        {
+            "big.weight": ("byteplanes", True),
+            "w": ("byteplanes", False),
+            "bias": ("byteplanes", False),
+            "ids": ("zstd", False),
+        },
+    ),
+    "ft": (
+        "3e5a3ec23648285863f78fe3596eb184d1e6618c1b1715447ad943818520e92b",
+        {
+            "big.weight": ("sub_delta", True),
+            "w": ("sub_delta", False),
+            "bias": ("sub_delta", False),
+            "ids": ("zstd", False),
+        },
+    ),
     # Every float tensor stored lossily, coded whole; the reconstructions of the matrices cost less
     # as deltas than as the quantized step that made them.
-    "lossy": ("cf6ab9cd1ff6d89229cd28ca3d8c0ba8ecab4423fb33fa72987f7ce96b45c4fd",
-              {"big.weight": ("sub_delta", False), "w": ("sub_delta", False), "bias": ("quantized_delta", False),
-               "ids": ("zstd", False)}),
-}  # fmt: skip
+    "lossy": (
+        "cf6ab9cd1ff6d89229cd28ca3d8c0ba8ecab4423fb33fa72987f7ce96b45c4fd",
+        {
+            "big.weight": ("sub_delta", False),
+            "w": ("sub_delta", False),
+            "bias": ("quantized_delta", False),
+            "ids": ("zstd", False),
+        },
+    ),
+}
 
 
 def chains(repo: Repo, ref: str) -> dict[str, tuple[str, bool]]:
@@ -97,8 +120,9 @@ def test_the_pool_writes_what_a_serial_put_writes(tmp_path: Path, jobs: int) -> 
             assert f.layout is not None
             serial.put_blob(f.layout.header)
             for span, data in f.tensor_data():
-                serial.put_tensor(span.dtype, span.shape, data, max_depth=4,
-                                  bases=plan.candidates(span.name) if path == ft else ())  # fmt: skip
+                serial.put_tensor(
+                    span.dtype, span.shape, data, max_depth=4, bases=plan.candidates(span.name) if path == ft else ()
+                )
     assert pooled.records == serial.records
     assert stats.tensors == 4 and stats.files == 3
     blocked = [t for t in manifest.tensors() if pooled.header(t.object).blocks]

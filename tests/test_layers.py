@@ -19,17 +19,21 @@ BUILTIN = ("RuntimeError", "ValueError", "Exception")
 
 
 def test_the_user_code_child_imports_neither_the_library_nor_numpy() -> None:
-    probe = ("import json, sys, mgit.usercode; "
-             "print(json.dumps(sorted(m for m in sys.modules if m == 'numpy' or m.split('.')[0] == 'mgit')))")  # fmt: skip
+    probe = (
+        "import json, sys, mgit.usercode; "
+        "print(json.dumps(sorted(m for m in sys.modules if m == 'numpy' or m.split('.')[0] == 'mgit')))"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(done.stdout) == ["mgit", "mgit.errors", "mgit.reports", "mgit.usercode"]
 
 
 def test_the_package_runs_without_pytest_and_only_its_test_kit_needs_it() -> None:
-    probe = ("import json, sys, mgit, mgit.repo, mgit.cli.main, mgit.store.lazy, mgit.store.overlay, mgit.store.remote\n"
-             "before = sorted(m for m in sys.modules if m.split('.')[0] == 'pytest' or m.startswith('mgit.testing'))\n"
-             "import mgit.testing.store\n"
-             "print(json.dumps([before, 'pytest' in sys.modules]))")  # fmt: skip
+    probe = (
+        "import json, sys, mgit, mgit.repo, mgit.cli.main, mgit.store.lazy, mgit.store.overlay, mgit.store.remote\n"
+        "before = sorted(m for m in sys.modules if m.split('.')[0] == 'pytest' or m.startswith('mgit.testing'))\n"
+        "import mgit.testing.store\n"
+        "print(json.dumps([before, 'pytest' in sys.modules]))"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(done.stdout) == [[], True]
 
@@ -63,8 +67,11 @@ def _error_classes() -> dict[str, list[str]]:
     for path in SRC.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef):
-                names = {b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
-                         if isinstance(b, (ast.Name, ast.Attribute))}  # fmt: skip
+                names = {
+                    b.id if isinstance(b, ast.Name) else b.attr
+                    for b in node.bases
+                    if isinstance(b, (ast.Name, ast.Attribute))
+                }
                 bases.setdefault(node.name, []).append((str(path.relative_to(SRC)), names))
     errors = {"MgitError"}
     while grown := {n for n, defs in bases.items() if n not in errors and any(b & errors for _, b in defs)}:
@@ -136,14 +143,36 @@ def test_a_codec_says_what_it_is_and_nothing_else_needs_to_know() -> None:
     from mgit.codecs.base import register
     from mgit.index.catalog import storage_class
 
-    expected = {"xor_delta": "delta", "sub_delta": "delta", "patch": "delta", "quantized_delta": "delta",
-                "cast": "derived", "quantize_int8": "derived", "absmax_scale": "derived", "low_rank": "derived",
-                "transpose": "derived", "byteplanes": "standalone", "zstd": "standalone", "pco": "standalone"}  # fmt: skip
+    expected = {
+        "xor_delta": "delta",
+        "sub_delta": "delta",
+        "patch": "delta",
+        "quantized_delta": "delta",
+        "cast": "derived",
+        "quantize_int8": "derived",
+        "absmax_scale": "derived",
+        "low_rank": "derived",
+        "transpose": "derived",
+        "byteplanes": "standalone",
+        "zstd": "standalone",
+        "pco": "standalone",
+    }
     assert {name: codec_class(name).storage for name in expected} == expected
-    assert {n for n in expected if codec_class(n).ends_family} == {"cast", "quantize_int8", "absmax_scale", "patch",
-                                                                    "transpose"}  # fmt: skip
-    assert {n for n in expected if codec_class(n).predictive} == {"cast", "quantize_int8", "absmax_scale",
-                                                                   "quantized_delta", "low_rank", "transpose"}  # fmt: skip
+    assert {n for n in expected if codec_class(n).ends_family} == {
+        "cast",
+        "quantize_int8",
+        "absmax_scale",
+        "patch",
+        "transpose",
+    }
+    assert {n for n in expected if codec_class(n).predictive} == {
+        "cast",
+        "quantize_int8",
+        "absmax_scale",
+        "quantized_delta",
+        "low_rank",
+        "transpose",
+    }
 
     @register
     @dataclass(frozen=True)
@@ -171,12 +200,14 @@ def test_commands_that_touch_no_tensor_import_neither_numpy_nor_the_codecs(tmp_p
     from mgit import Repo
 
     Repo.init(tmp_path).add(tensors(1), name="m")
-    probe = ("import io, json, sys, contextlib\n"
-             "from mgit.cli.main import main\n"
-             "with contextlib.redirect_stdout(io.StringIO()):\n"
-             f"    code = main({['-C', str(tmp_path), *command]!r})\n"
-             "print(json.dumps([code, sorted(m for m in sys.modules if m.split('.')[0] in "
-             "('numpy', 'rich', 'zstandard', 'pcodec', 'threadpoolctl', 'yaml') or m.startswith('mgit.codecs'))]))")  # fmt: skip
+    probe = (
+        "import io, json, sys, contextlib\n"
+        "from mgit.cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    code = main({['-C', str(tmp_path), *command]!r})\n"
+        "print(json.dumps([code, sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('numpy', 'rich', 'zstandard', 'pcodec', 'threadpoolctl', 'yaml') or m.startswith('mgit.codecs'))]))"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     code, heavy = json.loads(done.stdout.strip().splitlines()[-1])
     assert code == 0 and [m for m in heavy if m.split(".")[0] != "zstandard"] == [], heavy

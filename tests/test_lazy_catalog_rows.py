@@ -21,8 +21,12 @@ def test_a_pack_row_that_lies_about_a_size_is_not_kept(tmp_path: Path) -> None:
     tensor = next(t for f in manifest.files for t in f.tensors)
     for honest in (remote / "packs").iterdir():  # the lying pack is the only one
         honest.unlink()
-    write_pack(remote, MetadataPack(objects=[(config.object, "blob", HUGE, 100, "zstd", ()),
-                                             (tensor.object, "tensor", HUGE, 100, "zstd", ())]))  # fmt: skip
+    write_pack(
+        remote,
+        MetadataPack(
+            objects=[(config.object, "blob", HUGE, 100, "zstd", ()), (tensor.object, "tensor", HUGE, 100, "zstd", ())]
+        ),
+    )
 
     bob = Repo(sync.clone(str(remote), tmp_path / "bob", lazy=True).path)
 

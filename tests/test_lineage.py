@@ -122,7 +122,13 @@ def test_parents_children_and_exact_versions(repo: Repo) -> None:
     add_lineage(repo, "base", "ft <- base", "q <- ft : quantize", "m <- ft base : merge", "base")
     lin = repo.lineage
     [edge] = lin.parents("ft")
-    assert (edge.parent, edge.parent_seq, edge.latest_seq, edge.relation, edge.stale) == ("base", 1, 2, "finetune", True)
+    assert (edge.parent, edge.parent_seq, edge.latest_seq, edge.relation, edge.stale) == (
+        "base",
+        1,
+        2,
+        "finetune",
+        True,
+    )
     assert edge.parent_version == repo.resolve("base@1") and edge.child_version == repo.resolve("ft")
     assert [(e.parent, e.relation) for e in lin.parents("m")] == [("ft", "merge"), ("base", "merge")]
     assert [e.child for e in lin.children("ft")] == ["m", "q"]
@@ -148,8 +154,11 @@ def test_select_by_glob_tag_and_relation(repo: Repo) -> None:
     assert lin.select("bert*", relation="finetune") == ["bert-mnli", "bert-sst2"]
     sub = lin.subgraph(lin.select("bert*"))
     assert [n.name for n in sub.nodes] == ["bert", "bert-mnli", "bert-sst2", "bert-int8"]
-    assert sorted((e.child, e.parent) for e in sub.edges) == [("bert-int8", "bert-sst2"), ("bert-mnli", "bert"),
-                                                              ("bert-sst2", "bert")]  # fmt: skip
+    assert sorted((e.child, e.parent) for e in sub.edges) == [
+        ("bert-int8", "bert-sst2"),
+        ("bert-mnli", "bert"),
+        ("bert-sst2", "bert"),
+    ]
     json.dumps(sub.to_json())
 
 
@@ -225,8 +234,9 @@ def test_lineage_tree_cli(repo: Repo) -> None:
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("base@2")
-    assert any(line.startswith("├── ft@1  finetune") and "(stale: ft built on base@1, latest @2)" in line
-               for line in lines)  # fmt: skip
+    assert any(
+        line.startswith("├── ft@1  finetune") and "(stale: ft built on base@1, latest @2)" in line for line in lines
+    )
     assert any("q@1  quantize" in line for line in lines)
     assert any("m@1  merge  (shown above)" in line for line in lines)
 
@@ -302,8 +312,9 @@ def test_add_takes_parents_from_the_model_card(repo: Repo, tmp_path) -> None:
     assert any("from the base_model of README.md" in n for n in result.notes)
 
     # The command line wins; --no-model-card ignores the card.
-    code, out, err = run_cli("add", str(model), "--name", "cli", "--parent", "other", "--relation", "finetune",
-                             cwd=repo.root)  # fmt: skip
+    code, out, err = run_cli(
+        "add", str(model), "--name", "cli", "--parent", "other", "--relation", "finetune", cwd=repo.root
+    )
     assert code == 0, err
     assert [(e.parent, e.relation) for e in repo.lineage.parents("cli")] == [("other", "finetune")]
     code, _, err = run_cli("add", str(model), "--name", "none", "--no-model-card", cwd=repo.root)
@@ -320,8 +331,10 @@ def test_add_notes_base_models_it_does_not_have(repo: Repo, tmp_path) -> None:
     (model / "README.md").write_text("---\nbase_model: sentence-transformers/all-MiniLM-L6-v2\n---\n")
     code, out, err = run_cli("add", str(model), "--name", "m", cwd=repo.root)
     assert code == 0
-    assert ("note: README.md names base_model 'sentence-transformers/all-MiniLM-L6-v2', not in this repository: "
-            "not recorded as a parent") in err  # fmt: skip
+    assert (
+        "note: README.md names base_model 'sentence-transformers/all-MiniLM-L6-v2', not in this repository: "
+        "not recorded as a parent"
+    ) in err
     assert repo.lineage.parents("m") == []
 
 
@@ -347,15 +360,17 @@ def test_checkout_model_card_round_trip(repo: Repo, tmp_path) -> None:
     assert (tmp_path / "plain" / "README.md").read_text() == "# Child\n"
 
 
-
 def test_a_model_is_never_a_lineage_parent_of_itself(tmp_path: Path) -> None:
     repo = Repo.init(tmp_path)
     repo.add(tensors(1), name="p1")
     before = repo.refs.all()
-    code, out, err = run_cli("add", str(make_model(tmp_path / "p", seed=2)), "--name", "p1", "--parent", "p1",
-                             cwd=tmp_path)  # fmt: skip
+    code, out, err = run_cli(
+        "add", str(make_model(tmp_path / "p", seed=2)), "--name", "p1", "--parent", "p1", cwd=tmp_path
+    )
     assert code == 1 and out == ""
-    assert err.startswith("Error: p1@1 cannot be a lineage parent of p1: it is p1's own history") and err.count("\n") == 1
+    assert (
+        err.startswith("Error: p1@1 cannot be a lineage parent of p1: it is p1's own history") and err.count("\n") == 1
+    )
     assert repo.refs.all() == before
     with pytest.raises(InvalidOptionError, match="cannot be a lineage parent of p1"):
         repo.add(tensors(3), name="p1", parent="p1@1")
@@ -370,5 +385,8 @@ def test_ancestors_go_version_by_version_through_a_cycle_of_models(tmp_path: Pat
     assert code == 0 and [line.lstrip("│├└─ ").split()[0] for line in out.splitlines()] == ["cyc-b@1", "cyc-a@1"]
     code, out, _ = run_cli("lineage", "cyc-a", "--up", cwd=tmp_path)
     assert code == 0 and [line.lstrip("│├└─ ").split()[0] for line in out.splitlines()] == [
-        "cyc-a@2", "cyc-b@1", "cyc-a@1"]  # fmt: skip
+        "cyc-a@2",
+        "cyc-b@1",
+        "cyc-a@1",
+    ]
     assert repo.lineage.ancestors("cyc-b") == ["cyc-a"] and repo.lineage.ancestors("cyc-a") == ["cyc-b"]

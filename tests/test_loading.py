@@ -116,8 +116,9 @@ def test_load_pretrained_builds_models_and_tokenizers_without_files(minilm_famil
     assert batch["input_ids"].tolist() == expected(text, padding=True, return_tensors="pt")["input_ids"].tolist()
     with torch.no_grad():
         assert torch.equal(model(**batch).last_hidden_state, reference(**batch).last_hidden_state)
-    head = mgit.load_pretrained("minilm-ft", transformers.AutoModelForSequenceClassification, repo=root,
-                                num_labels=3, dtype=torch.bfloat16)  # fmt: skip
+    head = mgit.load_pretrained(
+        "minilm-ft", transformers.AutoModelForSequenceClassification, repo=root, num_labels=3, dtype=torch.bfloat16
+    )
     assert head.config.num_labels == 3 and head.classifier.weight.shape == (3, 384)
     assert head.bert.encoder.layer[5].output.dense.weight.dtype == torch.bfloat16
 
@@ -138,7 +139,9 @@ def test_load_errors_are_one_line_with_a_hint(minilm_family, tmp_path) -> None:
     bare.add(tmp_path / "w", name="weights-only")
     with pytest.raises(mgit.InputError, match="has no config.json"):
         mgit.load_pretrained("weights-only", transformers.AutoModel, repo=bare)
-    with pytest.raises(mgit.MgitError, match="AutoModelForSpeechSeq2Seq has no model for minilm-ft's model_type 'bert'"):
+    with pytest.raises(
+        mgit.MgitError, match="AutoModelForSpeechSeq2Seq has no model for minilm-ft's model_type 'bert'"
+    ):
         mgit.load_pretrained("minilm-ft", transformers.AutoModelForSpeechSeq2Seq, repo=root)
 
 

@@ -44,18 +44,27 @@ def state(seed: int = 0, *, scale: float = 0.05, rows: int = 64) -> dict[str, np
 
 def finetune(parent: dict[str, np.ndarray], delta: float, seed: int = 1) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {k: (v + rng.standard_normal(v.shape) * delta).astype(v.dtype) if v.dtype == np.float32 else v
-            for k, v in parent.items()}  # fmt: skip
+    return {
+        k: (v + rng.standard_normal(v.shape) * delta).astype(v.dtype) if v.dtype == np.float32 else v
+        for k, v in parent.items()
+    }
 
 
 # --- the codec and the bound ------------------------------------------------------------------
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.sampled_from(["F64", "F32", "F16", "BF16"]), st.integers(1, 300), st.floats(1e-5, 1.0),
-       st.floats(1e-4, 10.0), st.floats(0.0, 2.0), st.integers(0, 2**32 - 1))  # fmt: skip
-def test_every_element_is_within_the_bound(dtype: str, n: int, eps: float, scale: float, change: float,
-                                           seed: int) -> None:  # fmt: skip
+@given(
+    st.sampled_from(["F64", "F32", "F16", "BF16"]),
+    st.integers(1, 300),
+    st.floats(1e-5, 1.0),
+    st.floats(1e-4, 10.0),
+    st.floats(0.0, 2.0),
+    st.integers(0, 2**32 - 1),
+)
+def test_every_element_is_within_the_bound(
+    dtype: str, n: int, eps: float, scale: float, change: float, seed: int
+) -> None:
     rng = np.random.default_rng(seed)
     parent_values = rng.standard_normal(n) * scale
     child_values = parent_values + rng.standard_normal(n) * change * eps * 20
@@ -69,8 +78,9 @@ def test_every_element_is_within_the_bound(dtype: str, n: int, eps: float, scale
     assert (np.abs(recon - original) <= eps).all()
     assert outcome.max_error == pytest.approx(float(np.abs(recon - original).max()))
     # The stored object is the reconstruction, and it decodes to exactly those bytes.
-    encoding = store.encode("tensor", {"dtype": dtype, "shape": [n]}, outcome.data, bases=[parent.oid],
-                            extra=[outcome.chain])  # fmt: skip
+    encoding = store.encode(
+        "tensor", {"dtype": dtype, "shape": [n]}, outcome.data, bases=[parent.oid], extra=[outcome.chain]
+    )
     stored = store.put_tensor(dtype, (n,), outcome.data, encoding=encoding)
     assert store.get(stored.oid)[1].tobytes() == outcome.data.tobytes()
 
@@ -157,8 +167,12 @@ def test_lossless_stays_the_default(base_and_tuned: tuple[Repo, Path]) -> None:
 
 def test_a_change_smaller_than_eps_is_refused_not_rounded_back(repo: Repo, tmp_path: Path) -> None:
     parent = state()
-    child = {k: (v + np.float32(4e-4) * np.sign(np.random.default_rng(2).standard_normal(v.shape))).astype(v.dtype)
-             if v.dtype == np.float32 else v for k, v in parent.items()}  # fmt: skip
+    child = {
+        k: (v + np.float32(4e-4) * np.sign(np.random.default_rng(2).standard_normal(v.shape))).astype(v.dtype)
+        if v.dtype == np.float32
+        else v
+        for k, v in parent.items()
+    }
     assert max(np.abs(child[k] - parent[k]).max() for k in parent) < 1e-3
     make_model(tmp_path / "base", state=parent)
     make_model(tmp_path / "tiny", state=child)
@@ -195,7 +209,7 @@ def test_a_relative_bound_keeps_small_changes(repo: Repo, tmp_path: Path) -> Non
         if v.dtype != np.float32:
             assert np.array_equal(back[k], v)
             continue
-        change = (v.astype(np.float64) - parent[k])
+        change = v.astype(np.float64) - parent[k]
         error = back[k].astype(np.float64) - v
         assert np.abs(error).max() <= 0.1 * np.sqrt(np.mean(change**2))
         assert np.linalg.norm(error) <= 0.1 * np.linalg.norm(change)  # the guard
@@ -251,18 +265,21 @@ def test_gate_accepts_within_max_drop_and_refuses_beyond(base_and_tuned: tuple[R
     assert repo.fsck().ok
 
 
-def test_gate_by_module_name_on_a_state_dict(repo: Repo, tmp_path: Path, gate_file: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_gate_by_module_name_on_a_state_dict(
+    repo: Repo, tmp_path: Path, gate_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)  # `gates:accuracy` is importable from the current folder
     repo.add(state(), name="base")
-    result = repo.add(finetune(state(), 1e-2), name="tuned", parent="base", lossy=1e-3, gate="gates:accuracy",
-                      max_drop=4.1)  # fmt: skip
+    result = repo.add(
+        finetune(state(), 1e-2), name="tuned", parent="base", lossy=1e-3, gate="gates:accuracy", max_drop=4.1
+    )
     assert result.lossy is not None, result.lossless_reason
     assert result.gate is not None and result.gate["original"]["acc"] == 1.0
 
 
-def test_refused_lossy_objects_are_never_visible_and_gc_frees_them(base_and_tuned: tuple[Repo, Path],
-                                                                    gate_file: Path) -> None:  # fmt: skip
+def test_refused_lossy_objects_are_never_visible_and_gc_frees_them(
+    base_and_tuned: tuple[Repo, Path], gate_file: Path
+) -> None:
     repo, tmp = base_and_tuned
     result = repo.add(tmp / "tuned", name="b", parent="base", lossy=1e-3, gate=f"{gate_file}:loss_up")
     assert result.lossy is None
@@ -278,8 +295,9 @@ def test_a_metric_that_must_not_rise(base_and_tuned: tuple[Repo, Path], gate_fil
     assert result.lossy is None and "val_loss rose" in (result.lossless_reason or "")
 
 
-def test_a_gate_without_a_lossy_bound_is_refused_before_anything_is_written(base_and_tuned: tuple[Repo, Path],
-                                                                            gate_file: Path) -> None:  # fmt: skip
+def test_a_gate_without_a_lossy_bound_is_refused_before_anything_is_written(
+    base_and_tuned: tuple[Repo, Path], gate_file: Path
+) -> None:
     repo, tmp = base_and_tuned
     before = sorted(repo.store.ids())
     with pytest.raises(InvalidOptionError, match="a gate only checks lossy storage"):
@@ -290,11 +308,13 @@ def test_a_gate_without_a_lossy_bound_is_refused_before_anything_is_written(base
 
 
 @pytest.mark.parametrize("function", ["crash", "hang"])
-def test_a_crashing_or_hanging_gate_means_lossless(base_and_tuned: tuple[Repo, Path], gate_file: Path,
-                                                    function: str) -> None:  # fmt: skip
+def test_a_crashing_or_hanging_gate_means_lossless(
+    base_and_tuned: tuple[Repo, Path], gate_file: Path, function: str
+) -> None:
     repo, tmp = base_and_tuned
-    result = repo.add(tmp / "tuned", name="c", parent="base", lossy=1e-3, gate=f"{gate_file}:{function}",
-                      gate_timeout=3)  # fmt: skip
+    result = repo.add(
+        tmp / "tuned", name="c", parent="base", lossy=1e-3, gate=f"{gate_file}:{function}", gate_timeout=3
+    )
     assert result.lossy is None
     assert ("boom" if function == "crash" else "did not finish") in (result.lossless_reason or "")
     assert repo.version("c").lossy is None
@@ -314,8 +334,9 @@ def test_metric_directions() -> None:
 def test_cli_marks_a_lossy_version(base_and_tuned: tuple[Repo, Path]) -> None:
     repo, tmp = base_and_tuned
     cwd = repo.root
-    code, out, err = run_cli("add", str(tmp / "tuned"), "--name", "tuned", "--parent", "base", "--lossy", "1e-3",
-                             cwd=cwd)  # fmt: skip
+    code, out, err = run_cli(
+        "add", str(tmp / "tuned"), "--name", "tuned", "--parent", "base", "--lossy", "1e-3", cwd=cwd
+    )
     assert code == 0, err
     assert "lossy: |error| <= 0.001" in out
     code, out, _ = run_cli("ls", cwd=cwd)
@@ -374,8 +395,10 @@ def test_a_pruned_copy_of_a_lossy_parent_snaps_to_its_reconstruction(repo: Repo,
     # within the bound, it is an exact patch of it, and its zeros stay zeros.
     parent = state(rows=128)
     child = finetune(parent, 1e-5)
-    pruned = {k: (np.where(np.abs(v) >= np.median(np.abs(v)), v, np.float32(0)) if v.dtype == np.float32 else v)
-              for k, v in child.items()}  # fmt: skip
+    pruned = {
+        k: (np.where(np.abs(v) >= np.median(np.abs(v)), v, np.float32(0)) if v.dtype == np.float32 else v)
+        for k, v in child.items()
+    }
     for name, weights in (("base", parent), ("ft", child), ("pruned", pruned)):
         make_model(tmp_path / name, state=weights)
     repo.add(tmp_path / "base", name="base")
@@ -400,17 +423,28 @@ def test_a_pruned_copy_of_a_lossy_parent_snaps_to_its_reconstruction(repo: Repo,
     assert {repo.store.header(t.object).codecs[0]["name"] for t in floats} == {"patch"}
 
 
-
 def test_a_relative_bound_whose_guard_fails_everywhere_is_stored_losslessly_with_its_reason(
-        repo: Repo, tmp_path: Path) -> None:  # fmt: skip
+    repo: Repo, tmp_path: Path
+) -> None:
     # A guard of 0.01 is beyond what rel 0.1 can meet (rounding errs by ~step / sqrt(12)):
     # every step fails the guard, and the reason names the relative bound (no eps to format).
     parent = state()
     make_model(tmp_path / "base", state=parent)
     make_model(tmp_path / "ft", state=finetune(parent, 4e-6))
     assert run_cli("add", str(tmp_path / "base"), "--name", "base", cwd=repo.root)[0] == 0
-    code, out, err = run_cli("add", str(tmp_path / "ft"), "--name", "ft", "--parent", "base", "--lossy-rel", "0.1",
-                             "--guard", "0.01", cwd=repo.root)  # fmt: skip
+    code, out, err = run_cli(
+        "add",
+        str(tmp_path / "ft"),
+        "--name",
+        "ft",
+        "--parent",
+        "base",
+        "--lossy-rel",
+        "0.1",
+        "--guard",
+        "0.01",
+        cwd=repo.root,
+    )
     assert code == 0, err
     assert "Traceback" not in err
     assert "stored losslessly: the fidelity guard failed on 100% of the changed parameters" in err

@@ -45,8 +45,13 @@ def forge(repo: Repo, name: str, files: dict[str, bytes]) -> str:
         oid = repo.store.put_blob(data).oid
         entries.append(FileEntry(path, "blob", len(data), blake3.blake3(data).hexdigest(), oid))
     manifest = repo.store.put_record("manifest", Manifest(tuple(entries)).to_json()).oid
-    version = Version(model=name, manifest=manifest, author="forger", time="2024-01-01T00:00:00.000000Z",
-                      summary={"files": len(entries)})  # fmt: skip
+    version = Version(
+        model=name,
+        manifest=manifest,
+        author="forger",
+        time="2024-01-01T00:00:00.000000Z",
+        summary={"files": len(entries)},
+    )
     vid = repo.store.put_record("version", version.to_json()).oid
     repo.refs.update(name, vid, expected=None)
     return manifest
@@ -74,10 +79,10 @@ def forged_remote(tmp_path: Path, files: dict[str, bytes]) -> tuple[str, str]:
 
 def stored(repo_dir: Path) -> dict[str, list[str]]:
     root = repo_dir / ".mgit"
-    return {sub: sorted(p.relative_to(root).as_posix() for p in (root / sub).rglob("*") if p.is_file())
-            for sub in ("objects", "refs/models")}  # fmt: skip
-
-
+    return {
+        sub: sorted(p.relative_to(root).as_posix() for p in (root / sub).rglob("*") if p.is_file())
+        for sub in ("objects", "refs/models")
+    }
 
 
 @pytest.mark.parametrize(("files", "why"), BAD)
@@ -94,8 +99,9 @@ def test_a_clone_refuses_the_manifest_and_keeps_nothing(tmp_path: Path, files: d
 
 
 @pytest.mark.parametrize(("files", "why"), BAD[:3])
-def test_a_lazy_clone_and_a_fetch_into_it_refuse_the_manifest(tmp_path: Path, files: dict[str, bytes],
-                                                              why: str) -> None:  # fmt: skip
+def test_a_lazy_clone_and_a_fetch_into_it_refuse_the_manifest(
+    tmp_path: Path, files: dict[str, bytes], why: str
+) -> None:
     url, manifest = forged_remote(tmp_path, files)
     one_line_error(run_cli("clone", "--lazy", url, str(tmp_path / "lazy")), manifest[:16], why)
     assert stored(tmp_path / "lazy")["refs/models"] == []
@@ -112,8 +118,9 @@ def test_a_lazy_clone_and_a_fetch_into_it_refuse_the_manifest(tmp_path: Path, fi
 
 
 @pytest.mark.parametrize(("files", "why"), BAD)
-def test_checkout_of_a_forged_local_manifest_writes_nothing(repo: Repo, tmp_path: Path, files: dict[str, bytes],
-                                                            why: str) -> None:  # fmt: skip
+def test_checkout_of_a_forged_local_manifest_writes_nothing(
+    repo: Repo, tmp_path: Path, files: dict[str, bytes], why: str
+) -> None:
     forge(repo, "evil", files)
     out = tmp_path / "out"
 
@@ -133,8 +140,15 @@ def test_manifest_from_json_refuses_it(files: dict[str, bytes], why: str) -> Non
 
 
 def test_paths_at_the_bounds_are_accepted(repo: Repo, tmp_path: Path) -> None:
-    files = {"n" * 255: b"a", "\u00e9" * 127: b"b", "/".join(["d" * 200] * 5) + "/" + "e" * 19: b"c", "a/b": b"d", "a.b": b"e",
-             "ab": b"f", "caf\u00e9 \u2603.txt": b"g"}  # fmt: skip
+    files = {
+        "n" * 255: b"a",
+        "\u00e9" * 127: b"b",
+        "/".join(["d" * 200] * 5) + "/" + "e" * 19: b"c",
+        "a/b": b"d",
+        "a.b": b"e",
+        "ab": b"f",
+        "caf\u00e9 \u2603.txt": b"g",
+    }
     forge(repo, "edge", files)
     out = tmp_path / "out"
     repo.checkout("edge", out)
@@ -146,8 +160,11 @@ def test_add_refuses_a_file_name_with_a_terminal_escape(repo: Repo, tmp_path: Pa
     (folder / "tokenizer" / "evil\x1b[2J.txt").write_text("x")
     before = run_cli("-C", str(repo.root), "ls", "--json")
 
-    err = one_line_error(run_cli("-C", str(repo.root), "add", str(folder), "--name", "m"),
-                         "'tokenizer/evil\\x1b[2J.txt'", "control character")  # fmt: skip
+    err = one_line_error(
+        run_cli("-C", str(repo.root), "add", str(folder), "--name", "m"),
+        "'tokenizer/evil\\x1b[2J.txt'",
+        "control character",
+    )
 
     assert "\x1b" not in err
     assert run_cli("-C", str(repo.root), "ls", "--json") == before
@@ -160,8 +177,9 @@ def test_a_converted_from_name_with_an_escape_is_refused() -> None:
         Manifest.from_json({"format": 1, "files": [entry]})
 
 
-def test_add_refuses_a_folder_it_cannot_list_instead_of_skipping_it(repo: Repo, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_add_refuses_a_folder_it_cannot_list_instead_of_skipping_it(
+    repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # As root every folder can be listed: the refusal a user without the permission meets
     # (EACCES from scandir) is played by os.scandir for that one folder.
     folder = make_model(tmp_path / "m", seed=4)
@@ -177,7 +195,9 @@ def test_add_refuses_a_folder_it_cannot_list_instead_of_skipping_it(repo: Repo, 
     monkeypatch.setattr(os, "scandir", scandir)
     before = stored(repo.root)
 
-    one_line_error(run_cli("-C", str(repo.root), "add", str(folder), "--name", "m"),
-                   "private: cannot read folder (Permission denied)")  # fmt: skip
+    one_line_error(
+        run_cli("-C", str(repo.root), "add", str(folder), "--name", "m"),
+        "private: cannot read folder (Permission denied)",
+    )
 
     assert stored(repo.root) == before

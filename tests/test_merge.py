@@ -75,8 +75,9 @@ def test_the_same_bits_as_mergekit(merge_inputs: Repo, method: str, tmp_path: Pa
 
 
 @pytest.mark.parametrize("method", ["linear_bf16", "task_arithmetic_bf16"])
-def test_bfloat16_merges_agree_with_mergekit_within_bfloat16_rounding(merge_inputs: Repo, method: str,
-                                                                      tmp_path: Path) -> None:  # fmt: skip
+def test_bfloat16_merges_agree_with_mergekit_within_bfloat16_rounding(
+    merge_inputs: Repo, method: str, tmp_path: Path
+) -> None:
     """bfloat16 models with dtype bfloat16: mergekit rounds every intermediate (task vectors,
     weighted sums) to bfloat16, MGit computes in float32 and rounds once. The stated
     tolerance: within 2**-7 (one bfloat16 step) of the summed magnitudes of the inputs and
@@ -114,12 +115,21 @@ def test_a_cascade_merges_again_when_an_input_changes(merge_inputs: Repo, tmp_pa
     # An input of its own (the other tests' ft1 and ft2 stay as mergekit saw them).
     first = weights_of(merge_inputs, "ft2", tmp_path / "ft3-v1")
     merge_inputs.add(tmp_path / "ft3-v1", name="ft3", parent="base")
-    merge(merge_inputs, ["ft1", "ft3"], method="task_arithmetic", base="base", weights={"ft1": 0.5, "ft3": 0.5},
-          name="casc")  # fmt: skip
+    merge(
+        merge_inputs,
+        ["ft1", "ft3"],
+        method="task_arithmetic",
+        base="base",
+        weights={"ft1": 0.5, "ft3": 0.5},
+        name="casc",
+    )
     folder = tmp_path / "ft3-v2"
     folder.mkdir()
-    save_file({k: v + np.float32(0.01) for k, v in first.items()}, str(folder / "model.safetensors"),
-              metadata={"format": "pt"})  # fmt: skip
+    save_file(
+        {k: v + np.float32(0.01) for k, v in first.items()},
+        str(folder / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     (folder / "config.json").write_bytes((tmp_path / "ft3-v1" / "config.json").read_bytes())
     merge_inputs.add(folder, name="ft3")
     code, out, err = run_cli("cascade", "ft3", "--json", cwd=merge_inputs.root)
@@ -169,9 +179,21 @@ def test_task_heads_are_refused_then_taken_from_one_input(merge_inputs: Repo, tm
     assert caught.value.hint == "Say which model it comes from in the config: take: {'classifier.weight': MODEL}"
     with pytest.raises(Exception, match=r"classifier\.weight: has shapes \(2, 32\) and \(4, 32\) in the inputs"):
         merge(merge_inputs, ["head2", "head4"], method="linear", name="heads")
-    code, out, err = run_cli("merge", "head2", "head4", "--method", "task_arithmetic", "--base", "base",
-                             "--take", "classifier.*=head4", "--name", "heads", "--json",
-                             cwd=merge_inputs.root)  # fmt: skip
+    code, out, err = run_cli(
+        "merge",
+        "head2",
+        "head4",
+        "--method",
+        "task_arithmetic",
+        "--base",
+        "base",
+        "--take",
+        "classifier.*=head4",
+        "--name",
+        "heads",
+        "--json",
+        cwd=merge_inputs.root,
+    )
     assert code == 0, err
     merged = weights_of(merge_inputs, "heads", tmp_path / "heads")
     assert merged["classifier.weight"].shape == (4, 32) and float(merged["classifier.weight"][0, 0]) == 4.0
@@ -195,32 +217,44 @@ def test_bad_input_is_refused_before_any_work(merge_inputs: Repo, tmp_path: Path
     config.write_text("models:\n  - model: ft1\n  - model: ft2\nmerge_method: linear\nparameters: {t: [0, 1]}\n")
     with pytest.raises(InvalidOptionError, match="takes no merge parameter 't'"):
         merge_config(merge_inputs, config, name="bad")
-    code, _, err = run_cli("merge", "ft1", "ft2", "--method", "slerp", "--base", "base", "--name", "bad",
-                           cwd=merge_inputs.root)  # fmt: skip
+    code, _, err = run_cli(
+        "merge", "ft1", "ft2", "--method", "slerp", "--base", "base", "--name", "bad", cwd=merge_inputs.root
+    )
     assert code == 1 and "slerp merges exactly two models" in err
-    slices = "slices:\n  - sources:\n      - {{model: base, layer_range: {a}}}\n      - {{model: ft1, layer_range: {b}}}\n"
+    slices = (
+        "slices:\n  - sources:\n      - {{model: base, layer_range: {a}}}\n      - {{model: ft1, layer_range: {b}}}\n"
+    )
     for body, refused in (
-        (slices.format(a="[0, 4]", b="[0, 4]") * 1 + "  - sources:\n      - {model: base, layer_range: [0, 2]}\n",
-         "2 slices stack layers into another architecture"),
+        (
+            slices.format(a="[0, 4]", b="[0, 4]") * 1 + "  - sources:\n      - {model: base, layer_range: [0, 2]}\n",
+            "2 slices stack layers into another architecture",
+        ),
         (slices.format(a="[0, 4]", b="[0, 2]"), "the sources take different layer ranges"),
         (slices.format(a="[0, 2]", b="[0, 2]"), r"layer_range \[0, 2\] of models with 4 layers"),
-        ("models: [ft1, ft2]\nparameters: {weight: [{filter: mlp, value: 1, extra: 2}]}\n",
-         "a filter is {filter: NAME PART, value: SETTING}"),
+        (
+            "models: [ft1, ft2]\nparameters: {weight: [{filter: mlp, value: 1, extra: 2}]}\n",
+            "a filter is {filter: NAME PART, value: SETTING}",
+        ),
         ("models: [ft1, ft2]\nparameters: {weight: [0.5, true]}\n", "parameter 'weight' must be a number, not True"),
         ("models: [ft1, ft2]\nparameters: {normalize: [true, 0.5]}\n", "must be true or false, not 0.5"),
-    ):  # fmt: skip
+    ):
         method = "slerp\nbase_model: base\nparameters: {t: 0.5}" if "slices" in body else "linear"
         config.write_text(f"{body}merge_method: {method}\n")
         with pytest.raises(InvalidOptionError, match=refused):
             merge_config(merge_inputs, config, name="bad")
-    config.write_text("models: [base, ft1]\nmerge_method: slerp\nbase_model: base\n"
-                      "parameters: {t: [{filter: mlp, value: 0.5}]}\n")  # fmt: skip
-    with pytest.raises(InvalidOptionError, match="no merge parameter 't' for tensor 'lm_head.weight': none of its filters"):
+    config.write_text(
+        "models: [base, ft1]\nmerge_method: slerp\nbase_model: base\nparameters: {t: [{filter: mlp, value: 0.5}]}\n"
+    )
+    with pytest.raises(
+        InvalidOptionError, match="no merge parameter 't' for tensor 'lm_head.weight': none of its filters"
+    ):
         merge_config(merge_inputs, config, name="bad")
     other = tmp_path / "other"
     other.mkdir()
-    save_file({"model.norm.weight": np.ones(32, np.float32), "extra.weight": np.ones(3, np.float32)},
-              str(other / "model.safetensors"))  # fmt: skip
+    save_file(
+        {"model.norm.weight": np.ones(32, np.float32), "extra.weight": np.ones(3, np.float32)},
+        str(other / "model.safetensors"),
+    )
     merge_inputs.add(other, name="other")
     with pytest.raises(Exception, match="has no tensor 'lm_head.weight'|is only in some inputs"):
         merge(merge_inputs, ["ft1", "other"], method="linear", name="bad")
@@ -230,24 +264,51 @@ def test_bad_input_is_refused_before_any_work(merge_inputs: Repo, tmp_path: Path
 def test_two_task_models_keep_both_heads_under_their_own_names(merge_inputs: Repo, tmp_path: Path) -> None:
     if "head2" not in merge_inputs.refs.all():
         test_task_heads_are_refused_then_taken_from_one_input(merge_inputs, tmp_path / "setup")
-    code, out, err = run_cli("merge", "head2", "head4", "--method", "task_arithmetic", "--base", "base",
-                             "--rename", "classifier.*=head2:sentiment.", "--rename", "classifier.*=head4:topic.",
-                             "--name", "two-heads", cwd=merge_inputs.root)  # fmt: skip
+    code, out, err = run_cli(
+        "merge",
+        "head2",
+        "head4",
+        "--method",
+        "task_arithmetic",
+        "--base",
+        "base",
+        "--rename",
+        "classifier.*=head2:sentiment.",
+        "--rename",
+        "classifier.*=head4:topic.",
+        "--name",
+        "two-heads",
+        cwd=merge_inputs.root,
+    )
     assert code == 0, err
     merged = weights_of(merge_inputs, "two-heads", tmp_path / "two")
     assert merged["sentiment.classifier.weight"].shape == (2, 32) and merged["topic.classifier.weight"].shape == (4, 32)
     assert "classifier.weight" not in merged
     recipe = merge_inputs.version("two-heads").recipe["params"]
     assert recipe["rename"] == [["classifier.*", 1, "sentiment."], ["classifier.*", 2, "topic."]]
-    code, _, err = run_cli("merge", "head2", "head4", "--method", "task_arithmetic", "--base", "base",
-                           "--rename", "classifier.*=head2:x.", "--rename", "classifier.*=head4:x.", "--name", "clash",
-                           cwd=merge_inputs.root)  # fmt: skip
+    code, _, err = run_cli(
+        "merge",
+        "head2",
+        "head4",
+        "--method",
+        "task_arithmetic",
+        "--base",
+        "base",
+        "--rename",
+        "classifier.*=head2:x.",
+        "--rename",
+        "classifier.*=head4:x.",
+        "--name",
+        "clash",
+        cwd=merge_inputs.root,
+    )
     assert code == 1 and "x.classifier.weight: would be written twice" in err
 
 
 @pytest.mark.parametrize("method", ["linear", "task_arithmetic", "ties"])
-def test_chunked_merges_give_the_same_bits(merge_inputs: Repo, method: str, tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_chunked_merges_give_the_same_bits(
+    merge_inputs: Repo, method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Large tensors merge a chunk at a time (TIES after choosing what it keeps over the
     whole tensor): with chunks of 1,000 elements, still mergekit's bytes."""
     from mgit.merging import methods, recipe
@@ -283,9 +344,12 @@ def test_the_kth_largest_magnitude_by_bit_patterns(scan: int, monkeypatch: pytes
 
     monkeypatch.setattr(methods, "SCAN", scan)
     rng = np.random.default_rng(0)
-    cases = [np.abs(rng.standard_normal(10_001)).astype(np.float32),
-             np.abs(np.round(rng.standard_normal(5_000), 1)).astype(np.float32),  # many equal values
-             np.zeros(10, np.float32), np.array([np.inf, 1, 0], np.float32)]  # fmt: skip
+    cases = [
+        np.abs(rng.standard_normal(10_001)).astype(np.float32),
+        np.abs(np.round(rng.standard_normal(5_000), 1)).astype(np.float32),  # many equal values
+        np.zeros(10, np.float32),
+        np.array([np.inf, 1, 0], np.float32),
+    ]
     for values in cases:
         ordered = np.sort(values)[::-1]
         for k in (1, 2, values.size // 2, values.size):
@@ -302,16 +366,26 @@ def test_a_sharded_merge_rewrites_its_index(tmp_path: Path) -> None:
         folder = tmp_path / name
         folder.mkdir()
         keys = sorted(weights)
-        shards = {"model-00001-of-00002.safetensors": keys[: len(keys) // 2],
-                  "model-00002-of-00002.safetensors": keys[len(keys) // 2 :]}  # fmt: skip
+        shards = {
+            "model-00001-of-00002.safetensors": keys[: len(keys) // 2],
+            "model-00002-of-00002.safetensors": keys[len(keys) // 2 :],
+        }
         for file, names in shards.items():
             save_file({k: weights[k] for k in names}, str(folder / file), metadata={"format": "pt"})
-        (folder / "model.safetensors.index.json").write_text(json.dumps(
-            {"metadata": {"total_size": 1}, "weight_map": {k: f for f, ns in shards.items() for k in ns}}))
+        (folder / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": 1}, "weight_map": {k: f for f, ns in shards.items() for k in ns}})
+        )
         (folder / "config.json").write_text("{}")
         repo.add(folder, name=name, parent=parent)
-    merge(repo, ["ft1", "ft2"], method="task_arithmetic", base="base", dtype="float16", name="sharded",
-          rename=[("classifier.*", "ft1", "one."), ("classifier.*", "ft2", "two.")])  # fmt: skip
+    merge(
+        repo,
+        ["ft1", "ft2"],
+        method="task_arithmetic",
+        base="base",
+        dtype="float16",
+        name="sharded",
+        rename=[("classifier.*", "ft1", "one."), ("classifier.*", "ft2", "two.")],
+    )
     repo.checkout("sharded", tmp_path / "out")
     index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
     on_disk = {k: f for f in index["weight_map"].values() for k in floats_of(tmp_path / "out" / f)}
@@ -359,8 +433,9 @@ def test_a_linear_or_task_arithmetic_merge_is_stored_as_a_weighted_sum_of_its_in
     repo = Repo.init(tmp_path / "repo")
     for name, (_, parent) in MODELS.items():
         repo.add(write_model(tmp_path / name, name), name=name, parent=parent)
-    merged = merge(repo, ["ft1", "ft2"], method="task_arithmetic", base="base", weights={"ft1": 0.6, "ft2": 0.3},
-                   name="merged")  # fmt: skip
+    merged = merge(
+        repo, ["ft1", "ft2"], method="task_arithmetic", base="base", weights={"ft1": 0.6, "ft2": 0.3}, name="merged"
+    )
     shown = repo.show("merged")
     assert shown.tensor_storage == {"derived": len(repo.manifest("merged").tensors())}
     assert merged.new_bytes < repo.info("ft2").new_bytes / 3
@@ -390,8 +465,14 @@ def test_the_weighted_sum_codec_decodes_any_content_and_refuses_bad_configuratio
         ctx = CodecContext(content.nbytes, lambda oid: bases[oid])
         stored = encode_chain([codec], content.tobytes(), ctx)
         assert bytes(decode_chain([codec], stored, ctx)) == content.tobytes()
-    for bad in (dict(weights=[0.5]), dict(anchor=5), dict(dtype="I8"), dict(bases=["nothex", f"{1:064x}"]),
-                dict(weights=[0.5, float("nan")]), dict(normalize="yes")):  # fmt: skip
+    for bad in (
+        dict(weights=[0.5]),
+        dict(anchor=5),
+        dict(dtype="I8"),
+        dict(bases=["nothex", f"{1:064x}"]),
+        dict(weights=[0.5, float("nan")]),
+        dict(normalize="yes"),
+    ):
         config = dict(bases=list(bases), weights=[0.5, 0.25], anchor=0, normalize=False, scale=1.0, dtype="F32") | bad
         with pytest.raises((ValueError, TypeError)):
             WeightedSumCodec(**config)  # type: ignore[arg-type]
@@ -429,15 +510,25 @@ def test_a_streamed_merge_is_written_as_its_prediction_only_when_its_bases_allow
         repo.add(write_model(tmp_path / name, name), name=name, parent=parent)
     t1, t2 = (next(t for t in repo.manifest(m).tensors() if t.dtype == "F32") for m in ("ft1", "ft2"))
     meta = tensor_meta(t1.dtype, t1.shape)
-    chain = [WeightedSumCodec(bases=[t1.object, t2.object], weights=[0.5, 0.5], anchor=-1, normalize=False,
-                              scale=1.0, dtype="F32"), ZstdCodec(level=3)]  # fmt: skip
+    chain = [
+        WeightedSumCodec(
+            bases=[t1.object, t2.object], weights=[0.5, 0.5], anchor=-1, normalize=False, scale=1.0, dtype="F32"
+        ),
+        ZstdCodec(level=3),
+    ]
     depth = max(repo.store.header(t1.object).depth, repo.store.header(t2.object).depth)
     found = exact_encoding("tensor", meta, t1.nbytes, chain, max_depth=depth, header=repo.store.header)
     assert found is not None and found.depth == depth + 1 and found.codecs == chain
     assert exact_encoding("tensor", meta, t1.nbytes, chain, max_depth=depth - 1, header=repo.store.header) is None
     with pytest.raises(InvalidOptionError, match="does not store a residual of its prediction"):
-        exact_encoding("tensor", meta, t1.nbytes, [XorDeltaCodec(base=t1.object), ZstdCodec(level=1)], max_depth=3,
-                       header=repo.store.header)  # fmt: skip
+        exact_encoding(
+            "tensor",
+            meta,
+            t1.nbytes,
+            [XorDeltaCodec(base=t1.object), ZstdCodec(level=1)],
+            max_depth=3,
+            header=repo.store.header,
+        )
     merged = merge(repo, ["ft1", "ft2"], method="linear", name="merged")
     assert repo.fsck().ok
     assert repo.show("merged").tensor_storage == {"derived": len(repo.manifest("merged").tensors())}

@@ -51,8 +51,9 @@ def test_a_test_whose_metric_is_not_finite_fails_with_the_value_kept(work: Repo,
 
 
 def test_a_gate_whose_metric_is_not_finite_refuses_with_the_values_kept(work: Repo, tmp_path: Path) -> None:
-    result = work.add(tmp_path / "tuned", name="ft", parent="base", lossy=1e-3, gate=f"{work.root}/evals.py:score",
-                      max_drop=10.0)  # fmt: skip
+    result = work.add(
+        tmp_path / "tuned", name="ft", parent="base", lossy=1e-3, gate=f"{work.root}/evals.py:score", max_drop=10.0
+    )
     assert result.lossy is None
     assert result.lossless_reason == "the gate refused it: metric acc is not finite on the reconstruction"
     assert result.gate is not None and result.gate["original"] == {"acc": 1.0, "loss": 0.5}

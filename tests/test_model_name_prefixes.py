@@ -16,16 +16,19 @@ from s3server import S3Bucket, s3_bucket, s3_server  # noqa: F401
 from mgit import Repo, sync
 from mgit.errors import ModelNameConflictError
 
-requires_s3 = pytest.mark.skipif(not (importlib.util.find_spec("boto3") and importlib.util.find_spec("moto")),
-                                 reason="needs the S3 extra (boto3) and moto")  # fmt: skip
+requires_s3 = pytest.mark.skipif(
+    not (importlib.util.find_spec("boto3") and importlib.util.find_spec("moto")),
+    reason="needs the S3 extra (boto3) and moto",
+)
 
 
-
-
-@pytest.mark.parametrize(("first", "second", "said"), [
-    ("x", "x/y", "model name 'x/y' is under the model 'x'"),
-    ("x/y", "x", "model name 'x' has models under it ('x/y')"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("first", "second", "said"),
+    [
+        ("x", "x/y", "model name 'x/y' is under the model 'x'"),
+        ("x/y", "x", "model name 'x' has models under it ('x/y')"),
+    ],
+)
 def test_an_add_refuses_a_name_above_or_under_a_model(tmp_path: Path, first: str, second: str, said: str) -> None:
     repo = Repo.init(tmp_path / "repo")
     repo.add(tensors(1), name=first)
@@ -56,12 +59,16 @@ class NamesOnRemote:
     def url(self) -> str:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    @pytest.mark.parametrize(("first", "second", "said"), [
-        ("x", "x/y", "model name 'x/y' is under the model 'x' on "),
-        ("x/y", "x", "model name 'x' has models under it ('x/y' on "),
-    ])  # fmt: skip
-    def test_a_push_of_a_name_above_or_under_one_on_the_remote_is_refused(self, url: str, tmp_path: Path,
-                                                                         first: str, second: str, said: str) -> None:  # fmt: skip
+    @pytest.mark.parametrize(
+        ("first", "second", "said"),
+        [
+            ("x", "x/y", "model name 'x/y' is under the model 'x' on "),
+            ("x/y", "x", "model name 'x' has models under it ('x/y' on "),
+        ],
+    )
+    def test_a_push_of_a_name_above_or_under_one_on_the_remote_is_refused(
+        self, url: str, tmp_path: Path, first: str, second: str, said: str
+    ) -> None:
         alice, bob = Repo.init(tmp_path / "alice"), Repo.init(tmp_path / "bob")
         alice.add(tensors(1), name=first)
         bob.add(tensors(2), name=second)
@@ -108,8 +115,9 @@ class TestS3Remote(NamesOnRemote):
         # What an older mgit let two pushes make: S3 has no folders, so both keys can exist.
         s3_bucket.client().put_object(Bucket=s3_bucket.name, Key="team/refs/models/x/y", Body=f"{vid}\n".encode())
 
-        err = one_line_error(run_cli("clone", url, str(tmp_path / "bob")),
-                             "model name 'x/y' is under the model 'x' on ")  # fmt: skip
+        err = one_line_error(
+            run_cli("clone", url, str(tmp_path / "bob")), "model name 'x/y' is under the model 'x' on "
+        )
 
         assert url in err
         assert not (tmp_path / "bob" / ".mgit").exists() or Repo(tmp_path / "bob").refs.all() == {}

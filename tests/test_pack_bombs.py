@@ -148,18 +148,23 @@ def _entries(pid: str, path: Path) -> list[tuple[str, str, object]]:
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 1 << 20])
-def test_a_pack_streams_back_to_what_was_written_whatever_its_layout(tmp_path: Path, chunk: int,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_pack_streams_back_to_what_was_written_whatever_its_layout(
+    tmp_path: Path, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(packs, "_CHUNK", chunk)
-    pack = MetadataPack(records={_fake(1): os.urandom(3000), _fake(2): b""},
-                        objects=[(_fake(3), "tensor", 10, 7, "zstd\u00e9\\\"", (_fake(1),)), (_fake(4), "blob", 0, 0, "raw", ())],
-                        sketches={_fake(5): b"\x00\x01"})  # fmt: skip
+    pack = MetadataPack(
+        records={_fake(1): os.urandom(3000), _fake(2): b""},
+        objects=[(_fake(3), "tensor", 10, 7, 'zstd\u00e9\\"', (_fake(1),)), (_fake(4), "blob", 0, 0, "raw", ())],
+        sketches={_fake(5): b"\x00\x01"},
+    )
     pid, data = pack.to_bytes()
     (tmp_path / f"{pid}.mgpack").write_bytes(data)
     got = _entries(pid, tmp_path / f"{pid}.mgpack")
     assert sorted((k, o, v) for k, o, v in got) == sorted(
-        [("record", k, v) for k, v in pack.records.items()] + [("object", r[0], r) for r in pack.objects]
-        + [("sketch", k, v) for k, v in pack.sketches.items()])  # fmt: skip
+        [("record", k, v) for k, v in pack.records.items()]
+        + [("object", r[0], r) for r in pack.objects]
+        + [("sketch", k, v) for k, v in pack.sketches.items()]
+    )
     # Another writer's layout: white space, another key order.
     import base64
 
@@ -168,16 +173,19 @@ def test_a_pack_streams_back_to_what_was_written_whatever_its_layout(tmp_path: P
     assert _entries(pid, path) == [("record", _fake(1), b"abc")]
 
 
-@pytest.mark.parametrize("body, why", [
-    (b'{"format": 1, "objects": [], "records": {}}', "no sketches"),
-    (b'{"format": 1, "objects": [], "records": {}, "sketches": {}} x', "trailing bytes"),
-    (b'{"format": 1, "format": 1, "objects": [], "records": {}, "sketches": {}}', "unexpected key"),
-    (b'{"format": 2, "objects": [], "records": {}, "sketches": {}}', "not a pack of format 1"),
-    (b'{"format": 1, "objects": [[1]], "records": {}, "sketches": {}}', "bad object row"),
-    (b'{"format": 1, "objects": [], "records": {"ab": "AA=="}, "sketches": {}}', "bad record id"),
-    (b'{"format": 1, "objects": [], "records": {}, "sketches": {"' + b"0" * 64 + b'": "A"}}', "Invalid base64"),
-    (b'{"format": 1, "objects": [], "records": {"' + b"0" * 64 + b'": "AAAA', "ends inside a string"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "body, why",
+    [
+        (b'{"format": 1, "objects": [], "records": {}}', "no sketches"),
+        (b'{"format": 1, "objects": [], "records": {}, "sketches": {}} x', "trailing bytes"),
+        (b'{"format": 1, "format": 1, "objects": [], "records": {}, "sketches": {}}', "unexpected key"),
+        (b'{"format": 2, "objects": [], "records": {}, "sketches": {}}', "not a pack of format 1"),
+        (b'{"format": 1, "objects": [[1]], "records": {}, "sketches": {}}', "bad object row"),
+        (b'{"format": 1, "objects": [], "records": {"ab": "AA=="}, "sketches": {}}', "bad record id"),
+        (b'{"format": 1, "objects": [], "records": {}, "sketches": {"' + b"0" * 64 + b'": "A"}}', "Invalid base64"),
+        (b'{"format": 1, "objects": [], "records": {"' + b"0" * 64 + b'": "AAAA', "ends inside a string"),
+    ],
+)
 def test_a_damaged_pack_is_refused_naming_it(tmp_path: Path, body: bytes, why: str) -> None:
     from mgit.errors import ReceivedError
 

@@ -32,8 +32,10 @@ def model_for(folder: Path) -> None:
     state = tensors(1, width=32)
     if folder.name != "bert-base":
         rng = np.random.default_rng(seed)
-        state = {k: v + rng.standard_normal(v.shape).astype(v.dtype) * np.float32(1e-3) if v.dtype == np.float32 else v
-                 for k, v in state.items()}  # fmt: skip
+        state = {
+            k: v + rng.standard_normal(v.shape).astype(v.dtype) * np.float32(1e-3) if v.dtype == np.float32 else v
+            for k, v in state.items()
+        }
     make_model(folder, state=state)
 
 

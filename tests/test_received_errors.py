@@ -52,7 +52,9 @@ def test_clone_of_a_corrupt_object(tmp_path: Path) -> None:
     remote, alice = pushed_remote(tmp_path)
     victim = Repo(alice).manifest("ft").tensors()[0].object
     _flip(remote, victim)
-    refused(cli("clone", str(remote), str(tmp_path / "bob")), remote, f"object {victim[:16]} from {remote} is corrupt (")
+    refused(
+        cli("clone", str(remote), str(tmp_path / "bob")), remote, f"object {victim[:16]} from {remote} is corrupt ("
+    )
     assert not (tmp_path / "bob").exists()
 
 
@@ -86,13 +88,19 @@ def test_lazy_checkout_of_a_corrupt_or_missing_object(tmp_path: Path) -> None:
     victim = Repo(alice).manifest("ft").tensors()[0].object
     before = holdings(tmp_path / "bob")
     _flip(remote, victim)
-    err = refused(cli("-C", str(tmp_path / "bob"), "checkout", "ft", "-o", str(tmp_path / "out")), remote,
-                  f"object {victim[:16]} from {remote} is corrupt (")  # fmt: skip
+    err = refused(
+        cli("-C", str(tmp_path / "bob"), "checkout", "ft", "-o", str(tmp_path / "out")),
+        remote,
+        f"object {victim[:16]} from {remote} is corrupt (",
+    )
     assert holdings(tmp_path / "bob") == before, err
     _object(remote, victim).unlink()
     shutil.rmtree(tmp_path / "out", ignore_errors=True)
-    refused(cli("-C", str(tmp_path / "bob"), "checkout", "ft", "-o", str(tmp_path / "out")), remote,
-            f"object {victim[:16]} is missing from {remote}")  # fmt: skip
+    refused(
+        cli("-C", str(tmp_path / "bob"), "checkout", "ft", "-o", str(tmp_path / "out")),
+        remote,
+        f"object {victim[:16]} is missing from {remote}",
+    )
     assert holdings(tmp_path / "bob") == before
 
 
@@ -105,15 +113,23 @@ def test_a_forged_manifest_a_damaged_pack_and_an_oversized_record(tmp_path: Path
     data = bytearray(pack.read_bytes())
     data[-1] ^= 1
     pack.write_bytes(bytes(data))
-    refused(cli("-C", str(tmp_path / "bob"), "fetch"), remote, f"metadata pack {pack.name[:16]} from {remote}",
-            "does not hash to its name")  # fmt: skip
+    refused(
+        cli("-C", str(tmp_path / "bob"), "fetch"),
+        remote,
+        f"metadata pack {pack.name[:16]} from {remote}",
+        "does not hash to its name",
+    )
     assert holdings(tmp_path / "bob") == before
     pack.unlink()  # records are read one by one
     vid = Repo(alice).resolve("ft")
     with open(_object(remote, vid), "r+b") as fh:
         fh.truncate(2 << 30)  # sparse: 2 GiB on paper
-    refused(cli("-C", str(tmp_path / "bob"), "fetch"), remote, f"objects/{vid[:2]}/{vid[2:]} on {remote}",
-            "2147483648 bytes")  # fmt: skip
+    refused(
+        cli("-C", str(tmp_path / "bob"), "fetch"),
+        remote,
+        f"objects/{vid[:2]}/{vid[2:]} on {remote}",
+        "2147483648 bytes",
+    )
     assert holdings(tmp_path / "bob") == before
     # A pack with a record whose bytes are not its id's.
     base = Repo(alice).resolve("base")
@@ -121,8 +137,11 @@ def test_a_forged_manifest_a_damaged_pack_and_an_oversized_record(tmp_path: Path
     raw[-1] ^= 1
     pid, data = MetadataPack(records={base: bytes(raw)}).to_bytes()
     (remote / "packs" / f"{pid}.mgpack").write_bytes(data)
-    refused(cli("-C", str(tmp_path / "bob"), "fetch", "--models", "base"), remote,
-            f"object {base[:16]} from {remote} is corrupt (")  # fmt: skip
+    refused(
+        cli("-C", str(tmp_path / "bob"), "fetch", "--models", "base"),
+        remote,
+        f"object {base[:16]} from {remote} is corrupt (",
+    )
     assert holdings(tmp_path / "bob") == before
 
 
@@ -140,6 +159,9 @@ def test_a_damaged_ref_and_a_remote_show_of_a_corrupt_record(tmp_path: Path) -> 
     vid = Repo(alice).resolve("base")
     shutil.rmtree(remote / "packs")
     _flip(remote, vid)
-    refused(cli("-C", str(tmp_path / "bob"), "remote", "show", "origin"), remote,
-            f"object {vid[:16]} from {remote} is corrupt (")  # fmt: skip
+    refused(
+        cli("-C", str(tmp_path / "bob"), "remote", "show", "origin"),
+        remote,
+        f"object {vid[:16]} from {remote} is corrupt (",
+    )
     assert holdings(tmp_path / "bob") == before

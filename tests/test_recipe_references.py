@@ -35,7 +35,8 @@ def folders(repo: Repo, tmp_path: Path) -> tuple[Repo, Path]:
 
 
 def test_a_given_reference_is_read_from_here_a_recorded_one_from_the_work_folder(
-        folders: tuple[Repo, Path], monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    folders: tuple[Repo, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     repo, elsewhere = folders
     monkeypatch.chdir(elsewhere)
     assert anchored("recipes.py:halve", repo.root) == f"{(elsewhere / 'recipes.py').resolve()}:halve"
@@ -46,7 +47,8 @@ def test_a_given_reference_is_read_from_here_a_recorded_one_from_the_work_folder
 
 
 def test_a_cascade_run_from_another_folder_records_the_work_folders_recipe(
-        folders: tuple[Repo, Path], monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    folders: tuple[Repo, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     repo, elsewhere = folders
     monkeypatch.chdir(repo.root)
     repo.add(tensors(1), name="base")

@@ -21,10 +21,20 @@ def test_valid_names(name: str) -> None:
 
 @pytest.mark.parametrize(
     ("name", "why"),
-    [("", "empty"), ("../x", "characters"), ("a/../b", "characters"), ("a@b", "characters"),
-     ("/abs", "characters"), ("a/b/c", "characters"), ("x" * 200, "longer"), ("a..b", "'..'"),
-     ("m.lock", ".lock"), ("-flag", "characters"), ("a b", "characters")],
-)  # fmt: skip
+    [
+        ("", "empty"),
+        ("../x", "characters"),
+        ("a/../b", "characters"),
+        ("a@b", "characters"),
+        ("/abs", "characters"),
+        ("a/b/c", "characters"),
+        ("x" * 200, "longer"),
+        ("a..b", "'..'"),
+        ("m.lock", ".lock"),
+        ("-flag", "characters"),
+        ("a b", "characters"),
+    ],
+)
 def test_invalid_names(name: str, why: str) -> None:
     with pytest.raises(InvalidNameError, match=why):
         validate_model_name(name)
@@ -65,7 +75,10 @@ def test_lock_held_by_another_process_times_out_with_a_retryable_message(tmp_pat
     holder.start()
     try:
         assert ready.wait(30)
-        with pytest.raises(LockTimeoutError, match="try again"), FileLock(tmp_path / "m.lock", what="model 'm'", timeout=0.3):
+        with (
+            pytest.raises(LockTimeoutError, match="try again"),
+            FileLock(tmp_path / "m.lock", what="model 'm'", timeout=0.3),
+        ):
             pass
         # Shared locks conflict with the exclusive holder too.
         with pytest.raises(LockTimeoutError), FileLock(tmp_path / "m.lock", what="x", shared=True, timeout=0.2):
@@ -90,7 +103,10 @@ def test_lock_of_a_killed_holder_is_released(tmp_path: Path) -> None:
 
 
 def test_shared_locks_coexist(tmp_path: Path) -> None:
-    with FileLock(tmp_path / "r.lock", what="repo", shared=True), FileLock(tmp_path / "r.lock", what="repo", shared=True, timeout=0.5):
+    with (
+        FileLock(tmp_path / "r.lock", what="repo", shared=True),
+        FileLock(tmp_path / "r.lock", what="repo", shared=True, timeout=0.5),
+    ):
         pass
 
 

@@ -41,12 +41,20 @@ from mgit.remotes.folder import FolderBackend
 MiB = 1 << 20
 PART = 5 * MiB  # S3's smallest part: the S3 backend's multipart threshold in these tests
 LARGE = 12 * MiB + 7  # three parts on S3; several MiB for a folder
-CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-                        "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN")  # fmt: skip
+CREDENTIAL_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_ROLE_ARN",
+)
 
 
-requires_s3 = pytest.mark.skipif(not (importlib.util.find_spec("boto3") and importlib.util.find_spec("moto")),
-                                 reason="needs the S3 extra (boto3) and moto")  # fmt: skip
+requires_s3 = pytest.mark.skipif(
+    not (importlib.util.find_spec("boto3") and importlib.util.find_spec("moto")),
+    reason="needs the S3 extra (boto3) and moto",
+)
 
 
 def sha256(path: Path) -> str:
@@ -146,14 +154,24 @@ class BackendContract:
         assert not backend.exists("objects/ab/k2")
 
     def test_list_gives_sorted_keys_under_a_prefix(self, backend):
-        keys = ["index.json", "objects/ab/cd01", "objects/ab/cd00", "objects/ff/0011", "refs/models/bert",
-                "refs/models/org/gpt2", "refs/models/bert-sst2"]  # fmt: skip
+        keys = [
+            "index.json",
+            "objects/ab/cd01",
+            "objects/ab/cd00",
+            "objects/ff/0011",
+            "refs/models/bert",
+            "refs/models/org/gpt2",
+            "refs/models/bert-sst2",
+        ]
         for key in keys:
             backend.write(key, b"v")
         assert list(backend.list("objects/")) == ["objects/ab/cd00", "objects/ab/cd01", "objects/ff/0011"]
         assert list(backend.list("objects/a")) == ["objects/ab/cd00", "objects/ab/cd01"]
-        assert list(backend.list("refs/models/")) == ["refs/models/bert", "refs/models/bert-sst2",
-                                                      "refs/models/org/gpt2"]  # fmt: skip
+        assert list(backend.list("refs/models/")) == [
+            "refs/models/bert",
+            "refs/models/bert-sst2",
+            "refs/models/org/gpt2",
+        ]
         assert list(backend.list("refs/models/org/")) == ["refs/models/org/gpt2"]
         assert list(backend.list("refs/models/bert")) == ["refs/models/bert", "refs/models/bert-sst2"]
         assert list(backend.list("nothing/")) == []
@@ -294,8 +312,7 @@ class TestS3Backend(BackendContract):
         assert not (tmp_path / "out").exists()
 
     @pytest.mark.parametrize("breaks", [1, 2])
-    def test_a_body_that_breaks_off_is_fetched_again_or_leaves_no_file(self, s3_bucket, tmp_path, monkeypatch,
-                                                                       breaks):  # fmt: skip
+    def test_a_body_that_breaks_off_is_fetched_again_or_leaves_no_file(self, s3_bucket, tmp_path, monkeypatch, breaks):
         from botocore.response import StreamingBody
 
         monkeypatch.setenv("MGIT_S3_ATTEMPTS", "2")
@@ -331,12 +348,19 @@ class TestS3Backend(BackendContract):
 @requires_s3
 def test_a_missing_bucket_is_named_in_one_line_and_never_created(s3_bucket, tmp_path):
     backend = s3_backend("s3://mgit-test-no-such-bucket/team")
-    calls = [backend.check, lambda: backend.read("objects/ab/k", limit=10), lambda: backend.write("k", b"x"),
-             lambda: list(backend.list("")), lambda: backend.write_if("refs/models/m", b"x", token=None)]  # fmt: skip
+    calls = [
+        backend.check,
+        lambda: backend.read("objects/ab/k", limit=10),
+        lambda: backend.write("k", b"x"),
+        lambda: list(backend.list("")),
+        lambda: backend.write_if("refs/models/m", b"x", token=None),
+    ]
     for call in calls:
         with pytest.raises(RemoteNotFoundError) as failed:
             call()
-        assert "'mgit-test-no-such-bucket' of s3://mgit-test-no-such-bucket/team does not exist" in one_line(failed.value)
+        assert "'mgit-test-no-such-bucket' of s3://mgit-test-no-such-bucket/team does not exist" in one_line(
+            failed.value
+        )
         assert "never creates buckets" in str(failed.value)
     buckets = [b["Name"] for b in s3_bucket.client().list_buckets()["Buckets"]]
     assert "mgit-test-no-such-bucket" not in buckets
@@ -358,11 +382,20 @@ def strict_server():
     import boto3
 
     with S3Server() as server:
-        switch = urllib.request.Request(server.endpoint + "/moto-api/reset-auth", data=b"4", method="POST",
-                                        headers={"Content-Type": "application/octet-stream"})  # fmt: skip
+        switch = urllib.request.Request(
+            server.endpoint + "/moto-api/reset-auth",
+            data=b"4",
+            method="POST",
+            headers={"Content-Type": "application/octet-stream"},
+        )
         urllib.request.build_opener(urllib.request.ProxyHandler({})).open(switch, timeout=10).close()
-        iam = boto3.client("iam", endpoint_url=server.endpoint, region_name="us-east-1",
-                           aws_access_key_id="setup", aws_secret_access_key="setup")  # fmt: skip
+        iam = boto3.client(
+            "iam",
+            endpoint_url=server.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="setup",
+            aws_secret_access_key="setup",
+        )
         iam.create_user(UserName="mgit")
         key = iam.create_access_key(UserName="mgit")["AccessKey"]
         allow_s3 = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
@@ -381,18 +414,28 @@ def use_aws_env(monkeypatch: pytest.MonkeyPatch, endpoint: str, **overrides: str
 @requires_s3
 def test_right_credentials_pass_and_wrong_ones_are_refused_in_one_line(strict_server, monkeypatch):
     url = f"s3://{strict_server.bucket}/team"
-    use_aws_env(monkeypatch, strict_server.endpoint, AWS_ACCESS_KEY_ID=strict_server.key_id,
-                AWS_SECRET_ACCESS_KEY=strict_server.secret)  # fmt: skip
+    use_aws_env(
+        monkeypatch,
+        strict_server.endpoint,
+        AWS_ACCESS_KEY_ID=strict_server.key_id,
+        AWS_SECRET_ACCESS_KEY=strict_server.secret,
+    )
     good = s3_backend(url)
     good.write("objects/ab/k", b"v")
     assert good.read("objects/ab/k", limit=10) == b"v"
-    for key_id, secret, code in [(strict_server.key_id, "not-the-secret", "SignatureDoesNotMatch"),
-                                 ("AKIAUNKNOWNKEY000000", "not-the-secret", "InvalidAccessKeyId")]:  # fmt: skip
+    for key_id, secret, code in [
+        (strict_server.key_id, "not-the-secret", "SignatureDoesNotMatch"),
+        ("AKIAUNKNOWNKEY000000", "not-the-secret", "InvalidAccessKeyId"),
+    ]:
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
         bad = s3_backend(url)
-        for call in (bad.check, partial(bad.exists, "objects/ab/k"), partial(bad.read, "objects/ab/k", limit=10),
-                     partial(bad.write, "objects/ab/k", b"x")):  # fmt: skip
+        for call in (
+            bad.check,
+            partial(bad.exists, "objects/ab/k"),
+            partial(bad.read, "objects/ab/k", limit=10),
+            partial(bad.write, "objects/ab/k", b"x"),
+        ):
             with pytest.raises(RemoteAuthError) as failed:
                 call()
             message = one_line(failed.value)

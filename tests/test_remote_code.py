@@ -44,8 +44,13 @@ def shared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Repo, Repo,
     sync.add_remote(alice, "origin", str(tmp_path / "team.mgit"))
     copy_user_code(alice.root, "tune")
     alice.add(make_model(tmp_path / "src-base", state=tensors(1)), name="base")
-    alice.add(make_model(tmp_path / "src-ft", state=tensors(2)), name="ft", parent="base", recipe="recipes.py:tune",
-              params={"scale": 2})  # fmt: skip
+    alice.add(
+        make_model(tmp_path / "src-ft", state=tensors(2)),
+        name="ft",
+        parent="base",
+        recipe="recipes.py:tune",
+        params={"scale": 2},
+    )
     Checks(alice).attach("ft", "evals.py:size", name="size")
     alice.add(make_model(tmp_path / "src-base2", state=tensors(3)), name="base")
     sync.push(alice)
@@ -66,8 +71,9 @@ def test_a_recorded_source_is_written_inside_its_temporary_folder_whatever_the_r
     made that an absolute path, written and left there."""
     planted = tmp_path / "planted" / "pwned"
     planted.parent.mkdir()
-    outcome = usercode.run("call", f"x.{planted}:f", ["arg"], timeout=60,
-                           source=b"def f(arg):\n    return {'ok': 1.0}\n")  # fmt: skip
+    outcome = usercode.run(
+        "call", f"x.{planted}:f", ["arg"], timeout=60, source=b"def f(arg):\n    return {'ok': 1.0}\n"
+    )
     assert outcome.ok and outcome.value == {"ok": 1.0}, outcome
     assert list(planted.parent.iterdir()) == []
 
@@ -83,10 +89,12 @@ def forge_registration(bob: Repo, alice: Repo, fn: str) -> None:
         conn.close()
 
 
-@pytest.mark.parametrize("fn", ["x.{abs}/pwned:f", "{abs}/pwned.py:f", "../../{name}/pwned.py:f", "a..b:f",
-                                "ok.py\n:f"])  # fmt: skip
+@pytest.mark.parametrize(
+    "fn", ["x.{abs}/pwned:f", "{abs}/pwned.py:f", "../../{name}/pwned.py:f", "a..b:f", "ok.py\n:f"]
+)
 def test_a_pulled_registration_whose_reference_is_no_module_or_relative_file_is_refused(
-        fn: str, shared: tuple[Repo, Repo, Path], tmp_path: Path) -> None:  # fmt: skip
+    fn: str, shared: tuple[Repo, Repo, Path], tmp_path: Path
+) -> None:
     alice, bob, marker = shared
     planted = tmp_path / "planted"
     planted.mkdir()
@@ -107,9 +115,11 @@ def test_a_registration_in_checks_sqlite_is_checked_when_read(shared: tuple[Repo
     planted.mkdir()
     Checks(bob)  # (its tables)
     with sqlite3.connect(bob.dir / "checks.sqlite") as db:
-        db.execute("INSERT INTO tests (name, fn, target, inherit, conditions, timeout, created, source, resources) "
-                   "VALUES ('pwned', ?, 'ft', 0, '[]', NULL, '2026-01-01T00:00:00Z', ?, '{}')",
-                   (f"x.{planted}/pwned:f", Checks(alice).test("size").source))  # fmt: skip
+        db.execute(
+            "INSERT INTO tests (name, fn, target, inherit, conditions, timeout, created, source, resources) "
+            "VALUES ('pwned', ?, 'ft', 0, '[]', NULL, '2026-01-01T00:00:00Z', ?, '{}')",
+            (f"x.{planted}/pwned:f", Checks(alice).test("size").source),
+        )
     code, out, err = cli(bob, "test", "run", "--all", "--trust-remote-code")
     assert code == 1 and err.startswith("Error: test 'pwned' in checks.sqlite: cannot use") and err.count("\n") == 1
     assert list(planted.iterdir()) == [] and ran(marker) == []
@@ -121,8 +131,9 @@ def test_a_pulled_test_runs_only_with_trust_remote_code(shared: tuple[Repo, Repo
     before = state(bob)
     code, out, err = cli(bob, "test", "run", "--all")
     assert code == 1 and out == "" and err.count("\n") == 1, (code, out, err)
-    assert err.startswith("Error: this would run code that came from a remote: test 'size' (evals.py:size, "
-                          "pulled from origin)"), err
+    assert err.startswith(
+        "Error: this would run code that came from a remote: test 'size' (evals.py:size, pulled from origin)"
+    ), err
     assert "--trust-remote-code" in err
     assert ran(marker) == [] and state(bob) == before
     with pytest.raises(UntrustedCodeError):
@@ -139,8 +150,9 @@ def test_a_fetched_recipe_runs_only_with_trust_remote_code(shared: tuple[Repo, R
     before = state(bob)
     code, out, err = cli(bob, "cascade", "base")
     assert code == 1 and out == "" and err.count("\n") == 1, (code, out, err)
-    assert err.startswith("Error: this would run code that came from a remote: the recipe of ft@1 (recipes.py:tune, "
-                          "recorded by "), err
+    assert err.startswith(
+        "Error: this would run code that came from a remote: the recipe of ft@1 (recipes.py:tune, recorded by "
+    ), err
     assert "test 'size' (evals.py:size, pulled from origin)" in err
     assert ran(marker) == [] and state(bob) == before
     with pytest.raises(UntrustedCodeError):

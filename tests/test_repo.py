@@ -54,8 +54,7 @@ def test_single_safetensors_file_and_odd_header_kept(repo: Repo, tmp_path: Path)
     import struct
 
     a = np.arange(6, dtype=np.float16)
-    header = {"b": {"dtype": "F16", "shape": [6], "data_offsets": [0, 12]},
-              "__metadata__": {"z": "1", "a": "2"}}  # fmt: skip
+    header = {"b": {"dtype": "F16", "shape": [6], "data_offsets": [0, 12]}, "__metadata__": {"z": "1", "a": "2"}}
     body = json.dumps(header, indent=1).encode() + b"    "
     path = tmp_path / "odd.safetensors"
     path.write_bytes(struct.pack("<Q", len(body)) + body + a.tobytes())
@@ -343,7 +342,9 @@ def test_a_selector_that_is_both_a_number_and_an_id_prefix_names_both() -> None:
 
     chain = ["0003" + "a" * 60, "1" * 64, "0003" + "b" * 60]  # newest first: @3 is "0003a..."
     assert pick_version("m@2", "m", chain, "2") == "1" * 64
-    with pytest.raises(UnknownRefError, match=r"ambiguous \(version 3 \(0003aaaaaaaa\), id 0003aaaaaaaa, id 0003bbbbbbbb\)"):
+    with pytest.raises(
+        UnknownRefError, match=r"ambiguous \(version 3 \(0003aaaaaaaa\), id 0003aaaaaaaa, id 0003bbbbbbbb\)"
+    ):
         pick_version("m@0003", "m", chain, "0003")
     assert pick_version("m@0003b", "m", chain, "0003b") == "0003" + "b" * 60
     with pytest.raises(UnknownRefError, match="has 3 versions; no version"):
@@ -383,7 +384,9 @@ def test_a_rebuilt_file_that_misses_its_digest_is_refused(repo: Repo, tmp_path: 
     oid = repo.store.put_blob(data).oid
     entry = FileEntry("a.txt", "blob", len(data), "0" * 64, oid)  # a digest that is not the file's
     manifest = repo.store.put_record("manifest", Manifest((entry,)).to_json()).oid
-    vid = repo.store.put_record("version", Version("m", manifest, author="x", time="2024-01-01T00:00:00Z").to_json()).oid
+    vid = repo.store.put_record(
+        "version", Version("m", manifest, author="x", time="2024-01-01T00:00:00Z").to_json()
+    ).oid
     repo.refs.update("m", vid, expected=None)
     with pytest.raises(ChecksumMismatchError, match="a.txt does not match the digest recorded at add time"):
         repo.checkout("m", tmp_path / "out")
@@ -425,8 +428,14 @@ def test_du_per_model_is_each_chain_measured_on_its_own(repo: Repo) -> None:
     live = sorted({v for m in du.models for v in repo.chain(repo.resolve(m.name))})
     assert (du.objects, du.stored_bytes) == repo.catalog.physical_bytes(live)
     assert repo.catalog.model_usage({"none": []})[0].to_json() == {
-        "name": "none", "versions": 0, "logical_bytes": 0, "stored_bytes": 0, "objects": 0, "tensor_storage": {},
-        "reduction": 0.0}
+        "name": "none",
+        "versions": 0,
+        "logical_bytes": 0,
+        "stored_bytes": 0,
+        "objects": 0,
+        "tensor_storage": {},
+        "reduction": 0.0,
+    }
 
 
 def test_a_model_others_were_built_on_is_removed_only_with_force(tmp_path: Path) -> None:

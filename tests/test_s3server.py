@@ -26,8 +26,9 @@ from s3server import FaultProxy, S3Server, s3_bucket, s3_client, s3_server  # no
 
 MiB = 1024 * 1024
 NO_RETRIES = Config(retries={"total_max_attempts": 1})  # {"max_attempts": 1} still retries once
-SEQUENTIAL_MULTIPART = TransferConfig(multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB,
-                                      max_concurrency=1, use_threads=False)  # fmt: skip
+SEQUENTIAL_MULTIPART = TransferConfig(
+    multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB, max_concurrency=1, use_threads=False
+)
 
 
 def payload(size: int, seed: int = 0) -> bytes:
@@ -150,12 +151,15 @@ def test_complete_multipart_honours_if_none_match_but_ignores_if_match(s3_bucket
     def complete(**condition):
         upload = s3.create_multipart_upload(Bucket=bucket, Key="m")["UploadId"]
         parts = [
-            {"PartNumber": n, "ETag": s3.upload_part(Bucket=bucket, Key="m", UploadId=upload,
-                                                     PartNumber=n, Body=chunk)["ETag"]}  # fmt: skip
+            {
+                "PartNumber": n,
+                "ETag": s3.upload_part(Bucket=bucket, Key="m", UploadId=upload, PartNumber=n, Body=chunk)["ETag"],
+            }
             for n, chunk in ((1, data[: 5 * MiB]), (2, data[5 * MiB :]))
         ]
-        return s3.complete_multipart_upload(Bucket=bucket, Key="m", UploadId=upload,
-                                            MultipartUpload={"Parts": parts}, **condition)  # fmt: skip
+        return s3.complete_multipart_upload(
+            Bucket=bucket, Key="m", UploadId=upload, MultipartUpload={"Parts": parts}, **condition
+        )
 
     assert complete(IfNoneMatch="*")["ETag"] == multipart_etag(data, 5 * MiB)
     with pytest.raises(ClientError) as failed:
@@ -216,29 +220,29 @@ class RecordingUpstream:
 
 def aws_chunked(data: bytes, chunk: int) -> bytes:
     """The aws-chunked encoding (unsigned, with a CRC32 trailer) that SDKs use over TLS."""
-    body = b"".join(f"{len(data[i : i + chunk]):x}\r\n".encode() + data[i : i + chunk] + b"\r\n"
-                    for i in range(0, len(data), chunk))  # fmt: skip
+    body = b"".join(
+        f"{len(data[i : i + chunk]):x}\r\n".encode() + data[i : i + chunk] + b"\r\n" for i in range(0, len(data), chunk)
+    )
     crc = base64.b64encode(zlib.crc32(data).to_bytes(4, "big"))
     return body + b"0\r\nx-amz-checksum-crc32:" + crc + b"\r\n\r\n"
 
 
 def test_proxy_forwards_request_bytes_unchanged():
     data = random_payload(200_000)
-    chunked = b"".join(f"{len(part):X};ext=1\r\n".encode() + part + b"\r\n"
-                       for part in (data[:70_000], data[70_000:]))  # fmt: skip
+    chunked = b"".join(f"{len(part):X};ext=1\r\n".encode() + part + b"\r\n" for part in (data[:70_000], data[70_000:]))
     requests = (
-        b"PUT /b/plain?x=%2F HTTP/1.1\r\nHost: h\r\nContent-Length: 200000\r\n\r\n" + data
+        b"PUT /b/plain?x=%2F HTTP/1.1\r\nHost: h\r\nContent-Length: 200000\r\n\r\n"
+        + data
         + b"PUT /b/chunked HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n"
         + b"Content-Encoding: aws-chunked\r\nX-Custom:  spaced \r\n\r\n"
-        + chunked + b"0\r\nx-amz-checksum-crc32: AAAAAA==\r\n\r\n"
+        + chunked
+        + b"0\r\nx-amz-checksum-crc32: AAAAAA==\r\n\r\n"
         + b"HEAD /b/plain HTTP/1.1\r\nHost: h\r\n\r\n"
         + b"GET /b/plain HTTP/1.1\r\nHost: h\r\nRange: bytes=0-9\r\n\r\n"
-    )  # fmt: skip
+    )
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
     upstream = RecordingUpstream(answer)
-    with FaultProxy(upstream.endpoint) as proxy, socket.create_connection(
-        address(proxy.endpoint), timeout=5
-    ) as client:
+    with FaultProxy(upstream.endpoint) as proxy, socket.create_connection(address(proxy.endpoint), timeout=5) as client:
         client.sendall(requests)
         client.shutdown(socket.SHUT_WR)  # the proxy relays the end, the upstream then answers
         reply = b"".join(iter(lambda: client.recv(65536), b""))
@@ -246,7 +250,11 @@ def test_proxy_forwards_request_bytes_unchanged():
         assert upstream.received == requests
         assert reply == answer
         assert [(r.method, r.target) for r in proxy.seen] == [
-            ("PUT", "/b/plain?x=%2F"), ("PUT", "/b/chunked"), ("HEAD", "/b/plain"), ("GET", "/b/plain")]  # fmt: skip
+            ("PUT", "/b/plain?x=%2F"),
+            ("PUT", "/b/chunked"),
+            ("HEAD", "/b/plain"),
+            ("GET", "/b/plain"),
+        ]
 
 
 def test_proxy_forwards_chunked_and_aws_chunked_uploads_to_s3(s3_bucket):
@@ -257,9 +265,12 @@ def test_proxy_forwards_chunked_and_aws_chunked_uploads_to_s3(s3_bucket):
         conn.request("PUT", f"/{s3_bucket.name}/plain", body=iter(pieces), encode_chunked=True)
         assert conn.getresponse().read() is not None
         encoded = aws_chunked(data, 64 * 1024)
-        headers = {"Content-Encoding": "aws-chunked", "X-Amz-Decoded-Content-Length": str(len(data)),
-                   "x-amz-content-sha256": "STREAMING-UNSIGNED-PAYLOAD-TRAILER",
-                   "X-Amz-Trailer": "x-amz-checksum-crc32"}  # fmt: skip
+        headers = {
+            "Content-Encoding": "aws-chunked",
+            "X-Amz-Decoded-Content-Length": str(len(data)),
+            "x-amz-content-sha256": "STREAMING-UNSIGNED-PAYLOAD-TRAILER",
+            "X-Amz-Trailer": "x-amz-checksum-crc32",
+        }
         body = iter([encoded[i : i + 40_000] for i in range(0, len(encoded), 40_000)])
         conn.request("PUT", f"/{s3_bucket.name}/aws", body=body, headers=headers, encode_chunked=True)
         response = conn.getresponse()
@@ -312,8 +323,7 @@ def test_without_retries_a_dropped_connection_surfaces(s3_bucket):
 
 
 def test_fault_filter_and_cap_pick_which_requests_fail(s3_bucket):
-    with FaultProxy(s3_bucket.endpoint, every=1, mode="503", methods={"PUT"}, path=r"/refs/",
-                    max_faults=1) as proxy:  # fmt: skip
+    with FaultProxy(s3_bucket.endpoint, every=1, mode="503", methods={"PUT"}, path=r"/refs/", max_faults=1) as proxy:
         s3 = s3_client(proxy.endpoint, NO_RETRIES)
         s3.put_object(Bucket=s3_bucket.name, Key="objects/a", Body=b"a")
         with pytest.raises(ClientError):

@@ -32,7 +32,6 @@ from mgit.formats.safetensors import (
 # --- builders ------------------------------------------------------------------------------
 
 
-
 def entry(dtype: str, shape: list, offsets: list) -> dict:
     return {"dtype": dtype, "shape": shape, "data_offsets": offsets}
 
@@ -134,10 +133,24 @@ ROUND_TRIP_ARRAYS = {
 
 
 def _build_file(arrays: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> bytes:
-    dtype_of = {np.dtype(v): k for k, v in {
-        "F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16,
-        "I32": np.int32, "I64": np.int64, "U8": np.uint8, "U16": np.uint16, "U32": np.uint32,
-        "U64": np.uint64, "BOOL": np.bool_, "C64": np.complex64}.items()}  # fmt: skip
+    dtype_of = {
+        np.dtype(v): k
+        for k, v in {
+            "F32": np.float32,
+            "F16": np.float16,
+            "F64": np.float64,
+            "I8": np.int8,
+            "I16": np.int16,
+            "I32": np.int32,
+            "I64": np.int64,
+            "U8": np.uint8,
+            "U16": np.uint16,
+            "U32": np.uint32,
+            "U64": np.uint64,
+            "BOOL": np.bool_,
+            "C64": np.complex64,
+        }.items()
+    }
     specs = [(name, dtype_of[a.dtype], a.shape) for name, a in arrays.items()]
     header, spans = build_header(specs, metadata)
     assert [s.name for s in spans] == list(arrays)
@@ -205,67 +218,123 @@ F32x2 = entry("F32", [2], [0, 8])
 MALFORMED = [
     pytest.param(b"", "truncated safetensors file", id="empty"),
     pytest.param(b"\x08\x00\x00", "truncated safetensors file", id="shorter-than-8"),
-    pytest.param(struct.pack("<Q", 1000) + b"{}", "header length 1000 goes beyond the end of the file (10 bytes)",
-                 id="header-beyond-file"),  # fmt: skip
+    pytest.param(
+        struct.pack("<Q", 1000) + b"{}",
+        "header length 1000 goes beyond the end of the file (10 bytes)",
+        id="header-beyond-file",
+    ),
     pytest.param(struct.pack("<Q", 2**64 - 1), f"above the {MAX_HEADER_BYTES}-byte limit", id="header-u64-max"),
     pytest.param(st_bytes(b"{not json"), "header is not valid JSON", id="invalid-json"),
     pytest.param(st_bytes(b'{"w": {"dtype": "F32",'), "header is not valid JSON", id="cut-json"),
     pytest.param(st_bytes(b"[]"), "header is not a JSON object", id="json-list"),
     pytest.param(st_bytes(b'"w"'), "header is not a JSON object", id="json-string"),
     pytest.param(st_bytes(b'{"w\xff\xfe": 1}'), "header is not valid JSON", id="not-utf8"),
-    pytest.param(st_bytes(b'{"w": ' + json.dumps(F32x2).encode() + b', "w": ' + json.dumps(F32x2).encode() + b"}",
-                          b"\0" * 8), "duplicate key 'w'", id="duplicate-keys"),  # fmt: skip
+    pytest.param(
+        st_bytes(b'{"w": ' + json.dumps(F32x2).encode() + b', "w": ' + json.dumps(F32x2).encode() + b"}", b"\0" * 8),
+        "duplicate key 'w'",
+        id="duplicate-keys",
+    ),
     pytest.param(st_bytes({"w": 5}), "tensor 'w': header entry is not an object", id="entry-not-object"),
-    pytest.param(st_bytes({"w": entry("F128", [2], [0, 32])}, b"\0" * 32), "tensor 'w' has unknown dtype 'F128'",
-                 id="unknown-dtype"),  # fmt: skip
-    pytest.param(st_bytes({"w": {"shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8), "tensor 'w' has no dtype",
-                 id="missing-dtype"),  # fmt: skip
-    pytest.param(st_bytes({"w": entry("F32", 2, [0, 8])}, b"\0" * 8), "tensor 'w' has an invalid shape 2",
-                 id="shape-not-list"),  # fmt: skip
+    pytest.param(
+        st_bytes({"w": entry("F128", [2], [0, 32])}, b"\0" * 32),
+        "tensor 'w' has unknown dtype 'F128'",
+        id="unknown-dtype",
+    ),
+    pytest.param(
+        st_bytes({"w": {"shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8),
+        "tensor 'w' has no dtype",
+        id="missing-dtype",
+    ),
+    pytest.param(
+        st_bytes({"w": entry("F32", 2, [0, 8])}, b"\0" * 8), "tensor 'w' has an invalid shape 2", id="shape-not-list"
+    ),
     pytest.param(st_bytes({"w": entry("F32", [-2], [0, 8])}, b"\0" * 8), "invalid shape [-2]", id="shape-negative"),
-    pytest.param(st_bytes({"w": entry("F32", [2, -1], [0, 8])}, b"\0" * 8), "invalid shape [2, -1]",
-                 id="shape-negative-second-dim"),  # fmt: skip
+    pytest.param(
+        st_bytes({"w": entry("F32", [2, -1], [0, 8])}, b"\0" * 8),
+        "invalid shape [2, -1]",
+        id="shape-negative-second-dim",
+    ),
     pytest.param(st_bytes({"w": entry("F32", [2.0], [0, 8])}, b"\0" * 8), "invalid shape [2.0]", id="shape-float"),
     pytest.param(st_bytes({"w": entry("F32", [True], [0, 4])}, b"\0" * 4), "invalid shape [True]", id="shape-bool"),
     pytest.param(st_bytes({"w": entry("F32", [1] * 65, [0, 4])}, b"\0" * 4), "invalid shape", id="shape-65-dims"),
     pytest.param(st_bytes({"w": entry("F32", [2], [0])}, b"\0" * 8), "invalid data_offsets [0]", id="offsets-one"),
-    pytest.param(st_bytes({"w": entry("F32", [2], [0, 8, 16])}, b"\0" * 16), "invalid data_offsets [0, 8, 16]",
-                 id="offsets-three"),  # fmt: skip
+    pytest.param(
+        st_bytes({"w": entry("F32", [2], [0, 8, 16])}, b"\0" * 16),
+        "invalid data_offsets [0, 8, 16]",
+        id="offsets-three",
+    ),
     pytest.param(st_bytes({"w": entry("F32", [2], 8)}, b"\0" * 8), "invalid data_offsets 8", id="offsets-not-list"),
-    pytest.param(st_bytes({"w": entry("F32", [2], [-8, 0])}, b"\0" * 8), "invalid data_offsets [-8, 0]",
-                 id="offsets-negative"),  # fmt: skip
-    pytest.param(st_bytes({"w": entry("F32", [2], [8, 0])}, b"\0" * 8), "invalid data_offsets [8, 0]",
-                 id="offsets-reversed"),  # fmt: skip
-    pytest.param(st_bytes({"w": entry("F32", [2], ["0", "8"])}, b"\0" * 8), "invalid data_offsets ['0', '8']",
-                 id="offsets-strings"),  # fmt: skip
-    pytest.param(st_bytes({"w": entry("F32", [2], [0, 4])}, b"\0" * 4),
-                 "tensor 'w': data_offsets span 4 bytes but F32[2] needs 8", id="span-too-short"),  # fmt: skip
-    pytest.param(st_bytes({"w": entry("I64", [3, 2], [0, 24])}, b"\0" * 24),
-                 "data_offsets span 24 bytes but I64[3, 2] needs 48", id="span-wrong-for-dtype"),  # fmt: skip
-    pytest.param(st_bytes({"w": entry("U8", [2**62, 2**62], [0, 16])}, b"\0" * 16), "that no array can have",
-                 id="span-huge-shape"),  # fmt: skip
-    pytest.param(st_bytes({"a": entry("F32", [2], [0, 8]), "b": entry("F32", [2], [4, 12])}, b"\0" * 12),
-                 "tensor 'b' overlaps the tensor before it", id="overlap"),  # fmt: skip
-    pytest.param(st_bytes({"a": entry("F32", [2], [0, 8]), "b": entry("F32", [2], [0, 8])}, b"\0" * 8),
-                 "overlaps the tensor before it", id="same-offsets"),  # fmt: skip
-    pytest.param(st_bytes({"a": entry("F32", [1], [0, 4]), "b": entry("F32", [1], [8, 12])}, b"\0" * 12),
-                 "gap before tensor 'b' (bytes 4-8 belong to no tensor)", id="gap-between"),  # fmt: skip
-    pytest.param(st_bytes({"a": entry("F32", [1], [4, 8])}, b"\0" * 8), "gap before tensor 'a' (bytes 0-4",
-                 id="gap-at-start"),  # fmt: skip
-    pytest.param(st_bytes({"a": entry("F32", [1], [0, 4])}, b"\0" * 6), "2 bytes after the last tensor belong to no tensor",
-                 id="trailing-bytes"),  # fmt: skip
+    pytest.param(
+        st_bytes({"w": entry("F32", [2], [-8, 0])}, b"\0" * 8), "invalid data_offsets [-8, 0]", id="offsets-negative"
+    ),
+    pytest.param(
+        st_bytes({"w": entry("F32", [2], [8, 0])}, b"\0" * 8), "invalid data_offsets [8, 0]", id="offsets-reversed"
+    ),
+    pytest.param(
+        st_bytes({"w": entry("F32", [2], ["0", "8"])}, b"\0" * 8),
+        "invalid data_offsets ['0', '8']",
+        id="offsets-strings",
+    ),
+    pytest.param(
+        st_bytes({"w": entry("F32", [2], [0, 4])}, b"\0" * 4),
+        "tensor 'w': data_offsets span 4 bytes but F32[2] needs 8",
+        id="span-too-short",
+    ),
+    pytest.param(
+        st_bytes({"w": entry("I64", [3, 2], [0, 24])}, b"\0" * 24),
+        "data_offsets span 24 bytes but I64[3, 2] needs 48",
+        id="span-wrong-for-dtype",
+    ),
+    pytest.param(
+        st_bytes({"w": entry("U8", [2**62, 2**62], [0, 16])}, b"\0" * 16),
+        "that no array can have",
+        id="span-huge-shape",
+    ),
+    pytest.param(
+        st_bytes({"a": entry("F32", [2], [0, 8]), "b": entry("F32", [2], [4, 12])}, b"\0" * 12),
+        "tensor 'b' overlaps the tensor before it",
+        id="overlap",
+    ),
+    pytest.param(
+        st_bytes({"a": entry("F32", [2], [0, 8]), "b": entry("F32", [2], [0, 8])}, b"\0" * 8),
+        "overlaps the tensor before it",
+        id="same-offsets",
+    ),
+    pytest.param(
+        st_bytes({"a": entry("F32", [1], [0, 4]), "b": entry("F32", [1], [8, 12])}, b"\0" * 12),
+        "gap before tensor 'b' (bytes 4-8 belong to no tensor)",
+        id="gap-between",
+    ),
+    pytest.param(
+        st_bytes({"a": entry("F32", [1], [4, 8])}, b"\0" * 8), "gap before tensor 'a' (bytes 0-4", id="gap-at-start"
+    ),
+    pytest.param(
+        st_bytes({"a": entry("F32", [1], [0, 4])}, b"\0" * 6),
+        "2 bytes after the last tensor belong to no tensor",
+        id="trailing-bytes",
+    ),
     pytest.param(st_bytes({}, b"\0" * 3), "3 bytes after the last tensor", id="data-without-tensors"),
-    pytest.param(st_bytes({"a": entry("F32", [2], [0, 8])}, b"\0" * 5),
-                 "tensor 'a' ends at byte 8 of the data, beyond its end (5 bytes): the file is truncated",
-                 id="data-truncated"),  # fmt: skip
-    pytest.param(st_bytes({"a": entry("F32", [2], [0, 8]), "b": entry("F32", [2], [8, 16])}, b"\0" * 12),
-                 "tensor 'b' ends at byte 16", id="last-tensor-truncated"),  # fmt: skip
-    pytest.param(st_bytes({"__metadata__": {"epoch": 3}}), "__metadata__ must map strings to strings",
-                 id="metadata-int-value"),  # fmt: skip
-    pytest.param(st_bytes({"__metadata__": {"nested": {"a": "b"}}}), "__metadata__ must map strings to strings",
-                 id="metadata-dict-value"),  # fmt: skip
-    pytest.param(st_bytes({"__metadata__": ["format", "pt"]}), "__metadata__ must map strings to strings",
-                 id="metadata-list"),  # fmt: skip
+    pytest.param(
+        st_bytes({"a": entry("F32", [2], [0, 8])}, b"\0" * 5),
+        "tensor 'a' ends at byte 8 of the data, beyond its end (5 bytes): the file is truncated",
+        id="data-truncated",
+    ),
+    pytest.param(
+        st_bytes({"a": entry("F32", [2], [0, 8]), "b": entry("F32", [2], [8, 16])}, b"\0" * 12),
+        "tensor 'b' ends at byte 16",
+        id="last-tensor-truncated",
+    ),
+    pytest.param(
+        st_bytes({"__metadata__": {"epoch": 3}}), "__metadata__ must map strings to strings", id="metadata-int-value"
+    ),
+    pytest.param(
+        st_bytes({"__metadata__": {"nested": {"a": "b"}}}),
+        "__metadata__ must map strings to strings",
+        id="metadata-dict-value",
+    ),
+    pytest.param(
+        st_bytes({"__metadata__": ["format", "pt"]}), "__metadata__ must map strings to strings", id="metadata-list"
+    ),
     pytest.param(st_bytes(b"[" * 100_000), "header JSON is nested too deeply", id="deeply-nested-list"),
     pytest.param(st_bytes(b'{"a":' * 100_000), "header JSON is nested too deeply", id="deeply-nested-object"),
 ]
@@ -328,8 +397,11 @@ def test_unreadable_path_is_an_input_error(tmp_path: Path) -> None:
 
 
 def _valid_file() -> bytes:
-    state = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.arange(3, dtype=np.int64),
-             "c": np.ones(2, np.float16)}  # fmt: skip
+    state = {
+        "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "b": np.arange(3, dtype=np.int64),
+        "c": np.ones(2, np.float16),
+    }
     return safetensors.numpy.save(state, metadata={"format": "pt"})
 
 
@@ -390,12 +462,25 @@ def test_mutated_header_parses_consistently_or_raises_input_error(ops: list[tupl
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.text(max_size=5), st.one_of(
-    st.integers(-5, 40), st.text(max_size=5), st.lists(st.integers(-5, 40), max_size=3),
-    st.fixed_dictionaries({"dtype": st.sampled_from([*DTYPES, "X"]),
-                           "shape": st.lists(st.integers(-1, 4), max_size=3),
-                           "data_offsets": st.lists(st.integers(-1, 40), max_size=3)}),
-), max_size=4), st.integers(0, 40))  # fmt: skip
+@given(
+    st.dictionaries(
+        st.text(max_size=5),
+        st.one_of(
+            st.integers(-5, 40),
+            st.text(max_size=5),
+            st.lists(st.integers(-5, 40), max_size=3),
+            st.fixed_dictionaries(
+                {
+                    "dtype": st.sampled_from([*DTYPES, "X"]),
+                    "shape": st.lists(st.integers(-1, 4), max_size=3),
+                    "data_offsets": st.lists(st.integers(-1, 40), max_size=3),
+                }
+            ),
+        ),
+        max_size=4,
+    ),
+    st.integers(0, 40),
+)
 def test_random_json_header_parses_consistently_or_raises_input_error(header: dict, data_len: int) -> None:
     _assert_consistent(st_bytes(header, b"\0" * data_len))
 

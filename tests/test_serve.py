@@ -64,9 +64,15 @@ def test_models_json_is_the_lineage_with_test_status(client: TestClient, web_fam
     for name, m in by.items():
         node = lineage.node(name)
         assert (m["head"], m["seq"], m["tags"], m["logical_bytes"], m["stored_bytes"]) == (
-            node.head, node.seq, node.tags, node.logical_bytes, node.stored_bytes)
+            node.head,
+            node.seq,
+            node.tags,
+            node.logical_bytes,
+            node.stored_bytes,
+        )
         assert [(p["model"], p["relation"], p["stale"]) for p in m["parents"]] == [
-            (e.parent, e.relation, e.stale) for e in lineage.parents(name)]
+            (e.parent, e.relation, e.stale) for e in lineage.parents(name)
+        ]
     assert by["org/ft"]["parents"][0]["stale"] and not by["q8"]["parents"][0]["stale"]
     assert by["q8"]["tests"] == {"status": "fail", "pass": 0, "fail": 1, "error": 0, "not run": 0}
     assert by["base"]["tests"]["status"] == "pass"
@@ -100,7 +106,8 @@ def test_diff_json_is_repo_diff_with_a_heatmap_row_per_layer(client: TestClient,
     assert set(heat["kinds"]) == {"weight", "bias", "(whole)"}
     cell = heat["rows"][1]["cells"]["weight"]  # layer.0.weight
     assert cell["rel_change"] == pytest.approx(
-        next(t["stats"]["rel_change"] for t in expected["tensors"] if t["name"] == "layer.0.weight"))
+        next(t["stats"]["rel_change"] for t in expected["tensors"] if t["name"] == "layer.0.weight")
+    )
     page = client.get("/diff", params={"a": "base@1", "b": "org/ft"}).text
     assert page.count('class="heat-row"') == len(expected["groups"])
 
@@ -109,9 +116,12 @@ def test_storage_and_lineage_json(client: TestClient, web_family: Repo) -> None:
     data = client.get("/api/storage").json()
     du = web_family.du().to_json()
     assert data["summary"] == {k: v for k, v in du.items() if k != "models"}
-    assert sorted(({k: v for k, v in m.items() if k != "bars"} for m in data["models"]), key=lambda m: m["name"]) == \
-        sorted(du["models"], key=lambda m: m["name"])  # fmt: skip
-    assert [m["stored_bytes"] for m in data["models"]] == sorted((m["stored_bytes"] for m in du["models"]), reverse=True)
+    assert sorted(
+        ({k: v for k, v in m.items() if k != "bars"} for m in data["models"]), key=lambda m: m["name"]
+    ) == sorted(du["models"], key=lambda m: m["name"])
+    assert [m["stored_bytes"] for m in data["models"]] == sorted(
+        (m["stored_bytes"] for m in du["models"]), reverse=True
+    )
     graph = web_family.lineage.subgraph()
     storage = web_family.storage([v.id for vs in graph.versions.values() for v in vs])
     assert client.get("/api/lineage").json() == json.loads(json.dumps(graph_json(graph, storage=storage)))
@@ -123,7 +133,9 @@ def test_tests_matrix_and_result(client: TestClient, web_family: Repo) -> None:
     data = client.get("/api/tests").json()
     assert data["names"] == ["acc"]
     cells = {r["model"]: r["cells"]["acc"] for r in data["rows"]}
-    assert cells["q8"]["status"] == "fail" and cells["q8"]["parent_status"] == "pass" and cells["q8"]["change"] == "broke"
+    assert (
+        cells["q8"]["status"] == "fail" and cells["q8"]["parent_status"] == "pass" and cells["q8"]["change"] == "broke"
+    )
     assert cells["other"]["status"] == "pass" and cells["other"]["change"] is None
     assert data["totals"] == {"pass": 3, "fail": 1, "error": 0, "not run": 0}
     assert [r["model"] for r in client.get("/api/tests", params={"show": "failing"}).json()["rows"]] == ["q8"]
@@ -145,12 +157,23 @@ def test_what_is_kept_is_dropped_when_a_head_moves(tmp_path: Path) -> None:
         assert [n["name"] for n in c.get("/api/lineage").json()["nodes"]] == ["m", "m2"]
         assert "m2" in c.get("/lineage").text
         assert set(c.get("/api/lineage", params={"around": "m2"}).json()["storage"]) == {
-            repo.resolve("m"), repo.resolve("m2")}
+            repo.resolve("m"),
+            repo.resolve("m2"),
+        }
 
 
 # --- pages: escaping, sanitizing, headers ---------------------------------------------------
-PAGES = ["/models", "/models/org/ft", "/models/base?version=1", "/models/q8", "/tests", "/storage", "/diff",
-         "/lineage", "/lineage?around=org/ft"]  # fmt: skip
+PAGES = [
+    "/models",
+    "/models/org/ft",
+    "/models/base?version=1",
+    "/models/q8",
+    "/tests",
+    "/storage",
+    "/diff",
+    "/lineage",
+    "/lineage?around=org/ft",
+]
 
 
 def test_every_page_escapes_what_users_wrote(client: TestClient, web_family: Repo) -> None:
@@ -164,13 +187,24 @@ def test_every_page_escapes_what_users_wrote(client: TestClient, web_family: Rep
         assert not [t for t, _ in tags if t in ("img", "iframe", "object", "embed")], url
         assert not [a for _, attrs in tags for a, v in attrs if a.startswith("on") or "javascript:" in (v or "")], url
         scripts = [dict(attrs) for t, attrs in tags if t == "script"]
-        own = [{"src": "/static/app.js", "defer": None}] if not url.startswith("/lineage") else [
-            {"type": "application/json", "id": "mgit-data"}, {}]
+        own = (
+            [{"src": "/static/app.js", "defer": None}]
+            if not url.startswith("/lineage")
+            else [{"type": "application/json", "id": "mgit-data"}, {}]
+        )
         assert scripts == own, url
         csp = r.headers["content-security-policy"]
-        assert "default-src 'none'" in csp and "unsafe-inline" not in csp and r.headers["x-content-type-options"] == "nosniff"
-        assert not [v for _, attrs in tags for a, v in attrs if a in ("src", "href") and "//" in (v or "")
-                    and not (v or "").startswith("https://example.com/doc")], url  # nothing from elsewhere
+        assert (
+            "default-src 'none'" in csp
+            and "unsafe-inline" not in csp
+            and r.headers["x-content-type-options"] == "nosniff"
+        )
+        assert not [
+            v
+            for _, attrs in tags
+            for a, v in attrs
+            if a in ("src", "href") and "//" in (v or "") and not (v or "").startswith("https://example.com/doc")
+        ], url  # nothing from elsewhere
 
 
 def parsed(page: str) -> list[tuple[str, list[tuple[str, str | None]]]]:
@@ -209,8 +243,12 @@ def test_a_card_too_large_to_render_is_not_read(tmp_path: Path) -> None:
 
     assert version_card(repo.manifest("m"), Unread()) == render_card(b"x" * (MAX_CARD_BYTES + 1))  # type: ignore[arg-type]
     with TestClient(create_app(repo), base_url=BASE) as c:
-        assert c.get("/api/models/m").json()["card"] == {"path": "README.md", "front_matter": {}, "html": "",
-                                                         "note": TOO_LARGE}  # fmt: skip
+        assert c.get("/api/models/m").json()["card"] == {
+            "path": "README.md",
+            "front_matter": {},
+            "html": "",
+            "note": TOO_LARGE,
+        }
 
 
 def test_search_filters_sorting_and_pages(client: TestClient) -> None:
@@ -223,7 +261,12 @@ def test_search_filters_sorting_and_pages(client: TestClient) -> None:
     assert names(sort="name", order="desc") == ["q8", "other", "org/ft", "base"]
     assert names(sort="tests")[0] == "q8"
     first, last = (client.get("/api/models", params={"per_page": "3", "page": p}).json() for p in ("1", "9"))
-    assert (first["pages"], len(first["models"]), last["page"], [m["name"] for m in last["models"]]) == (2, 3, 2, ["q8"])
+    assert (first["pages"], len(first["models"]), last["page"], [m["name"] for m in last["models"]]) == (
+        2,
+        3,
+        2,
+        ["q8"],
+    )
     page = client.get("/models", params={"per_page": "3"}).text
     assert 'rel="next"' in page and "page 1 of 2" in page
     tensors_page = client.get("/api/models/org/ft", params={"tper_page": "2", "tpage": "2"}).json()["tensors"]
@@ -248,16 +291,22 @@ def test_unknown_things_are_404_pages(client: TestClient, web_family: Repo) -> N
     assert client.get("/api/lineage", params={"around": "nope"}).status_code == 404
 
 
-def test_no_request_parameter_reaches_the_filesystem(client: TestClient, web_family: Repo, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_no_request_parameter_reaches_the_filesystem(
+    client: TestClient, web_family: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # `mgit diff` compares a folder that exists; the server only ever resolves refs.
     make_model(tmp_path / "mystery", seed=9)
     monkeypatch.chdir(tmp_path)
     for a in ("mystery", str(tmp_path / "mystery"), "/etc/passwd", "../mystery", "mystery/model.safetensors"):
         r = client.get("/api/diff", params={"a": a, "b": "base"})
         assert r.status_code == 404, a
-    for path in ("/static/../../pyproject.toml", "/static/%2e%2e/app.py", "/static/..%2Fapp.py",
-                 "/models/..%2F..%2Fetc%2Fpasswd", "/static/app.css/../../../README.md"):  # fmt: skip
+    for path in (
+        "/static/../../pyproject.toml",
+        "/static/%2e%2e/app.py",
+        "/static/..%2Fapp.py",
+        "/models/..%2F..%2Fetc%2Fpasswd",
+        "/static/app.css/../../../README.md",
+    ):
         r = client.get(path)
         assert r.status_code == 404 and "MGit" not in r.text[:200].replace("MGit ", ""), path
 
@@ -269,8 +318,9 @@ def test_a_token_is_required_off_the_loopback(web_family: Repo, monkeypatch: pyt
     compared = []
     real = access.hmac.compare_digest
     monkeypatch.setattr(access.hmac, "compare_digest", lambda a, b: compared.append(1) or real(a, b))
-    with TestClient(create_app(web_family, host="0.0.0.0", token="s3cret"), base_url="http://10.1.2.3:8808",
-                    follow_redirects=False) as c:  # fmt: skip
+    with TestClient(
+        create_app(web_family, host="0.0.0.0", token="s3cret"), base_url="http://10.1.2.3:8808", follow_redirects=False
+    ) as c:
         for path in ("/models", "/api/models", "/static/app.css", "/api/diff?a=base&b=q8", "/lineage"):
             assert c.get(path).status_code == 401, path
             assert c.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
@@ -287,15 +337,26 @@ def test_a_token_is_required_off_the_loopback(web_family: Repo, monkeypatch: pyt
 
 def test_without_a_token_only_loopback_hosts_are_answered(web_family: Repo) -> None:
     with TestClient(create_app(web_family)) as c:
-        for host, status in (("127.0.0.1:8808", 200), ("localhost:8808", 200), ("[::1]:8808", 200),
-                             ("evil.example", 400), ("evil.example:8808", 400), ("10.0.0.1", 400)):  # fmt: skip
+        for host, status in (
+            ("127.0.0.1:8808", 200),
+            ("localhost:8808", 200),
+            ("[::1]:8808", 200),
+            ("evil.example", 400),
+            ("evil.example:8808", 400),
+            ("10.0.0.1", 400),
+        ):
             assert c.get("/api/models", headers={"host": host}).status_code == status, host
 
 
 def test_serve_command_listens_and_enforces_its_token(web_family: Repo) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([*MGIT, "-C", str(web_family.root), "serve", "--port", "0", "--token", "tok"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        [*MGIT, "-C", str(web_family.root), "serve", "--port", "0", "--token", "tok"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
         m = re.search(r"at (http://127\.0\.0\.1:\d+/) \(read-only", line)
@@ -321,20 +382,28 @@ def test_a_busy_port_is_named_with_the_way_out(web_family: Repo) -> None:
         held.bind(("127.0.0.1", 0))
         held.listen(1)
         port = held.getsockname()[1]
-        done = subprocess.run([*MGIT, "-C", str(web_family.root), "serve", "--port", str(port)], capture_output=True,
-                              text=True, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            [*MGIT, "-C", str(web_family.root), "serve", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 1
-    assert done.stderr.strip() == (f"Error: port {port} of 127.0.0.1 is in use (another mgit serve?): choose another "
-                                   "with --port N, or --port 0 for any free port")  # fmt: skip
+    assert done.stderr.strip() == (
+        f"Error: port {port} of 127.0.0.1 is in use (another mgit serve?): choose another "
+        "with --port N, or --port 0 for any free port"
+    )
 
 
 def test_commands_other_than_serve_do_not_import_the_web_stack(web_family: Repo) -> None:
-    probe = ("import io, json, sys, contextlib\n"
-             "from mgit.cli.main import main\n"
-             "with contextlib.redirect_stdout(io.StringIO()):\n"
-             f"    main(['-C', {str(web_family.root)!r}, 'ls']); main(['--help']); main(['serve', '--help'])\n"
-             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
-             "('starlette', 'uvicorn', 'jinja2', 'markdown_it', 'nh3', 'anyio'))))")  # fmt: skip
+    probe = (
+        "import io, json, sys, contextlib\n"
+        "from mgit.cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    main(['-C', {str(web_family.root)!r}, 'ls']); main(['--help']); main(['serve', '--help'])\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('starlette', 'uvicorn', 'jinja2', 'markdown_it', 'nh3', 'anyio'))))"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
@@ -354,8 +423,9 @@ def test_diffs_waiting_are_bounded(web_family: Repo, monkeypatch: pytest.MonkeyP
         assert r.status_code == 503 and r.json()["error"] == "16 diffs are being computed already"
 
 
-def test_a_remote_is_served_from_a_lazy_mirror_brought_up_to_date(web_family: Repo, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_remote_is_served_from_a_lazy_mirror_brought_up_to_date(
+    web_family: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`mgit serve URL`: a lazy clone under the mirror cache; pages of records fetch no
     object, a diff fetches what it reads; opened again, it has the remote's new versions."""
     from mgit import sync
@@ -387,9 +457,13 @@ def test_a_remote_is_served_from_a_lazy_mirror_brought_up_to_date(web_family: Re
     again = open_mirror(str(remote))
     assert not again.created and again.moved == ["m"] and again.repo.root == mirror.repo.root
     assert [v.ref for v in again.repo.log("m")][0] == "m@3"
-    proc = subprocess.Popen([*MGIT, "serve", f"file://{remote}", "--port", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "MGIT_MIRROR_CACHE": str(tmp_path / "mirrors"), "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    proc = subprocess.Popen(
+        [*MGIT, "serve", f"file://{remote}", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "MGIT_MIRROR_CACHE": str(tmp_path / "mirrors"), "PYTHONUNBUFFERED": "1"},
+    )
     try:
         first = proc.stdout.readline()  # type: ignore[union-attr]
         assert f"Mirror of {remote} in {mirror.repo.root}: up to date (0 models moved)" in first, first

@@ -43,7 +43,9 @@ def served(web_family: Repo) -> Iterator[str]:
 
 
 @pytest.fixture
-def open_page(browser: object, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def open_page(
+    browser: object, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[object]:
     """`open_page(base)` -> a new page that may talk to `base` only; checked when the test ends
     (`expected`: a console error the test causes on purpose)."""
     problems: list[str] = []
@@ -53,8 +55,14 @@ def open_page(browser: object, request: pytest.FixtureRequest, tmp_path_factory:
     def opener(base: str, *, expected: str | None = None) -> object:
         page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
         page.set_default_timeout(15_000)
-        page.on("console", lambda m: problems.append(f"console: {m.text}")
-                if m.type in ("error", "warning") and not (expected and expected in m.text) else None)  # fmt: skip
+        page.on(
+            "console",
+            lambda m: (
+                problems.append(f"console: {m.text}")
+                if m.type in ("error", "warning") and not (expected and expected in m.text)
+                else None
+            ),
+        )
         page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
 
         def route(r: object) -> None:
@@ -101,8 +109,9 @@ def test_every_page_by_clicking_from_the_models_list(served: str, web_family: Re
     page.click('a[data-sort="size"]')  # sort by a column
     page.wait_for_url("**sort=size*")
     sizes = [n.logical_bytes for n in sorted(web_family.lineage.nodes.values(), key=lambda n: -n.logical_bytes)]
-    assert sizes[0] > sizes[-1] and page.locator("#models tbody tr[data-model]").first.get_attribute(
-        "data-model") in [n.name for n in web_family.lineage.nodes.values() if n.logical_bytes == sizes[0]]  # fmt: skip
+    assert sizes[0] > sizes[-1] and page.locator("#models tbody tr[data-model]").first.get_attribute("data-model") in [
+        n.name for n in web_family.lineage.nodes.values() if n.logical_bytes == sizes[0]
+    ]
 
     page.click('a.model-link:text-is("org/ft")')  # a model
     assert page.locator("#model-name").inner_text().startswith("org/ft")

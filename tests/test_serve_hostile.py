@@ -46,8 +46,13 @@ def two_models(tmp_path_factory: pytest.TempPathFactory) -> Repo:
 
 def start(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
     """A real `mgit serve` on a free port of 127.0.0.1: the process and its address."""
-    proc = subprocess.Popen([*MGIT, *args, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})  # fmt: skip
+    proc = subprocess.Popen(
+        [*MGIT, *args, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
     lines = []
     for _ in range(5):  # bounded: the address comes within the first lines
         line = proc.stdout.readline()  # type: ignore[union-attr]
@@ -113,9 +118,15 @@ def test_numeric_parameters_are_bounded_ascii_digits(two_models: Repo, value: st
     """`str.isdigit()` accepts `²` (int() refuses: a 500 and a traceback) and `١` (int() says
     1), and int() of 5000 digits raises: every number is ASCII digits, a few of them, or 400."""
     with TestClient(create_app(two_models), base_url=BASE, raise_server_exceptions=False) as c:
-        for path, name in (("/api/models", "page"), ("/api/models", "per_page"), ("/api/tests", "page"),
-                           ("/api/storage", "per_page"), ("/api/models/base", "version"),
-                           ("/api/models/base", "tpage"), ("/api/models/base", "tper_page")):  # fmt: skip
+        for path, name in (
+            ("/api/models", "page"),
+            ("/api/models", "per_page"),
+            ("/api/tests", "page"),
+            ("/api/storage", "per_page"),
+            ("/api/models/base", "version"),
+            ("/api/models/base", "tpage"),
+            ("/api/models/base", "tper_page"),
+        ):
             r = c.get(path, params={name: value})
             assert r.status_code == 400, (path, name, r.text)
             assert r.json()["error"].startswith(f"query parameter {name!r}: a whole number from 1 to "), r.text
@@ -148,10 +159,27 @@ def test_numbers_on_the_real_server(served: str) -> None:
 
 
 # --- who may look: the Host header and the redirect after the token link ----------------------
-@pytest.mark.parametrize("host", ["localhost:80@evil.com", "127.0.0.1:8808@evil.com", "localhost:8x08",
-                                  "localhost:", "localhost:123456", "localhost:\u00b2", "127.0.0.1.evil.com",
-                                  "[::1]evil.com", "[::1", "[::1]:80:80", "localhost/evil", "local_host",
-                                  "localhost:80,evil.com", "", "localhost\\@evil.com", "[localhost]:80"])  # fmt: skip
+@pytest.mark.parametrize(
+    "host",
+    [
+        "localhost:80@evil.com",
+        "127.0.0.1:8808@evil.com",
+        "localhost:8x08",
+        "localhost:",
+        "localhost:123456",
+        "localhost:\u00b2",
+        "127.0.0.1.evil.com",
+        "[::1]evil.com",
+        "[::1",
+        "[::1]:80:80",
+        "localhost/evil",
+        "local_host",
+        "localhost:80,evil.com",
+        "",
+        "localhost\\@evil.com",
+        "[localhost]:80",
+    ],
+)
 def test_a_host_header_is_host_and_digits_port_exactly(served: str, host: str) -> None:
     status, _, body = get(served, "/api/models", host=host)
     assert status == 400, (host, body)
@@ -170,10 +198,23 @@ def test_two_host_headers_are_refused(two_models: Repo) -> None:
             assert c.get("/api/models", headers=[("host", first), ("host", second)]).status_code == 400, first
 
 
-@pytest.mark.parametrize("target", ["//evil.example/x", "///evil.example/x", "/\\evil.example/x",
-                                    "/%2F%2Fevil.example/x", "/%2F/evil.example", "/%5Cevil.example",
-                                    "/%5C%5Cevil.example", "/%09/evil.example", "/\\/evil.example",
-                                    "//evil.example", "/%2F%5Cevil.example", "http://evil.example/x"])  # fmt: skip
+@pytest.mark.parametrize(
+    "target",
+    [
+        "//evil.example/x",
+        "///evil.example/x",
+        "/\\evil.example/x",
+        "/%2F%2Fevil.example/x",
+        "/%2F/evil.example",
+        "/%5Cevil.example",
+        "/%5C%5Cevil.example",
+        "/%09/evil.example",
+        "/\\/evil.example",
+        "//evil.example",
+        "/%2F%5Cevil.example",
+        "http://evil.example/x",
+    ],
+)
 def test_the_token_link_redirects_to_this_server_only(served_with_token: str, target: str) -> None:
     sep = "&" if "?" in target else "?"
     status, headers, _ = get(served_with_token, f"{target}{sep}token=tok")
@@ -292,7 +333,9 @@ def served_versions(address: str) -> dict[str, list[tuple]]:
     out = {}
     for name in names:
         with urllib.request.urlopen(address + "api/models/" + urllib.request.quote(name), timeout=10) as r:
-            out[name] = [(v["seq"], v["id"], v["message"], v["tags"], v["parents"]) for v in json.loads(r.read())["versions"]]
+            out[name] = [
+                (v["seq"], v["id"], v["message"], v["tags"], v["parents"]) for v in json.loads(r.read())["versions"]
+            ]
     return out
 
 

@@ -35,18 +35,23 @@ from mgit.store.base import ObjectStore
 def finetune(seed: int, base_seed: int = 1, scale: float = 1e-3) -> dict[str, np.ndarray]:
     """A small change of `tensors(base_seed)`: stored as deltas against it."""
     rng = np.random.default_rng(seed)
-    return {k: (v + rng.standard_normal(v.shape).astype(v.dtype) * np.float32(scale)) if v.dtype == np.float32 else v
-            for k, v in tensors(base_seed, width=64).items()}  # fmt: skip
+    return {
+        k: (v + rng.standard_normal(v.shape).astype(v.dtype) * np.float32(scale)) if v.dtype == np.float32 else v
+        for k, v in tensors(base_seed, width=64).items()
+    }
 
 
 def add_family(repo: Repo, tmp: Path) -> dict[str, Path]:
     """base, ft (a fine-tune of base, with a tag and a recipe) and q (ft's int8-ish copy)."""
-    folders = {"base": make_model(tmp / "src-base", state=tensors(1, width=64)),
-               "ft": make_model(tmp / "src-ft", state=finetune(2))}  # fmt: skip
+    folders = {
+        "base": make_model(tmp / "src-base", state=tensors(1, width=64)),
+        "ft": make_model(tmp / "src-ft", state=finetune(2)),
+    }
     copy_user_code(repo.root, "tune", "recipes.py")
     repo.add(folders["base"], name="base", message="pretrained")
-    repo.add(folders["ft"], name="ft", parent="base", tags={"task": "demo"}, recipe="recipes.py:tune",
-             params={"scale": 2})  # fmt: skip
+    repo.add(
+        folders["ft"], name="ft", parent="base", tags={"task": "demo"}, recipe="recipes.py:tune", params={"scale": 2}
+    )
     return folders
 
 
@@ -65,8 +70,12 @@ def one_line_error(result: tuple[int, str, str], *fragments: str) -> str:
 
 def objects_and_refs(repo: Repo) -> dict[str, Any]:
     """What a repository holds, to show that a failed fetch kept nothing."""
-    files = sorted(p.relative_to(repo.dir).as_posix() for sub in ("objects", "refs") for p in (repo.dir / sub).rglob("*")
-                   if p.is_file())  # fmt: skip
+    files = sorted(
+        p.relative_to(repo.dir).as_posix()
+        for sub in ("objects", "refs")
+        for p in (repo.dir / sub).rglob("*")
+        if p.is_file()
+    )
     return {"files": files, "heads": repo.refs.all()}
 
 
@@ -143,8 +152,9 @@ class SharingContract:
         report = sync.fsck_remote(url)
         assert report.ok and report.versions_checked == 3 and report.refs_checked == 2
 
-    def test_only_what_is_missing_travels_and_a_no_op_push_writes_nothing(self, alice: Repo, url: str, tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    def test_only_what_is_missing_travels_and_a_no_op_push_writes_nothing(
+        self, alice: Repo, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         folders = add_family(alice, tmp_path)
         first = sync.push(alice, "origin", ["base"])
         ft_new = alice.info("ft").new_bytes
@@ -172,8 +182,9 @@ class SharingContract:
         assert sha256_tree(tmp_path / "out") == sha256_tree(folders["ft"])
         assert bob.fsck().ok and bob.lineage.node("base").removed  # the parent, known by its version
 
-    def test_a_push_whose_remote_head_is_not_an_ancestor_is_refused_unless_forced(self, alice: Repo, url: str,
-                                                                               tmp_path: Path) -> None:  # fmt: skip
+    def test_a_push_whose_remote_head_is_not_an_ancestor_is_refused_unless_forced(
+        self, alice: Repo, url: str, tmp_path: Path
+    ) -> None:
         add_family(alice, tmp_path)
         sync.push(alice)
         sync.clone(url, tmp_path / "bob")
@@ -216,7 +227,8 @@ class SharingContract:
         assert outcome.test == "size" and outcome.origin and outcome.status == "pass"
 
     def test_recipes_and_tests_run_from_their_recorded_source_on_a_teammates_machine(
-            self, alice: Repo, url: str, tmp_path: Path) -> None:  # fmt: skip
+        self, alice: Repo, url: str, tmp_path: Path
+    ) -> None:
         add_family(alice, tmp_path)
         Checks(alice).attach("ft", _evals(alice), name="size", conditions=[Condition("files", "min", 1)], inherit=True)
         alice.add(make_model(tmp_path / "base2", state=tensors(11, width=64)), name="base")
@@ -232,13 +244,16 @@ class SharingContract:
         result = Checks(bob).run(["ft"])
         assert result.outcomes[0].passed and "ran from the source recorded" in result.notes[0]
 
-    def test_objects_coded_in_blocks_travel_and_check_out_bit_exact(self, alice: Repo, url: str, tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    def test_objects_coded_in_blocks_travel_and_check_out_bit_exact(
+        self, alice: Repo, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         monkeypatch.setattr(ObjectStore, "block_bytes", 64 << 10)  # so that small tensors have many blocks
         rng = np.random.default_rng(4)
         w = rng.standard_normal(150_000).astype(np.float32)
-        folders = {"base": make_model(tmp_path / "b", state={"w": w}),
-                   "ft": make_model(tmp_path / "f", state={"w": w * np.float32(1.0001)})}  # fmt: skip
+        folders = {
+            "base": make_model(tmp_path / "b", state={"w": w}),
+            "ft": make_model(tmp_path / "f", state={"w": w * np.float32(1.0001)}),
+        }
         alice.add(folders["base"], name="base")
         alice.add(folders["ft"], name="ft", parent="base")
         ft_w = next(t.object for f in alice.manifest("ft").files for t in f.tensors)
@@ -254,20 +269,31 @@ class SharingContract:
             assert repo.fsck().ok
 
     # --- lazy clones ---------------------------------------------------------------------------
-    def test_a_lazy_clone_works_offline_and_fetches_exactly_what_it_reads(self, alice: Repo, url: str, tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    def test_a_lazy_clone_works_offline_and_fetches_exactly_what_it_reads(
+        self, alice: Repo, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         folders = add_family(alice, tmp_path)
         alice.add(make_model(tmp_path / "other", state=tensors(20, width=64)), name="other")
         sync.push(alice)
         clone = sync.clone(url, tmp_path / "lazy", lazy=True)
         lazy = Repo(tmp_path / "lazy")
         assert clone.lazy and lazy.lazy
-        records = {o for v in lazy.chain(lazy.resolve("ft")) + [lazy.resolve("base"), lazy.resolve("other")]
-                   for o in {v} | lazy.store.get_version(v).linked_objects()}  # fmt: skip
+        records = {
+            o
+            for v in lazy.chain(lazy.resolve("ft")) + [lazy.resolve("base"), lazy.resolve("other")]
+            for o in {v} | lazy.store.get_version(v).linked_objects()
+        }
         assert set(lazy.store.ids()) == records  # records only: no tensor, no file blob
         with self.offline(url, monkeypatch):
-            for command in (["ls"], ["log", "ft"], ["show", "ft"], ["lineage"], ["graph", "--json"], ["du"],
-                            ["lineage", "suggest", str(folders["ft"])]):  # fmt: skip
+            for command in (
+                ["ls"],
+                ["log", "ft"],
+                ["show", "ft"],
+                ["lineage"],
+                ["graph", "--json"],
+                ["du"],
+                ["lineage", "suggest", str(folders["ft"])],
+            ):
                 code, out, err = mgit_cli(lazy.root, *command)
                 assert code == 0, (command, err)
             du = lazy.du()
@@ -292,7 +318,8 @@ class SharingContract:
         raise NotImplementedError
 
     def test_fetch_objects_readies_a_lazy_clone_for_work_offline_and_clone_can_take_some_models(
-            self, alice: Repo, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+        self, alice: Repo, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         folders = add_family(alice, tmp_path)
         alice.add(make_model(tmp_path / "other", state=tensors(20, width=64)), name="other")
         sync.push(alice)
@@ -303,8 +330,11 @@ class SharingContract:
             lazy.checkout("ft", tmp_path / "out")
             # Not fetched, and the remote is out of reach: said as that, not as damage here.
             err = one_line_error(mgit_cli(lazy.root, "checkout", "other", "-o", str(tmp_path / "other-out")))
-            assert re.search(r"object [0-9a-f]{16} \(used by other@1\) is not fetched yet, and the remote "
-                             r"\S+ cannot be reached: .+\. Nothing here is damaged", err), err  # fmt: skip
+            assert re.search(
+                r"object [0-9a-f]{16} \(used by other@1\) is not fetched yet, and the remote "
+                r"\S+ cannot be reached: .+\. Nothing here is damaged",
+                err,
+            ), err
             assert "fsck" not in err and "restore" not in err
             assert lazy.fsck().ok
         assert sha256_tree(tmp_path / "out") == sha256_tree(folders["ft"])
@@ -313,11 +343,16 @@ class SharingContract:
         assert some.models == ["ft"] and list(picked.refs.all()) == ["ft"]
         picked.checkout("ft", tmp_path / "out2")  # its base's tensors came along: ft is stored against them
         assert sha256_tree(tmp_path / "out2") == sha256_tree(folders["ft"]) and picked.fsck().ok
-        own = alice.manifest("other").object_ids() - alice.manifest("ft").object_ids() - alice.manifest("base").object_ids()
+        own = (
+            alice.manifest("other").object_ids()
+            - alice.manifest("ft").object_ids()
+            - alice.manifest("base").object_ids()
+        )
         assert own and not any(picked.store.has(o) for o in own)  # the models not asked for stay there
 
-    def test_a_lazy_clone_pushes_what_it_adds_and_fetches_nothing_more_to_do_it(self, alice: Repo, url: str,
-                                                                               tmp_path: Path) -> None:  # fmt: skip
+    def test_a_lazy_clone_pushes_what_it_adds_and_fetches_nothing_more_to_do_it(
+        self, alice: Repo, url: str, tmp_path: Path
+    ) -> None:
         add_family(alice, tmp_path)
         sync.push(alice)
         lazy = Repo(sync.clone(url, tmp_path / "lazy", lazy=True).path)
@@ -332,8 +367,9 @@ class SharingContract:
 
     # --- nothing from a remote is trusted -----------------------------------------------------
     @pytest.mark.parametrize("damage", ["flip", "truncate"])
-    def test_a_damaged_object_is_refused_and_nothing_is_kept(self, alice: Repo, url: str, tmp_path: Path,
-                                                            damage: str) -> None:  # fmt: skip
+    def test_a_damaged_object_is_refused_and_nothing_is_kept(
+        self, alice: Repo, url: str, tmp_path: Path, damage: str
+    ) -> None:
         add_family(alice, tmp_path)
         sync.push(alice)
         victim = next(t.object for t in alice.manifest("ft").tensors())
@@ -342,13 +378,17 @@ class SharingContract:
         bob = Repo.init(tmp_path / "bob")
         sync.add_remote(bob, "origin", url)
         before = objects_and_refs(bob)
-        one_line_error(mgit_cli(bob.root, "fetch"), f"object {victim[:16]} from {url} is corrupt",
-                       "nothing was kept, the local repository is unchanged")  # fmt: skip
+        one_line_error(
+            mgit_cli(bob.root, "fetch"),
+            f"object {victim[:16]} from {url} is corrupt",
+            "nothing was kept, the local repository is unchanged",
+        )
         assert objects_and_refs(bob) == before
         assert not (bob.dir / "incoming").exists() or not any((bob.dir / "incoming").iterdir())
 
-    def test_a_forged_manifest_path_and_a_ref_to_a_missing_version_are_refused(self, alice: Repo, url: str,
-                                                                             tmp_path: Path) -> None:  # fmt: skip
+    def test_a_forged_manifest_path_and_a_ref_to_a_missing_version_are_refused(
+        self, alice: Repo, url: str, tmp_path: Path
+    ) -> None:
         from mgit.store.memory import MemoryStore
         from mgit.store.objects import FileEntry, Manifest, Version
 
@@ -356,7 +396,9 @@ class SharingContract:
         blob = forged.put_blob(b"pwned").oid
         bad = Manifest((FileEntry("../evil.txt", "blob", 5, "0" * 64, blob),)).to_json()
         manifest = forged.put_record("manifest", bad).oid
-        vid = forged.put_record("version", Version("evil", manifest, author="x", time="2024-01-01T00:00:00Z").to_json()).oid
+        vid = forged.put_record(
+            "version", Version("evil", manifest, author="x", time="2024-01-01T00:00:00Z").to_json()
+        ).oid
         backend = sync.connection.connect(alice, "origin").remote.backend
         for oid in (blob, manifest, vid):
             backend.write(f"objects/{oid[:2]}/{oid[2:]}", forged.read_record(oid))
@@ -369,8 +411,9 @@ class SharingContract:
         assert objects_and_refs(alice) == before and not (tmp_path / "evil.txt").exists()
 
     # --- races and kills ------------------------------------------------------------------------
-    def test_two_pushes_of_one_model_at_once_land_exactly_one(self, alice: Repo, url: str, tmp_path: Path,
-                                                              env: dict[str, str]) -> None:  # fmt: skip
+    def test_two_pushes_of_one_model_at_once_land_exactly_one(
+        self, alice: Repo, url: str, tmp_path: Path, env: dict[str, str]
+    ) -> None:
         add_family(alice, tmp_path)
         sync.push(alice)
         clones = []
@@ -379,8 +422,12 @@ class SharingContract:
             repo = Repo(tmp_path / who)
             repo.add(tensors(len(clones) + 30), name="ft", message=who)
             clones.append(repo)
-        procs = [subprocess.Popen([*MGIT, "-C", str(r.root), "push"], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=env) for r in clones]  # fmt: skip
+        procs = [
+            subprocess.Popen(
+                [*MGIT, "-C", str(r.root), "push"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            )
+            for r in clones
+        ]
         results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]  # type: ignore[union-attr]
         assert sorted(code for code, _ in results) == [0, 1], results
         loser = next(err for code, err in results if code == 1)
@@ -389,8 +436,9 @@ class SharingContract:
         assert sync.remote_show(winner).models[1].state == "same"
         assert sync.fsck_remote(url).ok
 
-    def test_pushes_of_different_models_at_once_both_land(self, alice: Repo, url: str, tmp_path: Path,
-                                                          env: dict[str, str]) -> None:  # fmt: skip
+    def test_pushes_of_different_models_at_once_both_land(
+        self, alice: Repo, url: str, tmp_path: Path, env: dict[str, str]
+    ) -> None:
         add_family(alice, tmp_path)
         sync.push(alice)
         repos = []
@@ -399,23 +447,32 @@ class SharingContract:
             repo = Repo(tmp_path / who)
             repo.add(tensors(len(repos) + 40), name=model, parent="base")
             repos.append(repo)
-        procs = [subprocess.Popen([*MGIT, "-C", str(r.root), "push"], stderr=subprocess.PIPE, text=True, env=env)
-                 for r in repos]  # fmt: skip
+        procs = [
+            subprocess.Popen([*MGIT, "-C", str(r.root), "push"], stderr=subprocess.PIPE, text=True, env=env)
+            for r in repos
+        ]
         assert [p.wait(timeout=120) for p in procs] == [0, 0]
         fresh = sync.clone(url, tmp_path / "dave")
         assert fresh.models == ["b-model", "base", "c-model", "ft"] and Repo(tmp_path / "dave").fsck().ok
 
     @pytest.mark.parametrize("point", ["push-after-objects", "push-before-refs", "push-between-refs"])
-    def test_a_killed_push_leaves_the_remote_consistent_and_resumes(self, alice: Repo, url: str, tmp_path: Path,
-                                                                    env: dict[str, str], point: str) -> None:  # fmt: skip
+    def test_a_killed_push_leaves_the_remote_consistent_and_resumes(
+        self, alice: Repo, url: str, tmp_path: Path, env: dict[str, str], point: str
+    ) -> None:
         add_family(alice, tmp_path)
-        killed = subprocess.run([*MGIT, "-C", str(alice.root), "push"], capture_output=True, text=True, timeout=120,
-                                env={**env, "MGIT_CRASH_AT": point})  # fmt: skip
+        killed = subprocess.run(
+            [*MGIT, "-C", str(alice.root), "push"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**env, "MGIT_CRASH_AT": point},
+        )
         assert killed.returncode == -signal.SIGKILL
         report = sync.fsck_remote(url)
         assert report.ok  # no ref names a missing object
-        again = subprocess.run([*MGIT, "-C", str(alice.root), "push", "--json"], capture_output=True, text=True,
-                               timeout=120, env=env)  # fmt: skip
+        again = subprocess.run(
+            [*MGIT, "-C", str(alice.root), "push", "--json"], capture_output=True, text=True, timeout=120, env=env
+        )
         assert again.returncode == 0, again.stderr
         result = json.loads(again.stdout)
         assert result["sent"]["objects"] == 0 or point == "push-after-objects" and result["sent"]["skipped"] > 0
@@ -423,20 +480,27 @@ class SharingContract:
         assert Repo(tmp_path / "bob").refs.all() == alice.refs.all()
 
     @pytest.mark.parametrize("point", ["fetch-after-download", "fetch-after-promote", "clone-before-heads"])
-    def test_a_killed_clone_leaves_it_consistent_and_resumes(self, alice: Repo, url: str, tmp_path: Path,
-                                                             env: dict[str, str], point: str) -> None:  # fmt: skip
+    def test_a_killed_clone_leaves_it_consistent_and_resumes(
+        self, alice: Repo, url: str, tmp_path: Path, env: dict[str, str], point: str
+    ) -> None:
         folders = add_family(alice, tmp_path)
         sync.push(alice)
         target = tmp_path / "bob"
-        killed = subprocess.run([*MGIT, "clone", url, str(target)], capture_output=True, text=True, timeout=120,
-                                env={**env, "MGIT_CRASH_AT": point})  # fmt: skip
+        killed = subprocess.run(
+            [*MGIT, "clone", url, str(target)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**env, "MGIT_CRASH_AT": point},
+        )
         assert killed.returncode == -signal.SIGKILL
         assert Repo(target).fsck().ok and Repo(target).refs.all() == {}
         if point == "fetch-after-download":  # the quarantine is left, nothing of it kept; gc removes it
             assert any((target / ".mgit" / "incoming").iterdir())
             assert Repo(target).gc().leftovers == 1 and not any((target / ".mgit" / "incoming").iterdir())
-        again = subprocess.run([*MGIT, "clone", url, str(target), "--json"], capture_output=True, text=True,
-                               timeout=120, env=env)  # fmt: skip
+        again = subprocess.run(
+            [*MGIT, "clone", url, str(target), "--json"], capture_output=True, text=True, timeout=120, env=env
+        )
         assert again.returncode == 0, again.stderr
         bob = Repo(target)
         bob.checkout("ft", tmp_path / "out")
@@ -494,7 +558,9 @@ class TestFolderRemote(SharingContract):
         bare = Repo(url)
         assert bare.bare and bare.refs.all() == alice.refs.all()
 
-    def test_a_record_of_two_gigabytes_is_refused_before_reading_it(self, alice: Repo, url: str, tmp_path: Path) -> None:
+    def test_a_record_of_two_gigabytes_is_refused_before_reading_it(
+        self, alice: Repo, url: str, tmp_path: Path
+    ) -> None:
         add_family(alice, tmp_path)
         sync.push(alice)
         vid = alice.resolve("ft")
@@ -508,7 +574,9 @@ class TestFolderRemote(SharingContract):
         one_line_error(mgit_cli(bob.root, "fetch"), f"objects/{vid[:2]}/{vid[2:]}", "2147483648 bytes")
         assert bob.refs.all() == {} and list(bob.store.ids()) == []
 
-    def test_a_pack_whose_records_do_not_match_their_ids_is_refused(self, alice: Repo, url: str, tmp_path: Path) -> None:
+    def test_a_pack_whose_records_do_not_match_their_ids_is_refused(
+        self, alice: Repo, url: str, tmp_path: Path
+    ) -> None:
         import base64
 
         import blake3
@@ -535,8 +603,10 @@ class TestFolderRemote(SharingContract):
         (tmp_path / "used" / "file").write_text("x")
         one_line_error(run_cli("init", "--bare", str(tmp_path / "used")), "exists and is not empty")
         repo = Repo.init(tmp_path / "r")
-        err = one_line_error(mgit_cli(repo.root, "remote", "add", "o", "s3://AKIAXXX:secret@bucket/p"),
-                             "refusing a remote URL that holds credentials")  # fmt: skip
+        err = one_line_error(
+            mgit_cli(repo.root, "remote", "add", "o", "s3://AKIAXXX:secret@bucket/p"),
+            "refusing a remote URL that holds credentials",
+        )
         assert "secret" not in err and "AKIAXXX" not in err
         assert "secret" not in (repo.dir / "config.json").read_text()
 
@@ -586,8 +656,9 @@ class TestS3Remote(SharingContract):
         assert code == 0 and json.loads(out)["path"] == f"{s3_bucket.url}/fresh", err
         one_line_error(run_cli("init", "--bare", f"{s3_bucket.url}/fresh"), "already exists")
 
-    def test_retries_ride_out_a_flaky_endpoint_and_give_up_in_one_line(self, alice: Repo, url: str, tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    def test_retries_ride_out_a_flaky_endpoint_and_give_up_in_one_line(
+        self, alice: Repo, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         folders = add_family(alice, tmp_path)
         for i, mode in enumerate(("503", "500", "drop")):
             with FaultProxy(self.bucket.endpoint, every=3, mode=mode) as proxy:

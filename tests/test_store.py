@@ -116,7 +116,8 @@ class TestLazyStore(StoreContract):
         return there
 
     def test_an_object_only_on_the_remote_is_fetched_when_read_and_kept(
-            self, store: LazyStore, folder_remote: RemoteRepository, tmp_path: Path) -> None:  # fmt: skip
+        self, store: LazyStore, folder_remote: RemoteRepository, tmp_path: Path
+    ) -> None:
         there = self.on_remote(store, folder_remote, tmp_path / "remote.mgit")
         data = np.random.default_rng(3).standard_normal(500).astype(np.float32)
         oid = there.put_tensor("F32", (500,), data.view(np.uint8)).oid
@@ -126,7 +127,8 @@ class TestLazyStore(StoreContract):
         assert store.get(oid)[1].tobytes() == data.tobytes() and store.fetched.objects == 1  # kept: not again
 
     def test_an_object_damaged_on_the_remote_is_refused_and_not_kept(
-            self, store: LazyStore, folder_remote: RemoteRepository, tmp_path: Path) -> None:  # fmt: skip
+        self, store: LazyStore, folder_remote: RemoteRepository, tmp_path: Path
+    ) -> None:
         there = self.on_remote(store, folder_remote, tmp_path / "remote.mgit")
         oid = there.put_blob(np.random.default_rng(4).integers(0, 256, 512, dtype=np.uint8)).oid
         rewrite(there, oid, lambda raw: raw[:-1] + bytes([raw[-1] ^ 0xFF]))

@@ -11,13 +11,19 @@ from mgit.formats.layers import layer_count, layer_counts, layer_of, layer_span
 from mgit.lineage.sketch import Sketch
 from mgit.merging.spec import layer_positions
 
-BERT = ["bert.embeddings.word_embeddings.weight", "bert.embeddings.LayerNorm.weight",
-        *(f"bert.encoder.layer.{i}.{p}" for i in range(12)
-          for p in ("attention.self.query.weight", "output.dense.bias")),
-        "bert.pooler.dense.weight", "classifier.weight"]  # fmt: skip
-LLAMA = ["model.embed_tokens.weight",
-         *(f"model.layers.{i}.{p}" for i in range(32) for p in ("self_attn.q_proj.weight", "mlp.experts.7.w1.weight")),
-         "model.norm.weight", "lm_head.weight"]  # fmt: skip
+BERT = [
+    "bert.embeddings.word_embeddings.weight",
+    "bert.embeddings.LayerNorm.weight",
+    *(f"bert.encoder.layer.{i}.{p}" for i in range(12) for p in ("attention.self.query.weight", "output.dense.bias")),
+    "bert.pooler.dense.weight",
+    "classifier.weight",
+]
+LLAMA = [
+    "model.embed_tokens.weight",
+    *(f"model.layers.{i}.{p}" for i in range(32) for p in ("self_attn.q_proj.weight", "mlp.experts.7.w1.weight")),
+    "model.norm.weight",
+    "lm_head.weight",
+]
 GPT2 = ["wte.weight", "wpe.weight", *(f"h.{i}.attn.c_attn.weight" for i in range(6)), "ln_f.weight"]
 NO_LAYER = ["embed.weight", "lm_head.weight", "position_ids", "0.weight", "2.bias"]  # a bare nn.Sequential too
 STUDENT = [f"h.{i}.mlp.c_fc.weight" for i in (0, 2, 4)]  # kept every other layer of a 6-layer teacher, unrenumbered
@@ -29,15 +35,22 @@ RULE = {
     "gpt2": (GPT2, {"h": 6}, 6, 6),
     "no layer": (NO_LAYER, {}, 0, 0),
     "student": (STUDENT, {"h": 3}, 3, 5),
-    "bert and a head": (BERT + ["classifier.0.weight", "classifier.2.weight"], {"bert.encoder.layer": 12,
-                                                                               "classifier": 2}, 12, 12),
+    "bert and a head": (
+        BERT + ["classifier.0.weight", "classifier.2.weight"],
+        {"bert.encoder.layer": 12, "classifier": 2},
+        12,
+        12,
+    ),
 }
 
 
 def test_the_layer_of_a_name() -> None:
     assert layer_of("model.layers.3.mlp.up_proj.weight") == ("model.layers", 3)
     assert layer_of("bert.encoder.layer.11.output.dense.bias") == ("bert.encoder.layer", 11)
-    assert layer_of("h.0.attn.c_attn.weight") == ("h", 0) and layer_of("transformer.h.5.ln_1.weight") == ("transformer.h", 5)
+    assert layer_of("h.0.attn.c_attn.weight") == ("h", 0) and layer_of("transformer.h.5.ln_1.weight") == (
+        "transformer.h",
+        5,
+    )
     assert layer_of("model.norm.weight") is None and layer_of("0.weight") is None
     assert layer_of("h.\u00b2.weight") is None  # a digit to str.isdigit, not a number
 
@@ -51,8 +64,9 @@ def test_the_three_counts_on_real_names(family: str) -> None:
 def sketch_of(names: list[str]) -> Sketch:
     n = len(names)
     empty = np.zeros((n, 4), np.float32)
-    return Sketch(names, ["F32"] * n, [(4,)] * n, ["0" * 64] * n, np.zeros(n, np.int8), np.zeros(n, np.float32),
-                  empty, empty)  # fmt: skip
+    return Sketch(
+        names, ["F32"] * n, [(4,)] * n, ["0" * 64] * n, np.zeros(n, np.int8), np.zeros(n, np.float32), empty, empty
+    )
 
 
 @pytest.mark.parametrize("family", RULE)

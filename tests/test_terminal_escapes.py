@@ -34,8 +34,10 @@ def tampered(repo: Repo, tmp_path: Path) -> Repo:
     vid = repo.refs.get("ft")
     db = sqlite3.connect(repo.dir / "catalog.sqlite")
     with db:
-        db.execute("UPDATE versions SET message = ?, author = ?, tags = ? WHERE id = ?",
-                   (f"first {RED}red\nsecond\x9b2J", f"eve{TITLE}", json.dumps({f"k{RED}": f"v{RED}\r"}), vid))  # fmt: skip
+        db.execute(
+            "UPDATE versions SET message = ?, author = ?, tags = ? WHERE id = ?",
+            (f"first {RED}red\nsecond\x9b2J", f"eve{TITLE}", json.dumps({f"k{RED}": f"v{RED}\r"}), vid),
+        )
         db.execute("UPDATE versions SET model = ? WHERE model = 'base'", (f"base{RED}",))
     db.close()
     return repo
@@ -59,8 +61,18 @@ def cli(repo: Repo, *args: str) -> tuple[int, str, str]:
     return run_cli("-C", str(repo.root), *args)
 
 
-@pytest.mark.parametrize("command", [["show", "ft"], ["log", "ft"], ["ls"], ["lineage"], ["lineage", "ft", "--up"],
-                                     ["du"], ["graph", "--format", "dot", "-o", "-"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["show", "ft"],
+        ["log", "ft"],
+        ["ls"],
+        ["lineage"],
+        ["lineage", "ft", "--up"],
+        ["du"],
+        ["graph", "--format", "dot", "-o", "-"],
+    ],
+)
 def test_human_output_escapes_what_the_catalog_holds(tampered: Repo, command: list[str]) -> None:
     code, out, err = cli(tampered, *command)
     assert code == 0, err

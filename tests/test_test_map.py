@@ -83,6 +83,8 @@ def test_no_test_module_imports_another() -> None:
 
 def test_the_import_check_sees_every_form_of_import(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
-    probe.write_text("import test_a\nimport x.y as z\nfrom test_b import f\nfrom . import c\n"
-                     "def g():\n    from test_c.sub import h\n")  # fmt: skip
+    probe.write_text(
+        "import test_a\nimport x.y as z\nfrom test_b import f\nfrom . import c\n"
+        "def g():\n    from test_c.sub import h\n"
+    )
     assert imported_modules(probe) == {"test_a", "x", "test_b", "test_c"}

@@ -37,9 +37,20 @@ def test_a_remote_key_and_name_with_a_newline_are_refused() -> None:
 def test_a_version_record_with_a_newline_in_its_model_or_time_is_refused() -> None:
     from mgit.store.objects import Version
 
-    good = {"format": 1, "model": "bert", "manifest": OID, "parents": [], "predecessor": None, "message": "",
-            "author": "a", "time": "2026-01-01T00:00:00Z", "tags": {}, "recipe": None, "lossy": None,
-            "summary": {"files": 1, "tensors": 1, "params": 1, "logical_bytes": 4}}  # fmt: skip
+    good = {
+        "format": 1,
+        "model": "bert",
+        "manifest": OID,
+        "parents": [],
+        "predecessor": None,
+        "message": "",
+        "author": "a",
+        "time": "2026-01-01T00:00:00Z",
+        "tags": {},
+        "recipe": None,
+        "lossy": None,
+        "summary": {"files": 1, "tensors": 1, "params": 1, "logical_bytes": 4},
+    }
     assert Version.from_json(good).model == "bert"
     for field, value in (("model", "bert\n"), ("time", "2026-01-01T00:00:00Z\n"), ("manifest", OID + "\n")):
         with pytest.raises(RecordError):

@@ -22,15 +22,25 @@ from mgit.store.objects import RecordError, Version
 
 OID = "ab" * 32
 GOOD: dict[str, Any] = {
-    "format": 1, "model": "org/bert-sst2.v1_x", "manifest": OID,
+    "format": 1,
+    "model": "org/bert-sst2.v1_x",
+    "manifest": OID,
     "parents": [{"version": "cd" * 32, "relation": "finetune"}, {"version": "ef" * 32, "relation": "merge"}],
-    "predecessor": "01" * 32, "message": "SST-2, 3 epochs\n\n\tdetails", "author": "Ana <ana@host>",
-    "time": "2026-11-30T13:49:14.413985Z", "tags": {"stage": "dev", "hf.repo_id": "org/name", "empty": ""},
+    "predecessor": "01" * 32,
+    "message": "SST-2, 3 epochs\n\n\tdetails",
+    "author": "Ana <ana@host>",
+    "time": "2026-11-30T13:49:14.413985Z",
+    "tags": {"stage": "dev", "hf.repo_id": "org/name", "empty": ""},
     "summary": {"files": 13, "tensors": 104, "params": 22713728, "logical_bytes": 91651021},
-    "recipe": {"fn": "recipes.py:finetune", "params": {"steps": 40, "seed": 3, "name": "x"},
-               "source_sha256": "f" * 64, "source": OID, "resources": {"num_cpus": 4.0, "num_gpus": 1}},
+    "recipe": {
+        "fn": "recipes.py:finetune",
+        "params": {"steps": 40, "seed": 3, "name": "x"},
+        "source_sha256": "f" * 64,
+        "source": OID,
+        "resources": {"num_cpus": 4.0, "num_gpus": 1},
+    },
     "lossy": {"eps": 0.001, "mode": "abs", "max_error": 0.00094999, "tensors": 96, "guard": 0.1},
-}  # fmt: skip
+}
 
 
 def changed(path: str, value: Any) -> dict[str, Any]:
@@ -125,15 +135,34 @@ def test_a_good_record_round_trips() -> None:
     assert Version.from_json(changed("time", "2026-11-30T13:49:14Z")).time == "2026-11-30T13:49:14Z"
 
 
-@pytest.mark.parametrize(("path", "value", "what"), BAD, ids=[(f"{p} dropped" if v is DROP else f"{p}={v!r}")[:60] for p, v, _ in BAD])
+@pytest.mark.parametrize(
+    ("path", "value", "what"), BAD, ids=[(f"{p} dropped" if v is DROP else f"{p}={v!r}")[:60] for p, v, _ in BAD]
+)
 def test_a_bad_field_is_refused(path: str, value: Any, what: str) -> None:
     with pytest.raises(RecordError, match=what) as info:
         Version.from_json(changed(path, value))
     assert "\x1b" not in str(info.value) and "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("name", ["bert", "org/bert-sst2", "a" * 128, "a" * 129, "a..b", "x.lock", "x.", "-x",
-                                  "a/b/c", "a b", "\u00e9", "a/", "/a", "x\x1b"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "bert",
+        "org/bert-sst2",
+        "a" * 128,
+        "a" * 129,
+        "a..b",
+        "x.lock",
+        "x.",
+        "-x",
+        "a/b/c",
+        "a b",
+        "\u00e9",
+        "a/",
+        "/a",
+        "x\x1b",
+    ],
+)
 def test_the_model_rule_is_the_refs_rule(name: str) -> None:
     try:
         validate_model_name(name)
@@ -170,12 +199,21 @@ def forged_remote(tmp_path: Path, record: dict[str, Any], ref: str) -> tuple[str
 
 def stored(repo_dir: Path) -> dict[str, list[str]]:
     root = repo_dir / ".mgit"
-    return {sub: sorted(p.relative_to(root).as_posix() for p in (root / sub).rglob("*") if p.is_file())
-            for sub in ("objects", "refs")}  # fmt: skip
+    return {
+        sub: sorted(p.relative_to(root).as_posix() for p in (root / sub).rglob("*") if p.is_file())
+        for sub in ("objects", "refs")
+    }
 
 
-@pytest.mark.parametrize(("path", "value"), [("model", "../../etc/x\x1b[31m"), ("tags.stage", "\x1b[2J"),
-                                             ("time", "yesterday"), ("parents.0.relation", "evil")])
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("model", "../../etc/x\x1b[31m"),
+        ("tags.stage", "\x1b[2J"),
+        ("time", "yesterday"),
+        ("parents.0.relation", "evil"),
+    ],
+)
 def test_a_fetch_refuses_a_forged_record_and_keeps_nothing(tmp_path: Path, path: str, value: Any) -> None:
     record = changed(path, value) | {"parents": [], "predecessor": None, "recipe": None, "lossy": None}
     if path.startswith("parents"):
@@ -194,11 +232,17 @@ def test_a_fetch_refuses_a_forged_record_and_keeps_nothing(tmp_path: Path, path:
     assert stored(bob.root) == before
 
 
-@pytest.mark.parametrize(("option", "value", "what"), [
-    ("message", "red \x1b[31m", "message"), ("tags", {"stage": "\x1b[31m"}, "tag"),
-    ("tags", {"a\nb": "x"}, "tag"), ("author", "ana\x1b[2J", "author"), ("message", "x" * 65537, "message"),
-    ("recipe", {"fn": "recipes.py:f", "params": {}, "source_sha256": "f" * 64, "evil": 1}, "recipe"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("option", "value", "what"),
+    [
+        ("message", "red \x1b[31m", "message"),
+        ("tags", {"stage": "\x1b[31m"}, "tag"),
+        ("tags", {"a\nb": "x"}, "tag"),
+        ("author", "ana\x1b[2J", "author"),
+        ("message", "x" * 65537, "message"),
+        ("recipe", {"fn": "recipes.py:f", "params": {}, "source_sha256": "f" * 64, "evil": 1}, "recipe"),
+    ],
+)
 def test_add_refuses_what_a_reader_would_refuse(repo: Repo, option: str, value: Any, what: str) -> None:
     before = stored(repo.root)
     with pytest.raises(InvalidOptionError, match=what) as info:
@@ -209,8 +253,9 @@ def test_add_refuses_what_a_reader_would_refuse(repo: Repo, option: str, value: 
 
 def test_add_refuses_an_author_with_an_escape_from_the_environment(repo: Repo, tmp_path: Path) -> None:
     before = stored(repo.root)
-    code, out, err = run_cli("-C", str(repo.root), "add", str(make_model(tmp_path / "m")), "--name", "m",
-                             env={"MGIT_AUTHOR": "eve\x1b[31m"})  # fmt: skip
+    code, out, err = run_cli(
+        "-C", str(repo.root), "add", str(make_model(tmp_path / "m")), "--name", "m", env={"MGIT_AUTHOR": "eve\x1b[31m"}
+    )
     assert code == 1 and err.startswith("Error: author has a control character (\\x1b)") and "\x1b" not in err, err
     assert stored(repo.root) == before
 

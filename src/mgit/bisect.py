@@ -4,7 +4,8 @@ The ancestors of a version are its lineage parents (the exact versions it was de
 and its predecessor (the version before it). Starting from a failing version, bisect follows
 one line of ancestry (the model's own history, then the version its first version was
 derived from, and so on), searches it (galloping back from the failing end, then binary
-search) for a failing version whose next ancestor passes, then checks that version's other ancestors: if one of them fails too, the
+search) for a failing version whose next ancestor passes, then checks that version's other
+ancestors: if one of them fails too, the
 failure came from there and the search goes on along that line. It ends at a version that
 fails while every ancestor passes (the edge that introduced the failure), or at a root that
 has always failed.
@@ -50,8 +51,15 @@ class BisectResult(Report):
     also: list[str] = field(default_factory=list)  # its other ancestors, all passing: "relation from model@seq"
 
 
-def bisect(repo: Repo, test: str, ref: str, *, timeout: float | None = None, force: bool = False,
-           trust_remote_code: bool = False) -> BisectResult:  # fmt: skip
+def bisect(
+    repo: Repo,
+    test: str,
+    ref: str,
+    *,
+    timeout: float | None = None,
+    force: bool = False,
+    trust_remote_code: bool = False,
+) -> BisectResult:
     """The edge along the ancestors of `ref` where `test` started to fail (see above). A
     test pulled from a remote and not trusted here runs only with `trust_remote_code`
     (mgit.checks.Checks.require_trust)."""
@@ -60,8 +68,15 @@ def bisect(repo: Repo, test: str, ref: str, *, timeout: float | None = None, for
 
 
 class Bisector:
-    def __init__(self, repo: Repo, test: str, *, timeout: float | None = None, force: bool = False,
-                 trust_remote_code: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        repo: Repo,
+        test: str,
+        *,
+        timeout: float | None = None,
+        force: bool = False,
+        trust_remote_code: bool = False,
+    ) -> None:
         self.repo = repo
         self.checks = Checks(repo)
         self.test = test
@@ -124,7 +139,9 @@ class Bisector:
                     hi = mid
             culprit = chain[lo]
             passing = chain[lo + 1] if lo + 1 < len(chain) else None
-            elsewhere = [a for a, _, _ in self.ancestors(culprit) if a != passing and a not in visited and self.fails(a)]
+            elsewhere = [
+                a for a, _, _ in self.ancestors(culprit) if a != passing and a not in visited and self.fails(a)
+            ]
             if not elsewhere:
                 return self._result(start, culprit, passing)
             current = elsewhere[0]
@@ -140,10 +157,23 @@ class Bisector:
             d = self.repo.diff(passing, culprit)
             diff = {"summary": d.summary.to_json(), "groups": [g.to_json() for g in d.groups]}
         bad = self.results[culprit]
-        also = [f"{rel or 'new version'} from {self.outcome(a).ref}" for a, _, rel in self.ancestors(culprit)
-                if a != passing]  # fmt: skip
+        also = [
+            f"{rel or 'new version'} from {self.outcome(a).ref}"
+            for a, _, rel in self.ancestors(culprit)
+            if a != passing
+        ]
         return BisectResult(
-            self.test, self.results[start].ref, bad.ref, culprit,
-            self.results[passing].ref if passing else None, passing, kind, relation, bad.reasons,
-            self.steps, sum(1 for s in self.steps if not s.reused), diff, also,
-        )  # fmt: skip
+            self.test,
+            self.results[start].ref,
+            bad.ref,
+            culprit,
+            self.results[passing].ref if passing else None,
+            passing,
+            kind,
+            relation,
+            bad.reasons,
+            self.steps,
+            sum(1 for s in self.steps if not s.reused),
+            diff,
+            also,
+        )

@@ -166,15 +166,24 @@ def plan_cascade(repo: Repo, name: str, *, only: str | None = None, recorded_sou
     return CascadePlan(top, node.head, f"{top}@{node.seq}", list(steps.values()))
 
 
-def _plan_step(repo: Repo, graph: Lineage, model: str, scope: set[str], steps: dict[str, CascadeStep],
-               only: str | None, failing: Callable[[str], tuple[str, ...]], recorded_source: bool) -> CascadeStep:  # fmt: skip
+def _plan_step(
+    repo: Repo,
+    graph: Lineage,
+    model: str,
+    scope: set[str],
+    steps: dict[str, CascadeStep],
+    only: str | None,
+    failing: Callable[[str], tuple[str, ...]],
+    recorded_source: bool,
+) -> CascadeStep:
     node = graph.node(model)
     edges = graph.parents(model)
     rebuilt = {e.parent for e in edges if e.parent in steps and steps[e.parent].action in REBUILT}
     changed = [e for e in edges if e.parent in scope and (e.parent in rebuilt or e.stale)]
     parents = [_planned_parent(graph, e, e.parent in rebuilt) for e in edges]
-    step = CascadeStep(model, node.head, f"{model}@{node.seq}", "up-to-date", edges[0].relation if edges else "other",
-                       parents)  # fmt: skip
+    step = CascadeStep(
+        model, node.head, f"{model}@{node.seq}", "up-to-date", edges[0].relation if edges else "other", parents
+    )
     if not changed:
         return step
     if only is not None and not fnmatch.fnmatchcase(model, only):
@@ -196,17 +205,20 @@ def _plan_step(repo: Repo, graph: Lineage, model: str, scope: set[str], steps: d
     except MgitError as exc:
         stored = recipe.get("source") is not None  # a teammate's recipe: run what was recorded
         problem = None if stored else str(exc)
-    return replace(step, action="recipe", source_changed=source_changed and not stored, recorded_source=stored,
-                   problem=problem)  # fmt: skip
+    return replace(
+        step, action="recipe", source_changed=source_changed and not stored, recorded_source=stored, problem=problem
+    )
 
 
 def _planned_parent(graph: Lineage, edge: LineageEdge, rebuilt: bool) -> PlannedParent:
     latest = graph.node(edge.parent)
     if rebuilt:
-        return PlannedParent(edge.parent, edge.relation, edge.parent_version, edge.parent_ref, None,
-                             f"{edge.parent}@next")  # fmt: skip
-    return PlannedParent(edge.parent, edge.relation, edge.parent_version, edge.parent_ref, latest.head,
-                         f"{latest.name}@{latest.seq}")  # fmt: skip
+        return PlannedParent(
+            edge.parent, edge.relation, edge.parent_version, edge.parent_ref, None, f"{edge.parent}@next"
+        )
+    return PlannedParent(
+        edge.parent, edge.relation, edge.parent_version, edge.parent_ref, latest.head, f"{latest.name}@{latest.seq}"
+    )
 
 
 def _record_command(step: CascadeStep) -> str:
@@ -222,22 +234,48 @@ def _record_command(step: CascadeStep) -> str:
 
 
 # --- running it ---------------------------------------------------------------------------------
-def cascade(repo: Repo, name: str, *, jobs: int = 1, only: str | None = None, timeout: float | None = None,
-            dry_run: bool = False, recorded_source: bool = False, progress: ModelProgress | None = None,
-            executor: Executor | None = None, trust_remote_code: bool = False) -> CascadeReport:  # fmt: skip
+def cascade(
+    repo: Repo,
+    name: str,
+    *,
+    jobs: int = 1,
+    only: str | None = None,
+    timeout: float | None = None,
+    dry_run: bool = False,
+    recorded_source: bool = False,
+    progress: ModelProgress | None = None,
+    executor: Executor | None = None,
+    trust_remote_code: bool = False,
+) -> CascadeReport:
     """Rebuild the descendants of `name` on its latest version by re-running their recipes,
     commit and test the results: plan it and, unless `dry_run`, carry it out (see
     `execute`). A dry run's report holds the plan and no results. A recipe runs from its
     file here, or from the source recorded with the version when the file is not here (a
     teammate's clone) or `recorded_source` asks for it."""
     plan = plan_cascade(repo, name, only=only, recorded_source=recorded_source)
-    return execute(repo, plan, jobs=jobs, timeout=timeout, dry_run=dry_run, progress=progress, executor=executor,
-                   trust_remote_code=trust_remote_code)  # fmt: skip
+    return execute(
+        repo,
+        plan,
+        jobs=jobs,
+        timeout=timeout,
+        dry_run=dry_run,
+        progress=progress,
+        executor=executor,
+        trust_remote_code=trust_remote_code,
+    )
 
 
-def execute(repo: Repo, plan: CascadePlan, *, jobs: int = 1, timeout: float | None = None, dry_run: bool = False,
-            progress: ModelProgress | None = None, executor: Executor | None = None,
-            trust_remote_code: bool = False) -> CascadeReport:  # fmt: skip
+def execute(
+    repo: Repo,
+    plan: CascadePlan,
+    *,
+    jobs: int = 1,
+    timeout: float | None = None,
+    dry_run: bool = False,
+    progress: ModelProgress | None = None,
+    executor: Executor | None = None,
+    trust_remote_code: bool = False,
+) -> CascadeReport:
     """Carry out a plan: rebuild its `recipe` steps, `jobs` at a time, parents first; a
     failure blocks the models below it. `progress(model, text)` is called from this thread
     as models start and finish. `executor` says where recipes and tests run (default: here;
@@ -272,8 +310,9 @@ def require_trust(repo: Repo, plan: CascadePlan, *, trust_remote_code: bool = Fa
 
 
 class _Cascade:
-    def __init__(self, repo: Repo, plan: CascadePlan, timeout: float, progress: ModelProgress,
-                 executor: Executor) -> None:
+    def __init__(
+        self, repo: Repo, plan: CascadePlan, timeout: float, progress: ModelProgress, executor: Executor
+    ) -> None:
         self.repo = repo
         self.plan = plan
         self.timeout = timeout
@@ -292,8 +331,15 @@ class _Cascade:
             else:
                 results[step.model] = _result(step, step.action, reason=step.reason, command=step.command)
         # What the jobs read, made reachable where they run: the heads they replace and build on.
-        self.executor.prepare(models=sorted({self.plan.model, *(s.model for s in todo),
-                                             *(p.model for s in todo for p in s.parents if p.version is not None)}))
+        self.executor.prepare(
+            models=sorted(
+                {
+                    self.plan.model,
+                    *(s.model for s in todo),
+                    *(p.model for s in todo for p in s.parents if p.version is not None),
+                }
+            )
+        )
         blocked = self._check_parents(todo, results)  # model -> why
         jobs = max(1, jobs)
         # One session: each parent is checked out and encoded against by all its children.
@@ -328,8 +374,12 @@ class _Cascade:
         """Run the tests of the cascade's model and of up-to-date parents that planned models
         build on (recorded results are reused, so this runs only what an interrupted cascade
         did not). A parent that fails blocks the models built on it. Returns {model: why}."""
-        ready = {p.model: (p.version, p.ref) for s in todo for p in s.parents
-                 if p.version is not None and (p.model in results or p.model == self.plan.model)}  # fmt: skip
+        ready = {
+            p.model: (p.version, p.ref)
+            for s in todo
+            for p in s.parents
+            if p.version is not None and (p.model in results or p.model == self.plan.model)
+        }
         if not ready:
             return {}
         lines = self._tests([vid for vid, _ in ready.values()])
@@ -403,8 +453,18 @@ class _Cascade:
         else:
             record, source = self.repo.recipe_record(fn, params, resources=resources, recorded=True), None
         message = f"cascade from {self.plan.ref}: {fn} re-run on {', '.join(ref for _, ref in parents)}"
-        return RecipeJob(step.model, step.head, [vid for vid, _ in parents], step.relation, record, message,
-                         dict(self.repo.version(step.head).tags), self.timeout, source, resources)  # fmt: skip
+        return RecipeJob(
+            step.model,
+            step.head,
+            [vid for vid, _ in parents],
+            step.relation,
+            record,
+            message,
+            dict(self.repo.version(step.head).tags),
+            self.timeout,
+            source,
+            resources,
+        )
 
     def _tests(self, vids: list[str]) -> dict[str, list[CheckLine]]:
         """The tests that apply to each version, run or reused from recorded results."""
@@ -427,9 +487,15 @@ def _line(o: CheckOutcome) -> CheckLine:
 
 
 def _result(step: CascadeStep, status: str, **extra: Any) -> ModelResult:
-    return ModelResult(step.model, status, step.head, step.head_ref,
-                       recipe=step.recipe["fn"] if step.recipe else None, source_changed=step.source_changed,
-                       **extra)  # fmt: skip
+    return ModelResult(
+        step.model,
+        status,
+        step.head,
+        step.head_ref,
+        recipe=step.recipe["fn"] if step.recipe else None,
+        source_changed=step.source_changed,
+        **extra,
+    )
 
 
 def tests_summary(lines: list[CheckLine] | None) -> str:

@@ -51,24 +51,30 @@ from mgit.usercode import DEFAULT_TIMEOUT
 from mgit.util.database import Database
 
 MIGRATIONS: list[tuple[str, list[str]]] = [
-    ("0001_tests", [
-        """CREATE TABLE tests (name TEXT PRIMARY KEY, fn TEXT NOT NULL, target TEXT NOT NULL,
+    (
+        "0001_tests",
+        [
+            """CREATE TABLE tests (name TEXT PRIMARY KEY, fn TEXT NOT NULL, target TEXT NOT NULL,
             inherit INTEGER NOT NULL, conditions TEXT NOT NULL, timeout REAL, created TEXT NOT NULL)""",
-        """CREATE TABLE results (version TEXT NOT NULL, test TEXT NOT NULL, source TEXT NOT NULL,
+            """CREATE TABLE results (version TEXT NOT NULL, test TEXT NOT NULL, source TEXT NOT NULL,
             status TEXT NOT NULL, metrics TEXT NOT NULL, reasons TEXT NOT NULL, output TEXT NOT NULL,
             seconds REAL NOT NULL, time TEXT NOT NULL, PRIMARY KEY (version, test, source))""",
-    ]),
+        ],
+    ),
     # The test's source file as an object (so a teammate without the file can run it), and
     # where each result was recorded (`user@host`; results travel with push and pull).
-    ("0002_sources_and_origins", [
-        "ALTER TABLE tests ADD COLUMN source TEXT",
-        "ALTER TABLE results ADD COLUMN origin TEXT NOT NULL DEFAULT ''",
-    ]),
+    (
+        "0002_sources_and_origins",
+        [
+            "ALTER TABLE tests ADD COLUMN source TEXT",
+            "ALTER TABLE results ADD COLUMN origin TEXT NOT NULL DEFAULT ''",
+        ],
+    ),
     # What a run of the test declares to a cluster's scheduler: {"num_cpus": 2, "num_gpus": 1}.
     ("0003_resources", ["ALTER TABLE tests ADD COLUMN resources TEXT NOT NULL DEFAULT '{}'"]),
     # The remote a registration was pulled from; '' when it was attached here.
     ("0004_registration_origin", ["ALTER TABLE tests ADD COLUMN origin TEXT NOT NULL DEFAULT ''"]),
-]  # fmt: skip
+]
 RESULT_COLUMNS = "version, test, source, status, metrics, reasons, output, seconds, time, origin"
 
 
@@ -150,8 +156,13 @@ class CheckRunResult(Report):
         return [o for o in self.outcomes if not o.passed]
 
     def to_json(self) -> dict[str, Any]:
-        return {"outcomes": [o.to_json() for o in self.outcomes], "skipped": self.skipped, "notes": self.notes,
-                "passed": sum(o.passed for o in self.outcomes), "failed": len(self.failed)}  # fmt: skip
+        return {
+            "outcomes": [o.to_json() for o in self.outcomes],
+            "skipped": self.skipped,
+            "notes": self.notes,
+            "passed": sum(o.passed for o in self.outcomes),
+            "failed": len(self.failed),
+        }
 
 
 class Checks:
@@ -163,9 +174,17 @@ class Checks:
         self._sql = Database(repo.dir / "checks.sqlite", MIGRATIONS)
 
     # --- registrations ------------------------------------------------------------------
-    def attach(self, target: str, fn: str, *, name: str | None = None, conditions: list[Condition] | None = None,
-               inherit: bool = False, timeout: float | None = None,
-               resources: dict[str, float] | None = None) -> CheckSpec:  # fmt: skip
+    def attach(
+        self,
+        target: str,
+        fn: str,
+        *,
+        name: str | None = None,
+        conditions: list[Condition] | None = None,
+        inherit: bool = False,
+        timeout: float | None = None,
+        resources: dict[str, float] | None = None,
+    ) -> CheckSpec:
         """Attach a test to a model, a glob of names or `tag:KEY[=VALUE]`. The function is
         located (its file must exist) but not run. `resources` (`num_cpus`, `num_gpus`) are
         what each run declares to a cluster's scheduler."""
@@ -173,11 +192,21 @@ class Checks:
         usercode.source_hash(fn, cwd=self.repo.root)  # the file names the function: read, never run
         source = self.repo.store.put_blob(usercode.source_file(fn, cwd=self.repo.root).read_bytes()).oid
         self.repo.refs.pin(source)  # kept through gc, sent by push: a teammate runs it without the file
-        spec = CheckSpec(name or usercode.split_spec(fn)[1], fn, target, inherit, list(conditions or []), timeout,
-                        source, resources_of(resources))  # fmt: skip
+        spec = CheckSpec(
+            name or usercode.split_spec(fn)[1],
+            fn,
+            target,
+            inherit,
+            list(conditions or []),
+            timeout,
+            source,
+            resources_of(resources),
+        )
         lineage = self.repo.lineage
         if not any(spec.matches(n, m.tags) for n, m in lineage.nodes.items()) and not _is_pattern(target):
-            raise UnknownRefError(target, "no model", hint="Attach to a model name, a glob like 'bert-*' or tag:KEY=VALUE")
+            raise UnknownRefError(
+                target, "no model", hint="Attach to a model name, a glob like 'bert-*' or tag:KEY=VALUE"
+            )
         with self._sql.atomic() as db:
             if db.execute("SELECT 1 FROM tests WHERE name = ?", (spec.name,)).fetchone():
                 raise CheckExistsError(spec.name)
@@ -187,11 +216,22 @@ class Checks:
 
     @staticmethod
     def _insert_test(db: Any, spec: CheckSpec, created: str, origin: str) -> None:
-        db.execute("INSERT INTO tests (name, fn, target, inherit, conditions, timeout, created, source, resources, "
-                   "origin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                   (spec.name, spec.fn, spec.target, int(spec.inherit),
-                    json.dumps([c.to_json() for c in spec.conditions]), spec.timeout, created, spec.source,
-                    json.dumps(spec.resources, sort_keys=True), origin))  # fmt: skip
+        db.execute(
+            "INSERT INTO tests (name, fn, target, inherit, conditions, timeout, created, source, resources, "
+            "origin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                spec.name,
+                spec.fn,
+                spec.target,
+                int(spec.inherit),
+                json.dumps([c.to_json() for c in spec.conditions]),
+                spec.timeout,
+                created,
+                spec.source,
+                json.dumps(spec.resources, sort_keys=True),
+                origin,
+            ),
+        )
 
     def detach(self, name: str) -> CheckSpec:
         spec = self.test(name, checked=False)  # (an unsafe registration is removed this way)
@@ -205,7 +245,8 @@ class Checks:
         (an absolute file too, for a test attached here) is an UnsafeRegistrationError,
         unless `checked` is False (to list or remove it)."""
         rows = self._sql.db.execute(
-            "SELECT name, fn, target, inherit, conditions, timeout, source, resources, origin FROM tests ORDER BY name")
+            "SELECT name, fn, target, inherit, conditions, timeout, source, resources, origin FROM tests ORDER BY name"
+        )
         specs = []
         for n, f, t, i, cs, to, src, res, origin in rows:
             if checked:
@@ -233,11 +274,15 @@ class Checks:
         lineage = lineage or self.repo.lineage
         node = lineage.node(model)
         ancestors = [(a, lineage.nodes[a].tags) for a in lineage.ancestors(model)]
-        return [t for t in self.tests()
-                if t.matches(model, node.tags) or (t.inherit and any(t.matches(a, tags) for a, tags in ancestors))]  # fmt: skip
+        return [
+            t
+            for t in self.tests()
+            if t.matches(model, node.tags) or (t.inherit and any(t.matches(a, tags) for a, tags in ancestors))
+        ]
 
-    def applicable_all(self, lineage: Lineage | None = None, *,
-                       specs: list[CheckSpec] | None = None) -> dict[str, list[CheckSpec]]:  # fmt: skip
+    def applicable_all(
+        self, lineage: Lineage | None = None, *, specs: list[CheckSpec] | None = None
+    ) -> dict[str, list[CheckSpec]]:
         """`applicable` of every model at once: each test's models, then their descendants
         when it is inherited, in one pass over the graph however many models it holds."""
         lineage = lineage or self.repo.lineage
@@ -264,8 +309,13 @@ class Checks:
                 out.append(f"test {t.name!r} ({t.fn}, {where})")
         return out
 
-    def require_trust(self, specs: list[CheckSpec], *, trust_remote_code: bool = False,
-                      more: dict[str, tuple[str, str | None]] | None = None) -> None:  # fmt: skip
+    def require_trust(
+        self,
+        specs: list[CheckSpec],
+        *,
+        trust_remote_code: bool = False,
+        more: dict[str, tuple[str, str | None]] | None = None,
+    ) -> None:
         """Refuse (UntrustedCodeError, nothing run) to go on with code from a remote that is
         not trusted here, unless `trust_remote_code` (or the repository's `trust-remote-code`
         setting) says to: then it is marked trusted, and later runs need no telling. `more`
@@ -279,10 +329,19 @@ class Checks:
         trust_code(self.repo.dir, [(t.fn, t.source) for t in specs] + list(more.values()))
 
     # --- running ------------------------------------------------------------------------
-    def run(self, refs: list[str] | None = None, *, descendants: bool = False, tests: list[str] | None = None,
-            jobs: int | None = None, timeout: float | None = None, force: bool = False,
-            recorded_source: bool = False, executor: Executor | None = None,
-            trust_remote_code: bool = False) -> CheckRunResult:  # fmt: skip
+    def run(
+        self,
+        refs: list[str] | None = None,
+        *,
+        descendants: bool = False,
+        tests: list[str] | None = None,
+        jobs: int | None = None,
+        timeout: float | None = None,
+        force: bool = False,
+        recorded_source: bool = False,
+        executor: Executor | None = None,
+        trust_remote_code: bool = False,
+    ) -> CheckRunResult:
         """Run the tests that apply to these versions (every model's latest by default; with
         `descendants`, the latest of every descendant too), reusing recorded results.
 
@@ -317,20 +376,28 @@ class Checks:
         notes: list[str] = []
         sources = {t.name: self.source_of(t, recorded=recorded_source, notes=notes) for _, specs in work for t in specs}
         reused = {vid: self._reusable(vid, specs, sources, force) for vid, specs in work}
-        self.require_trust([t for vid, specs in work for t in specs if t.name not in reused[vid]],
-                           trust_remote_code=trust_remote_code)  # fmt: skip
+        self.require_trust(
+            [t for vid, specs in work for t in specs if t.name not in reused[vid]], trust_remote_code=trust_remote_code
+        )
         executor = executor or LocalExecutor(self.repo)
-        executor.prepare(versions=[vid for vid, specs in work  # (a cluster's: only what will run there)
-                                   if len(reused[vid]) < len(specs)])
+        executor.prepare(
+            versions=[
+                vid
+                for vid, specs in work  # (a cluster's: only what will run there)
+                if len(reused[vid]) < len(specs)
+            ]
+        )
         # One session: versions of a family share parents, decoded once for all their checkouts.
         with self.repo.caching(), ThreadPoolExecutor(max_workers=jobs or 2) as pool:
-            done = list(pool.map(lambda w: self._run_version(w[0], w[1], sources, timeout, reused[w[0]], executor),
-                                 work))  # fmt: skip
+            done = list(
+                pool.map(lambda w: self._run_version(w[0], w[1], sources, timeout, reused[w[0]], executor), work)
+            )
         outcomes = [self._with_parent(o) for group in done for o in group]
         return CheckRunResult(outcomes, skipped, notes)
 
-    def run_one(self, vid: str, test: str, *, timeout: float | None = None, force: bool = False,
-                trust_remote_code: bool = False) -> CheckOutcome:  # fmt: skip
+    def run_one(
+        self, vid: str, test: str, *, timeout: float | None = None, force: bool = False, trust_remote_code: bool = False
+    ) -> CheckOutcome:
         spec = self.test(test)
         sources = {spec.name: self.source_of(spec)}
         reused = self._reusable(vid, [spec], sources, force)
@@ -338,8 +405,9 @@ class Checks:
             self.require_trust([spec], trust_remote_code=trust_remote_code)
         return self._with_parent(self._run_version(vid, [spec], sources, timeout, reused, LocalExecutor(self.repo))[0])
 
-    def source_of(self, spec: CheckSpec, *, recorded: bool = False, notes: list[str] | None = None
-                  ) -> tuple[str, bytes | None]:  # fmt: skip
+    def source_of(
+        self, spec: CheckSpec, *, recorded: bool = False, notes: list[str] | None = None
+    ) -> tuple[str, bytes | None]:
         """(sha256 of the source a run uses, its bytes when it is the recorded one rather
         than the file here). A local file that differs from the recorded source is noted."""
         try:
@@ -351,19 +419,24 @@ class Checks:
         if local is not None and not recorded:
             data = local.read_bytes()
             if spec.source is not None and notes is not None and blob_sha256(self.repo, spec.source) != sha256(data):
-                notes.append(f"{spec.fn} changed since test {spec.name} was attached; it ran as it is here "
-                             "(--recorded-source runs the recorded one)")  # fmt: skip
+                notes.append(
+                    f"{spec.fn} changed since test {spec.name} was attached; it ran as it is here "
+                    "(--recorded-source runs the recorded one)"
+                )
             return sha256(data), None
         if spec.source is None:
             raise usercode.UserCodeError(spec.fn, "no source was recorded for it when it was attached")
         data = self.repo.store.get(spec.source)[1].tobytes()
         if notes is not None:
-            notes.append(f"test {spec.name} ran from the source recorded when it was attached"
-                         + ("" if local is not None else f" ({spec.fn} is not here)"))  # fmt: skip
+            notes.append(
+                f"test {spec.name} ran from the source recorded when it was attached"
+                + ("" if local is not None else f" ({spec.fn} is not here)")
+            )
         return sha256(data), data
 
-    def _reusable(self, vid: str, specs: list[CheckSpec], sources: dict[str, tuple[str, bytes | None]],
-                  force: bool) -> dict[str, CheckOutcome]:  # fmt: skip
+    def _reusable(
+        self, vid: str, specs: list[CheckSpec], sources: dict[str, tuple[str, bytes | None]], force: bool
+    ) -> dict[str, CheckOutcome]:
         """The recorded results of these tests on `vid` for the sources a run would use (none
         with `force`), by test name, marked reused."""
         if force:
@@ -371,14 +444,22 @@ class Checks:
         found = {s.name: self.recorded(vid, s.name, sources[s.name][0]) for s in specs}
         return {name: replace(o, reused=True) for name, o in found.items() if o is not None}
 
-    def _run_version(self, vid: str, specs: list[CheckSpec], sources: dict[str, tuple[str, bytes | None]],
-                     timeout: float | None, reused: dict[str, CheckOutcome],
-                     executor: Executor) -> list[CheckOutcome]:  # fmt: skip
+    def _run_version(
+        self,
+        vid: str,
+        specs: list[CheckSpec],
+        sources: dict[str, tuple[str, bytes | None]],
+        timeout: float | None,
+        reused: dict[str, CheckOutcome],
+        executor: Executor,
+    ) -> list[CheckOutcome]:
         results = dict(reused)
         todo = [s for s in specs if s.name not in results]
         if todo:
-            jobs = [CheckJob(vid, s.name, s.fn, timeout or s.timeout or DEFAULT_TIMEOUT, sources[s.name][1],
-                             s.resources) for s in todo]  # fmt: skip
+            jobs = [
+                CheckJob(vid, s.name, s.fn, timeout or s.timeout or DEFAULT_TIMEOUT, sources[s.name][1], s.resources)
+                for s in todo
+            ]
             for spec, run in zip(todo, executor.run_tests(jobs), strict=True):
                 results[spec.name] = self.record(vid, spec, sources[spec.name][0], run)
         return [results[s.name] for s in specs]
@@ -397,12 +478,36 @@ class Checks:
                 reasons.insert(0, "the test returned passed: false")
             status = "error" if problem and not metrics else "fail" if reasons else "pass"
         model, seq = self._model_seq(vid)
-        outcome = CheckOutcome(vid, model, seq, spec.name, source, status, metrics, reasons, round(run.seconds, 3),
-                              utc_now(), output=run.output, origin=run.origin or user_at_host())  # fmt: skip
+        outcome = CheckOutcome(
+            vid,
+            model,
+            seq,
+            spec.name,
+            source,
+            status,
+            metrics,
+            reasons,
+            round(run.seconds, 3),
+            utc_now(),
+            output=run.output,
+            origin=run.origin or user_at_host(),
+        )
         with self._sql.atomic() as db:
-            db.execute(f"INSERT OR REPLACE INTO results ({RESULT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (vid, spec.name, source, status, json.dumps(json_safe(metrics)), json.dumps(reasons),
-                        run.output, outcome.seconds, outcome.time, outcome.origin))  # fmt: skip
+            db.execute(
+                f"INSERT OR REPLACE INTO results ({RESULT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    vid,
+                    spec.name,
+                    source,
+                    status,
+                    json.dumps(json_safe(metrics)),
+                    json.dumps(reasons),
+                    run.output,
+                    outcome.seconds,
+                    outcome.time,
+                    outcome.origin,
+                ),
+            )
         return outcome
 
     # --- results ------------------------------------------------------------------------
@@ -437,8 +542,9 @@ class Checks:
             vids = [n.head for n in self.repo.lineage.nodes.values() if not n.removed]
         return [self._with_parent(o) for found in self.latest(vids).values() for o in found.values()]
 
-    def latest(self, vids: list[str], refs: dict[str, tuple[str, int]] | None = None
-               ) -> dict[str, dict[str, CheckOutcome]]:  # fmt: skip
+    def latest(
+        self, vids: list[str], refs: dict[str, tuple[str, int]] | None = None
+    ) -> dict[str, dict[str, CheckOutcome]]:
         """{version: {test: its latest recorded result}} in one query, without the parent's.
         The (model, seq) of the versions not in `refs` are read in one more query, never one
         by one (a page of a thousand models)."""
@@ -477,8 +583,12 @@ class Checks:
                     self.repo.refs.pin(spec.source)
                 return "added"
         here = self.test(spec.name, checked=False)
-        return "same" if (here.fn, here.target, here.inherit, here.conditions, here.resources) == (
-            spec.fn, spec.target, spec.inherit, spec.conditions, spec.resources) else "differs"  # fmt: skip
+        return (
+            "same"
+            if (here.fn, here.target, here.inherit, here.conditions, here.resources)
+            == (spec.fn, spec.target, spec.inherit, spec.conditions, spec.resources)
+            else "differs"
+        )
 
     def result_records(self) -> list[dict[str, Any]]:
         """Every recorded result as data, output and origin included (what a push sends)."""
@@ -492,8 +602,9 @@ class Checks:
         rows = [_result_row(r) for r in records]
         with self._sql.atomic() as db:
             before = db.total_changes
-            db.executemany(f"INSERT OR IGNORE INTO results ({RESULT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                           rows)  # fmt: skip
+            db.executemany(
+                f"INSERT OR IGNORE INTO results ({RESULT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
+            )
             return db.total_changes - before
 
     def copy_results(self, renamed: dict[str, str]) -> int:
@@ -505,8 +616,20 @@ class Checks:
     def _outcome(self, row: tuple[Any, ...], ref: tuple[str, int] | None = None) -> CheckOutcome:
         vid, test, source, status, metrics, reasons, output, seconds, time, origin = row
         model, seq = ref or self._model_seq(vid)
-        return CheckOutcome(vid, model, seq, test, source, status, _floats(json.loads(metrics)), json.loads(reasons),
-                           seconds, time, output=output, origin=origin)  # fmt: skip
+        return CheckOutcome(
+            vid,
+            model,
+            seq,
+            test,
+            source,
+            status,
+            _floats(json.loads(metrics)),
+            json.loads(reasons),
+            seconds,
+            time,
+            output=output,
+            origin=origin,
+        )
 
     def _with_parent(self, o: CheckOutcome) -> CheckOutcome:
         """The outcome with its lineage parent's latest recorded result of the same test."""
@@ -542,13 +665,24 @@ def parse_registration(record: Any) -> tuple[CheckSpec, str]:
     """A registration from a remote, checked field by field (a RemoteError if malformed)."""
     try:
         conditions = [Condition(str(c["metric"]), c["bound"], float(c["value"])) for c in record["conditions"]]
-        spec = CheckSpec(record["name"], record["fn"], record["target"], record["inherit"], conditions,
-                        record.get("timeout"), record.get("source"), resources_of(record.get("resources")))  # fmt: skip
-        ok = (all(isinstance(v, str) and 0 < len(v) <= 1024 for v in (spec.name, spec.fn, spec.target))
-              and isinstance(spec.inherit, bool) and all(c.bound in ("min", "max") for c in conditions)
-              and (spec.timeout is None or (isinstance(spec.timeout, (int, float)) and spec.timeout > 0))
-              and (spec.source is None or (isinstance(spec.source, str) and OID_RE.match(spec.source) is not None))
-              and isinstance(record.get("created"), str))  # fmt: skip
+        spec = CheckSpec(
+            record["name"],
+            record["fn"],
+            record["target"],
+            record["inherit"],
+            conditions,
+            record.get("timeout"),
+            record.get("source"),
+            resources_of(record.get("resources")),
+        )
+        ok = (
+            all(isinstance(v, str) and 0 < len(v) <= 1024 for v in (spec.name, spec.fn, spec.target))
+            and isinstance(spec.inherit, bool)
+            and all(c.bound in ("min", "max") for c in conditions)
+            and (spec.timeout is None or (isinstance(spec.timeout, (int, float)) and spec.timeout > 0))
+            and (spec.source is None or (isinstance(spec.source, str) and OID_RE.match(spec.source) is not None))
+            and isinstance(record.get("created"), str)
+        )
         usercode.check_reference(spec.fn)  # a module path or a file below the work folder, nothing else
     except (KeyError, TypeError, ValueError, AttributeError, MgitError):
         ok = False
@@ -564,9 +698,13 @@ def _result_row(record: Any) -> tuple[Any, ...]:
         row = tuple(record[n] for n in names)
         vid, test, source, status, metrics, reasons, output, seconds, time, origin = row
         json.loads(metrics), json.loads(reasons)
-        ok = (OID_RE.match(vid) is not None and status in ("pass", "fail", "error")
-              and all(isinstance(v, str) for v in (test, source, metrics, reasons, output, time, origin))
-              and isinstance(seconds, (int, float)) and len(output) <= 2 * usercode.MAX_OUTPUT)  # fmt: skip
+        ok = (
+            OID_RE.match(vid) is not None
+            and status in ("pass", "fail", "error")
+            and all(isinstance(v, str) for v in (test, source, metrics, reasons, output, time, origin))
+            and isinstance(seconds, (int, float))
+            and len(output) <= 2 * usercode.MAX_OUTPUT
+        )
     except (KeyError, TypeError, ValueError):
         ok = False
     if not ok:

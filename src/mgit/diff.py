@@ -20,6 +20,7 @@ of B-A. A model's (and a group's) figures have one denominator, every value both
 ||B-A|| / ||A|| over all of them. Tensors are grouped by module prefix (`module_group`); text
 files (config.json, tokenizer files) are compared as unified diffs.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -181,8 +182,9 @@ class ModelSide:
 Resolver = Callable[[str], tuple[str, str, Manifest]]  # ref -> (label, version id, manifest)
 
 
-def open_side(arg: str | os.PathLike[str], *, store: ObjectStore | None = None,
-              resolve: Resolver | None = None) -> ModelSide:  # fmt: skip
+def open_side(
+    arg: str | os.PathLike[str], *, store: ObjectStore | None = None, resolve: Resolver | None = None
+) -> ModelSide:
     """One side of a diff: an existing file or folder is read from disk; anything else is a
     ref, resolved by `resolve` in `store` (without them, only paths can be compared)."""
     text = os.fspath(arg)
@@ -195,20 +197,28 @@ def open_side(arg: str | os.PathLike[str], *, store: ObjectStore | None = None,
         if resolve is not None and not _looks_like_path(text):
             try:
                 label = resolve(text)[0]
-                side.notes.append(f"{text!r} is a path here and also a model; the path was compared "
-                                  f"(name a version, such as {label}, to compare the model)")  # fmt: skip
+                side.notes.append(
+                    f"{text!r} is a path here and also a model; the path was compared "
+                    f"(name a version, such as {label}, to compare the model)"
+                )
             except MgitError:
                 pass
         return side
     if resolve is None or store is None:
-        raise InputError(text, "no such file or folder (and no repository here to look it up as a ref)",
-                         hint="Run inside a repository (mgit init) to compare refs")  # fmt: skip
+        raise InputError(
+            text,
+            "no such file or folder (and no repository here to look it up as a ref)",
+            hint="Run inside a repository (mgit init) to compare refs",
+        )
     try:
         label, vid, manifest = resolve(text)
     except UnknownRefError:
         if _looks_like_path(text):
-            raise InputError(text, "no such file or folder, and no model has that name",
-                             hint="Check the path; refs are NAME, NAME@N or NAME@HEX (see: mgit ls)") from None
+            raise InputError(
+                text,
+                "no such file or folder, and no model has that name",
+                hint="Check the path; refs are NAME, NAME@N or NAME@HEX (see: mgit ls)",
+            ) from None
         raise
     return stored_side(store, DiffSide(label, "ref", vid), manifest)
 
@@ -216,23 +226,47 @@ def open_side(arg: str | os.PathLike[str], *, store: ObjectStore | None = None,
 def _looks_like_path(text: str) -> bool:
     """Written as a path rather than a model name: it starts like one, ends like a model file,
     or has more than the one '/' a name may have."""
-    return (text.startswith((".", "~", "/")) or text.count("/") > 1 or (os.sep != "/" and os.sep in text)
-            or Path(text).suffix in (".safetensors", *TORCH_SUFFIXES))  # fmt: skip
+    return (
+        text.startswith((".", "~", "/"))
+        or text.count("/") > 1
+        or (os.sep != "/" and os.sep in text)
+        or Path(text).suffix in (".safetensors", *TORCH_SUFFIXES)
+    )
 
 
 def stored_side(store: ObjectStore, side: DiffSide, manifest: Manifest) -> ModelSide:
     tensors = [TensorRef(t.name, t.dtype, t.shape, entry=t, store=store) for t in manifest.tensors()]
-    files = [FileRef(f.path, f.type, f.size, lambda f=f: f.digest, lambda f=f: store.get(f.object, expect=file_expected(f))[1].tobytes())
-             for f in manifest.files]  # fmt: skip
+    files = [
+        FileRef(
+            f.path,
+            f.type,
+            f.size,
+            lambda f=f: f.digest,
+            lambda f=f: store.get(f.object, expect=file_expected(f))[1].tobytes(),
+        )
+        for f in manifest.files
+    ]
     return _side(side, tensors, files)
 
 
 def folder_side(path: Path) -> ModelSide:
     source = scan_path(path)
-    tensors = [TensorRef(span.name, span.dtype, span.shape, data=data)
-               for f in source.files if f.is_safetensors for span, data in f.tensor_data()]  # fmt: skip
-    files = [FileRef(f.path, "safetensors" if f.is_safetensors else "blob", f.size, lambda f=f: _file_digest(f),
-                     lambda f=f: f.blob_data().tobytes()) for f in source.files]  # fmt: skip
+    tensors = [
+        TensorRef(span.name, span.dtype, span.shape, data=data)
+        for f in source.files
+        if f.is_safetensors
+        for span, data in f.tensor_data()
+    ]
+    files = [
+        FileRef(
+            f.path,
+            "safetensors" if f.is_safetensors else "blob",
+            f.size,
+            lambda f=f: _file_digest(f),
+            lambda f=f: f.blob_data().tobytes(),
+        )
+        for f in source.files
+    ]
     return _side(DiffSide(str(path), "path"), tensors, files, source.notes)
 
 
@@ -244,8 +278,11 @@ def _side(side: DiffSide, tensors: list[TensorRef], files: list[FileRef], notes:
         raise InputError(side.label, f"tensor {twice!r} appears in two files", hint="Compare the files one by one")
     if not by_name:
         pickles = [f.path for f in files if Path(f.path).suffix in TORCH_SUFFIXES]
-        hint = (f"Its PyTorch checkpoint is not read inside a folder: give the file itself ({pickles[0]})"
-                if pickles else "Compare model folders, .safetensors files, PyTorch checkpoints or refs")  # fmt: skip
+        hint = (
+            f"Its PyTorch checkpoint is not read inside a folder: give the file itself ({pickles[0]})"
+            if pickles
+            else "Compare model folders, .safetensors files, PyTorch checkpoints or refs"
+        )
         raise InputError(side.label, "holds no tensors, so it is not a model to compare", hint=hint)
     return ModelSide(side, by_name, {f.path: f for f in files}, list(notes))
 
@@ -298,9 +335,15 @@ def _unchanged(t: TensorRef, reuse: DecodedCache | None) -> tuple[float, int, in
     return sum_of_squares(t.dtype, t.shape, raw), cache.misses - misses, cache.hits - hits
 
 
-def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: int | None = None,
-                progress: StartProgress | None = None,
-                reuse: DecodedCache | None = None) -> DiffResult:  # fmt: skip
+def diff_models(
+    a: ModelSide,
+    b: ModelSide,
+    *,
+    structural: bool = False,
+    jobs: int | None = None,
+    progress: StartProgress | None = None,
+    reuse: DecodedCache | None = None,
+) -> DiffResult:
     """Compare two sides. `structural` compares only names, shapes, dtypes and layer counts
     (no tensor data and no files are read). `progress(total_bytes)` may return a callback.
     `reuse` (a session's cache) keeps what is decoded; by default each pair has its own."""
@@ -330,7 +373,10 @@ def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: i
         work.sort(key=lambda k: a.tensors[k].nbytes + b.tensors[k].nbytes, reverse=True)
         total = sum(a.tensors[k].nbytes + b.tensors[k].nbytes for k in work) + sum(a.tensors[k].nbytes for k in same)
         tick = progress(total) if progress else None
-        with one_blas_thread(), ThreadPoolExecutor(max_workers=jobs or default_jobs(), thread_name_prefix="mgit-diff") as pool:
+        with (
+            one_blas_thread(),
+            ThreadPoolExecutor(max_workers=jobs or default_jobs(), thread_name_prefix="mgit-diff") as pool,
+        ):
             try:
                 futures = {pool.submit(_compare, a.tensors[k], b.tensors[k], reuse): k for k in work}
                 for future in as_completed(futures):
@@ -356,24 +402,45 @@ def diff_models(a: ModelSide, b: ModelSide, *, structural: bool = False, jobs: i
     tensors = []
     for k in names:
         ta, tb = a.tensors.get(k), b.tensors.get(k)
-        tensors.append(TensorDiff(k, module_group(k), status[k], ta and ta.dtype, tb and tb.dtype,
-                                  ta and list(ta.shape), tb and list(tb.shape), stats.get(k)))  # fmt: skip
+        tensors.append(
+            TensorDiff(
+                k,
+                module_group(k),
+                status[k],
+                ta and ta.dtype,
+                tb and tb.dtype,
+                ta and list(ta.shape),
+                tb and list(tb.shape),
+                stats.get(k),
+            )
+        )
     files = [] if structural else file_diffs(a.files, b.files)
     layers_a, layers_b = layer_counts(a.tensors), layer_counts(b.tensors)
     layers = {k: [layers_a.get(k, 0), layers_b.get(k, 0)] for k in dict.fromkeys([*layers_a, *layers_b])}
     summary = DiffSummary(
-        tensors_a=len(a.tensors), tensors_b=len(b.tensors),
+        tensors_a=len(a.tensors),
+        tensors_b=len(b.tensors),
         params_a=sum(element_count(t.shape) for t in a.tensors.values()),
         params_b=sum(element_count(t.shape) for t in b.tensors.values()),
-        counts=_counts(t.status for t in tensors), **_change(list(stats.values()), _shares(tensors, unchanged)),
-        files=_counts(f.status for f in files), decoded=decoded, reused=reused,
-    )  # fmt: skip
-    return DiffResult(a.side, b.side, structural, summary, _groups(tensors, unchanged), tensors, files, layers,
-                      [*a.notes, *b.notes])  # fmt: skip
+        counts=_counts(t.status for t in tensors),
+        **_change(list(stats.values()), _shares(tensors, unchanged)),
+        files=_counts(f.status for f in files),
+        decoded=decoded,
+        reused=reused,
+    )
+    return DiffResult(
+        a.side, b.side, structural, summary, _groups(tensors, unchanged), tensors, files, layers, [*a.notes, *b.notes]
+    )
 
 
-def diff_paths(a: str | os.PathLike[str], b: str | os.PathLike[str], *, structural: bool = False,
-               jobs: int | None = None, progress: StartProgress | None = None) -> DiffResult:  # fmt: skip
+def diff_paths(
+    a: str | os.PathLike[str],
+    b: str | os.PathLike[str],
+    *,
+    structural: bool = False,
+    jobs: int | None = None,
+    progress: StartProgress | None = None,
+) -> DiffResult:
     """Compare two models on disk, no repository needed."""
     return diff_models(open_side(a), open_side(b), structural=structural, jobs=jobs, progress=progress)
 
@@ -394,10 +461,12 @@ def _change(stats: list[TensorStats], same: list[tuple[int, float]]) -> dict[str
     concatenation, the values that changed among them, the largest |B-A|."""
     sa = sum((s.norm_a or 0.0) ** 2 for s in stats) + sum(ss for _, ss in same)
     sd = sum((s.norm_diff or 0.0) ** 2 for s in stats)
-    return {"compared_values": sum(s.values for s in stats) + sum(n for n, _ in same),
-            "changed_values": sum(s.changed for s in stats),
-            "rel_change": math.sqrt(sd / sa) if (stats or same) and sa > 0 else None,
-            "max_abs": max((s.max_abs for s in stats if s.max_abs is not None), default=0.0 if same else None)}  # fmt: skip
+    return {
+        "compared_values": sum(s.values for s in stats) + sum(n for n, _ in same),
+        "changed_values": sum(s.changed for s in stats),
+        "rel_change": math.sqrt(sd / sa) if (stats or same) and sa > 0 else None,
+        "max_abs": max((s.max_abs for s in stats if s.max_abs is not None), default=0.0 if same else None),
+    }
 
 
 def _groups(tensors: list[TensorDiff], unchanged: dict[str, float]) -> list[GroupDiff]:
@@ -411,12 +480,20 @@ def _groups(tensors: list[TensorDiff], unchanged: dict[str, float]) -> list[Grou
         ranked = [s for s in stats if s.rank is not None]
         top = max(ranked, key=lambda s: (s.rank, s.rank_capped), default=None)
         params = sum(element_count(tuple(t.shape_b if t.shape_b is not None else t.shape_a or ())) for t in group)
-        out.append(GroupDiff(
-            name, len(group), _counts(t.status for t in group), params, change["changed_values"],
-            change["rel_change"], change["max_abs"],
-            min((s.cosine for s in stats if s.cosine is not None), default=None),
-            top.rank if top else None, top.rank_capped if top else False,
-        ))  # fmt: skip
+        out.append(
+            GroupDiff(
+                name,
+                len(group),
+                _counts(t.status for t in group),
+                params,
+                change["changed_values"],
+                change["rel_change"],
+                change["max_abs"],
+                min((s.cosine for s in stats if s.cosine is not None), default=None),
+                top.rank if top else None,
+                top.rank_capped if top else False,
+            )
+        )
     return out
 
 
@@ -441,8 +518,11 @@ def file_diffs(a: Mapping[str, FileRef], b: Mapping[str, FileRef]) -> list[FileD
         if fa is None or fb is None:
             f = fa or fb
             assert f is not None
-            out.append(FileDiff(path, "only_b" if fa is None else "only_a", f.type,
-                                fa.size if fa else None, fb.size if fb else None))  # fmt: skip
+            out.append(
+                FileDiff(
+                    path, "only_b" if fa is None else "only_a", f.type, fa.size if fa else None, fb.size if fb else None
+                )
+            )
             continue
         kind = "safetensors" if "safetensors" in (fa.type, fb.type) else "blob"
         if fa.type == fb.type and fa.digest() == fb.digest():

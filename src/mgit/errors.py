@@ -3,6 +3,12 @@
 The CLI turns any `MgitError` into one line (`Error: <message>. <hint>`) and exit code 1, so
 every message here is written for a user: it names the object, model or file at fault and,
 where there is one, the next step to take.
+
+Over 500 lines, not split: this is the one place a user looks for what MGit can raise
+(`mgit.errors`, re-exported by `mgit`), and the classes share nothing but the root; split by
+subsystem, they would be found only by grepping. Each class is a few lines, roughly in the
+order a user meets them: the repository and names, objects, user code and tests, checkout and
+disk, the catalog and refs, remotes and what a fetch received, then mgit serve.
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ class RepoNotFoundError(MgitError):
 
 class RepoExistsError(MgitError):
     def __init__(self, path: str) -> None:
-        super().__init__(f"a repository already exists at {path}",
-                         hint="Use it as it is (see: mgit ls), or init another folder")  # fmt: skip
+        super().__init__(
+            f"a repository already exists at {path}", hint="Use it as it is (see: mgit ls), or init another folder"
+        )
         self.path = path
 
 
@@ -76,8 +83,9 @@ class UnknownRefError(MgitError):
 
 class AmbiguousTensorError(MgitError):
     def __init__(self, name: str) -> None:
-        super().__init__(f"tensor {name!r} appears in two files of this version",
-                         hint="Read it per file with repo.manifest(ref)")  # fmt: skip
+        super().__init__(
+            f"tensor {name!r} appears in two files of this version", hint="Read it per file with repo.manifest(ref)"
+        )
         self.name = name
 
 
@@ -138,9 +146,11 @@ class RemoveRefusedError(MgitError):
 
     def __init__(self, name: str, children: list[str]) -> None:
         shown = ", ".join(children[:8]) + (f" and {len(children) - 8} more" if len(children) > 8 else "")
-        super().__init__(f"{name} has {len(children)} model{'s' if len(children) != 1 else ''} built on it: {shown}",
-                         hint=f"Their lineage keeps the versions they were built on either way; to remove {name}'s "
-                              f"ref anyway: mgit rm {name} --force")  # fmt: skip
+        super().__init__(
+            f"{name} has {len(children)} model{'s' if len(children) != 1 else ''} built on it: {shown}",
+            hint=f"Their lineage keeps the versions they were built on either way; to remove {name}'s "
+            f"ref anyway: mgit rm {name} --force",
+        )
         self.name = name
         self.children = children
 
@@ -165,8 +175,7 @@ class RefConflictError(MgitError):
 
     def __init__(self, name: str, expected: str | None, found: str | None) -> None:
         super().__init__(
-            f"model {name!r} moved while updating it (expected {str(expected)[:12]}, "
-            f"found {str(found)[:12]})",
+            f"model {name!r} moved while updating it (expected {str(expected)[:12]}, found {str(found)[:12]})",
             hint="Nothing was changed; try again",
         )
         self.name = name
@@ -185,9 +194,11 @@ class UntrustedCodeError(MgitError):
     the recipe of a fetched version) and was not told to trust it."""
 
     def __init__(self, what: list[str], *, flag: str = "--trust-remote-code") -> None:
-        super().__init__(f"this would run code that came from a remote: {', '.join(what)}; nothing was run",
-                         hint=f"Read it, then run again with {flag} (in Python: trust_remote_code=True), or set "
-                              "\"trust-remote-code\": true in .mgit/config.json to trust every remote")  # fmt: skip
+        super().__init__(
+            f"this would run code that came from a remote: {', '.join(what)}; nothing was run",
+            hint=f"Read it, then run again with {flag} (in Python: trust_remote_code=True), or set "
+            '"trust-remote-code": true in .mgit/config.json to trust every remote',
+        )
         self.what = what
 
 
@@ -195,8 +206,9 @@ class UserCodeError(MgitError):
     """A function reference that does not name a function MGit can find."""
 
     def __init__(self, spec: str, why: str) -> None:
-        super().__init__(f"cannot use {spec!r}: {why}",
-                         hint="Give MODULE:FUNCTION (importable from this folder) or FILE.py:FUNCTION")  # fmt: skip
+        super().__init__(
+            f"cannot use {spec!r}: {why}", hint="Give MODULE:FUNCTION (importable from this folder) or FILE.py:FUNCTION"
+        )
         self.spec = spec
 
 
@@ -223,8 +235,10 @@ class CheckExistsError(MgitError):
 
 class NothingToBisectError(MgitError):
     def __init__(self, test: str, ref: str, start_ref: str) -> None:
-        super().__init__(f"{test} passes on {ref}: there is no failure to trace",
-                         hint=f"Bisect from a version that fails. See: mgit test show {start_ref}")  # fmt: skip
+        super().__init__(
+            f"{test} passes on {ref}: there is no failure to trace",
+            hint=f"Bisect from a version that fails. See: mgit test show {start_ref}",
+        )
         self.test = test
 
 
@@ -233,7 +247,9 @@ class InvalidJobError(MgitError):
     (mgit.execution): a forged or damaged spec, refused before anything is done with it."""
 
     def __init__(self, kind: str, why: str) -> None:
-        super().__init__(f"refusing a forged {kind} job: {why}", hint="Nothing was run; check who can submit to the cluster")
+        super().__init__(
+            f"refusing a forged {kind} job: {why}", hint="Nothing was run; check who can submit to the cluster"
+        )
         self.why = why
 
 
@@ -253,9 +269,10 @@ class StrayFilesError(MgitError):
 
     def __init__(self, path: str, ref: str, strays: list[str]) -> None:
         shown = ", ".join(strays[:5]) + (f" and {len(strays) - 5} more" if len(strays) > 5 else "")
-        super().__init__(f"{path} holds {len(strays)} file{'s' if len(strays) != 1 else ''} that {ref} does not: "
-                         f"{shown}", hint=f"Add --clean to remove them (the folder then holds exactly {ref}), or "
-                                          "check out into an empty folder")  # fmt: skip
+        super().__init__(
+            f"{path} holds {len(strays)} file{'s' if len(strays) != 1 else ''} that {ref} does not: {shown}",
+            hint=f"Add --clean to remove them (the folder then holds exactly {ref}), or check out into an empty folder",
+        )
         self.path = path
         self.strays = strays
 
@@ -276,8 +293,9 @@ class InvalidOptionError(MgitError):
 
 class RepoConfigError(MgitError):
     def __init__(self, path: str, why: str) -> None:
-        super().__init__(f"unreadable repository config {path} ({why})",
-                         hint="Restore config.json from a copy of the repository")  # fmt: skip
+        super().__init__(
+            f"unreadable repository config {path} ({why})", hint="Restore config.json from a copy of the repository"
+        )
         self.path = path
 
 
@@ -301,8 +319,10 @@ class ChecksumMismatchError(MgitError):
 
     def __init__(self, path: str, version: str | None = None) -> None:
         of = f" of version {version[:12]}" if version else ""
-        super().__init__(f"rebuilt {path}{of} does not match the digest recorded at add time",
-                         hint="Nothing was written; run: mgit fsck")  # fmt: skip
+        super().__init__(
+            f"rebuilt {path}{of} does not match the digest recorded at add time",
+            hint="Nothing was written; run: mgit fsck",
+        )
         self.path = path
 
 
@@ -311,8 +331,10 @@ class GcRefusedError(MgitError):
     delete could be what a repair needs."""
 
     def __init__(self, oid: str, kind: str) -> None:
-        super().__init__(f"cannot collect garbage: object {oid[:16]} is {kind}",
-                         hint="Run: mgit fsck, and repair the repository first")  # fmt: skip
+        super().__init__(
+            f"cannot collect garbage: object {oid[:16]} is {kind}",
+            hint="Run: mgit fsck, and repair the repository first",
+        )
         self.oid = oid
 
 
@@ -329,8 +351,7 @@ class NoMatchError(MgitError):
 
 class NoPathError(MgitError):
     def __init__(self, a: str, b: str) -> None:
-        super().__init__(f"{a!r} and {b!r} are not related by lineage",
-                         hint=f"See: mgit lineage {a}")  # fmt: skip
+        super().__init__(f"{a!r} and {b!r} are not related by lineage", hint=f"See: mgit lineage {a}")
         self.a = a
         self.b = b
 
@@ -345,9 +366,11 @@ class RemoteNotFoundError(RemoteError):
 
 class RemoteAuthError(RemoteError):
     def __init__(self, url: str, why: str) -> None:
-        super().__init__(f"{url}: {why}",
-                         hint="Credentials come from the standard AWS chain: AWS_ACCESS_KEY_ID and "
-                              "AWS_SECRET_ACCESS_KEY, ~/.aws/credentials, or --profile")  # fmt: skip
+        super().__init__(
+            f"{url}: {why}",
+            hint="Credentials come from the standard AWS chain: AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, ~/.aws/credentials, or --profile",
+        )
         self.url = url
 
 
@@ -355,8 +378,10 @@ class RemoteUnavailableError(RemoteError):
     """The remote kept failing (dropped connections, 5xx, SlowDown) after every retry."""
 
     def __init__(self, url: str, why: str) -> None:
-        super().__init__(f"{url} did not answer: {why}",
-                         hint="Nothing was changed on either side that a re-run does not finish; try again")  # fmt: skip
+        super().__init__(
+            f"{url} did not answer: {why}",
+            hint="Nothing was changed on either side that a re-run does not finish; try again",
+        )
         self.url = url
 
 
@@ -373,8 +398,10 @@ class RemoteTooLargeError(RemoteError):
     """A remote key holds more bytes than what it should hold can be."""
 
     def __init__(self, url: str, key: str, size: int, limit: int) -> None:
-        super().__init__(f"{key} on {url} holds {size} bytes, more than the {limit} it can legitimately hold",
-                         hint="The remote is damaged or hostile; nothing of it was kept")  # fmt: skip
+        super().__init__(
+            f"{key} on {url} holds {size} bytes, more than the {limit} it can legitimately hold",
+            hint="The remote is damaged or hostile; nothing of it was kept",
+        )
         self.url = url
         self.key = key
 
@@ -384,16 +411,20 @@ class PushRefusedError(RemoteError):
 
     def __init__(self, model: str, remote: str, theirs: str, others: int) -> None:
         more = f" (and {others} more model{'s' if others > 1 else ''})" if others else ""
-        super().__init__(f"{model} on {remote} has {theirs} that you do not have{more}",
-                         hint=f"Run: mgit pull {remote} (or push --force to drop it)")  # fmt: skip
+        super().__init__(
+            f"{model} on {remote} has {theirs} that you do not have{more}",
+            hint=f"Run: mgit pull {remote} (or push --force to drop it)",
+        )
         self.model = model
 
 
 class DivergedError(RemoteError):
     def __init__(self, model: str, remote: str, others: int) -> None:
         more = f" (and {others} more model{'s' if others > 1 else ''})" if others else ""
-        super().__init__(f"{model} has versions here and on {remote} that the other side lacks{more}",
-                         hint=f"Run: mgit pull {remote} without --ff-only to replay yours after theirs")  # fmt: skip
+        super().__init__(
+            f"{model} has versions here and on {remote} that the other side lacks{more}",
+            hint=f"Run: mgit pull {remote} without --ff-only to replay yours after theirs",
+        )
         self.model = model
 
 
@@ -440,17 +471,23 @@ class NotFetchedError(RemoteError, MissingObjectError):
     here is damaged."""
 
     def __init__(self, oid: str, *, where: str, why: str, used_by: list[str] | None = None) -> None:
-        RemoteError.__init__(self, "", hint="Nothing here is damaged: reconnect (or fix the remote's URL: mgit remote "
-                                            "ls) and retry; mgit fetch --objects REF brings a model's objects for "
-                                            "work offline")  # fmt: skip
+        RemoteError.__init__(
+            self,
+            "",
+            hint="Nothing here is damaged: reconnect (or fix the remote's URL: mgit remote "
+            "ls) and retry; mgit fetch --objects REF brings a model's objects for "
+            "work offline",
+        )
         self.oid, self.where, self.why = oid, where, why
         self.name_users(used_by or [])
 
     def name_users(self, users: list[str]) -> None:
         self.used_by = users
         named = f" (used by {', '.join(users)})" if users else ""
-        self.message = f"object {self.oid[:16]}{named} is not fetched yet, and the remote {self.where} cannot be " \
-                       f"reached: {self.why}"  # fmt: skip
+        self.message = (
+            f"object {self.oid[:16]}{named} is not fetched yet, and the remote {self.where} cannot be "
+            f"reached: {self.why}"
+        )
         self.args = (self.message,)
 
 
@@ -466,9 +503,11 @@ class RemoteEntryError(RemoteError):
     could lead out of the remote), a FIFO or a device (a read would block), a socket."""
 
     def __init__(self, url: str, key: str, what: str, expected: str = "a regular file or folder") -> None:
-        super().__init__(f"{key} on {url} is {what}, not {expected}",
-                         hint="The remote is damaged or hostile: MGit reads and writes only the files and "
-                              "folders inside it; nothing was kept")  # fmt: skip
+        super().__init__(
+            f"{key} on {url} is {what}, not {expected}",
+            hint="The remote is damaged or hostile: MGit reads and writes only the files and "
+            "folders inside it; nothing was kept",
+        )
         self.url = url
         self.key = key
 
@@ -493,6 +532,7 @@ class TokenRequiredError(MgitError):
     """`mgit serve` on an address other machines reach, without a token."""
 
     def __init__(self, host: str) -> None:
-        super().__init__(f"serving on {host} needs a token",
-                         hint="Give --token, or let mgit serve make one (it prints it once)")  # fmt: skip
+        super().__init__(
+            f"serving on {host} needs a token", hint="Give --token, or let mgit serve make one (it prints it once)"
+        )
         self.host = host

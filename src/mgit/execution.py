@@ -44,14 +44,27 @@ from mgit.reports import Report
 from mgit.store.objects import OID_RE, RELATIONS
 from mgit.usercode import RESOURCE_KEYS, resources_of
 
-__all__ = ["RESOURCE_KEYS", "CheckJob", "Executor", "LocalExecutor", "RecipeJob", "RecipeRun", "received_recipe_job",
-           "received_test_job", "register_derived_chains", "resources_of", "run_recipe_in", "run_tests_in"]
+__all__ = [
+    "RESOURCE_KEYS",
+    "CheckJob",
+    "Executor",
+    "LocalExecutor",
+    "RecipeJob",
+    "RecipeRun",
+    "received_recipe_job",
+    "received_test_job",
+    "register_derived_chains",
+    "resources_of",
+    "run_recipe_in",
+    "run_tests_in",
+]
 
 MAX_JOB_TIMEOUT = 7 * 24 * 3600.0  # seconds a job's user code may be given
 MAX_JOB_SOURCE = 64 << 20  # bytes of a function's source file a job carries
 MAX_JOB_TEXT = 64 << 10  # characters of a job's message, and of each tag's key or value
 MAX_JOB_TAGS = 1024
 MAX_JOB_PARENTS = 64
+
 
 @dataclass(frozen=True)
 class RecipeJob(Report):
@@ -162,18 +175,34 @@ def run_recipe_in(repo: Repo, job: RecipeJob, *, where: str, cwd: Path | None = 
                 repo.checkout(vid, folder)
             out = Path(tmp) / "out"
             out.mkdir()
-            run = usercode.run("recipe", job.fn, [str(out), json.dumps(job.params), *map(str, folders)],
-                               timeout=job.timeout, cwd=cwd or repo.root, source=job.source)  # fmt: skip
+            run = usercode.run(
+                "recipe",
+                job.fn,
+                [str(out), json.dumps(job.params), *map(str, folders)],
+                timeout=job.timeout,
+                cwd=cwd or repo.root,
+                source=job.source,
+            )
             if not run.ok:
                 return RecipeRun(False, error=f"the recipe {run.error}", output=run.output, where=where)
             if not any(out.iterdir()):
-                return RecipeRun(False, error="the recipe wrote nothing into its output folder", output=run.output,
-                                 where=where)  # fmt: skip
-            added = repo.add_with(out, AddOptions(
-                name=job.model, parents=tuple(job.parents), relation=job.relation, message=job.message,
-                recipe=job.recipe, tags=job.tags, model_card=False, expected_head=job.head,
-                derived=derived_chains(repo, job),
-            ))  # fmt: skip
+                return RecipeRun(
+                    False, error="the recipe wrote nothing into its output folder", output=run.output, where=where
+                )
+            added = repo.add_with(
+                out,
+                AddOptions(
+                    name=job.model,
+                    parents=tuple(job.parents),
+                    relation=job.relation,
+                    message=job.message,
+                    recipe=job.recipe,
+                    tags=job.tags,
+                    model_card=False,
+                    expected_head=job.head,
+                    derived=derived_chains(repo, job),
+                ),
+            )
     except RefConflictError:
         return RecipeRun(False, error=f"{job.model} got another version during the cascade; run it again", where=where)
     except (MgitError, OSError) as exc:
@@ -209,8 +238,11 @@ def run_tests_in(repo: Repo, jobs: list[CheckJob], *, cwd: Path | None = None) -
             if folder is None:
                 folder = folders[job.version] = Path(tmp) / f"model-{len(folders)}"
                 repo.checkout(job.version, folder)
-            outcomes.append(usercode.run("call", job.fn, [str(folder)], timeout=job.timeout, cwd=cwd or repo.root,
-                                         source=job.source))  # fmt: skip
+            outcomes.append(
+                usercode.run(
+                    "call", job.fn, [str(folder)], timeout=job.timeout, cwd=cwd or repo.root, source=job.source
+                )
+            )
     return outcomes
 
 
@@ -220,29 +252,51 @@ def received_recipe_job(job: Any) -> RecipeJob:
     module's docstring), else InvalidJobError naming the first field at fault."""
     kind = "recipe"
     _job(isinstance(job, RecipeJob), kind, "not a recipe job")
-    _job(isinstance(job.model, str) and is_model_name(job.model), kind, f"model {str(job.model)[:80]!r} is not a model name")
+    _job(
+        isinstance(job.model, str) and is_model_name(job.model),
+        kind,
+        f"model {str(job.model)[:80]!r} is not a model name",
+    )
     _job(_is_oid(job.head), kind, "head is not an object id")
-    _job(isinstance(job.parents, list) and 0 < len(job.parents) <= MAX_JOB_PARENTS
-         and all(_is_oid(p) for p in job.parents), kind, "parents are not 1 to 64 object ids")  # fmt: skip
+    _job(
+        isinstance(job.parents, list)
+        and 0 < len(job.parents) <= MAX_JOB_PARENTS
+        and all(_is_oid(p) for p in job.parents),
+        kind,
+        "parents are not 1 to 64 object ids",
+    )
     _job(job.relation in RELATIONS, kind, f"relation {str(job.relation)[:40]!r} is not one of {', '.join(RELATIONS)}")
     recipe = job.recipe
     _job(isinstance(recipe, dict), kind, "its recipe is not a record")
     _common(kind, recipe.get("fn"), job.timeout, job.source, job.resources, job.root)
     params = recipe.get("params") or {}
-    _job(isinstance(params, dict) and all(isinstance(k, str) and k.isidentifier() for k in params), kind,
-         "recipe parameters are not named by identifiers")  # fmt: skip
+    _job(
+        isinstance(params, dict) and all(isinstance(k, str) and k.isidentifier() for k in params),
+        kind,
+        "recipe parameters are not named by identifiers",
+    )
     try:
         json.dumps(params, allow_nan=False)
     except (TypeError, ValueError):
         _job(False, kind, "recipe parameters are not JSON values")
     _job(recipe.get("source") is None or _is_oid(recipe.get("source")), kind, "the recipe's source is not an object id")
-    _job(recipe.get("source_sha256") == hashlib.sha256(job.source).hexdigest(), kind,
-         "the source it carries is not the one its recipe records (source_sha256)")  # fmt: skip
+    _job(
+        recipe.get("source_sha256") == hashlib.sha256(job.source).hexdigest(),
+        kind,
+        "the source it carries is not the one its recipe records (source_sha256)",
+    )
     _resources(kind, recipe.get("resources"))
     _job(isinstance(job.message, str) and len(job.message) <= MAX_JOB_TEXT, kind, "its message is not a short text")
-    _job(isinstance(job.tags, dict) and len(job.tags) <= MAX_JOB_TAGS
-         and all(isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= MAX_JOB_TEXT and len(v) <= MAX_JOB_TEXT
-                 for k, v in job.tags.items()), kind, "its tags are not short text to short text")  # fmt: skip
+    _job(
+        isinstance(job.tags, dict)
+        and len(job.tags) <= MAX_JOB_TAGS
+        and all(
+            isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= MAX_JOB_TEXT and len(v) <= MAX_JOB_TEXT
+            for k, v in job.tags.items()
+        ),
+        kind,
+        "its tags are not short text to short text",
+    )
     return job
 
 
@@ -252,8 +306,11 @@ def received_test_job(job: Any) -> CheckJob:
     kind = "test"
     _job(isinstance(job, CheckJob), kind, "not a test job")
     _job(_is_oid(job.version), kind, "version is not an object id")
-    _job(isinstance(job.test, str) and 0 < len(job.test) <= 1024 and job.test.isprintable(), kind,
-         "its test name is not a short printable text")  # fmt: skip
+    _job(
+        isinstance(job.test, str) and 0 < len(job.test) <= 1024 and job.test.isprintable(),
+        kind,
+        "its test name is not a short printable text",
+    )
     _common(kind, job.fn, job.timeout, job.source, job.resources, job.root)
     return job
 
@@ -262,18 +319,36 @@ def _common(kind: str, fn: Any, timeout: Any, source: Any, resources: Any, root:
     """The fields both jobs have: the function (a module path or a relative file; an
     absolute file names only where the driver had it, so it is never read here), its
     carried source, the time limit, declared resources and the planning work folder."""
-    _job(isinstance(source, bytes) and len(source) <= MAX_JOB_SOURCE, kind,
-         f"it carries no source file of at most {MAX_JOB_SOURCE >> 20} MiB")  # fmt: skip
+    _job(
+        isinstance(source, bytes) and len(source) <= MAX_JOB_SOURCE,
+        kind,
+        f"it carries no source file of at most {MAX_JOB_SOURCE >> 20} MiB",
+    )
     try:
         usercode.check_reference(fn, absolute=True)
     except MgitError as exc:
         _job(False, kind, f"function: {exc.message}")
-    _job(isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and math.isfinite(timeout)
-         and 0 < timeout <= MAX_JOB_TIMEOUT, kind, f"timeout is not a number of seconds in (0, {MAX_JOB_TIMEOUT:g}]")  # fmt: skip
+    _job(
+        isinstance(timeout, (int, float))
+        and not isinstance(timeout, bool)
+        and math.isfinite(timeout)
+        and 0 < timeout <= MAX_JOB_TIMEOUT,
+        kind,
+        f"timeout is not a number of seconds in (0, {MAX_JOB_TIMEOUT:g}]",
+    )
     _resources(kind, resources)
-    _job(root is None or (isinstance(root, str) and root.startswith("/") and root.isprintable()
-                          and os.path.normpath(root) == root and len(root) <= 4096), kind,
-         "its work folder is not an absolute, normalized path")  # fmt: skip
+    _job(
+        root is None
+        or (
+            isinstance(root, str)
+            and root.startswith("/")
+            and root.isprintable()
+            and os.path.normpath(root) == root
+            and len(root) <= 4096
+        ),
+        kind,
+        "its work folder is not an absolute, normalized path",
+    )
 
 
 def _resources(kind: str, values: Any) -> None:

@@ -33,8 +33,15 @@ RepoLike = Repo | str | os.PathLike[str] | None
 __all__ = ["load", "load_many", "load_pretrained"]
 
 
-def load(ref: str, *, repo: RepoLike = None, framework: str = "torch", device: Any = None, dtype: Any = None,
-         jobs: int | None = None) -> dict[str, Any]:  # fmt: skip
+def load(
+    ref: str,
+    *,
+    repo: RepoLike = None,
+    framework: str = "torch",
+    device: Any = None,
+    dtype: Any = None,
+    jobs: int | None = None,
+) -> dict[str, Any]:
     """Every tensor of a version, by name: torch tensors (`framework="torch"`, on `device`)
     or numpy arrays ("numpy"). `dtype` converts floating tensors (a torch dtype, a numpy
     dtype or a name such as "bfloat16"); others keep theirs. `repo` is a Repo or its path
@@ -43,8 +50,15 @@ def load(ref: str, *, repo: RepoLike = None, framework: str = "torch", device: A
     return _load([ref], _open(repo), framework, device, dtype, jobs, shared=False)[0]
 
 
-def load_many(refs: Sequence[str], *, repo: RepoLike = None, framework: str = "torch", device: Any = None,
-              dtype: Any = None, jobs: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def load_many(
+    refs: Sequence[str],
+    *,
+    repo: RepoLike = None,
+    framework: str = "torch",
+    device: Any = None,
+    dtype: Any = None,
+    jobs: int | None = None,
+) -> list[dict[str, Any]]:
     """One state dict per ref (in order), as `load` gives, in which every tensor several of
     the models hold is one tensor in memory, decoded once (read-only: see the module's
     docstring). Memory: the distinct tensors, plus the delta bases of models not asked for
@@ -71,8 +85,10 @@ def load_pretrained(ref: str, model_class: Any, *, repo: RepoLike = None, **kwar
         try:
             concrete = mapping[type(config)]
         except KeyError:
-            raise InvalidOptionError(f"{model_class.__name__} has no model for {ref}'s model_type "
-                                     f"{config.model_type!r}", hint="Pass a class that fits its config.json") from None  # fmt: skip
+            raise InvalidOptionError(
+                f"{model_class.__name__} has no model for {ref}'s model_type {config.model_type!r}",
+                hint="Pass a class that fits its config.json",
+            ) from None
     dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
     for key in [k for k in kwargs if k not in LOADING_OPTIONS and hasattr(config, k)]:
         setattr(config, key, kwargs.pop(key))  # as from_pretrained does: num_labels=3 configures the model
@@ -93,15 +109,15 @@ def _module(name: str, what: str) -> Any:
         raise MissingDependencyError(name, what, "torch" if name == "torch" else "demo") from None
 
 
-def _load(refs: list[str], repo: Repo, framework: str, device: Any, dtype: Any, jobs: int | None, *,
-          shared: bool) -> list[dict[str, Any]]:  # fmt: skip
+def _load(
+    refs: list[str], repo: Repo, framework: str, device: Any, dtype: Any, jobs: int | None, *, shared: bool
+) -> list[dict[str, Any]]:
     """These versions' state dicts (mgit.store.reader.state_dicts), their objects fetched at once
     in a lazy clone."""
     versions = [(vid, repo.manifest(vid)) for vid in (repo.resolve(r) for r in refs)]
     if repo.store.lazy:
         repo.store.fetch({t.object for _, m in versions for t in m.tensors()})
-    return state_dicts(repo.store, versions, framework=framework, device=device, dtype=dtype, jobs=jobs,
-                       shared=shared)  # fmt: skip
+    return state_dicts(repo.store, versions, framework=framework, device=device, dtype=dtype, jobs=jobs, shared=shared)
 
 
 def _file(repo: Repo, manifest: Manifest, ref: str, path: str) -> bytes | None:
@@ -112,8 +128,11 @@ def _file(repo: Repo, manifest: Manifest, ref: str, path: str) -> bytes | None:
 def _config(repo: Repo, manifest: Manifest, ref: str, transformers: Any) -> Any:
     raw = _file(repo, manifest, ref, "config.json")
     if raw is None:
-        raise InputError(ref, "has no config.json: transformers cannot tell what model it is",
-                         hint="Add the model's folder with its config.json")  # fmt: skip
+        raise InputError(
+            ref,
+            "has no config.json: transformers cannot tell what model it is",
+            hint="Add the model's folder with its config.json",
+        )
     try:
         data = json.loads(raw)
         model_type = data.pop("model_type")
@@ -131,8 +150,11 @@ def _tokenizer(repo: Repo, manifest: Manifest, ref: str, transformers: Any, kwar
     tokenizer_config.json and special_tokens_map.json, as `AutoTokenizer` would build it."""
     raw = _file(repo, manifest, ref, "tokenizer.json")
     if raw is None:
-        raise InputError(ref, "has no tokenizer.json (a fast tokenizer's file)",
-                         hint="Add the model's folder with its tokenizer files")  # fmt: skip
+        raise InputError(
+            ref,
+            "has no tokenizer.json (a fast tokenizer's file)",
+            hint="Add the model's folder with its tokenizer files",
+        )
     from tokenizers import Tokenizer
 
     options: dict[str, Any] = {}
@@ -140,7 +162,8 @@ def _tokenizer(repo: Repo, manifest: Manifest, ref: str, transformers: Any, kwar
         text = _file(repo, manifest, ref, name)
         if text is not None:
             data = json.loads(text)
-            options.update({k: v for k, v in data.items() if k not in ("tokenizer_class", "auto_map",
-                                                                       "added_tokens_decoder")})  # fmt: skip
+            options.update(
+                {k: v for k, v in data.items() if k not in ("tokenizer_class", "auto_map", "added_tokens_decoder")}
+            )
     options.update(kwargs)
     return transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(raw.decode()), **options)

@@ -191,8 +191,11 @@ class DuResult(Report):
         return self.logical_bytes / self.stored_bytes if self.stored_bytes else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {**super().to_json(), "models": [m.to_json() for m in self.models],
-                "reduction": round(self.reduction, 3)}  # fmt: skip
+        return {
+            **super().to_json(),
+            "models": [m.to_json() for m in self.models],
+            "reduction": round(self.reduction, 3),
+        }
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,16 @@ RANK_CAP = 64  # larger ranks are reported as ">= RANK_CAP"
 OVERSAMPLE = 8
 RANK_RTOL = 1e-4  # singular values below this fraction of the largest do not count
 # Unit roundoff of each float dtype: rounding a value x to it moves x by at most UNIT * |x|.
-UNIT = {"F64": 2.0**-53, "F32": 2.0**-24, "C64": 2.0**-24, "F16": 2.0**-11, "BF16": 2.0**-8,
-        "F8_E4M3": 2.0**-4, "F8_E5M2": 2.0**-3, "F8_E8M0": 2.0**-1}  # fmt: skip
+UNIT = {
+    "F64": 2.0**-53,
+    "F32": 2.0**-24,
+    "C64": 2.0**-24,
+    "F16": 2.0**-11,
+    "BF16": 2.0**-8,
+    "F8_E4M3": 2.0**-4,
+    "F8_E5M2": 2.0**-3,
+    "F8_E8M0": 2.0**-1,
+}
 
 
 @dataclass(frozen=True)
@@ -111,17 +119,36 @@ def tensor_stats(dtypes: tuple[str, str], shape: tuple[int, ...], raw_a: np.ndar
     if len(shape) == 2 and "C64" not in dtypes and min(shape) > 0:
         rms = math.sqrt(max(sums[0], sums[1]) / max(values - max(bad_a, bad_b), 1))
         rank_of = min(shape)
-        rank, capped = estimate_rank(dtypes, shape, raw_a, raw_b, rms=rms, clean=bool(bad_a or bad_b)) if nd > 0 else (0, False)
+        rank, capped = (
+            estimate_rank(dtypes, shape, raw_a, raw_b, rms=rms, clean=bool(bad_a or bad_b)) if nd > 0 else (0, False)
+        )
     return TensorStats(
-        values=values, changed=changed, changed_fraction=changed / values if values else 0.0,
-        norm_a=_num(na), norm_b=_num(nb), norm_diff=_num(nd), rel_change=_num(nd / na) if na > 0 else None,
-        max_abs=_num(max_abs), cosine=_num(sums[2] / (na * nb)) if na > 0 and nb > 0 else None,
-        nonfinite_a=bad_a, nonfinite_b=bad_b, rank=rank, rank_capped=capped, rank_of=rank_of,
-    )  # fmt: skip
+        values=values,
+        changed=changed,
+        changed_fraction=changed / values if values else 0.0,
+        norm_a=_num(na),
+        norm_b=_num(nb),
+        norm_diff=_num(nd),
+        rel_change=_num(nd / na) if na > 0 else None,
+        max_abs=_num(max_abs),
+        cosine=_num(sums[2] / (na * nb)) if na > 0 and nb > 0 else None,
+        nonfinite_a=bad_a,
+        nonfinite_b=bad_b,
+        rank=rank,
+        rank_capped=capped,
+        rank_of=rank_of,
+    )
 
 
-def estimate_rank(dtypes: tuple[str, str], shape: tuple[int, ...], raw_a: np.ndarray, raw_b: np.ndarray, *,
-                  rms: float, clean: bool = False) -> tuple[int, bool]:  # fmt: skip
+def estimate_rank(
+    dtypes: tuple[str, str],
+    shape: tuple[int, ...],
+    raw_a: np.ndarray,
+    raw_b: np.ndarray,
+    *,
+    rms: float,
+    clean: bool = False,
+) -> tuple[int, bool]:
     """The numerical rank of D = B - A for a matrix, and whether it is only a lower bound.
 
     A singular value counts when it exceeds RANK_RTOL times the largest and what rounding
@@ -145,7 +172,9 @@ def estimate_rank(dtypes: tuple[str, str], shape: tuple[int, ...], raw_a: np.nda
         for r in range(0, rows, step):
             hi = min(rows, r + step)
             if tall:
-                d = _values(raw_b, dtype_b, r * cols, hi * cols, work) - _values(raw_a, dtype_a, r * cols, hi * cols, work)
+                d = _values(raw_b, dtype_b, r * cols, hi * cols, work) - _values(
+                    raw_a, dtype_a, r * cols, hi * cols, work
+                )
                 d = d.reshape(-1, cols)
             else:
                 d = _columns(raw_b, dtype_b, shape, r, hi, work) - _columns(raw_a, dtype_a, shape, r, hi, work)

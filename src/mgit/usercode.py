@@ -181,15 +181,20 @@ def resources_of(values: Mapping[str, Any] | None) -> dict[str, float]:
             raise InvalidOptionError(f"unknown resource {key!r}", hint=f"Use {' or '.join(RESOURCE_KEYS)}")
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or not 0 <= value <= MAX_RESOURCE:  # fmt: skip
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or not 0 <= value <= MAX_RESOURCE
+        ):
             raise InvalidOptionError(f"resource {key} must be a number from 0 to {MAX_RESOURCE:g}, not {value!r}")
         out[key] = float(value)
     return out
 
 
-def recipe_record_of(spec: str, params: Any = None, *, root: Path, resources: Any = None,
-                     recorded: bool = False) -> dict[str, Any]:  # fmt: skip
+def recipe_record_of(
+    spec: str, params: Any = None, *, root: Path, resources: Any = None, recorded: bool = False
+) -> dict[str, Any]:
     """What a version records of its recipe: the reference (`anchored` at the work folder
     `root`; `recorded`: as a version recorded it), its parameters (JSON values; a random seed
     among them makes the recipe re-runnable as it was), the resources it declares (already
@@ -199,24 +204,28 @@ def recipe_record_of(spec: str, params: Any = None, *, root: Path, resources: An
     try:
         json.dumps(params, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise InvalidOptionError(f"recipe parameters must be JSON values ({exc})", hint="Use --param KEY=VALUE") from None
+        raise InvalidOptionError(
+            f"recipe parameters must be JSON values ({exc})", hint="Use --param KEY=VALUE"
+        ) from None
     bad = [k for k in params if not isinstance(k, str) or not k.isidentifier()]
     if bad:
-        raise InvalidOptionError(f"recipe parameter names must be identifiers, not {bad[0]!r}",
-                                 hint="Use --param KEY=VALUE")  # fmt: skip
+        raise InvalidOptionError(
+            f"recipe parameter names must be identifiers, not {bad[0]!r}", hint="Use --param KEY=VALUE"
+        )
     record = {"fn": spec, "params": params, "source_sha256": source_hash(spec, cwd=root)}
     if declared := resources_of(resources):
         record["resources"] = declared
     return record
 
 
-def run(mode: str, spec: str, args: list[str], *, timeout: float, cwd: Path | None = None,
-        source: bytes | None = None) -> RunOutcome:  # fmt: skip
+def run(
+    mode: str, spec: str, args: list[str], *, timeout: float, cwd: Path | None = None, source: bytes | None = None
+) -> RunOutcome:
     """Run `spec` in a child process (`mode`: `call` passes ARGS as strings; `recipe` passes
-    parent folders, an output folder and JSON keyword arguments). With `source`, the
-    function's file is that recorded source instead of the file `spec` names (which may not
-    be on this machine): it is written to a temporary folder, always under the same name
-(`SOURCE_FILE`), and run from there."""
+        parent folders, an output folder and JSON keyword arguments). With `source`, the
+        function's file is that recorded source instead of the file `spec` names (which may not
+        be on this machine): it is written to a temporary folder, always under the same name
+    (`SOURCE_FILE`), and run from there."""
     if source is not None:
         _, name = split_spec(spec)
         with tempfile.TemporaryDirectory(prefix="mgit-source-") as tmp:
@@ -228,8 +237,15 @@ def run(mode: str, spec: str, args: list[str], *, timeout: float, cwd: Path | No
     here = str(Path(cwd or Path.cwd()))
     env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
-        proc = subprocess.run([sys.executable, "-m", "mgit.usercode", mode, spec, *args], capture_output=True,
-                              text=True, errors="replace", timeout=timeout, cwd=here, env=env)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "mgit.usercode", mode, spec, *args],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            cwd=here,
+            env=env,
+        )
     except subprocess.TimeoutExpired as exc:
         output = _text(exc.stdout) + _text(exc.stderr)
         return RunOutcome(False, None, f"did not finish within {timeout:g} s", _tail(output), time.monotonic() - start)

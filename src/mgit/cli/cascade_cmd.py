@@ -26,18 +26,39 @@ OUTPUT_LINES = 15  # of a failed recipe's output, shown under the report
 @click.command()
 @click.argument("name")
 @click.option("--dry-run", is_flag=True, help="Print the plan and stop: no recipe or test is run.")
-@click.option("--jobs", "-j", type=click.IntRange(1, 256), default=None,
-              help=f"Models rebuilt at once (independent branches run in parallel; default 1, on a cluster {CLUSTER_JOBS}).")  # fmt: skip
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(1, 256),
+    default=None,
+    help=f"Models rebuilt at once (independent branches run in parallel; default 1, on a cluster {CLUSTER_JOBS}).",
+)
 @click.option("--only", metavar="GLOB", default=None, help="Rebuild only the models whose name matches GLOB.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Seconds each recipe may take (default: 3600).")  # fmt: skip
-@click.option("--recorded-source", is_flag=True,
-              help="Run each recipe from the source recorded with its version, not from the file here.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds each recipe may take (default: 3600).",
+)
+@click.option(
+    "--recorded-source",
+    is_flag=True,
+    help="Run each recipe from the source recorded with its version, not from the file here.",
+)
 @executor_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan (with --dry-run) or the report as JSON.")
 @click.pass_context
-def cascade(ctx: click.Context, name: str, dry_run: bool, jobs: int | None, only: str | None, timeout: float | None,
-            recorded_source: bool, as_json: bool, **cluster: Any) -> None:  # fmt: skip
+def cascade(
+    ctx: click.Context,
+    name: str,
+    dry_run: bool,
+    jobs: int | None,
+    only: str | None,
+    timeout: float | None,
+    recorded_source: bool,
+    as_json: bool,
+    **cluster: Any,
+) -> None:
     """Re-run the recipes of NAME's descendants on its latest version, commit and test them.
 
     A descendant is rebuilt when a parent is rebuilt before it, or when the parent version
@@ -71,8 +92,15 @@ def cascade(ctx: click.Context, name: str, dry_run: bool, jobs: int | None, only
     else:
         executor = executor_from(repo, cluster)
         try:
-            report = execute(repo, plan, jobs=jobs or (1 if executor.name == "local" else CLUSTER_JOBS),
-                             timeout=timeout, progress=progress, executor=executor, trust_remote_code=trust)  # fmt: skip
+            report = execute(
+                repo,
+                plan,
+                jobs=jobs or (1 if executor.name == "local" else CLUSTER_JOBS),
+                timeout=timeout,
+                progress=progress,
+                executor=executor,
+                trust_remote_code=trust,
+            )
         finally:
             executor.close()
     if as_json:
@@ -104,19 +132,27 @@ def _print_plan(plan: CascadePlan) -> None:
     if not plan.steps:
         out.print(f"{plan.ref} has no descendants: nothing to cascade.")
         return
-    words = {"recipe": "to rebuild", "manual": "to update by hand", "blocked": "blocked", "skipped": "skipped",
-             "up-to-date": "up to date"}  # fmt: skip
+    words = {
+        "recipe": "to rebuild",
+        "manual": "to update by hand",
+        "blocked": "blocked",
+        "skipped": "skipped",
+        "up-to-date": "up to date",
+    }
     counts = [f"{plan.count(a)} {w}" for a, w in words.items() if plan.count(a)]
     out.print(f"Cascade from {plan.ref}: {', '.join(counts)}")
     t = table("model", "now", "rebuild on", "how")
     for s in plan.steps:
-        t.add_row(s.model, s.head_ref, ", ".join(p.ref for p in s.parents) if s.action != "up-to-date" else "-",
-                  _how(s))  # fmt: skip
+        t.add_row(
+            s.model, s.head_ref, ", ".join(p.ref for p in s.parents) if s.action != "up-to-date" else "-", _how(s)
+        )
     out.print(t)
     for s in plan.steps:
         if s.action == "manual":
-            out.print(f"\n{s.model} has no recipe: update it by hand, or record one (then run the cascade again):"
-                      f"\n  {s.command}")  # fmt: skip
+            out.print(
+                f"\n{s.model} has no recipe: update it by hand, or record one (then run the cascade again):"
+                f"\n  {s.command}"
+            )
 
 
 def _test_cell(line: CheckLine | None) -> str:
@@ -150,8 +186,10 @@ def _print_report(report: CascadeReport) -> None:
         out.print(tt)
     for r in report.results:
         if r.source_changed and r.status != "blocked":
-            out.print(f"\nnote: the recipe file of {r.model} ({r.recipe}) changed since {r.old_ref} was made; "
-                      f"the new version records the new file's hash")  # fmt: skip
+            out.print(
+                f"\nnote: the recipe file of {r.model} ({r.recipe}) changed since {r.old_ref} was made; "
+                f"the new version records the new file's hash"
+            )
         for note in r.notes:
             out.print(f"\nnote: {r.model}: {note}")
         if r.status == "failed-recipe":
@@ -160,8 +198,13 @@ def _print_report(report: CascadeReport) -> None:
             for line in tail:
                 out.print(f"  | {line}")
         elif r.status == "failed-tests":
-            reasons = [f"{t.test}: {'; '.join(t.reasons) or t.status}" for t in r.tests_after or [] if t.status != "pass"]
+            reasons = [
+                f"{t.test}: {'; '.join(t.reasons) or t.status}" for t in r.tests_after or [] if t.status != "pass"
+            ]
             out.print(f"\n{r.new_ref} was committed but fails {'; '.join(reasons)}")
-    counts = [f"{report.count(s)} {s}" for s in ("updated", "failed-recipe", "failed-tests", "blocked", "manual")
-              if report.count(s)]  # fmt: skip
+    counts = [
+        f"{report.count(s)} {s}"
+        for s in ("updated", "failed-recipe", "failed-tests", "blocked", "manual")
+        if report.count(s)
+    ]
     out.print(f"\n{', '.join(counts) or 'nothing to do'}.")

@@ -18,8 +18,9 @@ from mgit.store.objects import RELATIONS
 from mgit.usercode import DEFAULT_TIMEOUT
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-jobs_option = click.option("--jobs", "-j", type=click.IntRange(1, 64), default=None,
-                           help="Threads to use (default: one per core, at most 8).")  # fmt: skip
+jobs_option = click.option(
+    "--jobs", "-j", type=click.IntRange(1, 64), default=None, help="Threads to use (default: one per core, at most 8)."
+)
 
 
 def _repo(ctx: click.Context) -> Repo:
@@ -44,8 +45,10 @@ def _lossy_bound(lossy: dict | None) -> str:
     """'|error| <= 0.001 (max 0.000998, 12 tensors)' for a lossy version."""
     if not lossy:
         return ""
-    return (f"{describe(lossy)} (max {lossy.get('max_error'):.3g}, "
-            f"{plural(int(lossy.get('tensors', 0)), 'tensor')}, guard {lossy.get('guard'):g})")  # fmt: skip
+    return (
+        f"{describe(lossy)} (max {lossy.get('max_error'):.3g}, "
+        f"{plural(int(lossy.get('tensors', 0)), 'tensor')}, guard {lossy.get('guard'):g})"
+    )
 
 
 @click.command()
@@ -55,8 +58,9 @@ def _lossy_bound(lossy: dict | None) -> str:
 @click.option("--region", metavar="REGION", help="With --bare s3://...: the S3 region.")
 @click.option("--profile", metavar="NAME", help="With --bare s3://...: a profile of the AWS shared config files.")
 @json_option
-def init(directory: str, bare: bool, endpoint_url: str | None, region: str | None, profile: str | None,
-         as_json: bool) -> None:  # fmt: skip
+def init(
+    directory: str, bare: bool, endpoint_url: str | None, region: str | None, profile: str | None, as_json: bool
+) -> None:
     """Create an empty repository (DIR/.mgit), or with --bare an empty remote.
 
     \b
@@ -105,48 +109,133 @@ def _parse_params(params: tuple[str, ...]) -> dict[str, object]:
 
 @click.command()
 @click.argument("path", type=click.Path(exists=False))
-@click.option("--name", "-n", default=None,
-              help="Model name (a new version if it exists). Default: the folder's name, or the file's without "
-                   "its suffix.")
-@click.option("--parent", "-p", "parents", multiple=True, metavar="REF",
-              help="Lineage parent (repeat for merges). Default: the parents of the previous version.")
-@click.option("--relation", "-r", type=click.Choice(RELATIONS), default=None,
-              help="How it was derived from its parents (default: finetune).")
+@click.option(
+    "--name",
+    "-n",
+    default=None,
+    help="Model name (a new version if it exists). Default: the folder's name, or the file's without its suffix.",
+)
+@click.option(
+    "--parent",
+    "-p",
+    "parents",
+    multiple=True,
+    metavar="REF",
+    help="Lineage parent (repeat for merges). Default: the parents of the previous version.",
+)
+@click.option(
+    "--relation",
+    "-r",
+    type=click.Choice(RELATIONS),
+    default=None,
+    help="How it was derived from its parents (default: finetune).",
+)
 @click.option("--message", "-m", default="", help="What changed.")
 @click.option("--tag", "-t", "tags", multiple=True, metavar="KEY=VALUE", help="A tag (repeatable).")
-@click.option("--lossy", type=click.FloatRange(min=0, min_open=True), default=None, metavar="EPS",
-              help="Store float tensors that changed from a parent tensor as a quantized change, every value within EPS "
-                   "(tensors without a parent tensor stay exact).")
-@click.option("--lossy-rel", type=click.FloatRange(min=0, min_open=True), default=None, metavar="R",
-              help="Lossy bound relative to each tensor's change: |error| <= R x rms(new - parent).")
-@click.option("--guard", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_GUARD, show_default=True,
-              help="Lossy fidelity guard: max ||recon - new|| / ||new - parent|| per tensor.")
-@click.option("--gate", default=None, metavar="MODULE:FUNCTION",
-              help="Metric function (or FILE.py:FUNCTION) run on original and reconstruction; lossy only if it passes.")
-@click.option("--max-drop", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="How much a gate metric may get worse.")
-@click.option("--gate-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT,
-              show_default=True, help="Seconds the gate may take per run.")
-@click.option("--recipe", default=None, metavar="MODULE:FUNCTION",
-              help="How this version was made from its parents: fn(parents, out_dir, **params) (recorded, not run).")
-@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
-              help="A recipe parameter (repeatable; VALUE is JSON if it parses, else a string).")
-@click.option("--num-cpus", type=click.FloatRange(0, 1024), default=None,
-              help="With --recipe: CPUs a run of it declares to a cluster (recorded).")
-@click.option("--num-gpus", type=click.FloatRange(0, 1024), default=None,
-              help="With --recipe: GPUs a run of it declares to a cluster (recorded).")
-@click.option("--model-card/--no-model-card", default=True, show_default=True,
-              help="Without --parent, take parents from base_model in the folder's README.md front matter.")
-@click.option("--auto-parent", is_flag=True,
-              help="Without --parent, infer the parent and relation from the weights (see: mgit lineage suggest).")
+@click.option(
+    "--lossy",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="EPS",
+    help="Store float tensors that changed from a parent tensor as a quantized change, every value within EPS "
+    "(tensors without a parent tensor stay exact).",
+)
+@click.option(
+    "--lossy-rel",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="R",
+    help="Lossy bound relative to each tensor's change: |error| <= R x rms(new - parent).",
+)
+@click.option(
+    "--guard",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_GUARD,
+    show_default=True,
+    help="Lossy fidelity guard: max ||recon - new|| / ||new - parent|| per tensor.",
+)
+@click.option(
+    "--gate",
+    default=None,
+    metavar="MODULE:FUNCTION",
+    help="Metric function (or FILE.py:FUNCTION) run on original and reconstruction; lossy only if it passes.",
+)
+@click.option(
+    "--max-drop",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="How much a gate metric may get worse.",
+)
+@click.option(
+    "--gate-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_TIMEOUT,
+    show_default=True,
+    help="Seconds the gate may take per run.",
+)
+@click.option(
+    "--recipe",
+    default=None,
+    metavar="MODULE:FUNCTION",
+    help="How this version was made from its parents: fn(parents, out_dir, **params) (recorded, not run).",
+)
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A recipe parameter (repeatable; VALUE is JSON if it parses, else a string).",
+)
+@click.option(
+    "--num-cpus",
+    type=click.FloatRange(0, 1024),
+    default=None,
+    help="With --recipe: CPUs a run of it declares to a cluster (recorded).",
+)
+@click.option(
+    "--num-gpus",
+    type=click.FloatRange(0, 1024),
+    default=None,
+    help="With --recipe: GPUs a run of it declares to a cluster (recorded).",
+)
+@click.option(
+    "--model-card/--no-model-card",
+    default=True,
+    show_default=True,
+    help="Without --parent, take parents from base_model in the folder's README.md front matter.",
+)
+@click.option(
+    "--auto-parent",
+    is_flag=True,
+    help="Without --parent, infer the parent and relation from the weights (see: mgit lineage suggest).",
+)
 @jobs_option
 @json_option
 @click.pass_context
-def add(ctx: click.Context, path: str, name: str | None, parents: tuple[str, ...], relation: str | None,
-        message: str, tags: tuple[str, ...], lossy: float | None, lossy_rel: float | None, guard: float,
-        gate: str | None, max_drop: float, gate_timeout: float, recipe: str | None, params: tuple[str, ...],
-        num_cpus: float | None, num_gpus: float | None, model_card: bool, auto_parent: bool,
-        jobs: int | None, as_json: bool) -> None:  # fmt: skip
+def add(
+    ctx: click.Context,
+    path: str,
+    name: str | None,
+    parents: tuple[str, ...],
+    relation: str | None,
+    message: str,
+    tags: tuple[str, ...],
+    lossy: float | None,
+    lossy_rel: float | None,
+    guard: float,
+    gate: str | None,
+    max_drop: float,
+    gate_timeout: float,
+    recipe: str | None,
+    params: tuple[str, ...],
+    num_cpus: float | None,
+    num_gpus: float | None,
+    model_card: bool,
+    auto_parent: bool,
+    jobs: int | None,
+    as_json: bool,
+) -> None:
     """Store a model folder, a .safetensors file or a PyTorch checkpoint as a new version.
 
     \b
@@ -168,15 +257,27 @@ def add(ctx: click.Context, path: str, name: str | None, parents: tuple[str, ...
     if name is None:
         name = default_model_name(Path(path))
         if not as_json:
-            err.print(f"note: no --name: the model is named {name!r} after {'its folder' if Path(path).is_dir() else 'its file'}")
+            err.print(
+                f"note: no --name: the model is named {name!r} "
+                f"after {'its folder' if Path(path).is_dir() else 'its file'}"
+            )
     with progress_bar(f"Adding {name}", enabled=not as_json) as bar:
         options = AddOptions(
-            name=name, parents=parents, relation=relation, message=message, tags=_parse_tags(tags), jobs=jobs,
-            progress=bar, lossy=LossyPolicy.from_options(lossy, lossy_rel, guard),
-            gate=Gate(gate, max_drop, gate_timeout) if gate is not None else None, model_card=model_card,
-            recipe=recipe, params=_parse_params(params), auto_parent=auto_parent,
+            name=name,
+            parents=parents,
+            relation=relation,
+            message=message,
+            tags=_parse_tags(tags),
+            jobs=jobs,
+            progress=bar,
+            lossy=LossyPolicy.from_options(lossy, lossy_rel, guard),
+            gate=Gate(gate, max_drop, gate_timeout) if gate is not None else None,
+            model_card=model_card,
+            recipe=recipe,
+            params=_parse_params(params),
+            auto_parent=auto_parent,
             resources={"num_cpus": num_cpus, "num_gpus": num_gpus},
-        )  # fmt: skip
+        )
         result = repo.add_with(path, options)
     if as_json:
         print_json(result.to_json())
@@ -193,8 +294,11 @@ def add(ctx: click.Context, path: str, name: str | None, parents: tuple[str, ...
         f"{result.model}@{result.seq} {short(result.version)}: {plural(result.files, 'file')}, "
         f"{plural(result.tensors, 'tensor')} ({dedup} already stored), {size(result.logical_bytes)} -> "
         f"{size(result.new_bytes)} new"
-        + (f" ({size(result.reused_bytes)} of it found already written by an interrupted add, reused)"
-           if result.reused_bytes else "")
+        + (
+            f" ({size(result.reused_bytes)} of it found already written by an interrupted add, reused)"
+            if result.reused_bytes
+            else ""
+        )
         + (f"; parents: {_parents(result.parents)}" if result.parents else "")
         + (f"; lossy: {_lossy_bound(result.lossy)}" if result.lossy else "")
     )
@@ -202,20 +306,43 @@ def add(ctx: click.Context, path: str, name: str | None, parents: tuple[str, ...
 
 @click.command()
 @click.argument("ref")
-@click.option("--output", "-o", default=None, type=click.Path(),
-              help="Folder to write the files into. Default: ./NAME (the model's name, its last part for ORG/NAME).")
-@click.option("--force", "-f", is_flag=True,
-              help="Write into a folder that is not empty (refused if it holds files the version does not).")
-@click.option("--clean", is_flag=True,
-              help="With or without --force: remove the folder's files the version does not hold, so that it holds "
-                   "exactly the version (each is named).")
-@click.option("--model-card", is_flag=True,
-              help="Write the lineage parents into README.md's front matter (base_model, base_model_relation).")
+@click.option(
+    "--output",
+    "-o",
+    default=None,
+    type=click.Path(),
+    help="Folder to write the files into. Default: ./NAME (the model's name, its last part for ORG/NAME).",
+)
+@click.option(
+    "--force",
+    "-f",
+    is_flag=True,
+    help="Write into a folder that is not empty (refused if it holds files the version does not).",
+)
+@click.option(
+    "--clean",
+    is_flag=True,
+    help="With or without --force: remove the folder's files the version does not hold, so that it holds "
+    "exactly the version (each is named).",
+)
+@click.option(
+    "--model-card",
+    is_flag=True,
+    help="Write the lineage parents into README.md's front matter (base_model, base_model_relation).",
+)
 @jobs_option
 @json_option
 @click.pass_context
-def checkout(ctx: click.Context, ref: str, output: str | None, force: bool, clean: bool, model_card: bool, jobs: int | None,
-             as_json: bool) -> None:  # fmt: skip
+def checkout(
+    ctx: click.Context,
+    ref: str,
+    output: str | None,
+    force: bool,
+    clean: bool,
+    model_card: bool,
+    jobs: int | None,
+    as_json: bool,
+) -> None:
     """Rebuild the files of a version, byte for byte (each file is verified).
 
     \b
@@ -234,8 +361,10 @@ def checkout(ctx: click.Context, ref: str, output: str | None, force: bool, clea
         return
     for note in result.notes:
         err.print(f"note: {note}")
-    out.print(f"{result.model}@{result.seq} {short(result.version)}: {plural(len(result.files), 'file')}, "
-              f"{size(result.bytes)} written to {result.out_dir} (verified)")  # fmt: skip
+    out.print(
+        f"{result.model}@{result.seq} {short(result.version)}: {plural(len(result.files), 'file')}, "
+        f"{size(result.bytes)} written to {result.out_dir} (verified)"
+    )
 
 
 def default_model_name(path: Path) -> str:
@@ -264,15 +393,22 @@ def ls(ctx: click.Context, as_json: bool) -> None:
         return
     t = table("model", "version", "id", "parents", "size", "updated")
     for m in models:
-        t.add_row(m.name + _lossy_mark(m.lossy), f"@{m.seq}", short(m.head), _parents(m.parents),
-                  size(m.logical_bytes), m.time[:19].replace("T", " "))  # fmt: skip
+        t.add_row(
+            m.name + _lossy_mark(m.lossy),
+            f"@{m.seq}",
+            short(m.head),
+            _parents(m.parents),
+            size(m.logical_bytes),
+            m.time[:19].replace("T", " "),
+        )
     out.print(t)
 
 
 def _version_line(v: VersionInfo) -> str:
     tags = " ".join(f"{k}={val}" for k, val in sorted(v.tags.items()))
     return "\n".join(
-        line for line in [
+        line
+        for line in [
             f"{v.ref} {v.id}{_lossy_mark(v.lossy)}",
             f"  date:    {v.time}",
             f"  author:  {v.author}",
@@ -282,8 +418,9 @@ def _version_line(v: VersionInfo) -> str:
             f"  size:    {size(v.logical_bytes)} in {plural(v.files, 'file')}, {plural(v.tensors, 'tensor')}; "
             f"{size(v.new_bytes)} new in storage",
             f"  {v.message}" if v.message else "",
-        ] if line
-    )  # fmt: skip
+        ]
+        if line
+    )
 
 
 @click.command()
@@ -292,12 +429,21 @@ def _version_line(v: VersionInfo) -> str:
 @click.option("-n", "--max-count", "limit", type=click.IntRange(0), default=None, help="Show at most N versions.")
 @click.option("--since", metavar="DATE", default=None, help="Versions made on or after DATE (2026-11-30, or a time).")
 @click.option("--tag", "tag", metavar="KEY[=VALUE]", default=None, help="Versions tagged KEY (with VALUE).")
-@click.option("--relation", type=click.Choice(RELATIONS), default=None,
-              help="Versions with a lineage parent of this relation.")
+@click.option(
+    "--relation", type=click.Choice(RELATIONS), default=None, help="Versions with a lineage parent of this relation."
+)
 @json_option
 @click.pass_context
-def log(ctx: click.Context, ref: str | None, oneline: bool, limit: int | None, since: str | None, tag: str | None,
-        relation: str | None, as_json: bool) -> None:  # fmt: skip
+def log(
+    ctx: click.Context,
+    ref: str | None,
+    oneline: bool,
+    limit: int | None,
+    since: str | None,
+    tag: str | None,
+    relation: str | None,
+    as_json: bool,
+) -> None:
     """Show the versions of a model, newest first; without a model, every version of every
     model, newest first.
 
@@ -330,8 +476,12 @@ def log(ctx: click.Context, ref: str | None, oneline: bool, limit: int | None, s
 
 @click.command()
 @click.argument("ref")
-@click.option("--sha256", "with_sha256", is_flag=True,
-              help="Also the sha256 of every file, as sha256sum prints it (the files are rebuilt to hash them).")
+@click.option(
+    "--sha256",
+    "with_sha256",
+    is_flag=True,
+    help="Also the sha256 of every file, as sha256sum prints it (the files are rebuilt to hash them).",
+)
 @json_option
 @click.pass_context
 def show(ctx: click.Context, ref: str, with_sha256: bool, as_json: bool) -> None:
@@ -352,8 +502,10 @@ def show(ctx: click.Context, ref: str, with_sha256: bool, as_json: bool) -> None
     v = result.version
     out.print(_version_line(v))
     out.print(f"  params:  {v.params:,} ({', '.join(f'{d} {n:,}' for d, n in sorted(result.dtypes.items()))})")
-    out.print(f"  stored:  {size(v.stored_bytes)} for {size(v.logical_bytes)} "
-              f"({result.shared_objects} objects shared with other versions)")  # fmt: skip
+    out.print(
+        f"  stored:  {size(v.stored_bytes)} for {size(v.logical_bytes)} "
+        f"({result.shared_objects} objects shared with other versions)"
+    )
     out.print(f"  tensors: {_tensor_storage(result.tensor_storage)}")
     if v.recipe:
         params = " ".join(f"{k}={json.dumps(val)}" for k, val in sorted(v.recipe.get("params", {}).items()))
@@ -407,15 +559,28 @@ def du(ctx: click.Context, as_json: bool) -> None:
         return
     t = table("model", "versions", "logical", "stored", "factor", "tensors: dedup", "delta", "derived", "standalone")
     for m in result.models:
-        t.add_row(m.name, str(m.versions), size(m.logical_bytes), size(m.stored_bytes), f"{m.reduction:.2f}x",
-                  *(str(m.tensor_storage.get(k, 0)) for k in ("deduplicated", "delta", "derived", "standalone")))  # fmt: skip
-    t.add_row("repository", str(sum(m.versions for m in result.models)), size(result.logical_bytes),
-              size(result.stored_bytes), f"{result.reduction:.2f}x")  # fmt: skip
+        t.add_row(
+            m.name,
+            str(m.versions),
+            size(m.logical_bytes),
+            size(m.stored_bytes),
+            f"{m.reduction:.2f}x",
+            *(str(m.tensor_storage.get(k, 0)) for k in ("deduplicated", "delta", "derived", "standalone")),
+        )
+    t.add_row(
+        "repository",
+        str(sum(m.versions for m in result.models)),
+        size(result.logical_bytes),
+        size(result.stored_bytes),
+        f"{result.reduction:.2f}x",
+    )
     out.print(t)
     out.print("(a model's stored bytes count every object it uses, shared ones included)")
     if result.local_bytes is not None:
-        out.print(f"lazy clone: {size(result.local_bytes)} here, {size(result.remote_only_bytes)} on the remote only "
-                  "(fetched when read; mgit fetch --objects REF brings them now)")  # fmt: skip
+        out.print(
+            f"lazy clone: {size(result.local_bytes)} here, {size(result.remote_only_bytes)} on the remote only "
+            "(fetched when read; mgit fetch --objects REF brings them now)"
+        )
     if result.unreachable_bytes:
         out.print(f"{size(result.unreachable_bytes)} in objects no model uses; free them with: mgit gc")
 
@@ -427,8 +592,14 @@ def du(ctx: click.Context, as_json: bool) -> None:
 @click.option("--endpoint-url", metavar="URL", help="With an s3:// URL: an S3-compatible endpoint.")
 @json_option
 @click.pass_context
-def fsck(ctx: click.Context, url: str | None, jobs: int | None, rebuild_catalog: bool, endpoint_url: str | None,
-         as_json: bool) -> None:  # fmt: skip
+def fsck(
+    ctx: click.Context,
+    url: str | None,
+    jobs: int | None,
+    rebuild_catalog: bool,
+    endpoint_url: str | None,
+    as_json: bool,
+) -> None:
     """Re-hash every object and check every reference. Exit code 1 if anything is wrong.
 
     With a URL (a bare remote: a folder or s3://BUCKET/PREFIX), checks that remote,
@@ -456,13 +627,17 @@ def fsck(ctx: click.Context, url: str | None, jobs: int | None, rebuild_catalog:
             users = f" (used by {', '.join(p.used_by)})" if p.used_by else ""
             out.print(f"{p.kind}: {short(p.object)} {p.message}{users}")
         verdict = "ok" if result.ok else f"{len(result.problems)} problems"
-        out.print(f"checked {result.objects_checked} objects ({size(result.bytes_checked)}), {result.refs_checked} "
-                  f"models, {result.versions_checked} versions: {verdict}")  # fmt: skip
+        out.print(
+            f"checked {result.objects_checked} objects ({size(result.bytes_checked)}), {result.refs_checked} "
+            f"models, {result.versions_checked} versions: {verdict}"
+        )
         if result.leftovers:
             out.print(f"{result.leftovers} temporary files of interrupted writes; mgit gc removes them")
         if result.unreferenced:
-            out.print(f"{result.unreferenced} unreferenced objects ({size(result.unreferenced_bytes)}): written by an "
-                      "interrupted add or left by a removed model; mgit gc removes them")
+            out.print(
+                f"{result.unreferenced} unreferenced objects ({size(result.unreferenced_bytes)}): written by an "
+                "interrupted add or left by a removed model; mgit gc removes them"
+            )
     if not result.ok:
         ctx.exit(1)
 
@@ -483,8 +658,10 @@ def gc(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
         print_json(result.to_json())
         return
     verb = "would remove" if dry_run else "removed"
-    out.print(f"{verb} {len(result.removed)} objects ({size(result.removed_bytes)}) and {result.leftovers} "
-              f"temporary files; {result.kept} objects in use")  # fmt: skip
+    out.print(
+        f"{verb} {len(result.removed)} objects ({size(result.removed_bytes)}) and {result.leftovers} "
+        f"temporary files; {result.kept} objects in use"
+    )
 
 
 @click.command()
@@ -504,4 +681,6 @@ def rm(ctx: click.Context, name: str, force: bool, as_json: bool) -> None:
     if as_json:
         print_json(result.to_json())
         return
-    out.print(f"removed {result.model} ({result.versions} versions, head {short(result.head)}); run mgit gc to free space")
+    out.print(
+        f"removed {result.model} ({result.versions} versions, head {short(result.head)}); run mgit gc to free space"
+    )

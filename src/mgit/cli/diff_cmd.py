@@ -12,22 +12,33 @@ from mgit.cli.output import err, out, plural, print_json, progress_bar, short, t
 from mgit.diff import DiffResult, FileDiff, GroupDiff, TensorStats, diff_paths
 from mgit.errors import RepoNotFoundError
 
-WORDS = {"changed": "changed", "dtype": "dtype changed", "shape": "shape changed", "only_a": "only in A",
-         "only_b": "only in B", "identical": "identical", "same": "same shape and dtype"}  # fmt: skip
+WORDS = {
+    "changed": "changed",
+    "dtype": "dtype changed",
+    "shape": "shape changed",
+    "only_a": "only in A",
+    "only_b": "only in B",
+    "identical": "identical",
+    "same": "same shape and dtype",
+}
 LISTED = 20  # structural differences shown without --tensors
 
 
 @click.command()
 @click.argument("a")
 @click.argument("b")
-@click.option("--structural", is_flag=True,
-              help="Compare only the module tree: names, shapes, dtypes, layer counts (no tensor data is read).")
+@click.option(
+    "--structural",
+    is_flag=True,
+    help="Compare only the module tree: names, shapes, dtypes, layer counts (no tensor data is read).",
+)
 @click.option("--tensors", "-v", "every_tensor", is_flag=True, help="List every tensor that differs.")
 @jobs_option
 @json_option
 @click.pass_context
-def diff(ctx: click.Context, a: str, b: str, structural: bool, every_tensor: bool, jobs: int | None,
-         as_json: bool) -> None:  # fmt: skip
+def diff(
+    ctx: click.Context, a: str, b: str, structural: bool, every_tensor: bool, jobs: int | None, as_json: bool
+) -> None:
     """Compare two models: tensors, layers, config and other text files.
 
     A and B are each a ref (NAME, NAME@N, NAME@HEXPREFIX) or the path of a model folder,
@@ -78,11 +89,13 @@ def print_result(r: DiffResult, *, every_tensor: bool) -> None:
         t.add_row(g.name, str(g.tensors), _statuses(g.counts), *cells)
     out.print(t)
     s = r.summary
-    line = (f"Total: {plural(s.tensors_a, 'tensor')} in A, {s.tensors_b} in B: {_statuses(s.counts)}")
+    line = f"Total: {plural(s.tensors_a, 'tensor')} in A, {s.tensors_b} in B: {_statuses(s.counts)}"
     if s.compared_values:
-        line += (f"; {s.changed_values:,} of {s.compared_values:,} shared values changed "
-                 f"({100 * s.changed_values / s.compared_values:.1f}%), rel change {_g(s.rel_change)} "
-                 f"(||B-A|| / ||A|| over all shared values), max |B-A| {_g(s.max_abs)}")  # fmt: skip
+        line += (
+            f"; {s.changed_values:,} of {s.compared_values:,} shared values changed "
+            f"({100 * s.changed_values / s.compared_values:.1f}%), rel change {_g(s.rel_change)} "
+            f"(||B-A|| / ||A|| over all shared values), max |B-A| {_g(s.max_abs)}"
+        )
     out.print(line)
     layers = [f"{k}: {n_a} -> {n_b}" for k, (n_a, n_b) in r.layers.items() if n_a != n_b]
     if layers:
@@ -102,14 +115,19 @@ def _print_tensors(r: DiffResult, every_tensor: bool) -> None:
         dtype = d.dtype_a if d.dtype_a == d.dtype_b else f"{d.dtype_a or '-'} -> {d.dtype_b or '-'}"
         shape = _shape(d.shape_a) if d.shape_a == d.shape_b else f"{_shape(d.shape_a)} -> {_shape(d.shape_b)}"
         st = d.stats
-        cells = ([_g(st.rel_change), _g(st.max_abs), _cos(st.cosine), f"{100 * st.changed_fraction:.1f}%", _rank(st)]
-                 if st else ["-"] * len(numbers))  # fmt: skip
+        cells = (
+            [_g(st.rel_change), _g(st.max_abs), _cos(st.cosine), f"{100 * st.changed_fraction:.1f}%", _rank(st)]
+            if st
+            else ["-"] * len(numbers)
+        )
         t.add_row(d.name, WORDS[d.status], dtype, shape, *cells)
     out.print(t)
     hidden = len(differ) - len(shown)
     if hidden:
-        out.print(f"... and {plural(hidden, 'more tensor')} that differ{'s' if hidden == 1 else ''} "
-                  "(list them with --tensors)")  # fmt: skip
+        out.print(
+            f"... and {plural(hidden, 'more tensor')} that differ{'s' if hidden == 1 else ''} "
+            "(list them with --tensors)"
+        )
 
 
 def _print_files(files: list[FileDiff]) -> None:

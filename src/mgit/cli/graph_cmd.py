@@ -20,14 +20,35 @@ DEFAULT_HTML = "mgit-graph.html"
 @click.option("--relation", "-r", type=click.Choice(RELATIONS), help="Only models derived by this relation.")
 @click.option("--around", metavar="REF", help="Only this model, its ancestors and its descendants.")
 @click.option("--depth", type=click.IntRange(min=0), help="With --around: how many generations each way.")
-@click.option("--format", "-f", "fmt", type=click.Choice(["html", "dot", "json"]), default="html", show_default=True,
-              help="An interactive page, Graphviz DOT, or JSON (compact, one line: pipe it to jq).")
-@click.option("--output", "-o", type=click.Path(dir_okay=False), metavar="FILE",
-              help=f"Where to write (default: {DEFAULT_HTML} for html, stdout for dot and json; '-' for stdout).")
+@click.option(
+    "--format",
+    "-f",
+    "fmt",
+    type=click.Choice(["html", "dot", "json"]),
+    default="html",
+    show_default=True,
+    help="An interactive page, Graphviz DOT, or JSON (compact, one line: pipe it to jq).",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help=f"Where to write (default: {DEFAULT_HTML} for html, stdout for dot and json; '-' for stdout).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 @click.pass_context
-def graph(ctx: click.Context, pattern: str | None, tag: str | None, relation: str | None, around: str | None,
-          depth: int | None, fmt: str, output: str | None, as_json: bool) -> None:  # fmt: skip
+def graph(
+    ctx: click.Context,
+    pattern: str | None,
+    tag: str | None,
+    relation: str | None,
+    around: str | None,
+    depth: int | None,
+    fmt: str,
+    output: str | None,
+    as_json: bool,
+) -> None:
     """Draw the lineage graph (or a selection) as a page that works offline: pan, zoom, search,
     and click a model for its versions, sizes, parents, children and storage.
 
@@ -55,8 +76,12 @@ def graph(ctx: click.Context, pattern: str | None, tag: str | None, relation: st
         text = json.dumps(graph_json(chosen, storage=storage), separators=(",", ":")) + "\n"
     elif fmt == "html":
         scope = f" ({pattern})" if pattern else ""
-        text = render_html(chosen, title=f"MGit lineage: {repo.root.name}{scope}", storage=storage,
-                           outside=lineage.edges_leaving(n.name for n in chosen.nodes))  # fmt: skip
+        text = render_html(
+            chosen,
+            title=f"MGit lineage: {repo.root.name}{scope}",
+            storage=storage,
+            outside=lineage.edges_leaving(n.name for n in chosen.nodes),
+        )
         output = output or DEFAULT_HTML
     if output in (None, "-"):
         out.print(text, end="")

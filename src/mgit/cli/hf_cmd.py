@@ -10,8 +10,11 @@ from mgit.cli.output import err, out, plural, print_json, progress_bar, short, s
 @click.command(name="import-hf")
 @click.argument("cache_dir", required=False, type=click.Path(file_okay=True, dir_okay=True))
 @click.option("--dry-run", "-n", is_flag=True, help="Show what would be imported, import nothing.")
-@click.option("--auto-parent", is_flag=True,
-              help="For models whose card names no base_model here, infer the parent from the weights.")
+@click.option(
+    "--auto-parent",
+    is_flag=True,
+    help="For models whose card names no base_model here, infer the parent from the weights.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
 def import_hf(ctx: click.Context, cache_dir: str | None, dry_run: bool, auto_parent: bool, as_json: bool) -> None:
@@ -38,24 +41,36 @@ def import_hf(ctx: click.Context, cache_dir: str | None, dry_run: bool, auto_par
         refs = f" ({', '.join(r.refs)})" if r.refs else ""
         parents = f"; parents: {', '.join(r.parents)} ({r.relation})" if r.parents else ""
         stored = f" -> {size(r.new_bytes)} new" if not dry_run else ""
-        out.print(f"{'would import ' if dry_run else ''}{r.ref} {short(r.version) if r.version else ''}".rstrip()
-                  + f": {r.repo_id} revision {r.commit[:12]}{refs}, {size(r.logical_bytes)}{stored}{parents}")  # fmt: skip
+        out.print(
+            f"{'would import ' if dry_run else ''}{r.ref} {short(r.version) if r.version else ''}".rstrip()
+            + f": {r.repo_id} revision {r.commit[:12]}{refs}, {size(r.logical_bytes)}{stored}{parents}"
+        )
     for note in result.notes:
         err.print(f"note: {note}")
     for warning in result.skipped:
         err.print(f"warning: skipped {warning}")
     verb = "would import" if dry_run else "imported"
-    out.print(f"{verb} {plural(len(result.imported), 'revision')} of {plural(len(result.models), 'model')} "
-              f"({result.already_imported} imported before, {len(result.skipped)} skipped); "
-              f"cache {size(result.cache_bytes)} on disk, repository {size(result.repository_bytes)} stored")  # fmt: skip
+    out.print(
+        f"{verb} {plural(len(result.imported), 'revision')} of {plural(len(result.models), 'model')} "
+        f"({result.already_imported} imported before, {len(result.skipped)} skipped); "
+        f"cache {size(result.cache_bytes)} on disk, repository {size(result.repository_bytes)} stored"
+    )
 
 
 @click.command(name="export-hf")
 @click.argument("ref")
-@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
-              help="The cache to write into (default: the one huggingface_hub uses).")
-@click.option("--repo-id", default=None, metavar="ORG/NAME",
-              help="The hub id to write it as (default: the id it was imported from, else the model name).")
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="The cache to write into (default: the one huggingface_hub uses).",
+)
+@click.option(
+    "--repo-id",
+    default=None,
+    metavar="ORG/NAME",
+    help="The hub id to write it as (default: the id it was imported from, else the model name).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
 def export_hf(ctx: click.Context, ref: str, cache_dir: str | None, repo_id: str | None, as_json: bool) -> None:
@@ -77,8 +92,10 @@ def export_hf(ctx: click.Context, ref: str, cache_dir: str | None, repo_id: str 
         return
     for note in result.notes:
         err.print(f"note: {note}")
-    out.print(f"{result.ref} {short(result.version)}: {result.repo_id} at commit {result.commit[:12]} (refs/main), "
-              f"{plural(result.files, 'file')}, {plural(result.blobs_written, 'new blob')} "
-              f"({size(result.bytes_written)}) in {result.cache_dir}")  # fmt: skip
+    out.print(
+        f"{result.ref} {short(result.version)}: {result.repo_id} at commit {result.commit[:12]} (refs/main), "
+        f"{plural(result.files, 'file')}, {plural(result.blobs_written, 'new blob')} "
+        f"({size(result.bytes_written)}) in {result.cache_dir}"
+    )
     where = "" if cache_dir is None else f", cache_dir={result.cache_dir!r}"
     out.print(f"load it with: AutoModel.from_pretrained({result.repo_id!r}{where}, local_files_only=True)")

@@ -26,8 +26,10 @@ if TYPE_CHECKING:
 # Each command is imported when it runs (or when --help lists it): a command module loads
 # what its command needs, and `mgit ls` must not wait for numpy, the codecs or rich.
 COMMANDS = {
-    **{name: f"mgit.cli.commands:{name}" for name in ("init", "add", "checkout", "ls", "log", "show", "du", "fsck",
-                                                      "gc", "rm")},
+    **{
+        name: f"mgit.cli.commands:{name}"
+        for name in ("init", "add", "checkout", "ls", "log", "show", "du", "fsck", "gc", "rm")
+    },
     "diff": "mgit.cli.diff_cmd:diff",
     "lineage": "mgit.cli.lineage_cmd:lineage",
     "graph": "mgit.cli.graph_cmd:graph",
@@ -40,13 +42,15 @@ COMMANDS = {
     "export-hf": "mgit.cli.hf_cmd:export_hf",
     "remote": "mgit.cli.remote_cmd:remote_group",
     **{name: f"mgit.cli.remote_cmd:{name}" for name in ("push", "fetch", "pull", "clone")},
-}  # fmt: skip
+}
 
 
 class SuggestingGroup(click.Group):
     """A group that answers an unknown command with the closest one it has, as git does."""
 
-    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
         name = args[0] if args else ""
         if name and not name.startswith("-") and self.get_command(ctx, name) is None:
             close = difflib.get_close_matches(name, self.list_commands(ctx), n=1, cutoff=0.6)
@@ -80,9 +84,13 @@ class AppContext:
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("-C", "directory", metavar="DIR",
-              help="Run as if mgit was started in DIR: the repository and every relative path (PATH, -o, --fn) are "
-                   "found from there, as with git -C.")
+@click.option(
+    "-C",
+    "directory",
+    metavar="DIR",
+    help="Run as if mgit was started in DIR: the repository and every relative path (PATH, -o, --fn) are "
+    "found from there, as with git -C.",
+)
 @click.version_option(__version__, prog_name="mgit")
 @click.pass_context
 def cli(ctx: click.Context, directory: str | None) -> None:
@@ -103,8 +111,7 @@ def cli(ctx: click.Context, directory: str | None) -> None:
     ctx.obj = AppContext(directory)
 
 
-def _fail(message: str, code: int = 1, *, as_json: bool = False, hint: str | None = None,
-          kind: str = "Error") -> int:
+def _fail(message: str, code: int = 1, *, as_json: bool = False, hint: str | None = None, kind: str = "Error") -> int:
     err.print(f"Error: {message}" + (f". {hint}" if hint else ""))
     if as_json:
         print_json({"error": message, "hint": hint, "type": kind})

@@ -22,31 +22,83 @@ def _pairs(values: tuple[str, ...], option: str, cast: type = float) -> dict[str
 
 @click.command()
 @click.argument("refs", nargs=-1)
-@click.option("--method", default=None, metavar="METHOD",
-              help="linear, slerp, task_arithmetic, ties, dare_linear or dare_ties (mergekit's semantics).")
-@click.option("--config", "config", default=None, type=click.Path(exists=True, dir_okay=False),
-              help="A mergekit YAML config (models, merge_method, base_model, parameters, dtype); names resolved here.")
+@click.option(
+    "--method",
+    default=None,
+    metavar="METHOD",
+    help="linear, slerp, task_arithmetic, ties, dare_linear or dare_ties (mergekit's semantics).",
+)
+@click.option(
+    "--config",
+    "config",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="A mergekit YAML config (models, merge_method, base_model, parameters, dtype); names resolved here.",
+)
 @click.option("--base", default=None, metavar="REF", help="The base model (task-vector methods and slerp).")
 @click.option("--weight", "weights", multiple=True, metavar="REF=W", help="An input's weight (repeatable; default 1).")
-@click.option("--density", "densities", multiple=True, metavar="[REF=]D",
-              help="Fraction of a task vector kept (ties, dare): for every input, or REF=D for one.")
-@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
-              help="A method parameter: t (slerp), normalize, lambda, rescale, int8_mask.")
-@click.option("--dtype", default=None, type=click.Choice(["float32", "float16", "bfloat16"]),
-              help="Output dtype of float tensors (default: the base's).")
-@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True,
-              help="Seed of the DARE masks (recorded: a re-run gives the same bytes).")
-@click.option("--take", "takes", multiple=True, metavar="GLOB=REF",
-              help="Tensors matching GLOB come unmerged from REF (a task head); repeatable.")
-@click.option("--rename", "renames", multiple=True, metavar="GLOB=REF:PREFIX",
-              help="REF's tensors matching GLOB kept unmerged as PREFIX + name (both task heads); repeatable.")
+@click.option(
+    "--density",
+    "densities",
+    multiple=True,
+    metavar="[REF=]D",
+    help="Fraction of a task vector kept (ties, dare): for every input, or REF=D for one.",
+)
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A method parameter: t (slerp), normalize, lambda, rescale, int8_mask.",
+)
+@click.option(
+    "--dtype",
+    default=None,
+    type=click.Choice(["float32", "float16", "bfloat16"]),
+    help="Output dtype of float tensors (default: the base's).",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(0, 2**32 - 1),
+    default=0,
+    show_default=True,
+    help="Seed of the DARE masks (recorded: a re-run gives the same bytes).",
+)
+@click.option(
+    "--take",
+    "takes",
+    multiple=True,
+    metavar="GLOB=REF",
+    help="Tensors matching GLOB come unmerged from REF (a task head); repeatable.",
+)
+@click.option(
+    "--rename",
+    "renames",
+    multiple=True,
+    metavar="GLOB=REF:PREFIX",
+    help="REF's tensors matching GLOB kept unmerged as PREFIX + name (both task heads); repeatable.",
+)
 @click.option("--name", required=True, help="The model the merge is added to.")
 @click.option("-m", "--message", default="", help="The version's message.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
-def merge(ctx: click.Context, refs: tuple[str, ...], method: str | None, config: str | None, base: str | None,
-          weights: tuple[str, ...], densities: tuple[str, ...], params: tuple[str, ...], dtype: str | None, seed: int,
-          takes: tuple[str, ...], renames: tuple[str, ...], name: str, message: str, as_json: bool) -> None:  # fmt: skip
+def merge(
+    ctx: click.Context,
+    refs: tuple[str, ...],
+    method: str | None,
+    config: str | None,
+    base: str | None,
+    weights: tuple[str, ...],
+    densities: tuple[str, ...],
+    params: tuple[str, ...],
+    dtype: str | None,
+    seed: int,
+    takes: tuple[str, ...],
+    renames: tuple[str, ...],
+    name: str,
+    message: str,
+    as_json: bool,
+) -> None:
     """Merge models into a new version of NAME: relation merge, every input a parent, the merge
     its recipe (so `mgit cascade` merges again when an input gets a new version).
 
@@ -80,16 +132,30 @@ def merge(ctx: click.Context, refs: tuple[str, ...], method: str | None, config:
             density = float(plain[0]) if plain else _pairs(densities, "--density")
         parameters = {k: _value(v) for k, v in _pairs(params, "--param", str).items()}
         with progress_bar(f"Merging into {name}", enabled=not as_json) as bar:
-            result = merge_refs(repo, list(refs), method=method, name=name, base=base,
-                                weights=_pairs(weights, "--weight"), density=density, parameters=parameters,  # type: ignore[arg-type]
-                                dtype=dtype, seed=seed, take={g: str(r) for g, r in _pairs(takes, "--take", str).items()},
-                                rename=[_rename(r) for r in renames], message=message, progress=bar)  # fmt: skip
+            result = merge_refs(
+                repo,
+                list(refs),
+                method=method,
+                name=name,
+                base=base,
+                weights=_pairs(weights, "--weight"),
+                density=density,
+                parameters=parameters,  # type: ignore[arg-type]
+                dtype=dtype,
+                seed=seed,
+                take={g: str(r) for g, r in _pairs(takes, "--take", str).items()},
+                rename=[_rename(r) for r in renames],
+                message=message,
+                progress=bar,
+            )
     if as_json:
         print_json(result.to_json())
         return
     parents = ", ".join(f"{p.ref}" for p in result.parents) if result.parents else "-"
-    out.print(f"{result.model}@{result.seq} {result.version[:12]}: merge of {parents}"
-              + ("" if result.created else " (unchanged: same as the latest version)"))  # fmt: skip
+    out.print(
+        f"{result.model}@{result.seq} {result.version[:12]}: merge of {parents}"
+        + ("" if result.created else " (unchanged: same as the latest version)")
+    )
 
 
 def _rename(rule: str) -> tuple[str, str, str]:

@@ -91,11 +91,15 @@ class PlainTable:
         self.rows.append([printable(str(c)) for c in cells])  # escaped before widths are measured
 
     def render(self) -> str:
-        widths = [max([len(c.header), *(len(r[i]) for r in self.rows if i < len(r))]) for i, c in enumerate(self.columns)]
+        widths = [
+            max([len(c.header), *(len(r[i]) for r in self.rows if i < len(r))]) for i, c in enumerate(self.columns)
+        ]
 
         def line(cells: list[str]) -> str:
-            parts = [cell.rjust(w) if col.justify == "right" else cell.ljust(w)
-                     for cell, w, col in zip(cells, widths, self.columns, strict=False)]  # fmt: skip
+            parts = [
+                cell.rjust(w) if col.justify == "right" else cell.ljust(w)
+                for cell, w, col in zip(cells, widths, self.columns, strict=False)
+            ]
             return "  ".join(parts).rstrip()
 
         lines = [self.title.center(sum(widths) + 2 * (len(widths) - 1)).rstrip()] if self.title else []
@@ -104,12 +108,31 @@ class PlainTable:
         return "\n".join(lines)
 
 
-
 def table(*columns: str, title: str | None = None) -> PlainTable:
     """A borderless table; numeric columns (by name) are right-aligned."""
-    right = {"size", "logical", "stored", "tensors", "versions", "factor", "params", "objects", "files", "new",
-             "tensors: dedup", "delta", "derived", "standalone", "rel change", "max |b-a|", "min cosine",
-             "max rank", "cosine", "changed", "rank"}  # fmt: skip
+    right = {
+        "size",
+        "logical",
+        "stored",
+        "tensors",
+        "versions",
+        "factor",
+        "params",
+        "objects",
+        "files",
+        "new",
+        "tensors: dedup",
+        "delta",
+        "derived",
+        "standalone",
+        "rel change",
+        "max |b-a|",
+        "min cosine",
+        "max rank",
+        "cosine",
+        "changed",
+        "rank",
+    }
     return PlainTable([Column(c, "right" if c.lower() in right else "left") for c in columns], title)
 
 
@@ -132,7 +155,11 @@ def progress_bar(label: str, *, enabled: bool = True, unit_bytes: bool = True) -
 
     console = Console(stderr=True, soft_wrap=True, highlight=False, markup=False)
     columns: list[Any] = [TextColumn("{task.description}"), BarColumn()]
-    columns += [DownloadColumn(binary_units=True), TransferSpeedColumn()] if unit_bytes else [TextColumn("{task.completed}/{task.total}")]
+    columns += (
+        [DownloadColumn(binary_units=True), TransferSpeedColumn()]
+        if unit_bytes
+        else [TextColumn("{task.completed}/{task.total}")]
+    )
     columns.append(TimeRemainingColumn())
     with Bars(*columns, console=console, transient=True) as bars:
 

@@ -12,8 +12,9 @@ from mgit.store.transfer import TransferStats
 from mgit.sync.reports import FetchResult, ModelUpdate
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-endpoint_option = click.option("--endpoint-url", metavar="URL",
-                               help="An S3-compatible endpoint (default: AWS, or AWS_ENDPOINT_URL).")  # fmt: skip
+endpoint_option = click.option(
+    "--endpoint-url", metavar="URL", help="An S3-compatible endpoint (default: AWS, or AWS_ENDPOINT_URL)."
+)
 region_option = click.option("--region", metavar="REGION", help="The S3 region (default: the AWS chain's).")
 profile_option = click.option("--profile", metavar="NAME", help="A profile of the AWS shared config files.")
 
@@ -53,8 +54,15 @@ def remote_group() -> None:
 @profile_option
 @json_option
 @click.pass_context
-def remote_add(ctx: click.Context, name: str, url: str, endpoint_url: str | None, region: str | None,
-               profile: str | None, as_json: bool) -> None:  # fmt: skip
+def remote_add(
+    ctx: click.Context,
+    name: str,
+    url: str,
+    endpoint_url: str | None,
+    region: str | None,
+    profile: str | None,
+    as_json: bool,
+) -> None:
     """Record a remote (nothing is contacted). Credentials are never stored: S3 remotes use
     the standard AWS chain (environment, ~/.aws files, --profile).
 
@@ -137,7 +145,9 @@ def remote_show(ctx: click.Context, name: str, as_json: bool) -> None:
 @click.command()
 @click.argument("remote", default=sync.DEFAULT_REMOTE)
 @click.argument("targets", nargs=-1, metavar="[REF|GLOB]...")
-@click.option("--force", is_flag=True, help="Move the remote's head even where it is not an ancestor (says what it drops).")
+@click.option(
+    "--force", is_flag=True, help="Move the remote's head even where it is not an ancestor (says what it drops)."
+)
 @json_option
 @click.pass_context
 def push(ctx: click.Context, remote: str, targets: tuple[str, ...], force: bool, as_json: bool) -> None:
@@ -163,8 +173,7 @@ def push(ctx: click.Context, remote: str, targets: tuple[str, ...], force: bool,
 
 def _print_fetch(result: FetchResult) -> None:
     lazy = " (lazy: objects come when read)" if result.lazy else ""
-    out.print(f"{result.url}: {_traffic('received', result.received)}, "
-              f"{plural(result.versions, 'version')}{lazy}")  # fmt: skip
+    out.print(f"{result.url}: {_traffic('received', result.received)}, {plural(result.versions, 'version')}{lazy}")
     for u in result.models:
         out.print(f"  {result.remote}/{u.model:<30} {short(u.old)} -> {short(u.new)}")
     c = result.checks
@@ -177,8 +186,12 @@ def _print_fetch(result: FetchResult) -> None:
 @click.command()
 @click.argument("args", nargs=-1, metavar="[REMOTE] | --objects REF...")
 @click.option("--models", metavar="GLOB", help="Only the models matching GLOB.")
-@click.option("--objects", "objects", is_flag=True,
-              help="In a lazy clone: bring every object of the REFs here now, for work offline.")
+@click.option(
+    "--objects",
+    "objects",
+    is_flag=True,
+    help="In a lazy clone: bring every object of the REFs here now, for work offline.",
+)
 @json_option
 @click.pass_context
 def fetch(ctx: click.Context, args: tuple[str, ...], models: str | None, objects: bool, as_json: bool) -> None:
@@ -245,8 +258,16 @@ def pull(ctx: click.Context, remote: str, ff_only: bool, as_json: bool) -> None:
 @region_option
 @profile_option
 @json_option
-def clone(url: str, directory: str | None, models: str | None, lazy: bool, endpoint_url: str | None,
-          region: str | None, profile: str | None, as_json: bool) -> None:  # fmt: skip
+def clone(
+    url: str,
+    directory: str | None,
+    models: str | None,
+    lazy: bool,
+    endpoint_url: str | None,
+    region: str | None,
+    profile: str | None,
+    as_json: bool,
+) -> None:
     """A new repository from a remote, its remote named origin.
 
     \b
@@ -255,8 +276,16 @@ def clone(url: str, directory: str | None, models: str | None, lazy: bool, endpo
       mgit clone /mnt/models/bert.mgit --lazy --models 'bert-sst2*'
     """
     with progress_bar("Cloning", enabled=not as_json) as bar:
-        result = sync.clone(url, directory, models=models, lazy=lazy, endpoint_url=endpoint_url, region=region,
-                            profile=profile, progress=bar)  # fmt: skip
+        result = sync.clone(
+            url,
+            directory,
+            models=models,
+            lazy=lazy,
+            endpoint_url=endpoint_url,
+            region=region,
+            profile=profile,
+            progress=bar,
+        )
     if as_json:
         print_json(result.to_json())
         return

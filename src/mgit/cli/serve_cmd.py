@@ -18,18 +18,39 @@ DEFAULT_PORT = 8808
 
 @click.command()
 @click.argument("directory", required=False, metavar="[DIR|URL]")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on. Any other than the loopback needs a token.")
-@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
-              help="Port to listen on (0: any free one).")
-@click.option("--token", envvar="MGIT_SERVE_TOKEN", metavar="TOKEN",
-              help="Token every request must carry (default off the loopback: a new one, printed once).")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on. Any other than the loopback needs a token.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="Port to listen on (0: any free one).",
+)
+@click.option(
+    "--token",
+    envvar="MGIT_SERVE_TOKEN",
+    metavar="TOKEN",
+    help="Token every request must carry (default off the loopback: a new one, printed once).",
+)
 @endpoint_option
 @region_option
 @profile_option
 @click.pass_context
-def serve(ctx: click.Context, directory: str | None, host: str, port: int, token: str | None,
-          endpoint_url: str | None, region: str | None, profile: str | None) -> None:  # fmt: skip
+def serve(
+    ctx: click.Context,
+    directory: str | None,
+    host: str,
+    port: int,
+    token: str | None,
+    endpoint_url: str | None,
+    region: str | None,
+    profile: str | None,
+) -> None:
     """Browse the repository in a web browser: models, a model's versions, card, files and
     tensors, diffs with a heatmap per layer, the test matrix, storage, the lineage graph.
     Read-only; every page has a JSON twin under /api. Nothing is fetched from the internet.
@@ -82,8 +103,9 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
         from mgit.web.app import create_app
         from mgit.web.server import run
     except ImportError as exc:
-        raise click.ClickException(f"mgit serve needs the web extra ({exc.name} is missing): "
-                                   "pip install 'mgit-models[web]'") from None  # fmt: skip
+        raise click.ClickException(
+            f"mgit serve needs the web extra ({exc.name} is missing): pip install 'mgit-models[web]'"
+        ) from None
     app = create_app(repo, host=host, token=token, refresh=refresh)
     # The socket is bound here, so that the address printed is the one listened on (--port 0).
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -93,8 +115,10 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
-            raise click.ClickException(f"port {port} of {host} is in use (another mgit serve?): choose another with "
-                                       "--port N, or --port 0 for any free port") from None
+            raise click.ClickException(
+                f"port {port} of {host} is in use (another mgit serve?): choose another with "
+                "--port N, or --port 0 for any free port"
+            ) from None
         raise click.ClickException(f"cannot listen on {host} port {port}: {exc.strerror or exc}") from None
     sock.listen(2048)  # connections wait from now on, before the app has started
     shown = f"[{host}]" if ":" in host else host
@@ -103,4 +127,3 @@ def serve(ctx: click.Context, directory: str | None, host: str, port: int, token
     if token:
         out.print(f"Open {address}?token={token}  (every request needs this token; it is not shown again)")
     run(app, sock)  # Ctrl-C stops it quietly
-

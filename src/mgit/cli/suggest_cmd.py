@@ -19,17 +19,41 @@ def _direction(c: ParentCandidate) -> str:
 
 def print_suggestion(result: ParentSuggestion) -> None:
     """The ranked candidates as a table, the evidence for the best one, and the verdict."""
-    out.print(f"Parents of {result.query} ({result.tensors} tensors) among {result.compared} stored versions "
-              f"({result.seconds:.2f} s):")  # fmt: skip
+    out.print(
+        f"Parents of {result.query} ({result.tensors} tensors) among {result.compared} stored versions "
+        f"({result.seconds:.2f} s):"
+    )
     if not result.candidates:
         out.print(f"  none: {result.verdict}")
         return
-    t = table("#", "candidate", "id", "score", "confidence", "relation", "direction", "identical", "structure",
-              "distance", "exact")  # fmt: skip
+    t = table(
+        "#",
+        "candidate",
+        "id",
+        "score",
+        "confidence",
+        "relation",
+        "direction",
+        "identical",
+        "structure",
+        "distance",
+        "exact",
+    )
     for i, c in enumerate(result.candidates, 1):
         relation = c.relation + (" (with another)" if c.merge_with else "")
-        t.add_row(str(i), c.ref, short(c.version), f"{c.score:.2f}", f"{c.confidence:.2f}", relation, _direction(c),
-                  f"{c.identical:.0%}", f"{c.structure:.0%}", _distance(c), f"{c.exact:.0%}")  # fmt: skip
+        t.add_row(
+            str(i),
+            c.ref,
+            short(c.version),
+            f"{c.score:.2f}",
+            f"{c.confidence:.2f}",
+            relation,
+            _direction(c),
+            f"{c.identical:.0%}",
+            f"{c.structure:.0%}",
+            _distance(c),
+            f"{c.exact:.0%}",
+        )
     out.print(t)
     best = result.candidates[0]
     if best.reasons:
@@ -44,8 +68,9 @@ def print_suggestion(result: ParentSuggestion) -> None:
 
 @click.command()
 @click.argument("path", type=click.Path(exists=False))
-@click.option("--limit", "-n", type=click.IntRange(1, 100), default=5, show_default=True,
-              help="How many candidates to show.")  # fmt: skip
+@click.option(
+    "--limit", "-n", type=click.IntRange(1, 100), default=5, show_default=True, help="How many candidates to show."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
 def suggest(ctx: click.Context, path: str, limit: int, as_json: bool) -> None:

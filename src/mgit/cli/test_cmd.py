@@ -52,22 +52,39 @@ def _conditions(metric: str | None, mins: tuple[str, ...], maxs: tuple[str, ...]
 
 @test_group.command(name="add")
 @click.argument("selector")
-@click.option("--fn", required=True, metavar="MODULE:FUNCTION",
-              help="The test: takes a model folder, returns a dict of metrics (FILE.py:FUNCTION works too).")
+@click.option(
+    "--fn",
+    required=True,
+    metavar="MODULE:FUNCTION",
+    help="The test: takes a model folder, returns a dict of metrics (FILE.py:FUNCTION works too).",
+)
 @click.option("--name", default=None, help="The test's name (default: the function's name).")
 @click.option("--metric", default=None, help="The metric that --min and --max bound.")
-@click.option("--min", "mins", multiple=True, metavar="[METRIC=]VALUE",
-              help="Pass only if the metric >= VALUE (repeatable).")
-@click.option("--max", "maxs", multiple=True, metavar="[METRIC=]VALUE",
-              help="Pass only if the metric <= VALUE (repeatable).")
+@click.option(
+    "--min", "mins", multiple=True, metavar="[METRIC=]VALUE", help="Pass only if the metric >= VALUE (repeatable)."
+)
+@click.option(
+    "--max", "maxs", multiple=True, metavar="[METRIC=]VALUE", help="Pass only if the metric <= VALUE (repeatable)."
+)
 @click.option("--inherit", is_flag=True, help="Also apply to every descendant, present and future.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds per run.")
 @resource_options
 @json_option
 @click.pass_context
-def test_add(ctx: click.Context, selector: str, fn: str, name: str | None, metric: str | None,
-             mins: tuple[str, ...], maxs: tuple[str, ...], inherit: bool, timeout: float | None,
-             num_cpus: float | None, num_gpus: float | None, as_json: bool) -> None:  # fmt: skip
+def test_add(
+    ctx: click.Context,
+    selector: str,
+    fn: str,
+    name: str | None,
+    metric: str | None,
+    mins: tuple[str, ...],
+    maxs: tuple[str, ...],
+    inherit: bool,
+    timeout: float | None,
+    num_cpus: float | None,
+    num_gpus: float | None,
+    as_json: bool,
+) -> None:
     """Attach a test to a model, a name glob ('bert-*') or a tag (tag:KEY=VALUE).
 
     The function is found but not run. Without bounds, a test passes when it returns
@@ -83,15 +100,24 @@ def test_add(ctx: click.Context, selector: str, fn: str, name: str | None, metri
     conditions = _conditions(metric, mins, maxs)
     if metric is not None and not conditions:
         raise click.UsageError("--metric needs --min or --max")
-    spec = Checks(ctx.obj.repo()).attach(selector, fn, name=name, conditions=conditions,
-                                        inherit=inherit, timeout=timeout,
-                                        resources={"num_cpus": num_cpus, "num_gpus": num_gpus})  # fmt: skip
+    spec = Checks(ctx.obj.repo()).attach(
+        selector,
+        fn,
+        name=name,
+        conditions=conditions,
+        inherit=inherit,
+        timeout=timeout,
+        resources={"num_cpus": num_cpus, "num_gpus": num_gpus},
+    )
     if as_json:
         print_json(spec.to_json())
         return
     bounds = ", ".join(f"{c.metric} {'>=' if c.bound == 'min' else '<='} {c.value:g}" for c in spec.conditions)
-    out.print(f"test {spec.name} ({spec.fn}) attached to {spec.target}"
-              + (" and its descendants" if inherit else "") + (f"; passes if {bounds}" if bounds else ""))  # fmt: skip
+    out.print(
+        f"test {spec.name} ({spec.fn}) attached to {spec.target}"
+        + (" and its descendants" if inherit else "")
+        + (f"; passes if {bounds}" if bounds else "")
+    )
 
 
 @test_group.command(name="ls")
@@ -139,8 +165,11 @@ def _change(o: CheckOutcome) -> str:
         return "-"
     if o.parent_status is None:
         return f"{o.parent}: not run"
-    deltas = [f"{k} {o.metrics[k] - v:+.4g}" for k, v in sorted((o.parent_metrics or {}).items())
-              if k in o.metrics and math.isfinite(v) and math.isfinite(o.metrics[k])]  # fmt: skip
+    deltas = [
+        f"{k} {o.metrics[k] - v:+.4g}"
+        for k, v in sorted((o.parent_metrics or {}).items())
+        if k in o.metrics and math.isfinite(v) and math.isfinite(o.metrics[k])
+    ]
     return ", ".join(deltas) + f" ({o.parent}: {o.parent_status})" if deltas else f"{o.parent}: {o.parent_status}"
 
 
@@ -162,19 +191,38 @@ def print_outcomes(outcomes: list[CheckOutcome], *, output: bool = False) -> Non
 @click.option("--all", "run_all", is_flag=True, help="Every model's latest version.")
 @click.option("--descendants", is_flag=True, help="REF's descendants too.")
 @click.option("--test", "tests", multiple=True, metavar="NAME", help="Only these tests (repeatable).")
-@click.option("--jobs", "-j", type=click.IntRange(1, 256), default=None,
-              help=f"Models tested at once (default 2, on a cluster {CLUSTER_JOBS}).")
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(1, 256),
+    default=None,
+    help=f"Models tested at once (default 2, on a cluster {CLUSTER_JOBS}).",
+)
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds per test run.")
 @click.option("--force", is_flag=True, help="Run again even where a result for this version and source exists.")
 @click.option("--output", "show_output", is_flag=True, help="Show what each test printed.")
-@click.option("--recorded-source", is_flag=True,
-              help="Run each test from the source recorded when it was attached, not from the file here.")
+@click.option(
+    "--recorded-source",
+    is_flag=True,
+    help="Run each test from the source recorded when it was attached, not from the file here.",
+)
 @executor_options
 @json_option
 @click.pass_context
-def test_run(ctx: click.Context, ref: str | None, run_all: bool, descendants: bool, tests: tuple[str, ...],
-             jobs: int | None, timeout: float | None, force: bool, show_output: bool, recorded_source: bool,
-             as_json: bool, **cluster: Any) -> None:  # fmt: skip
+def test_run(
+    ctx: click.Context,
+    ref: str | None,
+    run_all: bool,
+    descendants: bool,
+    tests: tuple[str, ...],
+    jobs: int | None,
+    timeout: float | None,
+    force: bool,
+    show_output: bool,
+    recorded_source: bool,
+    as_json: bool,
+    **cluster: Any,
+) -> None:
     """Run the tests that apply, each in its own process; exit code 1 if any fails.
 
     Results are recorded per version and test source, and reused unless --force.
@@ -194,10 +242,17 @@ def test_run(ctx: click.Context, ref: str | None, run_all: bool, descendants: bo
     repo = ctx.obj.repo()
     executor = executor_from(repo, cluster)
     try:
-        result = Checks(repo).run([ref] if ref else None, descendants=descendants, tests=list(tests) or None,
-                                  jobs=jobs or (None if executor.name == "local" else CLUSTER_JOBS), timeout=timeout,
-                                  force=force, recorded_source=recorded_source, executor=executor,
-                                  trust_remote_code=cluster["trust_remote_code"])  # fmt: skip
+        result = Checks(repo).run(
+            [ref] if ref else None,
+            descendants=descendants,
+            tests=list(tests) or None,
+            jobs=jobs or (None if executor.name == "local" else CLUSTER_JOBS),
+            timeout=timeout,
+            force=force,
+            recorded_source=recorded_source,
+            executor=executor,
+            trust_remote_code=cluster["trust_remote_code"],
+        )
     finally:
         executor.close()
     if as_json:
@@ -245,8 +300,9 @@ def test_show(ctx: click.Context, ref: str | None, show_output: bool, as_json: b
 @trust_option
 @json_option
 @click.pass_context
-def bisect(ctx: click.Context, test: str, ref: str, timeout: float | None, force: bool, trust_remote_code: bool,
-           as_json: bool) -> None:  # fmt: skip
+def bisect(
+    ctx: click.Context, test: str, ref: str, timeout: float | None, force: bool, trust_remote_code: bool, as_json: bool
+) -> None:
     """Find the ancestor of REF where TEST started to fail.
 
     Searches the lineage parents and version history of REF, running as few tests as it
@@ -274,10 +330,14 @@ def bisect(ctx: click.Context, test: str, ref: str, timeout: float | None, force
         summary = (result.diff or {}).get("summary") or {}
         counts = summary.get("counts") or {}
         if counts:
-            out.print("diff " + f"{result.parent} -> {result.culprit}: "
-                      + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))  # fmt: skip
+            out.print(
+                "diff "
+                + f"{result.parent} -> {result.culprit}: "
+                + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+            )
         for g in (result.diff or {}).get("groups", []):
             if g.get("changed_values"):
-                out.print(f"  {g['name']:<40} {g['changed_values']} values changed, "
-                          f"max |change| {g['max_abs']:.3g}")  # fmt: skip
-    out.print(f"{plural(result.tests_run, 'test')} run, {len(result.steps) - result.tests_run} recorded result(s) reused")
+                out.print(f"  {g['name']:<40} {g['changed_values']} values changed, max |change| {g['max_abs']:.3g}")
+    out.print(
+        f"{plural(result.tests_run, 'test')} run, {len(result.steps) - result.tests_run} recorded result(s) reused"
+    )

@@ -62,9 +62,16 @@ class RayExecutor:
 
     name = "ray"
 
-    def __init__(self, repo: Repo, *, address: str | None = None, remote: str | None = None,
-                 num_cpus: float | None = None, num_gpus: float | None = None,
-                 max_retries: int = MAX_RETRIES) -> None:  # fmt: skip
+    def __init__(
+        self,
+        repo: Repo,
+        *,
+        address: str | None = None,
+        remote: str | None = None,
+        num_cpus: float | None = None,
+        num_gpus: float | None = None,
+        max_retries: int = MAX_RETRIES,
+    ) -> None:
         self.repo = repo
         self.remote_name = remote or _default_remote(repo)
         self.spec = remote_of(repo.config, self.remote_name)
@@ -83,9 +90,11 @@ class RayExecutor:
                 _connect(ray, address)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             self.conn.close()
-            raise ClusterError(f"cannot reach the Ray cluster at {address or os.environ.get('RAY_ADDRESS') or 'auto'}: "
-                               f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-                               hint="Start one (ray start --head) or give --executor ray://HOST:PORT") from None  # fmt: skip
+            raise ClusterError(
+                f"cannot reach the Ray cluster at {address or os.environ.get('RAY_ADDRESS') or 'auto'}: "
+                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                hint="Start one (ray start --head) or give --executor ray://HOST:PORT",
+            ) from None
         self._ray = ray
         self._stdout = sys.stdout
         sys.stdout = RayMessagesToStderr(self._stdout)
@@ -124,8 +133,9 @@ class RayExecutor:
         refs = []
         for job in jobs:
             job = self._carrying_source(job)
-            refs.append(self._test.options(**self._options(job.resources, f"mgit test {job.test}"))
-                        .remote(self.spec, job))  # fmt: skip
+            refs.append(
+                self._test.options(**self._options(job.resources, f"mgit test {job.test}")).remote(self.spec, job)
+            )
         out = []
         for job, ref in zip(jobs, refs, strict=True):
             ran = self._get(ref, job.timeout)
@@ -153,9 +163,14 @@ class RayExecutor:
         declared = {**self.defaults, **resources}  # what the recipe or test recorded wins
         # SPREAD: recipes and tests are long and independent; packing them onto the driver's
         # node while others idle is Ray's default for short tasks, not what these need.
-        return {"num_cpus": declared.get("num_cpus", 1.0), "num_gpus": declared.get("num_gpus", 0.0),
-                "max_retries": self.max_retries, "retry_exceptions": False, "name": name,
-                "scheduling_strategy": "SPREAD"}  # fmt: skip
+        return {
+            "num_cpus": declared.get("num_cpus", 1.0),
+            "num_gpus": declared.get("num_gpus", 0.0),
+            "max_retries": self.max_retries,
+            "retry_exceptions": False,
+            "name": name,
+            "scheduling_strategy": "SPREAD",
+        }
 
     def _get(self, ref: Any, timeout: float) -> Any:
         """The task's result, or one line saying why there is none (after Ray's retries)."""
@@ -167,7 +182,8 @@ class RayExecutor:
             return f"the Ray task did not finish within {timeout + GET_MARGIN:g} s"
         except ray.exceptions.RayTaskError as exc:  # the task raised (the remote, the node cache)
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-            return f"the Ray task failed: {str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__}"
+            last_line = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
+            return f"the Ray task failed: {last_line}"
         except ray.exceptions.RayError as exc:  # its worker or node died past the retries
             return f"the Ray task was lost after {self.max_retries} retries ({type(exc).__name__})"
 
@@ -182,8 +198,9 @@ class RayExecutor:
                 fetch_versions(self.repo, self.conn, [vid])
                 self.repo.refs.update(job.model, vid, expected=job.head)
             except RefConflictError:
-                return RecipeRun(False, error=f"{job.model} got another version during the cascade; run it again",
-                                 where=ran.where)  # fmt: skip
+                return RecipeRun(
+                    False, error=f"{job.model} got another version during the cascade; run it again", where=ran.where
+                )
             except MgitError as exc:
                 return RecipeRun(False, error=f"fetching {vid[:12]} from {self.remote_name}: {exc}", where=ran.where)
             self.repo.catalog.set_head(job.model, lambda: self.repo.refs.get(job.model))  # (indexed by the fetch)
@@ -193,8 +210,10 @@ class RayExecutor:
                     raise RemoteConflictError(self.remote_name, job.model)
                 move_head(self.conn, job.model, vid, expected=theirs, token=token)
             except RemoteConflictError:
-                notes.append(f"{job.model} on {self.remote_name} got another version meanwhile and stays there; "
-                             f"run: mgit pull {self.remote_name} && mgit push {self.remote_name}")  # fmt: skip
+                notes.append(
+                    f"{job.model} on {self.remote_name} got another version meanwhile and stays there; "
+                    f"run: mgit pull {self.remote_name} && mgit push {self.remote_name}"
+                )
             seq = self.repo.info(vid).seq
             self._there.add(vid)
         return RecipeRun(True, vid, seq, True, output=ran.output, where=ran.where, notes=notes)
@@ -240,10 +259,14 @@ def _default_remote(repo: Repo) -> str:
         return DEFAULT_REMOTE if names else _no_remote()
     if len(names) == 1:
         return names[0]
-    raise InvalidOptionError("this repository has several remotes; say which one the cluster shares",
-                             hint=f"Add --remote NAME (one of: {', '.join(names)})")  # fmt: skip
+    raise InvalidOptionError(
+        "this repository has several remotes; say which one the cluster shares",
+        hint=f"Add --remote NAME (one of: {', '.join(names)})",
+    )
 
 
 def _no_remote() -> str:
-    raise InvalidOptionError("the Ray executor needs a remote that the cluster's nodes reach (an S3 prefix)",
-                             hint="Add one: mgit remote add origin s3://BUCKET/PREFIX")  # fmt: skip
+    raise InvalidOptionError(
+        "the Ray executor needs a remote that the cluster's nodes reach (an S3 prefix)",
+        hint="Add one: mgit remote add origin s3://BUCKET/PREFIX",
+    )

@@ -79,9 +79,15 @@ def node_cache(remote: RemoteSpec) -> Iterator[tuple[Repo, Connection]]:
     with _OPEN_LOCK:
         opened = _OPEN.get(key)
         if opened is None:
-            with cached_clone(root, remote.url, what=f"the node cache of {remote.url}", wait=LOCK_WAIT,
-                              endpoint_url=remote.endpoint_url, region=remote.region,
-                              profile=remote.profile) as (repo, _):  # fmt: skip
+            with cached_clone(
+                root,
+                remote.url,
+                what=f"the node cache of {remote.url}",
+                wait=LOCK_WAIT,
+                endpoint_url=remote.endpoint_url,
+                region=remote.region,
+                profile=remote.profile,
+            ) as (repo, _):
                 pass
             opened = _OPEN[key] = (repo, connect(repo, DEFAULT_REMOTE))
     try:
@@ -117,8 +123,9 @@ def recipe_task(remote: RemoteSpec, job: RecipeJob) -> RecipeRun:
         source = repo.store.put_blob(job.source).oid  # the recipe's source object, which the new version names
         if job.recipe.get("source") not in (None, source):
             raise InvalidJobError("recipe", "the source it carries is not the object its recipe names")
-        lock = FileLock(repo.dir / "cluster-locks" / _lock_name(job.model), what=f"model {job.model!r}",
-                        timeout=LOCK_WAIT)  # fmt: skip
+        lock = FileLock(
+            repo.dir / "cluster-locks" / _lock_name(job.model), what=f"model {job.model!r}", timeout=LOCK_WAIT
+        )
         job, cwd = in_place(job)
         with lock:
             head = repo.refs.get(job.model)
@@ -149,8 +156,12 @@ def in_place(job: J) -> tuple[J, Path | None]:
     it runs there as a local run would, its sibling modules importable; else the source the
     job carries runs from a temporary folder (always, for a function in a file the driver
     named by an absolute path: no path outside the work folder is read here)."""
-    if job.root is None or job.source is None or usercode.split_spec(job.fn)[0].startswith("/") \
-            or not Path(job.root).is_dir():  # fmt: skip
+    if (
+        job.root is None
+        or job.source is None
+        or usercode.split_spec(job.fn)[0].startswith("/")
+        or not Path(job.root).is_dir()
+    ):
         return job, None
     try:
         here = usercode.source_file(job.fn, cwd=Path(job.root)).read_bytes()

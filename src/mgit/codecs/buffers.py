@@ -87,8 +87,11 @@ def _large(nbytes: int) -> np.ndarray:
         best = -1
         for i in range(len(_shared.buffers)):  # (by index: no other reference to count)
             buf = _shared.buffers[i]
-            if nbytes <= buf.nbytes <= 2 * nbytes and sys.getrefcount(buf) <= _FREE_REFS \
-                    and (best < 0 or buf.nbytes < _shared.buffers[best].nbytes):  # fmt: skip
+            if (
+                nbytes <= buf.nbytes <= 2 * nbytes
+                and sys.getrefcount(buf) <= _FREE_REFS
+                and (best < 0 or buf.nbytes < _shared.buffers[best].nbytes)
+            ):
                 best = i
             del buf
         if best >= 0:

@@ -305,8 +305,13 @@ class LowRankCodec(Codec):
             delta = np.nan_to_num(child.astype(np.float64) - base, nan=0.0, posinf=0.0, neginf=0.0)
         u, v = _factors(delta, self.rank)
         residual = child.view("<u4") - _low_rank_prediction(base, u, v).view("<u4")  # wraps modulo 2**32
-        return np.concatenate([u.reshape(-1).view(np.uint8), v.reshape(-1).view(np.uint8),
-                               zigzag(residual.view("<i4")).reshape(-1).view(np.uint8)])  # fmt: skip
+        return np.concatenate(
+            [
+                u.reshape(-1).view(np.uint8),
+                v.reshape(-1).view(np.uint8),
+                zigzag(residual.view("<i4")).reshape(-1).view(np.uint8),
+            ]
+        )
 
     def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
         raw = byte_array(data)

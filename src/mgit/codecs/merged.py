@@ -52,8 +52,9 @@ def linear_combination(values: Sequence[np.ndarray], weights: Sequence[float], n
     return total / w.sum(dtype=F32) if normalize else total
 
 
-def task_vector_sum(anchor: np.ndarray, others: Sequence[np.ndarray], weights: Sequence[float], *, normalize: bool,
-                    scale: float) -> np.ndarray:  # fmt: skip
+def task_vector_sum(
+    anchor: np.ndarray, others: Sequence[np.ndarray], weights: Sequence[float], *, normalize: bool, scale: float
+) -> np.ndarray:
     """anchor + scale x sum of weight x (other - anchor), divided by the sum of weights when
     `normalize` (a sum under 1e-8 counts as 1)."""
     if not others:
@@ -112,13 +113,22 @@ class WeightedSumCodec(Codec):
         for oid in self.bases:
             check_oid(oid)
         expected = len(self.bases) - (self.anchor >= 0)
-        if not isinstance(self.weights, list) or len(self.weights) != expected or not all(
-                isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in self.weights):  # fmt: skip
+        if (
+            not isinstance(self.weights, list)
+            or len(self.weights) != expected
+            or not all(
+                isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in self.weights
+            )
+        ):
             raise ValueError(f"weights must be {expected} finite numbers")
         if not isinstance(self.anchor, int) or isinstance(self.anchor, bool) or not -1 <= self.anchor < len(self.bases):
             raise ValueError(f"anchor must be -1 or a position among the bases, not {self.anchor!r}")
-        if not isinstance(self.normalize, bool) or isinstance(self.scale, bool) or not isinstance(self.scale, (int, float)) \
-                or not math.isfinite(self.scale):  # fmt: skip
+        if (
+            not isinstance(self.normalize, bool)
+            or isinstance(self.scale, bool)
+            or not isinstance(self.scale, (int, float))
+            or not math.isfinite(self.scale)
+        ):
             raise ValueError("normalize must be true or false and scale a finite number")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
@@ -146,8 +156,9 @@ class WeightedSumCodec(Codec):
                 merged = linear_combination(values, self.weights, self.normalize)
             else:
                 others = [v for i, v in enumerate(values) if i != self.anchor]
-                merged = task_vector_sum(values[self.anchor], others, self.weights, normalize=self.normalize,
-                                         scale=self.scale)  # fmt: skip
+                merged = task_vector_sum(
+                    values[self.anchor], others, self.weights, normalize=self.normalize, scale=self.scale
+                )
             out[lo * width : hi * width] = from_float32(np.asarray(merged, F32), self.dtype).view(np.uint8)
 
         starts = range(0, count, CHUNK)

@@ -133,8 +133,9 @@ def _check_readable(path: Path) -> None:
         raise InputError(str(path), f"cannot read file ({exc.strerror or exc})") from None
 
 
-def from_tensors(tensors: list[RawTensor], file_name: str, *, converted_from: str | None,
-                 metadata: dict[str, str] | None = None) -> SourceFile:  # fmt: skip
+def from_tensors(
+    tensors: list[RawTensor], file_name: str, *, converted_from: str | None, metadata: dict[str, str] | None = None
+) -> SourceFile:
     header, spans = build_header([(t.name, t.dtype, t.shape) for t in tensors], metadata)
     layout = SafetensorsLayout(header=header, tensors=spans, metadata=metadata)
     size = len(header) + sum(s.nbytes for s in spans)
@@ -166,8 +167,10 @@ def scan_path(path: Path) -> ModelSource:
     if path.suffix in TORCH_SUFFIXES:
         tensors = load_torch_checkpoint(path)
         target = "model.safetensors" if path.stem == "pytorch_model" else f"{path.stem}.safetensors"
-        note = (f"{path.name} is a PyTorch checkpoint: stored as {len(tensors)} tensor{'s' if len(tensors) != 1 else ''}; "
-                f"checkout rebuilds it as {target} (the pickle itself is not kept)")  # fmt: skip
+        note = (
+            f"{path.name} is a PyTorch checkpoint: stored as {len(tensors)} tensor{'s' if len(tensors) != 1 else ''}; "
+            f"checkout rebuilds it as {target} (the pickle itself is not kept)"
+        )
         return ModelSource([from_tensors(tensors, target, converted_from=path.name, metadata={"format": "pt"})], [note])
     raise InputError(
         str(path),
@@ -199,9 +202,11 @@ def _linked_inside(root: Path, link: Path, allowed: Path) -> str:
     try:
         target.relative_to(allowed)
     except ValueError:
-        raise InputError(str(link), f"is a link to {target}, outside the model folder: mgit stores no file from "
-                              "outside the folder it adds",
-                         hint="Copy the file into the folder if it belongs to the model, or remove the link") from None
+        raise InputError(
+            str(link),
+            f"is a link to {target}, outside the model folder: mgit stores no file from outside the folder it adds",
+            hint="Copy the file into the folder if it belongs to the model, or remove the link",
+        ) from None
     try:
         return target.relative_to(Path(os.path.realpath(root))).as_posix()
     except ValueError:
@@ -236,6 +241,7 @@ def _scan_folder(root: Path, links_under: Path) -> ModelSource:
         raise InputError(str(root), "the folder holds no files")
     if not_model:
         shown = ", ".join(not_model[:3]) + (f" and {len(not_model) - 3} more" if len(not_model) > 3 else "")
-        notes.append(f"skipped {len(not_model)} file{'s' if len(not_model) != 1 else ''} that are not part of a "
-                     f"model: {shown}")
+        notes.append(
+            f"skipped {len(not_model)} file{'s' if len(not_model) != 1 else ''} that are not part of a model: {shown}"
+        )
     return ModelSource(files, notes)

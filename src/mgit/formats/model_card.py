@@ -65,7 +65,7 @@ def write_lineage(text: str | None, base_models: list[str], relation: str) -> st
     kept = _without_keys((m.group(1) or "").splitlines(keepends=True))
     if kept and not kept[-1].endswith("\n"):
         kept[-1] += "\n"
-    return "---\n" + "".join(kept) + block + "---\n" + text[m.end():]
+    return "---\n" + "".join(kept) + block + "---\n" + text[m.end() :]
 
 
 def _without_keys(lines: list[str]) -> list[str]:

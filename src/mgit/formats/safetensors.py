@@ -125,9 +125,7 @@ def parse_header(path: str, prefix: bytes, file_size: int) -> SafetensorsLayout:
         raise InputError(path, "safetensors header is not a JSON object")
 
     metadata = header.pop("__metadata__", None)
-    if metadata is not None and not (
-        isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
-    ):
+    if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
         raise InputError(path, "safetensors __metadata__ must map strings to strings")
 
     spans = [_parse_entry(path, name, entry) for name, entry in header.items()]
@@ -142,7 +140,8 @@ def parse_header(path: str, prefix: bytes, file_size: int) -> SafetensorsLayout:
         if span.end > data_size:
             raise InputError(
                 path,
-                f"tensor {span.name!r} ends at byte {span.end} of the data, beyond its end ({data_size} bytes): the file is truncated",
+                f"tensor {span.name!r} ends at byte {span.end} of the data, "
+                f"beyond its end ({data_size} bytes): the file is truncated",
             )
         cursor = span.end
     if cursor != data_size:
@@ -165,8 +164,11 @@ def _parse_entry(path: str, name: str, entry: object) -> TensorSpan:
     ):
         raise InputError(path, f"tensor {name!r} has an invalid shape {shape!r}")
     if not shape_fits(tuple(shape), dtype):
-        raise InputError(path, f"tensor {name!r} has a shape {shape!r} that no array can have "
-                               f"(its nonzero dimensions hold over {MAX_TENSOR_BYTES} bytes)")  # fmt: skip
+        raise InputError(
+            path,
+            f"tensor {name!r} has a shape {shape!r} that no array can have "
+            f"(its nonzero dimensions hold over {MAX_TENSOR_BYTES} bytes)",
+        )
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2

@@ -24,20 +24,44 @@ from mgit.formats.safetensors import DTYPES, element_count, itemsize
 TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 
 _NUMPY_DTYPES = {
-    "bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
-    "float16": "F16", "int32": "I32", "uint32": "U32", "float32": "F32", "int64": "I64",
-    "uint64": "U64", "float64": "F64", "complex64": "C64", "bfloat16": "BF16",
-    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0",
-}  # fmt: skip
+    "bool": "BOOL",
+    "uint8": "U8",
+    "int8": "I8",
+    "int16": "I16",
+    "uint16": "U16",
+    "float16": "F16",
+    "int32": "I32",
+    "uint32": "U32",
+    "float32": "F32",
+    "int64": "I64",
+    "uint64": "U64",
+    "float64": "F64",
+    "complex64": "C64",
+    "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "float8_e8m0fnu": "F8_E8M0",
+}
 
 _TORCH_DTYPES = {
-    "torch.bool": "BOOL", "torch.uint8": "U8", "torch.int8": "I8", "torch.int16": "I16",
-    "torch.uint16": "U16", "torch.float16": "F16", "torch.bfloat16": "BF16",
-    "torch.int32": "I32", "torch.uint32": "U32", "torch.float32": "F32", "torch.int64": "I64",
-    "torch.uint64": "U64", "torch.float64": "F64", "torch.complex64": "C64",
-    "torch.float8_e4m3fn": "F8_E4M3", "torch.float8_e5m2": "F8_E5M2",
+    "torch.bool": "BOOL",
+    "torch.uint8": "U8",
+    "torch.int8": "I8",
+    "torch.int16": "I16",
+    "torch.uint16": "U16",
+    "torch.float16": "F16",
+    "torch.bfloat16": "BF16",
+    "torch.int32": "I32",
+    "torch.uint32": "U32",
+    "torch.float32": "F32",
+    "torch.int64": "I64",
+    "torch.uint64": "U64",
+    "torch.float64": "F64",
+    "torch.complex64": "C64",
+    "torch.float8_e4m3fn": "F8_E4M3",
+    "torch.float8_e5m2": "F8_E5M2",
     "torch.float8_e8m0fnu": "F8_E8M0",
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -133,8 +157,11 @@ def load_torch_checkpoint(path: Path) -> list[RawTensor]:
     except OSError as exc:
         raise InputError(str(path), f"cannot read file ({exc.strerror or exc})") from None
     if not magic.startswith(CHECKPOINT_MAGIC):
-        raise InputError(str(path), "not a PyTorch checkpoint: neither the zip archive torch.save writes nor a pickle",
-                         hint="Add the folder that holds it: a folder keeps it byte for byte as a file")  # fmt: skip
+        raise InputError(
+            str(path),
+            "not a PyTorch checkpoint: neither the zip archive torch.save writes nor a pickle",
+            hint="Add the folder that holds it: a folder keeps it byte for byte as a file",
+        )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns about old pickle protocols on stderr

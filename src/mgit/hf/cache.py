@@ -95,8 +95,10 @@ def read_cache(cache_dir: str | os.PathLike[str] | None = None) -> CacheListing:
     links, empty snapshots) is listed in `skipped`."""
     hub = load_hub()
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    hint = ("Give the folder huggingface_hub downloads into (default: $HF_HUB_CACHE, else $HF_HOME/hub, "
-            "else ~/.cache/huggingface/hub)")  # fmt: skip
+    hint = (
+        "Give the folder huggingface_hub downloads into (default: $HF_HUB_CACHE, else $HF_HOME/hub, "
+        "else ~/.cache/huggingface/hub)"
+    )
     if not root.exists():
         raise InputError(str(root), "no such folder, so no Hugging Face cache", hint=hint)
     if not root.is_dir():
@@ -126,8 +128,10 @@ def read_cache(cache_dir: str | os.PathLike[str] | None = None) -> CacheListing:
         size += blob_bytes
     skipped += [str(w) for w in info.warnings if not any(str(p) in str(w) for p in reread)]
     for f in sorted(info.incomplete_files, key=lambda f: str(f.file_path)):
-        skipped.append(f"{f.file_path.relative_to(info.cache_dir)}: an interrupted download "
-                       f"({human_size(f.size_on_disk)}) that no snapshot links to")  # fmt: skip
+        skipped.append(
+            f"{f.file_path.relative_to(info.cache_dir)}: an interrupted download "
+            f"({human_size(f.size_on_disk)}) that no snapshot links to"
+        )
     return CacheListing(info.cache_dir, size, [m for m in models if m.revisions], skipped)
 
 
@@ -160,27 +164,40 @@ def check_layout(root: Path) -> None:
             continue  # scan_cache_dir names it, unread
         for part in ("blobs", "snapshots", "refs"):
             if (entry / part).is_symlink():
-                raise InputError(str(entry / part), "a link, not a folder of the Hugging Face cache; nothing imported",
-                                 hint=hint)  # fmt: skip
+                raise InputError(
+                    str(entry / part), "a link, not a folder of the Hugging Face cache; nothing imported", hint=hint
+                )
         for dirpath, dirs, _names in os.walk(entry / "snapshots"):
             for d in dirs:
                 if (Path(dirpath) / d).is_symlink():
-                    raise InputError(str(Path(dirpath) / d), "a link, not a folder of the Hugging Face cache; "
-                                     "nothing imported", hint=hint)  # fmt: skip
+                    raise InputError(
+                        str(Path(dirpath) / d),
+                        "a link, not a folder of the Hugging Face cache; nothing imported",
+                        hint=hint,
+                    )
         for dirpath, dirs, names in os.walk(entry / "refs"):
             for name in [*dirs, *names]:
                 ref = Path(dirpath) / name
                 info = ref.lstat()
                 if stat.S_ISLNK(info.st_mode):
-                    raise InputError(str(ref), "a link, not a ref of the Hugging Face cache; nothing imported", hint=hint)
+                    raise InputError(
+                        str(ref), "a link, not a ref of the Hugging Face cache; nothing imported", hint=hint
+                    )
                 if stat.S_ISDIR(info.st_mode):
                     continue
                 if not stat.S_ISREG(info.st_mode):
-                    raise InputError(str(ref), "not a regular file, so not a ref of the Hugging Face cache; "
-                                     "nothing imported", hint=hint)  # fmt: skip
+                    raise InputError(
+                        str(ref),
+                        "not a regular file, so not a ref of the Hugging Face cache; nothing imported",
+                        hint=hint,
+                    )
                 if info.st_size > MAX_REF_BYTES:
-                    raise InputError(str(ref), f"{info.st_size} bytes, not a ref of the Hugging Face cache (a commit "
-                                     f"hash; at most {MAX_REF_BYTES} bytes); nothing imported", hint=hint)  # fmt: skip
+                    raise InputError(
+                        str(ref),
+                        f"{info.st_size} bytes, not a ref of the Hugging Face cache (a commit "
+                        f"hash; at most {MAX_REF_BYTES} bytes); nothing imported",
+                        hint=hint,
+                    )
 
 
 def blob_of(root: Path, repo_path: Path, snapshot_file: Path) -> Path | None:
@@ -220,7 +237,9 @@ def astray_files(root: Path, repo_path: Path, rev: CachedRevision) -> list[str]:
     for dirpath, dirs, names in os.walk(rev.snapshot):
         here = Path(dirpath)
         found += [(here / d).relative_to(rev.snapshot).as_posix() for d in dirs if (here / d).is_symlink()]
-        found += [(here / n).relative_to(rev.snapshot).as_posix() for n in names if blob_of(root, repo_path, here / n) is None]
+        found += [
+            (here / n).relative_to(rev.snapshot).as_posix() for n in names if blob_of(root, repo_path, here / n) is None
+        ]
     return sorted(found)
 
 
@@ -251,8 +270,10 @@ def _model(repo_id: str, path: Path, size: int, revisions: list[CachedRevision],
         if not rev.files:
             skipped.append(f"{repo_id} revision {rev.commit[:12]}: an empty snapshot (nothing of it downloaded)")
         elif astray:
-            skipped.append(f"{repo_id} revision {rev.commit[:12]}: {astray[0]} links outside the repository's "
-                           "blobs (not a file huggingface_hub downloaded)")  # fmt: skip
+            skipped.append(
+                f"{repo_id} revision {rev.commit[:12]}: {astray[0]} links outside the repository's "
+                "blobs (not a file huggingface_hub downloaded)"
+            )
         else:
             kept.append(rev)
     return CachedModel(repo_id, path, size, tuple(commit_order(kept)))
@@ -265,13 +286,19 @@ def _read_revisions(path: Path, repo_id: str, skipped: list[str]) -> tuple[list[
     if (path / "refs").is_dir():
         for ref in sorted((path / "refs").rglob("*")):
             if ref.is_file():
-                refs.setdefault(ref.read_text(errors="replace").strip(), []).append(ref.relative_to(path / "refs").as_posix())
+                refs.setdefault(ref.read_text(errors="replace").strip(), []).append(
+                    ref.relative_to(path / "refs").as_posix()
+                )
     snapshots = path / "snapshots"
-    found: dict[str, Path] = {p.name: p for p in sorted(snapshots.iterdir()) if p.is_dir()} if snapshots.is_dir() else {}
+    found: dict[str, Path] = (
+        {p.name: p for p in sorted(snapshots.iterdir()) if p.is_dir()} if snapshots.is_dir() else {}
+    )
     for commit, names in sorted(refs.items()):
         if commit not in found:
-            skipped.append(f"{repo_id}: {', '.join(f'refs/{n}' for n in names)} names commit {commit[:12]}, "
-                           "which has no snapshot (an interrupted download?)")  # fmt: skip
+            skipped.append(
+                f"{repo_id}: {', '.join(f'refs/{n}' for n in names)} names commit {commit[:12]}, "
+                "which has no snapshot (an interrupted download?)"
+            )
     revisions = []
     for commit, snap in found.items():
         files, missing, mtimes = [], [], []
@@ -286,12 +313,16 @@ def _read_revisions(path: Path, repo_id: str, skipped: list[str]) -> tuple[list[
                     missing.append(rel)
         if missing:
             links = "links to a missing blob" if len(missing) == 1 else "link to missing blobs"
-            skipped.append(f"{repo_id} revision {commit[:12]}: {', '.join(sorted(missing))} {links} "
-                           "(an interrupted download?)")  # fmt: skip
+            skipped.append(
+                f"{repo_id} revision {commit[:12]}: {', '.join(sorted(missing))} {links} (an interrupted download?)"
+            )
             continue
         last = max(mtimes) if mtimes else snap.stat().st_mtime
         revisions.append(CachedRevision(commit, snap, tuple(refs.get(commit, ())), last, tuple(sorted(files))))
     blobs = path / "blobs"
-    size = sum(p.stat().st_size for p in blobs.iterdir() if p.is_file() and not p.name.endswith(".incomplete")) \
-        if blobs.is_dir() else 0  # fmt: skip
+    size = (
+        sum(p.stat().st_size for p in blobs.iterdir() if p.is_file() and not p.name.endswith(".incomplete"))
+        if blobs.is_dir()
+        else 0
+    )
     return revisions, size

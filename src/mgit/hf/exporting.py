@@ -42,10 +42,43 @@ from mgit.util.atomicfile import disk_full_as_error, fsync_dir, write_atomic
 from mgit.util.parallel import StartProgress
 
 # The hub's default .gitattributes: what it stores in LFS when a repository says nothing else.
-DEFAULT_LFS = ("*.7z", "*.arrow", "*.bin", "*.bz2", "*.ckpt", "*.ftz", "*.gz", "*.h5", "*.joblib", "*.lfs.*",
-               "*.mlmodel", "*.model", "*.msgpack", "*.npy", "*.npz", "*.onnx", "*.ot", "*.parquet", "*.pb",
-               "*.pickle", "*.pkl", "*.pt", "*.pth", "*.rar", "*.safetensors", "saved_model/**/*", "*.tar.*",
-               "*.tar", "*.tflite", "*.tgz", "*.wasm", "*.xz", "*.zip", "*.zst", "*tfevents*")  # fmt: skip
+DEFAULT_LFS = (
+    "*.7z",
+    "*.arrow",
+    "*.bin",
+    "*.bz2",
+    "*.ckpt",
+    "*.ftz",
+    "*.gz",
+    "*.h5",
+    "*.joblib",
+    "*.lfs.*",
+    "*.mlmodel",
+    "*.model",
+    "*.msgpack",
+    "*.npy",
+    "*.npz",
+    "*.onnx",
+    "*.ot",
+    "*.parquet",
+    "*.pb",
+    "*.pickle",
+    "*.pkl",
+    "*.pt",
+    "*.pth",
+    "*.rar",
+    "*.safetensors",
+    "saved_model/**/*",
+    "*.tar.*",
+    "*.tar",
+    "*.tflite",
+    "*.tgz",
+    "*.wasm",
+    "*.xz",
+    "*.zip",
+    "*.zst",
+    "*tfevents*",
+)
 LFS_MIN_BYTES = 10 * 1024 * 1024
 COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 
@@ -69,9 +102,14 @@ class ExportResult(Report):
         return f"{self.model}@{self.seq}"
 
 
-def export_to_cache(repo: Repo, ref: str, *, cache_dir: str | os.PathLike[str] | None = None,
-                    repo_id: str | None = None, progress: StartProgress | None = None
-                    ) -> ExportResult:  # fmt: skip
+def export_to_cache(
+    repo: Repo,
+    ref: str,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    repo_id: str | None = None,
+    progress: StartProgress | None = None,
+) -> ExportResult:
     """Write the version `ref` names into a Hugging Face cache (default: huggingface_hub's)
     as `repo_id`'s `main` (see the module's docstring for the layout, the commit hash and the
     default repo id). `progress(total_bytes)` may return a callback for the checkout."""
@@ -82,8 +120,9 @@ def export_to_cache(repo: Repo, ref: str, *, cache_dir: str | os.PathLike[str] |
     try:
         hub.utils.validate_repo_id(repo_id)
     except hub.errors.HFValidationError as exc:
-        raise InvalidOptionError(f"{repo_id!r} cannot be a Hugging Face repository id: {exc}",
-                                 hint="Give one with --repo-id ORG/NAME") from None  # fmt: skip
+        raise InvalidOptionError(
+            f"{repo_id!r} cannot be a Hugging Face repository id: {exc}", hint="Give one with --repo-id ORG/NAME"
+        ) from None
     commit = commit_for(history, repo_id)
     root = (Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()).resolve()
     storage = root / hub.file_download.repo_folder_name(repo_id=repo_id, repo_type="model")
@@ -97,14 +136,29 @@ def export_to_cache(repo: Repo, ref: str, *, cache_dir: str | os.PathLike[str] |
             files, written, written_bytes = _export(repo, info.id, storage, snapshot, tmp, commit, progress)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    notes = [] if "config.json" in files else [
-        "it has no config.json: transformers cannot load it as a model, though its files are in the cache"]
-    return ExportResult(info.model, info.seq, info.id, repo_id, commit, str(root), str(snapshot), len(files), written,
-                        written_bytes, notes)  # fmt: skip
+    notes = (
+        []
+        if "config.json" in files
+        else ["it has no config.json: transformers cannot load it as a model, though its files are in the cache"]
+    )
+    return ExportResult(
+        info.model,
+        info.seq,
+        info.id,
+        repo_id,
+        commit,
+        str(root),
+        str(snapshot),
+        len(files),
+        written,
+        written_bytes,
+        notes,
+    )
 
 
-def _export(repo: Repo, vid: str, storage: Path, snapshot: Path, tmp: Path, commit: str,
-            progress: StartProgress | None) -> tuple[dict[str, int], int, int]:  # fmt: skip
+def _export(
+    repo: Repo, vid: str, storage: Path, snapshot: Path, tmp: Path, commit: str, progress: StartProgress | None
+) -> tuple[dict[str, int], int, int]:
     """Blobs, snapshot and ref (see `export_to_cache`): (the files, blobs written, their bytes)."""
     checkout = repo.checkout(vid, tmp / "files", progress=progress)
     files = {f.path: f.size for f in checkout.files}
@@ -133,8 +187,11 @@ def commit_for(history: list[VersionInfo], repo_id: str) -> str:
     made from its id (see the module's docstring). `history`: the version, then older ones."""
     version, older = history[0], history[1:]
     commit = version.tags.get(COMMIT_TAG, "")
-    if (version.tags.get(REPO_ID_TAG) == repo_id and COMMIT_RE.fullmatch(commit)
-            and not any(v.tags.get(COMMIT_TAG) == commit for v in older)):  # fmt: skip
+    if (
+        version.tags.get(REPO_ID_TAG) == repo_id
+        and COMMIT_RE.fullmatch(commit)
+        and not any(v.tags.get(COMMIT_TAG) == commit for v in older)
+    ):
         return commit
     return hashlib.sha1(b"mgit:" + version.id.encode()).hexdigest()
 

@@ -76,8 +76,14 @@ class ImportResult(Report):
         return list(dict.fromkeys(r.model for r in self.imported))
 
 
-def import_cache(repo: Repo, cache_dir: str | os.PathLike[str] | None = None, *, dry_run: bool = False,
-                 auto_parent: bool = False, progress: StartProgress | None = None) -> ImportResult:  # fmt: skip
+def import_cache(
+    repo: Repo,
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    dry_run: bool = False,
+    auto_parent: bool = False,
+    progress: StartProgress | None = None,
+) -> ImportResult:
     """Import the model repositories of a Hugging Face cache (default: huggingface_hub's)
     into `repo` (see the module's docstring). `dry_run` lists what would be imported and
     changes nothing. Whatever cannot be imported is skipped and named in the result;
@@ -104,40 +110,78 @@ def import_cache(repo: Repo, cache_dir: str | os.PathLike[str] | None = None, *,
         name = names[model.repo_id]
         have = _imported_commits(repo, name, model.repo_id)
         if have is None:
-            skipped.append(f"{model.repo_id}: the model {name!r} here was not imported from it; not imported "
-                           "(rename or remove that model first)")  # fmt: skip
+            skipped.append(
+                f"{model.repo_id}: the model {name!r} here was not imported from it; not imported "
+                "(rename or remove that model first)"
+            )
             continue
         count = _version_count(repo, name)
         for rev in model.revisions:
             if rev.commit in have:
                 already += 1
                 continue
-            bases, relation, card_notes = _parents(repo, cards[(model.repo_id, rev.commit)], names, hub_ids, planned, name)
+            bases, relation, card_notes = _parents(
+                repo, cards[(model.repo_id, rev.commit)], names, hub_ids, planned, name
+            )
             infer = auto_parent and not bases and count == 0 and any(f.endswith(".safetensors") for f in rev.files)
             if dry_run:
                 count += 1
                 card_notes += ["auto-parent: the parent is inferred from the weights when it is added"] if infer else []
                 planned.add(name)
-                imported.append(ImportedRevision(model.repo_id, rev.commit, list(rev.refs), name, count, None, bases,
-                                                 relation, _size(rev), 0, card_notes))  # fmt: skip
+                imported.append(
+                    ImportedRevision(
+                        model.repo_id,
+                        rev.commit,
+                        list(rev.refs),
+                        name,
+                        count,
+                        None,
+                        bases,
+                        relation,
+                        _size(rev),
+                        0,
+                        card_notes,
+                    )
+                )
                 continue
             astray = astray_files(listing.path, model.path, rev)
             if astray:
-                skipped.append(f"{model.repo_id} revision {rev.commit[:12]}: {astray[0]} links outside the repository's "
-                               "blobs (changed since the cache was read); not imported")  # fmt: skip
+                skipped.append(
+                    f"{model.repo_id} revision {rev.commit[:12]}: {astray[0]} links outside the repository's "
+                    "blobs (changed since the cache was read); not imported"
+                )
                 continue
             try:
-                result = repo.add(rev.snapshot, name=name, parent=bases or None, relation=relation if bases else None,
-                                  message=_message(model.repo_id, rev), tags={REPO_ID_TAG: model.repo_id,
-                                  COMMIT_TAG: rev.commit}, model_card=False, auto_parent=infer, progress=progress)  # fmt: skip
+                result = repo.add(
+                    rev.snapshot,
+                    name=name,
+                    parent=bases or None,
+                    relation=relation if bases else None,
+                    message=_message(model.repo_id, rev),
+                    tags={REPO_ID_TAG: model.repo_id, COMMIT_TAG: rev.commit},
+                    model_card=False,
+                    auto_parent=infer,
+                    progress=progress,
+                )
             except InputError as exc:
                 skipped.append(f"{model.repo_id} revision {rev.commit[:12]}: {exc}")
                 continue
             count = result.seq
-            imported.append(ImportedRevision(
-                model.repo_id, rev.commit, list(rev.refs), name, result.seq, result.version,
-                [p.ref for p in result.parents], result.parents[0].relation if result.parents else None,
-                result.logical_bytes, result.new_bytes, card_notes + result.notes))  # fmt: skip
+            imported.append(
+                ImportedRevision(
+                    model.repo_id,
+                    rev.commit,
+                    list(rev.refs),
+                    name,
+                    result.seq,
+                    result.version,
+                    [p.ref for p in result.parents],
+                    result.parents[0].relation if result.parents else None,
+                    result.logical_bytes,
+                    result.new_bytes,
+                    card_notes + result.notes,
+                )
+            )
     stored = repo.du().stored_bytes
     return ImportResult(str(listing.path), dry_run, imported, already, skipped, listing.size_on_disk, stored, notes)
 
@@ -164,8 +208,13 @@ def _card(rev: CachedRevision) -> tuple[list[str], str | None]:
     return (found.base_models, found.relation) if found else ([], None)
 
 
-def _dependencies(models: list[CachedModel], cards: dict[tuple[str, str], tuple[list[str], str | None]],
-                  names: dict[str, str], hub_ids: dict[str, str], auto_parent: bool) -> dict[str, set[str]]:  # fmt: skip
+def _dependencies(
+    models: list[CachedModel],
+    cards: dict[tuple[str, str], tuple[list[str], str | None]],
+    names: dict[str, str],
+    hub_ids: dict[str, str],
+    auto_parent: bool,
+) -> dict[str, set[str]]:
     """For each model to import, the models of the cache to import before it: those its
     cards name as base_model (hub ids compared without case, as the hub does) and, with
     `auto_parent`, for a model whose cards name none of them, the one parent inference
@@ -175,9 +224,15 @@ def _dependencies(models: list[CachedModel], cards: dict[tuple[str, str], tuple[
     parent is kept only if it looks more like a base than the model: named as base_model by
     a card of the cache, else downloaded earlier, else first by name."""
     by_id = {m.repo_id: m for m in models if m.repo_id in names}
-    needs = {repo_id: {hub_ids[b.lower()] for r in m.revisions for b in cards[(repo_id, r.commit)][0]
-                       if hub_ids.get(b.lower(), repo_id) != repo_id}
-             for repo_id, m in by_id.items()}  # fmt: skip
+    needs = {
+        repo_id: {
+            hub_ids[b.lower()]
+            for r in m.revisions
+            for b in cards[(repo_id, r.commit)][0]
+            if hub_ids.get(b.lower(), repo_id) != repo_id
+        }
+        for repo_id, m in by_id.items()
+    }
     if auto_parent:
         named = {b.lower() for bases, _ in cards.values() for b in bases}
         rank = sorted(needs, key=lambda i: (i.lower() not in named, by_id[i].revisions[0].last_modified, i))
@@ -223,8 +278,10 @@ def _bases_first(models: list[CachedModel], needs: dict[str, set[str]], notes: l
         ready = sorted(i for i in needs if i not in done and needs[i] <= done)
         if not ready:
             left = sorted(i for i in needs if i not in done)
-            notes.append(f"{', '.join(left)} name or look derived from each other; {left[0]} is imported first, "
-                           "without those parents")  # fmt: skip
+            notes.append(
+                f"{', '.join(left)} name or look derived from each other; {left[0]} is imported first, "
+                "without those parents"
+            )
             ready = left[:1]
         for repo_id in ready:
             done.add(repo_id)
@@ -232,8 +289,14 @@ def _bases_first(models: list[CachedModel], needs: dict[str, set[str]], notes: l
     return order
 
 
-def _parents(repo: Repo, card: tuple[list[str], str | None], names: dict[str, str], hub_ids: dict[str, str],
-             planned: set[str], own: str) -> tuple[list[str], str | None, list[str]]:  # fmt: skip
+def _parents(
+    repo: Repo,
+    card: tuple[list[str], str | None],
+    names: dict[str, str],
+    hub_ids: dict[str, str],
+    planned: set[str],
+    own: str,
+) -> tuple[list[str], str | None, list[str]]:
     """The parents (model names) a revision's card names that exist here (or that a dry run
     would have created), their relation, and notes on those that do not. A card naming its
     own model names no parent (that is history)."""
@@ -247,8 +310,14 @@ def _parents(repo: Repo, card: tuple[list[str], str | None], names: dict[str, st
             found.append(name)
         else:
             missing.append(base)
-    notes = [f"{CARD} names base_model {', '.join(map(repr, missing))}, in neither the cache nor this repository: "
-             "not recorded as a parent"] if missing else []  # fmt: skip
+    notes = (
+        [
+            f"{CARD} names base_model {', '.join(map(repr, missing))}, in neither the cache nor this repository: "
+            "not recorded as a parent"
+        ]
+        if missing
+        else []
+    )
     found = list(dict.fromkeys(found))
     return found, (relation or ("merge" if len(found) > 1 else "finetune")) if found else None, notes
 

@@ -75,6 +75,7 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
 # read stays a read (a temporary table would need a write transaction).
 IDS = "(SELECT value FROM json_each(?))"
 
+
 def storage_class(codec_names: str) -> str:
     """`delta`, `derived` or `standalone`, from a chain's names as recorded (`a+b+c`): each
     codec's class says which (imported here, not above, so that commands which never ask
@@ -98,8 +99,18 @@ class Catalog(Database):
         tx.executemany(
             "INSERT OR REPLACE INTO objects (id, kind, logical_size, stored_size, codec, bases, storage) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [(r.id, r.kind, r.logical_size, r.stored_size, r.codec, json.dumps(list(r.bases)),
-              storage_class(r.codec) if r.kind == "tensor" else None) for r in rows],  # fmt: skip
+            [
+                (
+                    r.id,
+                    r.kind,
+                    r.logical_size,
+                    r.stored_size,
+                    r.codec,
+                    json.dumps(list(r.bases)),
+                    storage_class(r.codec) if r.kind == "tensor" else None,
+                )
+                for r in rows
+            ],
         )
 
     @staticmethod
@@ -123,11 +134,25 @@ class Catalog(Database):
         s = version.summary
         tx.execute(
             "INSERT INTO versions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (vid, version.model, seq, version.manifest, version.predecessor, version.message,
-             version.author, version.time, json.dumps(version.tags), s.get("files", 0),
-             s.get("tensors", 0), s.get("params", 0), s.get("logical_bytes", 0), stored, new,
-             json.dumps(version.lossy) if version.lossy else None,
-             json.dumps(version.recipe) if version.recipe else None),  # fmt: skip
+            (
+                vid,
+                version.model,
+                seq,
+                version.manifest,
+                version.predecessor,
+                version.message,
+                version.author,
+                version.time,
+                json.dumps(version.tags),
+                s.get("files", 0),
+                s.get("tensors", 0),
+                s.get("params", 0),
+                s.get("logical_bytes", 0),
+                stored,
+                new,
+                json.dumps(version.lossy) if version.lossy else None,
+                json.dumps(version.recipe) if version.recipe else None,
+            ),
         )
         tx.executemany(
             "INSERT INTO edges VALUES (?, ?, ?, ?)",
@@ -146,8 +171,9 @@ class Catalog(Database):
         with self.atomic() as tx:
             heads = read_heads()
             old = dict(tx.execute("SELECT name, head FROM models"))
-            pending = {n for n, h in heads.items()
-                       if not tx.execute("SELECT 1 FROM versions WHERE id = ?", (h,)).fetchone()}  # fmt: skip
+            pending = {
+                n for n, h in heads.items() if not tx.execute("SELECT 1 FROM versions WHERE id = ?", (h,)).fetchone()
+            }
             rows = {n: (old[n] if n in pending else h) for n, h in heads.items() if n not in pending or n in old}
             tx.execute("DELETE FROM models")
             tx.executemany("INSERT INTO models VALUES (?, ?)", sorted(rows.items()))
@@ -179,8 +205,10 @@ class Catalog(Database):
         order = [(v, loaded[v]) for v in ancestors_first(vids, linked, stop=self.has_version)]
         if not order:
             return
-        objects = {v: store.get_manifest(version.manifest).object_ids() | version.linked_objects() | {v}
-                   for v, version in order}  # fmt: skip
+        objects = {
+            v: store.get_manifest(version.manifest).object_ids() | version.linked_objects() | {v}
+            for v, version in order
+        }
         rows = [ObjectRow.read(store, oid) for oid in sorted(self.missing_objects(set().union(*objects.values())))]
         with self.atomic() as tx:
             self._insert_objects(tx, rows)
@@ -262,10 +290,18 @@ class Catalog(Database):
         `objects` (what the refs reach): ({version: its sketch's bytes}, those objects).
         A repository that an older mgit fetched into can hold sketches, from a remote's packs,
         of versions that do not exist; only gc removes them."""
-        sketches = dict(self.db.execute(f"SELECT version, LENGTH(data) FROM sketches WHERE version NOT IN {IDS}",
-                                        (json.dumps(sorted(set(versions))),)))  # fmt: skip
-        oids = [r[0] for r in self.db.execute(f"SELECT id FROM objects WHERE id NOT IN {IDS}",
-                                              (json.dumps(sorted(set(objects))),))]  # fmt: skip
+        sketches = dict(
+            self.db.execute(
+                f"SELECT version, LENGTH(data) FROM sketches WHERE version NOT IN {IDS}",
+                (json.dumps(sorted(set(versions))),),
+            )
+        )
+        oids = [
+            r[0]
+            for r in self.db.execute(
+                f"SELECT id FROM objects WHERE id NOT IN {IDS}", (json.dumps(sorted(set(objects))),)
+            )
+        ]
         return sketches, oids
 
     def remove_strays(self, versions: Iterable[str], objects: Iterable[str]) -> None:
@@ -278,8 +314,9 @@ class Catalog(Database):
     def compact(self) -> None:
         """VACUUM when a quarter of the file (and at least 1 MiB) is free pages, so that what
         was deleted leaves the disk too; then empty the write-ahead log."""
-        free, pages, page = (self.db.execute(f"PRAGMA {p}").fetchone()[0]
-                             for p in ("freelist_count", "page_count", "page_size"))  # fmt: skip
+        free, pages, page = (
+            self.db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("freelist_count", "page_count", "page_size")
+        )
         if free * page >= 1 << 20 and free * 4 >= pages:
             self.db.execute("VACUUM")
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -300,8 +337,10 @@ class Catalog(Database):
         return rows[0] if rows else None
 
     def versions_by_prefix(self, prefix: str) -> list[str]:
-        return [r[0] for r in self.db.execute(
-            "SELECT id FROM versions WHERE id >= ? AND id < ? LIMIT 2", (prefix, prefix + "g"))]  # fmt: skip
+        return [
+            r[0]
+            for r in self.db.execute("SELECT id FROM versions WHERE id >= ? AND id < ? LIMIT 2", (prefix, prefix + "g"))
+        ]
 
     def versions_of(self, vids: list[str]) -> dict[str, VersionRow]:
         return {r.id: r for r in self._versions(f"WHERE v.id IN {IDS}", (json.dumps(vids),))}
@@ -319,10 +358,18 @@ class Catalog(Database):
     def sketches(self) -> tuple[list[tuple[str, str, int, bytes]], list[str]]:
         """(version, model, seq, sketch) of every indexed version that has a sketch, and the
         ids of those that have none: the whole input of parent inference in two queries."""
-        rows = list(self.db.execute(
-            "SELECT v.id, v.model, v.seq, s.data FROM versions v JOIN sketches s ON s.version = v.id ORDER BY v.rowid"))
-        missing = [r[0] for r in self.db.execute(
-            "SELECT id FROM versions WHERE id NOT IN (SELECT version FROM sketches) ORDER BY rowid")]  # fmt: skip
+        rows = list(
+            self.db.execute(
+                "SELECT v.id, v.model, v.seq, s.data FROM versions v "
+                "JOIN sketches s ON s.version = v.id ORDER BY v.rowid"
+            )
+        )
+        missing = [
+            r[0]
+            for r in self.db.execute(
+                "SELECT id FROM versions WHERE id NOT IN (SELECT version FROM sketches) ORDER BY rowid"
+            )
+        ]
         return rows, missing
 
     def missing_objects(self, oids: set[str]) -> set[str]:
@@ -341,12 +388,14 @@ class Catalog(Database):
 
     def storage_by_codec(self, vid: str) -> list[tuple[str, int, int, int]]:
         """(codec chain, objects, logical bytes, stored bytes) of a version's objects."""
-        return list(self.db.execute(
-            """SELECT o.codec, COUNT(*), SUM(o.logical_size), SUM(o.stored_size)
+        return list(
+            self.db.execute(
+                """SELECT o.codec, COUNT(*), SUM(o.logical_size), SUM(o.stored_size)
                FROM version_objects vo JOIN objects o ON o.id = vo.object WHERE vo.version = ?
                GROUP BY o.codec ORDER BY o.codec""",
-            (vid,),
-        ))  # fmt: skip
+                (vid,),
+            )
+        )
 
     def shared_objects(self, vid: str) -> int:
         """How many objects of a version other versions use too (deduplicated)."""
@@ -383,8 +432,10 @@ class Catalog(Database):
             out[vid][key] = out[vid].get(key, 0) + n
         if unknown:
             with self.atomic() as tx:
-                tx.executemany("UPDATE objects SET storage = ? WHERE codec = ? AND kind = 'tensor' AND storage IS NULL",
-                               [(storage_class(c), c) for c in unknown])  # fmt: skip
+                tx.executemany(
+                    "UPDATE objects SET storage = ? WHERE codec = ? AND kind = 'tensor' AND storage IS NULL",
+                    [(storage_class(c), c) for c in unknown],
+                )
         return out
 
     def storage_by_version(self, vids: list[str]) -> dict[str, tuple[int, dict[str, int]]]:
@@ -417,13 +468,23 @@ class Catalog(Database):
             (pairs,),
         )
         objects = {model: (count, stored) for model, count, stored in rows}
-        logical = dict(self.db.execute(f"SELECT id, logical_bytes FROM versions WHERE id IN {IDS}", (json.dumps(vids),)))
+        logical = dict(
+            self.db.execute(f"SELECT id, logical_bytes FROM versions WHERE id IN {IDS}", (json.dumps(vids),))
+        )
         counts = self.tensor_counts(vids)
         out = []
         for model, chain in versions.items():
             count, stored = objects.get(model, (0, 0))
-            out.append(ModelUsage(model, len(chain), sum(logical.get(v, 0) for v in chain), stored, count,
-                                  _summed(counts.get(v, {}) for v in chain)))  # fmt: skip
+            out.append(
+                ModelUsage(
+                    model,
+                    len(chain),
+                    sum(logical.get(v, 0) for v in chain),
+                    stored,
+                    count,
+                    _summed(counts.get(v, {}) for v in chain),
+                )
+            )
         return out
 
     def object_sizes(self, vids: list[str]) -> dict[str, int]:

@@ -22,8 +22,11 @@ def pick_version(ref: str, name: str, chain: list[str], sel: str) -> str:
     by_id = [v for v in chain if v.startswith(sel.lower())] if not digits or len(sel) >= MIN_PREFIX else []
     if by_seq is not None and by_id and by_id != [by_seq]:
         listed = ", ".join([f"version {int(sel)} ({by_seq[:12]})", *(f"id {v[:12]}" for v in by_id)])
-        raise UnknownRefError(ref, f"ambiguous ({listed}): no single version",
-                              hint=f"Give more hex digits of the id. See: mgit log {name}")  # fmt: skip
+        raise UnknownRefError(
+            ref,
+            f"ambiguous ({listed}): no single version",
+            hint=f"Give more hex digits of the id. See: mgit log {name}",
+        )
     if by_seq is not None:
         return by_seq
     if len(by_id) == 1:

@@ -15,10 +15,38 @@ if TYPE_CHECKING:
 
 # The columns of `versions` a VersionRow holds (its `parents` come from `edges`), and those a
 # lineage graph's VersionNode holds (mgit.lineage.graph).
-VERSION_COLUMNS = ("id", "model", "seq", "manifest", "predecessor", "message", "author", "time", "tags", "files",
-                   "tensors", "params", "logical_bytes", "stored_bytes", "new_bytes", "lossy", "recipe")
-GRAPH_COLUMNS = ("id", "model", "seq", "predecessor", "time", "message", "tags", "params", "logical_bytes",
-                 "new_bytes", "lossy")
+VERSION_COLUMNS = (
+    "id",
+    "model",
+    "seq",
+    "manifest",
+    "predecessor",
+    "message",
+    "author",
+    "time",
+    "tags",
+    "files",
+    "tensors",
+    "params",
+    "logical_bytes",
+    "stored_bytes",
+    "new_bytes",
+    "lossy",
+    "recipe",
+)
+GRAPH_COLUMNS = (
+    "id",
+    "model",
+    "seq",
+    "predecessor",
+    "time",
+    "message",
+    "tags",
+    "params",
+    "logical_bytes",
+    "new_bytes",
+    "lossy",
+)
 JSON_COLUMNS = ("tags", "lossy", "recipe", "parents")  # stored as JSON text (lossy and recipe may be NULL)
 
 

@@ -65,7 +65,6 @@ class Evidence:
         return self.closeness * math.sqrt(self.structure)
 
 
-
 def _informative(s: Sketch) -> np.ndarray:
     return (s.roles == FLOAT) | (s.roles == QUANTIZED)
 
@@ -174,8 +173,9 @@ def compare(q: Sketch, c: Sketch, *, by_pattern: bool = False) -> tuple[Evidence
     return ev, iq[ok], ic[ok]
 
 
-def compare_all(q: Sketch, stored: Iterable[tuple[str, str, Sketch]]
-                ) -> tuple[list[tuple[str, str, Sketch, Evidence]], int]:  # fmt: skip
+def compare_all(
+    q: Sketch, stored: Iterable[tuple[str, str, Sketch]]
+) -> tuple[list[tuple[str, str, Sketch, Evidence]], int]:
     """`compare` for every stored (id, label, sketch) at once: the matched rows of all of them
     are gathered into one array and reduced per candidate, and name matching is done once per
     distinct architecture. Returns those that share a tensor with `q`, and the count seen."""
@@ -190,7 +190,11 @@ def compare_all(q: Sketch, stored: Iterable[tuple[str, str, Sketch]]
         count += 1
         key = (tuple(c.names), tuple(c.shapes))
         if key not in matches:
-            pairs = [(i, j) for j, n in enumerate(c.names) if (i := q.index.get(n)) is not None and q.shapes[i] == c.shapes[j]]
+            pairs = [
+                (i, j)
+                for j, n in enumerate(c.names)
+                if (i := q.index.get(n)) is not None and q.shapes[i] == c.shapes[j]
+            ]
             matches[key] = (np.array([i for i, _ in pairs], np.int64), np.array([j for _, j in pairs], np.int64))
         iq, ic = matches[key]
         named = c.roles[ic] != SCALE
@@ -294,10 +298,17 @@ def analyse(q: Sketch, c: Sketch, iq: np.ndarray, ic: np.ndarray) -> tuple[str, 
         relation = "prune"
     elif 0 < q_layers < c_layers or (missing > 0.2 * c_params and q_params < 0.8 * c_params):
         relation = "distill"
-    elif (new or changed.any()) and new <= 0.1 * q_params and not vectors_changed and changed.sum() <= 0.5 * same_name.sum():
+    elif (
+        (new or changed.any())
+        and new <= 0.1 * q_params
+        and not vectors_changed
+        and changed.sum() <= 0.5 * same_name.sum()
+    ):
         relation = "adapter"
-        reasons.append(f"only {int(changed.sum())} of {int(same_name.sum())} shared tensors changed, "
-                       "all of them matrices (a low-rank update merged, or none)")  # fmt: skip
+        reasons.append(
+            f"only {int(changed.sum())} of {int(same_name.sum())} shared tensors changed, "
+            "all of them matrices (a low-rank update merged, or none)"
+        )
     else:
         relation = "finetune"
     return relation, direction, reasons
@@ -349,5 +360,11 @@ def merge_fit(q: Sketch, a: Sketch, b: Sketch) -> MergeFit | None:
     def exact(fit: np.ndarray) -> float:
         return float((_reproduced(q, common, fit.astype(np.float32)) & mask).sum() / max(mask.sum(), 1))
 
-    return MergeFit(x, y, rms_distance(x * an + y * bn), min(rms_distance(an), rms_distance(bn)),
-                    exact(x * av + y * bv), max(exact(av), exact(bv)))  # fmt: skip
+    return MergeFit(
+        x,
+        y,
+        rms_distance(x * an + y * bn),
+        min(rms_distance(an), rms_distance(bn)),
+        exact(x * av + y * bv),
+        max(exact(av), exact(bv)),
+    )

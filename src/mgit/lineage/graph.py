@@ -108,13 +108,18 @@ class TreeNode(Report):
     repeated: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"model": self.model.to_json(), "edge": self.edge.to_json() if self.edge else None,
-                "children": [c.to_json() for c in self.children], "repeated": self.repeated}  # fmt: skip
+        return {
+            "model": self.model.to_json(),
+            "edge": self.edge.to_json() if self.edge else None,
+            "children": [c.to_json() for c in self.children],
+            "repeated": self.repeated,
+        }
 
 
 class Lineage:
-    def __init__(self, versions: dict[str, VersionNode], heads: dict[str, str],
-                 edges: list[tuple[str, int, str, str]]) -> None:  # fmt: skip
+    def __init__(
+        self, versions: dict[str, VersionNode], heads: dict[str, str], edges: list[tuple[str, int, str, str]]
+    ) -> None:
         self._versions = versions
         self._heads = heads
         self.nodes: dict[str, ModelNode] = {}
@@ -123,8 +128,9 @@ class Lineage:
             chain = self._chain(head)
             model_versions[name] = chain
             top = chain[0]
-            self.nodes[name] = ModelNode(name, head, top.seq, top.params, top.logical_bytes,
-                                         sum(v.new_bytes for v in chain), top.tags, top.lossy)  # fmt: skip
+            self.nodes[name] = ModelNode(
+                name, head, top.seq, top.params, top.logical_bytes, sum(v.new_bytes for v in chain), top.tags, top.lossy
+            )
         by_child: dict[str, list[tuple[int, str, str]]] = {}
         for child, position, parent, relation in edges:
             by_child.setdefault(child, []).append((position, parent, relation))
@@ -140,12 +146,30 @@ class Lineage:
                 pnode = self.nodes.get(pv.model)
                 if pnode is None:
                     chain = self._chain(pvid)
-                    pnode = ModelNode(pv.model, pvid, pv.seq, pv.params, pv.logical_bytes,
-                                      sum(v.new_bytes for v in chain), pv.tags, pv.lossy, removed=True)  # fmt: skip
+                    pnode = ModelNode(
+                        pv.model,
+                        pvid,
+                        pv.seq,
+                        pv.params,
+                        pv.logical_bytes,
+                        sum(v.new_bytes for v in chain),
+                        pv.tags,
+                        pv.lossy,
+                        removed=True,
+                    )
                     self.nodes[pv.model] = pnode
                     model_versions[pv.model] = chain
-                edge = LineageEdge(node.name, node.head, node.seq, pnode.name, pvid, pv.seq, relation,
-                                   pnode.seq, stale=pvid != pnode.head)  # fmt: skip
+                edge = LineageEdge(
+                    node.name,
+                    node.head,
+                    node.seq,
+                    pnode.name,
+                    pvid,
+                    pv.seq,
+                    relation,
+                    pnode.seq,
+                    stale=pvid != pnode.head,
+                )
                 self._parents.setdefault(node.name, []).append(edge)
                 self._children.setdefault(pnode.name, []).append(edge)
         for kids in self._children.values():
@@ -207,8 +231,17 @@ class Lineage:
         """The edge from a version to one of its parents (either may be any version)."""
         v, pv = self._versions[vid], self._versions[pvid]
         latest = self.nodes.get(pv.model)
-        return LineageEdge(v.model, vid, v.seq, pv.model, pvid, pv.seq, relation,
-                           latest.seq if latest else pv.seq, stale=latest is not None and pvid != latest.head)  # fmt: skip
+        return LineageEdge(
+            v.model,
+            vid,
+            v.seq,
+            pv.model,
+            pvid,
+            pv.seq,
+            relation,
+            latest.seq if latest else pv.seq,
+            stale=latest is not None and pvid != latest.head,
+        )
 
     def _version_node(self, vid: str) -> ModelNode:
         """A model as it was at one of its versions (its latest: the model's own node)."""
@@ -217,8 +250,17 @@ class Lineage:
         if live is not None and live.head == vid:
             return live
         chain = self._chain(vid)
-        return ModelNode(v.model, vid, v.seq, v.params, v.logical_bytes, sum(c.new_bytes for c in chain), v.tags,
-                         v.lossy, removed=live is None or live.removed)  # fmt: skip
+        return ModelNode(
+            v.model,
+            vid,
+            v.seq,
+            v.params,
+            v.logical_bytes,
+            sum(c.new_bytes for c in chain),
+            v.tags,
+            v.lossy,
+            removed=live is None or live.removed,
+        )
 
     def descendants(self, name: str, *, depth: int | None = None) -> list[str]:
         """Models derived from this one, directly or not, nearest first."""
@@ -252,7 +294,9 @@ class Lineage:
         queue = deque([a])
         while queue and b not in back:
             n = queue.popleft()
-            steps = [(e.parent, e) for e in self._parents.get(n, [])] + [(e.child, e) for e in self._children.get(n, [])]
+            steps = [(e.parent, e) for e in self._parents.get(n, [])] + [
+                (e.child, e) for e in self._children.get(n, [])
+            ]
             for m, e in sorted(steps, key=lambda s: s[0]):
                 if m not in back:
                     back[m] = (n, e)
@@ -288,8 +332,7 @@ class Lineage:
         placed = set(out)
         return out + sorted(n for n in chosen if n not in placed)
 
-    def select(self, pattern: str | None = None, *, tag: str | None = None,
-               relation: str | None = None) -> list[str]:  # fmt: skip
+    def select(self, pattern: str | None = None, *, tag: str | None = None, relation: str | None = None) -> list[str]:
         """Models whose name matches a glob, whose latest version has a tag (`key` or
         `key=value`), and that were derived by a relation; every given criterion must hold."""
         out = []
@@ -303,8 +346,15 @@ class Lineage:
             out.append(name)
         return out
 
-    def selection(self, pattern: str | None = None, *, tag: str | None = None, relation: str | None = None,
-                  around: str | None = None, depth: int | None = None) -> list[str]:  # fmt: skip
+    def selection(
+        self,
+        pattern: str | None = None,
+        *,
+        tag: str | None = None,
+        relation: str | None = None,
+        around: str | None = None,
+        depth: int | None = None,
+    ) -> list[str]:
         """`select`, narrowed to a model (`around`), its ancestors and its descendants (up to
         `depth` generations each way); NoMatchError when nothing is left."""
         names = self.select(pattern, tag=tag, relation=relation)
@@ -315,8 +365,11 @@ class Lineage:
         if not names:
             if not self.nodes:
                 raise NoMatchError(None)
-            asked = " ".join(f"{k} {v}" for k, v in (("name", pattern), ("--tag", tag), ("--relation", relation),
-                                                      ("--around", around)) if v is not None)  # fmt: skip
+            asked = " ".join(
+                f"{k} {v}"
+                for k, v in (("name", pattern), ("--tag", tag), ("--relation", relation), ("--around", around))
+                if v is not None
+            )
             raise NoMatchError(asked)
         return names
 
@@ -324,8 +377,12 @@ class Lineage:
         """Edges between a model of `names` and one left out of them."""
         order = list(dict.fromkeys(names))
         chosen = set(order)
-        return [e for n in order for e in [*self._parents.get(n, []), *self._children.get(n, [])]
-                if (e.parent in chosen) != (e.child in chosen)]  # fmt: skip
+        return [
+            e
+            for n in order
+            for e in [*self._parents.get(n, []), *self._children.get(n, [])]
+            if (e.parent in chosen) != (e.child in chosen)
+        ]
 
     def subgraph(self, names: Iterable[str] | None = None) -> LineageGraph:
         """The models named (all by default) and the edges among them, in topological order,
@@ -333,8 +390,7 @@ class Lineage:
         order = self.topological_order(names)
         chosen = set(order)
         edges = [e for n in order for e in self._parents.get(n, []) if e.parent in chosen]
-        return LineageGraph([self.nodes[n] for n in order], edges,
-                            {n: list(self._model_versions[n]) for n in order})  # fmt: skip
+        return LineageGraph([self.nodes[n] for n in order], edges, {n: list(self._model_versions[n]) for n in order})
 
     def tree(self, name: str | None = None, *, up: bool = False, depth: int | None = None) -> list[TreeNode]:
         """Trees for printing: from `name` down to its descendants (or up to its ancestors
@@ -361,8 +417,9 @@ class Lineage:
             trees += [grow(n, None, 0) for n in self.topological_order() if n not in printed]
         return trees
 
-    def _tree_up(self, vid: str, edge: LineageEdge | None, level: int, depth: int | None,
-                 printed: set[str]) -> TreeNode:  # fmt: skip
+    def _tree_up(
+        self, vid: str, edge: LineageEdge | None, level: int, depth: int | None, printed: set[str]
+    ) -> TreeNode:
         """A version and, above it, the versions it was built on, each with its own parents."""
         node = self._version_node(vid)
         if vid in printed:
@@ -370,6 +427,9 @@ class Lineage:
         printed.add(vid)
         kids = []
         if depth is None or level < depth:
-            kids = [self._tree_up(p, self._edge_up(vid, p, relation), level + 1, depth, printed)
-                    for _, p, relation in self._by_child.get(vid, []) if p in self._versions]  # fmt: skip
+            kids = [
+                self._tree_up(p, self._edge_up(vid, p, relation), level + 1, depth, printed)
+                for _, p, relation in self._by_child.get(vid, [])
+                if p in self._versions
+            ]
         return TreeNode(node, edge, kids)

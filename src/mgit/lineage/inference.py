@@ -70,7 +70,6 @@ class Candidate:
     merge_with: str | None = None
 
 
-
 # --- ranking -----------------------------------------------------------------------------------
 
 
@@ -80,7 +79,9 @@ def _rescore(ranked: list[Candidate]) -> None:
     plausible = [c.evidence.residual for c in ranked if c.direction >= 0 and not c.downstream]
     best = min(plausible, default=0.0)
     for c in ranked:
-        proximity = math.sqrt((best + NOISE) / (c.evidence.residual + NOISE)) if math.isfinite(c.evidence.residual) else 0.0
+        proximity = (
+            math.sqrt((best + NOISE) / (c.evidence.residual + NOISE)) if math.isfinite(c.evidence.residual) else 0.0
+        )
         penalty = REVERSED_DIRECTION if c.direction < 0 or c.downstream else 1.0
         c.score = c.evidence.relatedness * min(1.0, proximity) * penalty
     ranked.sort(key=lambda c: -c.score)
@@ -100,8 +101,10 @@ def _check_merges(q: Sketch, pool: list[Candidate]) -> None:
         fit, a, b = best
         for one, other in ((a, b), (b, a)):
             one.relation, one.merge_with = "merge", other.version
-            one.reasons.append(f"the query is {fit.x:.2f} x {a.label} + {fit.y:.2f} x {b.label} "
-                               f"(residual {fit.distance:.2g}, {fit.exact:.0%} of samples exact)")  # fmt: skip
+            one.reasons.append(
+                f"the query is {fit.x:.2f} x {a.label} + {fit.y:.2f} x {b.label} "
+                f"(residual {fit.distance:.2g}, {fit.exact:.0%} of samples exact)"
+            )
             one.evidence.distance = min(one.evidence.distance, fit.distance)
             one.evidence.exact = max(one.evidence.exact, fit.exact)
     for c in pool:
@@ -111,8 +114,10 @@ def _check_merges(q: Sketch, pool: list[Candidate]) -> None:
             child_fit = merge_fit(c.sketch, q, other.sketch) if other is not c else None
             if child_fit is not None and child_fit.is_merge:
                 c.direction = -1
-                c.reasons.append(f"it is {child_fit.x:.2f} x the query + {child_fit.y:.2f} x {other.label}: "
-                                 "a merge derived from the query")  # fmt: skip
+                c.reasons.append(
+                    f"it is {child_fit.x:.2f} x the query + {child_fit.y:.2f} x {other.label}: "
+                    "a merge derived from the query"
+                )
                 break
 
 
@@ -130,8 +135,10 @@ def _mark_downstream(ranked: list[Candidate], top: int = 8) -> None:
             ev, iq, ic = compare(c.sketch, a.sketch)
             if analyse(c.sketch, a.sketch, iq, ic)[1] > 0 and ev.distance > 1.1 * a.evidence.distance:
                 c.downstream = True
-                c.reasons.append(f"it is farther than the query from {a.label}, which both derive from: "
-                                 "more likely a descendant or a sibling than the parent")  # fmt: skip
+                c.reasons.append(
+                    f"it is farther than the query from {a.label}, which both derive from: "
+                    "more likely a descendant or a sibling than the parent"
+                )
                 break
 
 
@@ -154,8 +161,10 @@ def _settle_close(ranked: list[Candidate], top: int = 4) -> list[str]:
             if lossy and apart < copy.evidence.distance and copy.evidence.exact <= original.evidence.exact + 0.05:
                 copy.score = original.score * 0.99
                 copy.reasons.append(f"a lossy copy of {original.label}, which is likelier the parent")
-                notes.append(f"{copy.label} is a lossy copy of {original.label} ({original.label} -> {copy.label}): "
-                             "the original is ranked first")  # fmt: skip
+                notes.append(
+                    f"{copy.label} is a lossy copy of {original.label} ({original.label} -> {copy.label}): "
+                    "the original is ranked first"
+                )
     ranked.sort(key=lambda c: -c.score)
     return notes
 
@@ -175,8 +184,9 @@ def _confidence(ranked: list[Candidate]) -> None:
         c.confidence = c.score * (1 - 0.5 * rival**AMBIGUITY_POWER)
 
 
-def parent_candidates(query: Sketch, stored: Iterable[tuple[str, str, Sketch]], *, limit: int = 5
-                      ) -> tuple[list[Candidate], list[str], int]:  # fmt: skip
+def parent_candidates(
+    query: Sketch, stored: Iterable[tuple[str, str, Sketch]], *, limit: int = 5
+) -> tuple[list[Candidate], list[str], int]:
     """Stored versions, given as (id, label, sketch), ranked as parents of `query`: the best
     first (at most `limit`), notes on close candidates, and how many were compared."""
     compared, count = compare_all(query, stored)
@@ -209,12 +219,21 @@ def _report(c: Candidate) -> ParentCandidate:
     model, _, seq = c.label.rpartition("@")
     ev = c.evidence
     return ParentCandidate(
-        version=c.version, model=model, seq=int(seq) if seq.isdigit() else 0, score=round(c.score, 4),
-        confidence=round(c.confidence, 4), relation=c.relation, direction=DIRECTIONS[c.direction],
-        structure=round(ev.structure, 4), identical=round(ev.identical, 4),
-        distance=round(ev.distance, 6) if math.isfinite(ev.distance) else None, exact=round(ev.exact, 4),
-        compared=ev.compared, merge_with=c.merge_with, reasons=list(c.reasons),
-    )  # fmt: skip
+        version=c.version,
+        model=model,
+        seq=int(seq) if seq.isdigit() else 0,
+        score=round(c.score, 4),
+        confidence=round(c.confidence, 4),
+        relation=c.relation,
+        direction=DIRECTIONS[c.direction],
+        structure=round(ev.structure, 4),
+        identical=round(ev.identical, 4),
+        distance=round(ev.distance, 6) if math.isfinite(ev.distance) else None,
+        exact=round(ev.exact, 4),
+        compared=ev.compared,
+        merge_with=c.merge_with,
+        reasons=list(c.reasons),
+    )
 
 
 def _choose(ranked: list[Candidate], min_confidence: float) -> tuple[list[str], str | None, str]:
@@ -226,8 +245,14 @@ def _choose(ranked: list[Candidate], min_confidence: float) -> tuple[list[str], 
     if best.direction < 0:
         return [], None, f"the closest, {best.label}, looks derived from it (a child, not a parent)"
     if best.confidence < min_confidence:
-        return [], None, (f"the best candidate, {best.label} ({best.relation}), has confidence "
-                          f"{best.confidence:.2f} < {min_confidence:.2f}")  # fmt: skip
+        return (
+            [],
+            None,
+            (
+                f"the best candidate, {best.label} ({best.relation}), has confidence "
+                f"{best.confidence:.2f} < {min_confidence:.2f}"
+            ),
+        )
     parents = [best.version]
     partner = next((c for c in ranked if c.version == best.merge_with), None)
     if partner is not None:
@@ -236,8 +261,15 @@ def _choose(ranked: list[Candidate], min_confidence: float) -> tuple[list[str], 
     return parents, best.relation, f"{names} ({best.relation}), confidence {best.confidence:.2f}"
 
 
-def suggest(query: Sketch, stored: Iterable[tuple[str, str, Sketch]], *, label: str, limit: int = 5,
-            min_confidence: float = DEFAULT_MIN_CONFIDENCE, started: float | None = None) -> ParentSuggestion:  # fmt: skip
+def suggest(
+    query: Sketch,
+    stored: Iterable[tuple[str, str, Sketch]],
+    *,
+    label: str,
+    limit: int = 5,
+    min_confidence: float = DEFAULT_MIN_CONFIDENCE,
+    started: float | None = None,
+) -> ParentSuggestion:
     """`parent_candidates` as a report, with the choice `--auto-parent` makes; `seconds`
     counts from `started` (a `time.perf_counter()` value) when given."""
     started = time.perf_counter() if started is None else started
@@ -246,7 +278,14 @@ def suggest(query: Sketch, stored: Iterable[tuple[str, str, Sketch]], *, label: 
     ranked, notes, count = parent_candidates(query, stored, limit=REFINE)
     parents, relation, verdict = _choose(ranked, min_confidence)
     return ParentSuggestion(
-        query=label, tensors=len(query), compared=count, seconds=round(time.perf_counter() - started, 3),
-        candidates=[_report(c) for c in ranked[:limit]], min_confidence=min_confidence, parents=parents,
-        relation=relation, verdict=verdict, notes=notes,
-    )  # fmt: skip
+        query=label,
+        tensors=len(query),
+        compared=count,
+        seconds=round(time.perf_counter() - started, 3),
+        candidates=[_report(c) for c in ranked[:limit]],
+        min_confidence=min_confidence,
+        parents=parents,
+        relation=relation,
+        verdict=verdict,
+        notes=notes,
+    )

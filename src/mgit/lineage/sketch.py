@@ -133,11 +133,19 @@ class Sketch:
 
     def to_bytes(self) -> bytes:
         quantized = np.flatnonzero(self.roles == QUANTIZED)
-        header = json.dumps({
-            "format": SKETCH_FORMAT, "samples": SAMPLES, "names": self.names, "dtypes": self.dtypes,
-            "shapes": [list(s) for s in self.shapes], "oids": self.oids,
-            "zeros": [round(float(z), 6) for z in self.zeros], "roles": [int(r) for r in self.roles],
-        }, separators=(",", ":")).encode()  # fmt: skip
+        header = json.dumps(
+            {
+                "format": SKETCH_FORMAT,
+                "samples": SAMPLES,
+                "names": self.names,
+                "dtypes": self.dtypes,
+                "shapes": [list(s) for s in self.shapes],
+                "oids": self.oids,
+                "zeros": [round(float(z), 6) for z in self.zeros],
+                "roles": [int(r) for r in self.roles],
+            },
+            separators=(",", ":"),
+        ).encode()
         body = self.values.astype("<f4").tobytes() + self.scales[quantized].astype("<f4").tobytes()
         return MAGIC + struct.pack("<I", len(header)) + header + body
 
@@ -169,8 +177,16 @@ class Sketch:
         values = data[: n * SAMPLES].reshape(n, SAMPLES)
         scales = np.zeros((n, SAMPLES), np.float32)
         scales[quantized] = data[n * SAMPLES :].reshape(len(quantized), SAMPLES)
-        return cls(names, dtypes, [tuple(s) for s in shapes], oids, roles, np.array(header["zeros"], np.float32),
-                   values, scales)  # fmt: skip
+        return cls(
+            names,
+            dtypes,
+            [tuple(s) for s in shapes],
+            oids,
+            roles,
+            np.array(header["zeros"], np.float32),
+            values,
+            scales,
+        )
 
 
 def _scale_for(entry: TensorEntry, by_name: dict[str, TensorEntry]) -> tuple[TensorEntry, float] | None:
@@ -209,15 +225,21 @@ def _varies(values: np.ndarray) -> bool:
     return finite.size > 1 and bool(finite.max() > finite.min())
 
 
-def sketch_tensors(entries: Sequence[TensorEntry], read: Callable[[TensorEntry], np.ndarray],
-                   after: Callable[[TensorEntry], None] | None = None) -> Sketch:  # fmt: skip
+def sketch_tensors(
+    entries: Sequence[TensorEntry],
+    read: Callable[[TensorEntry], np.ndarray],
+    after: Callable[[TensorEntry], None] | None = None,
+) -> Sketch:
     """The sketch of a model's tensors; `read(entry)` gives a tensor's raw bytes (uint8), and
     `after(entry)` is called once a tensor has been sampled (to release its pages)."""
     by_name: dict[str, TensorEntry] = {}
     for e in entries:
         by_name.setdefault(e.name, e)
-    companions = {e.name: found for e in by_name.values() if e.dtype in QUANT_DTYPES
-                  and (found := _scale_for(e, by_name)) is not None}  # fmt: skip
+    companions = {
+        e.name: found
+        for e in by_name.values()
+        if e.dtype in QUANT_DTYPES and (found := _scale_for(e, by_name)) is not None
+    }
     scale_names = {s.name for s, _ in companions.values()}
     n = len(by_name)
     roles = np.zeros(n, np.int8)
@@ -229,7 +251,9 @@ def sketch_tensors(entries: Sequence[TensorEntry], read: Callable[[TensorEntry],
         size = itemsize = DTYPES[e.dtype][0]
         count = raw.size // itemsize
         step = max(1, count // ZERO_SAMPLES)
-        strided = element_values(raw.reshape(count, size)[::step].reshape(-1), e.dtype) if count else np.zeros(0, np.float32)
+        strided = (
+            element_values(raw.reshape(count, size)[::step].reshape(-1), e.dtype) if count else np.zeros(0, np.float32)
+        )
         zeros[i] = float(np.mean(strided == 0)) if count else 0.0
         pos = positions(pattern(e.name), e.shape)
         picked = raw.reshape(count, size)[pos].reshape(-1)
@@ -252,8 +276,16 @@ def sketch_tensors(entries: Sequence[TensorEntry], read: Callable[[TensorEntry],
         if after is not None:
             after(e)
     listed = list(by_name.values())
-    return Sketch([e.name for e in listed], [e.dtype for e in listed], [e.shape for e in listed],
-                  [e.object for e in listed], roles, zeros, values, scales)  # fmt: skip
+    return Sketch(
+        [e.name for e in listed],
+        [e.dtype for e in listed],
+        [e.shape for e in listed],
+        [e.object for e in listed],
+        roles,
+        zeros,
+        values,
+        scales,
+    )
 
 
 def _source_tensors(source: ModelSource) -> dict[str, tuple[SourceFile, TensorSpan, np.ndarray]]:
@@ -265,8 +297,9 @@ def _source_tensors(source: ModelSource) -> dict[str, tuple[SourceFile, TensorSp
     return data
 
 
-def _sketch_source_tensors(entries: list[TensorEntry], data: dict[str, tuple[SourceFile, TensorSpan, np.ndarray]]
-                           ) -> Sketch:  # fmt: skip
+def _sketch_source_tensors(
+    entries: list[TensorEntry], data: dict[str, tuple[SourceFile, TensorSpan, np.ndarray]]
+) -> Sketch:
     """Sample memory-mapped source tensors, releasing each one's pages once it is sampled: a
     sample strided across a tensor faults in most of its pages, and for a large model those
     would otherwise stay resident until the add ends."""
@@ -284,7 +317,9 @@ def sketch_source(source: ModelSource) -> Sketch:
     data = _source_tensors(source)
     entries = []
     for name, (f, span, raw) in data.items():
-        entries.append(TensorEntry(name, span.dtype, span.shape, object_id("tensor", tensor_meta(span.dtype, span.shape), raw)))
+        entries.append(
+            TensorEntry(name, span.dtype, span.shape, object_id("tensor", tensor_meta(span.dtype, span.shape), raw))
+        )
         f.release(span)  # hashing read every page of it
     return _sketch_source_tensors(entries, data)
 

@@ -37,11 +37,23 @@ RECIPE = "mgit.merging.recipe:merge"
 __all__ = ["METHODS", "RECIPE", "MergeConfig", "MergeSpec", "derived_for_recipe", "merge", "merge_config"]
 
 
-def merge(repo: Repo, refs: list[str], *, method: str, name: str, base: str | None = None,
-          weights: dict[str, float] | None = None, density: dict[str, float] | float | None = None,
-          parameters: dict[str, Any] | None = None, dtype: str | None = None, seed: int = 0,
-          take: dict[str, str] | None = None, rename: list[tuple[str, str, str]] | None = None,
-          message: str = "", progress: StartProgress | None = None) -> AddResult:  # fmt: skip
+def merge(
+    repo: Repo,
+    refs: list[str],
+    *,
+    method: str,
+    name: str,
+    base: str | None = None,
+    weights: dict[str, float] | None = None,
+    density: dict[str, float] | float | None = None,
+    parameters: dict[str, Any] | None = None,
+    dtype: str | None = None,
+    seed: int = 0,
+    take: dict[str, str] | None = None,
+    rename: list[tuple[str, str, str]] | None = None,
+    message: str = "",
+    progress: StartProgress | None = None,
+) -> AddResult:
     """Merge these versions (refs, in order; `base` among them or added first) and add the
     result as the next version of `name`. `weights` and a per-input `density` are keyed by
     the refs as given (or their model names); a single `density` applies to every input.
@@ -66,15 +78,29 @@ def merge(repo: Repo, refs: list[str], *, method: str, name: str, base: str | No
         for i in range(len(inputs)):
             if "density" in METHODS.get(method, METHODS["linear"]).input_parameters:
                 inputs[i]["density"] = density
-    spec = MergeSpec.build(method, len(refs), base=None if base is None else refs.index(base), inputs=inputs,
-                           parameters=parameters, dtype=dtype, seed=seed,
-                           take=[(glob, position(ref, "--take")) for glob, ref in (take or {}).items()],
-                           rename=[(g, position(ref, "--rename"), x) for g, ref, x in rename or []])  # fmt: skip
+    spec = MergeSpec.build(
+        method,
+        len(refs),
+        base=None if base is None else refs.index(base),
+        inputs=inputs,
+        parameters=parameters,
+        dtype=dtype,
+        seed=seed,
+        take=[(glob, position(ref, "--take")) for glob, ref in (take or {}).items()],
+        rename=[(g, position(ref, "--rename"), x) for g, ref, x in rename or []],
+    )
     return _run(repo, spec, vids, name=name, message=message, progress=progress)
 
 
-def merge_config(repo: Repo, config: str | Path, *, name: str, message: str = "", seed: int = 0,
-                 progress: StartProgress | None = None) -> AddResult:  # fmt: skip
+def merge_config(
+    repo: Repo,
+    config: str | Path,
+    *,
+    name: str,
+    message: str = "",
+    seed: int = 0,
+    progress: StartProgress | None = None,
+) -> AddResult:
     """Merge as the mergekit YAML config at `config` says; `seed` for the DARE methods' masks."""
     path = Path(config)
     try:
@@ -91,9 +117,11 @@ def merge_config(repo: Repo, config: str | Path, *, name: str, message: str = ""
     if cfg.layer_range is not None:
         layers = layer_span(t.name for t in repo.manifest(refs[0]).tensors())
         if cfg.layer_range != (0, layers):
-            raise InvalidOptionError(f"{path}: layer_range {list(cfg.layer_range)} of models with {layers} layers: "
-                                     "merging part of the layers changes the architecture",
-                                     hint=f"Use layer_range: [0, {layers}]")  # fmt: skip
+            raise InvalidOptionError(
+                f"{path}: layer_range {list(cfg.layer_range)} of models with {layers} layers: "
+                "merging part of the layers changes the architecture",
+                hint=f"Use layer_range: [0, {layers}]",
+            )
     defaults = {k: v for k, v in cfg.parameters.items() if k in method.input_parameters}
     global_params = {k: v for k, v in cfg.parameters.items() if k not in method.input_parameters}
     per_model = {m: {k: combine(p.get(k), defaults.get(k)) for k in {*p, *defaults}} for m, p in cfg.models}
@@ -103,11 +131,17 @@ def merge_config(repo: Repo, config: str | Path, *, name: str, message: str = ""
         per_model[base] = {}
     vids = [repo.resolve(r) for r in refs]
     position = _input_index(repo, refs, vids)
-    spec = MergeSpec.build(cfg.method, len(refs), base=None if base is None else refs.index(base),
-                           inputs=[per_model[r] if r != base or cfg.method == "linear" else {} for r in refs],
-                           parameters=global_params, dtype=cfg.dtype, seed=seed,
-                           take=[(glob, position(ref, "take")) for glob, ref in cfg.take],
-                           rename=[(g, position(ref, "rename"), x) for g, ref, x in cfg.rename])  # fmt: skip
+    spec = MergeSpec.build(
+        cfg.method,
+        len(refs),
+        base=None if base is None else refs.index(base),
+        inputs=[per_model[r] if r != base or cfg.method == "linear" else {} for r in refs],
+        parameters=global_params,
+        dtype=cfg.dtype,
+        seed=seed,
+        take=[(glob, position(ref, "take")) for glob, ref in cfg.take],
+        rename=[(g, position(ref, "rename"), x) for g, ref, x in cfg.rename],
+    )
     try:
         return _run(repo, spec, vids, name=name, message=message, progress=progress)
     except InputError as exc:
@@ -127,14 +161,16 @@ def _input_index(repo: Repo, refs: list[str], vids: list[str]) -> Any:
             return refs.index(ref)
         if ref in models:
             return models.index(ref)
-        raise InvalidOptionError(f"{option} names {ref!r}, which is not one of the merged models",
-                                 hint=f"Use one of: {', '.join(refs)}")  # fmt: skip
+        raise InvalidOptionError(
+            f"{option} names {ref!r}, which is not one of the merged models", hint=f"Use one of: {', '.join(refs)}"
+        )
 
     return position
 
 
-def _run(repo: Repo, spec: MergeSpec, vids: list[str], *, name: str, message: str,
-         progress: StartProgress | None = None) -> AddResult:  # fmt: skip
+def _run(
+    repo: Repo, spec: MergeSpec, vids: list[str], *, name: str, message: str, progress: StartProgress | None = None
+) -> AddResult:
     """Merge straight from the store into the add, tensor by tensor (each input read from
     its store, no checkout, nothing written to a temporary folder but the small files)."""
     from mgit.codecs.buffers import large_buffers
@@ -148,10 +184,19 @@ def _run(repo: Repo, spec: MergeSpec, vids: list[str], *, name: str, message: st
             repo.store.fetch({o for v in vids for o in repo.manifest(v).object_ids()})
         inputs = [StoreInput(repo.store, repo.manifest(v), cache) for v in vids]
         with streamed_source(inputs, Path(tmp), spec, exact={n: chain[0] for n, chain in derived.items()}) as source:
-            return repo.add_with(source, AddOptions(
-                name=name, parents=tuple(vids), relation="merge", model_card=False, recipe=record,
-                message=message or f"{spec.method} merge of {len(vids)} models", progress=progress, exact=derived,
-            ))  # fmt: skip
+            return repo.add_with(
+                source,
+                AddOptions(
+                    name=name,
+                    parents=tuple(vids),
+                    relation="merge",
+                    model_card=False,
+                    recipe=record,
+                    message=message or f"{spec.method} merge of {len(vids)} models",
+                    progress=progress,
+                    exact=derived,
+                ),
+            )
 
 
 def derived_for_recipe(repo: Repo, job: Any) -> dict[str, list[Any]]:
@@ -192,9 +237,14 @@ def _derived(repo: Repo, spec: MergeSpec, vids: list[str]) -> dict[str, list[Any
             continue
         inputs, params = spec.resolve(name, positions.get(name, 0.0))
         weights = [float(p["weight"]) for i, p in enumerate(inputs) if i != anchor]
-        codec = WeightedSumCodec(bases=[t.object for t in found if t is not None], weights=weights,
-                                 anchor=-1 if anchor is None else anchor, normalize=bool(params["normalize"]),
-                                 scale=float(params.get("lambda", 1.0)), dtype=first.dtype)  # fmt: skip
+        codec = WeightedSumCodec(
+            bases=[t.object for t in found if t is not None],
+            weights=weights,
+            anchor=-1 if anchor is None else anchor,
+            normalize=bool(params["normalize"]),
+            scale=float(params.get("lambda", 1.0)),
+            dtype=first.dtype,
+        )
         derived[name] = [codec, ZstdCodec(level=3)]
     return derived
 

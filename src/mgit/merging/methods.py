@@ -49,20 +49,42 @@ class Method:
 METHODS: dict[str, Method] = {
     "linear": Method("linear", False, {"normalize": True}, {"weight": 1.0}),
     "slerp": Method("slerp", True, {"t": None}, {}),
-    "task_arithmetic": Method("task_arithmetic", True, {"normalize": False, "lambda": 1.0, "int8_mask": False},
-                              {"weight": 1.0}),
-    "ties": Method("ties", True, {"normalize": True, "lambda": 1.0, "int8_mask": False, "rescale": False},
-                   {"weight": 1.0, "density": 1.0}),
-    "dare_linear": Method("dare_linear", True, {"normalize": False, "lambda": 1.0, "int8_mask": False,
-                                                "rescale": True}, {"weight": 1.0, "density": 1.0}),
-    "dare_ties": Method("dare_ties", True, {"normalize": False, "lambda": 1.0, "int8_mask": False, "rescale": True},
-                        {"weight": 1.0, "density": 1.0}),
-}  # fmt: skip
+    "task_arithmetic": Method(
+        "task_arithmetic", True, {"normalize": False, "lambda": 1.0, "int8_mask": False}, {"weight": 1.0}
+    ),
+    "ties": Method(
+        "ties",
+        True,
+        {"normalize": True, "lambda": 1.0, "int8_mask": False, "rescale": False},
+        {"weight": 1.0, "density": 1.0},
+    ),
+    "dare_linear": Method(
+        "dare_linear",
+        True,
+        {"normalize": False, "lambda": 1.0, "int8_mask": False, "rescale": True},
+        {"weight": 1.0, "density": 1.0},
+    ),
+    "dare_ties": Method(
+        "dare_ties",
+        True,
+        {"normalize": False, "lambda": 1.0, "int8_mask": False, "rescale": True},
+        {"weight": 1.0, "density": 1.0},
+    ),
+}
 
 
-def merge_tensor(method: str, name: str, values: Sequence[np.ndarray], base: int | None,
-                 inputs: Sequence[dict[str, Any]], params: dict[str, Any], seed: int, *,
-                 selections: dict[int, tuple[float, int]] | None = None, offset: int = 0) -> np.ndarray:  # fmt: skip
+def merge_tensor(
+    method: str,
+    name: str,
+    values: Sequence[np.ndarray],
+    base: int | None,
+    inputs: Sequence[dict[str, Any]],
+    params: dict[str, Any],
+    seed: int,
+    *,
+    selections: dict[int, tuple[float, int]] | None = None,
+    offset: int = 0,
+) -> np.ndarray:
     """The merged value of tensor `name` (float32) from its value in each input. A TIES merge
     of a large tensor goes a flat chunk at a time (`values` from flat index `offset`) with
     each input's `selections` found beforehand over the whole tensor (`ties_selection`)."""
@@ -90,16 +112,29 @@ def _direction(v: np.ndarray, eps: float) -> np.ndarray:
     return v / norm if norm > eps else v
 
 
-def _task_arithmetic(method: str, name: str, values: Sequence[np.ndarray], base: int,
-                     inputs: Sequence[dict[str, Any]], params: dict[str, Any], seed: int,
-                     selections: dict[int, tuple[float, int]], offset: int) -> np.ndarray:  # fmt: skip
+def _task_arithmetic(
+    method: str,
+    name: str,
+    values: Sequence[np.ndarray],
+    base: int,
+    inputs: Sequence[dict[str, Any]],
+    params: dict[str, Any],
+    seed: int,
+    selections: dict[int, tuple[float, int]],
+    offset: int,
+) -> np.ndarray:
     b = values[base]
     others = [i for i in range(len(values)) if i != base]
     if not others:
         return b
     if method == "task_arithmetic":  # the arithmetic the stored merge re-derives its tensors with
-        return task_vector_sum(b, [values[i] for i in others], [float(inputs[i]["weight"]) for i in others],
-                               normalize=bool(params["normalize"]), scale=float(params["lambda"]))  # fmt: skip
+        return task_vector_sum(
+            b,
+            [values[i] for i in others],
+            [float(inputs[i]["weight"]) for i in others],
+            normalize=bool(params["normalize"]),
+            scale=float(params["lambda"]),
+        )
     deltas, weights = [], []
     for i in others:
         delta = values[i] - b
@@ -147,8 +182,9 @@ def _magnitude(delta: np.ndarray, density: float, *, rescale: bool, name: str) -
     return _rescaled(delta, mask, rescale)
 
 
-def ties_selection(delta: np.ndarray, density: float, name: str, *, magnitudes: np.ndarray | None = None
-                   ) -> tuple[float, int]:  # fmt: skip
+def ties_selection(
+    delta: np.ndarray, density: float, name: str, *, magnitudes: np.ndarray | None = None
+) -> tuple[float, int]:
     """(threshold, last index): the `density` fraction of largest magnitudes of `delta` are
     those above the threshold, and those equal to it up to that flat index (what a stable
     sort by decreasing magnitude keeps). Linear time. `magnitudes` (|delta|, flat float32)
@@ -156,8 +192,9 @@ def ties_selection(delta: np.ndarray, density: float, name: str, *, magnitudes: 
     flat = np.abs(delta.reshape(-1)) if magnitudes is None else magnitudes
     k = int(density * flat.size)
     if k <= 0:
-        raise InputError(name, f"has {flat.size} elements: density {density:g} keeps none of them",
-                         hint="Raise --density")  # fmt: skip
+        raise InputError(
+            name, f"has {flat.size} elements: density {density:g} keeps none of them", hint="Raise --density"
+        )
     threshold = _kth_largest(flat, k)
     above = sum(int(np.count_nonzero(part > threshold)) for part in _chunks(flat))
     need = k - above

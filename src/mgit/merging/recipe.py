@@ -122,7 +122,9 @@ class StoreInput:
         if f is None or f.type != "safetensors":
             raise InputError(rel, "is missing from an input: every input must hold the same weight files")
         if rel not in self._metadata:  # (the first input is listed to plan the model, then each file)
-            self._metadata[rel] = parse_header(rel, self.store.get(f.object, expect=file_expected(f))[1].tobytes(), f.size).metadata
+            self._metadata[rel] = parse_header(
+                rel, self.store.get(f.object, expect=file_expected(f))[1].tobytes(), f.size
+            ).metadata
         return [Tensor(t.name, t.dtype, t.shape) for t in f.tensors], self._metadata[rel]
 
     def raw(self, rel: str, name: str) -> np.ndarray:
@@ -140,7 +142,6 @@ class StoreInput:
 Input = FolderInput | StoreInput
 
 
-
 def take_hint(tensor: str, *, config: bool = False) -> str:
     """How to say which input a tensor found in only some inputs comes from: a --take option,
     or a `take:` entry of a mergekit config (where --take is refused)."""
@@ -148,13 +149,13 @@ def take_hint(tensor: str, *, config: bool = False) -> str:
         return f"Say which model it comes from in the config: take: {{'{tensor}': MODEL}}"
     return f"Say which input it comes from: --take '{tensor}=REF'"
 
+
 def merge(parents: list[Path], out_dir: Path, **params: Any) -> None:
     """Merge the model folders `parents` into `out_dir` as `params` (a MergeSpec) says."""
     merge_inputs([FolderInput(Path(p)) for p in parents], Path(out_dir), MergeSpec.from_params(params))
 
 
-def merge_inputs(inputs: list[Input], out_dir: Path, spec: MergeSpec,
-                 tick: Progress | None = None) -> None:  # fmt: skip
+def merge_inputs(inputs: list[Input], out_dir: Path, spec: MergeSpec, tick: Progress | None = None) -> None:
     """Merge `inputs` (folders or stored versions, in the spec's order) into `out_dir`;
     `tick(nbytes)` after each tensor written."""
     if len(inputs) != len(spec.inputs):
@@ -167,8 +168,9 @@ def merge_inputs(inputs: list[Input], out_dir: Path, spec: MergeSpec,
 
 
 @contextmanager
-def streamed_source(inputs: list[Input], scratch: Path, spec: MergeSpec,
-                    exact: Mapping[str, Codec] | None = None) -> Iterator[ModelSource]:  # fmt: skip
+def streamed_source(
+    inputs: list[Input], scratch: Path, spec: MergeSpec, exact: Mapping[str, Codec] | None = None
+) -> Iterator[ModelSource]:
     """The merged model as an add reads a folder, its weight files merged tensor by tensor as
     the add reads them (once), the other files (config, tokenizer, a shards' index) written
     to `scratch`; in the order a folder is read, so that it stores as the recipe's folder
@@ -180,8 +182,10 @@ def streamed_source(inputs: list[Input], scratch: Path, spec: MergeSpec,
             return lambda: merged_tensors(spec, plan, inputs, pool, exact)
 
         files = [scan_file(p, p.relative_to(scratch).as_posix()) for p in scratch.rglob("*") if p.is_file()]
-        files += [SourceFile(rel, layout=SafetensorsLayout(p.header, p.spans, p.metadata), size=p.size,
-                             stream=stream(p)) for rel, p in plans.items()]  # fmt: skip
+        files += [
+            SourceFile(rel, layout=SafetensorsLayout(p.header, p.spans, p.metadata), size=p.size, stream=stream(p))
+            for rel, p in plans.items()
+        ]
         yield ModelSource(sorted(files, key=lambda f: walk_order(f.path)))
 
 
@@ -216,8 +220,9 @@ def _rewrite_index(index: Path, out_dir: Path, plans: dict[str, FilePlan]) -> No
     except ValueError:
         raise InputError(str(index), "is not a JSON index of shards") from None
     folder = index.parent.relative_to(out_dir).as_posix()
-    shards = {rel: plan.spans for rel, plan in plans.items()
-              if (Path(rel).parent.as_posix() if "/" in rel else ".") == folder}  # fmt: skip
+    shards = {
+        rel: plan.spans for rel, plan in plans.items() if (Path(rel).parent.as_posix() if "/" in rel else ".") == folder
+    }
     metadata = dict(data.get("metadata") or {}) if isinstance(data, dict) else {}
     metadata["total_size"] = sum(t.nbytes for spans in shards.values() for t in spans)
     weight_map = {t.name: Path(rel).name for rel, spans in shards.items() for t in spans}
@@ -242,8 +247,9 @@ class FilePlan:
         return len(self.header) + sum(s.nbytes for s in self.spans)
 
 
-def _merge_file(spec: MergeSpec, plan: FilePlan, inputs: list[Input], out: Path, pool: ThreadPoolExecutor,
-                tick: Progress) -> None:  # fmt: skip
+def _merge_file(
+    spec: MergeSpec, plan: FilePlan, inputs: list[Input], out: Path, pool: ThreadPoolExecutor, tick: Progress
+) -> None:
     """Merge one planned safetensors file into `out`."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "wb") as fh:
@@ -280,9 +286,12 @@ def plan_file(spec: MergeSpec, rel: str, inputs: list[Input], positions: dict[st
             raise InputError(name, "is only in some inputs", hint=take_hint(name))
         shapes = {t.shape for t in found if t is not None}
         if len(shapes) > 1:
-            raise InputError(name, f"has shapes {' and '.join(map(str, sorted(shapes)))} in the inputs: "
-                                   "different architectures or task heads",
-                             hint=take_hint(name))  # fmt: skip
+            raise InputError(
+                name,
+                f"has shapes {' and '.join(map(str, sorted(shapes)))} in the inputs: "
+                "different architectures or task heads",
+                hint=take_hint(name),
+            )
         plan.append((name, "merge", None, found))
     for glob, position, prefix in spec.rename:  # kept apart, under a name of their own (both task heads)
         for t in listed[position][0]:
@@ -307,13 +316,19 @@ def plan_file(spec: MergeSpec, rel: str, inputs: list[Input], positions: dict[st
     return FilePlan(rel, header, plan, tuple(spans), listed[order][1], positions)
 
 
-def merged_tensors(spec: MergeSpec, plan: FilePlan, inputs: list[Input], pool: ThreadPoolExecutor,
-                   exact: Mapping[str, Codec] | None = None) -> Iterator[tuple[TensorSpan, np.ndarray]]:  # fmt: skip
+def merged_tensors(
+    spec: MergeSpec,
+    plan: FilePlan,
+    inputs: list[Input],
+    pool: ThreadPoolExecutor,
+    exact: Mapping[str, Codec] | None = None,
+) -> Iterator[tuple[TensorSpan, np.ndarray]]:
     """Each tensor of a planned file, merged (or taken), in file order, as its span and
     bytes. A tensor `exact` names is made as that codec predicts it from the inputs' tensors
     (the same arithmetic: a linear or task-arithmetic merge's weighted sum), so that it is
     stored as that prediction with nothing to check again. The inputs' tensors are read on
     the pool's threads, the next tensor's while this one is merged."""
+
     def read(row: tuple[str, str, int | None, list[Tensor | None]]) -> list[Future[np.ndarray]]:
         return [pool.submit(i.raw, plan.rel, row[0]) for i in inputs]
 
@@ -337,33 +352,54 @@ def merged_tensors(spec: MergeSpec, plan: FilePlan, inputs: list[Input], pool: T
             ctx = CodecContext(target.nbytes, load_object=by_object.__getitem__)
             yield target, codec.predict(ctx, target.nbytes)  # type: ignore[attr-defined]
         else:
-            yield target, _flat(_merged(spec, name, raws, found, target.dtype, pool,  # type: ignore[arg-type]
-                                        plan.positions.get(name, 0.0)))
+            yield (
+                target,
+                _flat(
+                    _merged(
+                        spec,
+                        name,
+                        raws,
+                        found,
+                        target.dtype,
+                        pool,  # type: ignore[arg-type]
+                        plan.positions.get(name, 0.0),
+                    )
+                ),
+            )
 
 
 def _flat(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(values).reshape(-1).view(np.uint8)
 
 
-def _merged(spec: MergeSpec, name: str, raws: list[np.ndarray], found: list[Tensor], out_dtype: str,
-            pool: ThreadPoolExecutor, position: float) -> np.ndarray:  # fmt: skip
+def _merged(
+    spec: MergeSpec,
+    name: str,
+    raws: list[np.ndarray],
+    found: list[Tensor],
+    out_dtype: str,
+    pool: ThreadPoolExecutor,
+    position: float,
+) -> np.ndarray:
     """The merged tensor's bytes, with the parameters it has at its `position` along the
     layers. Element-wise methods go a chunk at a time on the pool's threads (the same bits:
     every element is computed alone), the others whole."""
     if not all(is_float(t.dtype) for t in found):  # integers, bools: the same in every input, or refused
         if any(not np.array_equal(r, raws[0]) for r in raws[1:]):
-            raise InputError(name, "is not a float tensor and differs between the inputs",
-                             hint=take_hint(name))  # fmt: skip
+            raise InputError(name, "is not a float tensor and differs between the inputs", hint=take_hint(name))
         return raws[spec.base if spec.base is not None else 0]
     count = element_count(found[0].shape)
     inputs, params = spec.resolve(name, position)
     selections = _ties_selections(spec, inputs, name, raws, found) if spec.method == "ties" and count > CHUNK else {}
 
     def part(lo: int, hi: int, shape: tuple[int, ...]) -> np.ndarray:
-        values = [to_float(r[lo * itemsize(t.dtype) : hi * itemsize(t.dtype)], t.dtype, np.float32).reshape(shape)
-                  for r, t in zip(raws, found, strict=True)]  # fmt: skip
-        merged = merge_tensor(spec.method, name, values, spec.base, inputs, params, spec.seed,
-                              selections=selections, offset=lo)  # fmt: skip
+        values = [
+            to_float(r[lo * itemsize(t.dtype) : hi * itemsize(t.dtype)], t.dtype, np.float32).reshape(shape)
+            for r, t in zip(raws, found, strict=True)
+        ]
+        merged = merge_tensor(
+            spec.method, name, values, spec.base, inputs, params, spec.seed, selections=selections, offset=lo
+        )
         return encode_floats(np.asarray(merged, np.float32), out_dtype).reshape(-1).view(np.uint8)
 
     chunked = spec.method in ELEMENTWISE and not (spec.method == "ties" and params["rescale"])
@@ -380,8 +416,9 @@ def _merged(spec: MergeSpec, name: str, raws: list[np.ndarray], found: list[Tens
     return out
 
 
-def _ties_selections(spec: MergeSpec, inputs: list[dict[str, Any]], name: str, raws: list[np.ndarray],
-                     found: list[Tensor]) -> dict[int, tuple[float, int]]:  # fmt: skip
+def _ties_selections(
+    spec: MergeSpec, inputs: list[dict[str, Any]], name: str, raws: list[np.ndarray], found: list[Tensor]
+) -> dict[int, tuple[float, int]]:
     """What TIES keeps of each input's task vector, found over the whole tensor (the float32
     magnitudes of one input's task vector at a time, filled a chunk at a time), so that the
     merge itself can go a chunk at a time."""

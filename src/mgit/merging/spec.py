@@ -52,13 +52,20 @@ def _setting(key: str, value: Any) -> Any:
         if all(isinstance(e, dict) for e in value):
             out = []
             for cond in value:
-                if set(cond) - {"filter", "value"} or "value" not in cond or not isinstance(cond.get("filter"), str | None):
-                    raise InvalidOptionError(f"parameter {key!r}: a filter is {{filter: NAME PART, value: SETTING}}, "
-                                             f"not {cond!r}")  # fmt: skip
+                if (
+                    set(cond) - {"filter", "value"}
+                    or "value" not in cond
+                    or not isinstance(cond.get("filter"), str | None)
+                ):
+                    raise InvalidOptionError(
+                        f"parameter {key!r}: a filter is {{filter: NAME PART, value: SETTING}}, not {cond!r}"
+                    )
                 out.append({"filter": cond.get("filter"), "value": _setting(key, cond["value"])})
             return out
-    raise InvalidOptionError(f"parameter {key!r} must be a number, a gradient (a list of numbers) or filters "
-                             f"(a list of {{filter, value}}), not {value!r}")  # fmt: skip
+    raise InvalidOptionError(
+        f"parameter {key!r} must be a number, a gradient (a list of numbers) or filters "
+        f"(a list of {{filter, value}}), not {value!r}"
+    )
 
 
 def structured(setting: Any) -> bool:
@@ -115,8 +122,10 @@ def _scalar(method: str, key: str, value: Any, default: Any, where: str) -> Any:
 def _checked(method: str, given: dict[str, Any], accepted: dict[str, Any], where: str) -> dict[str, Any]:
     unknown = [k for k in given if k not in accepted]
     if unknown:
-        raise InvalidOptionError(f"{method} takes no {where} parameter {unknown[0]!r}",
-                                 hint=f"Its {where} parameters: {', '.join(accepted) or 'none'}")  # fmt: skip
+        raise InvalidOptionError(
+            f"{method} takes no {where} parameter {unknown[0]!r}",
+            hint=f"Its {where} parameters: {', '.join(accepted) or 'none'}",
+        )
     out = {}
     for key, default in accepted.items():
         value = given.get(key, default)
@@ -148,10 +157,19 @@ class MergeSpec:
     rename: list[tuple[str, int, str]] = field(default_factory=list)  # (glob, input, prefix): kept, renamed
 
     @classmethod
-    def build(cls, method: str, count: int, *, base: int | None, inputs: list[dict[str, Any]] | None = None,
-              parameters: dict[str, Any] | None = None, dtype: str | None = None, seed: int = 0,
-              take: list[tuple[str, int]] | None = None,
-              rename: list[tuple[str, int, str]] | None = None) -> MergeSpec:  # fmt: skip
+    def build(
+        cls,
+        method: str,
+        count: int,
+        *,
+        base: int | None,
+        inputs: list[dict[str, Any]] | None = None,
+        parameters: dict[str, Any] | None = None,
+        dtype: str | None = None,
+        seed: int = 0,
+        take: list[tuple[str, int]] | None = None,
+        rename: list[tuple[str, int, str]] | None = None,
+    ) -> MergeSpec:
         """A checked spec for `count` inputs (parameters not given take their defaults)."""
         if method not in METHODS:
             raise InvalidOptionError(f"unknown merge method {method!r}", hint=f"Use one of: {', '.join(METHODS)}")
@@ -159,7 +177,9 @@ class MergeSpec:
         if not 2 <= count <= MAX_INPUTS:
             raise InvalidOptionError(f"a merge takes 2 to {MAX_INPUTS} models, not {count}")
         if m.needs_base and base is None:
-            raise InvalidOptionError(f"{method} needs a base model", hint="Add --base REF (or base_model in the config)")
+            raise InvalidOptionError(
+                f"{method} needs a base model", hint="Add --base REF (or base_model in the config)"
+            )
         if base is not None and not 0 <= base < count:
             raise InvalidOptionError(f"base position {base} is not one of the {count} inputs")
         if method == "slerp" and count != 2:
@@ -177,12 +197,27 @@ class MergeSpec:
             if not isinstance(glob, str) or not glob or not isinstance(position, int) or not 0 <= position < count:
                 raise InvalidOptionError(f"take rule {glob!r}={position!r} does not name a tensor glob and an input")
         for glob, position, prefix in rename or []:
-            if not isinstance(glob, str) or not glob or not isinstance(position, int) or not 0 <= position < count \
-                    or not isinstance(prefix, str) or not prefix:  # fmt: skip
-                raise InvalidOptionError(f"rename rule {glob!r}={position!r}:{prefix!r} does not name a tensor glob, "
-                                         "an input and a prefix")  # fmt: skip
-        return cls(method, per_input, base, params, dtype, seed, [(g, p) for g, p in take or []],
-                   [(g, p, x) for g, p, x in rename or []])  # fmt: skip
+            if (
+                not isinstance(glob, str)
+                or not glob
+                or not isinstance(position, int)
+                or not 0 <= position < count
+                or not isinstance(prefix, str)
+                or not prefix
+            ):
+                raise InvalidOptionError(
+                    f"rename rule {glob!r}={position!r}:{prefix!r} does not name a tensor glob, an input and a prefix"
+                )
+        return cls(
+            method,
+            per_input,
+            base,
+            params,
+            dtype,
+            seed,
+            [(g, p) for g, p in take or []],
+            [(g, p, x) for g, p, x in rename or []],
+        )
 
     def varies(self) -> bool:
         """Whether a parameter has a gradient or filters (its value depends on the tensor)."""
@@ -203,13 +238,17 @@ class MergeSpec:
                 if value is None:
                     value = accepted[key]
                     if value is None:
-                        raise InvalidOptionError(f"no {where} parameter {key!r} for tensor {tensor!r}: none of its "
-                                                 "filters matches", hint="End the filters with one without a filter")  # fmt: skip
+                        raise InvalidOptionError(
+                            f"no {where} parameter {key!r} for tensor {tensor!r}: none of its filters matches",
+                            hint="End the filters with one without a filter",
+                        )
                 out[key] = _scalar(self.method, key, value, accepted[key], f" (tensor {tensor!r})")
             return out
 
-        return ([values(p, m.input_parameters, "model") for p in self.inputs],
-                values(self.parameters, m.parameters, "merge"))  # fmt: skip
+        return (
+            [values(p, m.input_parameters, "model") for p in self.inputs],
+            values(self.parameters, m.parameters, "merge"),
+        )
 
     def taken_from(self, tensor: str) -> int | None:
         """The input a tensor is taken from unmerged (the first matching rule), or None."""
@@ -221,9 +260,16 @@ class MergeSpec:
 
     def to_params(self) -> dict[str, Any]:
         """As recipe parameters (JSON values)."""
-        return {"method": self.method, "inputs": self.inputs, "base": self.base, "parameters": self.parameters,
-                "dtype": self.dtype, "seed": self.seed, "take": [list(t) for t in self.take],
-                "rename": [list(r) for r in self.rename]}  # fmt: skip
+        return {
+            "method": self.method,
+            "inputs": self.inputs,
+            "base": self.base,
+            "parameters": self.parameters,
+            "dtype": self.dtype,
+            "seed": self.seed,
+            "take": [list(t) for t in self.take],
+            "rename": [list(r) for r in self.rename],
+        }
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> MergeSpec:
@@ -231,9 +277,17 @@ class MergeSpec:
         try:
             take = [(str(g), int(p)) for g, p in params.get("take") or []]
             rename = [(str(g), int(p), str(x)) for g, p, x in params.get("rename") or []]
-            return cls.build(params["method"], len(params["inputs"]), base=params.get("base"),
-                             inputs=params["inputs"], parameters=params.get("parameters"), dtype=params.get("dtype"),
-                             seed=params.get("seed", 0), take=take, rename=rename)  # fmt: skip
+            return cls.build(
+                params["method"],
+                len(params["inputs"]),
+                base=params.get("base"),
+                inputs=params["inputs"],
+                parameters=params.get("parameters"),
+                dtype=params.get("dtype"),
+                seed=params.get("seed", 0),
+                take=take,
+                rename=rename,
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidOptionError(f"malformed merge parameters ({exc})") from None
 
@@ -261,8 +315,18 @@ class MergeConfig:
             raise InvalidOptionError(f"{where} is not YAML ({str(exc).splitlines()[0]})") from None
         if not isinstance(data, dict):
             raise InvalidOptionError(f"{where} is not a mapping of merge settings")
-        known = ("models", "merge_method", "base_model", "parameters", "dtype", "out_dtype", "take", "rename",
-                 "tokenizer_source", "chat_template")  # fmt: skip
+        known = (
+            "models",
+            "merge_method",
+            "base_model",
+            "parameters",
+            "dtype",
+            "out_dtype",
+            "take",
+            "rename",
+            "tokenizer_source",
+            "chat_template",
+        )
         known += ("slices",)
         unknown = [k for k in data if k not in known]
         layer_range = None
@@ -271,8 +335,10 @@ class MergeConfig:
                 raise InvalidOptionError(f"{where}: give 'models' or 'slices', not both")
             data = dict(data)
             data["models"], layer_range, slice_parameters = _one_slice(data.pop("slices"), where)
-            data["parameters"] = {k: combine(slice_parameters.get(k), (data.get("parameters") or {}).get(k))
-                                  for k in {*slice_parameters, *(data.get("parameters") or {})}}  # fmt: skip
+            data["parameters"] = {
+                k: combine(slice_parameters.get(k), (data.get("parameters") or {}).get(k))
+                for k in {*slice_parameters, *(data.get("parameters") or {})}
+            }
         if unknown:
             raise InvalidOptionError(f"{where}: unknown setting {unknown[0]!r}", hint=f"Known: {', '.join(known[:6])}")
         models = []
@@ -295,13 +361,22 @@ class MergeConfig:
             raise InvalidOptionError(f"{where}: 'parameters' must be a mapping")
         rename = []
         for rule in data.get("rename") or []:
-            if not isinstance(rule, dict) or not all(isinstance(rule.get(k), str) for k in ("tensors", "model", "prefix")):
+            if not isinstance(rule, dict) or not all(
+                isinstance(rule.get(k), str) for k in ("tensors", "model", "prefix")
+            ):
                 raise InvalidOptionError(f"{where}: each of 'rename' needs tensors (a glob), model and prefix")
             rename.append((rule["tensors"], rule["model"], rule["prefix"]))
         base = data.get("base_model")
-        return cls(data["merge_method"], models, base if isinstance(base, str) else None, dict(parameters),
-                   data.get("out_dtype") or data.get("dtype"), [(str(g), str(m)) for g, m in take.items()], rename,
-                   layer_range)  # fmt: skip
+        return cls(
+            data["merge_method"],
+            models,
+            base if isinstance(base, str) else None,
+            dict(parameters),
+            data.get("out_dtype") or data.get("dtype"),
+            [(str(g), str(m)) for g, m in take.items()],
+            rename,
+            layer_range,
+        )
 
 
 def _one_slice(slices: Any, where: str) -> tuple[list[dict[str, Any]], tuple[int, int], dict[str, Any]]:
@@ -312,8 +387,10 @@ def _one_slice(slices: Any, where: str) -> tuple[list[dict[str, Any]], tuple[int
     if not isinstance(slices, list) or not slices:
         raise InvalidOptionError(f"{where}: 'slices' must be a list of slices")
     if len(slices) > 1:
-        raise InvalidOptionError(f"{where}: {len(slices)} slices stack layers into another architecture, which "
-                                 "mgit merge does not make", hint="Merge the same layers of every model: one slice")  # fmt: skip
+        raise InvalidOptionError(
+            f"{where}: {len(slices)} slices stack layers into another architecture, which mgit merge does not make",
+            hint="Merge the same layers of every model: one slice",
+        )
     only = slices[0]
     if not isinstance(only, dict) or not isinstance(only.get("sources"), list) or not only["sources"]:
         raise InvalidOptionError(f"{where}: a slice needs 'sources' (model and layer_range each)")
@@ -323,14 +400,21 @@ def _one_slice(slices: Any, where: str) -> tuple[list[dict[str, Any]], tuple[int
     models, ranges = [], set()
     for source in only["sources"]:
         span = source.get("layer_range") if isinstance(source, dict) else None
-        if not (isinstance(span, list) and len(span) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
-                                                                  for x in span) and 0 <= span[0] < span[1]):  # fmt: skip
+        if not (
+            isinstance(span, list)
+            and len(span) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in span)
+            and 0 <= span[0] < span[1]
+        ):
             raise InvalidOptionError(f"{where}: each slice source needs a model and a layer_range [FIRST, END]")
         ranges.add(tuple(span))
         models.append({k: v for k, v in source.items() if k != "layer_range"})
     if len(ranges) > 1:
-        raise InvalidOptionError(f"{where}: the sources take different layer ranges ({', '.join(map(str, sorted(ranges)))}), "
-                                 "which changes the architecture", hint="Give every source the same layer_range")  # fmt: skip
+        raise InvalidOptionError(
+            f"{where}: the sources take different layer ranges ({', '.join(map(str, sorted(ranges)))}), "
+            "which changes the architecture",
+            hint="Give every source the same layer_range",
+        )
     parameters = only.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise InvalidOptionError(f"{where}: a slice's 'parameters' must be a mapping")

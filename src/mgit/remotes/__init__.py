@@ -39,9 +39,11 @@ def normalize_url(url: str, *, cwd: Path | None = None) -> str:
     credentials, or of a scheme MGit does not speak, is refused."""
     parts = urlsplit(url)
     if parts.username or parts.password or "@" in parts.netloc:
-        raise InvalidOptionError(f"refusing a remote URL that holds credentials ({parts.scheme}://…@{parts.hostname})",
-                                 hint="Give credentials through the AWS chain (AWS_ACCESS_KEY_ID, "
-                                      "~/.aws/credentials, --profile), never in the URL")  # fmt: skip
+        raise InvalidOptionError(
+            f"refusing a remote URL that holds credentials ({parts.scheme}://…@{parts.hostname})",
+            hint="Give credentials through the AWS chain (AWS_ACCESS_KEY_ID, "
+            "~/.aws/credentials, --profile), never in the URL",
+        )
     if parts.scheme == "s3":
         if not S3_BUCKET_RE.match(parts.netloc or ""):
             raise InvalidOptionError(f"{url!r} does not name an S3 bucket", hint="Use s3://BUCKET/PREFIX")
@@ -52,8 +54,10 @@ def normalize_url(url: str, *, cwd: Path | None = None) -> str:
     if parts.scheme == "file":
         return str(Path(parts.path).resolve())
     if parts.scheme and len(parts.scheme) > 1:  # (a Windows drive letter is one letter)
-        raise InvalidOptionError(f"remote URL scheme {parts.scheme!r} is not supported",
-                                 hint="Use a folder path, file:///PATH or s3://BUCKET/PREFIX")  # fmt: skip
+        raise InvalidOptionError(
+            f"remote URL scheme {parts.scheme!r} is not supported",
+            hint="Use a folder path, file:///PATH or s3://BUCKET/PREFIX",
+        )
     return str((cwd or Path.cwd()).joinpath(os.path.expanduser(url)).resolve())
 
 

@@ -26,7 +26,11 @@ def check_key(key: str) -> str:
     """A key as backends accept it: relative, no empty part, none starting with `.` (a
     folder backend must never read or write outside its root, nor its temporary files), and
     nothing under `locks/` (a folder remote's lock files)."""
-    if not KEY_RE.match(key) or any(p in (".", "..") or p.startswith(".") for p in key.split("/")) or key.startswith("locks/"):
+    if (
+        not KEY_RE.match(key)
+        or any(p in (".", "..") or p.startswith(".") for p in key.split("/"))
+        or key.startswith("locks/")
+    ):
         raise RemoteError(f"not a remote key: {key!r}")
     return key
 

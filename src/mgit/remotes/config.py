@@ -20,22 +20,28 @@ REMOTE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
 def validate_remote_name(name: str) -> str:
     if not REMOTE_NAME_RE.match(name or "") or name.endswith((".lock", ".")):
-        raise InvalidOptionError(f"invalid remote name {name!r}",
-                                 hint="Use letters, digits, '.', '_' and '-' (like origin)")  # fmt: skip
+        raise InvalidOptionError(
+            f"invalid remote name {name!r}", hint="Use letters, digits, '.', '_' and '-' (like origin)"
+        )
     return name
 
 
 def remotes_of(config: dict[str, Any]) -> dict[str, RemoteSpec]:
     found = config.get("remotes") or {}
     fields = ("url", "endpoint_url", "region", "profile")
-    return {name: RemoteSpec(**{k: spec.get(k) for k in fields}) for name, spec in sorted(found.items())
-            if isinstance(spec, dict) and isinstance(spec.get("url"), str)}  # fmt: skip
+    return {
+        name: RemoteSpec(**{k: spec.get(k) for k in fields})
+        for name, spec in sorted(found.items())
+        if isinstance(spec, dict) and isinstance(spec.get("url"), str)
+    }
 
 
 def remote_of(config: dict[str, Any], name: str) -> RemoteSpec:
     spec = remotes_of(config).get(name)
     if spec is None:
-        raise RemoteNotFoundError(f"no remote named {name!r}", hint="See: mgit remote ls; add one with: mgit remote add")
+        raise RemoteNotFoundError(
+            f"no remote named {name!r}", hint="See: mgit remote ls; add one with: mgit remote add"
+        )
     return spec
 
 

@@ -38,8 +38,15 @@ from mgit.util.locks import FileLock
 O_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 MAX_DEPTH = 16  # folders below the root a listing descends (keys are three or four deep)
-KINDS = {stat.S_IFLNK: "a link", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a device",
-         stat.S_IFBLK: "a device", stat.S_IFDIR: "a folder", stat.S_IFREG: "a file"}  # fmt: skip
+KINDS = {
+    stat.S_IFLNK: "a link",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+    stat.S_IFDIR: "a folder",
+    stat.S_IFREG: "a file",
+}
 
 
 def kind(mode: int) -> str:
@@ -154,8 +161,10 @@ class FolderBackend(Backend):
                 if copied > limit:  # it grew while copied: nothing past the limit is kept
                     raise RemoteTooLargeError(self.url, key, copied, limit)
                 if copied < size:
-                    raise RemoteError(f"{key} on {self.url} shrank from {size} to {copied} bytes while it was read",
-                                      hint="Another process is changing the remote; try again")  # fmt: skip
+                    raise RemoteError(
+                        f"{key} on {self.url} shrank from {size} to {copied} bytes while it was read",
+                        hint="Another process is changing the remote; try again",
+                    )
             except BaseException:
                 path.unlink(missing_ok=True)
                 raise

@@ -124,8 +124,11 @@ def declared_size(pid: str, path: Path, *, where: str) -> int:
     if declared < 0:
         raise _refused(pid, where, "does not declare its decoded size")
     if declared > decoded_limit(wire):
-        raise _refused(pid, where, f"of {wire} bytes decodes to {declared}, more than the {decoded_limit(wire)} "
-                                   f"a pack of its size may")  # fmt: skip
+        raise _refused(
+            pid,
+            where,
+            f"of {wire} bytes decodes to {declared}, more than the {decoded_limit(wire)} a pack of its size may",
+        )
     return declared
 
 
@@ -280,9 +283,15 @@ def _row(value: Any) -> ObjectInfo:
     ok = isinstance(value, list) and len(value) == 6
     if ok:
         oid, kind, size, stored, codec, bases = value
-        ok = (isinstance(oid, str) and bool(OID_RE.match(oid)) and kind in KINDS and isinstance(codec, str)
-              and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (size, stored))
-              and isinstance(bases, list) and all(isinstance(b, str) and OID_RE.match(b) for b in bases))  # fmt: skip
+        ok = (
+            isinstance(oid, str)
+            and bool(OID_RE.match(oid))
+            and kind in KINDS
+            and isinstance(codec, str)
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (size, stored))
+            and isinstance(bases, list)
+            and all(isinstance(b, str) and OID_RE.match(b) for b in bases)
+        )
     if not ok:
         raise _Damaged(f"bad object row {value!r}"[:120])
     return oid, kind, size, stored, codec, tuple(bases)
@@ -314,8 +323,13 @@ class PackSpool:
 
     def _lookup(self, table: str, oids: Iterable[str]) -> list[tuple[str, Any]]:
         wanted = json.dumps(sorted(set(oids)))
-        return list(self.db.execute(f"SELECT id, {'info' if table == 'object' else 'data'} FROM {table} "
-                                    "WHERE id IN (SELECT value FROM json_each(?))", (wanted,)))  # fmt: skip
+        return list(
+            self.db.execute(
+                f"SELECT id, {'info' if table == 'object' else 'data'} FROM {table} "
+                "WHERE id IN (SELECT value FROM json_each(?))",
+                (wanted,),
+            )
+        )
 
     def records(self, oids: Iterable[str]) -> dict[str, bytes]:
         return {o: bytes(d) for o, d in self._lookup("record", oids)}

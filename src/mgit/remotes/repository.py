@@ -73,16 +73,19 @@ class RemoteRepository:
         try:
             raw = self.backend.read("config.json", limit=MAX_SMALL)
         except MissingKeyError:
-            raise RemoteNotFoundError(f"{self.url} is not an mgit remote (no config.json)",
-                                      hint=f"Lay one out with: mgit init --bare {self.url}") from None  # fmt: skip
+            raise RemoteNotFoundError(
+                f"{self.url} is not an mgit remote (no config.json)",
+                hint=f"Lay one out with: mgit init --bare {self.url}",
+            ) from None
         try:
             config = json.loads(raw)
             fmt = config.get("format")
         except (ValueError, AttributeError):
             raise RemoteError(f"{self.url}: config.json is not readable") from None
         if fmt != REMOTE_FORMAT:
-            raise RemoteError(f"{self.url} has format {fmt!r}; this mgit reads format {REMOTE_FORMAT}",
-                              hint="Upgrade mgit")  # fmt: skip
+            raise RemoteError(
+                f"{self.url} has format {fmt!r}; this mgit reads format {REMOTE_FORMAT}", hint="Upgrade mgit"
+            )
         return config
 
     # --- refs -------------------------------------------------------------------------------
@@ -151,8 +154,11 @@ class RemoteRepository:
         cut short, or anything else under its name, is not there, and is sent again."""
         wanted = sorted(sizes)
         found = self.map(lambda o: self.backend.size(object_key(o)), wanted)
-        return {o for o, size in zip(wanted, found, strict=True)
-                if size is not None and (sizes[o] is None or size == sizes[o])}  # fmt: skip
+        return {
+            o
+            for o, size in zip(wanted, found, strict=True)
+            if size is not None and (sizes[o] is None or size == sizes[o])
+        }
 
     def read_object(self, oid: str, *, limit: int) -> bytes:
         return self.backend.read(object_key(oid), limit=limit)

@@ -66,13 +66,32 @@ GRACE, MIN_RATE = 60.0, 32 * 1024  # a body has GRACE s plus its size at MIN_RAT
 CHUNK = 8 * MiB
 MAX_LIST_PAGES = 100_000  # 10^8 keys: a listing that never ends comes from a broken server
 AWS_HOST = re.compile(r"(^|\.)amazonaws\.com(\.cn)?$")
-AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
-              "TokenRefreshRequired", "RequestTimeTooSkewed", "AllAccessDisabled"}  # fmt: skip
-BUSY_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "ServiceUnavailable",
-              "InternalError", "RequestLimitExceeded"}  # fmt: skip
+AUTH_CODES = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "TokenRefreshRequired",
+    "RequestTimeTooSkewed",
+    "AllAccessDisabled",
+}
+BUSY_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestLimitExceeded",
+}
 CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
-CREDENTIAL_ERRORS = (boto_errors.PartialCredentialsError, boto_errors.CredentialRetrievalError,
-                     boto_errors.TokenRetrievalError, boto_errors.SSOError)  # fmt: skip
+CREDENTIAL_ERRORS = (
+    boto_errors.PartialCredentialsError,
+    boto_errors.CredentialRetrievalError,
+    boto_errors.TokenRetrievalError,
+    boto_errors.SSOError,
+)
 
 
 def attempts_from_env() -> int:
@@ -99,20 +118,32 @@ def pace_from_env() -> tuple[float, float]:
     return pace[0], pace[1]
 
 
-def transfer_config(*, max_workers: int = 16, threshold: int = MULTIPART_THRESHOLD,
-                    part_size: int = PART_SIZE) -> TransferConfig:  # fmt: skip
+def transfer_config(
+    *, max_workers: int = 16, threshold: int = MULTIPART_THRESHOLD, part_size: int = PART_SIZE
+) -> TransferConfig:
     """How files move: one request below `threshold`, else `part_size` parts on `max_workers`
     threads. A benchmark passes the same object to a plain boto3 `upload_file` to compare."""
-    return TransferConfig(multipart_threshold=threshold, multipart_chunksize=part_size,
-                          max_concurrency=max_workers, preferred_transfer_client="classic")  # fmt: skip
+    return TransferConfig(
+        multipart_threshold=threshold,
+        multipart_chunksize=part_size,
+        max_concurrency=max_workers,
+        preferred_transfer_client="classic",
+    )
 
 
 class S3Backend(Backend):
     """Keys under `prefix/` in one bucket. `client` (one boto3 client, shared by every thread)
     and `transfer` (how large files move) are public, so a benchmark can run plain boto3 alike."""
 
-    def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None,
-                 profile: str | None = None, max_workers: int = 16) -> None:  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        profile: str | None = None,
+        max_workers: int = 16,
+    ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "s3" or not parts.netloc:
             raise InvalidOptionError(f"{url!r} does not name an S3 bucket", hint="Use s3://BUCKET/PREFIX")
@@ -131,13 +162,17 @@ class S3Backend(Backend):
     def _pace(self, parsed: dict[str, Any], **kwargs: Any) -> None:
         if "Body" in parsed:
             size = parsed.get("ContentLength")
-            parsed["Body"] = _PacedBody(parsed["Body"], size if isinstance(size, int) else None, self.grace,
-                                        self.min_rate)  # fmt: skip
+            parsed["Body"] = _PacedBody(
+                parsed["Body"], size if isinstance(size, int) else None, self.grace, self.min_rate
+            )
 
     def _connect(self, endpoint_url: str | None, region: str | None, profile: str | None, workers: int) -> Any:
-        config = Config(retries={"mode": "standard", "total_max_attempts": self.attempts},
-                        connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT,
-                        max_pool_connections=workers + 4)  # fmt: skip
+        config = Config(
+            retries={"mode": "standard", "total_max_attempts": self.attempts},
+            connect_timeout=CONNECT_TIMEOUT,
+            read_timeout=READ_TIMEOUT,
+            max_pool_connections=workers + 4,
+        )
         try:
             session = boto3.session.Session(profile_name=profile, region_name=region)
             client = session.client("s3", endpoint_url=endpoint_url, config=config)
@@ -174,9 +209,10 @@ class S3Backend(Backend):
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         said = _line(exc.response.get("Error", {}).get("Message") or code)
         if code == "NoSuchBucket" or (status == 404 and key is None):
-            return RemoteNotFoundError(f"bucket {self.bucket!r} of {self.url} does not exist",
-                                       hint="MGit never creates buckets: create it with your S3 tools, "
-                                            "or check the URL and the endpoint")  # fmt: skip
+            return RemoteNotFoundError(
+                f"bucket {self.bucket!r} of {self.url} does not exist",
+                hint="MGit never creates buckets: create it with your S3 tools, or check the URL and the endpoint",
+            )
         if conditional and (code in CONFLICT_CODES or status == 404):  # 404: If-Match on a missing key
             return RemoteConflictError(self.url, str(key))
         if status == 404:
@@ -278,7 +314,8 @@ class S3Backend(Backend):
             return 0
         found = []
         pages = self.client.get_paginator("list_multipart_uploads").paginate(
-            Bucket=self.bucket, Prefix=os.path.commonprefix(sorted(wanted)))
+            Bucket=self.bucket, Prefix=os.path.commonprefix(sorted(wanted))
+        )
         with self._translated():
             for number, page in enumerate(pages):
                 if number >= MAX_LIST_PAGES:
@@ -383,8 +420,13 @@ class _PacedBody:
         spent = time.monotonic() - self._start
         allowed = self._grace + (self._size if self._size is not None else self._received) / self._rate
         if spent > allowed and (self._size is None or self._received < self._size):
-            raise _TooSlow(received=self._received, size=self._size if self._size is not None else "?",
-                           seconds=spent, rate=self._rate, endpoint_url="")  # fmt: skip
+            raise _TooSlow(
+                received=self._received,
+                size=self._size if self._size is not None else "?",
+                seconds=spent,
+                rate=self._rate,
+                endpoint_url="",
+            )
 
     def read(self, amt: int | None = None) -> bytes:
         if amt is None or amt < 0:

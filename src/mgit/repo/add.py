@@ -80,8 +80,10 @@ class AddOptions:
     def __post_init__(self) -> None:
         validate_model_name(self.name)
         if self.auto_parent and self.parents:
-            raise InvalidOptionError("auto_parent infers the parent; it cannot be combined with a given parent",
-                                     hint="Drop --parent or --auto-parent")  # fmt: skip
+            raise InvalidOptionError(
+                "auto_parent infers the parent; it cannot be combined with a given parent",
+                hint="Drop --parent or --auto-parent",
+            )
         if self.gate is not None and self.lossy is None:
             raise InvalidOptionError("a gate only checks lossy storage", hint="Add --lossy EPS or --lossy-rel R")
 
@@ -100,10 +102,18 @@ class Snapshot:
     earlier: list[PutResult] = field(default_factory=list)  # what a refused lossy pass wrote first
 
 
-def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
-                source: str | os.PathLike[str] | Mapping[str, Any] | ModelSource, options: AddOptions, *,
-                parents: list[str], recipe: dict[str, Any] | None, max_depth: int,
-                reuse: DecodedCache | None = None) -> AddResult:  # fmt: skip
+def add_version(
+    store: ObjectStore,
+    refs: RefStore,
+    catalog: Catalog,
+    source: str | os.PathLike[str] | Mapping[str, Any] | ModelSource,
+    options: AddOptions,
+    *,
+    parents: list[str],
+    recipe: dict[str, Any] | None,
+    max_depth: int,
+    reuse: DecodedCache | None = None,
+) -> AddResult:
     """The body of `Repo.add` (see its docstring) over the repository's store, refs and catalog:
     `parents` are the options' parents resolved to version ids, `recipe` the record of its
     recipe (`Repo.recipe_record`)."""
@@ -111,11 +121,11 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
     author = options.author or os.environ.get("MGIT_AUTHOR") or user_at_host()
     jobs = options.jobs or default_jobs()
     try:  # what every reader of the record will check, refused before anything is written
-        check_version_fields(model=name, message=message, author=author, tags=tags, parents=len(parents),
-                             recipe=recipe)
+        check_version_fields(model=name, message=message, author=author, tags=tags, parents=len(parents), recipe=recipe)
     except RecordError as exc:
-        raise InvalidOptionError(str(exc), hint="A message may hold newlines and tabs; no field other control "
-                                 "characters") from None  # fmt: skip
+        raise InvalidOptionError(
+            str(exc), hint="A message may hold newlines and tabs; no field other control characters"
+        ) from None
     asked_relation = relation = options.relation
     recipe_record = recipe
     parent_ids = parents
@@ -127,16 +137,22 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
     if own:  # the version before is the new one's predecessor: as a parent too it would be its own ancestor
         ref = catalog.parent_infos([(own[0], relation or "finetune")])[0].ref
         seq = ref.rpartition("@")[2]
-        raise InvalidOptionError(f"{ref} cannot be a lineage parent of {name}: it is {name}'s own history, "
-                                 f"and the new version follows {name}'s latest already",
-                                 hint=f"A parent is another model; to branch from {name}@{seq}, add the new "
-                                      "version under another name")  # fmt: skip
+        raise InvalidOptionError(
+            f"{ref} cannot be a lineage parent of {name}: it is {name}'s own history, "
+            f"and the new version follows {name}'s latest already",
+            hint=f"A parent is another model; to branch from {name}@{seq}, add the new version under another name",
+        )
     relation = relation or "finetune"
     if relation not in RELATIONS:
         raise InvalidOptionError(f"unknown relation {relation!r}", hint=f"Use one of: {', '.join(RELATIONS)}")
     lineage = tuple(Parent(p, relation) for p in parent_ids)
-    src: ModelSource = source if isinstance(source, ModelSource) else \
-        scan_state_dict(source) if isinstance(source, Mapping) else scan_path(Path(source))  # fmt: skip
+    src: ModelSource = (
+        source
+        if isinstance(source, ModelSource)
+        else scan_state_dict(source)
+        if isinstance(source, Mapping)
+        else scan_path(Path(source))
+    )
     src.notes.extend(card_notes)
     auto, sketch = None, None
     if options.auto_parent and not parent_ids:
@@ -149,8 +165,9 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
         src.notes.append(f"auto-parent: {'chose ' if auto.parents else 'no parent: '}{auto.verdict}")
     tick = options.progress(src.logical_bytes) if options.progress else None
     with catalog.explained():
-        plan = replace(_delta_plan(store, refs, name, lineage, max_depth), derived=dict(options.derived),
-                       exact=dict(options.exact))  # fmt: skip
+        plan = replace(
+            _delta_plan(store, refs, name, lineage, max_depth), derived=dict(options.derived), exact=dict(options.exact)
+        )
     crash_point("after-scan")
     with store.lock():
         snapshot = _snapshot(store, src, source, plan, options, jobs, tick, reuse)
@@ -170,18 +187,34 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
                 recipe_record = prev.recipe  # a new version made the same way as the last
             if not tags and prev is not None:
                 tags = dict(prev.tags)  # and tagged the same way, unless new tags are given
-            if (prev is not None and prev.manifest == mres.oid and prev.parents == lineage
-                    and prev.recipe == recipe_record and prev.tags == tags):  # fmt: skip
-                return replace(_add_result(catalog, head, prev, snapshot, created=False, notes=src.notes),
-                               auto_parent=auto)
+            if (
+                prev is not None
+                and prev.manifest == mres.oid
+                and prev.parents == lineage
+                and prev.recipe == recipe_record
+                and prev.tags == tags
+            ):
+                return replace(
+                    _add_result(catalog, head, prev, snapshot, created=False, notes=src.notes), auto_parent=auto
+                )
             version = Version(
-                model=name, manifest=mres.oid, parents=lineage, predecessor=head, message=message,
-                author=author, time=utc_now(), tags=tags,
-                summary={"files": len(manifest.files), "tensors": len(manifest.tensors()),
-                         "params": sum(t.params for t in manifest.tensors()),
-                         "logical_bytes": manifest.logical_bytes},
-                lossy=snapshot.lossy, recipe=recipe_record,
-            )  # fmt: skip
+                model=name,
+                manifest=mres.oid,
+                parents=lineage,
+                predecessor=head,
+                message=message,
+                author=author,
+                time=utc_now(),
+                tags=tags,
+                summary={
+                    "files": len(manifest.files),
+                    "tensors": len(manifest.tensors()),
+                    "params": sum(t.params for t in manifest.tensors()),
+                    "logical_bytes": manifest.logical_bytes,
+                },
+                lossy=snapshot.lossy,
+                recipe=recipe_record,
+            )
             vres = store.put_record("version", version.to_json())
             store.sync()
             crash_point("before-ref")
@@ -198,35 +231,54 @@ def add_version(store: ObjectStore, refs: RefStore, catalog: Catalog,
     return replace(_add_result(catalog, vres.oid, version, snapshot, created=True, notes=src.notes), auto_parent=auto)
 
 
-def _odd(store: ObjectStore, catalog: Catalog, name: str, manifest: Manifest, prev: Version | None,
-         head: str | None) -> list[str]:  # fmt: skip
+def _odd(
+    store: ObjectStore, catalog: Catalog, name: str, manifest: Manifest, prev: Version | None, head: str | None
+) -> list[str]:
     """What looks like a mistake in an add, said and not refused: a model of no tensors, or a new
     version that shares few tensors (by name and shape) with the one before."""
     new = {(t.name, tuple(t.shape)) for t in manifest.tensors()}
     if not new:
-        return ["the model holds no tensors: only its files are stored (is PATH the model's folder? a PyTorch "
-                ".bin inside a folder is kept as a file: add the .bin itself to store its tensors)"]
+        return [
+            "the model holds no tensors: only its files are stored (is PATH the model's folder? a PyTorch "
+            ".bin inside a folder is kept as a file: add the .bin itself to store its tensors)"
+        ]
     if prev is None or head is None:
         return []
     old = {(t.name, tuple(t.shape)) for t in store.get_manifest(prev.manifest).tensors()}
     if not old or len(new & old) >= 0.5 * max(len(new), len(old)):
         return []
     ref = catalog.parent_infos([(head, "finetune")])[0].ref
-    return [f"this version shares {len(new & old)} of {len(new)} tensors (by name and shape) with {ref}: another "
-            f"architecture as a new version of {name}? (another name keeps both as models of their own)"]
+    return [
+        f"this version shares {len(new & old)} of {len(new)} tensors (by name and shape) with {ref}: another "
+        f"architecture as a new version of {name}? (another name keeps both as models of their own)"
+    ]
 
 
-def suggest_parents(store: ObjectStore, catalog: Catalog, sketch: Sketch, label: str, *, limit: int,
-                    min_confidence: float = DEFAULT_MIN_CONFIDENCE, exclude: Collection[str] = (),
-                    started: float | None = None) -> ParentSuggestion:  # fmt: skip
+def suggest_parents(
+    store: ObjectStore,
+    catalog: Catalog,
+    sketch: Sketch,
+    label: str,
+    *,
+    limit: int,
+    min_confidence: float = DEFAULT_MIN_CONFIDENCE,
+    exclude: Collection[str] = (),
+    started: float | None = None,
+) -> ParentSuggestion:
     """Stored versions ranked as parents of a model by its sketch (see mgit.lineage.inference);
     `exclude` leaves out versions, by id or by model name."""
     if not len(sketch):
-        raise InputError(label, "holds no tensors to compare",
-                         hint="Give a model folder with .safetensors files, or a PyTorch checkpoint on its own")  # fmt: skip
+        raise InputError(
+            label,
+            "holds no tensors to compare",
+            hint="Give a model folder with .safetensors files, or a PyTorch checkpoint on its own",
+        )
     left_out = set(exclude)
-    stored = [(v, ref, s) for v, ref, s in stored_sketches(store, catalog)
-              if v not in left_out and ref.rpartition("@")[0] not in left_out]  # fmt: skip
+    stored = [
+        (v, ref, s)
+        for v, ref, s in stored_sketches(store, catalog)
+        if v not in left_out and ref.rpartition("@")[0] not in left_out
+    ]
     return suggest(sketch, stored, label=label, limit=limit, min_confidence=min_confidence, started=started)
 
 
@@ -242,26 +294,40 @@ def _card_parents(refs: RefStore, path: Path) -> tuple[list[str], str | None, li
     heads = {b: refs.get(b) for b in found.base_models if is_model_name(b)}
     known = [b for b, head in heads.items() if head is not None]
     missing = [b for b in found.base_models if b not in known]
-    notes = [f"{CARD} names base_model {', '.join(map(repr, missing))}, not in this repository: "
-             "not recorded as a parent"] if missing else []  # fmt: skip
+    notes = (
+        [f"{CARD} names base_model {', '.join(map(repr, missing))}, not in this repository: not recorded as a parent"]
+        if missing
+        else []
+    )
     if not known:
         return [], None, notes
     relation = found.relation or ("merge" if len(known) > 1 else None)
-    notes.append(f"parent{'s' if len(known) > 1 else ''} {', '.join(known)} "
-                 f"({relation or 'finetune'}) from the base_model of {CARD}")  # fmt: skip
+    notes.append(
+        f"parent{'s' if len(known) > 1 else ''} {', '.join(known)} "
+        f"({relation or 'finetune'}) from the base_model of {CARD}"
+    )
     return [heads[b] for b in known], relation, notes  # type: ignore[misc]
 
 
-def _snapshot(store: ObjectStore, src: ModelSource, source: Any, plan: DeltaPlan, options: AddOptions, jobs: int,
-              tick: Progress | None, reuse: DecodedCache | None) -> Snapshot:  # fmt: skip
+def _snapshot(
+    store: ObjectStore,
+    src: ModelSource,
+    source: Any,
+    plan: DeltaPlan,
+    options: AddOptions,
+    jobs: int,
+    tick: Progress | None,
+    reuse: DecodedCache | None,
+) -> Snapshot:
     """Write the objects of a version: lossily if asked and accepted, else losslessly.
     Lossy objects are written first but only become visible if the version is committed;
     when refused they stay unreferenced (gc removes them) and the files are added again."""
     policy = options.lossy
     if policy is None:
         return Snapshot(*write_snapshot(store, src, jobs=jobs, progress=tick, plan=plan, reuse=reuse))
-    manifest, stats = write_snapshot(store, src, jobs=jobs, progress=tick, plan=replace(plan, lossy=policy),
-                                     reuse=reuse)  # fmt: skip
+    manifest, stats = write_snapshot(
+        store, src, jobs=jobs, progress=tick, plan=replace(plan, lossy=policy), reuse=reuse
+    )
     record, refusal = verdict(stats.lossy, policy, new_tensors=stats.tensors_new)
     metrics = None
     if record is not None and options.gate is not None:
@@ -276,8 +342,9 @@ def _snapshot(store: ObjectStore, src: ModelSource, source: Any, plan: DeltaPlan
     return Snapshot(manifest, stats, record, refusal, metrics, earlier)
 
 
-def _run_gate(store: ObjectStore, src: ModelSource, source: Any, manifest: Manifest, gate: Gate,
-              jobs: int) -> GateResult:  # fmt: skip
+def _run_gate(
+    store: ObjectStore, src: ModelSource, source: Any, manifest: Manifest, gate: Gate, jobs: int
+) -> GateResult:
     """The gate on the source folder and on the reconstruction rebuilt from the new objects
     (a file or a state dict is first written out as it will check out, losslessly)."""
     with tempfile.TemporaryDirectory(prefix="mgit-gate-") as tmp:
@@ -291,8 +358,9 @@ def _run_gate(store: ObjectStore, src: ModelSource, source: Any, manifest: Manif
         return gate.evaluate(original, recon)
 
 
-def _delta_plan(store: ObjectStore, refs: RefStore, name: str, parents: tuple[Parent, ...],
-                max_depth: int) -> DeltaPlan:  # fmt: skip
+def _delta_plan(
+    store: ObjectStore, refs: RefStore, name: str, parents: tuple[Parent, ...], max_depth: int
+) -> DeltaPlan:
     """Tensors of the previous version of `name` and of the lineage parents, as delta bases.
     Only a hint for compression: a head that moves meanwhile costs space, never correctness."""
     related = [v for v in [refs.get(name), *(p.version for p in parents)] if v]
@@ -302,20 +370,29 @@ def _delta_plan(store: ObjectStore, refs: RefStore, name: str, parents: tuple[Pa
     return DeltaPlan.from_parents(manifests, max_depth=max_depth)
 
 
-def _add_result(catalog: Catalog, vid: str, version: Version, snapshot: Snapshot, *, created: bool,
-                notes: list[str]) -> AddResult:  # fmt: skip
+def _add_result(
+    catalog: Catalog, vid: str, version: Version, snapshot: Snapshot, *, created: bool, notes: list[str]
+) -> AddResult:
     row, stats = catalog.version(vid), snapshot.stats
     return AddResult(
-        model=version.model, version=vid, seq=row.seq if row else 0, created=created,
-        files=stats.files, tensors=stats.tensors, tensors_new=stats.tensors_new,
+        model=version.model,
+        version=vid,
+        seq=row.seq if row else 0,
+        created=created,
+        files=stats.files,
+        tensors=stats.tensors,
+        tensors_new=stats.tensors_new,
         logical_bytes=version.summary.get("logical_bytes", 0),
         # The catalog's count: a refused lossy pass may have written objects that the
         # lossless pass then found already there.
         new_bytes=(new := (row.new_bytes if row else sum(r.stored_size for r in stats.new_objects)) if created else 0),
         reused_bytes=_reused(new, vid, version, snapshot) if created else 0,
-        parents=catalog.parent_infos(version.parents), notes=list(notes), lossy=version.lossy,
-        lossless_reason=snapshot.refusal, gate=snapshot.gate,
-    )  # fmt: skip
+        parents=catalog.parent_infos(version.parents),
+        notes=list(notes),
+        lossy=version.lossy,
+        lossless_reason=snapshot.refusal,
+        gate=snapshot.gate,
+    )
 
 
 def _reused(new: int, vid: str, version: Version, snapshot: Snapshot) -> int:

@@ -55,8 +55,10 @@ def _items(store: ObjectStore, entry: FileEntry, expected: dict[str, Expected]) 
     for oid in [entry.object, *(t.object for t in entry.tensors)]:
         header = store.block_table(oid, expected[oid]).header  # checked before anything is decoded
         if header.blocks:
-            items += [(oid, offset + start, k, stop - start)
-                      for k, (start, stop) in enumerate(map(header.block_span, range(header.block_count)))]  # fmt: skip
+            items += [
+                (oid, offset + start, k, stop - start)
+                for k, (start, stop) in enumerate(map(header.block_span, range(header.block_count)))
+            ]
         else:
             items.append((oid, offset, None, header.size))
         for base in header.bases:  # a base coded otherwise than in the same blocks is decoded whole
@@ -66,8 +68,16 @@ def _items(store: ObjectStore, entry: FileEntry, expected: dict[str, Expected]) 
     return items, uses
 
 
-def restore_file(store: ObjectStore, entry: FileEntry, out_dir: Path, *, pool: ThreadPoolExecutor, jobs: int,
-                 reuse: DecodedCache, progress: Progress | None = None) -> Path:  # fmt: skip
+def restore_file(
+    store: ObjectStore,
+    entry: FileEntry,
+    out_dir: Path,
+    *,
+    pool: ThreadPoolExecutor,
+    jobs: int,
+    reuse: DecodedCache,
+    progress: Progress | None = None,
+) -> Path:
     """Rebuild one file under `out_dir` atomically and check its size and digest.
 
     The workers decode objects, or blocks of large ones, ahead and write each at its offset
@@ -147,8 +157,15 @@ def remove_strays(out_dir: Path, strays: list[str]) -> None:
             folder = folder.parent
 
 
-def restore_manifest(store: ObjectStore, manifest: Manifest, out_dir: Path, *, jobs: int,
-                     reuse: DecodedCache | None = None, progress: Progress | None = None) -> None:  # fmt: skip
+def restore_manifest(
+    store: ObjectStore,
+    manifest: Manifest,
+    out_dir: Path,
+    *,
+    jobs: int,
+    reuse: DecodedCache | None = None,
+    progress: Progress | None = None,
+) -> None:
     """Rebuild every file of a manifest under `out_dir`, created if need be (a version need
     not exist yet). A lazy clone's store fetches every object it lacks first, in parallel;
     `reuse` keeps delta bases across the files (the shards of one checkpoint share them)."""

@@ -98,8 +98,9 @@ def _problem(oid: str, exc: MgitError, used_by: list[str]) -> Problem:
     return Problem(oid, kind, exc.message, used_by)
 
 
-def verify_objects(store: ObjectStore, oids: list[str], *, jobs: int,
-                   progress: Progress | None = None) -> tuple[list[Problem], int]:  # fmt: skip
+def verify_objects(
+    store: ObjectStore, oids: list[str], *, jobs: int, progress: Progress | None = None
+) -> tuple[list[Problem], int]:
     """Decode and re-hash every object; return the problems and the bytes checked."""
 
     def check(oid: str) -> tuple[str, MgitError | None, int]:
@@ -142,8 +143,9 @@ def check_references(store: ObjectStore, seen: Reachable) -> list[Problem]:
     return problems
 
 
-def fsck(store: ObjectStore, refs: RefStore, catalog: Catalog, *, jobs: int,
-         progress: StartProgress | None = None) -> FsckResult:  # fmt: skip
+def fsck(
+    store: ObjectStore, refs: RefStore, catalog: Catalog, *, jobs: int, progress: StartProgress | None = None
+) -> FsckResult:
     """Re-hash every object and check every reference; problems are listed, not raised."""
     heads = root_heads(refs)
     seen = walk(store, heads, pins=refs.pins())
@@ -153,8 +155,9 @@ def fsck(store: ObjectStore, refs: RefStore, catalog: Catalog, *, jobs: int,
     bad = {p.object for p in problems}
     problems += [p for p in seen.problems if p.object not in bad]
     problems += [p for p in check_references(store, seen) if p.object not in bad]
-    problems = [p if p.used_by else type(p)(p.object, p.kind, p.message, catalog.object_users(p.object))
-                for p in problems]  # fmt: skip
+    problems = [
+        p if p.used_by else type(p)(p.object, p.kind, p.message, catalog.object_users(p.object)) for p in problems
+    ]
     if refs.all() != catalog.heads():
         problems.append(Problem("catalog", "catalog", "the catalog does not list the same heads as refs/"))
     stray = _stray_rows(store, catalog, seen)
@@ -163,8 +166,16 @@ def fsck(store: ObjectStore, refs: RefStore, catalog: Catalog, *, jobs: int,
     leftovers = len(store.temporary_files()) + len(refs.temporary_files())
     leftovers += len(list(quarantine_folders(store)))
     garbage = [o for o in oids if o not in seen.objects and o not in bad]
-    return FsckResult(len(oids), checked, len(refs.all()), len(seen.versions), problems, leftovers, len(garbage),
-                      sum(store.stored_size(o) for o in garbage))  # fmt: skip
+    return FsckResult(
+        len(oids),
+        checked,
+        len(refs.all()),
+        len(seen.versions),
+        problems,
+        leftovers,
+        len(garbage),
+        sum(store.stored_size(o) for o in garbage),
+    )
 
 
 def _stray_rows(store: ObjectStore, catalog: Catalog, seen: Reachable) -> Problem | None:
@@ -176,9 +187,15 @@ def _stray_rows(store: ObjectStore, catalog: Catalog, seen: Reachable) -> Proble
     size = sum(sketches[v] for v in vids)
     if not vids and not oids:
         return None
-    what = f"{len(vids)} sketch{'es' if len(vids) != 1 else ''} and {len(oids)} object row{'s' if len(oids) != 1 else ''}"
-    return Problem("catalog", "catalog", f"the catalog holds {what} of versions and objects that are not here "
-                                         f"({size} bytes of sketches); mgit gc removes them")  # fmt: skip
+    what = (
+        f"{len(vids)} sketch{'es' if len(vids) != 1 else ''} and {len(oids)} object row{'s' if len(oids) != 1 else ''}"
+    )
+    return Problem(
+        "catalog",
+        "catalog",
+        f"the catalog holds {what} of versions and objects that are not here "
+        f"({size} bytes of sketches); mgit gc removes them",
+    )
 
 
 def quarantine_folders(store: ObjectStore) -> list[Path]:

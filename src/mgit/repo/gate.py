@@ -22,7 +22,9 @@ from pathlib import Path
 from mgit import usercode
 from mgit.usercode import DEFAULT_TIMEOUT
 
-LOWER_IS_BETTER = frozenset({"loss", "error", "err", "perplexity", "ppl", "mse", "mae", "rmse", "wer", "cer", "latency"})
+LOWER_IS_BETTER = frozenset(
+    {"loss", "error", "err", "perplexity", "ppl", "mse", "mae", "rmse", "wer", "cer", "latency"}
+)
 
 
 class GateFailure(Exception):
@@ -84,8 +86,9 @@ def metrics(spec: str, folder: Path, *, timeout: float = DEFAULT_TIMEOUT) -> tup
     return values, problem
 
 
-def evaluate(spec: str, original: Path, reconstruction: Path, *, max_drop: float,
-             timeout: float = DEFAULT_TIMEOUT) -> GateResult:  # fmt: skip
+def evaluate(
+    spec: str, original: Path, reconstruction: Path, *, max_drop: float, timeout: float = DEFAULT_TIMEOUT
+) -> GateResult:
     """Run the gate on both folders and judge the reconstruction. A metric that is not
     finite on either side fails it (its value is kept in the result)."""
     try:
@@ -93,7 +96,10 @@ def evaluate(spec: str, original: Path, reconstruction: Path, *, max_drop: float
         after, unusable_after = metrics(spec, reconstruction, timeout=timeout)
     except GateFailure as exc:
         return GateResult(False, str(exc))
-    failures = [f"{why} on the {side}" for why, side in ((unusable_before, "original"),
-                                                         (unusable_after, "reconstruction")) if why]  # fmt: skip
+    failures = [
+        f"{why} on the {side}"
+        for why, side in ((unusable_before, "original"), (unusable_after, "reconstruction"))
+        if why
+    ]
     failures += compare(before, after, max_drop)
     return GateResult(not failures, "; ".join(failures) or None, before, after)

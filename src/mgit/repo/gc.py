@@ -32,7 +32,9 @@ def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, *, dry_run: bool = 
             try:
                 store.header(t.object)
             except (CorruptObjectError, MissingObjectError) as exc:
-                raise GcRefusedError(t.object, "missing" if isinstance(exc, MissingObjectError) else "corrupt") from None
+                raise GcRefusedError(
+                    t.object, "missing" if isinstance(exc, MissingObjectError) else "corrupt"
+                ) from None
     garbage = [oid for oid in store.ids() if oid not in seen.objects]
     freed = sum(store.stored_size(oid) for oid in garbage)
     leftovers = store.temporary_files() + refs.temporary_files()

@@ -92,15 +92,24 @@ class DeltaPlan:
         return cls(bases, max_depth)
 
 
-def write_snapshot(store: ObjectStore, source: ModelSource, *, jobs: int, progress: Progress | None = None,
-                   plan: DeltaPlan | None = None, reuse: DecodedCache | None = None
-                   ) -> tuple[Manifest, SnapshotStats]:  # fmt: skip
+def write_snapshot(
+    store: ObjectStore,
+    source: ModelSource,
+    *,
+    jobs: int,
+    progress: Progress | None = None,
+    plan: DeltaPlan | None = None,
+    reuse: DecodedCache | None = None,
+) -> tuple[Manifest, SnapshotStats]:
     """Store every file of `source`; return its manifest and what was new. `reuse` keeps the
     parent tensors decoded as delta bases (by default for this add alone)."""
     stats = SnapshotStats()
     cache = reuse if reuse is not None else DecodedCache(CHECKOUT_BASES)
-    with one_blas_thread(), ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-add") as pool, \
-            ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="mgit-write") as writers:  # fmt: skip
+    with (
+        one_blas_thread(),
+        ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-add") as pool,
+        ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="mgit-write") as writers,
+    ):
         writer = _SnapshotWriter(store, plan or DeltaPlan(), cache, pool, writers, jobs, stats, progress)
         entries = [writer.file(f) for f in source.files]
     return Manifest(tuple(entries)), stats
@@ -223,9 +232,13 @@ class _SnapshotWriter:
             return found.write(self.store, data)
         queue = found.queue
         try:
-            for frame in ordered_map(self.pool, lambda k: self.store.encode_block(found.encoding, data, k, found.bases),
-                                     ((k,) for k in range(found.block_count(data))), jobs=self.jobs,
-                                     size=lambda _: found.encoding.blocks):  # fmt: skip
+            for frame in ordered_map(
+                self.pool,
+                lambda k: self.store.encode_block(found.encoding, data, k, found.bases),
+                ((k,) for k in range(found.block_count(data))),
+                jobs=self.jobs,
+                size=lambda _: found.encoding.blocks,
+            ):
                 queue.put(frame)
             queue.close()
         except BaseException as exc:
@@ -246,17 +259,26 @@ class _SnapshotWriter:
             return found
         bases = BaseReader(store, self.reuse)
         tensor = kind == "tensor"
-        exact = exact_encoding(kind, meta, data.nbytes, plan.exact[name], max_depth=plan.max_depth,
-                               header=store.header) if tensor and name in plan.exact else None  # fmt: skip
+        exact = (
+            exact_encoding(kind, meta, data.nbytes, plan.exact[name], max_depth=plan.max_depth, header=store.header)
+            if tensor and name in plan.exact
+            else None
+        )
         if exact is not None:
             return _Prepared(oid, kind, meta, exact, bases)
-        encoding = store.encode(kind, meta, data, bases=plan.candidates(name) if tensor else (), reuse=bases,
-                                max_depth=plan.max_depth, extra=plan.extra(name) if tensor else ())  # fmt: skip
+        encoding = store.encode(
+            kind,
+            meta,
+            data,
+            bases=plan.candidates(name) if tensor else (),
+            reuse=bases,
+            max_depth=plan.max_depth,
+            extra=plan.extra(name) if tensor else (),
+        )
         queue = None
         if encoding.deferred:
             queue = ChunkQueue()
-            queue.start(self.writers,
-                        lambda frames: store.put_encoded(oid, kind, meta, data.nbytes, encoding, frames))  # fmt: skip
+            queue.start(self.writers, lambda frames: store.put_encoded(oid, kind, meta, data.nbytes, encoding, frames))
         return _Prepared(oid, kind, meta, encoding, bases, queue)
 
     def safetensors_file(self, f: SourceFile) -> FileEntry:
@@ -274,8 +296,13 @@ class _SnapshotWriter:
         written: list[Future[PutResult]] = []  # their writers, all blocks given
         entries = []
         try:
-            for done in ordered_map(self.pool, self.run, ((item,) for item in self.tensor_work(f, started)),
-                                    jobs=self.jobs, size=lambda item: item[0].nbytes):  # fmt: skip
+            for done in ordered_map(
+                self.pool,
+                self.run,
+                ((item,) for item in self.tensor_work(f, started)),
+                jobs=self.jobs,
+                size=lambda item: item[0].nbytes,
+            ):
                 if isinstance(done, _CodedBlock):
                     if done.block.k == 0:
                         digest.update(done.block.data)
@@ -301,8 +328,9 @@ class _SnapshotWriter:
             for queue in started:  # writers still waiting for blocks stop, dropping their files
                 queue.fail(exc)
             raise
-        return FileEntry(f.path, "safetensors", f.size, digest.hexdigest(), header.oid, tuple(entries),
-                         f.converted_from)  # fmt: skip
+        return FileEntry(
+            f.path, "safetensors", f.size, digest.hexdigest(), header.oid, tuple(entries), f.converted_from
+        )
 
     @staticmethod
     def hand_over(done: _CodedBlock, started: list[ChunkQueue], written: list[Future[PutResult]]) -> bool:
@@ -353,17 +381,27 @@ class _SnapshotWriter:
         if lossy is not None and lossy.chain is not None:
             data, lossy, encoding = self.lossy_or_exact(meta, data, lossy, bases)
         if encoding is None and span.name in plan.exact:
-            encoding = exact_encoding("tensor", meta, data.nbytes, plan.exact[span.name], max_depth=plan.max_depth,
-                                      header=store.header)  # fmt: skip
+            encoding = exact_encoding(
+                "tensor", meta, data.nbytes, plan.exact[span.name], max_depth=plan.max_depth, header=store.header
+            )
         if encoding is None and plan.extra(span.name):
-            encoding = store.encode("tensor", meta, data, bases=bases, max_depth=plan.max_depth, reuse=self.reuse,
-                                    extra=plan.extra(span.name))  # fmt: skip
-        result = store.put_tensor(span.dtype, span.shape, data, bases=bases, max_depth=plan.max_depth,
-                                  encoding=encoding, reuse=self.reuse)  # fmt: skip
+            encoding = store.encode(
+                "tensor",
+                meta,
+                data,
+                bases=bases,
+                max_depth=plan.max_depth,
+                reuse=self.reuse,
+                extra=plan.extra(span.name),
+            )
+        result = store.put_tensor(
+            span.dtype, span.shape, data, bases=bases, max_depth=plan.max_depth, encoding=encoding, reuse=self.reuse
+        )
         return _StoredTensor(span, data, lossy, result)
 
-    def lossy_or_exact(self, meta: dict[str, Any], data: np.ndarray, lossy: LossyTensor, bases: list[str]
-                       ) -> tuple[np.ndarray, LossyTensor, Encoding]:  # fmt: skip
+    def lossy_or_exact(
+        self, meta: dict[str, Any], data: np.ndarray, lossy: LossyTensor, bases: list[str]
+    ) -> tuple[np.ndarray, LossyTensor, Encoding]:
         """Lossy storage is only worth its error where it stores less than the exact tensor (a
         pruning patch, say, beats any quantization step). Both are encoded once; the smaller is
         written as it is: the data to write (the reconstruction, which the version stores and its
@@ -371,8 +409,16 @@ class _SnapshotWriter:
         assert lossy.chain is not None
         store, max_depth = self.store, self.plan.max_depth
         exact = store.encode("tensor", meta, data, bases=bases, max_depth=max_depth, reuse=self.reuse, blocks=False)
-        approx = store.encode("tensor", meta, lossy.data, bases=bases, max_depth=max_depth, extra=[lossy.chain],
-                              reuse=self.reuse, blocks=False)  # fmt: skip
+        approx = store.encode(
+            "tensor",
+            meta,
+            lossy.data,
+            bases=bases,
+            max_depth=max_depth,
+            extra=[lossy.chain],
+            reuse=self.reuse,
+            blocks=False,
+        )
         if len(exact.payload) <= len(approx.payload):
             return data, LossyTensor(data, None, 0.0, lossy.changed_params), exact
         return lossy.data, lossy, approx

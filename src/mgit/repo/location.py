@@ -103,8 +103,14 @@ def open_store(folder: Path, config: dict[str, Any], *, index: ObjectIndex) -> L
         from mgit.store.lazy import LazyStore
 
         spec = remote_of(config, lazy)
-        return LazyStore(folder / "objects", fsync=fsync, lock_path=lock, jobs=default_jobs(), index=index,
-                         remote=lambda: RemoteRepository(open_backend(spec)))  # fmt: skip
+        return LazyStore(
+            folder / "objects",
+            fsync=fsync,
+            lock_path=lock,
+            jobs=default_jobs(),
+            index=index,
+            remote=lambda: RemoteRepository(open_backend(spec)),
+        )
     return LocalStore(folder / "objects", fsync=fsync, lock_path=lock)
 
 
@@ -131,8 +137,9 @@ def trusted_code(folder: Path) -> set[tuple[str, str]]:
     return found
 
 
-def trust_code(folder: Path, entries: set[tuple[str, str | None]] | list[tuple[str, str | None]], *,
-               fsync: bool = True) -> None:  # fmt: skip
+def trust_code(
+    folder: Path, entries: set[tuple[str, str | None]] | list[tuple[str, str | None]], *, fsync: bool = True
+) -> None:
     """Add (function reference, source object id) pairs to the code trusted here (a None
     source is kept as "")."""
     wanted = {(fn, source or "") for fn, source in entries}
@@ -142,7 +149,9 @@ def trust_code(folder: Path, entries: set[tuple[str, str | None]] | list[tuple[s
         have = trusted_code(folder)
         if wanted <= have:
             return
-        lines = [json.dumps({"fn": fn, "source": source}, sort_keys=True) + "\n" for fn, source in sorted(have | wanted)]
+        lines = [
+            json.dumps({"fn": fn, "source": source}, sort_keys=True) + "\n" for fn, source in sorted(have | wanted)
+        ]
         write_atomic(folder / TRUSTED_CODE, [line.encode() for line in lines], fsync=fsync)
 
 

@@ -269,16 +269,28 @@ class Repo:
         from mgit.repo.gate import Gate
 
         options = AddOptions(
-            name=name, parents=(parent,) if isinstance(parent, str) else tuple(parent or ()), relation=relation,
-            message=message, tags=dict(tags or {}), author=author, jobs=jobs, progress=progress,
+            name=name,
+            parents=(parent,) if isinstance(parent, str) else tuple(parent or ()),
+            relation=relation,
+            message=message,
+            tags=dict(tags or {}),
+            author=author,
+            jobs=jobs,
+            progress=progress,
             lossy=LossyPolicy.from_options(lossy, lossy_rel, guard),
-            gate=Gate(gate, max_drop, gate_timeout) if gate is not None else None, model_card=model_card,
-            recipe=recipe, params=params, resources=resources, auto_parent=auto_parent, expected_head=expected_head,
-        )  # fmt: skip
+            gate=Gate(gate, max_drop, gate_timeout) if gate is not None else None,
+            model_card=model_card,
+            recipe=recipe,
+            params=params,
+            resources=resources,
+            auto_parent=auto_parent,
+            expected_head=expected_head,
+        )
         return self.add_with(source, options)
 
-    def add_with(self, source: str | os.PathLike[str] | Mapping[str, Any] | ModelSource,
-                 options: AddOptions) -> AddResult:  # fmt: skip
+    def add_with(
+        self, source: str | os.PathLike[str] | Mapping[str, Any] | ModelSource, options: AddOptions
+    ) -> AddResult:
         """`add` with its options in one record (`mgit.repo.add.AddOptions`), as the command
         line, merges and recipe runs make them."""
         from mgit.repo.add import add_version
@@ -287,11 +299,26 @@ class Repo:
         recipe = None
         if options.recipe is not None:
             recipe = self.recipe_record(options.recipe, options.params, resources=options.resources)
-        return add_version(self.store, self.refs, self.catalog, source, options, parents=parents, recipe=recipe,
-                           max_depth=self.max_depth, reuse=self._session)  # fmt: skip
+        return add_version(
+            self.store,
+            self.refs,
+            self.catalog,
+            source,
+            options,
+            parents=parents,
+            recipe=recipe,
+            max_depth=self.max_depth,
+            reuse=self._session,
+        )
 
-    def recipe_record(self, recipe: str | Mapping[str, Any], params: Mapping[str, Any] | None = None, *,
-                      resources: Mapping[str, float] | None = None, recorded: bool = False) -> dict[str, Any]:  # fmt: skip
+    def recipe_record(
+        self,
+        recipe: str | Mapping[str, Any],
+        params: Mapping[str, Any] | None = None,
+        *,
+        resources: Mapping[str, float] | None = None,
+        recorded: bool = False,
+    ) -> dict[str, Any]:
         """What a version records of a recipe: the function located (never run) and anchored
         at the work folder, its parameters, declared resources, its source file's hash and the
         file as an object (a teammate without it runs that), trusted here (mgit.repo.location). A
@@ -306,9 +333,14 @@ class Repo:
         return trust_recipe(self.dir, record)  # recorded here: the user's own code
 
     # --- parent inference ---------------------------------------------------------------------
-    def suggest_parents(self, source: str | os.PathLike[str] | Mapping[str, Any], *, limit: int = 5,
-                        min_confidence: float | None = None, exclude: Collection[str] = ()
-                        ) -> ParentSuggestion:  # fmt: skip
+    def suggest_parents(
+        self,
+        source: str | os.PathLike[str] | Mapping[str, Any],
+        *,
+        limit: int = 5,
+        min_confidence: float | None = None,
+        exclude: Collection[str] = (),
+    ) -> ParentSuggestion:
         """Stored versions ranked as the likely parents of a model folder, file or state dict,
         from its weights alone, with the evidence, a guessed relation and the choice that
         `add(..., auto_parent=True)` would make (see mgit.lineage.inference). `exclude` leaves out
@@ -321,14 +353,29 @@ class Repo:
         started = time.perf_counter()
         src = scan_state_dict(source) if isinstance(source, Mapping) else scan_path(Path(source))
         label = "state dict" if isinstance(source, Mapping) else str(source)
-        return suggest_parents(self.store, self.catalog, sketch_source(src), label, limit=limit,
-                               min_confidence=DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence,
-                               exclude=exclude, started=started)  # fmt: skip
+        return suggest_parents(
+            self.store,
+            self.catalog,
+            sketch_source(src),
+            label,
+            limit=limit,
+            min_confidence=DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence,
+            exclude=exclude,
+            started=started,
+        )
 
     # --- checkout and reading ---------------------------------------------------------------
-    def checkout(self, ref: str, out_dir: str | os.PathLike[str], *, force: bool = False, clean: bool = False,
-                 jobs: int | None = None, progress: StartProgress | None = None,
-                 model_card: bool = False) -> CheckoutResult:  # fmt: skip
+    def checkout(
+        self,
+        ref: str,
+        out_dir: str | os.PathLike[str],
+        *,
+        force: bool = False,
+        clean: bool = False,
+        jobs: int | None = None,
+        progress: StartProgress | None = None,
+        model_card: bool = False,
+    ) -> CheckoutResult:
         """Rebuild the files of a version in `out_dir`, byte for byte, verifying each file.
         `force` writes into a folder that is not empty, refusing one that holds files the version
         does not (StrayFilesError) unless `clean`, which removes them after the version is written.
@@ -353,18 +400,23 @@ class Repo:
         tick = progress(manifest.logical_bytes) if progress else None
         with self.catalog.explained():
             restore_manifest(self.store, manifest, out, jobs=jobs or default_jobs(), reuse=self._reuse(), progress=tick)
-        notes = [f"{f.path} was rebuilt as safetensors from {f.converted_from}" for f in manifest.files if f.converted_from]
+        notes = [
+            f"{f.path} was rebuilt as safetensors from {f.converted_from}" for f in manifest.files if f.converted_from
+        ]
         if strays:
             remove_strays(out, strays)
-            notes.append(f"removed {len(strays)} file{'s' if len(strays) != 1 else ''} that {version.model}@{seq} "
-                         f"does not hold: {', '.join(strays[:5])}{' ...' if len(strays) > 5 else ''}")  # fmt: skip
+            notes.append(
+                f"removed {len(strays)} file{'s' if len(strays) != 1 else ''} that {version.model}@{seq} "
+                f"does not hold: {', '.join(strays[:5])}{' ...' if len(strays) > 5 else ''}"
+            )
         if model_card:
             notes.append(self._write_card(version, out))
         if version.lossy:
-            notes.append(f"these files are a lossy reconstruction of what was added: {describe(version.lossy)} "
-                         f"(measured max error {version.lossy.get('max_error'):.3g})")  # fmt: skip
-        return CheckoutResult(version.model, vid, seq, str(out), _file_infos(manifest),
-                              manifest.logical_bytes, notes)  # fmt: skip
+            notes.append(
+                f"these files are a lossy reconstruction of what was added: {describe(version.lossy)} "
+                f"(measured max error {version.lossy.get('max_error'):.3g})"
+            )
+        return CheckoutResult(version.model, vid, seq, str(out), _file_infos(manifest), manifest.logical_bytes, notes)
 
     def _write_card(self, version: Version, out: Path) -> str:
         from mgit.formats.model_card import CARD, write_lineage
@@ -382,8 +434,7 @@ class Repo:
         from mgit.store.reader import ModelReader
 
         vid = self.resolve(ref)
-        return ModelReader(self.store, self.manifest(vid), vid, explained=self.catalog.explained,
-                           reuse=self._session)  # fmt: skip
+        return ModelReader(self.store, self.manifest(vid), vid, explained=self.catalog.explained, reuse=self._session)
 
     def load_state_dict(self, ref: str, *, framework: str = "np", jobs: int | None = None) -> dict[str, Any]:
         """Every tensor of a version: numpy arrays (`framework="np"`) or torch tensors ("pt");
@@ -392,11 +443,19 @@ class Repo:
 
         vid = self.resolve(ref)
         with self.catalog.explained():
-            return state_dicts(self.store, [(vid, self.manifest(vid))], framework=framework, jobs=jobs,
-                               reuse=self._session)[0]  # fmt: skip
+            return state_dicts(
+                self.store, [(vid, self.manifest(vid))], framework=framework, jobs=jobs, reuse=self._session
+            )[0]
 
-    def diff(self, a: str | os.PathLike[str], b: str | os.PathLike[str], *, structural: bool = False,
-             jobs: int | None = None, progress: StartProgress | None = None) -> DiffResult:  # fmt: skip
+    def diff(
+        self,
+        a: str | os.PathLike[str],
+        b: str | os.PathLike[str],
+        *,
+        structural: bool = False,
+        jobs: int | None = None,
+        progress: StartProgress | None = None,
+    ) -> DiffResult:
         """Compare two models, each a ref or the path of a model folder or file not yet added
         (an existing path is a path, anything else a ref; see `mgit.diff`)."""
         from mgit.diff import diff_models, open_side
@@ -413,11 +472,24 @@ class Repo:
     # --- queries ------------------------------------------------------------------------
     def _info(self, row: VersionRow) -> VersionInfo:
         return VersionInfo(
-            id=row.id, model=row.model, seq=row.seq, time=row.time, author=row.author, message=row.message,
-            parents=self.catalog.parent_infos(row.parents), predecessor=row.predecessor, tags=row.tags,
-            files=row.files, tensors=row.tensors, params=row.params, logical_bytes=row.logical_bytes,
-            stored_bytes=row.stored_bytes, new_bytes=row.new_bytes, lossy=row.lossy, recipe=row.recipe,
-        )  # fmt: skip
+            id=row.id,
+            model=row.model,
+            seq=row.seq,
+            time=row.time,
+            author=row.author,
+            message=row.message,
+            parents=self.catalog.parent_infos(row.parents),
+            predecessor=row.predecessor,
+            tags=row.tags,
+            files=row.files,
+            tensors=row.tensors,
+            params=row.params,
+            logical_bytes=row.logical_bytes,
+            stored_bytes=row.stored_bytes,
+            new_bytes=row.new_bytes,
+            lossy=row.lossy,
+            recipe=row.recipe,
+        )
 
     def _row(self, vid: str) -> VersionRow:
         row = self.catalog.version(vid)
@@ -434,8 +506,18 @@ class Repo:
         out = []
         for name, head in heads.items():
             row = rows.get(head) or self._row(head)
-            out.append(ModelSummary(name, head, row.seq, row.seq, self.catalog.parent_infos(row.parents),
-                                    row.logical_bytes, row.time, row.lossy))  # fmt: skip
+            out.append(
+                ModelSummary(
+                    name,
+                    head,
+                    row.seq,
+                    row.seq,
+                    self.catalog.parent_infos(row.parents),
+                    row.logical_bytes,
+                    row.time,
+                    row.lossy,
+                )
+            )
         return out
 
     def log(self, ref: str | None = None) -> list[VersionInfo]:
@@ -454,9 +536,14 @@ class Repo:
         dtypes: dict[str, int] = {}
         for t in manifest.tensors():
             dtypes[t.dtype] = dtypes.get(t.dtype, 0) + t.params
-        return ShowResult(self._info(self._row(vid)), _file_infos(manifest), dtypes,
-                          [StorageInfo(*row) for row in self.catalog.storage_by_codec(vid)],
-                          self.catalog.shared_objects(vid), self.catalog.tensor_storage([vid]))  # fmt: skip
+        return ShowResult(
+            self._info(self._row(vid)),
+            _file_infos(manifest),
+            dtypes,
+            [StorageInfo(*row) for row in self.catalog.storage_by_codec(vid)],
+            self.catalog.shared_objects(vid),
+            self.catalog.tensor_storage([vid]),
+        )
 
     def storage(self, vids: list[str]) -> dict[str, VersionStorage]:
         """How each of these versions is stored: the bytes of the objects it uses and its
@@ -468,8 +555,12 @@ class Repo:
         # Chains from the lineage snapshot, figures in a few queries for every model together.
         heads, lineage = self.catalog.heads(), self.lineage
         nodes = lineage.nodes
-        chains = {name: [v.id for v in lineage.versions(name)] if name in nodes and nodes[name].head == head
-                  else self.chain(head) for name, head in heads.items()}  # fmt: skip
+        chains = {
+            name: [v.id for v in lineage.versions(name)]
+            if name in nodes and nodes[name].head == head
+            else self.chain(head)
+            for name, head in heads.items()
+        }
         models = self.catalog.model_usage(chains)
         live = sorted({v for vids in chains.values() for v in vids})
         count, stored = self.catalog.physical_bytes(live)
@@ -480,8 +571,16 @@ class Repo:
             remote_only = sum(n for oid, n in sizes.items() if not self.store.has(oid))
             local = sum(sizes.values()) - remote_only
             on_disk = sum(self.store.stored_size(oid) for oid in self.store.ids())
-        return DuResult(models, sum(m.logical_bytes for m in models), stored, count, on_disk,
-                        max(on_disk - stored, 0) if local is None else max(on_disk - local, 0), remote_only, local)  # fmt: skip
+        return DuResult(
+            models,
+            sum(m.logical_bytes for m in models),
+            stored,
+            count,
+            on_disk,
+            max(on_disk - stored, 0) if local is None else max(on_disk - local, 0),
+            remote_only,
+            local,
+        )
 
     # --- maintenance --------------------------------------------------------------------
     def rm(self, name: str, *, force: bool = False) -> RemoveResult:
@@ -492,7 +591,9 @@ class Repo:
             head = self.refs.get(name)
             if head is None:
                 raise self._unknown_model(name, name)
-            children = sorted({e.child for e in self.lineage.children(name)} - {name}) if name in self.lineage.nodes else []
+            children = (
+                sorted({e.child for e in self.lineage.children(name)} - {name}) if name in self.lineage.nodes else []
+            )
             if children and not force:
                 raise RemoveRefusedError(name, children)
             count = len(self.chain(head))

@@ -166,8 +166,9 @@ class ObjectStore:
             expect.check(oid, header)
         spans = []
         if header.blocks:
-            spans = frame_spans(oid, header, self.stored_size(oid) - start,
-                                lambda at, n: self.read_range(oid, start + at, n))  # fmt: skip
+            spans = frame_spans(
+                oid, header, self.stored_size(oid) - start, lambda at, n: self.read_range(oid, start + at, n)
+            )
         if len(tables) >= BLOCK_TABLES:
             with suppress(StopIteration, KeyError, RuntimeError):
                 tables.pop(next(iter(tables)))
@@ -196,9 +197,18 @@ class ObjectStore:
             return PutResult(oid, kind, 0, False, "", size)
         return None
 
-    def put(self, kind: str, meta: dict[str, Any], data: Any, *, bases: Sequence[str] = (),
-            max_depth: int = DEFAULT_MAX_DEPTH, extra: Sequence[list[Codec]] = (), encoding: Encoding | None = None,
-            reuse: DecodedCache | None = None) -> PutResult:  # fmt: skip
+    def put(
+        self,
+        kind: str,
+        meta: dict[str, Any],
+        data: Any,
+        *,
+        bases: Sequence[str] = (),
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        extra: Sequence[list[Codec]] = (),
+        encoding: Encoding | None = None,
+        reuse: DecodedCache | None = None,
+    ) -> PutResult:
         """Store `data` (bytes or a uint8 array) unless an object with its id exists.
 
         With `bases` (tensors this one probably derives from), the smallest of the standalone
@@ -224,8 +234,15 @@ class ObjectStore:
             frames = (self.encode_block(encoding, buf, k, bases_read) for k in range(count))
         return self.put_encoded(oid, kind, meta, buf.nbytes, encoding, frames)
 
-    def put_encoded(self, oid: str, kind: str, meta: dict[str, Any], size: int, encoding: Encoding,
-                    frames: Iterable[Any] | None = None) -> PutResult:  # fmt: skip
+    def put_encoded(
+        self,
+        oid: str,
+        kind: str,
+        meta: dict[str, Any],
+        size: int,
+        encoding: Encoding,
+        frames: Iterable[Any] | None = None,
+    ) -> PutResult:
         """Write an object whose id and encoding are known (its id is not computed again).
         A blocked encoding's coded blocks come from `frames` in order when they are coded as
         they are written (a writer coding them in parallel), else from its payload."""
@@ -244,9 +261,18 @@ class ObjectStore:
 
         return block_encode(encoding.codecs, buf, encoding.blocks, k, lambda o, a, b: bases.range(o, a, b, use=True))
 
-    def encode(self, kind: str, meta: dict[str, Any], data: Any, *, bases: Sequence[str] = (),
-               max_depth: int = DEFAULT_MAX_DEPTH, extra: Sequence[list[Codec]] = (),
-               reuse: DecodedCache | BaseReader | None = None, blocks: bool = True) -> Encoding:  # fmt: skip
+    def encode(
+        self,
+        kind: str,
+        meta: dict[str, Any],
+        data: Any,
+        *,
+        bases: Sequence[str] = (),
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        extra: Sequence[list[Codec]] = (),
+        reuse: DecodedCache | BaseReader | None = None,
+        blocks: bool = True,
+    ) -> Encoding:
         """What `put` would store for `data`, without writing it (pass it to `put` to write it).
         A blocked encoding's blocks are coded when it is written (`blocks=False`: coded whole,
         its payload at hand to compare)."""
@@ -256,9 +282,18 @@ class ObjectStore:
         read = reuse if isinstance(reuse, BaseReader) else BaseReader(self, reuse or DecodedCache(UNBOUNDED))
         buf = byte_array(data)
         bases = [b for b in bases if self.affordable(b, buf.nbytes)]
-        return choose_encoding(kind, meta, buf, bases=bases, max_depth=max_depth, extra=extra,
-                               header=self.header, load=read.whole, load_range=read.range,
-                               block_bytes=self.block_bytes if blocks else 0)  # fmt: skip
+        return choose_encoding(
+            kind,
+            meta,
+            buf,
+            bases=bases,
+            max_depth=max_depth,
+            extra=extra,
+            header=self.header,
+            load=read.whole,
+            load_range=read.range,
+            block_bytes=self.block_bytes if blocks else 0,
+        )
 
     def affordable(self, base: str, size: int) -> bool:
         """Whether content of `size` bytes may be coded against `base`: a read of it would
@@ -279,11 +314,20 @@ class ObjectStore:
             return False
         return budget >= 0 and len(seen) < MAX_READ_DECODES
 
-    def put_tensor(self, dtype: str, shape: tuple[int, ...], data: np.ndarray, *, bases: Sequence[str] = (),
-                   max_depth: int = DEFAULT_MAX_DEPTH, encoding: Encoding | None = None,
-                   reuse: DecodedCache | None = None) -> PutResult:  # fmt: skip
-        return self.put("tensor", tensor_meta(dtype, shape), data, bases=bases, max_depth=max_depth,
-                        encoding=encoding, reuse=reuse)  # fmt: skip
+    def put_tensor(
+        self,
+        dtype: str,
+        shape: tuple[int, ...],
+        data: np.ndarray,
+        *,
+        bases: Sequence[str] = (),
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        encoding: Encoding | None = None,
+        reuse: DecodedCache | None = None,
+    ) -> PutResult:
+        return self.put(
+            "tensor", tensor_meta(dtype, shape), data, bases=bases, max_depth=max_depth, encoding=encoding, reuse=reuse
+        )
 
     def put_blob(self, data: Any) -> PutResult:
         return self.put("blob", {}, data)
@@ -296,8 +340,9 @@ class ObjectStore:
         """Bring `oid` here now if this store fetches what it lacks (a lazy clone's), bounded
         by what the record that names it expects; any other store has it or not."""
 
-    def get(self, oid: str, *, reuse: DecodedCache | None = None, verify: bool = True,
-            expect: Expected | None = None) -> Entry:  # fmt: skip
+    def get(
+        self, oid: str, *, reuse: DecodedCache | None = None, verify: bool = True, expect: Expected | None = None
+    ) -> Entry:
         """Decode an object and check that its content hashes to its id.
 
         With `reuse`, the object comes from that cache when it is there, and the delta bases
@@ -333,8 +378,15 @@ class ObjectStore:
             _read.whole[oid] = arr
         return arr
 
-    def _decode(self, oid: str, reuse: DecodedCache | None, read: ReadBudget | None, *, verify: bool = True,
-                expect: Expected | None = None) -> Entry:  # fmt: skip
+    def _decode(
+        self,
+        oid: str,
+        reuse: DecodedCache | None,
+        read: ReadBudget | None,
+        *,
+        verify: bool = True,
+        expect: Expected | None = None,
+    ) -> Entry:
         from mgit.codecs.buffers import scratch
 
         header, payload = parse_record(oid, self.read_record(oid))
@@ -380,8 +432,16 @@ class ObjectStore:
         for base, h in found.items():
             expect.check(base, h)
 
-    def _decode_chain(self, oid: str, header: ObjectHeader, data: Any, k: int | None, reuse: DecodedCache | None,
-                      read: ReadBudget, witness: Witness | None = None) -> np.ndarray:  # fmt: skip
+    def _decode_chain(
+        self,
+        oid: str,
+        header: ObjectHeader,
+        data: Any,
+        k: int | None,
+        reuse: DecodedCache | None,
+        read: ReadBudget,
+        witness: Witness | None = None,
+    ) -> np.ndarray:
         """The content coded in `data`: all of it (k None) or its block k."""
         import numpy as np
 
@@ -409,8 +469,16 @@ class ObjectStore:
             raise CorruptObjectError(oid, exc.message) from None
         return out if isinstance(out, np.ndarray) else np.frombuffer(out, np.uint8)
 
-    def decode_block(self, oid: str, k: int, *, reuse: DecodedCache | None = None, expect: Expected | None = None,
-                     _read: ReadBudget | None = None, _witness: Witness | None = None) -> np.ndarray:  # fmt: skip
+    def decode_block(
+        self,
+        oid: str,
+        k: int,
+        *,
+        reuse: DecodedCache | None = None,
+        expect: Expected | None = None,
+        _read: ReadBudget | None = None,
+        _witness: Witness | None = None,
+    ) -> np.ndarray:
         """Block k of a blocked object's content, decoded but not verified: the caller checks
         what it builds of the blocks against a digest (a checkout, the file's). Its bases'
         blocks are decoded alike, block k of each, so memory stays a few blocks."""
@@ -421,11 +489,19 @@ class ObjectStore:
         read.charge(oid, stop - start)
         self._check_bases(oid, table.header, read)
         at, n = table.spans[k]
-        return self._decode_chain(oid, table.header, self.read_range(oid, table.start + at, n), k, reuse, read,
-                                  _witness)  # fmt: skip
+        return self._decode_chain(
+            oid, table.header, self.read_range(oid, table.start + at, n), k, reuse, read, _witness
+        )
 
-    def base_block(self, oid: str, k: int, block_bytes: int, reuse: DecodedCache | None,
-                   read: ReadBudget | None = None, witness: Witness | None = None) -> np.ndarray:  # fmt: skip
+    def base_block(
+        self,
+        oid: str,
+        k: int,
+        block_bytes: int,
+        reuse: DecodedCache | None,
+        read: ReadBudget | None = None,
+        witness: Witness | None = None,
+    ) -> np.ndarray:
         """Bytes [k B, (k + 1) B) of a base's content (fewer at its end; none past it): its
         block k when it is coded in blocks of the same size, else a slice of it whole."""
         header = self.block_table(oid).header

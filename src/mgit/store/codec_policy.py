@@ -119,8 +119,15 @@ def derived_chains(base: str, base_meta: dict[str, Any], meta: dict[str, Any]) -
     shape, base_shape, dtype = meta["shape"], base_meta["shape"], meta["dtype"]
     tail: list[Codec] = [ZstdCodec(level=1)]
     chains: list[list[Codec]] = []
-    if (dtype == base_meta["dtype"] and len(shape) == 2 and shape == base_shape[::-1] and shape != base_shape
-            and shape[0] > 0 and shape[1] > 0 and itemsize(dtype) in (1, 2, 4, 8)):  # fmt: skip
+    if (
+        dtype == base_meta["dtype"]
+        and len(shape) == 2
+        and shape == base_shape[::-1]
+        and shape != base_shape
+        and shape[0] > 0
+        and shape[1] > 0
+        and itemsize(dtype) in (1, 2, 4, 8)
+    ):
         chains.append([TransposeCodec(base=base, rows=base_shape[0], itemsize=itemsize(dtype)), *tail])
     if base_meta["dtype"] != "F32" or not element_count(tuple(base_shape)):
         return chains
@@ -145,9 +152,19 @@ Load = Callable[[str], np.ndarray]  # a base's decoded bytes
 LoadRange = Callable[[str, int, int], np.ndarray]  # bytes [start, stop) of a base's decoded content
 
 
-def choose_encoding(kind: str, meta: dict[str, Any], buf: np.ndarray, *, bases: Sequence[str], max_depth: int,
-                    extra: Sequence[list[Codec]], header: Callable[[str], ObjectHeader], load: Load,
-                    load_range: LoadRange, block_bytes: int = 0) -> Encoding:  # fmt: skip
+def choose_encoding(
+    kind: str,
+    meta: dict[str, Any],
+    buf: np.ndarray,
+    *,
+    bases: Sequence[str],
+    max_depth: int,
+    extra: Sequence[list[Codec]],
+    header: Callable[[str], ObjectHeader],
+    load: Load,
+    load_range: LoadRange,
+    block_bytes: int = 0,
+) -> Encoding:
     """The smallest encoding of `buf` among the candidates. `bases` are stored tensors it
     probably derives from (a base already `max_depth` deltas deep takes only a codec that
     ends a family); `extra` chains (a quantized step) compete when every base they name is
@@ -172,13 +189,19 @@ def choose_encoding(kind: str, meta: dict[str, Any], buf: np.ndarray, *, bases: 
         depths[base] = bh.depth + 1
         if bh.meta["dtype"] == meta["dtype"]:
             candidates += [c for c in delta_chains(base, meta) if not at_bound or c[0].ends_family]
-            if not at_bound and meta["dtype"] == "F32" and len(meta["shape"]) == 2 and bh.meta["shape"] == meta["shape"]:
+            if (
+                not at_bound
+                and meta["dtype"] == "F32"
+                and len(meta["shape"]) == 2
+                and bh.meta["shape"] == meta["shape"]
+            ):
                 matrix_bases.append(base)
         transforms += derived_chains(base, bh.meta, meta)
     for chain in extra:  # within the depth bound, as deltas are, or one past it if it ends a family
         named = chain_bases(kind, meta, chain)
-        if all(b in depths for b in named) and (max((depths[b] for b in named), default=0) <= max_depth
-                                                 or (chain and chain[0].ends_family)):  # fmt: skip
+        if all(b in depths for b in named) and (
+            max((depths[b] for b in named), default=0) <= max_depth or (chain and chain[0].ends_family)
+        ):
             (transforms if chain and chain[0].storage == "derived" else candidates).append(chain)
     for base in matrix_bases:
         rows = meta["shape"][0]
@@ -199,8 +222,15 @@ def choose_encoding(kind: str, meta: dict[str, Any], buf: np.ndarray, *, bases: 
     return Encoding(chosen.codecs, chosen.payload, depth, chosen.blocks)
 
 
-def exact_encoding(kind: str, meta: dict[str, Any], size: int, chain: Sequence[Codec], *, max_depth: int,
-                   header: Callable[[str], ObjectHeader]) -> Encoding | None:  # fmt: skip
+def exact_encoding(
+    kind: str,
+    meta: dict[str, Any],
+    size: int,
+    chain: Sequence[Codec],
+    *,
+    max_depth: int,
+    header: Callable[[str], ObjectHeader],
+) -> Encoding | None:
     """The encoding of content its maker computed as `chain`'s first codec predicts it (an
     XOR-residual predictor: the residual is zeros), without predicting it again; None when
     a base may not be coded against (too deep, damaged), for the caller to choose as usual."""
@@ -242,8 +272,14 @@ def block_encode(chain: Sequence[Codec], buf: np.ndarray, block_bytes: int, k: i
     return encode_chain(chain, buf[start:stop], CodecContext(stop - start, lambda o: load_range(o, start, stop)))
 
 
-def smallest(candidates: list[list[Codec]], transforms: list[list[Codec]], buf: np.ndarray, load: Load,
-             load_range: LoadRange, block_bytes: int) -> Coded | Deferred:  # fmt: skip
+def smallest(
+    candidates: list[list[Codec]],
+    transforms: list[list[Codec]],
+    buf: np.ndarray,
+    load: Load,
+    load_range: LoadRange,
+    block_bytes: int,
+) -> Coded | Deferred:
     """The chain with the smallest output, coded (raw if nothing saves a byte) whole or in
     blocks, or `Deferred`: to be coded in blocks as it is written. Large buffers choose
     among `candidates` on a few samples, then encode once; `transforms` (they need whole
@@ -260,9 +296,14 @@ def smallest(candidates: list[list[Codec]], transforms: list[list[Codec]], buf: 
         slices = _sample_slices(buf.nbytes, block_bytes if blocked else 0)
 
         def sampled(chain: list[Codec]) -> int:
-            return sum(len(encode_chain(chain, buf[s], CodecContext(s.stop - s.start,
-                                                                     lambda o, s=s: load_range(o, s.start, s.stop))))
-                       for s in slices)  # fmt: skip
+            return sum(
+                len(
+                    encode_chain(
+                        chain, buf[s], CodecContext(s.stop - s.start, lambda o, s=s: load_range(o, s.start, s.stop))
+                    )
+                )
+                for s in slices
+            )
 
         sizes = [sampled(c) for c in candidates]
         pick = min(range(len(candidates)), key=sizes.__getitem__)

@@ -97,7 +97,9 @@ def check_frames(oid: str, header: ObjectHeader, spans: list[tuple[int, int]]) -
     for k, (_, n) in enumerate(spans):
         start, stop = header.block_span(k)
         if stop - start > decoded_bound(chain, n):
-            raise CorruptObjectError(oid, f"block {k} declares {stop - start} bytes, more than its {n} stored bytes can hold")
+            raise CorruptObjectError(
+                oid, f"block {k} declares {stop - start} bytes, more than its {n} stored bytes can hold"
+            )
 
 
 class BaseReader:

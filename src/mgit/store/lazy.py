@@ -60,8 +60,16 @@ class LazyStore(LocalStore):
 
     lazy = True
 
-    def __init__(self, root: Path, *, remote: Callable[[], RemoteObjects], index: ObjectIndex, fsync: bool = True,
-                 lock_path: Path | None = None, jobs: int = 2) -> None:  # fmt: skip
+    def __init__(
+        self,
+        root: Path,
+        *,
+        remote: Callable[[], RemoteObjects],
+        index: ObjectIndex,
+        fsync: bool = True,
+        lock_path: Path | None = None,
+        jobs: int = 2,
+    ) -> None:
         super().__init__(root, fsync=fsync, lock_path=lock_path)
         self._open_remote = remote
         self._remote: RemoteObjects | None = None

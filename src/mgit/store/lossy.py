@@ -94,8 +94,16 @@ def _tail(int_bytes: int) -> list[Codec]:
     return [PcoCodec(dtype=f"<u{int_bytes}")]
 
 
-def encode_lossy(store: ObjectStore, dtype: str, shape: tuple[int, ...], data: np.ndarray, bases: Sequence[str],
-                 policy: LossyPolicy, max_depth: int, reuse: DecodedCache | None = None) -> LossyTensor | None:  # fmt: skip
+def encode_lossy(
+    store: ObjectStore,
+    dtype: str,
+    shape: tuple[int, ...],
+    data: np.ndarray,
+    bases: Sequence[str],
+    policy: LossyPolicy,
+    max_depth: int,
+    reuse: DecodedCache | None = None,
+) -> LossyTensor | None:
     """The lossy form of one tensor, or None when lossy storage does not apply to it."""
     if dtype not in FLOAT_DTYPES:
         return None
@@ -143,8 +151,9 @@ def encode_lossy(store: ObjectStore, dtype: str, shape: tuple[int, ...], data: n
     return LossyTensor(raw, None, 0.0, x.size, guard_failed=True) if guard_failed else lossless
 
 
-def _snap_to_parent(x: np.ndarray, b: np.ndarray, parent_bytes: np.ndarray, raw: np.ndarray, dtype: str,
-                    bound: float, guard_norm: float) -> LossyTensor | None:  # fmt: skip
+def _snap_to_parent(
+    x: np.ndarray, b: np.ndarray, parent_bytes: np.ndarray, raw: np.ndarray, dtype: str, bound: float, guard_norm: float
+) -> LossyTensor | None:
     """The child with every value within `bound` of the parent's stored value replaced by it,
     when that is most of them: a pruned copy of a lossily stored fine-tune then differs from
     its parent's reconstruction only where it was pruned, which an exact patch stores for

@@ -30,7 +30,11 @@ class LossyPolicy:
         for what, value in checks:
             if value is None and what != "guard threshold":
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (math.isfinite(value) and value > 0)
+            ):
                 raise InvalidOptionError(f"the {what} must be a positive number, not {value!r}")
 
     @classmethod
@@ -85,22 +89,34 @@ class LossyTally:
             self.max_error = max(self.max_error, outcome.max_error)
 
 
-def verdict(tally: LossyTally, policy: LossyPolicy, *, new_tensors: int | None = None
-            ) -> tuple[dict[str, Any] | None, str | None]:  # fmt: skip
+def verdict(
+    tally: LossyTally, policy: LossyPolicy, *, new_tensors: int | None = None
+) -> tuple[dict[str, Any] | None, str | None]:
     """The version's `lossy` record, or None and the reason it is stored losslessly
     (`new_tensors`: how many of its tensors were not stored already)."""
     if tally.changed_params and tally.refused_params > REFUSE_SHARE * tally.changed_params:
         share = tally.refused_params / tally.changed_params
-        return None, (f"the fidelity guard failed on {share:.0%} of the changed parameters: the changes are too "
-                      f"small for a bound of {describe_policy(policy)} and would round back to the parent")  # fmt: skip
+        return None, (
+            f"the fidelity guard failed on {share:.0%} of the changed parameters: the changes are too "
+            f"small for a bound of {describe_policy(policy)} and would round back to the parent"
+        )
     if not tally.tensors and new_tensors == 0:
-        return None, ("every tensor is stored already (the same bytes as in a stored version): deduplication "
-                      "keeps them as they are, and nothing is left to store lossily")
+        return None, (
+            "every tensor is stored already (the same bytes as in a stored version): deduplication "
+            "keeps them as they are, and nothing is left to store lossily"
+        )
     if not tally.tensors:
-        return None, ("no tensor could be stored lossily for less than its exact form (none has a changed parent "
-                      "tensor of its dtype and shape that a quantized step stores more cheaply)")
-    record = {"eps": None if policy.eps is None else float(policy.eps), "mode": policy.mode,
-              "max_error": tally.max_error, "tensors": tally.tensors, "guard": float(policy.guard)}  # fmt: skip
+        return None, (
+            "no tensor could be stored lossily for less than its exact form (none has a changed parent "
+            "tensor of its dtype and shape that a quantized step stores more cheaply)"
+        )
+    record = {
+        "eps": None if policy.eps is None else float(policy.eps),
+        "mode": policy.mode,
+        "max_error": tally.max_error,
+        "tensors": tally.tensors,
+        "guard": float(policy.guard),
+    }
     if policy.rel is not None:
         record["rel"] = float(policy.rel)
     return record, None

@@ -106,13 +106,15 @@ class Expected:
         if self.kind is not None and header.kind != self.kind:
             raise CorruptObjectError(oid, f"it is a {header.kind} where {self.by} names a {self.kind}")
         if self.meta is not None and header.meta != self.meta:
-            raise CorruptObjectError(oid, f"it is a {_tensor(header.meta)} tensor where {self.by} names a "
-                                          f"{_tensor(self.meta)}")  # fmt: skip
+            raise CorruptObjectError(
+                oid, f"it is a {_tensor(header.meta)} tensor where {self.by} names a {_tensor(self.meta)}"
+            )
         if self.size is not None and header.size != self.size:
             raise CorruptObjectError(oid, f"it declares {header.size} bytes where {self.by} gives {self.size}")
         if self.max_size is not None and header.size > self.max_size:
-            raise CorruptObjectError(oid, f"it declares {header.size} bytes, more than {self.by} allows "
-                                          f"({self.max_size})")  # fmt: skip
+            raise CorruptObjectError(
+                oid, f"it declares {header.size} bytes, more than {self.by} allows ({self.max_size})"
+            )
 
 
 def expected_by(manifest: Manifest) -> dict[str, Expected]:
@@ -190,8 +192,12 @@ def parse_record(oid: str, raw: Any) -> tuple[ObjectHeader, memoryview]:
         raise CorruptObjectError(oid, "malformed size")
     if not isinstance(depth, int) or not 0 <= depth <= MAX_DEPTH_LIMIT:
         raise CorruptObjectError(oid, f"malformed delta depth {depth!r}")
-    if blocks != 0 and not (isinstance(blocks, int) and not isinstance(blocks, bool)
-                            and MIN_BLOCK <= blocks <= MAX_BLOCK and blocks & (blocks - 1) == 0):  # fmt: skip
+    if blocks != 0 and not (
+        isinstance(blocks, int)
+        and not isinstance(blocks, bool)
+        and MIN_BLOCK <= blocks <= MAX_BLOCK
+        and blocks & (blocks - 1) == 0
+    ):
         raise CorruptObjectError(oid, f"malformed block size {blocks!r}")
     if kind == "tensor":
         _check_tensor_meta(oid, meta, size)
@@ -208,7 +214,9 @@ def parse_record(oid: str, raw: Any) -> tuple[ObjectHeader, memoryview]:
     return header, view[PREFIX + n :]
 
 
-def frame_spans(oid: str, header: ObjectHeader, payload_size: int, read_at: Callable[[int, int], Any]) -> list[tuple[int, int]]:
+def frame_spans(
+    oid: str, header: ObjectHeader, payload_size: int, read_at: Callable[[int, int], Any]
+) -> list[tuple[int, int]]:
     """Where each stored block of a blocked payload lies: (start, length) from the payload's
     start, read through `read_at(offset, n)`, checked to be exactly as many as the content
     needs and to fill the payload."""

@@ -32,8 +32,20 @@ KINDS = ("tensor", "blob", "manifest", "version")
 RECORD_FORMAT = 1
 
 # What a version record may hold (docs/format.md, "Version record"); `add` refuses the same.
-VERSION_KEYS = {"format", "model", "manifest", "parents", "predecessor", "message", "author", "time", "tags",
-                "summary", "recipe", "lossy"}  # fmt: skip
+VERSION_KEYS = {
+    "format",
+    "model",
+    "manifest",
+    "parents",
+    "predecessor",
+    "message",
+    "author",
+    "time",
+    "tags",
+    "summary",
+    "recipe",
+    "lossy",
+}
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?\Z")  # as mgit.index.refs
 MAX_MODEL_NAME = 128
 MAX_MESSAGE, MAX_AUTHOR, MAX_FN = 65536, 256, 4096  # characters
@@ -148,8 +160,7 @@ def model_name_problem(name: Any) -> str | None:
     return None
 
 
-def check_version_fields(*, model: str, message: str, author: str, tags: Any, parents: int,
-                         recipe: Any = None) -> None:  # fmt: skip
+def check_version_fields(*, model: str, message: str, author: str, tags: Any, parents: int, recipe: Any = None) -> None:
     """The fields of a version a writer chooses (add's inputs), by the rules every reader
     applies (`Version.from_json`); raises RecordError."""
     if (why := model_name_problem(model)) is not None:
@@ -180,7 +191,9 @@ def tag_matches(query: str, tags: Mapping[str, str]) -> bool:
 
 
 def _time(value: Any) -> str:
-    _check(isinstance(value, str) and bool(TIME_RE.match(value)), "time is not a UTC time (YYYY-MM-DDTHH:MM:SS[.ffffff]Z)")
+    _check(
+        isinstance(value, str) and bool(TIME_RE.match(value)), "time is not a UTC time (YYYY-MM-DDTHH:MM:SS[.ffffff]Z)"
+    )
     try:
         datetime.fromisoformat(value.removesuffix("Z"))
     except ValueError:
@@ -203,19 +216,27 @@ def _recipe(value: Any) -> dict[str, Any] | None:
     """A recipe as `add` records it (docs/format.md, "Version record")."""
     if value is None:
         return None
-    _check(isinstance(value, dict) and RECIPE_NEEDS <= set(value) <= RECIPE_KEYS,
-           f"recipe is not an object of {', '.join(sorted(RECIPE_KEYS))}")  # fmt: skip
+    _check(
+        isinstance(value, dict) and RECIPE_NEEDS <= set(value) <= RECIPE_KEYS,
+        f"recipe is not an object of {', '.join(sorted(RECIPE_KEYS))}",
+    )
     target, sep, name = _text(value["fn"], "recipe fn", MAX_FN).rpartition(":")
     _check(bool(sep and target) and name.isidentifier(), "recipe fn is not MODULE:FUNCTION or FILE.py:FUNCTION")
     params = value["params"]
-    _check(isinstance(params, dict) and all(isinstance(k, str) and k.isidentifier() for k in params),
-           "recipe params are not keyword arguments")  # fmt: skip
-    _check(isinstance(value["source_sha256"], str) and bool(OID_RE.match(value["source_sha256"])),
-           "recipe source_sha256 is not a sha256")  # fmt: skip
+    _check(
+        isinstance(params, dict) and all(isinstance(k, str) and k.isidentifier() for k in params),
+        "recipe params are not keyword arguments",
+    )
+    _check(
+        isinstance(value["source_sha256"], str) and bool(OID_RE.match(value["source_sha256"])),
+        "recipe source_sha256 is not a sha256",
+    )
     if value.get("source") is not None:
         _oid(value["source"], "recipe source")
     resources = value.get("resources", {})
-    _check(isinstance(resources, dict) and set(resources) <= set(RESOURCES), "recipe resources are not num_cpus, num_gpus")
+    _check(
+        isinstance(resources, dict) and set(resources) <= set(RESOURCES), "recipe resources are not num_cpus, num_gpus"
+    )
     for key, amount in resources.items():
         _number(amount, f"recipe resource {key}", low=0, high=MAX_RESOURCE)
     return value
@@ -225,8 +246,10 @@ def _lossy(value: Any) -> dict[str, Any] | None:
     """A lossy bound as `add` records it (docs/format.md, "Version record")."""
     if value is None:
         return None
-    _check(isinstance(value, dict) and LOSSY_NEEDS <= set(value) <= LOSSY_NEEDS | {"rel"},
-           f"lossy is not an object of {', '.join(sorted(LOSSY_NEEDS | {'rel'}))}")  # fmt: skip
+    _check(
+        isinstance(value, dict) and LOSSY_NEEDS <= set(value) <= LOSSY_NEEDS | {"rel"},
+        f"lossy is not an object of {', '.join(sorted(LOSSY_NEEDS | {'rel'}))}",
+    )
     _check(value["mode"] in ("abs", "rel", "abs+rel"), "lossy mode is not abs, rel or abs+rel")
     for key in ("eps", "rel"):
         if value.get(key) is not None:
@@ -261,8 +284,12 @@ class TensorEntry:
         _check(d.get("dtype") in DTYPES, f"unknown dtype {d.get('dtype')!r}")
         shape = d.get("shape")
         _check(isinstance(shape, list), "shape is not a list")
-        return cls(_str(d.get("name"), "tensor name"), d["dtype"],
-                   tuple(_int(x, "dimension") for x in shape), _oid(d.get("object"), "tensor object"))  # fmt: skip
+        return cls(
+            _str(d.get("name"), "tensor name"),
+            d["dtype"],
+            tuple(_int(x, "dimension") for x in shape),
+            _oid(d.get("object"), "tensor object"),
+        )
 
 
 @dataclass(frozen=True)
@@ -280,8 +307,13 @@ class FileEntry:
     converted_from: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"path": self.path, "type": self.type, "size": self.size,
-                             "digest": self.digest, "object": self.object}  # fmt: skip
+        d: dict[str, Any] = {
+            "path": self.path,
+            "type": self.type,
+            "size": self.size,
+            "digest": self.digest,
+            "object": self.object,
+        }
         if self.type == "safetensors":
             d["tensors"] = [t.to_json() for t in self.tensors]
         if self.converted_from:
@@ -303,9 +335,15 @@ class FileEntry:
             raise RecordError(exc.message) from None
         if conv is not None and (why := path_problem(conv)) is not None:
             raise RecordError(f"converted_from {conv!r}: {why}")
-        return cls(_str(d.get("path"), "file path"), kind, _int(d.get("size"), "file size"),
-                   _oid(d.get("digest"), "file digest"), _oid(d.get("object"), "file object"),
-                   tuple(TensorEntry.from_json(t) for t in tensors), conv)  # fmt: skip
+        return cls(
+            _str(d.get("path"), "file path"),
+            kind,
+            _int(d.get("size"), "file size"),
+            _oid(d.get("digest"), "file digest"),
+            _oid(d.get("object"), "file object"),
+            tuple(TensorEntry.from_json(t) for t in tensors),
+            conv,
+        )
 
 
 @dataclass(frozen=True)
@@ -365,12 +403,19 @@ class Version:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "format": RECORD_FORMAT, "model": self.model, "manifest": self.manifest,
-            "parents": [p.to_json() for p in self.parents], "predecessor": self.predecessor,
-            "message": self.message, "author": self.author, "time": self.time,
-            "tags": dict(self.tags), "summary": dict(self.summary), "recipe": self.recipe,
+            "format": RECORD_FORMAT,
+            "model": self.model,
+            "manifest": self.manifest,
+            "parents": [p.to_json() for p in self.parents],
+            "predecessor": self.predecessor,
+            "message": self.message,
+            "author": self.author,
+            "time": self.time,
+            "tags": dict(self.tags),
+            "summary": dict(self.summary),
+            "recipe": self.recipe,
             "lossy": self.lossy,
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_json(cls, d: Any) -> Version:
@@ -384,16 +429,23 @@ class Version:
         if (why := model_name_problem(d["model"])) is not None:
             raise RecordError(f"invalid model: {why}")
         pred, summary = d["predecessor"], d["summary"]
-        _check(isinstance(summary, dict) and set(summary) <= SUMMARY_KEYS, "summary is not a count of files, tensors, "
-               "params and logical_bytes")  # fmt: skip
+        _check(
+            isinstance(summary, dict) and set(summary) <= SUMMARY_KEYS,
+            "summary is not a count of files, tensors, params and logical_bytes",
+        )
         return cls(
-            model=d["model"], manifest=_oid(d["manifest"], "manifest"), parents=_parents(d["parents"]),
+            model=d["model"],
+            manifest=_oid(d["manifest"], "manifest"),
+            parents=_parents(d["parents"]),
             predecessor=None if pred is None else _oid(pred, "predecessor"),
             message=_text(d["message"], "message", MAX_MESSAGE, multiline=True),
-            author=_text(d["author"], "author", MAX_AUTHOR), time=_time(d["time"]), tags=_tags(d["tags"]),
+            author=_text(d["author"], "author", MAX_AUTHOR),
+            time=_time(d["time"]),
+            tags=_tags(d["tags"]),
             summary={k: _int(v, f"summary {k}") for k, v in summary.items()},
-            recipe=_recipe(d["recipe"]), lossy=_lossy(d["lossy"]),
-        )  # fmt: skip
+            recipe=_recipe(d["recipe"]),
+            lossy=_lossy(d["lossy"]),
+        )
 
     def linked_versions(self) -> list[str]:
         """Versions this one points to (predecessor first, then lineage parents)."""
@@ -418,8 +470,9 @@ def walk_history(vid: str | None, predecessor: Callable[[str], str | None]) -> I
         vid = predecessor(vid)
 
 
-def ancestors_first(tips: Iterable[str], linked: Callable[[str], Iterable[str]], *,
-                    stop: Callable[[str], bool] = lambda vid: False) -> list[str]:  # fmt: skip
+def ancestors_first(
+    tips: Iterable[str], linked: Callable[[str], Iterable[str]], *, stop: Callable[[str], bool] = lambda vid: False
+) -> list[str]:
     """The versions reachable from `tips` through `linked` (what a version links to: its
     predecessor and lineage parents), each after every version it links to, the first tip's
     first; not entering a version for which `stop` is true. `linked` is asked once a version.

@@ -77,8 +77,14 @@ class Incoming:
         except RemoteTooLargeError as exc:
             raise ReceivedError(exc.message, where=where) from None
 
-    def verify(self, oids: list[str], *, jobs: int, progress: Progress | None = None,
-               expect: Mapping[str, Expected] | None = None) -> None:  # fmt: skip
+    def verify(
+        self,
+        oids: list[str],
+        *,
+        jobs: int,
+        progress: Progress | None = None,
+        expect: Mapping[str, Expected] | None = None,
+    ) -> None:
         """Decode and re-hash each object (CorruptObjectError names the first that fails),
         its header first checked against what the record naming it expects: `expect`, or the
         manifest of a version that arrived with it (a base: its child, as it is decoded).
@@ -132,5 +138,7 @@ class Incoming:
     def __enter__(self) -> Incoming:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.discard()

@@ -44,9 +44,15 @@ class ModelReader(Mapping[str, Any]):
     """Lazy access to the tensors of one version: `reader[name]` decodes just that tensor
     (a numpy array); `reader.get(name, framework="pt")` gives a torch tensor."""
 
-    def __init__(self, store: ObjectStore, manifest: Manifest, vid: str, *,
-                 explained: Callable[[], AbstractContextManager[Any]] = nullcontext,
-                 reuse: DecodedCache | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: ObjectStore,
+        manifest: Manifest,
+        vid: str,
+        *,
+        explained: Callable[[], AbstractContextManager[Any]] = nullcontext,
+        reuse: DecodedCache | None = None,
+    ) -> None:
         self.store = store
         self.version_id = vid
         self.manifest = manifest
@@ -86,9 +92,17 @@ class ModelReader(Mapping[str, Any]):
         return len(self.entries)
 
 
-def state_dicts(store: ObjectStore, versions: list[tuple[str, Manifest]], *, framework: str = "np",
-                device: Any = None, dtype: Any = None, jobs: int | None = None, shared: bool = False,
-                reuse: DecodedCache | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def state_dicts(
+    store: ObjectStore,
+    versions: list[tuple[str, Manifest]],
+    *,
+    framework: str = "np",
+    device: Any = None,
+    dtype: Any = None,
+    jobs: int | None = None,
+    shared: bool = False,
+    reuse: DecodedCache | None = None,
+) -> list[dict[str, Any]]:
     """Every tensor of these versions (id, manifest), one dict by name per version: numpy
     arrays (`framework` "np"/"numpy") or torch tensors ("pt"/"torch", on `device`), floating
     ones converted to `dtype` if given. Distinct tensors are decoded once each on a thread

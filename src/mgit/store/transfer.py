@@ -47,8 +47,12 @@ class TransferStats(Report):
 
 
 # --- what versions need ----------------------------------------------------------------------
-def history(store: ObjectStore, tips: Iterable[str], *, stop: Callable[[str], bool] = lambda v: False,
-            ) -> list[str]:  # fmt: skip
+def history(
+    store: ObjectStore,
+    tips: Iterable[str],
+    *,
+    stop: Callable[[str], bool] = lambda v: False,
+) -> list[str]:
     """Versions reachable from `tips` through predecessors and lineage parents, ancestors
     first, not walking past a version for which `stop` is true (the other side has it)."""
     return ancestors_first(tips, lambda vid: store.get_version(vid).linked_versions(), stop=stop)
@@ -61,8 +65,12 @@ def version_objects(store: ObjectStore, vid: str) -> tuple[Version, Manifest, se
     return version, manifest, {vid} | version.linked_objects() | manifest.object_ids()
 
 
-def closure(store: ObjectStore, versions: Iterable[str], *, bases_of: Callable[[str], Iterable[str]] | None = None,
-            ) -> set[str]:  # fmt: skip
+def closure(
+    store: ObjectStore,
+    versions: Iterable[str],
+    *,
+    bases_of: Callable[[str], Iterable[str]] | None = None,
+) -> set[str]:
     """Every object these versions need: records, files, tensors and, recursively, the
     delta bases of each (read from the headers, or from `bases_of`)."""
     needed: set[str] = set()
@@ -105,8 +113,9 @@ def present_on(remote: RemoteObjects, store: ObjectStore, oids: Iterable[str]) -
     return remote.has_objects({o: store.stored_size(o) if store.has(o) else None for o in oids})
 
 
-def upload(remote: RemoteObjects, store: LocalStore, oids: Iterable[str], *,
-           progress: Progress | None = None) -> TransferStats:  # fmt: skip
+def upload(
+    remote: RemoteObjects, store: LocalStore, oids: Iterable[str], *, progress: Progress | None = None
+) -> TransferStats:
     """Send these object files as they are stored (the caller knows the remote lacks them),
     first aborting what a killed push left of their uploads."""
     wanted = sorted(set(oids))
@@ -125,9 +134,14 @@ def upload(remote: RemoteObjects, store: LocalStore, oids: Iterable[str], *,
 
 
 # --- receiving -----------------------------------------------------------------------------------
-def receive(remote: RemoteObjects, incoming: Incoming, wanted: Mapping[str, int], *,
-            progress: Progress | None = None, used_by: Callable[[str], list[str]] | None = None,
-            ) -> TransferStats:  # fmt: skip
+def receive(
+    remote: RemoteObjects,
+    incoming: Incoming,
+    wanted: Mapping[str, int],
+    *,
+    progress: Progress | None = None,
+    used_by: Callable[[str], list[str]] | None = None,
+) -> TransferStats:
     """Download `wanted` objects ({id: most bytes it may take}) that the repository lacks
     into the quarantine, with every delta base they need; verify nothing yet (the caller
     verifies and promotes once everything of the fetch has arrived)."""
@@ -162,13 +176,20 @@ def receive(remote: RemoteObjects, incoming: Incoming, wanted: Mapping[str, int]
                     following[base] = max(header.size * BASE_FACTOR, limit) + SLACK
                     seen.add(base)
         pending = following
-    raise ReceivedCorruptError(next(iter(pending)), f"its delta bases go deeper than {MAX_DEPTH_LIMIT}",
-                               where=remote.url)  # fmt: skip
+    raise ReceivedCorruptError(
+        next(iter(pending)), f"its delta bases go deeper than {MAX_DEPTH_LIMIT}", where=remote.url
+    )
 
 
-def fetch_objects(remote: RemoteObjects, store: LocalStore, wanted: Mapping[str, int], *, jobs: int,
-                  progress: Progress | None = None,
-                  expect: Mapping[str, Expected] | None = None) -> TransferStats:  # fmt: skip
+def fetch_objects(
+    remote: RemoteObjects,
+    store: LocalStore,
+    wanted: Mapping[str, int],
+    *,
+    jobs: int,
+    progress: Progress | None = None,
+    expect: Mapping[str, Expected] | None = None,
+) -> TransferStats:
     """Download, verify and keep objects (with their bases): all of them, or none (then the error
     names the remote). `expect`: what the records naming them say of them, checked before each
     is decoded."""

@@ -8,5 +8,17 @@ from mgit.sync.pull import pull
 from mgit.sync.push import push
 from mgit.sync.status import fsck_remote, init_bare, prefetch, remote_show
 
-__all__ = ["DEFAULT_REMOTE", "add_remote", "clone", "fetch", "fsck_remote", "init_bare", "list_remotes", "prefetch",
-           "pull", "push", "remote_show", "remove_remote"]
+__all__ = [
+    "DEFAULT_REMOTE",
+    "add_remote",
+    "clone",
+    "fetch",
+    "fsck_remote",
+    "init_bare",
+    "list_remotes",
+    "prefetch",
+    "pull",
+    "push",
+    "remote_show",
+    "remove_remote",
+]

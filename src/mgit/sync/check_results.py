@@ -72,8 +72,11 @@ def pull_checks(repo: Repo, conn: Connection) -> ChecksTravel:
     for record in records:  # every one checked before any is taken (a RemoteError names the first bad one)
         parse_registration(record)
     here = {r["name"] for r in checks.registrations()}
-    sources = {r["source"]: RECORD_LIMIT for r in records
-               if isinstance(r, dict) and isinstance(r.get("source"), str) and r.get("name") not in here}  # fmt: skip
+    sources = {
+        r["source"]: RECORD_LIMIT
+        for r in records
+        if isinstance(r, dict) and isinstance(r.get("source"), str) and r.get("name") not in here
+    }
     fetch_objects(remote, repo.store, {o: n for o, n in sources.items() if not repo.store.has(o)}, jobs=2)
     added, differing = 0, []
     for record in records:

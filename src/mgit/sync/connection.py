@@ -40,8 +40,15 @@ def connect(repo: Repo, remote: str) -> Connection:
     return Connection(remote, RemoteRepository(open_backend(spec)), tracking)
 
 
-def add_remote(repo: Repo, name: str, url: str, *, endpoint_url: str | None = None, region: str | None = None,
-               profile: str | None = None) -> RemoteInfo:  # fmt: skip
+def add_remote(
+    repo: Repo,
+    name: str,
+    url: str,
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    profile: str | None = None,
+) -> RemoteInfo:
     """Record a named remote (nothing is contacted: `mgit fetch` does that)."""
     validate_remote_name(name)
     spec = RemoteSpec(normalize_url(url), endpoint_url, region, profile)
@@ -61,8 +68,10 @@ def add_remote(repo: Repo, name: str, url: str, *, endpoint_url: str | None = No
 def remove_remote(repo: Repo, name: str) -> RemoteInfo:
     spec = remote_of(repo.config, name)
     if repo.config.get("lazy") == name:
-        raise InvalidOptionError(f"{name!r} is where this lazy clone fetches its objects from",
-                                 hint=f"Fetch them all first: mgit fetch --objects --all {name}")  # fmt: skip
+        raise InvalidOptionError(
+            f"{name!r} is where this lazy clone fetches its objects from",
+            hint=f"Fetch them all first: mgit fetch --objects --all {name}",
+        )
 
     def change(config: dict) -> None:
         config.get("remotes", {}).pop(name, None)
@@ -80,8 +89,10 @@ def list_remotes(repo: Repo) -> list[RemoteInfo]:
 
 def normalize_endpoint(url: str) -> str:
     if "@" in url.split("://", 1)[-1].split("/", 1)[0]:
-        raise InvalidOptionError("refusing an endpoint URL that holds credentials",
-                                 hint="Give credentials through the AWS chain, never in a URL")  # fmt: skip
+        raise InvalidOptionError(
+            "refusing an endpoint URL that holds credentials",
+            hint="Give credentials through the AWS chain, never in a URL",
+        )
     if not url.startswith(("http://", "https://")):
         raise InvalidOptionError(f"endpoint {url!r} is not an http:// or https:// URL")
     return url

@@ -49,8 +49,9 @@ from mgit.util.faults import crash_point
 from mgit.util.parallel import StartProgress
 
 
-def fetch(repo: Repo, remote: str = DEFAULT_REMOTE, *, models: str | None = None,
-          progress: StartProgress | None = None) -> FetchResult:  # fmt: skip
+def fetch(
+    repo: Repo, remote: str = DEFAULT_REMOTE, *, models: str | None = None, progress: StartProgress | None = None
+) -> FetchResult:
     """Fetch a remote's models (those matching the glob `models`, default all); see above."""
     conn = connect(repo, remote)
     try:
@@ -59,8 +60,9 @@ def fetch(repo: Repo, remote: str = DEFAULT_REMOTE, *, models: str | None = None
         conn.close()
 
 
-def fetch_from(repo: Repo, conn: Connection, *, models: str | None = None,
-               progress: StartProgress | None = None) -> FetchResult:  # fmt: skip
+def fetch_from(
+    repo: Repo, conn: Connection, *, models: str | None = None, progress: StartProgress | None = None
+) -> FetchResult:
     remote, lazy = conn.remote, isinstance(repo.store, LazyStore)
     remote.check()
     heads = {n: h for n, (h, _) in _heads(remote).items() if models is None or fnmatch.fnmatchcase(n, models)}
@@ -75,7 +77,9 @@ def fetch_from(repo: Repo, conn: Connection, *, models: str | None = None,
             known = conn.tracking.all()
             changes = {n: (h, known.get(n)) for n, h in heads.items() if known.get(n) != h}
             conn.tracking.update_many(changes)
-            moved = [ModelUpdate(n, "new" if old is None else "fast-forward", old, h) for n, (h, old) in changes.items()]
+            moved = [
+                ModelUpdate(n, "new" if old is None else "fast-forward", old, h) for n, (h, old) in changes.items()
+            ]
     checks = pull_checks(repo, conn) if not repo.bare else ChecksTravel()
     return FetchResult(conn.name, remote.url, moved, len(versions), received, lazy, checks)
 
@@ -105,9 +109,16 @@ def fetch_versions(repo: Repo, conn: Connection, vids: list[str]) -> TransferSta
     return received
 
 
-def _arrive(repo: Repo, conn: Connection, incoming: Incoming, tips: dict[str, str | None] | dict[str, str],
-            received: TransferStats, progress: StartProgress | None, *,
-            every_model: bool) -> list[str]:  # fmt: skip
+def _arrive(
+    repo: Repo,
+    conn: Connection,
+    incoming: Incoming,
+    tips: dict[str, str | None] | dict[str, str],
+    received: TransferStats,
+    progress: StartProgress | None,
+    *,
+    every_model: bool,
+) -> list[str]:
     """The versions along the histories of `tips` ({model: head} of the remote's refs, or
     {version id: None}) that are not here, and what they need, received, verified and kept
     (with the packs' sketches and rows of those versions); those versions, ancestors first.
@@ -143,8 +154,9 @@ def _arrive(repo: Repo, conn: Connection, incoming: Incoming, tips: dict[str, st
 
 
 @contextmanager
-def _packs(repo: Repo, conn: Connection, incoming: Incoming, stats: TransferStats
-           ) -> Iterator[tuple[PackSpool | None, list[str]]]:  # fmt: skip
+def _packs(
+    repo: Repo, conn: Connection, incoming: Incoming, stats: TransferStats
+) -> Iterator[tuple[PackSpool | None, list[str]]]:
     """The packs not read before, downloaded into the quarantine and their entries spooled
     there as they decompress: (the spool, or None without a new pack; the packs read). A
     pack is refused when it does not hash to its name or decodes to more than its size
@@ -197,19 +209,24 @@ def check_histories(store: ObjectStore, heads: dict[str, str], versions: Iterabl
     for name, head in heads.items():
         model = store.get_version(head).model
         if model != name:
-            raise ReceivedError(f"version {head[:12]}, the head of {name!r} on {where}, is a version of {model!r}",
-                                where=where)  # fmt: skip
+            raise ReceivedError(
+                f"version {head[:12]}, the head of {name!r} on {where}, is a version of {model!r}", where=where
+            )
     for vid in versions:
         version = store.get_version(vid)
         if version.predecessor is not None:
             before = store.get_version(version.predecessor).model
             if before != version.model:
-                raise ReceivedError(f"version {vid[:12]} of {version.model!r} from {where} follows "
-                                    f"{version.predecessor[:12]}, a version of {before!r}", where=where)  # fmt: skip
+                raise ReceivedError(
+                    f"version {vid[:12]} of {version.model!r} from {where} follows "
+                    f"{version.predecessor[:12]}, a version of {before!r}",
+                    where=where,
+                )
 
 
-def fetch_records(conn: Connection, incoming: Incoming, tips: list[str], stats: TransferStats, *,
-                  packed: PackSpool | None = None) -> list[str]:  # fmt: skip
+def fetch_records(
+    conn: Connection, incoming: Incoming, tips: list[str], stats: TransferStats, *, packed: PackSpool | None = None
+) -> list[str]:
     """The versions along the heads' histories that this repository lacks, their records and
     manifests brought into the quarantine (each verified when parsed), ancestors first.
     Records that `packed` (the metadata packs' spool) holds are taken from it, not asked for."""
@@ -279,8 +296,11 @@ def _sketches(store: ObjectStore, found: dict[str, bytes]) -> dict[str, bytes]:
         except ValueError:
             continue
         names = {t.name for t in tensors}
-        if (len(set(sketch.names)) == len(sketch.names) and set(sketch.names) == names
-                and set(zip(sketch.names, sketch.oids, strict=True)) <= {(t.name, t.object) for t in tensors}):  # fmt: skip
+        if (
+            len(set(sketch.names)) == len(sketch.names)
+            and set(sketch.names) == names
+            and set(zip(sketch.names, sketch.oids, strict=True)) <= {(t.name, t.object) for t in tensors}
+        ):
             kept[vid] = data
     return kept
 
@@ -306,9 +326,17 @@ def _describe_objects(repo: Repo, versions: list[str], rows: list[ObjectRow]) ->
     repo.catalog.add_objects(r for r in described.values() if r.id not in known)
 
 
-def clone(url: str, directory: str | os.PathLike[str] | None = None, *, models: str | None = None,
-          lazy: bool = False, endpoint_url: str | None = None, region: str | None = None,
-          profile: str | None = None, progress: StartProgress | None = None) -> CloneResult:  # fmt: skip
+def clone(
+    url: str,
+    directory: str | os.PathLike[str] | None = None,
+    *,
+    models: str | None = None,
+    lazy: bool = False,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    profile: str | None = None,
+    progress: StartProgress | None = None,
+) -> CloneResult:
     """A new repository in `directory` with `url` as its remote `origin`, every model (or
     those matching `models`) fetched and checked in as local heads. `lazy` fetches records
     only; objects come when something reads them."""
@@ -341,7 +369,11 @@ def _clone_target(target: Path, url: str, lazy: bool) -> Repo:
     if (target / REPO_DIR / "config.json").is_file():
         repo = Repo(target)
         origin = remotes_of(repo.config).get(DEFAULT_REMOTE)
-        if not repo.refs.all() and (origin is None or origin.url == normalize_url(url)) and not (repo.lazy and not lazy):
+        if (
+            not repo.refs.all()
+            and (origin is None or origin.url == normalize_url(url))
+            and not (repo.lazy and not lazy)
+        ):
             return repo
     if target.exists() and any(target.iterdir()):
         raise InvalidOptionError(f"{target} exists and is not empty", hint="Clone into a new or empty folder")

@@ -44,8 +44,16 @@ class Mirror:
 
 
 @contextmanager
-def cached_clone(root: Path, url: str, *, what: str, wait: float, endpoint_url: str | None = None,
-                 region: str | None = None, profile: str | None = None) -> Iterator[tuple[Repo, bool]]:  # fmt: skip
+def cached_clone(
+    root: Path,
+    url: str,
+    *,
+    what: str,
+    wait: float,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    profile: str | None = None,
+) -> Iterator[tuple[Repo, bool]]:
     """The lazy clone of `url` kept under `root` (in a folder named by the URL's hash), made
     by the first caller: (repo, made now), held under a file lock while the block runs, so
     that processes opening it at once wait for one clone (`wait` seconds at most). What a
@@ -59,14 +67,27 @@ def cached_clone(root: Path, url: str, *, what: str, wait: float, endpoint_url: 
         yield Repo(folder), made
 
 
-def open_mirror(url: str, *, root: Path | None = None, endpoint_url: str | None = None, region: str | None = None,
-                profile: str | None = None) -> Mirror:  # fmt: skip
+def open_mirror(
+    url: str,
+    *,
+    root: Path | None = None,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    profile: str | None = None,
+) -> Mirror:
     """The mirror of `url` under `root` (default: MGIT_MIRROR_CACHE, else
     ~/.cache/mgit/mirrors), made on first use, else fetched and its heads moved to the
     remote's."""
     url = normalize_url(url)
-    with cached_clone(root or mirror_root(), url, what=f"the mirror of {url}", wait=LOCK_WAIT,
-                      endpoint_url=endpoint_url, region=region, profile=profile) as (repo, made):  # fmt: skip
+    with cached_clone(
+        root or mirror_root(),
+        url,
+        what=f"the mirror of {url}",
+        wait=LOCK_WAIT,
+        endpoint_url=endpoint_url,
+        region=region,
+        profile=profile,
+    ) as (repo, made):
         if made:
             return Mirror(repo, url, True, sorted(repo.refs.all()))
         return Mirror(repo, url, False, _update(repo))

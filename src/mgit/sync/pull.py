@@ -24,16 +24,19 @@ from mgit.sync.reports import ModelUpdate, PullResult, Renumbered
 from mgit.util.parallel import StartProgress
 
 
-def pull(repo: Repo, remote: str = DEFAULT_REMOTE, *, ff_only: bool = False,
-         progress: StartProgress | None = None) -> PullResult:  # fmt: skip
+def pull(
+    repo: Repo, remote: str = DEFAULT_REMOTE, *, ff_only: bool = False, progress: StartProgress | None = None
+) -> PullResult:
     conn = connect(repo, remote)
     try:
         fetched = fetch_from(repo, conn, progress=progress)
     finally:
         conn.close()
     if conn.tracking is None:
-        raise RemoteError("pull needs a named remote (its heads are remembered as origin/NAME)",
-                          hint="Add it first: mgit remote add NAME URL")  # fmt: skip
+        raise RemoteError(
+            "pull needs a named remote (its heads are remembered as origin/NAME)",
+            hint="Add it first: mgit remote add NAME URL",
+        )
     theirs = conn.tracking.all()
     mine = repo.refs.all()
     plan: dict[str, tuple[str, str | None, str]] = {}  # model -> (status, old local head, new head)
@@ -86,8 +89,13 @@ def _replay(repo: Repo, own: list[str], onto: str, renamed: dict[str, str]) -> s
     return head
 
 
-def _replay_dependents(repo: Repo, mine: dict[str, str], plan: dict[str, tuple[str, str | None, str]],
-                       remote_known: set[str], renamed: dict[str, str]) -> None:  # fmt: skip
+def _replay_dependents(
+    repo: Repo,
+    mine: dict[str, str],
+    plan: dict[str, tuple[str, str | None, str]],
+    remote_known: set[str],
+    renamed: dict[str, str],
+) -> None:
     """Local-only versions of other models that name a replayed version (as a lineage
     parent): replay them from the first that does, until nothing changes."""
     for _ in range(len(mine) + 1):
@@ -96,8 +104,14 @@ def _replay_dependents(repo: Repo, mine: dict[str, str], plan: dict[str, tuple[s
             if name in plan and plan[name][0] != "fast-forward":
                 continue
             chain = [v for v in repo.chain(head) if v not in remote_known and v not in renamed][::-1]
-            first = next((i for i, v in enumerate(chain)
-                          if any(p.version in renamed for p in repo.store.get_version(v).parents)), None)  # fmt: skip
+            first = next(
+                (
+                    i
+                    for i, v in enumerate(chain)
+                    if any(p.version in renamed for p in repo.store.get_version(v).parents)
+                ),
+                None,
+            )
             if first is None:
                 continue
             start = repo.store.get_version(chain[first]).predecessor

@@ -57,8 +57,14 @@ def choose_models(repo: Repo, targets: list[str] | None) -> dict[str, str]:
     return chosen
 
 
-def push(repo: Repo, remote: str = DEFAULT_REMOTE, targets: list[str] | None = None, *, force: bool = False,
-         progress: StartProgress | None = None) -> PushResult:  # fmt: skip
+def push(
+    repo: Repo,
+    remote: str = DEFAULT_REMOTE,
+    targets: list[str] | None = None,
+    *,
+    force: bool = False,
+    progress: StartProgress | None = None,
+) -> PushResult:
     """Send models (every one by default) to a remote; see the module docstring."""
     conn = connect(repo, remote)
     try:
@@ -67,8 +73,9 @@ def push(repo: Repo, remote: str = DEFAULT_REMOTE, targets: list[str] | None = N
         conn.close()
 
 
-def _push(repo: Repo, conn: Connection, chosen: dict[str, str], *, force: bool,
-          progress: StartProgress | None) -> PushResult:  # fmt: skip
+def _push(
+    repo: Repo, conn: Connection, chosen: dict[str, str], *, force: bool, progress: StartProgress | None
+) -> PushResult:
     remote = conn.remote
     remote.check()
     theirs = remote.heads(chosen)
@@ -98,8 +105,9 @@ def _push(repo: Repo, conn: Connection, chosen: dict[str, str], *, force: bool,
     # What the remote has: every version its heads reach (the ones read now, and those it
     # had when last seen: remotes never delete), as far as this repository knows them.
     known_tips = [h for h, _ in theirs.values()] + list(conn.tracking.all().values() if conn.tracking else [])
-    known, versions, sent = publish_to(repo, conn, [vid for vid, _, _ in moving.values()], known_tips,
-                                       progress=progress)  # fmt: skip
+    known, versions, sent = publish_to(
+        repo, conn, [vid for vid, _, _ in moving.values()], known_tips, progress=progress
+    )
     checks = push_checks(repo, conn, known | set(versions))
     crash_point("push-before-refs")
     conflicts = []
@@ -123,8 +131,9 @@ def move_head(conn: Connection, name: str, vid: str, *, expected: str | None, to
         conn.tracking.update(name, vid, expected=conn.tracking.get(name))
 
 
-def publish_to(repo: Repo, conn: Connection, tips: list[str], known_tips: list[str], *,
-               progress: StartProgress | None = None) -> tuple[set[str], list[str], TransferStats]:  # fmt: skip
+def publish_to(
+    repo: Repo, conn: Connection, tips: list[str], known_tips: list[str], *, progress: StartProgress | None = None
+) -> tuple[set[str], list[str], TransferStats]:
     """Send the versions reachable from `tips` that the remote lacks, with every object they
     need that it lacks, and a metadata pack describing them; move no ref. `known_tips` are
     versions the remote has (their histories are not sent or asked about). Returns (the
@@ -217,8 +226,9 @@ def _pack(repo: Repo, versions: list[str], needed: set[str]) -> MetadataPack:
         row = rows.get(oid)
         if store.has(oid) and (row is None or (not row.bases and storage_class(row.codec) != "standalone")):
             header = store.header(oid)
-            pack.objects.append((oid, header.kind, header.size, store.stored_size(oid), header.codec_names,
-                                 tuple(header.bases)))  # fmt: skip
+            pack.objects.append(
+                (oid, header.kind, header.size, store.stored_size(oid), header.codec_names, tuple(header.bases))
+            )
         elif row is not None:  # (a lazy clone's object it has not fetched: described as its rows say)
             pack.objects.append((oid, row.kind, row.logical_size, row.stored_size, row.codec, row.bases))
     if not pack.fits():

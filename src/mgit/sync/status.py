@@ -60,8 +60,9 @@ def _show(repo: Repo, conn: Connection) -> RemoteShow:
     return RemoteShow(info, models)
 
 
-def init_bare(url: str, *, endpoint_url: str | None = None, region: str | None = None,
-              profile: str | None = None) -> RemoteInfo:  # fmt: skip
+def init_bare(
+    url: str, *, endpoint_url: str | None = None, region: str | None = None, profile: str | None = None
+) -> RemoteInfo:
     """An empty remote: a bare repository in a folder, or the layout of one under an S3
     prefix of a bucket that exists (a missing bucket is an error, never created)."""
     spec = RemoteSpec(normalize_url(url), endpoint_url, region, profile)
@@ -79,8 +80,9 @@ def init_bare(url: str, *, endpoint_url: str | None = None, region: str | None =
     return RemoteInfo("", spec.url, endpoint_url, region, profile)
 
 
-def fsck_remote(url: str, *, endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
-                jobs: int = 4) -> FsckResult:  # fmt: skip
+def fsck_remote(
+    url: str, *, endpoint_url: str | None = None, region: str | None = None, profile: str | None = None, jobs: int = 4
+) -> FsckResult:
     """Re-hash every object of a remote (downloading each) and check what its refs reach."""
     spec = RemoteSpec(normalize_url(url), endpoint_url, region, profile)
     remote = RemoteRepository(open_backend(spec))

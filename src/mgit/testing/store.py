@@ -211,11 +211,17 @@ class StoreContract:
         with pytest.raises(CorruptObjectError, match="unknown codec 'zzzz'"):
             store.get(oid)
 
-    @pytest.mark.parametrize("chain", [[{"name": "zstd", "configuration": {"level": 1}}],
-                                       [{"name": "pco", "configuration": {"dtype": "<u8", "level": 8}}],
-                                       [{"name": "byteplanes", "configuration": {"itemsize": 8}}]])  # fmt: skip
+    @pytest.mark.parametrize(
+        "chain",
+        [
+            [{"name": "zstd", "configuration": {"level": 1}}],
+            [{"name": "pco", "configuration": {"dtype": "<u8", "level": 8}}],
+            [{"name": "byteplanes", "configuration": {"itemsize": 8}}],
+        ],
+    )
     def test_a_declared_size_the_record_cannot_hold_is_refused_before_allocating(
-            self, store: ObjectStore, chain: list[dict[str, Any]]) -> None:  # fmt: skip
+        self, store: ObjectStore, chain: list[dict[str, Any]]
+    ) -> None:
         # A forged header claims 1 TiB behind a 64-byte payload: no codec expands 64 bytes that far.
         size = 1 << 40
         header = ObjectHeader("tensor", {"dtype": "U8", "shape": [size]}, size, chain)

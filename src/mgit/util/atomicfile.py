@@ -55,8 +55,9 @@ def check_size(fd: int, size: int) -> None:
 
 
 @contextmanager
-def atomic_writer(path: Path, *, fsync: bool = True, mode: int = 0o644, sync_dir: bool = True,
-                  size: int | None = None) -> Iterator[BinaryIO]:  # fmt: skip
+def atomic_writer(
+    path: Path, *, fsync: bool = True, mode: int = 0o644, sync_dir: bool = True, size: int | None = None
+) -> Iterator[BinaryIO]:
     """`with atomic_writer(path) as fh:` writes `fh` to a temporary sibling that replaces
     `path` when the block ends, and is removed if it raises (as dulwich's GitFile does).
     `size`: how many bytes the file must hold then (else StorageFullError: a short write)."""
@@ -79,8 +80,9 @@ def atomic_writer(path: Path, *, fsync: bool = True, mode: int = 0o644, sync_dir
         fsync_dir(path.parent)
 
 
-def write_atomic(path: Path, chunks: Iterable[bytes | memoryview], *, fsync: bool = True, mode: int = 0o644,
-                 sync_dir: bool = True) -> int:  # fmt: skip
+def write_atomic(
+    path: Path, chunks: Iterable[bytes | memoryview], *, fsync: bool = True, mode: int = 0o644, sync_dir: bool = True
+) -> int:
     """Replace `path` with the concatenated chunks; return the number of bytes written."""
     written = 0
     with atomic_writer(path, fsync=fsync, mode=mode, sync_dir=sync_dir) as fh:
@@ -131,8 +133,9 @@ def copy_fully(src: int, dst: int, most: int) -> int:
     return copied
 
 
-def replace_at(folder: int, name: str, fill: Callable[[int], int], *, size: int, where: str,
-               fsync: bool = True, mode: int = 0o644) -> None:  # fmt: skip
+def replace_at(
+    folder: int, name: str, fill: Callable[[int], int], *, size: int, where: str, fsync: bool = True, mode: int = 0o644
+) -> None:
     """`atomic_writer` for a file named `name` in the folder open as `folder` (a descriptor:
     nothing on the way is looked up again, so no link planted meanwhile is followed):
     `fill(fd)` writes the temporary file and returns its byte count, which, like the file,

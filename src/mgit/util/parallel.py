@@ -23,8 +23,14 @@ def default_jobs() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
-def ordered_map(pool: ThreadPoolExecutor, fn: Callable[..., T], items: Iterable[tuple[Any, ...]], *, jobs: int,
-                size: Callable[[tuple[Any, ...]], int]) -> Iterator[T]:  # fmt: skip
+def ordered_map(
+    pool: ThreadPoolExecutor,
+    fn: Callable[..., T],
+    items: Iterable[tuple[Any, ...]],
+    *,
+    jobs: int,
+    size: Callable[[tuple[Any, ...]], int],
+) -> Iterator[T]:
     """`pool.map` in order, bounded: every worker gets work, and more is queued only while
     the queued items stay under READ_AHEAD_BYTES (so memory is a few tensors, whatever the
     model, and a large tensor does not leave the other workers idle)."""

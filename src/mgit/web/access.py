@@ -34,8 +34,10 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 COOKIE = "mgit_token"
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-       "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")  # fmt: skip
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
 LOOPBACK_NAMES = ("localhost",)
 HOST_RE = re.compile(r"(?:\[(?P<ip6>[0-9A-Fa-f:.]{2,45})\]|(?P<name>[A-Za-z0-9.-]{1,253}))(?::(?P<port>[0-9]{1,5}))?")
 LABEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
@@ -107,9 +109,13 @@ class Guard:
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                extra = [(b"content-security-policy", csp.encode()), (b"x-content-type-options", b"nosniff"),
-                         (b"referrer-policy", b"no-referrer"), (b"x-frame-options", b"DENY"),
-                         (b"cache-control", b"no-store")]  # fmt: skip
+                extra = [
+                    (b"content-security-policy", csp.encode()),
+                    (b"x-content-type-options", b"nosniff"),
+                    (b"referrer-policy", b"no-referrer"),
+                    (b"x-frame-options", b"DENY"),
+                    (b"cache-control", b"no-store"),
+                ]
                 message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
 
@@ -144,15 +150,33 @@ def _cookie(header: str) -> str | None:
 
 async def _refuse(send: Send, status: int, why: str) -> None:
     body = f"{status}: {why}\n".encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode()),
-                            (b"content-security-policy", CSP.encode()), (b"x-content-type-options", b"nosniff")]})  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+                (b"content-security-policy", CSP.encode()),
+                (b"x-content-type-options", b"nosniff"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
 async def _redirect(send: Send, location: str, token: str) -> None:
     cookie = f"{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict"
-    await send({"type": "http.response.start", "status": 303,
-                "headers": [(b"location", location.encode("latin-1", "replace")), (b"set-cookie", cookie.encode()),
-                            (b"content-length", b"0"), (b"referrer-policy", b"no-referrer")]})  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 303,
+            "headers": [
+                (b"location", location.encode("latin-1", "replace")),
+                (b"set-cookie", cookie.encode()),
+                (b"content-length", b"0"),
+                (b"referrer-policy", b"no-referrer"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": b""})

@@ -45,12 +45,12 @@ from mgit.web.repoview import RepoView
 from mgit.web.storage import storage_page
 
 Builder = Callable[[Request], dict[str, Any]]
-NAV = (("Models", "/models"), ("Tests", "/tests"), ("Storage", "/storage"), ("Lineage", "/lineage"),
-       ("Diff", "/diff"))  # fmt: skip
+NAV = (("Models", "/models"), ("Tests", "/tests"), ("Storage", "/storage"), ("Lineage", "/lineage"), ("Diff", "/diff"))
 
 
-def create_app(repo: Repo, *, host: str = "127.0.0.1", token: str | None = None,
-               refresh: Callable[[], object] | None = None) -> Guard:  # fmt: skip
+def create_app(
+    repo: Repo, *, host: str = "127.0.0.1", token: str | None = None, refresh: Callable[[], object] | None = None
+) -> Guard:
     """The app serving `repo` (a mirror: with the `refresh` that brings it up to date);
     refuses (TokenRequiredError) to serve a non-loopback `host` without a `token`."""
     check_setup(host, token)
@@ -62,8 +62,9 @@ def create_app(repo: Repo, *, host: str = "127.0.0.1", token: str | None = None,
         def html(request: Request) -> Response:
             data = build(request)
             status = data.pop("_status", 200)
-            return templates.TemplateResponse(request, template, {"data": data, "nav": NAV, "repo": title},
-                                              status_code=status)  # fmt: skip
+            return templates.TemplateResponse(
+                request, template, {"data": data, "nav": NAV, "repo": title}, status_code=status
+            )
 
         def api(request: Request) -> Response:
             data = build(request)
@@ -103,9 +104,15 @@ def create_app(repo: Repo, *, host: str = "127.0.0.1", token: str | None = None,
             links = [(label, href) for label, href in NAV if href != "/lineage"]
             if around:
                 links.insert(0, (f"back to {around}", f"/models/{quote(around)}"))
-            return render_html(graph, title=f"MGit lineage: {title}" + (f" around {around}" if around else ""),
-                               storage=storage, selected=around, links=links, model_pages="/models/",
-                               outside=view.lineage.edges_leaving(n.name for n in graph.nodes))  # fmt: skip
+            return render_html(
+                graph,
+                title=f"MGit lineage: {title}" + (f" around {around}" if around else ""),
+                storage=storage,
+                selected=around,
+                links=links,
+                model_pages="/models/",
+                outside=view.lineage.edges_leaving(n.name for n in graph.nodes),
+            )
 
         return Response(view.kept(("lineage-page", around), make), media_type="text/html")
 
@@ -126,32 +133,49 @@ def create_app(repo: Repo, *, host: str = "127.0.0.1", token: str | None = None,
     for path, (template, build) in pages.items():
         html, api = page(template, build)
         routes += [Route(path, html), Route(f"/api{path}", api)]
-    routes += [Route("/lineage", lineage_page), Route("/api/lineage", lineage_api),
-               Mount("/static", StaticFiles(packages=[("mgit.web", "static")]), name="static")]  # fmt: skip
+    routes += [
+        Route("/lineage", lineage_page),
+        Route("/api/lineage", lineage_api),
+        Mount("/static", StaticFiles(packages=[("mgit.web", "static")]), name="static"),
+    ]
 
     def failed(request: Request, exc: Exception) -> Response:
         if isinstance(exc, HTTPException):
             status, message, hint = exc.status_code, exc.detail, None
         else:
             assert isinstance(exc, MgitError)
-            status = (404 if isinstance(exc, (UnknownRefError, NoMatchError, NoPathError))
-                      else 503 if isinstance(exc, DiffsBusyError) else 400)  # fmt: skip
+            status = (
+                404
+                if isinstance(exc, (UnknownRefError, NoMatchError, NoPathError))
+                else 503
+                if isinstance(exc, DiffsBusyError)
+                else 400
+            )
             message, hint = exc.message, exc.hint
         if request.url.path.startswith("/api/"):
             return JSONResponse({"error": message, "hint": hint}, status_code=status)
-        return templates.TemplateResponse(request, "error.html", {"data": {"status": status, "error": message,
-                                          "hint": hint}, "nav": NAV, "repo": title}, status_code=status)  # fmt: skip
+        return templates.TemplateResponse(
+            request,
+            "error.html",
+            {"data": {"status": status, "error": message, "hint": hint}, "nav": NAV, "repo": title},
+            status_code=status,
+        )
 
     app = Starlette(routes=routes, exception_handlers={MgitError: failed, HTTPException: failed})
     return Guard(app, token=token, csp=lambda path: page_csp() if path == "/lineage" else None)
 
 
 def environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FunctionLoader(_template), autoescape=True,
-                             undefined=jinja2.StrictUndefined)  # fmt: skip
-    env.filters.update(size=lambda n: "-" if n is None else human_size(n), short=lambda s: (s or "-")[:12],
-                       when=lambda t: (t or "")[:16].replace("T", " "), g=_g, pct=_pct, path=lambda s: quote(s),
-                       shape=lambda s: "-" if s is None else "x".join(map(str, s)) or "scalar")  # fmt: skip
+    env = jinja2.Environment(loader=jinja2.FunctionLoader(_template), autoescape=True, undefined=jinja2.StrictUndefined)
+    env.filters.update(
+        size=lambda n: "-" if n is None else human_size(n),
+        short=lambda s: (s or "-")[:12],
+        when=lambda t: (t or "")[:16].replace("T", " "),
+        g=_g,
+        pct=_pct,
+        path=lambda s: quote(s),
+        shape=lambda s: "-" if s is None else "x".join(map(str, s)) or "scalar",
+    )
     env.globals.update(link=_link)
     return env
 

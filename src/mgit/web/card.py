@@ -16,9 +16,45 @@ from mgit.store.objects import Manifest
 CARD = "README.md"
 MAX_CARD_BYTES = 1 << 20  # a larger card is not rendered (the file is still listed)
 TOO_LARGE = f"larger than {MAX_CARD_BYTES >> 20} MiB: not rendered"
-TAGS = {"a", "abbr", "b", "blockquote", "br", "code", "del", "details", "dd", "dl", "dt", "em", "h1", "h2", "h3",
-        "h4", "h5", "h6", "hr", "i", "kbd", "li", "ol", "p", "pre", "s", "strong", "sub", "summary", "sup", "table",
-        "tbody", "td", "th", "thead", "tr", "ul"}  # fmt: skip
+TAGS = {
+    "a",
+    "abbr",
+    "b",
+    "blockquote",
+    "br",
+    "code",
+    "del",
+    "details",
+    "dd",
+    "dl",
+    "dt",
+    "em",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "hr",
+    "i",
+    "kbd",
+    "li",
+    "ol",
+    "p",
+    "pre",
+    "s",
+    "strong",
+    "sub",
+    "summary",
+    "sup",
+    "table",
+    "tbody",
+    "td",
+    "th",
+    "thead",
+    "tr",
+    "ul",
+}
 ATTRIBUTES = {"a": {"href", "title"}, "th": {"align"}, "td": {"align"}, "ol": {"start"}}
 
 
@@ -69,8 +105,9 @@ def split_front_matter(text: str) -> tuple[dict[str, str], str]:
     body = "".join(lines[end + 1 :])
     if not isinstance(data, dict):
         return {}, body
-    return {str(k): v if isinstance(v, str) else yaml.safe_dump(v, default_flow_style=True).strip()
-            for k, v in data.items()}, body  # fmt: skip
+    return {
+        str(k): v if isinstance(v, str) else yaml.safe_dump(v, default_flow_style=True).strip() for k, v in data.items()
+    }, body
 
 
 def markdown(text: str) -> str:
@@ -82,5 +119,10 @@ def markdown(text: str) -> str:
 def sanitize(html: str) -> str:
     import nh3
 
-    return nh3.clean(html, tags=TAGS, attributes=ATTRIBUTES, url_schemes={"http", "https", "mailto"},
-                     link_rel="noopener noreferrer nofollow")  # fmt: skip
+    return nh3.clean(
+        html,
+        tags=TAGS,
+        attributes=ATTRIBUTES,
+        url_schemes={"http", "https", "mailto"},
+        link_rel="noopener noreferrer nofollow",
+    )

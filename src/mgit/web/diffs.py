@@ -23,8 +23,14 @@ KEPT = 8  # finished diffs kept
 RUNNING = 1  # diffs computed at once (each uses every core)
 WAITING = 16  # diffs asked for and not finished: more are refused until some finish
 MISSING = "#e2e8f0"
-COLORS = {"identical": "#f7fafc", "same": "#f7fafc", "shape": "#805ad5", "dtype": "#d69e2e",
-          "only_a": "#4a5568", "only_b": "#3182ce"}  # fmt: skip
+COLORS = {
+    "identical": "#f7fafc",
+    "same": "#f7fafc",
+    "shape": "#805ad5",
+    "dtype": "#d69e2e",
+    "only_a": "#4a5568",
+    "only_b": "#3182ce",
+}
 
 
 @dataclass
@@ -38,7 +44,12 @@ class DiffJob:
     error: dict[str, str | None] = field(default_factory=dict)
 
     def progress(self) -> dict[str, Any]:
-        return {"state": self.state, "done": self.done, "total": self.total, **({"error": self.error} if self.error else {})}
+        return {
+            "state": self.state,
+            "done": self.done,
+            "total": self.total,
+            **({"error": self.error} if self.error else {}),
+        }
 
 
 class DiffJobs:
@@ -117,13 +128,30 @@ def heatmap(result: DiffResult) -> dict[str, Any]:
             kind = t.name[len(g.name) + 1 :] if t.name.startswith(g.name + ".") else "(whole)"
             kinds.setdefault(kind, None)
             rel = t.stats.rel_change if t.stats is not None else None
-            cells[kind] = {"tensor": t.name, "status": t.status, "rel_change": _finite(rel),
-                           "color": color(t.status, rel)}  # fmt: skip
-        rows.append({"group": g.name, "rel_change": _finite(g.rel_change), "changed_values": g.changed_values,
-                     "params": g.params, "max_rank": g.max_rank, "rank_capped": g.rank_capped,
-                     "counts": g.counts, "cells": cells})  # fmt: skip
-    return {"kinds": list(kinds), "rows": rows, "missing": MISSING,
-            "scale": [{"rel_change": 10.0**e, "color": color("changed", 10.0**e)} for e in range(-6, 1)]}
+            cells[kind] = {
+                "tensor": t.name,
+                "status": t.status,
+                "rel_change": _finite(rel),
+                "color": color(t.status, rel),
+            }
+        rows.append(
+            {
+                "group": g.name,
+                "rel_change": _finite(g.rel_change),
+                "changed_values": g.changed_values,
+                "params": g.params,
+                "max_rank": g.max_rank,
+                "rank_capped": g.rank_capped,
+                "counts": g.counts,
+                "cells": cells,
+            }
+        )
+    return {
+        "kinds": list(kinds),
+        "rows": rows,
+        "missing": MISSING,
+        "scale": [{"rel_change": 10.0**e, "color": color("changed", 10.0**e)} for e in range(-6, 1)],
+    }
 
 
 def color(status: str, rel: float | None) -> str:

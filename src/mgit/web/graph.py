@@ -28,10 +28,16 @@ NODE_HEIGHT = 38.0
 MAX_LABEL = 48  # longer names are cut on the node (the panel shows them whole)
 
 
-def render_html(graph: LineageGraph, *, title: str = "MGit lineage",
-                storage: dict[str, VersionStorage] | None = None,
-                outside: list[LineageEdge] | None = None, selected: str | None = None,
-                links: list[tuple[str, str]] | None = None, model_pages: str | None = None) -> str:  # fmt: skip
+def render_html(
+    graph: LineageGraph,
+    *,
+    title: str = "MGit lineage",
+    storage: dict[str, VersionStorage] | None = None,
+    outside: list[LineageEdge] | None = None,
+    selected: str | None = None,
+    links: list[tuple[str, str]] | None = None,
+    model_pages: str | None = None,
+) -> str:
     """The page for `graph`. `storage` (by version id) adds how each version is stored;
     `outside` lists edges to models left out of a selection, named in the panel, not drawn;
     `selected` is a model to open and centre on; `links` are (label, href) of other pages,
@@ -56,11 +62,12 @@ def render_html(graph: LineageGraph, *, title: str = "MGit lineage",
 
 def page_csp() -> str:
     """The page's Content-Security-Policy: its own script and style (by hash), nothing else."""
-    return f"default-src 'none'; script-src '{_sha256(_static('graph.js'))}'; style-src '{_sha256(_static('graph.css'))}'"
+    return (
+        f"default-src 'none'; script-src '{_sha256(_static('graph.js'))}'; style-src '{_sha256(_static('graph.css'))}'"
+    )
 
 
-def page_data(graph: LineageGraph, *, storage: dict[str, VersionStorage],
-              outside: list[LineageEdge]) -> dict[str, Any]:  # fmt: skip
+def page_data(graph: LineageGraph, *, storage: dict[str, VersionStorage], outside: list[LineageEdge]) -> dict[str, Any]:
     """What the page's script draws: nodes with their place, edges with their route, and
     what the panel shows for each model."""
     boxes = [Box(n.name, _label_width(n), NODE_HEIGHT) for n in graph.nodes]
@@ -73,26 +80,49 @@ def page_data(graph: LineageGraph, *, storage: dict[str, VersionStorage],
         for v in versions:
             for kind, count in storage.get(v.id, VersionStorage(0)).tensors.items():
                 tensors[kind] = tensors.get(kind, 0) + count
-        nodes.append({
-            "name": n.name, "x": round(x, 1), "y": round(y, 1), "w": round(_label_width(n), 1), "h": NODE_HEIGHT,
-            "label": _cut(n.name), "sub": _sub_label(n), "head": n.head, "seq": n.seq, "params": n.params,
-            "logical_bytes": n.logical_bytes, "stored_bytes": n.stored_bytes, "tags": n.tags,
-            "lossy": json_safe(n.lossy), "removed": n.removed, "tensors": tensors,
-            "versions": [_version(v, storage.get(v.id)) for v in versions],
-        })  # fmt: skip
-    edges = [{**e.to_json(), "points": [[round(x, 1), round(y, 1)] for x, y in route]}
-             for e, route in zip(graph.edges, layout.routes, strict=True)]  # fmt: skip
-    return {"width": round(layout.width, 1), "height": round(layout.height, 1), "nodes": nodes, "edges": edges,
-            "outside": [e.to_json() for e in outside]}  # fmt: skip
+        nodes.append(
+            {
+                "name": n.name,
+                "x": round(x, 1),
+                "y": round(y, 1),
+                "w": round(_label_width(n), 1),
+                "h": NODE_HEIGHT,
+                "label": _cut(n.name),
+                "sub": _sub_label(n),
+                "head": n.head,
+                "seq": n.seq,
+                "params": n.params,
+                "logical_bytes": n.logical_bytes,
+                "stored_bytes": n.stored_bytes,
+                "tags": n.tags,
+                "lossy": json_safe(n.lossy),
+                "removed": n.removed,
+                "tensors": tensors,
+                "versions": [_version(v, storage.get(v.id)) for v in versions],
+            }
+        )
+    edges = [
+        {**e.to_json(), "points": [[round(x, 1), round(y, 1)] for x, y in route]}
+        for e, route in zip(graph.edges, layout.routes, strict=True)
+    ]
+    return {
+        "width": round(layout.width, 1),
+        "height": round(layout.height, 1),
+        "nodes": nodes,
+        "edges": edges,
+        "outside": [e.to_json() for e in outside],
+    }
 
 
 def graph_json(graph: LineageGraph, *, storage: dict[str, VersionStorage] | None = None) -> dict[str, Any]:
     """`graph.to_json()` plus `storage` by version id, from the records' flat `to_json`
     (`dataclasses.asdict`, which deep-copies, took 0.4 s for 5,000 versions)."""
-    return {"nodes": [n.to_json() for n in graph.nodes], "edges": [e.to_json() for e in graph.edges],
-            "versions": {m: [v.to_json() for v in vs] for m, vs in graph.versions.items()},
-            "storage": {vid: {"stored_bytes": s.stored_bytes, "tensors": s.tensors}
-                        for vid, s in (storage or {}).items()}}  # fmt: skip
+    return {
+        "nodes": [n.to_json() for n in graph.nodes],
+        "edges": [e.to_json() for e in graph.edges],
+        "versions": {m: [v.to_json() for v in vs] for m, vs in graph.versions.items()},
+        "storage": {vid: {"stored_bytes": s.stored_bytes, "tensors": s.tensors} for vid, s in (storage or {}).items()},
+    }
 
 
 def script_json(value: Any) -> str:
@@ -107,12 +137,19 @@ def script_json(value: Any) -> str:
 def render_dot(graph: LineageGraph) -> str:
     """Graphviz DOT, left to right. Edges say their relation and the parent version; a stale
     edge is dashed; a removed model is grey and dashed, a lossy one has a double border."""
-    lines = ["digraph mgit {", "  rankdir=LR;",
-             '  node [shape=box, style="rounded", fontname="Helvetica", fontsize=11];',
-             '  edge [fontname="Helvetica", fontsize=9];']  # fmt: skip
+    lines = [
+        "digraph mgit {",
+        "  rankdir=LR;",
+        '  node [shape=box, style="rounded", fontname="Helvetica", fontsize=11];',
+        '  edge [fontname="Helvetica", fontsize=9];',
+    ]
     for n in graph.nodes:
-        attrs = {"label": f"{n.name}\n@{n.seq} · {human_size(n.logical_bytes)}" + (" · lossy" if n.lossy else "")
-                 + (" · removed" if n.removed else ""), "tooltip": f"{n.name} {n.head[:12]}"}  # fmt: skip
+        attrs = {
+            "label": f"{n.name}\n@{n.seq} · {human_size(n.logical_bytes)}"
+            + (" · lossy" if n.lossy else "")
+            + (" · removed" if n.removed else ""),
+            "tooltip": f"{n.name} {n.head[:12]}",
+        }
         if n.removed:
             attrs.update(style="rounded,dashed", color="gray50", fontcolor="gray40")
         if n.lossy:
@@ -152,10 +189,19 @@ def _label_width(n: ModelNode) -> float:
 
 
 def _version(v: VersionNode, storage: VersionStorage | None) -> dict[str, Any]:
-    return {"id": v.id, "seq": v.seq, "time": v.time, "message": v.message, "tags": v.tags, "params": v.params,
-            "logical_bytes": v.logical_bytes, "new_bytes": v.new_bytes, "lossy": json_safe(v.lossy),
-            "stored_bytes": storage.stored_bytes if storage else None,
-            "tensors": storage.tensors if storage else None}  # fmt: skip
+    return {
+        "id": v.id,
+        "seq": v.seq,
+        "time": v.time,
+        "message": v.message,
+        "tags": v.tags,
+        "params": v.params,
+        "logical_bytes": v.logical_bytes,
+        "new_bytes": v.new_bytes,
+        "lossy": json_safe(v.lossy),
+        "stored_bytes": storage.stored_bytes if storage else None,
+        "tensors": storage.tensors if storage else None,
+    }
 
 
 def _static(name: str) -> str:

@@ -150,8 +150,9 @@ def _crossings(columns: list[list[int]], down: list[list[int]], pos: dict[int, i
     return total
 
 
-def _heights(columns: list[list[int]], up: list[list[int]], down: list[list[int]],
-             sizes: list[tuple[float, float]]) -> list[float]:  # fmt: skip
+def _heights(
+    columns: list[list[int]], up: list[list[int]], down: list[list[int]], sizes: list[tuple[float, float]]
+) -> list[float]:
     """The vertical centre of every node: stacked first, then pulled towards neighbours."""
     centre = [0.0] * len(sizes)
     for col in columns:

@@ -42,19 +42,41 @@ def matrix_page(view: RepoView, query: Mapping[str, str]) -> dict[str, Any]:
                 continue
             before = found.get(edge.parent_version, {}).get(test) if edge else None
             status = o.status if o else "not run"
-            cells[test] = {"status": status, "parent_status": before.status if before else None,
-                           "change": _change(before.status if before else None, status),
-                           "metrics": json_safe(o.metrics) if o else {}}  # fmt: skip
-        rows.append({"model": n.name, "seq": n.seq, "version": n.head,
-                     "parent": f"{edge.parent}@{edge.parent_seq}" if edge else None, "cells": cells})  # fmt: skip
-    rows = [r for r in rows if (not q or q in r["model"].lower())
-            and (show != "failing" or any(c["status"] in ("fail", "error") for c in r["cells"].values()))
-            and (show != "changed" or any(c["change"] for c in r["cells"].values()))]  # fmt: skip
+            cells[test] = {
+                "status": status,
+                "parent_status": before.status if before else None,
+                "change": _change(before.status if before else None, status),
+                "metrics": json_safe(o.metrics) if o else {},
+            }
+        rows.append(
+            {
+                "model": n.name,
+                "seq": n.seq,
+                "version": n.head,
+                "parent": f"{edge.parent}@{edge.parent_seq}" if edge else None,
+                "cells": cells,
+            }
+        )
+    rows = [
+        r
+        for r in rows
+        if (not q or q in r["model"].lower())
+        and (show != "failing" or any(c["status"] in ("fail", "error") for c in r["cells"].values()))
+        and (show != "changed" or any(c["change"] for c in r["cells"].values()))
+    ]
     paged = paginate(rows, query)
-    totals = {s: sum(1 for r in rows for c in r["cells"].values() if c["status"] == s)
-              for s in ("pass", "fail", "error", "not run")}  # fmt: skip
-    return {"tests": [t.to_json() for t in specs], "names": names, "rows": paged.items, **paged.meta(),
-            "totals": totals, "query": {"q": text(query, "q"), "show": show}}  # fmt: skip
+    totals = {
+        s: sum(1 for r in rows for c in r["cells"].values() if c["status"] == s)
+        for s in ("pass", "fail", "error", "not run")
+    }
+    return {
+        "tests": [t.to_json() for t in specs],
+        "names": names,
+        "rows": paged.items,
+        **paged.meta(),
+        "totals": totals,
+        "query": {"q": text(query, "q"), "show": show},
+    }
 
 
 def _change(before: str | None, now: str) -> str | None:

@@ -30,19 +30,32 @@ def models_page(view: RepoView, query: Mapping[str, str]) -> dict[str, Any]:
     sort = choice(query, "sort", SORTS, "name")
     order = choice(query, "order", ("asc", "desc"), "desc" if sort in ("updated", "size", "stored") else "asc")
     rows = model_rows(view)  # not kept: test results change while heads stay
-    chosen = [r for r in rows
-              if (not q or q in r["name"].lower() or any(q in f"{k}={v}".lower() for k, v in r["tags"].items()))
-              and (not tag or tag_matches(tag, r["tags"]))
-              and (not relation or any(p["relation"] == relation for p in r["parents"]))]  # fmt: skip
-    sort_key = {"name": lambda r: r["name"], "updated": lambda r: r["time"], "size": lambda r: r["logical_bytes"],
-                "stored": lambda r: r["stored_bytes"], "versions": lambda r: r["seq"],
-                "tests": lambda r: (STATUS_ORDER[r["tests"]["status"]], r["name"])}[sort]  # fmt: skip
+    chosen = [
+        r
+        for r in rows
+        if (not q or q in r["name"].lower() or any(q in f"{k}={v}".lower() for k, v in r["tags"].items()))
+        and (not tag or tag_matches(tag, r["tags"]))
+        and (not relation or any(p["relation"] == relation for p in r["parents"]))
+    ]
+    sort_key = {
+        "name": lambda r: r["name"],
+        "updated": lambda r: r["time"],
+        "size": lambda r: r["logical_bytes"],
+        "stored": lambda r: r["stored_bytes"],
+        "versions": lambda r: r["seq"],
+        "tests": lambda r: (STATUS_ORDER[r["tests"]["status"]], r["name"]),
+    }[sort]
     chosen.sort(key=sort_key, reverse=order == "desc")
     paged = paginate(chosen, query)
     tags = sorted({f"{k}={v}" for r in rows for k, v in r["tags"].items()})
-    return {"models": paged.items, **paged.meta(), "all_models": len(rows),
-            "query": {"q": text(query, "q"), "tag": tag, "relation": relation, "sort": sort, "order": order},
-            "tags": tags[:500], "relations": list(RELATIONS)}  # fmt: skip
+    return {
+        "models": paged.items,
+        **paged.meta(),
+        "all_models": len(rows),
+        "query": {"q": text(query, "q"), "tag": tag, "relation": relation, "sort": sort, "order": order},
+        "tags": tags[:500],
+        "relations": list(RELATIONS),
+    }
 
 
 def model_rows(view: RepoView) -> list[dict[str, Any]]:
@@ -53,11 +66,30 @@ def model_rows(view: RepoView) -> list[dict[str, Any]]:
     rows = []
     for n in live:
         head = lineage.versions(n.name)[0]
-        rows.append({"name": n.name, "seq": n.seq, "head": n.head, "tags": n.tags, "logical_bytes": n.logical_bytes,
-                     "stored_bytes": n.stored_bytes, "params": n.params, "time": head.time, "lossy": bool(n.lossy),
-                     "parents": [{"model": e.parent, "seq": e.parent_seq, "relation": e.relation, "stale": e.stale,
-                                  "latest_seq": e.latest_seq} for e in lineage.parents(n.name)],
-                     "tests": statuses[n.name]})  # fmt: skip
+        rows.append(
+            {
+                "name": n.name,
+                "seq": n.seq,
+                "head": n.head,
+                "tags": n.tags,
+                "logical_bytes": n.logical_bytes,
+                "stored_bytes": n.stored_bytes,
+                "params": n.params,
+                "time": head.time,
+                "lossy": bool(n.lossy),
+                "parents": [
+                    {
+                        "model": e.parent,
+                        "seq": e.parent_seq,
+                        "relation": e.relation,
+                        "stale": e.stale,
+                        "latest_seq": e.latest_seq,
+                    }
+                    for e in lineage.parents(n.name)
+                ],
+                "tests": statuses[n.name],
+            }
+        )
     return rows
 
 
@@ -93,25 +125,49 @@ def model_page(view: RepoView, name: str, query: Mapping[str, str]) -> dict[str,
     manifest = repo.manifest(vid)
     entries = manifest.tensors()
     objects = repo.catalog.object_rows([t.object for t in entries])
-    tensors = paginate([{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "params": t.params,
-                         "nbytes": t.nbytes, "object": t.object,
-                         "stored_bytes": objects[t.object].stored_size if t.object in objects else None,
-                         "codec": objects[t.object].codec if t.object in objects else None,
-                         "storage": storage_class(objects[t.object].codec) if t.object in objects else None}
-                        for t in entries], query, prefix="t", per_page=100)  # fmt: skip
+    tensors = paginate(
+        [
+            {
+                "name": t.name,
+                "dtype": t.dtype,
+                "shape": list(t.shape),
+                "params": t.params,
+                "nbytes": t.nbytes,
+                "object": t.object,
+                "stored_bytes": objects[t.object].stored_size if t.object in objects else None,
+                "codec": objects[t.object].codec if t.object in objects else None,
+                "storage": storage_class(objects[t.object].codec) if t.object in objects else None,
+            }
+            for t in entries
+        ],
+        query,
+        prefix="t",
+        per_page=100,
+    )
     card = version_card(manifest, repo.store)
     checks = Checks(repo)
     results = checks.latest([v.id for v in versions], {v.id: (name, v.seq) for v in versions})
     tests = sorted({t for r in results.values() for t in r} | {t.name for t in checks.applicable(name, lineage)})
     return {
-        "model": node.to_json(), "version": shown.to_json(),
+        "model": node.to_json(),
+        "version": shown.to_json(),
         "versions": [v.to_json() for v in log],
         "parents": [e.to_json() for e in lineage.parents(name)],
         "children": [e.to_json() for e in lineage.children(name)],
         "card": card.to_json() if card else None,
         "tensors": {"items": tensors.items, **tensors.meta()},
-        "tests": {"names": tests, "versions": [
-            {"seq": v.seq, "version": v.id,
-             "results": {t: {"status": o.status, "metrics": json_safe(o.metrics), "reasons": o.reasons}
-                         for t, o in results[v.id].items()}} for v in versions]},
-    }  # fmt: skip
+        "tests": {
+            "names": tests,
+            "versions": [
+                {
+                    "seq": v.seq,
+                    "version": v.id,
+                    "results": {
+                        t: {"status": o.status, "metrics": json_safe(o.metrics), "reasons": o.reasons}
+                        for t, o in results[v.id].items()
+                    },
+                }
+                for v in versions
+            ],
+        },
+    }

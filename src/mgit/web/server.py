@@ -72,9 +72,16 @@ class BoundedProtocol(H11Protocol):
 
 def run(app: Any, sock: socket.socket) -> None:
     """Serve `app` on the bound, listening `sock` until Ctrl-C (or SIGTERM)."""
-    config = uvicorn.Config(app, http=BoundedProtocol, timeout_keep_alive=KEEP_ALIVE,
-                            h11_max_incomplete_event_size=MAX_HEAD, timeout_graceful_shutdown=GRACEFUL,
-                            server_header=False, log_level="warning", access_log=False)  # fmt: skip
+    config = uvicorn.Config(
+        app,
+        http=BoundedProtocol,
+        timeout_keep_alive=KEEP_ALIVE,
+        h11_max_incomplete_event_size=MAX_HEAD,
+        timeout_graceful_shutdown=GRACEFUL,
+        server_header=False,
+        log_level="warning",
+        access_log=False,
+    )
     # uvicorn stops on Ctrl-C, then raises it again: the stop that was asked for, not an error.
     with contextlib.suppress(KeyboardInterrupt):
         uvicorn.Server(config).run(sockets=[sock])

@@ -19,17 +19,35 @@ def storage_page(view: RepoView, query: Mapping[str, str]) -> dict[str, Any]:
     du = view.kept("du", view.repo.du)
     q = text(query, "q").strip().lower()
     sort = choice(query, "sort", SORTS, "stored")
-    key = {"stored": lambda m: -m.stored_bytes, "logical": lambda m: -m.logical_bytes,
-           "reduction": lambda m: -m.reduction, "name": lambda m: m.name}[sort]  # fmt: skip
+    key = {
+        "stored": lambda m: -m.stored_bytes,
+        "logical": lambda m: -m.logical_bytes,
+        "reduction": lambda m: -m.reduction,
+        "name": lambda m: m.name,
+    }[sort]
     models = sorted((m for m in du.models if not q or q in m.name.lower()), key=key)
     paged = paginate(models, query)
     scale = max((m.logical_bytes for m in du.models), default=0) or 1
     rows = []
     for m in paged.items:
         tensors = sum(m.tensor_storage.get(k, 0) for k in KINDS) or 1
-        rows.append({**m.to_json(), "bars": {
-            "logical": m.logical_bytes / scale, "stored": min(m.stored_bytes / scale, 1.0),
-            "kinds": [{"kind": k, "count": m.tensor_storage.get(k, 0),
-                       "share": m.tensor_storage.get(k, 0) / tensors} for k in KINDS]}})  # fmt: skip
-    return {"summary": {k: v for k, v in du.to_json().items() if k != "models"}, "models": rows,
-            **paged.meta(), "kinds": list(KINDS), "query": {"q": text(query, "q"), "sort": sort}}  # fmt: skip
+        rows.append(
+            {
+                **m.to_json(),
+                "bars": {
+                    "logical": m.logical_bytes / scale,
+                    "stored": min(m.stored_bytes / scale, 1.0),
+                    "kinds": [
+                        {"kind": k, "count": m.tensor_storage.get(k, 0), "share": m.tensor_storage.get(k, 0) / tensors}
+                        for k in KINDS
+                    ],
+                },
+            }
+        )
+    return {
+        "summary": {k: v for k, v in du.to_json().items() if k != "models"},
+        "models": rows,
+        **paged.meta(),
+        "kinds": list(KINDS),
+        "query": {"q": text(query, "q"), "sort": sort},
+    }
