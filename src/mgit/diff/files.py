@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from mgit.diff.results import FileDiff
+from mgit.formats.pairing import paired_files
 
 if TYPE_CHECKING:
     from mgit.diff.sides import FileRef
@@ -15,22 +16,30 @@ MAX_TEXT_BYTES = 1 << 20  # larger text files are compared by digest only
 
 
 def file_diffs(a: Mapping[str, FileRef], b: Mapping[str, FileRef]) -> list[FileDiff]:
-    """Every file of either side by digest; changed text files as unified diffs."""
+    """Every file of either side by digest, paired by path or, when each side's weights are one
+    file, those two whatever they are called (mgit.formats.pairing); changed text files as
+    unified diffs."""
     out = []
-    for path in dict.fromkeys([*a, *b]):
-        fa, fb = a.get(path), b.get(path)
+    weights = [[p for p, f in side.items() if f.type == "safetensors"] for side in (a, b)]
+    for pa, pb in paired_files([list(a), list(b)], weights):
+        fa, fb = a.get(pa or ""), b.get(pb or "")
         if fa is None or fb is None:
             f = fa or fb
             assert f is not None
             out.append(
                 FileDiff(
-                    path, "only_b" if fa is None else "only_a", f.type, fa.size if fa else None, fb.size if fb else None
+                    f.path,
+                    "only_b" if fa is None else "only_a",
+                    f.type,
+                    fa.size if fa else None,
+                    fb.size if fb else None,
                 )
             )
             continue
+        path, other = fa.path, (fb.path if fb.path != fa.path else None)
         kind = "safetensors" if "safetensors" in (fa.type, fb.type) else "blob"
         if fa.type == fb.type and fa.digest() == fb.digest():
-            out.append(FileDiff(path, "identical", kind, fa.size, fb.size))
+            out.append(FileDiff(path, "identical", kind, fa.size, fb.size, path_b=other))
             continue
         diff, note = None, None
         if kind == "safetensors":
@@ -40,7 +49,7 @@ def file_diffs(a: Mapping[str, FileRef], b: Mapping[str, FileRef]) -> list[FileD
         else:
             diff = text_diff(path, fa.content(), fb.content())
             note = None if diff is not None else "binary files differ"
-        out.append(FileDiff(path, "changed", kind, fa.size, fb.size, diff, note))
+        out.append(FileDiff(path, "changed", kind, fa.size, fb.size, diff, note, path_b=other))
     return out
 
 

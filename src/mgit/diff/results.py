@@ -47,6 +47,7 @@ class FileDiff(Report):
     size_b: int | None
     diff: list[str] | None = None  # unified diff lines of a changed text file
     note: str | None = None  # why a changed file has no diff
+    path_b: str | None = None  # B's name of the file when it differs (single weight files: mgit.formats.pairing)
 
 
 @dataclass(frozen=True)
