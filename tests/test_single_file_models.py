@@ -5,6 +5,7 @@ folders of several weight files keep pairing by path (mgit.formats.pairing)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +85,19 @@ def test_merge_file_names_the_output(family, tmp_path: Path) -> None:
     np.testing.assert_allclose(files["merged.safetensors"]["w"], mean, rtol=1e-6, atol=1e-6)
     recipe = mgit_json(root, "show", "m")["version"]["recipe"]
     assert recipe["params"]["file"] == "merged.safetensors"  # a re-run names it alike
+
+
+def test_a_mergekit_config_of_single_files_with_file(family, tmp_path: Path) -> None:
+    root, models = family
+    config = root / "merge.yml"
+    config.write_text(
+        "models:\n  - model: ft_full\n  - model: ft_frozen\nmerge_method: task_arithmetic\nbase_model: base\n"
+    )
+    code, _, err = run_cli("merge", "--config", "merge.yml", "--file", "out.safetensors", "--name", "m", cwd=root)
+    assert code == 0, err
+    files = merged(root, "m", tmp_path / "m")
+    assert list(files) == ["out.safetensors"]
+    np.testing.assert_allclose(files["out.safetensors"]["w"], task_arithmetic(models, "w"), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["sub/m.safetensors", "m.bin", "../m.safetensors", ""])
@@ -203,3 +217,24 @@ def test_the_pairing_rule() -> None:
     # A blob named like the other side's single weight file is not taken for it.
     odd = paired_files([["a.safetensors"], ["b.safetensors", "a.safetensors"]], [["a.safetensors"], ["b.safetensors"]])
     assert odd == [("a.safetensors", "b.safetensors"), (None, "a.safetensors")]
+
+
+def test_the_diff_page_shows_the_pair(family) -> None:
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from mgit import Repo
+    from mgit.web.app import create_app
+
+    root, _ = family
+    with TestClient(create_app(Repo(root)), base_url="http://127.0.0.1:8808") as client:
+        for _ in range(200):  # bounded: 20 s at most
+            data = client.get("/api/diff", params={"a": "base", "b": "ft_full"}).json()
+            if data["state"] == "done":
+                break
+            time.sleep(0.1)
+        assert [(f["path"], f["path_b"]) for f in data["result"]["files"]] == [
+            ("base.safetensors", "ft_full.safetensors")
+        ]
+        page = client.get("/diff", params={"a": "base", "b": "ft_full"}).text
+    assert "base.safetensors → ft_full.safetensors" in page

@@ -18,7 +18,9 @@ max |B-A|, cosine similarity, the fraction of values that differ and, for a matr
 of B-A. A model's (and a group's) figures have one denominator, every value both sides share
 (same name and shape, unchanged tensors included): the values that changed among them, and
 ||B-A|| / ||A|| over all of them. Tensors are grouped by module prefix (`module_group`); text
-files (config.json, tokenizer files) are compared as unified diffs.
+files (config.json, tokenizer files) are compared as unified diffs. Files pair by path, but
+two models of one weight file each pair those files whatever they are called
+(`mgit.formats.pairing`: a model added as `ft.safetensors` against one added as `base.safetensors`).
 
 `sides` reads a side, `comparison` compares two, `files` compares their files, `results` holds
 what a diff returns; every name is here too, where it has always been imported from.

@@ -9,9 +9,9 @@ Every input must hold the same safetensors files with the same tensors (names, s
 the first difference is refused, named, unless a `take` rule says which input that tensor
 comes from unmerged. Files pair by path, or whatever they are called when every input's
 weights are one file (mgit.formats.pairing): the merged file then takes the first input's
-name, or the spec's `file`. Tensors are read one at a time from each input (never a model whole)
-and written in the first input's order into a safetensors file whose header is known in
-advance; the other files (config, tokenizer) are the base's, else the first input's.
+name, or the spec's `file`. Tensors are read one at a time from each input (never a model
+whole) and written in the first input's order into a safetensors file whose header is known
+in advance; the other files (config, tokenizer) are the base's, else the first input's.
 """
 
 from __future__ import annotations
@@ -249,8 +249,8 @@ def _paired_weights(spec: MergeSpec, inputs: list[Input], out_dir: Path) -> list
             )
         name = (spec.file or row[0] or own) if singles is not None else own
         for i, path in zip(inputs, row, strict=True):
-            if path != name:
-                i.paths[name] = path  # type: ignore[assignment]
+            if path is not None and path != name:
+                i.paths[name] = path
         names.append(name)
     return names
 
