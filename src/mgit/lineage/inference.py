@@ -269,18 +269,37 @@ def suggest(
     limit: int = 5,
     min_confidence: float = DEFAULT_MIN_CONFIDENCE,
     started: float | None = None,
+    history: Iterable[tuple[str, str, Sketch]] = (),
 ) -> ParentSuggestion:
     """`parent_candidates` as a report, with the choice `--auto-parent` makes; `seconds`
-    counts from `started` (a `time.perf_counter()` value) when given."""
+    counts from `started` (a `time.perf_counter()` value) when given. `history` are versions
+    left out of the candidates (the model's own, in an add): when one of them holds the
+    query's every tensor, the query is that version stored already and gets no parent."""
     started = time.perf_counter() if started is None else started
+    # A version that holds the query's every tensor is the query stored already, never its
+    # candidate: stored children are compared, stored copies are named.
+    stored = list(stored)
+    own = [(vid, label) for vid, label, s in history if s.same_tensors(query)]
+    copies = own + [(vid, label) for vid, label, s in stored if s.same_tensors(query)]
+    others = [entry for entry in stored if not entry[2].same_tensors(query)]
     # Choose from every refined candidate, not the shown ones: a merge partner may rank below
     # `limit`, and `--auto-parent` must choose what `suggest -n 1` says it would.
-    ranked, notes, count = parent_candidates(query, stored, limit=REFINE)
+    ranked, notes, count = parent_candidates(query, others, limit=REFINE)
     parents, relation, verdict = _choose(ranked, min_confidence)
+    if own:
+        parents, relation = [], None
+        verdict = f"already stored as {', '.join(label for _, label in copies)} (every tensor bit for bit)"
+    elif copies:
+        stored_as = ", ".join(label for _, label in copies)
+        parents, relation = [copies[0][0]], "other"
+        verdict = (
+            f"already stored as {stored_as} (every tensor bit for bit); "
+            f"added under another name, it is a copy of {copies[0][1]} (other)"
+        )
     return ParentSuggestion(
         query=label,
         tensors=len(query),
-        compared=count,
+        compared=count + len(copies) - len(own),
         seconds=round(time.perf_counter() - started, 3),
         candidates=[_report(c) for c in ranked[:limit]],
         min_confidence=min_confidence,
@@ -288,4 +307,5 @@ def suggest(
         relation=relation,
         verdict=verdict,
         notes=notes,
+        stored_as=[label for _, label in copies],
     )
