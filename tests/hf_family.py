@@ -6,7 +6,8 @@ saved in shards (`max_shard_size`) and an exact copy. transformers 5 drops the n
 saved by older versions as models on the Hub were, does (`_with_position_ids` adds it to the
 tiny one).
 
-build_family(root, base=None)   the folders under root, {name: (folder, parent, relation)}
+build_family(root, base=None)   the folders under root, {name: (folder, parent, relation)}; and
+                                root/task-body, the task model's `bert` alone (no prefix, no head)
 
 `base` is a folder of a BERT model (all-MiniLM-L6-v2 in the benchmark); without it a tiny BERT
 of random weights is made, small enough for the tests.
@@ -90,6 +91,7 @@ def build_family(root: Path, base: Path | None = None) -> dict[str, tuple[Path, 
     task = AutoModelForSequenceClassification.from_pretrained(root / "base", num_labels=3)
     _perturb(task, None, 0.001, seed=2)
     task.save_pretrained(root / "task")
+    task.bert.save_pretrained(root / "task-body")  # the same fine-tune without the prefix, to compare
     model = AutoModel.from_pretrained(root / "base")
     _lora(model, rank=4, seed=3)
     model.save_pretrained(root / "lora-merged")
