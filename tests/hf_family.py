@@ -55,6 +55,26 @@ def _perturb(model: torch.nn.Module, layers: tuple[int, ...] | None, scale: floa
                 p.add_(torch.randn(p.shape, generator=g) * scale * p.float().pow(2).mean().sqrt())
 
 
+def _train(model: torch.nn.Module, steps: int, seed: int, lr: float = 2e-5) -> None:
+    """A fine-tune as people run one: Adam steps on batches of random tokens, on the model's own
+    loss for a task model (random labels), else on the size of its last hidden state."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        tokens = torch.randint(0, vocab, (8, 16), generator=g)
+        if hasattr(model, "classifier"):
+            labels = torch.randint(0, model.config.num_labels, (8,), generator=g)
+            loss = model(input_ids=tokens, labels=labels).loss
+        else:
+            loss = model(input_ids=tokens).last_hidden_state.pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+
+
 def _lora(model: torch.nn.Module, rank: int, seed: int) -> None:
     """A LoRA of `rank` on every query and value projection, merged (W + B A)."""
     g = torch.Generator().manual_seed(seed)
@@ -82,14 +102,14 @@ def build_family(root: Path, base: Path | None = None) -> dict[str, tuple[Path, 
     shutil.copytree(root / "base", root / "base-copy")
     model.half().save_pretrained(root / "base-fp16")
     model = AutoModel.from_pretrained(root / "base")
-    _perturb(model, None, 0.001, seed=1)
+    _train(model, steps=10, seed=1)
     model.save_pretrained(root / "ft")
     model.to(torch.bfloat16).save_pretrained(root / "ft-bf16")
     model = AutoModel.from_pretrained(root / "base")
     _perturb(model, (0,), 0.03, seed=4)
     model.save_pretrained(root / "ft2-sharded", max_shard_size=_size(model) // 3)
     task = AutoModelForSequenceClassification.from_pretrained(root / "base", num_labels=3)
-    _perturb(task, None, 0.001, seed=2)
+    _train(task, steps=10, seed=2)
     task.save_pretrained(root / "task")
     task.bert.save_pretrained(root / "task-body")  # the same fine-tune without the prefix, to compare
     model = AutoModel.from_pretrained(root / "base")
