@@ -4,6 +4,8 @@ and how long does ranking against 1,000 stored models take?
     .venv/bin/python benchmarks/lineage_inference.py            # about 3 minutes the first time
     .venv/bin/python benchmarks/lineage_inference.py --no-doc   # print only, leave docs/ alone
     .venv/bin/python benchmarks/lineage_inference.py --quick    # no MiniLM, 200 stored models
+    .venv/bin/python benchmarks/lineage_inference.py --hf5      # the transformers 5 family alone,
+                                                                # and the prefixed task model's storage
 
 Accuracy, leave one out: one repository holds every model of the evaluation set with its
 recorded parents; each derived model is then suggested against everything else
@@ -13,6 +15,11 @@ recorded parent (for a merge, either parent) and its relation is the recorded on
 
 - the real all-MiniLM-L6-v2 family of `minilm_family.py` (full preset, cached under
   `.cache/family-full/`): fine-tunes, a merged LoRA, int8, bf16, pruned, a second version;
+- the transformers 5 family of `tests/hf_family.py` on the real all-MiniLM-L6-v2 (cached under
+  `.cache/bench/family-hf5/`): the base as published (with `embeddings.position_ids`), members
+  saved by `save_pretrained` (which drops it): a fine-tune, a `bert.`-prefixed task model, a
+  merged LoRA, fp16 and bf16 casts, a sharded fine-tune, a bit-identical copy (its answer is
+  the version it copies, named in `stored_as`, never a candidate);
 - a distractor family with the same architecture: MiniLM's config with fresh random weights
   (transformers' initialisation), and its bf16 cast;
 - synthetic families of small residual MLP "transformers" (torch), each from its own random

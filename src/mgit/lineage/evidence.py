@@ -17,6 +17,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -75,10 +76,16 @@ def _comparable(s: Sketch) -> np.ndarray:
     return _informative(s) | (s.roles == CONSTANT)
 
 
+@lru_cache(maxsize=64)
+def _paired_names(names: tuple[str, ...], others: tuple[str, ...]) -> dict[str, str]:
+    """`tensor_names`, once per pair of architectures (ranking compares each candidate often)."""
+    return tensor_names(names, others)
+
+
 def counterparts(q: Sketch, c: Sketch) -> list[int | None]:
     """For each tensor of `c`, the index of the query's tensor of the same name (across the
     wrapper prefix the two differ by, `mgit.formats.pairing.tensor_names`) and shape, or None."""
-    names = tensor_names(c.names, q.names)
+    names = _paired_names(tuple(c.names), tuple(q.names))
     out: list[int | None] = []
     for j, name in enumerate(c.names):
         i = q.index.get(names.get(name, ""))
