@@ -278,10 +278,13 @@ def suggest(
     started = time.perf_counter() if started is None else started
     # A version that holds the query's every tensor is the query stored already, never its
     # candidate: stored children are compared, stored copies are named.
-    stored = list(stored)
     own = [(vid, label) for vid, label, s in history if s.same_tensors(query)]
-    copies = own + [(vid, label) for vid, label, s in stored if s.same_tensors(query)]
-    others = [entry for entry in stored if not entry[2].same_tensors(query)]
+    copies, others = list(own), []
+    for vid, label, s in stored:
+        if s.same_tensors(query):
+            copies.append((vid, label))
+        else:
+            others.append((vid, label, s))
     # Choose from every refined candidate, not the shown ones: a merge partner may rank below
     # `limit`, and `--auto-parent` must choose what `suggest -n 1` says it would.
     ranked, notes, count = parent_candidates(query, others, limit=REFINE)
