@@ -129,3 +129,30 @@ def test_a_task_model_costs_what_the_same_fine_tune_costs_without_the_prefix(fam
     head = 3 * 64 * 4 + 3 * 4 + 2048  # the classifier, standalone, and its file's header
     assert task <= body + head, costs
     assert task / task_size < 0.7  # before the pairing: 0.92 (every tensor coded alone)
+
+
+def test_a_prefixed_student_with_fewer_layers_is_matched_by_layer_pattern(family: Family, tmp_path: Path) -> None:
+    """A student keeping the base's layers 0 and 2 as its 0 and 1, under `bert.`, slightly
+    trained: its layer 1 is compared with the teacher's layer 2 across the prefix."""
+    import re
+
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    repo = Repo.init(tmp_path / "repo")
+    repo.add(family["base"][0], name="base")
+    repo.add(family["ft"][0], name="ft", parent="base")
+    rng = np.random.default_rng(0)
+    student = {}
+    for name, value in load_file(family["base"][0] / "model.safetensors").items():
+        layer = re.search(r"layer\.(\d+)\.", name)
+        if layer and layer.group(1) == "1":
+            continue
+        if value.dtype == np.float32:
+            value = value + rng.standard_normal(value.shape).astype(np.float32) * 0.01 * np.sqrt((value**2).mean())
+        student["bert." + name.replace("layer.2.", "layer.1.")] = value
+    s = repo.suggest_parents(student)
+    best = s.candidates[0]
+    assert (best.model, best.relation) == ("base", "distill")
+    assert best.distance is not None and best.distance < 0.05  # unrelated: ~1.4; by name alone: ~0.5
+    assert s.parents == [best.version]

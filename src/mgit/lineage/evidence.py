@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from mgit.formats.pairing import tensor_names
+from mgit.formats.pairing import tensor_names, wrapper_prefix
 from mgit.lineage.sketch import (
     CONSTANT,
     FLOAT,
@@ -77,6 +77,11 @@ def _comparable(s: Sketch) -> np.ndarray:
 
 
 @lru_cache(maxsize=64)
+def _prefixes(names: tuple[str, ...], others: tuple[str, ...]) -> tuple[str, str]:
+    return wrapper_prefix(names, others)
+
+
+@lru_cache(maxsize=64)
 def _paired_names(names: tuple[str, ...], others: tuple[str, ...]) -> dict[str, str]:
     """`tensor_names`, once per pair of architectures (ranking compares each candidate often)."""
     return tensor_names(names, others)
@@ -110,13 +115,16 @@ def _name_pairs(q: Sketch, c: Sketch) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def _pattern_pairs(q: Sketch, c: Sketch) -> tuple[np.ndarray, np.ndarray]:
-    """Every pair of informative tensors with the same name pattern and shape."""
+    """Every pair of informative tensors with the same name pattern (once the wrapper prefix
+    they differ by is set aside) and shape."""
+    mine, theirs = _prefixes(tuple(q.names), tuple(c.names))
     groups: dict[tuple[str, tuple[int, ...]], list[int]] = {}
     for j in np.flatnonzero(_comparable(c)):
-        groups.setdefault((pattern(c.names[j]), c.shapes[j]), []).append(int(j))
+        name = c.names[j]
+        groups.setdefault((pattern(name.removeprefix(theirs)), c.shapes[j]), []).append(int(j))
     iq, ic = [], []
     for i in np.flatnonzero(_informative(q)):
-        for j in groups.get((pattern(q.names[i]), q.shapes[i]), ()):
+        for j in groups.get((pattern(q.names[i].removeprefix(mine)), q.shapes[i]), ()):
             iq.append(int(i))
             ic.append(j)
     return np.array(iq, np.int64), np.array(ic, np.int64)
