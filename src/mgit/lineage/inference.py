@@ -171,14 +171,17 @@ def _settle_close(ranked: list[Candidate], top: int = 4) -> list[str]:
 
 def _confidence(ranked: list[Candidate]) -> None:
     """Score discounted by the best rival that is neither a merge partner nor explained by
-    this candidate (closer to it than to the query, like its own lossy copy). Below the
+    this candidate (closer to it than to the query, like its own lossy copy, or a copy). Below the
     first, every candidate has the first as a rival at least as good."""
     for k, c in enumerate(ranked):
         rival = 0.0
         for other in ranked[:6] if k == 0 else ranked[:1]:
             if other is c or other.version == c.merge_with or other.score <= 0 or c.score <= 0:
                 continue
-            if k == 0 and compare(other.sketch, c.sketch)[0].distance < other.evidence.distance:
+            if k == 0 and (
+                other.sketch.same_tensors(c.sketch)  # a stored copy of it: the same answer twice
+                or compare(other.sketch, c.sketch)[0].distance < other.evidence.distance
+            ):
                 continue
             rival = max(rival, min(1.0, other.score / c.score))
         c.confidence = c.score * (1 - 0.5 * rival**AMBIGUITY_POWER)

@@ -136,9 +136,11 @@ class Sketch:
     def same_tensors(self, other: Sketch) -> bool:
         """Whether both hold the same tensors bit for bit under the same names (a re-save of one
         model, whatever its files): one is the other already stored."""
-        return len(self) == len(other) and dict(zip(self.names, self.oids, strict=True)) == dict(
-            zip(other.names, other.oids, strict=True)
-        )
+        if len(self) != len(other):
+            return False
+        if self.names == other.names:  # the usual case, compared without building anything
+            return self.oids == other.oids
+        return dict(zip(self.names, self.oids, strict=True)) == dict(zip(other.names, other.oids, strict=True))
 
     def to_bytes(self) -> bytes:
         quantized = np.flatnonzero(self.roles == QUANTIZED)
