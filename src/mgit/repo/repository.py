@@ -34,6 +34,7 @@ from mgit.index.catalog import Catalog, VersionRow
 from mgit.index.refs import RefStore, is_model_name
 from mgit.index.refspec import REF_RE, pick_version
 from mgit.lineage.graph import Lineage
+from mgit.remotes.config import tracked_models
 from mgit.repo.location import create, locate, open_store, read_config, trust_recipe
 from mgit.reports import (
     AddResult,
@@ -154,6 +155,9 @@ class Repo:
             raise UnknownRefError(str(ref), "no version", hint="Use NAME, NAME@N or NAME@HEXPREFIX")
         name, sel = m["name"], m["sel"]
         head = self.refs.get(name) if is_model_name(name) else None
+        if head is None and is_model_name(name):
+            node = self.lineage.nodes.get(name)  # a model a remote holds, known here by its versions' records
+            head = node.head if node is not None and node.remote_only else None
         if head is not None:
             return head if sel is None else pick_version(ref, name, self.chain(head), sel)
         if sel is None and re.fullmatch(r"[0-9a-fA-F]{4,64}", name):
@@ -190,7 +194,9 @@ class Repo:
     @property
     def lineage(self) -> Lineage:
         """The lineage graph as it is now (a snapshot: read it again after a change)."""
-        return Lineage.load(self.catalog)
+        partial = bool(self.config.get("partial"))  # a clone of some models: the other models are on its remote
+        tracked = {m for heads in tracked_models(self.dir, self.config).values() for m in heads}
+        return Lineage.load(self.catalog, remote=lambda name: partial or name in tracked)
 
     def version(self, ref: str) -> Version:
         with self.catalog.explained():
