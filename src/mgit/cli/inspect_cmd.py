@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +16,9 @@ from mgit.cli.commands import json_option, lossy_bound, parents_text
 from mgit.cli.output import out, plural, print_json, short, size, table
 from mgit.repo.repository import Repo
 from mgit.reports import VersionInfo
+
+if TYPE_CHECKING:
+    from mgit.repo.tensors import TensorRow
 from mgit.store.objects import RELATIONS
 
 
@@ -136,22 +140,37 @@ def log(
     is_flag=True,
     help="Also the sha256 of every file, as sha256sum prints it (the files are rebuilt to hash them).",
 )
+@click.option(
+    "--tensors",
+    "with_tensors",
+    is_flag=True,
+    help="Also every tensor: file, dtype, shape, codec chain, stored bytes, the other versions that share it.",
+)
 @json_option
 @click.pass_context
-def show(ctx: click.Context, ref: str, with_sha256: bool, as_json: bool) -> None:
+def show(ctx: click.Context, ref: str, with_sha256: bool, with_tensors: bool, as_json: bool) -> None:
     """Show one version: files, tensors and parameters, dtypes, storage, parents. A file's
     blake3 is what MGit records; --sha256 rebuilds the files to print what sha256sum would.
+    --tensors lists each tensor (in a lazy clone, those not fetched are said so, not fetched).
 
     \b
     Examples:
       mgit show bert-sst2@1
       mgit show bert-sst2 --sha256
+      mgit show bert-sst2 --tensors --json
     """
+    from mgit.repo.tensors import version_tensors
+
     repo = ctx.obj.repo()
     result = repo.show(ref)
     sums = _sha256_of_files(repo, result.version.id) if with_sha256 else None
+    vid = result.version.id
+    rows = version_tensors(repo.store, repo.catalog, vid, repo.manifest(vid)) if with_tensors else None
     if as_json:
-        print_json({**result.to_json(), **({"sha256": sums} if sums is not None else {})})
+        extra = {"sha256": sums} if sums is not None else {}
+        print_json(
+            {**result.to_json(), **extra, **({"tensors": [t.to_json() for t in rows]} if rows is not None else {})}
+        )
         return
     v = result.version
     out.print(_version_line(v))
@@ -175,10 +194,28 @@ def show(ctx: click.Context, ref: str, with_sha256: bool, as_json: bool) -> None
         factor = f"{s.logical_bytes / s.stored_bytes:.2f}x" if s.stored_bytes else "-"
         storage.add_row(s.codec, str(s.objects), size(s.logical_bytes), size(s.stored_bytes), factor)
     out.print(storage)
+    if rows is not None:
+        _print_tensors(rows)
     if sums is not None:
         out.print("")
         for path, digest in sums.items():
             out.print(f"{digest}  {path}")  # as sha256sum prints it: `sha256sum -c` reads it back
+
+
+def _print_tensors(rows: list[TensorRow]) -> None:
+    t = table("file", "tensor", "dtype", "shape", "codec", "stored", "shared with", title="tensors")
+    for r in rows:
+        stored = size(r.stored_bytes) if r.stored_bytes is not None else "-"
+        t.add_row(
+            r.file,
+            r.name,
+            r.dtype,
+            "x".join(map(str, r.shape)) or "scalar",
+            r.codec or "-",
+            stored if r.fetched else f"{stored} (not fetched)",
+            ", ".join(r.shared_with) or "-",
+        )
+    out.print(t)
 
 
 def _sha256_of_files(repo: Repo, version: str) -> dict[str, str]:
