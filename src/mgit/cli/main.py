@@ -29,6 +29,7 @@ COMMANDS = {
     **{name: f"mgit.cli.commands:{name}" for name in ("init", "add", "checkout", "fsck", "gc", "rm")},
     **{name: f"mgit.cli.inspect_cmd:{name}" for name in ("ls", "log", "show", "du")},
     "diff": "mgit.cli.diff_cmd:diff",
+    "status": "mgit.cli.status_cmd:status",
     "lineage": "mgit.cli.lineage_cmd:lineage",
     "graph": "mgit.cli.graph_cmd:graph",
     "serve": "mgit.cli.serve_cmd:serve",
