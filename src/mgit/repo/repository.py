@@ -155,9 +155,6 @@ class Repo:
             raise UnknownRefError(str(ref), "no version", hint="Use NAME, NAME@N or NAME@HEXPREFIX")
         name, sel = m["name"], m["sel"]
         head = self.refs.get(name) if is_model_name(name) else None
-        if head is None and is_model_name(name):
-            node = self.lineage.nodes.get(name)  # a model a remote holds, known here by its versions' records
-            head = node.head if node is not None and node.remote_only else None
         if head is not None:
             return head if sel is None else pick_version(ref, name, self.chain(head), sel)
         if sel is None and re.fullmatch(r"[0-9a-fA-F]{4,64}", name):
@@ -166,6 +163,9 @@ class Repo:
                 return found[0]
             if found:
                 raise UnknownRefError(ref, "ambiguous version prefix", hint="Give more hex digits")
+        node = self.lineage.nodes.get(name) if is_model_name(name) else None
+        if node is not None and node.remote_only:  # a model a remote holds, known here by its versions' records
+            return node.head if sel is None else pick_version(ref, name, self.chain(node.head), sel)
         raise self._unknown_model(ref, name)
 
     def _unknown_model(self, ref: str, name: str) -> UnknownRefError:
