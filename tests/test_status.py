@@ -6,6 +6,8 @@ run next; the text and `--json` say the same."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ from conftest import make_model, mgit_json, one_line_error, run_cli, run_mgit, t
 
 from mgit import Repo
 from mgit.status import status
+from mgit.util.locks import FileLock
 
 
 def shared(tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -129,3 +132,27 @@ def test_an_interrupted_add_and_checkout_are_named_with_what_to_run_next(tmp_pat
     assert left.next.startswith("mgit checkout m -o m --force")
     code, out, _ = run_cli("status", cwd=root)
     assert f"{left.count} killed checkout" in out and "next: mgit checkout m -o m --force" in out
+
+
+def test_a_write_under_way_is_not_a_leftover_and_a_held_lock_is_said_held(tmp_path: Path) -> None:
+    root = tmp_path / "work"
+    Repo.init(root)
+    (root / "m").mkdir()
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = root / "m" / f".tmp-{writer.pid}-{'ab' * 6}-model.safetensors"
+        live.write_bytes(b"half")
+        (root / "m" / ".tmp-notes").write_text("another tool's")
+        assert status(Repo(root)).leftovers == []  # its writer runs: a checkout under way
+        with FileLock(root / ".mgit" / "locks" / "repo.lock", what="the test", shared=True):
+            [held] = status(Repo(root)).leftovers
+            assert (held.kind, held.where, held.next) == (
+                "lock held",
+                [".mgit/locks/repo.lock"],
+                "wait for it to finish",
+            )
+    finally:
+        writer.kill()
+        writer.wait()
+    [left] = status(Repo(root)).leftovers
+    assert (left.kind, left.where, left.bytes) == ("killed checkout", [f"m/{live.name}"], 4)

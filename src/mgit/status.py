@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,9 @@ from mgit.store.objects import Version
 from mgit.sync import fetch
 from mgit.util.atomicfile import TMP_PREFIX
 
+TMP_NAME = re.compile(
+    rf"{re.escape(TMP_PREFIX)}(\d+)-[0-9a-f]{{12}}-"
+)  # atomicfile's: the writer's pid, 6 random bytes
 STATES = ("up to date", "ahead", "behind", "diverged", "local only", "remote only", "no remote")
 
 
@@ -222,7 +226,7 @@ def _killed_checkouts(repo: Repo) -> list[Leftover]:
         dirs[:] = [d for d in dirs if d != REPO_DIR and not (Path(dirpath) / d).is_symlink()]
         for name in names:
             path = Path(dirpath) / name
-            if name.startswith(TMP_PREFIX) and not _writing(path):
+            if TMP_NAME.match(name) and not _writing(path):  # another tool's `.tmp-x` is not ours
                 folders.setdefault(Path(dirpath), []).append(path)
     models = set(repo.refs.all())
     found = []
@@ -244,11 +248,12 @@ def _killed_checkouts(repo: Repo) -> list[Leftover]:
 
 def _writing(path: Path) -> bool:
     """Whether the process that names itself in a temporary file's name still runs."""
-    pid = path.name.removeprefix(TMP_PREFIX).partition("-")[0]
-    if not pid.isdigit() or int(pid) == os.getpid():
+    named = TMP_NAME.match(path.name)
+    pid = int(named[1]) if named else os.getpid()
+    if pid == os.getpid():
         return False
     try:
-        os.kill(int(pid), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
