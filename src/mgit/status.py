@@ -164,8 +164,9 @@ def _lazy(repo: Repo, versions: dict[str, Version], objects: set[str], here: set
 
 def _leftovers(repo: Repo, reachable: set[str], here: set[str]) -> list[Leftover]:
     found = []
+    held = _held_locks(repo.dir / "locks")
     garbage = sorted(here - reachable)
-    if garbage:
+    if garbage and not held:  # while an mgit runs, they may be the objects of its add under way
         size = sum(repo.store.stored_size(o) for o in garbage)
         found.append(
             Leftover(
@@ -202,7 +203,6 @@ def _leftovers(repo: Repo, reachable: set[str], here: set[str]) -> list[Leftover
             )
         )
     found += _killed_checkouts(repo)
-    held = _held_locks(repo.dir / "locks")
     if held:
         found.append(
             Leftover(
@@ -210,8 +210,8 @@ def _leftovers(repo: Repo, reachable: set[str], here: set[str]) -> list[Leftover
                 len(held),
                 0,
                 [_rel(repo, p) for p in held],
-                "an mgit is running here now",
-                "wait for it to finish",
+                "an mgit is running here now (objects no ref names yet may be its own: not counted)",
+                "wait for it to finish, then mgit status again",
             )
         )
     return found
