@@ -42,6 +42,15 @@ def tracked_models(repo_dir: Path, config: dict[str, Any]) -> dict[str, dict[str
     return {name: RefStore(repo_dir, namespace=f"remotes/{name}").all() for name in remotes_of(config)}
 
 
+def held_by_remotes(repo_dir: Path, config: dict[str, Any]) -> Callable[[str], bool]:
+    """Whether a remote holds a model that has no ref here: any, in a clone of some models
+    (`partial`: the others are on its remote), else those a remote-tracking ref names."""
+    if config.get("partial"):
+        return lambda _name: True
+    tracked = {m for heads in tracked_models(repo_dir, config).values() for m in heads}
+    return tracked.__contains__
+
+
 def remote_of(config: dict[str, Any], name: str) -> RemoteSpec:
     spec = remotes_of(config).get(name)
     if spec is None:

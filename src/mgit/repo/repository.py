@@ -34,7 +34,7 @@ from mgit.index.catalog import Catalog, VersionRow
 from mgit.index.refs import RefStore, is_model_name
 from mgit.index.refspec import REF_RE, pick_version
 from mgit.lineage.graph import Lineage
-from mgit.remotes.config import tracked_models
+from mgit.remotes.config import held_by_remotes
 from mgit.repo.location import create, locate, open_store, read_config, trust_recipe
 from mgit.reports import (
     AddResult,
@@ -194,9 +194,7 @@ class Repo:
     @property
     def lineage(self) -> Lineage:
         """The lineage graph as it is now (a snapshot: read it again after a change)."""
-        partial = bool(self.config.get("partial"))  # a clone of some models: the other models are on its remote
-        tracked = {m for heads in tracked_models(self.dir, self.config).values() for m in heads}
-        return Lineage.load(self.catalog, remote=lambda name: partial or name in tracked)
+        return Lineage.load(self.catalog, remote=held_by_remotes(self.dir, self.config))
 
     def version(self, ref: str) -> Version:
         with self.catalog.explained():
