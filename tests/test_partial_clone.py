@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import make_model, mgit_json, run_cli, sha256_tree, tensors
 
 from mgit import Repo
@@ -73,3 +74,24 @@ def test_a_removed_model_without_a_remote_is_still_said_removed(tmp_path: Path) 
     assert root["model"]["name"] == "base" and root["model"]["removed"] is True and not root["model"]["remote_only"]
     code, out, err = run_cli("show", "base", cwd=solo)
     assert code == 1 and "no model named 'base'" in err
+
+
+def test_the_pages_of_a_clone_of_some_models_show_its_remote_only_ancestors(tmp_path: Path) -> None:
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from mgit.web.app import create_app
+
+    _, remote = team(tmp_path)
+    assert run_cli("clone", str(remote), str(tmp_path / "dave"), "--models", "ft-fp16")[0] == 0
+    (tmp_path / "dave" / "evals.py").write_text("def score(path):\n    return {'acc': 1.0}\n")
+    code, _, err = run_cli("test", "add", "ft*", "--fn", "evals.py:score", "--inherit", cwd=tmp_path / "dave")
+    assert code == 0, err
+    with TestClient(create_app(Repo(tmp_path / "dave")), base_url="http://127.0.0.1:8808") as client:
+        for name in ("ft", "ft-fp16"):
+            page = client.get(f"/api/models/{name}")
+            assert page.status_code == 200, page.text
+        ft = client.get("/api/models/ft").json()
+        assert ft["model"]["remote_only"] and ft["version"]["version"]["seq"] == 3
+        assert ft["tests"]["names"] == ["score"]
+        assert client.get("/models/ft").status_code == 200
