@@ -273,7 +273,8 @@ class Checks:
         from an ancestor they were attached to with `inherit`."""
         lineage = lineage or self.repo.lineage
         node = lineage.node(model)
-        ancestors = [(a, lineage.nodes[a].tags) for a in lineage.ancestors(model)]
+        # An ancestor of a removed or remote-only model may have no node of its own: no tags to match.
+        ancestors = [(a, lineage.nodes[a].tags if a in lineage.nodes else {}) for a in lineage.ancestors(model)]
         return [
             t
             for t in self.tests()
