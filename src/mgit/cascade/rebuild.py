@@ -1,33 +1,9 @@
-"""Cascades: after a model gets a new version, rebuild its descendants by re-running their
-recipes on the new parent versions, commit each result as a new version and run its tests.
-
-A descendant of the cascade's model is *planned* when one of its lineage parents (the
-cascade's model or another descendant) is rebuilt in this cascade, or when the parent
-version it records is no longer that parent's latest. The second rule is what makes a
-cascade resumable: after a failure or a kill, running it again finds exactly the models
-still built on old versions, and the finished ones are up to date.
-
-A planned model without a recipe needs a manual update (the plan gives the command that
-records a recipe); everything below it is blocked, as is everything below a model whose
-recipe or tests failed, or below a parent whose tests fail.
-
-Recipes are user code: they run only here, each in a child process (`mgit.usercode`), on
-parent folders checked out into a temporary folder. The output folder is added as one
-version, atomically, so a kill leaves the old head or the new one, never half of one.
-Independent branches run in parallel on a thread pool: a model starts once all the planned
-parents it waits for are done.
-
-A recipe recorded with a version that came from a remote, and a test pulled from one, are
-another person's code: a cascade that would run any of it not trusted here stops before it
-runs anything, naming it, unless `trust_remote_code` (mgit.checks.Checks.require_trust);
-recipes recorded here are trusted (mgit.repo.location).
-"""
+"""Carrying out a cascade's plan: re-run the recipes of its `recipe` steps, parents first and
+independent branches in parallel, commit each output as one version and test it; what the
+cascade did to each model, and the report."""
 
 from __future__ import annotations
 
-import fnmatch
-import functools
-import shlex
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -35,66 +11,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import mgit.merging  # noqa: F401  (registers how a re-run merge is stored: mgit.execution)
-from mgit import usercode
+from mgit.cascade.plan import CascadePlan, CascadeStep, plan_cascade
 from mgit.checks import CheckOutcome, Checks
 from mgit.errors import MgitError
 from mgit.execution import Executor, LocalExecutor, RecipeJob, RecipeRun, resources_of
-from mgit.lineage.graph import Lineage, LineageEdge
 from mgit.repo.location import trusted_code
 from mgit.repo.repository import Repo
 from mgit.reports import Report
 from mgit.util.faults import crash_point
 
 RECIPE_TIMEOUT = 3600.0  # per recipe run: a fine-tune can take a while
-REBUILT = ("recipe", "manual", "blocked")  # actions under which a model gets (or needs) a new version
 FAILED = ("failed-recipe", "failed-tests")
 ModelProgress = Callable[[str, str], None]  # (model, what happens to it)
-
-
-@dataclass(frozen=True)
-class PlannedParent(Report):
-    model: str
-    relation: str
-    recorded: str  # the version the child was built on
-    recorded_ref: str
-    version: str | None  # the version to rebuild on; None when this parent is rebuilt first
-    ref: str  # `base@2`, or `ft@next` for a parent rebuilt in this cascade
-
-
-@dataclass(frozen=True)
-class CascadeStep(Report):
-    """One descendant of the cascade's model and what the cascade does with it: `recipe`
-    (re-run it), `manual` (no recipe), `blocked`, `skipped` (not matched by --only) or
-    `up-to-date`."""
-
-    model: str
-    head: str
-    head_ref: str
-    action: str
-    relation: str
-    parents: list[PlannedParent]
-    recipe: dict[str, Any] | None = None
-    source_changed: bool = False  # the recipe's file changed since the head was made
-    recorded_source: bool = False  # runs the source recorded with the version (its file is not here, or asked)
-    problem: str | None = None  # the recipe can be run neither from its file nor from a recorded source
-    reason: str | None = None  # why it is manual, blocked or skipped
-    command: str | None = None  # for a manual step: how to record a recipe
-
-    @property
-    def waits_for(self) -> list[str]:
-        """Planned parents that must be rebuilt before this model."""
-        return [p.model for p in self.parents if p.version is None]
-
-
-@dataclass(frozen=True)
-class CascadePlan(Report):
-    model: str
-    version: str
-    ref: str  # the cascade's model at its latest version, `base@2`
-    steps: list[CascadeStep]  # every descendant, parents before children
-
-    def count(self, action: str) -> int:
-        return sum(s.action == action for s in self.steps)
 
 
 @dataclass(frozen=True)
@@ -146,94 +74,6 @@ class CascadeReport(Report):
         return sum(r.status == status for r in self.results)
 
 
-# --- the plan ----------------------------------------------------------------------------------
-def plan_cascade(repo: Repo, name: str, *, only: str | None = None, recorded_source: bool = False) -> CascadePlan:
-    """What a cascade from `name` (a model, or a ref of one: its latest version counts) would
-    do, in topological order. Runs no user code: recorded test results are read, not run."""
-    top = repo.model_of(name)
-    graph = repo.lineage
-    node = graph.node(top)
-    scope = {top, *graph.descendants(top)}
-    steps: dict[str, CascadeStep] = {}
-    checks = Checks(repo)
-
-    @functools.cache
-    def failing(vid: str) -> tuple[str, ...]:  # recorded results only: planning runs nothing
-        return tuple(checks.failing(vid, graph))
-
-    for model in graph.topological_order(scope - {top}):
-        steps[model] = _plan_step(repo, graph, model, scope, steps, only, failing, recorded_source)
-    return CascadePlan(top, node.head, f"{top}@{node.seq}", list(steps.values()))
-
-
-def _plan_step(
-    repo: Repo,
-    graph: Lineage,
-    model: str,
-    scope: set[str],
-    steps: dict[str, CascadeStep],
-    only: str | None,
-    failing: Callable[[str], tuple[str, ...]],
-    recorded_source: bool,
-) -> CascadeStep:
-    node = graph.node(model)
-    edges = graph.parents(model)
-    rebuilt = {e.parent for e in edges if e.parent in steps and steps[e.parent].action in REBUILT}
-    changed = [e for e in edges if e.parent in scope and (e.parent in rebuilt or e.stale)]
-    parents = [_planned_parent(graph, e, e.parent in rebuilt) for e in edges]
-    step = CascadeStep(
-        model, node.head, f"{model}@{node.seq}", "up-to-date", edges[0].relation if edges else "other", parents
-    )
-    if not changed:
-        return step
-    if only is not None and not fnmatch.fnmatchcase(model, only):
-        return replace(step, action="skipped", reason=f"not matched by --only {only}")
-    recipe = repo.info(node.head).recipe
-    step = replace(step, recipe=recipe)
-    stopped = [e.parent for e in edges if e.parent in rebuilt and steps[e.parent].action != "recipe"]
-    if stopped:
-        return replace(step, action="blocked", reason=f"below {stopped[0]}, which is {steps[stopped[0]].action}")
-    bad = [e for e in edges if e.parent in scope and e.parent not in rebuilt and failing(graph.node(e.parent).head)]
-    if bad:
-        p = graph.node(bad[0].parent)
-        return replace(step, action="blocked", reason=f"{p.name}@{p.seq} fails {', '.join(failing(p.head))}")
-    if recipe is None:
-        return replace(step, action="manual", reason="no recipe recorded", command=_record_command(step))
-    problem, source_changed, stored = None, False, recorded_source and recipe.get("source") is not None
-    try:
-        source_changed = usercode.source_hash(str(recipe.get("fn")), cwd=repo.root) != recipe.get("source_sha256")
-    except MgitError as exc:
-        stored = recipe.get("source") is not None  # a teammate's recipe: run what was recorded
-        problem = None if stored else str(exc)
-    return replace(
-        step, action="recipe", source_changed=source_changed and not stored, recorded_source=stored, problem=problem
-    )
-
-
-def _planned_parent(graph: Lineage, edge: LineageEdge, rebuilt: bool) -> PlannedParent:
-    latest = graph.node(edge.parent)
-    if rebuilt:
-        return PlannedParent(
-            edge.parent, edge.relation, edge.parent_version, edge.parent_ref, None, f"{edge.parent}@next"
-        )
-    return PlannedParent(
-        edge.parent, edge.relation, edge.parent_version, edge.parent_ref, latest.head, f"{latest.name}@{latest.seq}"
-    )
-
-
-def _record_command(step: CascadeStep) -> str:
-    """The commands that give a model without a recipe one: its current files again, as a
-    new version on the same parents, with a recipe recorded (not run). The next cascade
-    then rebuilds it with that recipe."""
-    folder = f"{step.model.replace('/', '-')}-v{step.head_ref.rpartition('@')[2]}"
-    args = ["mgit", "add", folder, "--name", step.model]
-    for p in step.parents:
-        args += ["--parent", p.recorded_ref]
-    args += ["--relation", step.relation, "--recipe", "FILE.py:FUNCTION", "--param", "KEY=VALUE"]
-    return f"{shlex.join(['mgit', 'checkout', step.head_ref, '-o', folder])} && {shlex.join(args)}"
-
-
-# --- running it ---------------------------------------------------------------------------------
 def cascade(
     repo: Repo,
     name: str,
