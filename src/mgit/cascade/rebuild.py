@@ -5,13 +5,13 @@ cascade did to each model, and the report."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import mgit.merging  # noqa: F401  (registers how a re-run merge is stored: mgit.execution)
-from mgit.cascade.plan import CascadePlan, CascadeStep, plan_cascade
+from mgit.cascade.plan import CascadePlan, CascadeStep, not_passing, plan_cascade
 from mgit.checks import CheckOutcome, Checks
 from mgit.errors import MgitError
 from mgit.execution import Executor, LocalExecutor, RecipeJob, RecipeRun, resources_of
@@ -57,6 +57,7 @@ class ModelResult(Report):
     seconds: float = 0.0
     where: str | None = None  # the node that ran the recipe (an executor's name for it)
     notes: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # `base@2 fails acc`: failures overridden (--ignore-tests)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,17 @@ class CascadeReport(Report):
     @property
     def failed(self) -> list[ModelResult]:
         return [r for r in self.results if r.status in FAILED]
+
+    @property
+    def ok(self) -> bool:
+        """No model failed or was blocked (for a dry run: none is planned blocked). A cascade
+        that is not ok exits 1."""
+        if self.dry_run:
+            return not self.plan.count("blocked")
+        return not self.failed and not self.count("blocked")
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "ok": self.ok}
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
@@ -86,13 +98,15 @@ def cascade(
     progress: ModelProgress | None = None,
     executor: Executor | None = None,
     trust_remote_code: bool = False,
+    ignore_tests: Sequence[str] = (),
 ) -> CascadeReport:
     """Rebuild the descendants of `name` on its latest version by re-running their recipes,
     commit and test the results: plan it and, unless `dry_run`, carry it out (see
     `execute`). A dry run's report holds the plan and no results. A recipe runs from its
     file here, or from the source recorded with the version when the file is not here (a
-    teammate's clone) or `recorded_source` asks for it."""
-    plan = plan_cascade(repo, name, only=only, recorded_source=recorded_source)
+    teammate's clone) or `recorded_source` asks for it. The tests in `ignore_tests` block
+    nothing (mgit.cascade.plan)."""
+    plan = plan_cascade(repo, name, only=only, recorded_source=recorded_source, ignore_tests=ignore_tests)
     return execute(
         repo,
         plan,
@@ -161,6 +175,8 @@ class _Cascade:
         self.checks = Checks(repo)  # opened here, before worker threads share it
         self.rebuilt: dict[str, tuple[str, str]] = {}  # model -> (new version, ref); written by the main thread
         self.top_tests: list[CheckLine] | None = None
+        self.ignore = set(plan.ignored_tests)
+        self.overridden: dict[str, list[str]] = {}  # version -> `ref fails T` of ignored tests that do not pass
 
     def run(self, jobs: int) -> CascadeReport:
         results: dict[str, ModelResult] = {}
@@ -230,11 +246,20 @@ class _Cascade:
                 self.top_tests = mine
             else:
                 results[model] = replace(results[model], tests_after=mine)
-            bad = [t.test for t in mine if t.status != "pass"]
+            bad = self._not_passing(vid, ref, mine)
             for s in todo:
                 if bad and any(p.model == model for p in s.parents):
-                    stopped.setdefault(s.model, f"{ref} fails {', '.join(bad)}")
+                    stopped.setdefault(s.model, bad)
         return stopped
+
+    def _not_passing(self, vid: str, ref: str, lines: list[CheckLine]) -> str | None:
+        """Why a version's tests block the models built on it (`ft@2 fails acc`), None when
+        they do not; the failures of ignored tests are kept for the report and the messages."""
+        wrong = [(t.test, t.status) for t in lines if t.status != "pass"]
+        if ignored := [(t, status) for t, status in wrong if t in self.ignore]:
+            self.overridden[vid] = [not_passing(ref, ignored)]
+        bad = [(t, status) for t, status in wrong if t not in self.ignore]
+        return not_passing(ref, bad) if bad else None
 
     def _parents(self, step: CascadeStep) -> list[tuple[str, str]]:
         """(version, ref) of each parent to rebuild on, in the recorded order."""
@@ -244,7 +269,8 @@ class _Cascade:
         """Test the old version, run the recipe, commit and test the new one (a worker thread)."""
         start = time.monotonic()
         before = self._tests([step.head]).get(step.head, [])
-        common: dict[str, Any] = {"rebuilt_on": [ref for _, ref in parents], "tests_before": before}  # in every outcome
+        ignored = [why for vid, _ in parents for why in self.overridden.get(vid, [])]
+        common: dict[str, Any] = {"rebuilt_on": [ref for _, ref in parents], "tests_before": before, "ignored": ignored}
         job = self._job_or_why(step, parents)
         if isinstance(job, str):
             result = _result(step, "failed-recipe", reason=job, **common)
@@ -275,8 +301,10 @@ class _Cascade:
         if not run.created:
             return _result(step, "up-to-date", **new, **common)
         after = self._tests([run.version]).get(run.version, []) if run.version else None
-        if after and any(t.status != "pass" for t in after):
-            why = "a test fails on the new version; the models below it are blocked"
+        bad = self._not_passing(run.version, new["new_ref"], after) if after and run.version else None
+        common["ignored"] = common["ignored"] + self.overridden.get(run.version or "", [])
+        if bad:
+            why = f"{bad}; the models below it are blocked"
             return _result(step, "failed-tests", reason=why, tests_after=after, **new, **common)
         return _result(step, "updated", tests_after=after, **new, **common)
 
@@ -293,6 +321,8 @@ class _Cascade:
         else:
             record, source = self.repo.recipe_record(fn, params, resources=resources, recorded=True), None
         message = f"cascade from {self.plan.ref}: {fn} re-run on {', '.join(ref for _, ref in parents)}"
+        if ignored := [why for vid, _ in parents for why in self.overridden.get(vid, [])]:
+            message += f"; failing tests ignored (--ignore-tests): {'; '.join(ignored)}"
         return RecipeJob(
             step.model,
             step.head,
@@ -339,12 +369,14 @@ def _result(step: CascadeStep, status: str, **extra: Any) -> ModelResult:
 
 
 def tests_summary(lines: list[CheckLine] | None) -> str:
-    """`2/3 pass` for a list of test results; `-` when none was run, `no tests` when none applies."""
+    """`2/3 pass` (`1/3 pass, 1 error`) for a list of test results; `-` when none was run, `no
+    tests` when none applies."""
     if lines is None:
         return "-"
     if not lines:
         return "no tests"
-    return f"{sum(t.status == 'pass' for t in lines)}/{len(lines)} pass"
+    errors = sum(t.status == "error" for t in lines)
+    return f"{sum(t.status == 'pass' for t in lines)}/{len(lines)} pass" + (f", {errors} error" if errors else "")
 
 
 def _summary(r: ModelResult) -> str:

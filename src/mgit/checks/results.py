@@ -24,7 +24,7 @@ class CheckOutcome(Report):
     seq: int
     test: str
     source: str  # sha256 of the test's source file
-    status: str  # pass, fail or error (the test could not run or returned no usable metrics)
+    status: str  # pass, fail or error (mgit.checks.verdicts): judged by the test's conditions now
     metrics: dict[str, float]
     reasons: list[str]
     seconds: float
@@ -35,6 +35,7 @@ class CheckOutcome(Report):
     parent: str | None = None  # `model@seq` of the lineage parent whose result is compared
     parent_status: str | None = None
     parent_metrics: dict[str, float] | None = None
+    recorded_status: str | None = None  # the verdict recorded with the metrics, when judged otherwise now
 
     @property
     def ref(self) -> str:
@@ -59,7 +60,18 @@ class CheckRunResult(Report):
 
     @property
     def failed(self) -> list[CheckOutcome]:
-        return [o for o in self.outcomes if not o.passed]
+        """Outcomes whose metrics break a condition (a verdict on the model)."""
+        return [o for o in self.outcomes if o.status == "fail"]
+
+    @property
+    def errors(self) -> list[CheckOutcome]:
+        """Outcomes where the test gave no verdict: it raised, hung, crashed, returned no metrics."""
+        return [o for o in self.outcomes if o.status == "error"]
+
+    @property
+    def ok(self) -> bool:
+        """Every outcome passed (a failure and an error both make `mgit test run` exit 1)."""
+        return all(o.passed for o in self.outcomes)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +80,7 @@ class CheckRunResult(Report):
             "notes": self.notes,
             "passed": sum(o.passed for o in self.outcomes),
             "failed": len(self.failed),
+            "errors": len(self.errors),
         }
 
 

@@ -14,6 +14,7 @@ from mgit.checks.registrations import Registrations
 from mgit.checks.results import CheckOutcome, CheckRunResult, ResultTable
 from mgit.checks.schema import open_checks
 from mgit.checks.specs import CheckSpec
+from mgit.checks.verdicts import judge_run, rejudged
 from mgit.errors import MgitError
 from mgit.execution import CheckJob, Executor, LocalExecutor
 from mgit.lineage.graph import Lineage
@@ -141,11 +142,11 @@ class Checks(Registrations):
         self, vid: str, specs: list[CheckSpec], sources: dict[str, tuple[str, bytes | None]], force: bool
     ) -> dict[str, CheckOutcome]:
         """The recorded results of these tests on `vid` for the sources a run would use (none
-        with `force`), by test name, marked reused."""
+        with `force`), by test name, marked reused and judged by the registrations given."""
         if force:
             return {}
-        found = {s.name: self.recorded(vid, s.name, sources[s.name][0]) for s in specs}
-        return {name: replace(o, reused=True) for name, o in found.items() if o is not None}
+        found = [(s, self.results.recorded(vid, s.name, sources[s.name][0])) for s in specs]
+        return {s.name: replace(rejudged(o, s), reused=True) for s, o in found if o is not None}
 
     def _run_version(
         self,
@@ -168,18 +169,9 @@ class Checks(Registrations):
         return [results[s.name] for s in specs]
 
     def record(self, vid: str, spec: CheckSpec, source: str, run: usercode.RunOutcome) -> CheckOutcome:
-        """Judge a run of `spec` on `vid` (its metrics against the test's conditions) and
-        record the result, wherever the run happened."""
-        metrics: dict[str, float] = {}
-        if not run.ok:
-            status, reasons = "error", [f"the test {run.error}"]
-        else:
-            metrics, passed, problem = usercode.metrics_of(run.value)
-            reasons = [problem] if problem else []
-            reasons += [r for c in spec.conditions if (r := c.check(metrics))]
-            if passed is False:
-                reasons.insert(0, "the test returned passed: false")
-            status = "error" if problem and not metrics else "fail" if reasons else "pass"
+        """Judge a run of `spec` on `vid` (mgit.checks.verdicts) and record the result,
+        wherever the run happened."""
+        status, metrics, reasons = judge_run(spec.conditions, run)
         model, seq = self.results.model_seq(vid)
         outcome = CheckOutcome(
             vid,
@@ -200,22 +192,32 @@ class Checks(Registrations):
 
     # --- results ------------------------------------------------------------------------
     def recorded(self, vid: str, test: str, source: str | None = None) -> CheckOutcome | None:
-        """The recorded result of a test on a version (for that source, or the latest)."""
-        return self.results.recorded(vid, test, source)
+        """The recorded result of a test on a version (for that source, or the latest),
+        judged by the test's registration now (mgit.checks.verdicts)."""
+        found = self.results.recorded(vid, test, source)
+        return None if found is None else rejudged(found, self._specs().get(test))
+
+    def standing(self, vid: str, lineage: Lineage | None = None) -> dict[str, CheckOutcome | None]:
+        """Each test that applies to a version now, with its recorded result for the test's
+        current source judged now; None where there is none (never run, or its file is gone
+        and no source was recorded). Runs nothing."""
+        out: dict[str, CheckOutcome | None] = {}
+        for t in self.applicable(self.repo.model_of(vid), lineage):
+            try:
+                source = self.source_of(t)[0]
+            except MgitError:
+                out[t.name] = None
+                continue
+            found = self.results.recorded(vid, t.name, source)
+            out[t.name] = None if found is None else rejudged(found, t)
+        return out
 
     def failing(self, vid: str, lineage: Lineage | None = None) -> list[str]:
         """The tests that apply to a version now whose recorded result for their current
-        source is not a pass. Runs nothing: a test never run, or whose file is gone, is not
-        counted (a detached test, or one whose source changed since, no longer judges)."""
-        out = []
-        for t in self.applicable(self.repo.model_of(vid), lineage):
-            try:
-                found = self.recorded(vid, t.name, self.source_of(t)[0])
-            except MgitError:
-                continue
-            if found is not None and not found.passed:
-                out.append(t.name)
-        return out
+        source does not pass, judged now (a failure or an error). Runs nothing: a test never
+        run, or whose file is gone, is not counted (a detached test, or one whose source
+        changed since, no longer judges)."""
+        return [name for name, o in self.standing(vid, lineage).items() if o is not None and not o.passed]
 
     def show(self, ref: str | None = None) -> list[CheckOutcome]:
         """Recorded results (the latest per test) of a version, or of every model's latest."""
@@ -228,9 +230,11 @@ class Checks(Registrations):
     def latest(
         self, vids: list[str], refs: dict[str, tuple[str, int]] | None = None
     ) -> dict[str, dict[str, CheckOutcome]]:
-        """{version: {test: its latest recorded result}} in one query, without the parent's
-        (`refs`: the (model, seq) of versions the caller knows already)."""
-        return self.results.latest(vids, refs)
+        """{version: {test: its latest recorded result}} in one query, judged now, without
+        the parent's (`refs`: the (model, seq) of versions the caller knows already)."""
+        specs = self._specs()
+        found = self.results.latest(vids, refs)
+        return {vid: {t: rejudged(o, specs.get(t)) for t, o in tests.items()} for vid, tests in found.items()}
 
     def result_records(self) -> list[dict[str, Any]]:
         """Every recorded result as data (what a push sends)."""
@@ -257,6 +261,10 @@ class Checks(Registrations):
         if found is None:
             return replace(o, parent=self._ref(pvid))
         return replace(o, parent=found.ref, parent_status=found.status, parent_metrics=found.metrics)
+
+    def _specs(self) -> dict[str, CheckSpec]:
+        """The registrations in force, by name, that judge recorded results."""
+        return {t.name: t for t in self.tests(checked=False)}
 
     def _ref(self, vid: str) -> str:
         model, seq = self.results.model_seq(vid)
