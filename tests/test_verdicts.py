@@ -129,6 +129,8 @@ def test_the_web_pages_judge_by_the_registration_in_force(family: Path) -> None:
         assert [v["results"]["agree"]["status"] for v in page if v["version"] == ft] == ["pass"]
         result = client.get("/api/tests/result", params={"version": ft, "test": "agree"}).json()["result"]
         assert result["status"] == "pass" and result["recorded_status"] == "fail"
+        page = client.get("/tests/result", params={"version": ft, "test": "agree"}).text
+        assert 'id="judged"' in page and "judged now by the test" in page
 
 
 # --- item 7: an exception in the test is an error, not a failure -------------------------------
