@@ -232,3 +232,19 @@ def test_ignore_tests_overrides_a_failing_parent_test_and_says_so(family: Path) 
 
 def test_ignore_tests_names_an_attached_test(family: Path) -> None:
     one_line_error(run_cli("cascade", "base", "--ignore-tests", "nosuch", cwd=family), "nosuch")
+
+
+def test_an_ignored_test_failing_on_a_rebuilt_model_blocks_nothing_below_it(family: Path) -> None:
+    attach(family, "strict", "accuracy", *HIGH, target="base")  # inherited: fails on every model
+    add(family, "base", 7, 0.9, "-m", "base retrained")
+    code, done = cli_json(family, "cascade", "base", "--ignore-tests", "strict")
+    results = {r["model"]: r for r in done["results"]}
+    assert code == 0 and done["ok"] and [r["status"] for r in results.values()] == ["updated", "updated"]
+    assert results["ft"]["ignored"] == ["base@2 fails strict", "ft@3 fails strict"]
+    assert results["ft-fp16"]["ignored"] == ["ft@3 fails strict", "ft-fp16@2 fails strict"]
+    assert [t["status"] for t in results["ft-fp16"]["tests_after"]] == ["fail"]  # shown, not hidden
+    assert Repo(family).log("ft-fp16")[0].message.endswith("failing tests ignored (--ignore-tests): ft@3 fails strict")
+    # Without the override the same failure blocks: the first model and everything below it.
+    add(family, "base", 8, 0.9, "-m", "base retrained again")
+    code, done = cli_json(family, "cascade", "base")
+    assert code == 1 and [r["status"] for r in done["results"]] == ["blocked", "blocked"]

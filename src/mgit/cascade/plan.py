@@ -143,7 +143,9 @@ def _plan_step(
     stopped = [e.parent for e in edges if e.parent in rebuilt and steps[e.parent].action != "recipe"]
     if stopped:
         return replace(step, action="blocked", reason=f"below {stopped[0]}, which is {steps[stopped[0]].action}")
-    bad, untested, overridden = [], [], []
+    bad: list[str] = []  # `base@2 fails acc`, per parent
+    untested: list[str] = []
+    overridden: list[str] = []
     for e in edges:
         if e.parent in scope and e.parent not in rebuilt:
             p = graph.node(e.parent)

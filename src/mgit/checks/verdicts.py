@@ -7,8 +7,10 @@ since (a test removed and attached again with another bound). So every reader of
 judges again (`rejudged`), without running anything: `mgit test run` reusing a result,
 `test show`, bisect, a cascade's plan and run, and `mgit serve`.
 
-The three verdicts follow pytest's words. MGit's tests return metrics rather than assert:
-a *failure* is a verdict on the model (a metric breaks a condition, is not finite, or the
+The three verdicts follow pytest's words, where a failure is an assertion that does not hold
+and an error an exception raised elsewhere (in a fixture, say). MGit's tests return metrics
+rather than assert, so an exception in the test function itself is an error: a *failure*
+is a verdict on the model (a metric breaks a condition, is not finite, or the
 test returned `passed: false`); an *error* says the test gave no verdict (it raised, hung
 past its time limit, crashed or exited its process, or returned no usable metrics). An
 error is not a pass: it makes `test run` exit 1 and blocks a cascade as a failure does, and
