@@ -248,3 +248,32 @@ def test_an_ignored_test_failing_on_a_rebuilt_model_blocks_nothing_below_it(fami
     add(family, "base", 8, 0.9, "-m", "base retrained again")
     code, done = cli_json(family, "cascade", "base")
     assert code == 1 and [r["status"] for r in done["results"]] == ["blocked", "blocked"]
+
+
+def test_results_recorded_before_errors_were_told_apart_keep_their_status(family: Path) -> None:
+    attach(family, "acc", "accuracy", *LOW)
+    repo = Repo(family)
+    checks, ft = Checks(repo), repo.resolve("ft")
+    source = checks.source_of(checks.test("acc"))[0]
+    old = {  # as an older MGit recorded a test that raised: a failure without metrics
+        "version": ft,
+        "test": "acc",
+        "source": source,
+        "status": "fail",
+        "metrics": "{}",
+        "reasons": json.dumps(["the test exit code 1: RuntimeError: boom"]),
+        "output": "",
+        "seconds": 0.1,
+        "time": "2026-01-01T00:00:00Z",
+        "origin": "someone@elsewhere",
+    }
+    assert checks.add_results([old]) == 1
+    [shown] = checks.show("ft")
+    assert (shown.status, shown.reasons, shown.recorded_status) == (
+        "fail",
+        ["the test exit code 1: RuntimeError: boom"],
+        None,
+    )
+    code, run = cli_json(family, "test", "run", "ft")
+    [o] = run["outcomes"]
+    assert code == 1 and (o["status"], o["reused"]) == ("fail", True) and (run["failed"], run["errors"]) == (1, 0)
