@@ -3,8 +3,9 @@
 A test is a function (`module:function` or `file.py:function`) that takes a checked-out
 model folder and returns a dict of metrics, optionally with `passed`. Pass conditions are
 declared when it is attached (`acc >= 0.9`, `loss <= 0.5`); a run whose metrics break them
-(or hold a NaN) fails, and one that raises, hangs or exits is an error (mgit.checks.verdicts). A test is attached to a model name, a name glob or a tag, and with
-`inherit` to every descendant of those models, present and future.
+(or hold a NaN) fails, and one that raises, hangs or exits is an error (mgit.checks.verdicts).
+A test is attached to a model name, a name glob or a tag, and with `inherit` to every
+descendant of those models, present and future.
 
 Registrations and results live in `checks.sqlite`, apart from the catalog: they are not
 derived from objects and refs, so rebuilding (or losing) the catalog never touches them. A
@@ -20,8 +21,8 @@ when it is attached.
 
 The package, by noun: `specs` (a registration: its conditions, what it applies to, one from a
 remote checked), `registrations` (the table of them, and trust), `results` (the table of
-recorded results and what they hold), `verdicts` (pass, fail or error, judged from metrics by the conditions in force), `runs`
-(Checks: running tests and reading results).
+recorded results and what they hold), `verdicts` (pass, fail or error, judged from metrics
+by the conditions in force), `runs` (Checks: running tests and reading results).
 """
 
 from mgit.checks.registrations import Registrations
