@@ -34,6 +34,7 @@ from mgit.index.catalog import Catalog, VersionRow
 from mgit.index.refs import RefStore, is_model_name
 from mgit.index.refspec import REF_RE, pick_version
 from mgit.lineage.graph import Lineage
+from mgit.remotes.config import held_by_remotes
 from mgit.repo.location import create, locate, open_store, read_config, trust_recipe
 from mgit.reports import (
     AddResult,
@@ -162,6 +163,9 @@ class Repo:
                 return found[0]
             if found:
                 raise UnknownRefError(ref, "ambiguous version prefix", hint="Give more hex digits")
+        node = self.lineage.nodes.get(name) if is_model_name(name) else None
+        if node is not None and node.remote_only:  # a model a remote holds, known here by its versions' records
+            return node.head if sel is None else pick_version(ref, name, self.chain(node.head), sel)
         raise self._unknown_model(ref, name)
 
     def _unknown_model(self, ref: str, name: str) -> UnknownRefError:
@@ -190,7 +194,7 @@ class Repo:
     @property
     def lineage(self) -> Lineage:
         """The lineage graph as it is now (a snapshot: read it again after a change)."""
-        return Lineage.load(self.catalog)
+        return Lineage.load(self.catalog, remote=held_by_remotes(self.dir, self.config))
 
     def version(self, ref: str) -> Version:
         with self.catalog.explained():
