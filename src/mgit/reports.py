@@ -279,3 +279,6 @@ class ParentSuggestion(Report):
     relation: str | None  # the chosen relation
     verdict: str  # what was chosen and why, or why nothing was
     notes: list[str] = field(default_factory=list)
+    # Versions (model@seq) holding every tensor of the model bit for bit: it is stored already as
+    # these, which are never its candidates (added under another name, it is a copy of the first).
+    stored_as: list[str] = field(default_factory=list)

@@ -159,14 +159,16 @@ def add_version(
         label = str(source) if isinstance(source, str | os.PathLike) else "state dict"
         sketch = sketch_source(src)
         # Versions of `name` itself are history, not lineage.
-        auto = suggest_parents(store, catalog, sketch, label, limit=5, exclude={name})
+        auto = suggest_parents(store, catalog, sketch, label, limit=5, own=name)
         parent_ids = list(auto.parents)
         lineage = tuple(Parent(v, asked_relation or auto.relation or relation) for v in auto.parents)
         src.notes.append(f"auto-parent: {'chose ' if auto.parents else 'no parent: '}{auto.verdict}")
     tick = options.progress(src.logical_bytes) if options.progress else None
     with catalog.explained():
         plan = replace(
-            _delta_plan(store, refs, name, lineage, max_depth), derived=dict(options.derived), exact=dict(options.exact)
+            _delta_plan(store, refs, name, lineage, max_depth, src),
+            derived=dict(options.derived),
+            exact=dict(options.exact),
         )
     crash_point("after-scan")
     with store.lock():
@@ -263,10 +265,13 @@ def suggest_parents(
     limit: int,
     min_confidence: float = DEFAULT_MIN_CONFIDENCE,
     exclude: Collection[str] = (),
+    own: str | None = None,
     started: float | None = None,
 ) -> ParentSuggestion:
     """Stored versions ranked as parents of a model by its sketch (see mgit.lineage.inference);
-    `exclude` leaves out versions, by id or by model name."""
+    `exclude` leaves out versions, by id or by model name. `own` is the name the model is added
+    under: its versions are history, not lineage, and when one holds the model's every tensor
+    the model is that version stored already."""
     if not len(sketch):
         raise InputError(
             label,
@@ -274,12 +279,22 @@ def suggest_parents(
             hint="Give a model folder with .safetensors files, or a PyTorch checkpoint on its own",
         )
     left_out = set(exclude)
-    stored = [
-        (v, ref, s)
-        for v, ref, s in stored_sketches(store, catalog)
-        if v not in left_out and ref.rpartition("@")[0] not in left_out
-    ]
-    return suggest(sketch, stored, label=label, limit=limit, min_confidence=min_confidence, started=started)
+    stored, history = [], []
+    for v, ref, s in stored_sketches(store, catalog):
+        model = ref.rpartition("@")[0]
+        if model == own:
+            history.append((v, ref, s))
+        elif v not in left_out and model not in left_out:
+            stored.append((v, ref, s))
+    return suggest(
+        sketch,
+        stored,
+        label=label,
+        limit=limit,
+        min_confidence=min_confidence,
+        started=started,
+        history=history,
+    )
 
 
 def _card_parents(refs: RefStore, path: Path) -> tuple[list[str], str | None, list[str]]:
@@ -359,15 +374,17 @@ def _run_gate(
 
 
 def _delta_plan(
-    store: ObjectStore, refs: RefStore, name: str, parents: tuple[Parent, ...], max_depth: int
+    store: ObjectStore, refs: RefStore, name: str, parents: tuple[Parent, ...], max_depth: int, src: ModelSource
 ) -> DeltaPlan:
-    """Tensors of the previous version of `name` and of the lineage parents, as delta bases.
-    Only a hint for compression: a head that moves meanwhile costs space, never correctness."""
+    """Tensors of the previous version of `name` and of the lineage parents, as delta bases,
+    paired with the source's tensors by name across a wrapper prefix. Only a hint for
+    compression: a head that moves meanwhile costs space, never correctness."""
     related = [v for v in [refs.get(name), *(p.version for p in parents)] if v]
     if not related and not parents:
         return DeltaPlan(max_depth=max_depth)
     manifests = [store.get_manifest(store.get_version(v).manifest) for v in dict.fromkeys(related)]
-    return DeltaPlan.from_parents(manifests, max_depth=max_depth)
+    names = [span.name for f in src.files if f.layout is not None for span in f.layout.tensors]
+    return DeltaPlan.from_parents(manifests, max_depth=max_depth, names=names)
 
 
 def _add_result(
