@@ -23,40 +23,32 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mgit.errors import (
-    InputError,
-    OutputNotEmptyError,
-    RemoveRefusedError,
-    StrayFilesError,
-    UnknownRefError,
-)
+from mgit.errors import UnknownRefError
 from mgit.index.catalog import Catalog, VersionRow
 from mgit.index.refs import RefStore, is_model_name
 from mgit.index.refspec import REF_RE, pick_version
 from mgit.lineage.graph import Lineage
+from mgit.repo.inspect import disk_usage, every_version, list_models, show_version, version_info, version_storage
 from mgit.repo.location import create, locate, open_store, read_config, trust_recipe
 from mgit.reports import (
     AddResult,
     CheckoutResult,
     DuResult,
-    FileInfo,
     FsckResult,
     GcResult,
     ModelSummary,
     ParentSuggestion,
     RemoveResult,
     ShowResult,
-    StorageInfo,
     VersionInfo,
     VersionStorage,
 )
 from mgit.store.cache import CHECKOUT_BASES, SESSION_CACHE_BYTES, DecodedCache
 from mgit.store.local import LocalStore
-from mgit.store.lossy_policy import DEFAULT_GUARD, LossyPolicy, describe
+from mgit.store.lossy_policy import DEFAULT_GUARD, LossyPolicy
 from mgit.store.objectformat import DEFAULT_MAX_DEPTH
 from mgit.store.objects import Manifest, Version, walk_history
 from mgit.usercode import DEFAULT_TIMEOUT
-from mgit.util.atomicfile import write_atomic
 from mgit.util.parallel import StartProgress, default_jobs
 
 if TYPE_CHECKING:
@@ -383,51 +375,23 @@ class Repo:
         `model_card=True` then writes the version's lineage parents into README.md's front
         matter (`base_model`, `base_model_relation`), the one file that then differs from
         what was added."""
-        from mgit.repo.checkout import remove_strays, restore_manifest, stray_files
+        from mgit.repo.checkout import checkout_version
 
         vid = self.resolve(ref)
         with self.catalog.explained():
-            version = self.store.get_version(vid)
-            manifest = self.store.get_manifest(version.manifest)
-        seq, out = self._row(vid).seq, Path(out_dir)
-        if out.exists() and not out.is_dir():
-            raise InputError(str(out), "exists and is not a folder")
-        if out.is_dir() and any(out.iterdir()) and not (force or clean):
-            raise OutputNotEmptyError(str(out))
-        strays = stray_files(out, {f.path for f in manifest.files}) if out.is_dir() else []
-        if strays and not clean:
-            raise StrayFilesError(str(out), f"{version.model}@{seq}", strays)
-        tick = progress(manifest.logical_bytes) if progress else None
-        with self.catalog.explained():
-            restore_manifest(self.store, manifest, out, jobs=jobs or default_jobs(), reuse=self._reuse(), progress=tick)
-        notes = [
-            f"{f.path} was rebuilt as safetensors from {f.converted_from}" for f in manifest.files if f.converted_from
-        ]
-        if strays:
-            remove_strays(out, strays)
-            notes.append(
-                f"removed {len(strays)} file{'s' if len(strays) != 1 else ''} that {version.model}@{seq} "
-                f"does not hold: {', '.join(strays[:5])}{' ...' if len(strays) > 5 else ''}"
+            return checkout_version(
+                self.store,
+                vid,
+                self._row(vid).seq,
+                Path(out_dir),
+                force=force,
+                clean=clean,
+                jobs=jobs or default_jobs(),
+                reuse=self._reuse(),
+                progress=progress,
+                model_card=model_card,
+                model_of=lambda v: self._row(v).model,
             )
-        if model_card:
-            notes.append(self._write_card(version, out))
-        if version.lossy:
-            notes.append(
-                f"these files are a lossy reconstruction of what was added: {describe(version.lossy)} "
-                f"(measured max error {version.lossy.get('max_error'):.3g})"
-            )
-        return CheckoutResult(version.model, vid, seq, str(out), _file_infos(manifest), manifest.logical_bytes, notes)
-
-    def _write_card(self, version: Version, out: Path) -> str:
-        from mgit.formats.model_card import CARD, write_lineage
-
-        if not version.parents:
-            return f"{CARD} left as it was: {version.model} has no lineage parents"
-        names = [self._row(p.version).model for p in version.parents]
-        card = out / CARD
-        text = card.read_text(encoding="utf-8") if card.is_file() else None
-        write_atomic(card, [write_lineage(text, names, version.parents[0].relation).encode()])
-        return f"{CARD}: base_model {', '.join(names)} ({version.parents[0].relation}) written into its front matter"
 
     def open(self, ref: str) -> ModelReader:
         """Tensors of a version, decoded one at a time on access."""
@@ -471,25 +435,7 @@ class Repo:
 
     # --- queries ------------------------------------------------------------------------
     def _info(self, row: VersionRow) -> VersionInfo:
-        return VersionInfo(
-            id=row.id,
-            model=row.model,
-            seq=row.seq,
-            time=row.time,
-            author=row.author,
-            message=row.message,
-            parents=self.catalog.parent_infos(row.parents),
-            predecessor=row.predecessor,
-            tags=row.tags,
-            files=row.files,
-            tensors=row.tensors,
-            params=row.params,
-            logical_bytes=row.logical_bytes,
-            stored_bytes=row.stored_bytes,
-            new_bytes=row.new_bytes,
-            lossy=row.lossy,
-            recipe=row.recipe,
-        )
+        return version_info(self.catalog, row)
 
     def _row(self, vid: str) -> VersionRow:
         row = self.catalog.version(vid)
@@ -501,105 +447,37 @@ class Repo:
         return row
 
     def ls(self) -> list[ModelSummary]:
-        heads = self.catalog.heads()
-        rows = self.catalog.versions_of(list(heads.values()))
-        out = []
-        for name, head in heads.items():
-            row = rows.get(head) or self._row(head)
-            out.append(
-                ModelSummary(
-                    name,
-                    head,
-                    row.seq,
-                    row.seq,
-                    self.catalog.parent_infos(row.parents),
-                    row.logical_bytes,
-                    row.time,
-                    row.lossy,
-                )
-            )
-        return out
+        return list_models(self.catalog, self._row)
 
     def log(self, ref: str | None = None) -> list[VersionInfo]:
         """Versions of a model (or from a given version back), newest first; without a ref,
         every version of every model, newest first."""
         if ref is not None:
             return [self._info(self._row(v)) for v in self.chain(self.resolve(ref))]
-        vids = [v for head in self.refs.all().values() for v in self.chain(head)]
-        rows = self.catalog.versions_of(vids)  # one query for all of them
-        every = [self._info(rows[v] if v in rows else self._row(v)) for v in vids]
-        return sorted(every, key=lambda v: (v.time, v.ref), reverse=True)
+        return every_version(self.catalog, self.refs.all(), self.chain, self._row)
 
     def show(self, ref: str) -> ShowResult:
         vid = self.resolve(ref)
-        manifest = self.manifest(vid)
-        dtypes: dict[str, int] = {}
-        for t in manifest.tensors():
-            dtypes[t.dtype] = dtypes.get(t.dtype, 0) + t.params
-        return ShowResult(
-            self._info(self._row(vid)),
-            _file_infos(manifest),
-            dtypes,
-            [StorageInfo(*row) for row in self.catalog.storage_by_codec(vid)],
-            self.catalog.shared_objects(vid),
-            self.catalog.tensor_storage([vid]),
-        )
+        return show_version(self.catalog, self._row(vid), self.manifest(vid))
 
     def storage(self, vids: list[str]) -> dict[str, VersionStorage]:
         """How each of these versions is stored: the bytes of the objects it uses and its
         tensors by kind (deduplicated, delta, derived, standalone), in one query."""
-        found = self.catalog.storage_by_version(vids)
-        return {vid: VersionStorage(stored, tensors) for vid, (stored, tensors) in found.items()}
+        return version_storage(self.catalog, vids)
 
     def du(self) -> DuResult:
-        # Chains from the lineage snapshot, figures in a few queries for every model together.
-        heads, lineage = self.catalog.heads(), self.lineage
-        nodes = lineage.nodes
-        chains = {
-            name: [v.id for v in lineage.versions(name)]
-            if name in nodes and nodes[name].head == head
-            else self.chain(head)
-            for name, head in heads.items()
-        }
-        models = self.catalog.model_usage(chains)
-        live = sorted({v for vids in chains.values() for v in vids})
-        count, stored = self.catalog.physical_bytes(live)
-        _, _, on_disk = self.catalog.total_objects()
-        remote_only, local = 0, None
-        if self.store.lazy:
-            sizes = self.catalog.object_sizes(live)
-            remote_only = sum(n for oid, n in sizes.items() if not self.store.has(oid))
-            local = sum(sizes.values()) - remote_only
-            on_disk = sum(self.store.stored_size(oid) for oid in self.store.ids())
-        return DuResult(
-            models,
-            sum(m.logical_bytes for m in models),
-            stored,
-            count,
-            on_disk,
-            max(on_disk - stored, 0) if local is None else max(on_disk - local, 0),
-            remote_only,
-            local,
-        )
+        return disk_usage(self.catalog, self.store, self.lineage, self.chain)
 
     # --- maintenance --------------------------------------------------------------------
     def rm(self, name: str, *, force: bool = False) -> RemoveResult:
         """Remove a model's ref; its objects go at the next gc unless other versions use them.
         A model other models were built on is removed only with `force` (RemoveRefusedError
         lists them)."""
-        with self.refs.lock(name):
-            head = self.refs.get(name)
-            if head is None:
-                raise self._unknown_model(name, name)
-            children = (
-                sorted({e.child for e in self.lineage.children(name)} - {name}) if name in self.lineage.nodes else []
-            )
-            if children and not force:
-                raise RemoveRefusedError(name, children)
-            count = len(self.chain(head))
-            self.refs.set_locked(name, None, expected=head)
-        self.catalog.set_heads(self.refs.all)
-        return RemoveResult(name, head, count)
+        from mgit.repo.remove import remove_model
+
+        return remove_model(
+            self.refs, self.catalog, name, force=force, chain=self.chain, unknown=lambda n: self._unknown_model(n, n)
+        )
 
     def fsck(self, *, jobs: int | None = None, progress: StartProgress | None = None) -> FsckResult:
         """Re-hash every object and check every reference; problems are listed, not raised."""
@@ -613,7 +491,3 @@ class Repo:
 
         with self.store.lock(exclusive=True):
             return gc(self.store, self.refs, self.catalog, dry_run=dry_run)
-
-
-def _file_infos(manifest: Manifest) -> list[FileInfo]:
-    return [FileInfo(f.path, f.type, f.size, f.digest, len(f.tensors), f.converted_from) for f in manifest.files]
