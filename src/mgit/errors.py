@@ -81,6 +81,32 @@ class UnknownRefError(MgitError):
         self.ref = ref
 
 
+class RemovedVersionError(UnknownRefError):
+    """`NAME@N` of a version `mgit rm` removed: its number is never given to another version."""
+
+    def __init__(self, ref: str, name: str, vid: str | None = None) -> None:
+        MgitError.__init__(
+            self,
+            f"{ref} was removed" + (f" (version {vid[:12]}, kept as a lineage parent)" if vid else ""),
+            hint=f"See: mgit log {name}",
+        )
+        self.ref = ref
+        self.version = vid
+
+
+class RenamedModelError(UnknownRefError):
+    """A model name that `mgit rename` moved to another (and that nothing re-used since)."""
+
+    def __init__(self, ref: str, old: str, new: str) -> None:
+        MgitError.__init__(
+            self,
+            f"no model named {old!r}; it was renamed to {new!r}",
+            hint=f"Use {new}{ref[len(old) :]}, or add a model named {old} to use the name again",
+        )
+        self.ref = ref
+        self.new = new
+
+
 class AmbiguousTensorError(MgitError):
     def __init__(self, name: str) -> None:
         super().__init__(

@@ -45,10 +45,16 @@ class ParentInfo(Report):
     model: str
     seq: int
     relation: str
+    removed: bool = False  # removed from its model's history (`mgit rm`); its number is never given again
 
     @property
     def ref(self) -> str:
         return f"{self.model}@{self.seq}"
+
+    @property
+    def label(self) -> str:
+        """`ft@3`, or `ft@3 [removed]`."""
+        return f"{self.ref} [removed]" if self.removed else self.ref
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ def _repo(ctx: click.Context) -> Repo:
 
 
 def _parents(parents: list[ParentInfo]) -> str:
-    return ", ".join(f"{p.ref} ({p.relation})" for p in parents) or "-"
+    return ", ".join(f"{p.label} ({p.relation})" for p in parents) or "-"
 
 
 def _tensor_storage(counts: dict[str, int]) -> str:

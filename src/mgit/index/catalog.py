@@ -69,6 +69,12 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
         "0004_object_storage",
         ["ALTER TABLE objects ADD COLUMN storage TEXT"],
     ),
+    (
+        # A version no model's history holds any more (`mgit rm`), kept because a live version
+        # was derived from it: displays say so. Derived from the refs by `set_heads`.
+        "0005_removed_versions",
+        ["ALTER TABLE versions ADD COLUMN removed INTEGER NOT NULL DEFAULT 0"],
+    ),
 ]
 
 
@@ -105,7 +111,9 @@ class Catalog(UsageQueries):
         if tx.execute("SELECT 1 FROM versions WHERE id = ?", (vid,)).fetchone():
             return
         seq = 1
-        if version.predecessor:
+        if version.number is not None:  # a re-used name's first version (or one after a removed latest)
+            seq = version.number
+        elif version.predecessor:
             row = tx.execute("SELECT seq FROM versions WHERE id = ?", (version.predecessor,)).fetchone()
             if row is None:  # callers index ancestors first; numbering from 1 would be wrong
                 raise CatalogError(f"predecessor {version.predecessor[:12]} of version {vid[:12]} is not indexed")
@@ -120,7 +128,8 @@ class Catalog(UsageQueries):
         ).fetchone()
         s = version.summary
         tx.execute(
-            "INSERT INTO versions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT INTO versions (id, model, seq, manifest, predecessor, message, author, time, tags, files, tensors, "
+            "params, logical_bytes, stored_bytes, new_bytes, lossy, recipe) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 vid,
                 version.model,
@@ -176,8 +185,33 @@ class Catalog(UsageQueries):
             )
             tx.execute("DELETE FROM edges WHERE child NOT IN (SELECT id FROM versions)")
             tx.execute("DELETE FROM version_objects WHERE version NOT IN (SELECT id FROM versions)")
+            self._mark_histories(tx)
             # Sketches stay: a fetched version's (from a remote's pack) is wanted once a pull
             # makes it reachable; gc removes those of versions it deletes.
+
+    @staticmethod
+    def _mark_histories(tx: Any) -> None:
+        """Each version on a model's history (its head and predecessors) belongs to that model
+        (the ref's name: a renamed model's versions recorded the old one), and every other
+        version left (kept as a live version's lineage parent) is marked removed."""
+        owned = dict(
+            tx.execute(
+                """WITH RECURSIVE chain(id, name) AS (
+                       SELECT head, name FROM models
+                       UNION SELECT v.predecessor, chain.name FROM versions v JOIN chain ON v.id = chain.id
+                             WHERE v.predecessor IS NOT NULL)
+                   SELECT id, name FROM chain"""
+            )
+        )
+        rows = tx.execute("SELECT id, model, removed FROM versions").fetchall()
+        tx.executemany(
+            "UPDATE versions SET model = ?, removed = ? WHERE id = ?",
+            [
+                (owned.get(vid, model), int(vid not in owned), vid)
+                for vid, model, removed in rows
+                if owned.get(vid, model) != model or bool(removed) != (vid not in owned)
+            ],
+        )
 
     def index(self, store: ObjectStore, *vids: str) -> None:
         """Index these versions and every version they link to that is not indexed yet,
@@ -229,7 +263,9 @@ class Catalog(UsageQueries):
         for p in parents:
             vid, rel = (p.version, p.relation) if isinstance(p, Parent) else p
             row = self.version(vid)
-            out.append(ParentInfo(vid, row.model if row else "?", row.seq if row else 0, rel))
+            out.append(
+                ParentInfo(vid, row.model if row else "?", row.seq if row else 0, rel, bool(row and row.removed))
+            )
         return out
 
     def put_sketch(self, vid: str, data: bytes) -> None:
@@ -322,6 +358,14 @@ class Catalog(UsageQueries):
     def version(self, vid: str) -> VersionRow | None:
         rows = self._versions("WHERE v.id = ?", (vid,))
         return rows[0] if rows else None
+
+    def removed_version(self, model: str, seq: int) -> str | None:
+        """The id of `model@seq` if that version was removed and is still indexed (kept as a
+        live version's lineage parent)."""
+        row = self.db.execute(
+            "SELECT id FROM versions WHERE model = ? AND seq = ? AND removed = 1", (model, seq)
+        ).fetchone()
+        return None if row is None else row[0]
 
     def versions_by_prefix(self, prefix: str) -> list[str]:
         return [

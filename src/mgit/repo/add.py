@@ -23,6 +23,7 @@ from mgit.formats.folder import ModelSource, scan_path, scan_state_dict
 from mgit.formats.model_card import CARD, read_lineage
 from mgit.index.catalog import Catalog, ObjectRow
 from mgit.index.refs import RefStore, is_model_name, validate_model_name
+from mgit.index.retired import RetiredNames
 from mgit.lineage.inference import DEFAULT_MIN_CONFIDENCE, suggest
 from mgit.lineage.sketch import Sketch, sketch_added, sketch_source, stored_sketches
 from mgit.repo.checkout import restore_manifest
@@ -105,6 +106,7 @@ class Snapshot:
 def add_version(
     store: ObjectStore,
     refs: RefStore,
+    retired: RetiredNames,
     catalog: Catalog,
     source: str | os.PathLike[str] | Mapping[str, Any] | ModelSource,
     options: AddOptions,
@@ -198,6 +200,7 @@ def add_version(
                     _add_result(catalog, head, prev, snapshot, created=False, notes=src.notes), auto_parent=auto
                 )
             version = Version(
+                number=_number(store, catalog, retired, name, head),
                 model=name,
                 manifest=mres.oid,
                 parents=lineage,
@@ -229,6 +232,17 @@ def add_version(
     # full sync would read every ref and walk every version, slow with thousands.
     catalog.set_head(name, lambda: refs.get(name))
     return replace(_add_result(catalog, vres.oid, version, snapshot, created=True, notes=src.notes), auto_parent=auto)
+
+
+def _number(store: ObjectStore, catalog: Catalog, retired: RetiredNames, name: str, head: str | None) -> int | None:
+    """The new version's number when it is not the head's plus one (None): a name whose
+    numbers went higher before (versions removed) goes on from the highest."""
+    if head and not catalog.has_version(head):
+        catalog.index(store, head)
+    row = catalog.version(head) if head else None
+    natural = row.seq + 1 if row else 1
+    last = retired.last(name)
+    return last + 1 if last >= natural else None
 
 
 def _odd(

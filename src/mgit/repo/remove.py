@@ -1,5 +1,6 @@
 """`rm`: take a model's ref away. Its objects go at the next gc unless other versions use
-them; a model other models were built on goes only when forced."""
+them; a model other models were built on goes only when forced. The name keeps its numbers
+(`mgit.index.retired`): a model added under it later goes on from the last."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from collections.abc import Callable
 from mgit.errors import RemoveRefusedError
 from mgit.index.catalog import Catalog
 from mgit.index.refs import RefStore
+from mgit.index.retired import RetiredNames
 from mgit.lineage.graph import Lineage
 from mgit.reports import RemoveResult
 
 
 def remove_model(
     refs: RefStore,
+    retired: RetiredNames,
     catalog: Catalog,
     name: str,
     *,
@@ -32,6 +35,8 @@ def remove_model(
         if children and not force:
             raise RemoveRefusedError(name, children)
         count = len(chain(head))
+        row = catalog.version(head)
+        retired.retire_locked(name, row.seq if row else count)  # first: a crash here leaves the model as it was
         refs.set_locked(name, None, expected=head)
     catalog.set_heads(refs.all)
     return RemoveResult(name, head, count)

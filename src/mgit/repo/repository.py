@@ -16,7 +16,6 @@ Modules that load numpy and the codecs are imported in the verbs that use them, 
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
@@ -25,11 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from mgit.errors import UnknownRefError
 from mgit.index.catalog import Catalog, VersionRow
-from mgit.index.refs import RefStore, is_model_name
-from mgit.index.refspec import REF_RE, pick_version
+from mgit.index.refs import RefStore
+from mgit.index.retired import RetiredNames
 from mgit.lineage.graph import Lineage
 from mgit.repo.inspect import disk_usage, every_version, list_models, show_version, version_info, version_storage
 from mgit.repo.location import create, locate, open_store, read_config, trust_recipe
+from mgit.repo.references import resolve_ref, unknown_model
 from mgit.reports import (
     AddResult,
     CheckoutResult,
@@ -69,6 +69,7 @@ class Repo:
         self.catalog = Catalog(self.dir / "catalog.sqlite")
         self.store: LocalStore = open_store(self.dir, self.config, index=self.catalog)
         self.refs = RefStore(self.dir, fsync=fsync)
+        self.retired = RetiredNames(self.dir, fsync=fsync)
         self._session: DecodedCache | None = None
         self.catalog.sync(self.store, self.refs)
 
@@ -141,26 +142,10 @@ class Repo:
 
         `NAME@1234` is the 1,234th version if the model has one, else a version whose id
         starts with 1234; when both exist, the error names both."""
-        m = REF_RE.match(ref.strip()) if isinstance(ref, str) else None
-        if not m:
-            raise UnknownRefError(str(ref), "no version", hint="Use NAME, NAME@N or NAME@HEXPREFIX")
-        name, sel = m["name"], m["sel"]
-        head = self.refs.get(name) if is_model_name(name) else None
-        if head is not None:
-            return head if sel is None else pick_version(ref, name, self.chain(head), sel)
-        if sel is None and re.fullmatch(r"[0-9a-fA-F]{4,64}", name):
-            found = self.catalog.versions_by_prefix(name.lower())
-            if len(found) == 1:
-                return found[0]
-            if found:
-                raise UnknownRefError(ref, "ambiguous version prefix", hint="Give more hex digits")
-        raise self._unknown_model(ref, name)
+        return resolve_ref(ref, self.refs, self.retired, self.catalog, self.chain, self._row)
 
     def _unknown_model(self, ref: str, name: str) -> UnknownRefError:
-        import difflib
-
-        close = difflib.get_close_matches(name, list(self.refs.all()), n=1)
-        return UnknownRefError(ref, "no model", hint=f"Did you mean {close[0]!r}? See: mgit ls" if close else None)
+        return unknown_model(ref, name, self.refs, self.retired)
 
     def chain(self, vid: str) -> list[str]:
         """A version and its predecessors, newest first."""
@@ -294,6 +279,7 @@ class Repo:
         return add_version(
             self.store,
             self.refs,
+            self.retired,
             self.catalog,
             source,
             options,
@@ -476,7 +462,13 @@ class Repo:
         from mgit.repo.remove import remove_model
 
         return remove_model(
-            self.refs, self.catalog, name, force=force, chain=self.chain, unknown=lambda n: self._unknown_model(n, n)
+            self.refs,
+            self.retired,
+            self.catalog,
+            name,
+            force=force,
+            chain=self.chain,
+            unknown=lambda n: self._unknown_model(n, n),
         )
 
     def fsck(self, *, jobs: int | None = None, progress: StartProgress | None = None) -> FsckResult:
