@@ -41,6 +41,7 @@ DATA_COMMANDS = {
     "fsck",
     "gc",
     "rm",
+    "tag",
     "diff",
     "graph",
     "lineage tree",

@@ -207,6 +207,19 @@ class RefConflictError(MgitError):
         self.name = name
 
 
+class TagConflictError(MgitError):
+    """Tags of a version changed by another writer (here or on a remote) while changing them."""
+
+    def __init__(self, ref: str, where: str = "") -> None:
+        super().__init__(
+            f"the tags of {ref} changed{' on ' + where if where else ''} while updating them",
+            hint=f"Nothing was changed; see them with: mgit tag {ref}, then try again"
+            if not where
+            else f"Nothing was changed there; run: mgit pull {where}, then push again",
+        )
+        self.ref = ref
+
+
 class UnsafePathError(MgitError):
     """A stored or given path would escape the folder it belongs to."""
 

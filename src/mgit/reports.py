@@ -248,6 +248,23 @@ class RemoveResult(Report):
 
 
 @dataclass(frozen=True)
+class TagsResult(Report):
+    """A version's tags (`mgit tag`): what it has now, and what was set on it after it was
+    added (`null`: a tag of its record removed)."""
+
+    model: str
+    seq: int
+    version: str
+    tags: dict[str, str]
+    set_later: dict[str, str | None]
+    changed: bool = False
+
+    @property
+    def ref(self) -> str:
+        return f"{self.model}@{self.seq}"
+
+
+@dataclass(frozen=True)
 class ParentCandidate(Report):
     """A stored version ranked as a parent of a model, with the evidence (see mgit.lineage.inference)."""
 

@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from mgit.errors import CatalogError, CorruptObjectError, MissingObjectError
 from mgit.index.rows import GRAPH_COLUMNS, VERSION_COLUMNS, ObjectRow, VersionRow, named_rows
+from mgit.index.tags import effective
 from mgit.index.usage import IDS, UsageQueries, storage_class
 from mgit.reports import ParentInfo
 from mgit.store.objects import Parent, Version, ancestors_first
 
 if TYPE_CHECKING:  # the store's types only: indexing reads records through it
     from mgit.index.refs import RefStore
+    from mgit.index.tags import TagStore
     from mgit.store.base import ObjectStore
 
 MIGRATIONS: list[tuple[str, list[str]]] = [
@@ -75,6 +77,12 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
         "0005_removed_versions",
         ["ALTER TABLE versions ADD COLUMN removed INTEGER NOT NULL DEFAULT 0"],
     ),
+    (
+        # Tags set after a version was added (mgit.index.tags): the overlay each version's `tags`
+        # column has applied over its record's, so that a sync applies only what changed.
+        "0006_tag_overlays",
+        ["CREATE TABLE tag_overlays (version TEXT PRIMARY KEY, overlay TEXT NOT NULL)"],
+    ),
 ]
 
 
@@ -110,6 +118,7 @@ class Catalog(UsageQueries):
     def _index_version(tx: Any, vid: str, version: Version, objects: set[str]) -> None:
         if tx.execute("SELECT 1 FROM versions WHERE id = ?", (vid,)).fetchone():
             return
+        tx.execute("DELETE FROM tag_overlays WHERE version = ?", (vid,))  # its tags are the record's again
         seq = 1
         if version.number is not None:  # a re-used name's first version (or one after a removed latest)
             seq = version.number
@@ -185,6 +194,7 @@ class Catalog(UsageQueries):
             )
             tx.execute("DELETE FROM edges WHERE child NOT IN (SELECT id FROM versions)")
             tx.execute("DELETE FROM version_objects WHERE version NOT IN (SELECT id FROM versions)")
+            tx.execute("DELETE FROM tag_overlays WHERE version NOT IN (SELECT id FROM versions)")
             self._mark_histories(tx)
             # Sketches stay: a fetched version's (from a remote's pack) is wanted once a pull
             # makes it reachable; gc removes those of versions it deletes.
@@ -244,6 +254,25 @@ class Catalog(UsageQueries):
             return
         self.index(store, *heads.values())
         self.set_heads(refs.all)
+
+    def sync_tags(self, store: ObjectStore, tags: TagStore) -> None:
+        """Give each indexed version the tags set on it later (its record's with `tags`'
+        overlay applied), where they changed since the last sync."""
+        wanted = tags.all()
+        known = {v: json.loads(o) for v, o in self.db.execute("SELECT version, overlay FROM tag_overlays")}
+        changed = [v for v in sorted(set(wanted) | set(known)) if wanted.get(v, {}) != known.get(v, {})]
+        changed = [v for v in changed if self.has_version(v)]  # the others when they are indexed
+        if not changed:
+            return
+        records = {v: store.get_version(v).tags for v in changed}
+        with self.atomic() as tx:
+            for v in changed:
+                overlay = wanted.get(v, {})
+                tx.execute("UPDATE versions SET tags = ? WHERE id = ?", (json.dumps(effective(records[v], overlay)), v))
+                if overlay:
+                    tx.execute("INSERT OR REPLACE INTO tag_overlays VALUES (?, ?)", (v, json.dumps(overlay)))
+                else:
+                    tx.execute("DELETE FROM tag_overlays WHERE version = ?", (v,))
 
     @contextmanager
     def explained(self) -> Iterator[None]:

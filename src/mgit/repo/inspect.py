@@ -20,7 +20,7 @@ from mgit.reports import (
     VersionStorage,
 )
 from mgit.store.local import LocalStore
-from mgit.store.objects import Manifest
+from mgit.store.objects import Manifest, tag_matches
 
 RowOf = Callable[[str], VersionRow]  # a version's row, indexing it first if it is not yet
 ChainOf = Callable[[str], list[str]]  # a version and its predecessors, newest first
@@ -53,13 +53,16 @@ def file_infos(manifest: Manifest) -> list[FileInfo]:
     return [FileInfo(f.path, f.type, f.size, f.digest, len(f.tensors), f.converted_from) for f in manifest.files]
 
 
-def list_models(catalog: Catalog, row_of: RowOf) -> list[ModelSummary]:
-    """Every model with its latest version (`ls`)."""
+def list_models(catalog: Catalog, row_of: RowOf, *, tag: str | None = None) -> list[ModelSummary]:
+    """Every model with its latest version (`ls`); with `tag`, those whose latest version has
+    it (`KEY` or `KEY=VALUE`, as `log --tag`)."""
     heads = catalog.heads()
     rows = catalog.versions_of(list(heads.values()))
     out = []
     for name, head in heads.items():
         row = rows.get(head) or row_of(head)
+        if tag is not None and not tag_matches(tag, row.tags):
+            continue
         out.append(
             ModelSummary(
                 name,

@@ -26,6 +26,7 @@ from mgit.errors import UnknownRefError
 from mgit.index.catalog import Catalog, VersionRow
 from mgit.index.refs import RefStore
 from mgit.index.retired import RetiredNames
+from mgit.index.tags import TagStore
 from mgit.lineage.graph import Lineage
 from mgit.repo.inspect import disk_usage, every_version, list_models, show_version, version_info, version_storage
 from mgit.repo.location import create, locate, open_store, read_config, trust_recipe
@@ -40,6 +41,7 @@ from mgit.reports import (
     ParentSuggestion,
     RemoveResult,
     ShowResult,
+    TagsResult,
     VersionInfo,
     VersionStorage,
 )
@@ -70,8 +72,9 @@ class Repo:
         self.store: LocalStore = open_store(self.dir, self.config, index=self.catalog)
         self.refs = RefStore(self.dir, fsync=fsync)
         self.retired = RetiredNames(self.dir, fsync=fsync)
+        self.tags = TagStore(self.dir, fsync=fsync)
         self._session: DecodedCache | None = None
-        self.catalog.sync(self.store, self.refs)
+        self.sync_catalog()
 
     @classmethod
     def init(cls, path: str | os.PathLike[str] = ".", *, bare: bool = False) -> Repo:
@@ -100,8 +103,10 @@ class Repo:
 
     # --- catalog upkeep -----------------------------------------------------------------
     def sync_catalog(self) -> None:
-        """Index any head the catalog does not know (a writer killed after moving its ref)."""
+        """Index any head the catalog does not know (a writer killed after moving its ref),
+        and tags set since (`mgit tag`, a pull)."""
         self.catalog.sync(self.store, self.refs)
+        self.catalog.sync_tags(self.store, self.tags)
 
     def rebuild_catalog(self) -> None:
         """Drop and rebuild the catalog from objects and refs."""
@@ -432,8 +437,21 @@ class Repo:
         assert row is not None
         return row
 
-    def ls(self) -> list[ModelSummary]:
-        return list_models(self.catalog, self._row)
+    def ls(self, *, tag: str | None = None) -> list[ModelSummary]:
+        """Every model with its latest version; with `tag` (`KEY` or `KEY=VALUE`), only those
+        whose latest version has that tag."""
+        return list_models(self.catalog, self._row, tag=tag)
+
+    def tag(self, ref: str, put: Mapping[str, str] | None = None, *, delete: Collection[str] = ()) -> TagsResult:
+        """Set tags on a version (`{key: value}`) and remove others; without either, its tags.
+        They are kept beside the refs, travel with push and pull, and show in log, ls --tag."""
+        from mgit.repo.tagging import change_tags, tags_of
+
+        vid = self.resolve(ref)
+        row = self._row(vid)
+        if not put and not delete:
+            return tags_of(self.store, self.tags, vid, row.model, row.seq)
+        return change_tags(self.store, self.tags, self.catalog, vid, row.model, row.seq, put=put or {}, delete=delete)
 
     def log(self, ref: str | None = None) -> list[VersionInfo]:
         """Versions of a model (or from a given version back), newest first; without a ref,
