@@ -85,3 +85,15 @@ def test_bad_tags_are_refused_and_change_nothing(tmp_path: Path) -> None:
     assert code == 2 and "-d needs the NAMEs" in err
     assert mgit_json(work, "tag", "bert@1")["set_later"] == {}
     assert not (work / ".mgit" / "refs" / "tags").exists() or not any((work / ".mgit" / "refs" / "tags").iterdir())
+
+
+def test_ls_tag_lists_models_whose_latest_version_has_the_tag(tmp_path: Path) -> None:
+    work, folders = work_folder(tmp_path)
+    assert run_cli("add", str(folders[2]), "--name", "gpt", cwd=work)[0] == 0
+    mgit_json(work, "tag", "gpt", "stage=prod")
+    mgit_json(work, "tag", "bert@1", "stage=prod")  # not bert's latest
+    assert [m["name"] for m in mgit_json(work, "ls", "--tag", "stage=prod")] == ["gpt"]
+    assert [m["name"] for m in mgit_json(work, "ls", "--tag", "task")] == ["bert"]
+    assert [m["name"] for m in mgit_json(work, "ls")] == ["bert", "gpt"]
+    code, out, _ = run_cli("ls", "--tag", "stage=dev", cwd=work)
+    assert code == 0 and "No model's latest version has the tag stage=dev" in out

@@ -375,18 +375,23 @@ def default_model_name(path: Path) -> str:
 
 
 @click.command(name="ls")
+@click.option("--tag", "tag", metavar="KEY[=VALUE]", default=None, help="Models whose latest version has this tag.")
 @json_option
 @click.pass_context
-def ls(ctx: click.Context, as_json: bool) -> None:
+def ls(ctx: click.Context, tag: str | None, as_json: bool) -> None:
     """List models: latest version, parents and relation, size.
 
     \b
     Example:
       mgit ls --json
+      mgit ls --tag stage=prod
     """
-    models = _repo(ctx).ls()
+    models = _repo(ctx).ls(tag=tag)
     if as_json:
         print_json([m.to_json() for m in models])
+        return
+    if not models and tag is not None:
+        out.print(f"No model's latest version has the tag {tag}. See: mgit log --tag {tag}")
         return
     if not models:
         out.print("No models yet. Add one with: mgit add PATH --name NAME")
