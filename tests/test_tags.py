@@ -97,3 +97,53 @@ def test_ls_tag_lists_models_whose_latest_version_has_the_tag(tmp_path: Path) ->
     assert [m["name"] for m in mgit_json(work, "ls")] == ["bert", "gpt"]
     code, out, _ = run_cli("ls", "--tag", "stage=dev", cwd=work)
     assert code == 0 and "No model's latest version has the tag stage=dev" in out
+
+
+def shared(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """alice's work folder (bert@1, bert@2) pushed to a folder remote, and bob's clone of it."""
+    alice, _ = work_folder(tmp_path)
+    remote = tmp_path / "remote.mgit"
+    assert run_cli("init", "--bare", str(remote))[0] == 0
+    assert run_cli("remote", "add", "origin", str(remote), cwd=alice)[0] == 0
+    assert run_cli("push", cwd=alice)[0] == 0
+    assert run_cli("clone", str(remote), str(tmp_path / "bob"))[0] == 0
+    return alice, tmp_path / "bob", remote
+
+
+def test_tags_travel_with_push_pull_and_clone(tmp_path: Path) -> None:
+    alice, bob, remote = shared(tmp_path)
+    mgit_json(alice, "tag", "bert@1", "stage=prod")
+    mgit_json(alice, "tag", "-d", "bert@2", "task")
+    assert mgit_json(alice, "push")["tags"] == {"sent": 2, "received": 0, "conflicts": []}
+    assert mgit_json(bob, "pull")["tags"] == {"sent": 0, "received": 2, "conflicts": []}
+    assert mgit_json(bob, "tag", "bert@1")["tags"] == {"stage": "prod", "task": "sst2"}
+    assert mgit_json(bob, "tag", "bert@2")["tags"] == {}
+    assert [v["seq"] for v in mgit_json(bob, "log", "--tag", "stage=prod")] == [1]
+    # bob changes one back; alice pulls it; a clone made now has every tag.
+    mgit_json(bob, "tag", "bert@2", "task=sst2")
+    assert mgit_json(bob, "push")["tags"]["sent"] == 1
+    assert mgit_json(alice, "pull")["tags"]["received"] == 1
+    assert mgit_json(alice, "tag", "bert@2")["tags"] == {"task": "sst2"}
+    assert run_cli("clone", str(remote), str(tmp_path / "carol"))[0] == 0
+    carol = tmp_path / "carol"
+    for ref in ("bert@1", "bert@2"):
+        assert mgit_json(carol, "tag", ref)["tags"] == mgit_json(alice, "tag", ref)["tags"]
+    # Nothing changed: nothing travels.
+    assert mgit_json(alice, "push")["tags"] == {"sent": 0, "received": 0, "conflicts": []}
+
+
+def test_a_tag_changed_on_both_sides_is_never_overwritten_silently(tmp_path: Path) -> None:
+    alice, bob, remote = shared(tmp_path)
+    mgit_json(alice, "tag", "bert@1", "stage=prod")
+    mgit_json(alice, "push")
+    mgit_json(bob, "tag", "bert@1", "stage=dev")  # bob has not pulled alice's change
+    code, out, err = run_cli("push", cwd=bob)
+    assert code == 0 and "the tags of bert@1 changed on origin since last seen" in err
+    assert json.loads((remote / "refs" / "tags" / Repo(alice).resolve("bert@1")).read_text()) == {"stage": "prod"}
+    pulled = mgit_json(bob, "pull")["tags"]
+    assert pulled["conflicts"] == ["bert@1"] and pulled["received"] == 0
+    assert mgit_json(bob, "tag", "bert@1")["tags"]["stage"] == "dev"  # bob's kept, and he was told
+    # Having seen alice's, bob's next push sends his: the remote moves only from what he saw.
+    assert mgit_json(bob, "push")["tags"]["sent"] == 1
+    assert mgit_json(alice, "pull")["tags"]["received"] == 1
+    assert mgit_json(alice, "tag", "bert@1")["tags"]["stage"] == "dev"

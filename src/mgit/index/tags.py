@@ -46,11 +46,13 @@ def effective(record: Mapping[str, str], overlay: Mapping[str, str | None]) -> d
 
 
 class TagStore:
-    """`<repo>/refs/tags/<version id>`, locks under `<repo>/locks/refs/tags`."""
+    """`<repo>/refs/tags/<version id>`, locks under `<repo>/locks/refs/tags`. Another
+    namespace holds another side's: `remote-tags/<remote>` what a remote had when last
+    pulled from or pushed to (the base that tells whose change is newer)."""
 
-    def __init__(self, root: Path, *, fsync: bool = True) -> None:
-        self.dir = root / "refs" / "tags"
-        self.lock_dir = root / "locks" / "refs" / "tags"
+    def __init__(self, root: Path, *, fsync: bool = True, namespace: str = "tags") -> None:
+        self.dir = root / "refs" / namespace
+        self.lock_dir = root / "locks" / "refs" / namespace
         self.fsync = fsync
 
     def _path(self, vid: str) -> Path:
@@ -94,6 +96,11 @@ class TagStore:
     def update(self, vid: str, overlay: Mapping[str, str | None], *, expected: Mapping[str, str | None]) -> None:
         with self.lock(vid):
             self.set_locked(vid, overlay, expected=expected)
+
+    def put(self, vid: str, overlay: Mapping[str, str | None]) -> None:
+        """Set whatever was there (a remote's tags as last seen: only this side writes them)."""
+        with self.lock(vid):
+            self.set_locked(vid, overlay, expected=self.get(vid))
 
     def temporary_files(self) -> list[Path]:
         return list(self.dir.glob(f"{TMP_PREFIX}*")) if self.dir.is_dir() else []

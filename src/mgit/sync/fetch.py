@@ -44,6 +44,7 @@ from mgit.store.transfer import RECORD_LIMIT, SLACK, TransferStats, limits, rece
 from mgit.sync.check_results import pull_checks
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, add_remote, connect
 from mgit.sync.reports import ChecksTravel, CloneResult, FetchResult, ModelUpdate
+from mgit.sync.tags import pull_tags
 from mgit.util.atomicfile import write_atomic
 from mgit.util.faults import crash_point
 from mgit.util.parallel import StartProgress
@@ -360,6 +361,11 @@ def clone(
     crash_point("clone-before-heads")
     repo.refs.update_many({name: (head, None) for name, head in heads.items()})
     repo.sync_catalog()
+    conn = connect(repo, DEFAULT_REMOTE)
+    try:
+        pull_tags(repo, conn)  # tags set later on the versions it has
+    finally:
+        conn.close()
     return CloneResult(str(repo.root), result.url, lazy, sorted(heads), result)
 
 

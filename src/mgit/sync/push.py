@@ -5,7 +5,8 @@ read (with the tokens a compare-and-swap needs); each model's move is judged (ne
 fast-forward, or refused unless forced: the remote's head must be an ancestor of what is
 pushed); the objects the remote lacks are sent (decided by ids: what the versions it already
 has need is never asked about, the rest is asked about once); a metadata pack describing
-the sent versions is written; test registrations and results follow; the refs move last,
+the sent versions is written; test registrations and results follow, and tags set later
+(mgit.sync.tags: one changed on the remote since last seen is not overwritten); the refs move last,
 each by compare-and-swap, so of two pushes of one model at the same instant one lands and
 the other is refused. A re-run after a kill sends only what is still missing.
 """
@@ -33,6 +34,7 @@ from mgit.store.transfer import (
 from mgit.sync.check_results import push_checks
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, connect
 from mgit.sync.reports import ModelUpdate, PushResult
+from mgit.sync.tags import push_tags
 from mgit.util.faults import crash_point
 from mgit.util.parallel import StartProgress
 
@@ -109,6 +111,7 @@ def _push(
         repo, conn, [vid for vid, _, _ in moving.values()], known_tips, progress=progress
     )
     checks = push_checks(repo, conn, known | set(versions))
+    tags = push_tags(repo, conn, known | set(versions))
     crash_point("push-before-refs")
     conflicts = []
     for i, (name, (vid, old, token)) in enumerate(moving.items()):
@@ -120,7 +123,7 @@ def _push(
             conflicts.append(name)
     if conflicts:
         raise RemoteConflictError(conn.name, f"{conflicts[0]} (another push landed first; run: mgit pull)")
-    return PushResult(conn.name, remote.url, updates, len(versions), sent, checks)
+    return PushResult(conn.name, remote.url, updates, len(versions), sent, checks, tags)
 
 
 def move_head(conn: Connection, name: str, vid: str, *, expected: str | None, token: str | None) -> None:

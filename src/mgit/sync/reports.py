@@ -32,6 +32,16 @@ class ChecksTravel(Report):
 
 
 @dataclass(frozen=True)
+class TagsTravel(Report):
+    """Tags set later (`mgit tag`) that moved, by version, and the versions whose tags both
+    sides changed differently since they last agreed: left as they are on each side."""
+
+    sent: int = 0
+    received: int = 0
+    conflicts: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class PushResult(Report):
     remote: str
     url: str
@@ -39,6 +49,7 @@ class PushResult(Report):
     versions: int  # version records sent
     sent: TransferStats
     checks: ChecksTravel
+    tags: TagsTravel = field(default_factory=TagsTravel)
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,7 @@ class PullResult(Report):
     fetch: FetchResult
     models: list[ModelUpdate]  # local heads that moved
     renumbered: list[Renumbered]
+    tags: TagsTravel = field(default_factory=TagsTravel)
 
 
 @dataclass(frozen=True)
