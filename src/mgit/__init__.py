@@ -78,6 +78,7 @@ __all__ = [
     "UnsafeRegistrationError",
     "UntrustedCodeError",
     "UserCodeError",
+    "VersionRemoveRefusedError",
     "__version__",
     "load",
     "load_many",
@@ -152,6 +153,7 @@ if TYPE_CHECKING:
         UnsafeRegistrationError,
         UntrustedCodeError,
         UserCodeError,
+        VersionRemoveRefusedError,
     )
     from mgit.loading import load, load_many, load_pretrained
     from mgit.repo.repository import Repo

@@ -87,7 +87,7 @@ class RemovedVersionError(UnknownRefError):
     def __init__(self, ref: str, name: str, vid: str | None = None) -> None:
         MgitError.__init__(
             self,
-            f"{ref} was removed" + (f" (version {vid[:12]}, kept as a lineage parent)" if vid else ""),
+            f"{ref} was removed" + (f" (version {vid[:12]}, kept while other versions build on it)" if vid else ""),
             hint=f"See: mgit log {name}",
         )
         self.ref = ref
@@ -179,6 +179,21 @@ class RemoveRefusedError(MgitError):
         )
         self.name = name
         self.children = children
+
+
+class VersionRemoveRefusedError(RemoveRefusedError):
+    """One version (`mgit rm NAME@N`) that other versions derive from, removed without --force."""
+
+    def __init__(self, ref: str, users: list[str]) -> None:
+        shown = ", ".join(users[:8]) + (f" and {len(users) - 8} more" if len(users) > 8 else "")
+        MgitError.__init__(
+            self,
+            f"{ref} has {len(users)} version{'s' if len(users) != 1 else ''} built on it: {shown}",
+            hint=f"They keep it (and its objects) either way; to remove {ref} from its model anyway: "
+            f"mgit rm {ref} --force",
+        )
+        self.name = ref
+        self.children = users
 
 
 class CodecError(MgitError):

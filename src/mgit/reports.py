@@ -76,6 +76,7 @@ class VersionInfo(Report):
     new_bytes: int
     lossy: dict[str, Any] | None = None
     recipe: dict[str, Any] | None = None  # how it was made from its parents (fn, params, source hash)
+    removed: bool = False  # removed (`mgit rm`): kept while a later version or a child builds on it
 
     @property
     def ref(self) -> str:
@@ -242,9 +243,15 @@ class GcResult(Report):
 
 @dataclass(frozen=True)
 class RemoveResult(Report):
+    """What `rm` removed: a model (its head, how many versions), or one version of it
+    (`version`; `head` is then the model's head after, None if it had no other)."""
+
     model: str
-    head: str
+    head: str | None
     versions: int
+    version: str | None = None
+    seq: int | None = None
+    kept_by: list[str] = field(default_factory=list)  # what still builds on it (with --force)
 
 
 @dataclass(frozen=True)

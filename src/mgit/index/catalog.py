@@ -87,8 +87,11 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
 
 
 class Catalog(UsageQueries):
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, removed: Callable[[], set[str]] = set) -> None:
+        """`removed` reads the versions removed from inside a history (mgit.index.retired),
+        which a history still passes through and displays must say are removed."""
         super().__init__(path, MIGRATIONS, synchronous="NORMAL")  # derived data: a lost commit is re-derived
+        self._removed = removed
 
     # --- writing ------------------------------------------------------------------------
     def add_objects(self, rows: Iterable[ObjectRow]) -> None:
@@ -195,15 +198,15 @@ class Catalog(UsageQueries):
             tx.execute("DELETE FROM edges WHERE child NOT IN (SELECT id FROM versions)")
             tx.execute("DELETE FROM version_objects WHERE version NOT IN (SELECT id FROM versions)")
             tx.execute("DELETE FROM tag_overlays WHERE version NOT IN (SELECT id FROM versions)")
-            self._mark_histories(tx)
+            self._mark_histories(tx, self._removed())
             # Sketches stay: a fetched version's (from a remote's pack) is wanted once a pull
             # makes it reachable; gc removes those of versions it deletes.
 
     @staticmethod
-    def _mark_histories(tx: Any) -> None:
+    def _mark_histories(tx: Any, marked: set[str]) -> None:
         """Each version on a model's history (its head and predecessors) belongs to that model
         (the ref's name: a renamed model's versions recorded the old one), and every other
-        version left (kept as a live version's lineage parent) is marked removed."""
+        version left (kept as a live version's lineage parent), or `marked`, is removed."""
         owned = dict(
             tx.execute(
                 """WITH RECURSIVE chain(id, name) AS (
@@ -217,9 +220,9 @@ class Catalog(UsageQueries):
         tx.executemany(
             "UPDATE versions SET model = ?, removed = ? WHERE id = ?",
             [
-                (owned.get(vid, model), int(vid not in owned), vid)
+                (owned.get(vid, model), int(vid not in owned or vid in marked), vid)
                 for vid, model, removed in rows
-                if owned.get(vid, model) != model or bool(removed) != (vid not in owned)
+                if owned.get(vid, model) != model or bool(removed) != (vid not in owned or vid in marked)
             ],
         )
 
@@ -387,6 +390,15 @@ class Catalog(UsageQueries):
     def version(self, vid: str) -> VersionRow | None:
         rows = self._versions("WHERE v.id = ?", (vid,))
         return rows[0] if rows else None
+
+    def children_of(self, vid: str) -> list[str]:
+        """`model@seq` of the versions, not removed, that name `vid` as a lineage parent."""
+        rows = self.db.execute(
+            """SELECT DISTINCT v.model, v.seq FROM edges e JOIN versions v ON v.id = e.child
+               WHERE e.parent = ? AND v.removed = 0 ORDER BY v.model, v.seq""",
+            (vid,),
+        )
+        return [f"{m}@{s}" for m, s in rows]
 
     def removed_version(self, model: str, seq: int) -> str | None:
         """The id of `model@seq` if that version was removed and is still indexed (kept as a

@@ -1,5 +1,7 @@
 """What a model name had before its versions were removed or it was renamed:
-`refs/retired/<name>` holds `{"last": N, "renamed_to": NEW or null}`.
+`refs/retired/<name>` holds `{"last": N, "renamed_to": NEW or null, "removed": [ids]}`
+(`removed`: versions `mgit rm NAME@N --force` took out of the middle of its history, which
+the later versions' records still name as predecessors).
 
 A name's numbers are never given twice: `ft@3` names one version for the life of the
 repository, like a git commit id, even after `mgit rm ft` and a new `mgit add --name ft`
@@ -16,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mgit.errors import DamagedRefError
-from mgit.index.refs import validate_model_name
+from mgit.index.refs import is_model_name, validate_model_name
+from mgit.store.objects import OID_RE
 from mgit.util.atomicfile import write_atomic
 
 
@@ -24,6 +27,7 @@ from mgit.util.atomicfile import write_atomic
 class Retired:
     last: int  # the highest version number the name has had
     renamed_to: str | None = None
+    removed: tuple[str, ...] = ()  # versions removed from inside its history
 
 
 class RetiredNames:
@@ -40,21 +44,39 @@ class RetiredNames:
             return None
         except ValueError:
             raise DamagedRefError(f"retired/{name}", "not JSON") from None
-        last, renamed = data.get("last") if isinstance(data, dict) else None, data.get("renamed_to")
-        if not isinstance(last, int) or last < 0 or not (renamed is None or isinstance(renamed, str)):
+        if not isinstance(data, dict):
             raise DamagedRefError(f"retired/{name}", json.dumps(data)[:20])
-        return Retired(last, renamed)
+        last, renamed, removed = data.get("last"), data.get("renamed_to"), data.get("removed", [])
+        if (
+            not isinstance(last, int)
+            or last < 0
+            or not (renamed is None or is_model_name(renamed))
+            or not (isinstance(removed, list) and all(isinstance(v, str) and OID_RE.match(v) for v in removed))
+        ):
+            raise DamagedRefError(f"retired/{name}", json.dumps(data)[:20])
+        return Retired(last, renamed, tuple(removed))
 
     def last(self, name: str) -> int:
         """The highest number `name` has had before its current versions (0: none)."""
         found = self.get(name)
         return found.last if found else 0
 
-    def retire_locked(self, name: str, last: int, *, renamed_to: str | None = None) -> None:
-        """Record that `name` had versions up to `last` (kept if it had higher); the caller
-        holds the model's ref lock."""
-        last = max(last, self.last(name))
+    def removed(self) -> set[str]:
+        """Every version removed from inside a history, whatever its model."""
+        if not self.dir.is_dir():
+            return set()
+        names = [p.relative_to(self.dir).as_posix() for p in self.dir.rglob("*") if p.is_file()]
+        return {v for n in names if is_model_name(n) and (r := self.get(n)) for v in r.removed}
+
+    def retire_locked(
+        self, name: str, last: int, *, renamed_to: str | None = None, removed: tuple[str, ...] = ()
+    ) -> None:
+        """Record that `name` had versions up to `last` (kept if it had higher) and `removed`
+        inside its history (added to those it had); the caller holds the model's ref lock."""
+        before = self.get(name)
+        last = max(last, before.last if before else 0)
+        marks = sorted({*(before.removed if before else ()), *removed})
         path = self.dir / validate_model_name(name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        body = json.dumps({"last": last, "renamed_to": renamed_to}, sort_keys=True) + "\n"
+        body = json.dumps({"last": last, "renamed_to": renamed_to, "removed": marks}, sort_keys=True) + "\n"
         write_atomic(path, [body.encode()], fsync=self.fsync)

@@ -46,6 +46,7 @@ def version_info(catalog: Catalog, row: VersionRow) -> VersionInfo:
         new_bytes=row.new_bytes,
         lossy=row.lossy,
         recipe=row.recipe,
+        removed=row.removed,
     )
 
 

@@ -35,7 +35,7 @@ def resolve_ref(
         rows = catalog.versions_of(vids)
         numbered = [(v, (rows[v] if v in rows else row_of(v)).seq) for v in vids]
         try:
-            return pick_version(ref, name, numbered, sel)
+            vid = pick_version(ref, name, numbered, sel)
         except UnknownRefError:
             # A number the name had before (its version removed) is named as such, never
             # taken for another version.
@@ -44,6 +44,9 @@ def resolve_ref(
                 if gone is not None or 1 <= int(sel) <= retired.last(name):
                     raise RemovedVersionError(ref, name, gone) from None
             raise
+        if (rows[vid] if vid in rows else row_of(vid)).removed:  # taken out of the middle of its history
+            raise RemovedVersionError(ref, name, vid)
+        return vid
     if sel is None and re.fullmatch(r"[0-9a-fA-F]{4,64}", name):
         found = catalog.versions_by_prefix(name.lower())
         if len(found) == 1:

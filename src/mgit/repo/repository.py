@@ -68,10 +68,10 @@ class Repo:
         self.dir = locate(Path(path) if path is not None else None)
         self.config = read_config(self.dir)
         fsync = bool(self.config.get("fsync", True))
-        self.catalog = Catalog(self.dir / "catalog.sqlite")
+        self.retired = RetiredNames(self.dir, fsync=fsync)
+        self.catalog = Catalog(self.dir / "catalog.sqlite", removed=self.retired.removed)
         self.store: LocalStore = open_store(self.dir, self.config, index=self.catalog)
         self.refs = RefStore(self.dir, fsync=fsync)
-        self.retired = RetiredNames(self.dir, fsync=fsync)
         self.tags = TagStore(self.dir, fsync=fsync)
         self._session: DecodedCache | None = None
         self.sync_catalog()
@@ -113,7 +113,7 @@ class Repo:
         self.catalog.close()
         for suffix in ("", "-wal", "-shm"):
             Path(f"{self.dir / 'catalog.sqlite'}{suffix}").unlink(missing_ok=True)
-        self.catalog = Catalog(self.dir / "catalog.sqlite")
+        self.catalog = Catalog(self.dir / "catalog.sqlite", removed=self.retired.removed)
         self.store = open_store(self.dir, self.config, index=self.catalog)  # (a lazy clone's reads the new one)
         self.sync_catalog()
 
@@ -149,8 +149,8 @@ class Repo:
         starts with 1234; when both exist, the error names both."""
         return resolve_ref(ref, self.refs, self.retired, self.catalog, self.chain, self._row)
 
-    def _unknown_model(self, ref: str, name: str) -> UnknownRefError:
-        return unknown_model(ref, name, self.refs, self.retired)
+    def _unknown_model(self, ref: str, name: str | None = None) -> UnknownRefError:
+        return unknown_model(ref, ref if name is None else name, self.refs, self.retired)
 
     def chain(self, vid: str) -> list[str]:
         """A version and its predecessors, newest first."""
@@ -473,20 +473,19 @@ class Repo:
         return disk_usage(self.catalog, self.store, self.lineage, self.chain)
 
     # --- maintenance --------------------------------------------------------------------
-    def rm(self, name: str, *, force: bool = False) -> RemoveResult:
-        """Remove a model's ref; its objects go at the next gc unless other versions use them.
-        A model other models were built on is removed only with `force` (RemoveRefusedError
-        lists them)."""
-        from mgit.repo.remove import remove_model
+    def rm(self, ref: str, *, force: bool = False) -> RemoveResult:
+        """Remove a model (`NAME`: its ref) or one version (`NAME@N`); objects go at the next gc
+        unless other versions use them. What others were built on is removed only with
+        `force` (RemoveRefusedError lists them); see mgit.repo.remove."""
+        from mgit.repo.remove import remove_model, remove_version
 
-        return remove_model(
-            self.refs,
-            self.retired,
-            self.catalog,
-            name,
-            force=force,
-            chain=self.chain,
-            unknown=lambda n: self._unknown_model(n, n),
+        if "@" not in ref:
+            return remove_model(
+                self.refs, self.retired, self.catalog, ref, force=force, chain=self.chain, unknown=self._unknown_model
+            )
+        vid = self.resolve(ref)
+        return remove_version(
+            self.refs, self.retired, self.catalog, self.model_of(vid), vid, force=force, chain=self.chain
         )
 
     def fsck(self, *, jobs: int | None = None, progress: StartProgress | None = None) -> FsckResult:
