@@ -42,6 +42,7 @@ DATA_COMMANDS = {
     "gc",
     "rm",
     "tag",
+    "rename",
     "diff",
     "graph",
     "lineage tree",

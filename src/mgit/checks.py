@@ -607,6 +607,14 @@ class Checks:
             )
             return db.total_changes - before
 
+    def retarget(self, old: str, new: str) -> list[str]:
+        """Tests attached to exactly the model name `old` follow it to `new` (a rename); the
+        names of those tests. A glob or a tag target is left as it is."""
+        with self._sql.atomic() as tx:
+            names = [r[0] for r in tx.execute("SELECT name FROM tests WHERE target = ? ORDER BY name", (old,))]
+            tx.execute("UPDATE tests SET target = ? WHERE target = ?", (new, old))
+        return names
+
     def copy_results(self, renamed: dict[str, str]) -> int:
         """Give versions rewritten with the same content (a pull that replays local versions
         after the remote's) the results of the versions they replace."""

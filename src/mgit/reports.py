@@ -255,6 +255,17 @@ class RemoveResult(Report):
 
 
 @dataclass(frozen=True)
+class RenameResult(Report):
+    """`rename`: the model's old and new names, its head and that head's number (kept)."""
+
+    old: str
+    new: str
+    head: str
+    seq: int
+    retargeted_tests: list[str] = field(default_factory=list)  # registered tests whose target followed
+
+
+@dataclass(frozen=True)
 class TagsResult(Report):
     """A version's tags (`mgit tag`): what it has now, and what was set on it after it was
     added (`null`: a tag of its record removed)."""

@@ -33,6 +33,7 @@ COMMANDS = {
     "diff": "mgit.cli.diff_cmd:diff",
     "lineage": "mgit.cli.lineage_cmd:lineage",
     "tag": "mgit.cli.refs_cmd:tag",
+    "rename": "mgit.cli.refs_cmd:rename",
     "graph": "mgit.cli.graph_cmd:graph",
     "serve": "mgit.cli.serve_cmd:serve",
     "test": "mgit.cli.test_cmd:test_group",

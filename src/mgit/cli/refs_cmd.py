@@ -52,3 +52,34 @@ def tag(ctx: click.Context, ref: str, names: tuple[str, ...], delete: bool, as_j
         print_json(result.to_json())
         return
     out.print(_tags_line(result))
+
+
+@click.command()
+@click.argument("old")
+@click.argument("new")
+@json_option
+@click.pass_context
+def rename(ctx: click.Context, old: str, new: str, as_json: bool) -> None:
+    """Give a model another name. Its versions keep their ids and numbers; tests attached to
+    exactly OLD follow it; OLD is refused afterwards (until a model is added under it, which
+    goes on from OLD's last number). A push sends NEW; see the README for what happens to OLD
+    on a remote.
+
+    \b
+    Example:
+      mgit rename bert-sst2 bert-sst2-v1
+    """
+    from dataclasses import replace
+
+    repo = ctx.obj.repo()
+    result = repo.rename(old, new)
+    if (repo.dir / "checks.sqlite").exists():
+        from mgit.checks import Checks
+
+        result = replace(result, retargeted_tests=Checks(repo).retarget(old, new))
+    if as_json:
+        print_json(result.to_json())
+        return
+    out.print(f"renamed {result.old} to {result.new} (head {result.new}@{result.seq})")
+    if result.retargeted_tests:
+        out.print(f"  tests now attached to {result.new}: {', '.join(result.retargeted_tests)}")

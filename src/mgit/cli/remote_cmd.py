@@ -170,6 +170,8 @@ def push(ctx: click.Context, remote: str, targets: tuple[str, ...], force: bool,
     if result.checks.registrations or result.checks.results:
         out.print(f"  tests: {result.checks.registrations} registrations, {result.checks.results} results sent")
     _tag_lines(result.tags, "sent", result.remote)
+    for note in result.notes:
+        out.print(f"  {note}")
 
 
 def _tag_lines(tags: TagsTravel, verb: str, remote: str) -> None:
@@ -191,7 +193,8 @@ def _print_fetch(result: FetchResult) -> None:
     lazy = " (lazy: objects come when read)" if result.lazy else ""
     out.print(f"{result.url}: {_traffic('received', result.received)}, {plural(result.versions, 'version')}{lazy}")
     for u in result.models:
-        out.print(f"  {result.remote}/{u.model:<30} {short(u.old)} -> {short(u.new)}")
+        note = f" ({u.note})" if u.note else ""
+        out.print(f"  {result.remote}/{u.model:<30} {short(u.old)} -> {short(u.new)}{note}")
     c = result.checks
     if c.registrations or c.results:
         out.print(f"  tests: {c.registrations} registrations, {c.results} results received")

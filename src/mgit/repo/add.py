@@ -135,7 +135,7 @@ def add_version(
     if not parent_ids and options.model_card and not isinstance(source, Mapping | ModelSource):
         parent_ids, card_relation, card_notes = _card_parents(refs, Path(source))
         relation = relation or card_relation
-    own = [p for p in parent_ids if store.get_version(p).model == name]
+    own = [p for p in parent_ids if _model_of(store, catalog, p) == name]
     if own:  # the version before is the new one's predecessor: as a parent too it would be its own ancestor
         ref = catalog.parent_infos([(own[0], relation or "finetune")])[0].ref
         seq = ref.rpartition("@")[2]
@@ -232,6 +232,12 @@ def add_version(
     # full sync would read every ref and walk every version, slow with thousands.
     catalog.set_head(name, lambda: refs.get(name))
     return replace(_add_result(catalog, vres.oid, version, snapshot, created=True, notes=src.notes), auto_parent=auto)
+
+
+def _model_of(store: ObjectStore, catalog: Catalog, vid: str) -> str:
+    """The model a version is under now: the catalog's (a renamed model's), else its record's."""
+    row = catalog.version(vid)
+    return row.model if row else store.get_version(vid).model
 
 
 def _number(store: ObjectStore, catalog: Catalog, retired: RetiredNames, name: str, head: str | None) -> int | None:

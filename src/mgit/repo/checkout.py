@@ -186,6 +186,7 @@ def restore_manifest(
 def checkout_version(
     store: ObjectStore,
     vid: str,
+    model: str,
     seq: int,
     out: Path,
     *,
@@ -199,7 +200,8 @@ def checkout_version(
 ) -> CheckoutResult:
     """`Repo.checkout` once the reference is resolved: refuse an output folder that would
     lose files, rebuild the version there, then remove strays (`clean`) and write the model
-    card (`model_card`; `model_of` names a parent's model). The result's notes say what
+    card (`model_card`; `model_of` names a parent's model). `model` is the name the version
+    is under now (its record's, unless the model was renamed). The result's notes say what
     else was done."""
     version = store.get_version(vid)
     manifest = store.get_manifest(version.manifest)
@@ -209,14 +211,14 @@ def checkout_version(
         raise OutputNotEmptyError(str(out))
     strays = stray_files(out, {f.path for f in manifest.files}) if out.is_dir() else []
     if strays and not clean:
-        raise StrayFilesError(str(out), f"{version.model}@{seq}", strays)
+        raise StrayFilesError(str(out), f"{model}@{seq}", strays)
     tick = progress(manifest.logical_bytes) if progress else None
     restore_manifest(store, manifest, out, jobs=jobs, reuse=reuse, progress=tick)
     notes = [f"{f.path} was rebuilt as safetensors from {f.converted_from}" for f in manifest.files if f.converted_from]
     if strays:
         remove_strays(out, strays)
         notes.append(
-            f"removed {len(strays)} file{'s' if len(strays) != 1 else ''} that {version.model}@{seq} "
+            f"removed {len(strays)} file{'s' if len(strays) != 1 else ''} that {model}@{seq} "
             f"does not hold: {', '.join(strays[:5])}{' ...' if len(strays) > 5 else ''}"
         )
     if model_card:
@@ -227,7 +229,7 @@ def checkout_version(
             f"(measured max error {version.lossy.get('max_error'):.3g})"
         )
     files = [FileInfo(f.path, f.type, f.size, f.digest, len(f.tensors), f.converted_from) for f in manifest.files]
-    return CheckoutResult(version.model, vid, seq, str(out), files, manifest.logical_bytes, notes)
+    return CheckoutResult(model, vid, seq, str(out), files, manifest.logical_bytes, notes)
 
 
 def _write_card(version: Version, out: Path, model_of: Callable[[str], str]) -> str:

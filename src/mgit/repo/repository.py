@@ -40,6 +40,7 @@ from mgit.reports import (
     ModelSummary,
     ParentSuggestion,
     RemoveResult,
+    RenameResult,
     ShowResult,
     TagsResult,
     VersionInfo,
@@ -370,10 +371,12 @@ class Repo:
 
         vid = self.resolve(ref)
         with self.catalog.explained():
+            row = self._row(vid)
             return checkout_version(
                 self.store,
                 vid,
-                self._row(vid).seq,
+                row.model,
+                row.seq,
                 Path(out_dir),
                 force=force,
                 clean=clean,
@@ -487,6 +490,13 @@ class Repo:
         return remove_version(
             self.refs, self.retired, self.catalog, self.model_of(vid), vid, force=force, chain=self.chain
         )
+
+    def rename(self, old: str, new: str) -> RenameResult:
+        """Give model `old` the name `new`, its versions and numbers kept; `old` is refused
+        afterwards until a model is added under it (see mgit.repo.renaming)."""
+        from mgit.repo.renaming import rename_model
+
+        return rename_model(self.refs, self.retired, self.catalog, old, new, unknown=self._unknown_model)
 
     def fsck(self, *, jobs: int | None = None, progress: StartProgress | None = None) -> FsckResult:
         """Re-hash every object and check every reference; problems are listed, not raised."""

@@ -33,6 +33,7 @@ from mgit.store.transfer import (
 )
 from mgit.sync.check_results import push_checks
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, connect
+from mgit.sync.renames import push_renames
 from mgit.sync.reports import ModelUpdate, PushResult
 from mgit.sync.tags import push_tags
 from mgit.util.faults import crash_point
@@ -112,6 +113,8 @@ def _push(
     )
     checks = push_checks(repo, conn, known | set(versions))
     tags = push_tags(repo, conn, known | set(versions))
+    others = remote.heads() if repo.retired.dir.is_dir() else {}  # a renamed model's old name there
+    notes = push_renames(repo, conn, chosen, {n: h for n, (h, _) in others.items() if n not in chosen})
     crash_point("push-before-refs")
     conflicts = []
     for i, (name, (vid, old, token)) in enumerate(moving.items()):
@@ -123,7 +126,7 @@ def _push(
             conflicts.append(name)
     if conflicts:
         raise RemoteConflictError(conn.name, f"{conflicts[0]} (another push landed first; run: mgit pull)")
-    return PushResult(conn.name, remote.url, updates, len(versions), sent, checks, tags)
+    return PushResult(conn.name, remote.url, updates, len(versions), sent, checks, tags, notes)
 
 
 def move_head(conn: Connection, name: str, vid: str, *, expected: str | None, token: str | None) -> None:

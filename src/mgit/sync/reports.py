@@ -12,7 +12,8 @@ from mgit.store.transfer import TransferStats
 @dataclass(frozen=True)
 class ModelUpdate(Report):
     """One model's head on one side: `new` (the other side had none), `fast-forward`,
-    `forced`, `rebased`, `up-to-date`, `ahead` (this side has more: left alone)."""
+    `forced`, `rebased`, `up-to-date`, `ahead` (this side has more: left alone), `renamed`
+    (the remote's model was renamed: its remote-tracking ref goes; `note` says to what)."""
 
     model: str
     status: str
@@ -50,6 +51,7 @@ class PushResult(Report):
     sent: TransferStats
     checks: ChecksTravel
     tags: TagsTravel = field(default_factory=TagsTravel)
+    notes: list[str] = field(default_factory=list)  # what became of renamed models' old names there
 
 
 @dataclass(frozen=True)
