@@ -78,3 +78,17 @@ def test_removing_the_only_version_removes_the_model(tmp_path: Path) -> None:
     assert mgit_json(work, "add", str(folders[4]), "--name", "solo")["seq"] == 2
     one_line_error(run_cli("rm", "nope@1", cwd=work), "no model named 'nope@1'")
     one_line_error(run_cli("rm", "ft@9", cwd=work), "ft@9")
+
+
+def test_a_removed_number_is_never_given_again_on_another_copy(tmp_path: Path) -> None:
+    work, folders = family(tmp_path)
+    remote = tmp_path / "remote.mgit"
+    assert run_cli("init", "--bare", str(remote))[0] == 0
+    assert run_cli("remote", "add", "origin", str(remote), cwd=work)[0] == 0
+    assert run_cli("push", cwd=work)[0] == 0
+    mgit_json(work, "rm", "ft@3")
+    assert run_cli("push", "origin", "ft", "--force", cwd=work)[0] == 0  # the remote's ft goes back to @2
+    assert run_cli("clone", str(remote), str(tmp_path / "carol"))[0] == 0
+    carol = tmp_path / "carol"
+    assert [v["seq"] for v in mgit_json(carol, "log", "ft")] == [2, 1]
+    assert mgit_json(carol, "add", str(folders[4]), "--name", "ft")["seq"] == 4  # the remote said @3 was used

@@ -63,18 +63,30 @@ class RetiredNames:
 
     def removed(self) -> set[str]:
         """Every version removed from inside a history, whatever its model."""
+        return {v for r in self.all().values() for v in r.removed}
+
+    def all(self) -> dict[str, Retired]:
         if not self.dir.is_dir():
-            return set()
-        names = [p.relative_to(self.dir).as_posix() for p in self.dir.rglob("*") if p.is_file()]
-        return {v for n in names if is_model_name(n) and (r := self.get(n)) for v in r.removed}
+            return {}
+        names = sorted(p.relative_to(self.dir).as_posix() for p in self.dir.rglob("*") if p.is_file())
+        return {n: r for n in names if is_model_name(n) and (r := self.get(n)) is not None}
 
     def retire_locked(
-        self, name: str, last: int, *, renamed_to: str | None = None, removed: tuple[str, ...] = ()
+        self,
+        name: str,
+        last: int,
+        *,
+        renamed_to: str | None = None,
+        removed: tuple[str, ...] = (),
+        keep_rename: bool = False,
     ) -> None:
         """Record that `name` had versions up to `last` (kept if it had higher) and `removed`
-        inside its history (added to those it had); the caller holds the model's ref lock."""
+        inside its history (added to those it had), and where it was renamed to (`keep_rename`:
+        whatever it said); the caller holds the model's ref lock."""
         before = self.get(name)
         last = max(last, before.last if before else 0)
+        if keep_rename:
+            renamed_to = before.renamed_to if before else None
         marks = sorted({*(before.removed if before else ()), *removed})
         path = self.dir / validate_model_name(name)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -77,11 +77,11 @@ def remove_version(
         if users and not force:
             raise VersionRemoveRefusedError(ref, users)
         if later:
-            retired.retire_locked(name, 0, removed=(vid,))
+            retired.retire_locked(name, 0, removed=(vid,), keep_rename=True)
             new_head: str | None = head
         else:
             new_head = history[1] if len(history) > 1 else None
-            retired.retire_locked(name, row.seq)  # first: a crash here leaves the model as it was
+            retired.retire_locked(name, row.seq, keep_rename=True)  # first: a crash leaves the model as it was
             refs.set_locked(name, new_head, expected=head)
     catalog.set_heads(refs.all)
     return RemoveResult(name, new_head, 1, vid, row.seq, users)

@@ -43,7 +43,7 @@ from mgit.store.quarantine import Incoming
 from mgit.store.transfer import RECORD_LIMIT, SLACK, TransferStats, limits, receive, version_objects
 from mgit.sync.check_results import pull_checks
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, add_remote, connect
-from mgit.sync.renames import remote_renames, renamed_away
+from mgit.sync.renames import learn_numbers, remote_retired, renamed_away, renames_of
 from mgit.sync.reports import ChecksTravel, CloneResult, FetchResult, ModelUpdate
 from mgit.sync.tags import pull_tags
 from mgit.util.atomicfile import write_atomic
@@ -68,7 +68,8 @@ def fetch_from(
     remote, lazy = conn.remote, isinstance(repo.store, LazyStore)
     remote.check()
     every = {n: h for n, (h, _) in _heads(remote).items()}
-    renames = remote_renames(remote)
+    markers = remote_retired(remote)
+    renames = renames_of(markers)
     renamed = renamed_away(renames, every)  # old names a push marked renamed: not models there any more
     heads = {n: h for n, h in every.items() if n not in renamed and (models is None or fnmatch.fnmatchcase(n, models))}
     if models is not None and not heads:
@@ -89,6 +90,7 @@ def fetch_from(
                 ModelUpdate(n, "new" if old is None else "fast-forward", old, h) for n, (h, old) in changes.items()
             ]
             moved += [ModelUpdate(n, "renamed", old, None, f"renamed to {renamed[n]}") for n, (_, old) in gone.items()]
+    learn_numbers(repo, markers)  # numbers the remote's names had: never given again here
     checks = pull_checks(repo, conn) if not repo.bare else ChecksTravel()
     return FetchResult(conn.name, remote.url, moved, len(versions), received, lazy, checks)
 

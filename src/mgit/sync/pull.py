@@ -21,6 +21,7 @@ from mgit.store.objects import Parent
 from mgit.store.transfer import history
 from mgit.sync.connection import DEFAULT_REMOTE, connect
 from mgit.sync.fetch import fetch_from
+from mgit.sync.push import number_of
 from mgit.sync.reports import ModelUpdate, PullResult, Renumbered
 from mgit.sync.tags import copy_tags, pull_tags
 from mgit.util.parallel import StartProgress
@@ -134,4 +135,4 @@ def _replay_dependents(
 
 def _renumbered(repo: Repo, old: str, new: str) -> Renumbered:
     info = repo.info(new)
-    return Renumbered(info.model, old, new, f"{info.model}@{len(repo.chain(old))}", info.ref)
+    return Renumbered(info.model, old, new, f"{info.model}@{number_of(repo, old)}", info.ref)

@@ -33,7 +33,7 @@ from mgit.store.transfer import (
 )
 from mgit.sync.check_results import push_checks
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, connect
-from mgit.sync.renames import push_renames
+from mgit.sync.renames import push_retired
 from mgit.sync.reports import ModelUpdate, PushResult
 from mgit.sync.tags import push_tags
 from mgit.util.faults import crash_point
@@ -113,8 +113,8 @@ def _push(
     )
     checks = push_checks(repo, conn, known | set(versions))
     tags = push_tags(repo, conn, known | set(versions))
-    others = remote.heads() if repo.retired.dir.is_dir() else {}  # a renamed model's old name there
-    notes = push_renames(repo, conn, chosen, {n: h for n, (h, _) in others.items() if n not in chosen})
+    others = remote.heads() if repo.retired.dir.is_dir() else {}  # names removed or renamed here
+    notes = push_retired(repo, conn, chosen, {n: h for n, (h, _) in others.items()})
     crash_point("push-before-refs")
     conflicts = []
     for i, (name, (vid, old, token)) in enumerate(moving.items()):
@@ -187,11 +187,17 @@ def _remote_chain(repo: Repo, conn: Connection, vid: str) -> tuple[list[str], st
     return walked, None
 
 
+def number_of(repo: Repo, vid: str) -> int:
+    """A version's number in its model's history (the catalog's; else its place in it)."""
+    row = repo.catalog.version(vid)
+    return row.seq if row else len(repo.chain(vid))
+
+
 def _describe(repo: Repo, conn: Connection, vid: str) -> str:
     """`@4`: the remote head's number in its model's history."""
     try:
         walked, shared = _remote_chain(repo, conn, vid)
-        return f"@{len(walked) + (len(repo.chain(shared)) if shared else 0)}"
+        return f"@{len(walked) + (number_of(repo, shared) if shared else 0)}"
     except MgitError:
         return f"a version ({vid[:12]})"
 
@@ -203,7 +209,7 @@ def _dropped(repo: Repo, conn: Connection, theirs: str, mine: str) -> str:
         if theirs in ours:
             return ""
         walked, shared = _remote_chain(repo, conn, theirs)
-        base = len(repo.chain(shared)) if shared else 0
+        base = number_of(repo, shared) if shared else 0
         here = [v for v in repo.chain(shared) if v not in ours] if shared else []
         count = len(walked) + len(here)
         return f"drops {count} version{'s' if count != 1 else ''} of {conn.name}'s history, up to @{base + len(walked)}"
