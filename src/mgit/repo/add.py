@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -300,6 +301,32 @@ def suggest_parents(
         if v not in left_out and ref.rpartition("@")[0] not in left_out
     ]
     return suggest(sketch, stored, label=label, limit=limit, min_confidence=min_confidence, started=started)
+
+
+def suggest_parents_of(
+    store: ObjectStore,
+    catalog: Catalog,
+    source: str | os.PathLike[str] | Mapping[str, Any],
+    *,
+    limit: int,
+    min_confidence: float | None,
+    exclude: Collection[str],
+) -> ParentSuggestion:
+    """`Repo.suggest_parents`: a model folder, file or state dict scanned and sketched, then
+    ranked against the stored versions (`suggest_parents`)."""
+    started = time.perf_counter()
+    src = scan_state_dict(source) if isinstance(source, Mapping) else scan_path(Path(source))
+    label = "state dict" if isinstance(source, Mapping) else str(source)
+    return suggest_parents(
+        store,
+        catalog,
+        sketch_source(src),
+        label,
+        limit=limit,
+        min_confidence=DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence,
+        exclude=exclude,
+        started=started,
+    )
 
 
 def _card_parents(refs: RefStore, path: Path) -> tuple[list[str], str | None, list[str]]:

@@ -16,7 +16,6 @@ Modules that load numpy and the codecs are imported in the verbs that use them, 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -329,23 +328,10 @@ class Repo:
         from its weights alone, with the evidence, a guessed relation and the choice that
         `add(..., auto_parent=True)` would make (see mgit.lineage.inference). `exclude` leaves out
         versions, by id or by model name."""
-        from mgit.formats.folder import scan_path, scan_state_dict
-        from mgit.lineage.inference import DEFAULT_MIN_CONFIDENCE
-        from mgit.lineage.sketch import sketch_source
-        from mgit.repo.add import suggest_parents
+        from mgit.repo.add import suggest_parents_of
 
-        started = time.perf_counter()
-        src = scan_state_dict(source) if isinstance(source, Mapping) else scan_path(Path(source))
-        label = "state dict" if isinstance(source, Mapping) else str(source)
-        return suggest_parents(
-            self.store,
-            self.catalog,
-            sketch_source(src),
-            label,
-            limit=limit,
-            min_confidence=DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence,
-            exclude=exclude,
-            started=started,
+        return suggest_parents_of(
+            self.store, self.catalog, source, limit=limit, min_confidence=min_confidence, exclude=exclude
         )
 
     # --- checkout and reading ---------------------------------------------------------------

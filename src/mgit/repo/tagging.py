@@ -33,7 +33,7 @@ def change_tags(
     model: str,
     seq: int,
     *,
-    put: Mapping[str, str] = {},  # noqa: B006 - read only
+    put: Mapping[str, str] | None = None,
     delete: Collection[str] = (),
 ) -> TagsResult:
     """Set `put` and remove `delete` on version `vid` (model@seq), then index the result. A
@@ -52,7 +52,7 @@ def change_tags(
                 overlay[key] = None
             else:
                 overlay.pop(key, None)
-        for key, value in put.items():
+        for key, value in (put or {}).items():
             if record.get(key) == value:
                 overlay.pop(key, None)  # back to what the record says
             else:
