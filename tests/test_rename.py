@@ -93,3 +93,10 @@ def test_a_push_sends_the_new_name_and_other_copies_stop_seeing_the_old_one(tmp_
     assert [m["name"] for m in mgit_json(tmp_path / "carol", "ls")] == ["ft-v1", "kid"]
     assert "ft" not in {m["model"] for m in mgit_json(work, "pull")["models"]}  # not brought back here
     assert [m["name"] for m in mgit_json(work, "ls")] == ["ft-v1", "kid"]
+
+
+def test_adding_the_same_content_to_a_renamed_model_names_it_by_its_new_name(tmp_path: Path) -> None:
+    work, folders = family(tmp_path)
+    mgit_json(work, "rename", "ft", "ft-v1")
+    again = mgit_json(work, "add", str(folders[1]), "--name", "ft-v1")
+    assert (again["created"], again["model"], again["seq"]) == (False, "ft-v1", 2)

@@ -422,7 +422,7 @@ def _add_result(
 ) -> AddResult:
     row, stats = catalog.version(vid), snapshot.stats
     return AddResult(
-        model=version.model,
+        model=row.model if row else version.model,  # a renamed model's: the record says the old name
         version=vid,
         seq=row.seq if row else 0,
         created=created,
