@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import fsck_ok, make_model, mgit_json, one_line_error, run_cli, tensors
+import pytest
+from conftest import fsck_ok, make_model, mgit_json, one_line_error, run_cli, run_mgit, tensors
 
 from mgit import Repo
 
@@ -100,3 +101,16 @@ def test_adding_the_same_content_to_a_renamed_model_names_it_by_its_new_name(tmp
     mgit_json(work, "rename", "ft", "ft-v1")
     again = mgit_json(work, "add", str(folders[1]), "--name", "ft-v1")
     assert (again["created"], again["model"], again["seq"]) == (False, "ft-v1", 2)
+
+
+@pytest.mark.parametrize("point", ["rename-after-retired", "rename-after-new-ref"])
+def test_a_rename_killed_midway_loses_nothing_and_running_it_again_finishes_it(tmp_path: Path, point: str) -> None:
+    work, _ = family(tmp_path)
+    head = mgit_json(work, "show", "ft")["version"]["id"]
+    r = run_mgit("rename", "ft", "ft-v1", cwd=work, env={"MGIT_CRASH_AT": point})
+    assert r.returncode == -9, r.stderr
+    assert mgit_json(work, "show", "ft")["version"]["id"] == head  # the old name still works
+    fsck_ok(work)
+    assert mgit_json(work, "rename", "ft", "ft-v1")["head"] == head
+    assert [m["name"] for m in mgit_json(work, "ls")] == ["ft-v1", "kid"]
+    one_line_error(run_cli("show", "ft", cwd=work), "renamed to 'ft-v1'")

@@ -19,6 +19,7 @@ from mgit.index.catalog import Catalog
 from mgit.index.refs import RefStore, validate_model_name
 from mgit.index.retired import RetiredNames
 from mgit.reports import RenameResult
+from mgit.util.faults import crash_point
 
 
 def rename_model(
@@ -52,8 +53,10 @@ def rename_model(
             )
         row = catalog.version(head)
         retired.retire_locked(old, row.seq if row else 0, renamed_to=new)
+        crash_point("rename-after-retired")
         if taken is None:
             refs.set_locked(new, head, expected=None)
+        crash_point("rename-after-new-ref")
         refs.set_locked(old, None, expected=head)
     catalog.set_heads(refs.all)
     return RenameResult(old, new, head, row.seq if row else 0)
