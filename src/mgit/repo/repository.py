@@ -1,5 +1,5 @@
 """`Repo`: the core verbs over a repository (init, add, checkout, load, open, resolve, ls,
-log, show, du, diff, rm, fsck, gc).
+log, show, du, diff, tag, rename, rm, fsck, gc); their bodies live in the modules beside it.
 
 Write order of `add`, which makes a crash at any point harmless: objects (fsynced), the
 manifest, the version record, then the ref moves under the model's lock. Until the ref moves
