@@ -236,8 +236,8 @@ def test_add_hashes_each_tensor_once_whatever_path_it_takes(
     then coded in blocks as written or coded first (a cast from a float32 parent, measured
     whole), the writer must not hash them again."""
     import mgit.repo.ingest
-    import mgit.store.base
     import mgit.store.objects
+    import mgit.store.writer
 
     rng = np.random.default_rng(6)
     w = rng.standard_normal(200_000).astype(np.float32)
@@ -255,7 +255,7 @@ def test_add_hashes_each_tensor_once_whatever_path_it_takes(
             hashed.append(f"{meta['dtype']}{meta['shape']}")
         return real(kind, meta)
 
-    monkeypatch.setattr(mgit.store.base, "object_hasher", counting)
+    monkeypatch.setattr(mgit.store.writer, "object_hasher", counting)
     monkeypatch.setattr(mgit.repo.ingest, "object_hasher", counting)
     repo.add(child, name="child", parent="base")
     codecs = {t.name: repo.store.header(t.object).codec_names for f in repo.manifest("child").files for t in f.tensors}

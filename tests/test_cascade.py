@@ -131,11 +131,11 @@ def test_dry_run_plans_parents_first_and_runs_nothing(tmp_path: Path) -> None:
     assert steps["hand-int8"].reason == "below hand, which is manual"
 
     code, out, err = run_cli("cascade", "base", "--dry-run", cwd=repo.root)
-    assert code == 0, err
+    assert code == 1, err  # hand-int8 would be blocked
     assert "Cascade from base@2: 3 to rebuild, 1 to update by hand, 1 blocked" in out
     assert "mgit checkout hand@1 -o hand-v1 && mgit add hand-v1" in out and "Dry run: nothing was run." in out
     code, dry = cascade(repo.root, "base", "--dry-run")  # the report of a run, with no results
-    assert code == 0 and dry["dry_run"] and dry["results"] == []
+    assert code == 1 and dry["dry_run"] and not dry["ok"] and dry["results"] == []
     assert [s["model"] for s in dry["plan"]["steps"]] == order
     assert heads(repo) == before and Checks(repo).show("ft") == []  # no recipe and no test was run
 
@@ -189,7 +189,7 @@ def test_manual_model_gives_the_command_to_record_a_recipe(tmp_path: Path) -> No
     repo = build(tmp_path / "w", members, tests=False)
     code, report = cascade(repo.root, "base")
     results = by_model(report)
-    assert code == 0 and results["hand"]["status"] == "manual" and results["hand-int8"]["status"] == "blocked"
+    assert code == 1 and results["hand"]["status"] == "manual" and results["hand-int8"]["status"] == "blocked"
     assert repo.resolve("hand") == results["hand"]["old"]  # nothing was committed
     # The given command, with a real recipe, records one; the next cascade then uses it.
     command = (
@@ -218,7 +218,7 @@ def test_a_failing_recipe_stops_only_its_subtree(tmp_path: Path) -> None:
     old_bad = repo.resolve("bad")
     code, out, _ = run_cli("cascade", "base", "--jobs", "2", cwd=repo.root)
     assert code == 1
-    assert "bad: the recipe exit code 1: RuntimeError: this recipe is broken" in out
+    assert "bad: the recipe raised RuntimeError: this recipe is broken" in out
     assert "  | RuntimeError: this recipe is broken" in out
     code, report = cascade(repo.root, "base", "--jobs", "2")  # resumes: only the failed branch is left
     results = by_model(report)
@@ -253,7 +253,7 @@ def test_nan_weights_fail_the_tests_and_block_the_subtree_until_fixed(tmp_path: 
     code, report = cascade(repo.root, "base")
     results = by_model(report)
     assert (
-        code == 0 and results["ft-int8"]["status"] == "blocked" and results["ft-int8"]["reason"] == "ft@2 fails quality"
+        code == 1 and results["ft-int8"]["status"] == "blocked" and results["ft-int8"]["reason"] == "ft@2 fails quality"
     )
     # Nor does a cascade from ft itself build on it.
     plan = plan_cascade(repo, "ft")

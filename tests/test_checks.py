@@ -13,7 +13,7 @@ from conftest import copy_user_code, needs_torch, run_cli, run_mgit
 
 from mgit import Repo
 from mgit.bisect import bisect
-from mgit.checks import Checks, Condition
+from mgit.checks import Checks, Condition, ResultTable
 from mgit.errors import MgitError
 
 
@@ -361,7 +361,7 @@ def test_latest_results_of_many_versions_in_one_call(repo: Repo) -> None:
     assert checks.applicable_all(lineage) == {n: checks.applicable(n, lineage) for n in lineage.nodes}
     heads = {n: lineage.nodes[n].head for n in lineage.nodes}
     with pytest.MonkeyPatch.context() as mp:  # the versions' names in one query, not one by one
-        mp.setattr(Checks, "_model_seq", lambda self, vid: pytest.fail(f"{vid} looked up alone"))
+        mp.setattr(ResultTable, "model_seq", lambda self, vid: pytest.fail(f"{vid} looked up alone"))
         found = checks.latest(list(heads.values()))
     assert found[heads["other"]] == {}
     assert {t: o.status for t, o in found[heads["ft"]].items()} == {"never": "fail", "size": "pass"}

@@ -64,6 +64,7 @@ DATA_COMMANDS = {
     "merge",
     "import-hf",
     "export-hf",
+    "status",
 }
 NO_DATA = {"test rm", "serve"}  # one confirmation line; a server (its data is its /api, tests/test_serve.py)
 

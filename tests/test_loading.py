@@ -159,3 +159,40 @@ def test_the_readme_loading_example_runs_as_written(minilm_family, monkeypatch) 
     assert scope["arrays"][CHANGED[0]].dtype == np.float16
     assert len(scope["shared"]) == len(states["minilm-base"]) - len(CHANGED)
     assert tuple(scope["embeddings"].shape)[::2] == (1, 384)
+
+
+def test_weights_kept_as_an_opaque_pickle_are_an_error_not_a_random_model(tmp_path) -> None:
+    """A transformers folder whose weights are `pytorch_model.bin` (torch.save of the state
+    dict, as older saves are) used to load as {} and as a model of random weights."""
+    src = Path(minilm.get_model_path())
+    folder = tmp_path / "bin-base"
+    shutil.copytree(src, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    state = {k: torch.from_numpy(v) for k, v in load_file(src / "model.safetensors").items()}
+    torch.save(state, folder / "pytorch_model.bin")
+    repo = Repo.init(tmp_path / "r")
+    repo.add(folder, name="bin-base")
+    with pytest.raises(mgit.InputError, match=r"^bin-base:pytorch_model\.bin: holds the weights in a file .* opaque"):
+        mgit.load("bin-base", repo=repo)
+    with pytest.raises(mgit.InputError, match="no tensors to load") as info:
+        mgit.load_pretrained("bin-base", transformers.AutoModel, repo=repo)
+    assert "\n" not in str(info.value) and "mgit checkout bin-base" in (info.value.hint or "")
+    tokenizer = mgit.load_pretrained("bin-base", transformers.AutoTokenizer, repo=repo)  # its files are there
+    assert tokenizer("two words")["input_ids"][0] == tokenizer.cls_token_id
+
+
+def test_tensors_that_fit_none_of_the_class_are_an_error(tmp_path) -> None:
+    src = Path(minilm.get_model_path())
+    folder = tmp_path / "foreign"
+    folder.mkdir()
+    shutil.copy(src / "config.json", folder / "config.json")
+    save_file({"lm_head.weight": np.ones((4, 4), np.float32)}, folder / "model.safetensors")
+    repo = Repo.init(tmp_path / "r")
+    repo.add(folder, name="foreign")
+    with pytest.raises(mgit.InputError, match=r"^foreign: none of its 1 tensors fit BertModel .*lm_head\.weight"):
+        mgit.load_pretrained("foreign", transformers.AutoModel, repo=repo)
+    empty = tmp_path / "config-only"
+    empty.mkdir()
+    shutil.copy(src / "config.json", empty / "config.json")
+    repo.add(empty, name="config-only")
+    with pytest.raises(mgit.InputError, match="^config-only: has no tensors"):
+        mgit.load_pretrained("config-only", transformers.AutoModel, repo=repo)

@@ -16,7 +16,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import CARD, MGIT, make_model, tensors
+from conftest import CARD, MGIT, make_model, mgit_json, tensors
 
 pytest.importorskip("starlette")
 from starlette.testclient import TestClient  # noqa: E402
@@ -87,6 +87,7 @@ def test_model_json_is_show_log_and_lineage(client: TestClient, web_family: Repo
     manifest = web_family.manifest("org/ft")
     assert [t["name"] for t in data["tensors"]["items"]] == [t.name for t in manifest.tensors()]
     assert {t["storage"] for t in data["tensors"]["items"]} <= {"delta", "derived", "standalone"}
+    assert data["tensors"]["items"] == mgit_json(web_family.root, "show", "org/ft", "--tensors")["tensors"]
     assert data["card"]["front_matter"]["base_model"] == "base"
     old = client.get("/api/models/base", params={"version": 1}).json()
     assert old["version"]["version"]["seq"] == 1 and old["model"]["seq"] == 2

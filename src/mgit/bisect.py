@@ -10,8 +10,10 @@ failure came from there and the search goes on along that line. It ends at a ver
 fails while every ancestor passes (the edge that introduced the failure), or at a root that
 has always failed.
 
-Results already recorded for the same test source are reused, so a second bisect, or one
-after `mgit test run`, runs few tests or none.
+Results already recorded for the same test source are reused (judged by the test's
+conditions now), so a second bisect, or one after `mgit test run`, runs few tests or none.
+An error (the test raised, hung or gave no metrics) does not pass: bisect looks for where
+the test stopped passing, and says whether it fails or errs there.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class BisectResult(Report):
     tests_run: int  # how many of those had to be run (the rest were recorded)
     diff: dict[str, Any] | None = None  # summary of the diff along the edge
     also: list[str] = field(default_factory=list)  # its other ancestors, all passing: "relation from model@seq"
+    status: str = "fail"  # the culprit's: fail, or error (the test raised, hung or gave no metrics there)
 
 
 def bisect(
@@ -176,4 +179,5 @@ class Bisector:
             sum(1 for s in self.steps if not s.reused),
             diff,
             also,
+            bad.status,
         )

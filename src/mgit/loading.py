@@ -19,15 +19,20 @@ import json
 import os
 import warnings
 from collections.abc import Sequence
+from pathlib import PurePosixPath
 from typing import Any
 
 from mgit.errors import InputError, InvalidOptionError, MissingDependencyError
+from mgit.formats.tensors import TORCH_SUFFIXES
 from mgit.repo.repository import Repo
 from mgit.store.objectformat import file_expected
 from mgit.store.objects import Manifest
 from mgit.store.reader import state_dicts
 
 LOADING_OPTIONS = {"device_map", "attn_implementation", "quantization_config", "key_mapping"}  # from_pretrained's own
+# Weight files other frameworks write, which MGit keeps as bytes: a version holding its weights
+# only in one of these has no tensors to load, and that is said rather than loaded as nothing.
+OPAQUE_WEIGHTS = (*TORCH_SUFFIXES, ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")
 RepoLike = Repo | str | os.PathLike[str] | None
 
 __all__ = ["load", "load_many", "load_pretrained"]
@@ -78,6 +83,7 @@ def load_pretrained(ref: str, model_class: Any, *, repo: RepoLike = None, **kwar
     transformers = _module("transformers", "Loading a transformers model")
     if isinstance(model_class, type) and _is_tokenizer(model_class, transformers):
         return _tokenizer(repo_, manifest, ref, transformers, kwargs)
+    _require_tensors(ref, manifest)
     config = _config(repo_, manifest, ref, transformers)
     concrete = model_class
     mapping = getattr(model_class, "_model_mapping", None)
@@ -93,9 +99,32 @@ def load_pretrained(ref: str, model_class: Any, *, repo: RepoLike = None, **kwar
     for key in [k for k in kwargs if k not in LOADING_OPTIONS and hasattr(config, k)]:
         setattr(config, key, kwargs.pop(key))  # as from_pretrained does: num_labels=3 configures the model
     state = _load([vid], repo_, "torch", None, dtype, None, shared=False)[0]
+    if not state:
+        raise InputError(ref, "has no tensors: there are no weights to build a model from")
+    wants_info = kwargs.pop("output_loading_info", False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        return concrete.from_pretrained(None, config=config, state_dict=state, **kwargs)
+        model, info = concrete.from_pretrained(
+            None, config=config, state_dict=state, output_loading_info=True, **kwargs
+        )
+    _require_weights_used(ref, model, info, len(state))
+    return (model, info) if wants_info else model
+
+
+def _require_weights_used(ref: str, model: Any, info: dict[str, Any], count: int) -> None:
+    """A model none of whose parameters came from the version would be randomly initialised
+    with no more than a logged warning: that is an error here. A model some of whose weights
+    are new (a task head on a base, as transformers allows) is returned as transformers does."""
+    missing = set(info.get("missing_keys", ())) | {m[0] for m in info.get("mismatched_keys", ())}
+    expected = set(model.state_dict())
+    if expected and expected <= missing:
+        names = sorted(info.get("unexpected_keys", ()))[:2]
+        raise InputError(
+            ref,
+            f"none of its {count} tensors fit {type(model).__name__} (unexpected: {', '.join(names) or 'none'}):"
+            " the model would be all random weights",
+            hint="Load it with the class its config.json and weights were saved for",
+        )
 
 
 def _open(repo: RepoLike) -> Repo:
@@ -115,9 +144,25 @@ def _load(
     """These versions' state dicts (mgit.store.reader.state_dicts), their objects fetched at once
     in a lazy clone."""
     versions = [(vid, repo.manifest(vid)) for vid in (repo.resolve(r) for r in refs)]
+    for ref, (_, manifest) in zip(refs, versions, strict=True):
+        _require_tensors(ref, manifest)
     if repo.store.lazy:
         repo.store.fetch({t.object for _, m in versions for t in m.tensors()})
     return state_dicts(repo.store, versions, framework=framework, device=device, dtype=dtype, jobs=jobs, shared=shared)
+
+
+def _require_tensors(ref: str, manifest: Manifest) -> None:
+    """Refuses a version whose weights are only in files MGit keeps as bytes (a PyTorch pickle,
+    a GGUF file): loading it would give an empty state dict, or a model of random weights."""
+    if manifest.tensors():
+        return
+    opaque = [f.path for f in manifest.files if PurePosixPath(f.path).suffix.lower() in OPAQUE_WEIGHTS]
+    if opaque:
+        raise InputError(
+            f"{ref}:{opaque[0]}",
+            "holds the weights in a file MGit stores as opaque bytes (never unpickled), so it has no tensors to load",
+            hint=f"Check it out (mgit checkout {ref}) and load the folder with from_pretrained",
+        )
 
 
 def _file(repo: Repo, manifest: Manifest, ref: str, path: str) -> bytes | None:

@@ -8,7 +8,9 @@ running user code), and hashes it: a result recorded for one source is reused on
 file is unchanged.
 
 Child protocol: `python -m mgit.usercode MODE SPEC ARGS...` prints, on its last marked line,
-the JSON of what the function returned; anything else it prints is kept as the run's output.
+the JSON of what the function returned, or of the one line naming the exception it raised
+(`raised KeyError: 'acc'`, the traceback going to the output); anything else it prints is kept
+as the run's output.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +38,8 @@ from mgit.reports import json_safe
 
 DEFAULT_TIMEOUT = 600.0  # seconds a test or gate run may take unless told otherwise
 RESULT_MARK = "MGIT-RESULT "
+ERROR_MARK = "MGIT-RAISED "  # the child's line naming the exception the function (or its import) raised
+MAX_ERROR = 300  # characters of that line
 MAX_OUTPUT = 64 * 1024  # of a run's output kept for `mgit test show --output`
 SOURCE_FILE = "mgit_recorded_source.py"  # what a recorded source runs as, in its temporary folder
 
@@ -251,7 +256,13 @@ def run(
         return RunOutcome(False, None, f"did not finish within {timeout:g} s", _tail(output), time.monotonic() - start)
     seconds = time.monotonic() - start
     marked = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARK)]
-    output = "\n".join(ln for ln in proc.stdout.splitlines() if not ln.startswith(RESULT_MARK)) + proc.stderr
+    raised = [ln for ln in proc.stdout.splitlines() if ln.startswith(ERROR_MARK)]
+    output = (
+        "\n".join(ln for ln in proc.stdout.splitlines() if not ln.startswith((RESULT_MARK, ERROR_MARK))) + proc.stderr
+    )
+    if raised and proc.returncode == 1 and not marked:
+        why = "".join(c if c.isprintable() else "?" for c in raised[-1][len(ERROR_MARK) :].strip()[:MAX_ERROR])
+        return RunOutcome(False, None, f"raised {why}", _tail(output), seconds)
     if proc.returncode != 0 or not marked:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         why = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
@@ -314,15 +325,22 @@ def _encode(value: Any) -> str:
 
 def main(argv: list[str]) -> int:
     mode, spec, *args = argv
-    fn = load_function(spec)
-    if mode == "call":
-        value = fn(*args)
-    elif mode == "recipe":
-        out, params, *parents = args
-        fn([Path(p) for p in parents], Path(out), **json.loads(params))
-        value = {"written": out}
-    else:
+    if mode not in ("call", "recipe"):
         raise SystemExit(f"unknown mode {mode!r}")
+    try:
+        fn = load_function(spec)
+        if mode == "call":
+            value = fn(*args)
+        else:
+            out, params, *parents = args
+            fn([Path(p) for p in parents], Path(out), **json.loads(params))
+            value = {"written": out}
+    except Exception as exc:  # the user's function raised: an error with its one line (SystemExit is an exit)
+        traceback.print_exc()
+        line = (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]
+        sys.stdout.flush()
+        sys.stdout.write("\n" + ERROR_MARK + line[:MAX_ERROR] + "\n")
+        return 1
     sys.stdout.flush()
     sys.stdout.write("\n" + RESULT_MARK + _encode(value) + "\n")
     return 0

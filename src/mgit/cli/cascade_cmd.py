@@ -45,6 +45,14 @@ OUTPUT_LINES = 15  # of a failed recipe's output, shown under the report
     is_flag=True,
     help="Run each recipe from the source recorded with its version, not from the file here.",
 )
+@click.option(
+    "--ignore-tests",
+    "ignore_tests",
+    multiple=True,
+    metavar="NAME",
+    help="Rebuild even where test NAME does not pass on a parent or a new version (repeatable; recorded "
+    "in the report and in each new version's message).",
+)
 @executor_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan (with --dry-run) or the report as JSON.")
 @click.pass_context
@@ -56,6 +64,7 @@ def cascade(
     only: str | None,
     timeout: float | None,
     recorded_source: bool,
+    ignore_tests: tuple[str, ...],
     as_json: bool,
     **cluster: Any,
 ) -> None:
@@ -68,11 +77,18 @@ def cascade(
     interruption and it resumes with the models still built on old versions. A model
     without a recipe is listed with the command that records one.
 
+    A parent whose test fails or errs blocks the models built on it, unless that test is
+    named with --ignore-tests (each one by name: an override says what it overrides).
+    Exit code 1 when a model is blocked or fails (with --dry-run: when one would be blocked);
+    a dry run runs no test and names the parents' tests not run yet, which the run runs
+    first.
+
     \b
     Examples:
       mgit cascade bert-base --dry-run
       mgit cascade bert-base --jobs 2
       mgit cascade bert-base --only 'bert-sst2*' --json
+      mgit cascade bert-base --ignore-tests sst2
       RAY_ADDRESS=head:6379 mgit cascade bert-base --executor ray --num-gpus 1
 
     With --executor ray, each recipe and test run is a Ray task on the cluster, reading
@@ -80,7 +96,7 @@ def cascade(
     first, and each new version's ref moves here and on the remote as it is committed.
     """
     repo = ctx.obj.repo()
-    plan = plan_cascade(repo, name, only=only, recorded_source=recorded_source)
+    plan = plan_cascade(repo, name, only=only, recorded_source=recorded_source, ignore_tests=ignore_tests)
     trust = cluster.pop("trust_remote_code")
     if not dry_run:  # before anything is printed or connected: code from a remote needs the flag
         require_trust(repo, plan, trust_remote_code=trust)
@@ -110,7 +126,7 @@ def cascade(
             out.print("\nDry run: nothing was run.")
     else:
         _print_report(report)
-    if report.failed:
+    if not report.ok:
         ctx.exit(1)
 
 
@@ -124,6 +140,10 @@ def _how(step: CascadeStep) -> str:
             text += "  [runs the recorded source]"
         elif step.source_changed:
             text += "  [recipe file changed since]"
+        if step.untested:
+            text += f"  [not tested yet, the run tests first: {', '.join(step.untested)}]"
+        if step.ignored:
+            text += f"  [ignoring: {'; '.join(step.ignored)}]"
         return text
     return f"{step.action}: {step.reason}" if step.reason else step.action
 
@@ -141,6 +161,8 @@ def _print_plan(plan: CascadePlan) -> None:
     }
     counts = [f"{plan.count(a)} {w}" for a, w in words.items() if plan.count(a)]
     out.print(f"Cascade from {plan.ref}: {', '.join(counts)}")
+    if plan.ignored_tests:
+        out.print(f"Failing tests ignored (--ignore-tests): {', '.join(plan.ignored_tests)}")
     t = table("model", "now", "rebuild on", "how")
     for s in plan.steps:
         t.add_row(
@@ -197,11 +219,15 @@ def _print_report(report: CascadeReport) -> None:
             tail = [ln for ln in r.output.strip().splitlines()][-OUTPUT_LINES:]
             for line in tail:
                 out.print(f"  | {line}")
+        elif r.status == "blocked":
+            out.print(f"\n{r.model} is blocked: {r.reason}")
         elif r.status == "failed-tests":
             reasons = [
                 f"{t.test}: {'; '.join(t.reasons) or t.status}" for t in r.tests_after or [] if t.status != "pass"
             ]
-            out.print(f"\n{r.new_ref} was committed but fails {'; '.join(reasons)}")
+            out.print(f"\n{r.new_ref} was committed but does not pass: {'; '.join(reasons)}")
+        if r.ignored:
+            out.print(f"\nnote: {r.model} was rebuilt over failing tests ignored: {'; '.join(r.ignored)}")
     counts = [
         f"{report.count(s)} {s}"
         for s in ("updated", "failed-recipe", "failed-tests", "blocked", "manual")

@@ -1,4 +1,4 @@
-"""Repository commands: init, add, checkout, ls, log, show, du, fsck, gc, rm.
+"""Repository commands: init, add, checkout, fsck, gc, rm (the inspection commands are in inspect_cmd).
 
 Each is a few lines over one `Repo` call; `--json` prints the same result as data.
 """
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import click
 
-from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size, table
+from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size
 from mgit.repo.repository import Repo
-from mgit.reports import ParentInfo, VersionInfo
+from mgit.reports import ParentInfo
 from mgit.store.lossy_policy import DEFAULT_GUARD, LossyPolicy, describe
 from mgit.store.objects import RELATIONS
 from mgit.usercode import DEFAULT_TIMEOUT
@@ -27,21 +27,11 @@ def _repo(ctx: click.Context) -> Repo:
     return ctx.obj.repo()
 
 
-def _parents(parents: list[ParentInfo]) -> str:
+def parents_text(parents: list[ParentInfo]) -> str:
     return ", ".join(f"{p.label} ({p.relation})" for p in parents) or "-"
 
 
-def _tensor_storage(counts: dict[str, int]) -> str:
-    """'3 deduplicated, 100 delta, 0 derived, 3 standalone': how a user sees dedup happen."""
-    kinds = ("deduplicated", "delta", "derived", "standalone")
-    return ", ".join(f"{counts.get(k, 0)} {k}" for k in kinds)
-
-
-def _lossy_mark(lossy: object) -> str:
-    return " [lossy]" if lossy else ""
-
-
-def _lossy_bound(lossy: dict | None) -> str:
+def lossy_bound(lossy: dict | None) -> str:
     """'|error| <= 0.001 (max 0.000998, 12 tensors)' for a lossy version."""
     if not lossy:
         return ""
@@ -299,8 +289,8 @@ def add(
             if result.reused_bytes
             else ""
         )
-        + (f"; parents: {_parents(result.parents)}" if result.parents else "")
-        + (f"; lossy: {_lossy_bound(result.lossy)}" if result.lossy else "")
+        + (f"; parents: {parents_text(result.parents)}" if result.parents else "")
+        + (f"; lossy: {lossy_bound(result.lossy)}" if result.lossy else "")
     )
 
 
@@ -372,222 +362,6 @@ def default_model_name(path: Path) -> str:
     it is), or a file's name without its suffix."""
     resolved = path.resolve()
     return resolved.name if path.is_dir() else resolved.stem
-
-
-@click.command(name="ls")
-@click.option("--tag", "tag", metavar="KEY[=VALUE]", default=None, help="Models whose latest version has this tag.")
-@json_option
-@click.pass_context
-def ls(ctx: click.Context, tag: str | None, as_json: bool) -> None:
-    """List models: latest version, parents and relation, size.
-
-    \b
-    Example:
-      mgit ls --json
-      mgit ls --tag stage=prod
-    """
-    models = _repo(ctx).ls(tag=tag)
-    if as_json:
-        print_json([m.to_json() for m in models])
-        return
-    if not models and tag is not None:
-        out.print(f"No model's latest version has the tag {tag}. See: mgit log --tag {tag}")
-        return
-    if not models:
-        out.print("No models yet. Add one with: mgit add PATH --name NAME")
-        return
-    t = table("model", "version", "id", "parents", "size", "updated")
-    for m in models:
-        t.add_row(
-            m.name + _lossy_mark(m.lossy),
-            f"@{m.seq}",
-            short(m.head),
-            _parents(m.parents),
-            size(m.logical_bytes),
-            m.time[:19].replace("T", " "),
-        )
-    out.print(t)
-
-
-def _version_line(v: VersionInfo) -> str:
-    tags = " ".join(f"{k}={val}" for k, val in sorted(v.tags.items()))
-    return "\n".join(
-        line
-        for line in [
-            f"{v.ref} {v.id}{_lossy_mark(v.lossy)}{' [removed]' if v.removed else ''}",
-            f"  date:    {v.time}",
-            f"  author:  {v.author}",
-            f"  parents: {_parents(v.parents)}" if v.parents else "",
-            f"  lossy:   {_lossy_bound(v.lossy)}" if v.lossy else "",
-            f"  tags:    {tags}" if tags else "",
-            f"  size:    {size(v.logical_bytes)} in {plural(v.files, 'file')}, {plural(v.tensors, 'tensor')}; "
-            f"{size(v.new_bytes)} new in storage",
-            f"  {v.message}" if v.message else "",
-        ]
-        if line
-    )
-
-
-@click.command()
-@click.argument("ref", required=False)
-@click.option("--oneline", is_flag=True, help="One line per version: REF, id, date, the message's first line.")
-@click.option("-n", "--max-count", "limit", type=click.IntRange(0), default=None, help="Show at most N versions.")
-@click.option("--since", metavar="DATE", default=None, help="Versions made on or after DATE (2026-11-30, or a time).")
-@click.option("--tag", "tag", metavar="KEY[=VALUE]", default=None, help="Versions tagged KEY (with VALUE).")
-@click.option(
-    "--relation", type=click.Choice(RELATIONS), default=None, help="Versions with a lineage parent of this relation."
-)
-@json_option
-@click.pass_context
-def log(
-    ctx: click.Context,
-    ref: str | None,
-    oneline: bool,
-    limit: int | None,
-    since: str | None,
-    tag: str | None,
-    relation: str | None,
-    as_json: bool,
-) -> None:
-    """Show the versions of a model, newest first; without a model, every version of every
-    model, newest first.
-
-    \b
-    Examples:
-      mgit log bert-sst2
-      mgit log --oneline -n 10
-      mgit log --since 2026-11-30 --tag task=sst2
-    """
-    from mgit.store.objects import tag_matches
-
-    versions = _repo(ctx).log(ref)
-    if since is not None:
-        versions = [v for v in versions if v.time >= since]
-    if tag is not None:
-        versions = [v for v in versions if tag_matches(tag, v.tags)]
-    if relation is not None:
-        versions = [v for v in versions if any(p.relation == relation for p in v.parents)]
-    versions = versions[:limit] if limit is not None else versions
-    if as_json:
-        print_json([v.to_json() for v in versions])
-        return
-    if oneline:
-        for v in versions:
-            first = v.message.splitlines()[0] if v.message else ""
-            out.print(f"{v.ref}{' [removed]' if v.removed else ''} {short(v.id)} {v.time[:10]} {first}".rstrip())
-        return
-    out.print("\n\n".join(_version_line(v) for v in versions))
-
-
-@click.command()
-@click.argument("ref")
-@click.option(
-    "--sha256",
-    "with_sha256",
-    is_flag=True,
-    help="Also the sha256 of every file, as sha256sum prints it (the files are rebuilt to hash them).",
-)
-@json_option
-@click.pass_context
-def show(ctx: click.Context, ref: str, with_sha256: bool, as_json: bool) -> None:
-    """Show one version: files, tensors and parameters, dtypes, storage, parents. A file's
-    blake3 is what MGit records; --sha256 rebuilds the files to print what sha256sum would.
-
-    \b
-    Examples:
-      mgit show bert-sst2@1
-      mgit show bert-sst2 --sha256
-    """
-    repo = _repo(ctx)
-    result = repo.show(ref)
-    sums = _sha256_of_files(repo, result.version.id) if with_sha256 else None
-    if as_json:
-        print_json({**result.to_json(), **({"sha256": sums} if sums is not None else {})})
-        return
-    v = result.version
-    out.print(_version_line(v))
-    out.print(f"  params:  {v.params:,} ({', '.join(f'{d} {n:,}' for d, n in sorted(result.dtypes.items()))})")
-    out.print(
-        f"  stored:  {size(v.stored_bytes)} for {size(v.logical_bytes)} "
-        f"({result.shared_objects} objects shared with other versions)"
-    )
-    out.print(f"  tensors: {_tensor_storage(result.tensor_storage)}")
-    if v.recipe:
-        params = " ".join(f"{k}={json.dumps(val)}" for k, val in sorted(v.recipe.get("params", {}).items()))
-        out.print(f"  recipe:  {v.recipe.get('fn')} {params} (source {short(v.recipe.get('source_sha256'))})")
-    out.print("")
-    files = table("file", "type", "tensors", "size", "blake3")
-    for f in result.files:
-        kind = f.type + (f" (from {f.converted_from})" if f.converted_from else "")
-        files.add_row(f.path, kind, str(f.tensors or ""), size(f.size), short(f.digest))
-    out.print(files)
-    storage = table("codec", "objects", "logical", "stored", "factor", title="storage")
-    for s in result.storage:
-        factor = f"{s.logical_bytes / s.stored_bytes:.2f}x" if s.stored_bytes else "-"
-        storage.add_row(s.codec, str(s.objects), size(s.logical_bytes), size(s.stored_bytes), factor)
-    out.print(storage)
-    if sums is not None:
-        out.print("")
-        for path, digest in sums.items():
-            out.print(f"{digest}  {path}")  # as sha256sum prints it: `sha256sum -c` reads it back
-
-
-def _sha256_of_files(repo: Repo, version: str) -> dict[str, str]:
-    """sha256 of each file of a version, from a verified checkout into a temporary folder
-    inside the repository (the files are rebuilt, then hashed and removed)."""
-    import hashlib
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="sha256-", dir=repo.dir) as folder:
-        done = repo.checkout(version, Path(folder) / "files")
-        root = Path(done.out_dir)
-        sums = {}
-        for f in repo.manifest(version).files:
-            with (root / f.path).open("rb") as fh:
-                sums[f.path] = hashlib.file_digest(fh, "sha256").hexdigest()
-        return sums
-
-
-@click.command()
-@json_option
-@click.pass_context
-def du(ctx: click.Context, as_json: bool) -> None:
-    """Disk usage: logical bytes (every version as plain files) vs stored bytes.
-
-    \b
-    Example:
-      mgit du
-    """
-    result = _repo(ctx).du()
-    if as_json:
-        print_json(result.to_json())
-        return
-    t = table("model", "versions", "logical", "stored", "factor", "tensors: dedup", "delta", "derived", "standalone")
-    for m in result.models:
-        t.add_row(
-            m.name,
-            str(m.versions),
-            size(m.logical_bytes),
-            size(m.stored_bytes),
-            f"{m.reduction:.2f}x",
-            *(str(m.tensor_storage.get(k, 0)) for k in ("deduplicated", "delta", "derived", "standalone")),
-        )
-    t.add_row(
-        "repository",
-        str(sum(m.versions for m in result.models)),
-        size(result.logical_bytes),
-        size(result.stored_bytes),
-        f"{result.reduction:.2f}x",
-    )
-    out.print(t)
-    out.print("(a model's stored bytes count every object it uses, shared ones included)")
-    if result.local_bytes is not None:
-        out.print(
-            f"lazy clone: {size(result.local_bytes)} here, {size(result.remote_only_bytes)} on the remote only "
-            "(fetched when read; mgit fetch --objects REF brings them now)"
-        )
-    if result.unreachable_bytes:
-        out.print(f"{size(result.unreachable_bytes)} in objects no model uses; free them with: mgit gc")
 
 
 @click.command()

@@ -133,7 +133,10 @@ def _print_tensors(r: DiffResult, every_tensor: bool) -> None:
 def _print_files(files: list[FileDiff]) -> None:
     if not files:
         return
-    parts = [f"{f.path} {WORDS[f.status]}" + (f" ({f.note})" if f.note else "") for f in files]
+    parts = [
+        f"{f.path}{f' -> {f.path_b}' if f.path_b else ''} {WORDS[f.status]}" + (f" ({f.note})" if f.note else "")
+        for f in files
+    ]
     out.print("Files: " + ", ".join(parts))
     for f in files:
         if f.diff:

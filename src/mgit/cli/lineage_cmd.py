@@ -45,6 +45,8 @@ def _label(node: ModelNode, edge: LineageEdge | None) -> str:
         parts.append("[lossy]")
     if node.removed:
         parts.append("[removed]")
+    if node.remote_only:
+        parts.append("[remote-only]")
     if edge is not None and edge.stale:
         parts.append(f"(stale: {edge.child} built on {edge.parent_ref}, latest @{edge.latest_seq})")
     return "  ".join(parts)

@@ -26,11 +26,10 @@ if TYPE_CHECKING:
 # Each command is imported when it runs (or when --help lists it): a command module loads
 # what its command needs, and `mgit ls` must not wait for numpy, the codecs or rich.
 COMMANDS = {
-    **{
-        name: f"mgit.cli.commands:{name}"
-        for name in ("init", "add", "checkout", "ls", "log", "show", "du", "fsck", "gc", "rm")
-    },
+    **{name: f"mgit.cli.commands:{name}" for name in ("init", "add", "checkout", "fsck", "gc", "rm")},
+    **{name: f"mgit.cli.inspect_cmd:{name}" for name in ("ls", "log", "show", "du")},
     "diff": "mgit.cli.diff_cmd:diff",
+    "status": "mgit.cli.status_cmd:status",
     "lineage": "mgit.cli.lineage_cmd:lineage",
     "tag": "mgit.cli.refs_cmd:tag",
     "rename": "mgit.cli.refs_cmd:rename",

@@ -78,6 +78,13 @@ def _pairs(values: tuple[str, ...], option: str, cast: type = float) -> dict[str
     metavar="GLOB=REF:PREFIX",
     help="REF's tensors matching GLOB kept unmerged as PREFIX + name (both task heads); repeatable.",
 )
+@click.option(
+    "--file",
+    "file",
+    default=None,
+    metavar="NAME",
+    help="The merged weight file's name, for inputs of one file each (default: the first input's).",
+)
 @click.option("--name", required=True, help="The model the merge is added to.")
 @click.option("-m", "--message", default="", help="The version's message.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -95,6 +102,7 @@ def merge(
     seed: int,
     takes: tuple[str, ...],
     renames: tuple[str, ...],
+    file: str | None,
     name: str,
     message: str,
     as_json: bool,
@@ -111,6 +119,7 @@ def merge(
       mgit merge ft-a ft-b --method ties --base base --density 0.5 --name merged
       mgit merge base ft --method slerp --base base --param t=0.3 --name halfway
       mgit merge --config merge.yml --name merged
+      mgit merge ft_a ft_b --method task_arithmetic --base base --file merged.safetensors --name merged
     """
     from mgit.merging import merge as merge_refs
     from mgit.merging import merge_config
@@ -118,9 +127,11 @@ def merge(
     repo = ctx.obj.repo()
     if config is not None:
         if refs or method or base or weights or densities or params or dtype or takes or renames:
-            raise click.UsageError("--config says everything the merge needs; give it alone (with --name, -m, --seed)")
+            raise click.UsageError(
+                "--config says everything the merge needs; give it alone (with --name, -m, --seed, --file)"
+            )
         with progress_bar(f"Merging into {name}", enabled=not as_json) as bar:
-            result = merge_config(repo, config, name=name, message=message, seed=seed, progress=bar)
+            result = merge_config(repo, config, name=name, message=message, seed=seed, file=file, progress=bar)
     else:
         if method is None or len(refs) + (base is not None and base not in refs) < 2:
             raise click.UsageError("give two or more REFs and --method (or --config FILE)")
@@ -145,6 +156,7 @@ def merge(
                 seed=seed,
                 take={g: str(r) for g, r in _pairs(takes, "--take", str).items()},
                 rename=[_rename(r) for r in renames],
+                file=file,
                 message=message,
                 progress=bar,
             )

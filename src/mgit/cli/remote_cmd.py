@@ -272,7 +272,12 @@ def pull(ctx: click.Context, remote: str, ff_only: bool, as_json: bool) -> None:
 @click.command()
 @click.argument("url")
 @click.argument("directory", required=False)
-@click.option("--models", metavar="GLOB", help="Only the models matching GLOB (with what they derive from).")
+@click.option(
+    "--models",
+    metavar="GLOB",
+    help="Only the models matching GLOB, whole; the versions they derive from come as records "
+    "(remote-only: show and checkout fetch what they read).",
+)
 @click.option("--lazy", is_flag=True, help="Records only: objects are fetched when something reads them.")
 @endpoint_option
 @region_option

@@ -173,10 +173,18 @@ def _change(o: CheckOutcome) -> str:
     return ", ".join(deltas) + f" ({o.parent}: {o.parent_status})" if deltas else f"{o.parent}: {o.parent_status}"
 
 
+def _provenance(o: CheckOutcome) -> str:
+    """` (recorded)` for a reused result; with the verdict it was recorded with when the
+    test's conditions now judge it otherwise."""
+    if o.recorded_status is not None:
+        return f" (recorded {o.recorded_status.upper()}, judged now)"
+    return " (recorded)" if o.reused else ""
+
+
 def print_outcomes(outcomes: list[CheckOutcome], *, output: bool = False) -> None:
     t = table("model", "test", "result", "metrics", "vs parent", "why")
     for o in outcomes:
-        result = o.status.upper() + (" (recorded)" if o.reused else "")
+        result = o.status.upper() + _provenance(o)
         t.add_row(o.ref, o.test, result, _metrics(o.metrics), _change(o), "; ".join(o.reasons) or "-")
     out.print(t)
     if output:
@@ -223,9 +231,12 @@ def test_run(
     as_json: bool,
     **cluster: Any,
 ) -> None:
-    """Run the tests that apply, each in its own process; exit code 1 if any fails.
+    """Run the tests that apply, each in its own process; exit code 1 if any fails or errs.
 
-    Results are recorded per version and test source, and reused unless --force.
+    A test fails when its metrics break its conditions (or it returns passed: false); it
+    errs when it gives no verdict: it raises, times out, crashes or returns no metrics.
+    Results are recorded per version and test source, and reused unless --force; a reused
+    result is judged by the test's conditions now, without running it again.
 
     \b
     Examples:
@@ -264,9 +275,11 @@ def test_run(
             print_outcomes(result.outcomes, output=show_output)
         if result.skipped:
             err.print(f"note: no test applies to {', '.join(result.skipped)}")
-        failed = len(result.failed)
-        out.print(f"{plural(len(result.outcomes) - failed, 'test')} passed, {failed} failed")
-    if result.failed:
+        passed = len(result.outcomes) - len(result.failed) - len(result.errors)
+        out.print(
+            f"{plural(passed, 'test')} passed, {len(result.failed)} failed, {plural(len(result.errors), 'error')}"
+        )
+    if not result.ok:
         ctx.exit(1)
 
 
@@ -321,10 +334,12 @@ def bisect(
         out.print(f"  {s.ref:<30} {s.status}{' (recorded)' if s.reused else ''}")
     why = f": {'; '.join(result.reasons)}" if result.reasons else ""
     if result.parent is None:
-        out.print(f"{test} fails at {result.culprit}, a root: it never passed{why}")
+        verb = "fails" if result.status == "fail" else "raises an error"
+        out.print(f"{test} {verb} at {result.culprit}, a root: it never passed{why}")
     else:
         how = f"derived by {result.relation}" if result.edge == "lineage" else "a new version"
-        out.print(f"{test} started failing at {result.culprit} ({how} from {result.parent}, which passes){why}")
+        verb = "failing" if result.status == "fail" else "to raise an error"
+        out.print(f"{test} started {verb} at {result.culprit} ({how} from {result.parent}, which passes){why}")
         if result.also:
             out.print(f"  its other ancestors pass too: {'; '.join(result.also)}")
         summary = (result.diff or {}).get("summary") or {}

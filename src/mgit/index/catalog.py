@@ -87,11 +87,20 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
 
 
 class Catalog(UsageQueries):
-    def __init__(self, path: Path, *, removed: Callable[[], set[str]] = set) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        removed: Callable[[], set[str]] = set,
+        remote: Callable[[], Callable[[str], bool]] = lambda: lambda _name: False,
+    ) -> None:
         """`removed` reads the versions removed from inside a history (mgit.index.retired),
-        which a history still passes through and displays must say are removed."""
+        which a history still passes through and displays must say are removed; `remote`
+        says which models without a ref here a remote holds (their versions are not removed:
+        they are remote-only, as a clone of some models brings its ancestors)."""
         super().__init__(path, MIGRATIONS, synchronous="NORMAL")  # derived data: a lost commit is re-derived
         self._removed = removed
+        self._remote = remote
 
     # --- writing ------------------------------------------------------------------------
     def add_objects(self, rows: Iterable[ObjectRow]) -> None:
@@ -198,15 +207,16 @@ class Catalog(UsageQueries):
             tx.execute("DELETE FROM edges WHERE child NOT IN (SELECT id FROM versions)")
             tx.execute("DELETE FROM version_objects WHERE version NOT IN (SELECT id FROM versions)")
             tx.execute("DELETE FROM tag_overlays WHERE version NOT IN (SELECT id FROM versions)")
-            self._mark_histories(tx, self._removed())
+            self._mark_histories(tx, self._removed(), self._remote())
             # Sketches stay: a fetched version's (from a remote's pack) is wanted once a pull
             # makes it reachable; gc removes those of versions it deletes.
 
     @staticmethod
-    def _mark_histories(tx: Any, marked: set[str]) -> None:
+    def _mark_histories(tx: Any, marked: set[str], remote: Callable[[str], bool]) -> None:
         """Each version on a model's history (its head and predecessors) belongs to that model
-        (the ref's name: a renamed model's versions recorded the old one), and every other
-        version left (kept as a live version's lineage parent), or `marked`, is removed."""
+        (the ref's name: a renamed model's versions recorded the old one). Every other version
+        left (kept as a live version's lineage parent) is removed, unless it is of a model
+        with no ref here that a remote holds (remote-only); so is every one `marked`."""
         owned = dict(
             tx.execute(
                 """WITH RECURSIVE chain(id, name) AS (
@@ -216,15 +226,14 @@ class Catalog(UsageQueries):
                    SELECT id, name FROM chain"""
             )
         )
-        rows = tx.execute("SELECT id, model, removed FROM versions").fetchall()
-        tx.executemany(
-            "UPDATE versions SET model = ?, removed = ? WHERE id = ?",
-            [
-                (owned.get(vid, model), int(vid not in owned or vid in marked), vid)
-                for vid, model, removed in rows
-                if owned.get(vid, model) != model or bool(removed) != (vid not in owned or vid in marked)
-            ],
-        )
+        names = set(owned.values())
+        changes = []
+        for vid, model, removed in tx.execute("SELECT id, model, removed FROM versions").fetchall():
+            name = owned.get(vid, model)
+            gone = vid in marked or (vid not in owned and (model in names or not remote(model)))
+            if name != model or bool(removed) != gone:
+                changes.append((name, int(gone), vid))
+        tx.executemany("UPDATE versions SET model = ?, removed = ? WHERE id = ?", changes)
 
     def index(self, store: ObjectStore, *vids: str) -> None:
         """Index these versions and every version they link to that is not indexed yet,

@@ -6,7 +6,8 @@ A node is a model; its edges are the lineage parents recorded in its latest vers
 naming the exact parent version it was derived from. An edge is *stale* when that parent
 version is no longer the parent model's latest: the child was built on an old base (a
 cascade brings it up to date). A parent version whose model was removed stays in the graph
-as a `removed` node, since the child still records it and the store still keeps it.
+as a `removed` node, since the child still records it and the store still keeps it (or as
+`remote_only`, when a remote holds it: a clone of some models brings its ancestors as records).
 
 `Lineage.load(catalog)` reads the whole graph in two queries and answers every query in
 memory, so thousands of models cost milliseconds. The graph is a snapshot: load it again
@@ -18,7 +19,7 @@ from __future__ import annotations
 import fnmatch
 import heapq
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from itertools import takewhile
 from typing import Any
@@ -69,6 +70,7 @@ class ModelNode(FlatReport):
     tags: dict[str, str]
     lossy: dict[str, Any] | None = None
     removed: bool = False  # no ref: kept because a live model was derived from one of its versions
+    remote_only: bool = False  # no ref here, but a remote holds it (a clone of some models brought its records)
 
 
 @dataclass(frozen=True)
@@ -121,8 +123,14 @@ class TreeNode(Report):
 
 class Lineage:
     def __init__(
-        self, versions: dict[str, VersionNode], heads: dict[str, str], edges: list[tuple[str, int, str, str]]
+        self,
+        versions: dict[str, VersionNode],
+        heads: dict[str, str],
+        edges: list[tuple[str, int, str, str]],
+        *,
+        remote: Callable[[str], bool] | None = None,
     ) -> None:
+        self._remote = remote = remote or (lambda _name: False)
         self._versions = versions
         self._heads = heads
         self.nodes: dict[str, ModelNode] = {}
@@ -158,7 +166,8 @@ class Lineage:
                         sum(v.new_bytes for v in chain),
                         pv.tags,
                         pv.lossy,
-                        removed=True,
+                        removed=not remote(pv.model),
+                        remote_only=remote(pv.model),
                     )
                     self.nodes[pv.model] = pnode
                     model_versions[pv.model] = chain
@@ -181,10 +190,12 @@ class Lineage:
         self._model_versions = model_versions
 
     @classmethod
-    def load(cls, catalog: Catalog) -> Lineage:
+    def load(cls, catalog: Catalog, *, remote: Callable[[str], bool] | None = None) -> Lineage:
+        """The graph the catalog indexes; `remote` says whether a model without a ref here is
+        held by a remote (shown remote-only rather than removed)."""
         rows, edges = catalog.graph_rows()
         versions = {r["id"]: VersionNode(**r) for r in rows}
-        return cls(versions, catalog.heads(), edges)
+        return cls(versions, catalog.heads(), edges, remote=remote)
 
     def _chain(self, vid: str) -> list[VersionNode]:
         """A version and its predecessors, newest first, as far as the catalog indexes them."""
@@ -264,7 +275,8 @@ class Lineage:
             sum(c.new_bytes for c in chain),
             v.tags,
             v.lossy,
-            removed=live is None or live.removed,
+            removed=live.removed if live is not None else not self._remote(v.model),
+            remote_only=live.remote_only if live is not None else self._remote(v.model),
         )
 
     def descendants(self, name: str, *, depth: int | None = None) -> list[str]:

@@ -51,6 +51,7 @@ def merge(
     seed: int = 0,
     take: dict[str, str] | None = None,
     rename: list[tuple[str, str, str]] | None = None,
+    file: str | None = None,
     message: str = "",
     progress: StartProgress | None = None,
 ) -> AddResult:
@@ -59,7 +60,8 @@ def merge(
     the refs as given (or their model names); a single `density` applies to every input.
     `take` maps tensor globs to the ref whose tensor is used unmerged (a task head);
     `rename` rules (glob, ref, prefix) keep that ref's matching tensors unmerged under
-    prefix + name (both task heads of two task models). `progress(total_bytes)` may
+    prefix + name (both task heads of two task models). `file` names the merged weight file
+    when the inputs are single files (by default the first input's name). `progress(total_bytes)` may
     return a callback that receives bytes as the merge, then the add, does them."""
     refs = list(refs)
     if base is not None and base not in refs:
@@ -88,6 +90,7 @@ def merge(
         seed=seed,
         take=[(glob, position(ref, "--take")) for glob, ref in (take or {}).items()],
         rename=[(g, position(ref, "--rename"), x) for g, ref, x in rename or []],
+        file=file,
     )
     return _run(repo, spec, vids, name=name, message=message, progress=progress)
 
@@ -99,9 +102,11 @@ def merge_config(
     name: str,
     message: str = "",
     seed: int = 0,
+    file: str | None = None,
     progress: StartProgress | None = None,
 ) -> AddResult:
-    """Merge as the mergekit YAML config at `config` says; `seed` for the DARE methods' masks."""
+    """Merge as the mergekit YAML config at `config` says; `seed` for the DARE methods' masks,
+    `file` as for `merge`."""
     path = Path(config)
     try:
         text = path.read_text()
@@ -141,6 +146,7 @@ def merge_config(
         seed=seed,
         take=[(glob, position(ref, "take")) for glob, ref in cfg.take],
         rename=[(g, position(ref, "rename"), x) for g, ref, x in cfg.rename],
+        file=file,
     )
     try:
         return _run(repo, spec, vids, name=name, message=message, progress=progress)
@@ -182,7 +188,7 @@ def _run(
     with tempfile.TemporaryDirectory(prefix="mgit-merge-") as tmp, repo.caching() as cache, large_buffers():
         if repo.store.lazy:  # a lazy clone: what the merge reads, fetched at once
             repo.store.fetch({o for v in vids for o in repo.manifest(v).object_ids()})
-        inputs = [StoreInput(repo.store, repo.manifest(v), cache) for v in vids]
+        inputs = [StoreInput(repo.store, repo.manifest(v), cache, label=repo.model_of(v)) for v in vids]
         with streamed_source(inputs, Path(tmp), spec, exact={n: chain[0] for n, chain in derived.items()}) as source:
             return repo.add_with(
                 source,

@@ -7,9 +7,11 @@ when an input gets a new version; `mgit merge` runs the same function. Its param
 
 Every input must hold the same safetensors files with the same tensors (names, shapes):
 the first difference is refused, named, unless a `take` rule says which input that tensor
-comes from unmerged. Tensors are read one at a time from each input (never a model whole)
-and written in the first input's order into a safetensors file whose header is known in
-advance; the other files (config, tokenizer) are the base's, else the first input's.
+comes from unmerged. Files pair by path, or whatever they are called when every input's
+weights are one file (mgit.formats.pairing): the merged file then takes the first input's
+name, or the spec's `file`. Tensors are read one at a time from each input (never a model
+whole) and written in the first input's order into a safetensors file whose header is known
+in advance; the other files (config, tokenizer) are the base's, else the first input's.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ import numpy as np
 from mgit.codecs import Codec, CodecContext
 from mgit.codecs.buffers import scratch
 from mgit.codecs.merged import from_float32
-from mgit.errors import InputError
+from mgit.errors import InputError, InvalidOptionError
 from mgit.formats.folder import ModelSource, SourceFile, scan_file
+from mgit.formats.pairing import paired_files, single_weight_files
 from mgit.formats.safetensors import (
     SafetensorsLayout,
     TensorSpan,
@@ -67,10 +70,13 @@ class Tensor(NamedTuple):
 
 
 class FolderInput:
-    """A model folder on disk (what a cascade gives a recipe)."""
+    """A model folder on disk (what a cascade gives a recipe). Its files are read under the
+    merged model's names: `paths` maps those that differ to its own."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
+        self.label = str(folder)
+        self.paths: dict[str, str] = {}
         self._layouts: dict[str, SafetensorsLayout] = {}
         self._spans: dict[str, dict[str, Any]] = {}
         self._listed: dict[str, tuple[list[Tensor], dict[str, str] | None]] = {}
@@ -79,6 +85,7 @@ class FolderInput:
         return sorted(p.relative_to(self.folder).as_posix() for p in self.folder.rglob("*.safetensors"))
 
     def tensors(self, rel: str) -> tuple[list[Tensor], dict[str, str] | None]:
+        rel = self.paths.get(rel, rel)
         if rel not in self._listed:  # (the first input is listed to plan the model, then each file)
             path = self.folder / rel
             if not path.is_file():
@@ -89,6 +96,7 @@ class FolderInput:
         return self._listed[rel]
 
     def raw(self, rel: str, name: str) -> np.ndarray:
+        rel = self.paths.get(rel, rel)
         layout, span = self._layouts[rel], self._spans[rel][name]
         with open(self.folder / rel, "rb") as fh:
             fh.seek(layout.data_start + span.start)
@@ -106,10 +114,15 @@ class FolderInput:
 
 
 class StoreInput:
-    """A stored version, read tensor by tensor from its store (no checkout)."""
+    """A stored version, read tensor by tensor from its store (no checkout); `paths` as for
+    a folder, `label` what an error calls it."""
 
-    def __init__(self, store: ObjectStore, manifest: Manifest, reuse: DecodedCache | None = None) -> None:
+    def __init__(
+        self, store: ObjectStore, manifest: Manifest, reuse: DecodedCache | None = None, *, label: str = ""
+    ) -> None:
         self.store, self.reuse = store, reuse
+        self.label = label or "a stored version"
+        self.paths: dict[str, str] = {}
         self.files = {f.path: f for f in manifest.files}
         self._entries: dict[str, dict[str, Any]] = {}
         self._metadata: dict[str, dict[str, str] | None] = {}
@@ -118,6 +131,7 @@ class StoreInput:
         return sorted(p for p, f in self.files.items() if f.type == "safetensors")
 
     def tensors(self, rel: str) -> tuple[list[Tensor], dict[str, str] | None]:
+        rel = self.paths.get(rel, rel)
         f = self.files.get(rel)
         if f is None or f.type != "safetensors":
             raise InputError(rel, "is missing from an input: every input must hold the same weight files")
@@ -128,6 +142,7 @@ class StoreInput:
         return [Tensor(t.name, t.dtype, t.shape) for t in f.tensors], self._metadata[rel]
 
     def raw(self, rel: str, name: str) -> np.ndarray:
+        rel = self.paths.get(rel, rel)
         if rel not in self._entries:
             self._entries[rel] = {t.name: t for t in self.files[rel].tensors}
         return tensor_bytes(self.store, self._entries[rel][name], reuse=self.reuse)
@@ -194,15 +209,50 @@ def _plan_model(spec: MergeSpec, inputs: list[Input], out_dir: Path) -> dict[str
     along the layers of the whole model, every shard), and the other files (config,
     tokenizer, a shards' index as the merged shards are) written to `out_dir`."""
     first = inputs[spec.base if spec.base is not None else 0]
-    weights = first.weight_files()
-    if not weights:
-        raise InputError(str(out_dir), "the inputs have no .safetensors file to merge")
+    weights = _paired_weights(spec, inputs, out_dir)
     positions = layer_positions(t.name for rel in weights for t in first.tensors(rel)[0])
     plans = {rel: plan_file(spec, rel, inputs, positions) for rel in weights}
-    first.copy_others(out_dir, set(weights))
+    first.copy_others(out_dir, set(first.weight_files()))
     for index in sorted(out_dir.rglob("*.safetensors.index.json")):
         _rewrite_index(index, out_dir, plans)
     return plans
+
+
+def _paired_weights(spec: MergeSpec, inputs: list[Input], out_dir: Path) -> list[str]:
+    """The merged model's weight files, named as it writes them: the base's (else the first
+    input's) paired with every input's (mgit.formats.pairing), each input told which of its
+    own files each is. A file an input lacks is refused, named with the input."""
+    listed = [i.weight_files() for i in inputs]
+    order = spec.base if spec.base is not None else 0
+    if not listed[order]:
+        raise InputError(str(out_dir), "the inputs have no .safetensors file to merge")
+    singles = single_weight_files(listed)
+    if spec.file is not None and singles is None:
+        k = next(k for k, w in enumerate(listed) if len(w) != 1)
+        raise InvalidOptionError(
+            f"--file names the merged file of inputs of one weight file each; {inputs[k].label} holds "
+            f"{len(listed[k])} weight files",
+            hint="Leave out --file: files of several are paired, and named, by path",
+        )
+    names = []
+    for row in paired_files(listed, listed):
+        own = row[order]
+        if own is None:
+            continue
+        missing = next((k for k, path in enumerate(row) if path is None), None)
+        if missing is not None:
+            raise InputError(
+                own,
+                f"is missing from input {missing + 1} ({inputs[missing].label}): every input must hold the same "
+                "weight files",
+                hint="Inputs of one weight file each are paired whatever it is called; others are paired by path",
+            )
+        name = (spec.file or row[0] or own) if singles is not None else own
+        for i, path in zip(inputs, row, strict=True):
+            if path is not None and path != name:
+                i.paths[name] = path
+        names.append(name)
+    return names
 
 
 def walk_order(rel: str) -> tuple[tuple[int, str], ...]:

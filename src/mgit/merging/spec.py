@@ -1,6 +1,7 @@
 """What a merge is, as data: the method, its inputs (by position among the merged version's
 parents) with their parameters, the base, the method's parameters, the output dtype, the
-seed of a random method, and which tensors are taken unmerged from one input.
+seed of a random method, which tensors are taken unmerged from one input, and the merged
+file's name when the inputs are single files.
 
 A `MergeSpec` is what a merged version records as its recipe's parameters, so it holds no
 model names: a cascade re-runs it on the parents' new versions. `MergeConfig` is mergekit's
@@ -20,6 +21,7 @@ from typing import Any
 
 from mgit.errors import InvalidOptionError
 from mgit.formats.layers import layer_of, layer_span
+from mgit.formats.paths import path_problem
 from mgit.merging.methods import METHODS
 
 OUT_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}  # --dtype: its safetensors name
@@ -155,6 +157,7 @@ class MergeSpec:
     seed: int = 0
     take: list[tuple[str, int]] = field(default_factory=list)  # (tensor glob, input position)
     rename: list[tuple[str, int, str]] = field(default_factory=list)  # (glob, input, prefix): kept, renamed
+    file: str | None = None  # the merged weight file's name, for inputs of one weight file each
 
     @classmethod
     def build(
@@ -169,6 +172,7 @@ class MergeSpec:
         seed: int = 0,
         take: list[tuple[str, int]] | None = None,
         rename: list[tuple[str, int, str]] | None = None,
+        file: str | None = None,
     ) -> MergeSpec:
         """A checked spec for `count` inputs (parameters not given take their defaults)."""
         if method not in METHODS:
@@ -208,6 +212,16 @@ class MergeSpec:
                 raise InvalidOptionError(
                     f"rename rule {glob!r}={position!r}:{prefix!r} does not name a tensor glob, an input and a prefix"
                 )
+        if file is not None and (
+            not isinstance(file, str)
+            or not file.endswith(".safetensors")
+            or file == ".safetensors"
+            or "/" in file
+            or path_problem(file) is not None
+        ):
+            raise InvalidOptionError(
+                f"--file {file!r} is not the name of a .safetensors file", hint="Give a name such as merged.safetensors"
+            )
         return cls(
             method,
             per_input,
@@ -217,6 +231,7 @@ class MergeSpec:
             seed,
             [(g, p) for g, p in take or []],
             [(g, p, x) for g, p, x in rename or []],
+            file,
         )
 
     def varies(self) -> bool:
@@ -269,6 +284,7 @@ class MergeSpec:
             "seed": self.seed,
             "take": [list(t) for t in self.take],
             "rename": [list(r) for r in self.rename],
+            **({"file": self.file} if self.file is not None else {}),  # (absent before merges had it)
         }
 
     @classmethod
@@ -287,6 +303,7 @@ class MergeSpec:
                 seed=params.get("seed", 0),
                 take=take,
                 rename=rename,
+                file=params.get("file"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidOptionError(f"malformed merge parameters ({exc})") from None

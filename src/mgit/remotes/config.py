@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mgit.errors import InvalidOptionError, RemoteNotFoundError
+from mgit.index.refs import RefStore
 from mgit.remotes import RemoteSpec
 from mgit.util.atomicfile import write_atomic
 from mgit.util.locks import FileLock
@@ -34,6 +35,20 @@ def remotes_of(config: dict[str, Any]) -> dict[str, RemoteSpec]:
         for name, spec in sorted(found.items())
         if isinstance(spec, dict) and isinstance(spec.get("url"), str)
     }
+
+
+def tracked_models(repo_dir: Path, config: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """{remote: {model: the remote's head at the last fetch}}: the remote-tracking refs."""
+    return {name: RefStore(repo_dir, namespace=f"remotes/{name}").all() for name in remotes_of(config)}
+
+
+def held_by_remotes(repo_dir: Path, config: dict[str, Any]) -> Callable[[str], bool]:
+    """Whether a remote holds a model that has no ref here: any, in a clone of some models
+    (`partial`: the others are on its remote), else those a remote-tracking ref names."""
+    if config.get("partial"):
+        return lambda _name: True
+    tracked = {m for heads in tracked_models(repo_dir, config).values() for m in heads}
+    return tracked.__contains__
 
 
 def remote_of(config: dict[str, Any], name: str) -> RemoteSpec:

@@ -21,13 +21,17 @@ def resolve_ref(
     catalog: Catalog,
     chain: Callable[[str], list[str]],
     row_of: Callable[[str], VersionRow],
+    remote_head: Callable[[str], str | None] = lambda _name: None,
 ) -> str:
-    """A version id (see `Repo.resolve`); `chain` walks a history, `row_of` indexes a row."""
+    """A version id (see `Repo.resolve`); `chain` walks a history, `row_of` indexes a row,
+    `remote_head` gives the head of a model a remote holds that has no ref here."""
     m = REF_RE.match(ref.strip()) if isinstance(ref, str) else None
     if not m:
         raise UnknownRefError(str(ref), "no version", hint="Use NAME, NAME@N or NAME@HEXPREFIX")
     name, sel = m["name"], m["sel"]
     head = refs.get(name) if is_model_name(name) else None
+    if head is None and sel is not None and is_model_name(name):
+        head = remote_head(name)  # NAME@N of a remote-only model (NAME alone: after id prefixes)
     if head is not None:
         if sel is None:
             return head
@@ -53,6 +57,9 @@ def resolve_ref(
             return found[0]
         if found:
             raise UnknownRefError(ref, "ambiguous version prefix", hint="Give more hex digits")
+    remote = remote_head(name) if sel is None and is_model_name(name) else None
+    if remote is not None:  # a model a remote holds, known here by its versions' records
+        return remote
     raise unknown_model(ref, name, refs, retired)
 
 

@@ -16,7 +16,7 @@ Modules that load numpy and the codecs are imported in the verbs that use them, 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +27,7 @@ from mgit.index.refs import RefStore
 from mgit.index.retired import RetiredNames
 from mgit.index.tags import TagStore
 from mgit.lineage.graph import Lineage
+from mgit.remotes.config import held_by_remotes
 from mgit.repo.inspect import disk_usage, every_version, list_models, show_version, version_info, version_storage
 from mgit.repo.location import create, locate, open_store, read_config, trust_recipe
 from mgit.repo.references import resolve_ref, unknown_model
@@ -69,7 +70,7 @@ class Repo:
         self.config = read_config(self.dir)
         fsync = bool(self.config.get("fsync", True))
         self.retired = RetiredNames(self.dir, fsync=fsync)
-        self.catalog = Catalog(self.dir / "catalog.sqlite", removed=self.retired.removed)
+        self.catalog = Catalog(self.dir / "catalog.sqlite", removed=self.retired.removed, remote=self._held)
         self.store: LocalStore = open_store(self.dir, self.config, index=self.catalog)
         self.refs = RefStore(self.dir, fsync=fsync)
         self.tags = TagStore(self.dir, fsync=fsync)
@@ -113,7 +114,7 @@ class Repo:
         self.catalog.close()
         for suffix in ("", "-wal", "-shm"):
             Path(f"{self.dir / 'catalog.sqlite'}{suffix}").unlink(missing_ok=True)
-        self.catalog = Catalog(self.dir / "catalog.sqlite", removed=self.retired.removed)
+        self.catalog = Catalog(self.dir / "catalog.sqlite", removed=self.retired.removed, remote=self._held)
         self.store = open_store(self.dir, self.config, index=self.catalog)  # (a lazy clone's reads the new one)
         self.sync_catalog()
 
@@ -147,7 +148,18 @@ class Repo:
 
         `NAME@1234` is the 1,234th version if the model has one, else a version whose id
         starts with 1234; when both exist, the error names both."""
-        return resolve_ref(ref, self.refs, self.retired, self.catalog, self.chain, self._row)
+        return resolve_ref(ref, self.refs, self.retired, self.catalog, self.chain, self._row, self._remote_head)
+
+    def _held(self) -> Callable[[str], bool]:
+        """Whether a remote holds a model that has no ref here (its versions are remote-only,
+        not removed)."""
+        return held_by_remotes(self.dir, self.config)
+
+    def _remote_head(self, name: str) -> str | None:
+        """The head of a model a remote holds and this repository knows by its versions'
+        records only (a clone of some models brings its ancestors so)."""
+        node = self.lineage.nodes.get(name)
+        return node.head if node is not None and node.remote_only else None
 
     def _unknown_model(self, ref: str, name: str | None = None) -> UnknownRefError:
         return unknown_model(ref, ref if name is None else name, self.refs, self.retired)
@@ -172,7 +184,7 @@ class Repo:
     @property
     def lineage(self) -> Lineage:
         """The lineage graph as it is now (a snapshot: read it again after a change)."""
-        return Lineage.load(self.catalog)
+        return Lineage.load(self.catalog, remote=held_by_remotes(self.dir, self.config))
 
     def version(self, ref: str) -> Version:
         with self.catalog.explained():

@@ -141,10 +141,13 @@ def _arrive(
     with incoming.refusing(where), _packs(repo, conn, incoming, received) as (spool, read):
         versions = fetch_records(conn, incoming, heads, received, packed=spool)
         check_histories(incoming.overlay, named, versions, where=where, renames=renames)
-        if lazy:  # records and a recipe's source only: tensors and files come when read
-            wanted = {o: RECORD_LIMIT for v in versions for o in {v} | incoming.overlay.get_version(v).linked_objects()}
-        else:
-            wanted = limits(incoming.overlay, versions)
+        # A lazy clone takes records and a recipe's source only: tensors and files come when
+        # read. A clone of some models (`partial`, their glob) takes theirs whole, and of their
+        # lineage ancestors' models the records only.
+        partial = repo.config.get("partial") if lazy else None
+        whole = [v for v in versions if partial and fnmatch.fnmatchcase(incoming.overlay.get_version(v).model, partial)]
+        wanted = {o: RECORD_LIMIT for v in versions for o in {v} | incoming.overlay.get_version(v).linked_objects()}
+        wanted = limits(incoming.overlay, versions) if not lazy else {**wanted, **limits(incoming.overlay, whole)}
         hold_packed(incoming, spool, wanted, received)
         rows = {} if spool is None else _rows(spool, _described(incoming.overlay, versions))
         sketches = {} if spool is None else _sketches(incoming.overlay, spool.sketches(versions))
@@ -369,15 +372,19 @@ def clone(
 ) -> CloneResult:
     """A new repository in `directory` with `url` as its remote `origin`, every model (or
     those matching `models`) fetched and checked in as local heads. `lazy` fetches records
-    only; objects come when something reads them."""
+    only; objects come when something reads them. With `models` the other models' versions
+    that are lineage ancestors of those come as records (remote-only: `show` and `checkout`
+    fetch what they read, as in a lazy clone)."""
     target = Path(directory) if directory is not None else Path(url.rstrip("/").rpartition("/")[2] or "models")
     made = not target.exists()
     made_repo = not (target / REPO_DIR).exists()
-    repo = _clone_target(target, url, lazy)
+    repo = _clone_target(target, url, lazy, models)
     if DEFAULT_REMOTE not in remotes_of(repo.config):
         add_remote(repo, DEFAULT_REMOTE, url, endpoint_url=endpoint_url, region=region, profile=profile)
-    if lazy and repo.config.get("lazy") != DEFAULT_REMOTE:
-        update_config(repo.dir, lambda config: config.__setitem__("lazy", DEFAULT_REMOTE))
+    if (lazy or models is not None) and repo.config.get("lazy") != DEFAULT_REMOTE:
+        # Some models: theirs come whole, their lineage ancestors' as records fetched when read.
+        partial = None if lazy else models
+        update_config(repo.dir, lambda config: config.update({"lazy": DEFAULT_REMOTE, "partial": partial}))
     repo = Repo(repo.dir)
     try:
         result = fetch(repo, DEFAULT_REMOTE, models=models, progress=progress)
@@ -398,7 +405,7 @@ def clone(
     return CloneResult(str(repo.root), result.url, lazy, sorted(heads), result)
 
 
-def _clone_target(target: Path, url: str, lazy: bool) -> Repo:
+def _clone_target(target: Path, url: str, lazy: bool, models: str | None) -> Repo:
     """A new repository in `target`, or the one a killed clone of the same URL left there
     (no model checked in yet): the clone then resumes, fetching only what is missing."""
     if (target / REPO_DIR / "config.json").is_file():
@@ -407,7 +414,7 @@ def _clone_target(target: Path, url: str, lazy: bool) -> Repo:
         if (
             not repo.refs.all()
             and (origin is None or origin.url == normalize_url(url))
-            and not (repo.lazy and not lazy)
+            and not (repo.lazy and not lazy and repo.config.get("partial") != models)
         ):
             return repo
     if target.exists() and any(target.iterdir()):

@@ -13,7 +13,7 @@ from typing import Any
 
 from mgit.checks import Checks
 from mgit.errors import UnknownRefError
-from mgit.index.catalog import storage_class
+from mgit.repo.tensors import version_tensors
 from mgit.reports import json_safe
 from mgit.store.objects import RELATIONS, tag_matches
 from mgit.web.card import version_card
@@ -123,23 +123,8 @@ def model_page(view: RepoView, name: str, query: Mapping[str, str]) -> dict[str,
     shown = repo.show(vid)
     log = repo.log(node.head)
     manifest = repo.manifest(vid)
-    entries = manifest.tensors()
-    objects = repo.catalog.object_rows([t.object for t in entries])
     tensors = paginate(
-        [
-            {
-                "name": t.name,
-                "dtype": t.dtype,
-                "shape": list(t.shape),
-                "params": t.params,
-                "nbytes": t.nbytes,
-                "object": t.object,
-                "stored_bytes": objects[t.object].stored_size if t.object in objects else None,
-                "codec": objects[t.object].codec if t.object in objects else None,
-                "storage": storage_class(objects[t.object].codec) if t.object in objects else None,
-            }
-            for t in entries
-        ],
+        [t.to_json() for t in version_tensors(repo.store, repo.catalog, vid, manifest)],
         query,
         prefix="t",
         per_page=100,

@@ -1,100 +1,28 @@
-"""Cascades: after a model gets a new version, rebuild its descendants by re-running their
-recipes on the new parent versions, commit each result as a new version and run its tests.
-
-A descendant of the cascade's model is *planned* when one of its lineage parents (the
-cascade's model or another descendant) is rebuilt in this cascade, or when the parent
-version it records is no longer that parent's latest. The second rule is what makes a
-cascade resumable: after a failure or a kill, running it again finds exactly the models
-still built on old versions, and the finished ones are up to date.
-
-A planned model without a recipe needs a manual update (the plan gives the command that
-records a recipe); everything below it is blocked, as is everything below a model whose
-recipe or tests failed, or below a parent whose tests fail.
-
-Recipes are user code: they run only here, each in a child process (`mgit.usercode`), on
-parent folders checked out into a temporary folder. The output folder is added as one
-version, atomically, so a kill leaves the old head or the new one, never half of one.
-Independent branches run in parallel on a thread pool: a model starts once all the planned
-parents it waits for are done.
-
-A recipe recorded with a version that came from a remote, and a test pulled from one, are
-another person's code: a cascade that would run any of it not trusted here stops before it
-runs anything, naming it, unless `trust_remote_code` (mgit.checks.Checks.require_trust);
-recipes recorded here are trusted (mgit.repo.location).
-"""
+"""Carrying out a cascade's plan: re-run the recipes of its `recipe` steps, parents first and
+independent branches in parallel, commit each output as one version and test it; what the
+cascade did to each model, and the report."""
 
 from __future__ import annotations
 
-import fnmatch
-import functools
-import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import mgit.merging  # noqa: F401  (registers how a re-run merge is stored: mgit.execution)
-from mgit import usercode
+from mgit.cascade.plan import CascadePlan, CascadeStep, not_passing, plan_cascade
 from mgit.checks import CheckOutcome, Checks
 from mgit.errors import MgitError
 from mgit.execution import Executor, LocalExecutor, RecipeJob, RecipeRun, resources_of
-from mgit.lineage.graph import Lineage, LineageEdge
 from mgit.repo.location import trusted_code
 from mgit.repo.repository import Repo
 from mgit.reports import Report
 from mgit.util.faults import crash_point
 
 RECIPE_TIMEOUT = 3600.0  # per recipe run: a fine-tune can take a while
-REBUILT = ("recipe", "manual", "blocked")  # actions under which a model gets (or needs) a new version
 FAILED = ("failed-recipe", "failed-tests")
 ModelProgress = Callable[[str, str], None]  # (model, what happens to it)
-
-
-@dataclass(frozen=True)
-class PlannedParent(Report):
-    model: str
-    relation: str
-    recorded: str  # the version the child was built on
-    recorded_ref: str
-    version: str | None  # the version to rebuild on; None when this parent is rebuilt first
-    ref: str  # `base@2`, or `ft@next` for a parent rebuilt in this cascade
-
-
-@dataclass(frozen=True)
-class CascadeStep(Report):
-    """One descendant of the cascade's model and what the cascade does with it: `recipe`
-    (re-run it), `manual` (no recipe), `blocked`, `skipped` (not matched by --only) or
-    `up-to-date`."""
-
-    model: str
-    head: str
-    head_ref: str
-    action: str
-    relation: str
-    parents: list[PlannedParent]
-    recipe: dict[str, Any] | None = None
-    source_changed: bool = False  # the recipe's file changed since the head was made
-    recorded_source: bool = False  # runs the source recorded with the version (its file is not here, or asked)
-    problem: str | None = None  # the recipe can be run neither from its file nor from a recorded source
-    reason: str | None = None  # why it is manual, blocked or skipped
-    command: str | None = None  # for a manual step: how to record a recipe
-
-    @property
-    def waits_for(self) -> list[str]:
-        """Planned parents that must be rebuilt before this model."""
-        return [p.model for p in self.parents if p.version is None]
-
-
-@dataclass(frozen=True)
-class CascadePlan(Report):
-    model: str
-    version: str
-    ref: str  # the cascade's model at its latest version, `base@2`
-    steps: list[CascadeStep]  # every descendant, parents before children
-
-    def count(self, action: str) -> int:
-        return sum(s.action == action for s in self.steps)
 
 
 @dataclass(frozen=True)
@@ -129,6 +57,7 @@ class ModelResult(Report):
     seconds: float = 0.0
     where: str | None = None  # the node that ran the recipe (an executor's name for it)
     notes: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # `base@2 fails acc`: failures overridden (--ignore-tests)
 
 
 @dataclass(frozen=True)
@@ -142,98 +71,21 @@ class CascadeReport(Report):
     def failed(self) -> list[ModelResult]:
         return [r for r in self.results if r.status in FAILED]
 
+    @property
+    def ok(self) -> bool:
+        """No model failed or was blocked (for a dry run: none is planned blocked). A cascade
+        that is not ok exits 1."""
+        if self.dry_run:
+            return not self.plan.count("blocked")
+        return not self.failed and not self.count("blocked")
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "ok": self.ok}
+
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
 
 
-# --- the plan ----------------------------------------------------------------------------------
-def plan_cascade(repo: Repo, name: str, *, only: str | None = None, recorded_source: bool = False) -> CascadePlan:
-    """What a cascade from `name` (a model, or a ref of one: its latest version counts) would
-    do, in topological order. Runs no user code: recorded test results are read, not run."""
-    top = repo.model_of(name)
-    graph = repo.lineage
-    node = graph.node(top)
-    scope = {top, *graph.descendants(top)}
-    steps: dict[str, CascadeStep] = {}
-    checks = Checks(repo)
-
-    @functools.cache
-    def failing(vid: str) -> tuple[str, ...]:  # recorded results only: planning runs nothing
-        return tuple(checks.failing(vid, graph))
-
-    for model in graph.topological_order(scope - {top}):
-        steps[model] = _plan_step(repo, graph, model, scope, steps, only, failing, recorded_source)
-    return CascadePlan(top, node.head, f"{top}@{node.seq}", list(steps.values()))
-
-
-def _plan_step(
-    repo: Repo,
-    graph: Lineage,
-    model: str,
-    scope: set[str],
-    steps: dict[str, CascadeStep],
-    only: str | None,
-    failing: Callable[[str], tuple[str, ...]],
-    recorded_source: bool,
-) -> CascadeStep:
-    node = graph.node(model)
-    edges = graph.parents(model)
-    rebuilt = {e.parent for e in edges if e.parent in steps and steps[e.parent].action in REBUILT}
-    changed = [e for e in edges if e.parent in scope and (e.parent in rebuilt or e.stale)]
-    parents = [_planned_parent(graph, e, e.parent in rebuilt) for e in edges]
-    step = CascadeStep(
-        model, node.head, f"{model}@{node.seq}", "up-to-date", edges[0].relation if edges else "other", parents
-    )
-    if not changed:
-        return step
-    if only is not None and not fnmatch.fnmatchcase(model, only):
-        return replace(step, action="skipped", reason=f"not matched by --only {only}")
-    recipe = repo.info(node.head).recipe
-    step = replace(step, recipe=recipe)
-    stopped = [e.parent for e in edges if e.parent in rebuilt and steps[e.parent].action != "recipe"]
-    if stopped:
-        return replace(step, action="blocked", reason=f"below {stopped[0]}, which is {steps[stopped[0]].action}")
-    bad = [e for e in edges if e.parent in scope and e.parent not in rebuilt and failing(graph.node(e.parent).head)]
-    if bad:
-        p = graph.node(bad[0].parent)
-        return replace(step, action="blocked", reason=f"{p.name}@{p.seq} fails {', '.join(failing(p.head))}")
-    if recipe is None:
-        return replace(step, action="manual", reason="no recipe recorded", command=_record_command(step))
-    problem, source_changed, stored = None, False, recorded_source and recipe.get("source") is not None
-    try:
-        source_changed = usercode.source_hash(str(recipe.get("fn")), cwd=repo.root) != recipe.get("source_sha256")
-    except MgitError as exc:
-        stored = recipe.get("source") is not None  # a teammate's recipe: run what was recorded
-        problem = None if stored else str(exc)
-    return replace(
-        step, action="recipe", source_changed=source_changed and not stored, recorded_source=stored, problem=problem
-    )
-
-
-def _planned_parent(graph: Lineage, edge: LineageEdge, rebuilt: bool) -> PlannedParent:
-    latest = graph.node(edge.parent)
-    if rebuilt:
-        return PlannedParent(
-            edge.parent, edge.relation, edge.parent_version, edge.parent_ref, None, f"{edge.parent}@next"
-        )
-    return PlannedParent(
-        edge.parent, edge.relation, edge.parent_version, edge.parent_ref, latest.head, f"{latest.name}@{latest.seq}"
-    )
-
-
-def _record_command(step: CascadeStep) -> str:
-    """The commands that give a model without a recipe one: its current files again, as a
-    new version on the same parents, with a recipe recorded (not run). The next cascade
-    then rebuilds it with that recipe."""
-    folder = f"{step.model.replace('/', '-')}-v{step.head_ref.rpartition('@')[2]}"
-    args = ["mgit", "add", folder, "--name", step.model]
-    for p in step.parents:
-        args += ["--parent", p.recorded_ref]
-    args += ["--relation", step.relation, "--recipe", "FILE.py:FUNCTION", "--param", "KEY=VALUE"]
-    return f"{shlex.join(['mgit', 'checkout', step.head_ref, '-o', folder])} && {shlex.join(args)}"
-
-
-# --- running it ---------------------------------------------------------------------------------
 def cascade(
     repo: Repo,
     name: str,
@@ -246,13 +98,15 @@ def cascade(
     progress: ModelProgress | None = None,
     executor: Executor | None = None,
     trust_remote_code: bool = False,
+    ignore_tests: Sequence[str] = (),
 ) -> CascadeReport:
     """Rebuild the descendants of `name` on its latest version by re-running their recipes,
     commit and test the results: plan it and, unless `dry_run`, carry it out (see
     `execute`). A dry run's report holds the plan and no results. A recipe runs from its
     file here, or from the source recorded with the version when the file is not here (a
-    teammate's clone) or `recorded_source` asks for it."""
-    plan = plan_cascade(repo, name, only=only, recorded_source=recorded_source)
+    teammate's clone) or `recorded_source` asks for it. The tests in `ignore_tests` block
+    nothing (mgit.cascade.plan)."""
+    plan = plan_cascade(repo, name, only=only, recorded_source=recorded_source, ignore_tests=ignore_tests)
     return execute(
         repo,
         plan,
@@ -321,6 +175,8 @@ class _Cascade:
         self.checks = Checks(repo)  # opened here, before worker threads share it
         self.rebuilt: dict[str, tuple[str, str]] = {}  # model -> (new version, ref); written by the main thread
         self.top_tests: list[CheckLine] | None = None
+        self.ignore = set(plan.ignored_tests)
+        self.overridden: dict[str, list[str]] = {}  # version -> `ref fails T` of ignored tests that do not pass
 
     def run(self, jobs: int) -> CascadeReport:
         results: dict[str, ModelResult] = {}
@@ -390,11 +246,20 @@ class _Cascade:
                 self.top_tests = mine
             else:
                 results[model] = replace(results[model], tests_after=mine)
-            bad = [t.test for t in mine if t.status != "pass"]
+            bad = self._not_passing(vid, ref, mine)
             for s in todo:
                 if bad and any(p.model == model for p in s.parents):
-                    stopped.setdefault(s.model, f"{ref} fails {', '.join(bad)}")
+                    stopped.setdefault(s.model, bad)
         return stopped
+
+    def _not_passing(self, vid: str, ref: str, lines: list[CheckLine]) -> str | None:
+        """Why a version's tests block the models built on it (`ft@2 fails acc`), None when
+        they do not; the failures of ignored tests are kept for the report and the messages."""
+        wrong = [(t.test, t.status) for t in lines if t.status != "pass"]
+        if ignored := [(t, status) for t, status in wrong if t in self.ignore]:
+            self.overridden[vid] = [not_passing(ref, ignored)]
+        bad = [(t, status) for t, status in wrong if t not in self.ignore]
+        return not_passing(ref, bad) if bad else None
 
     def _parents(self, step: CascadeStep) -> list[tuple[str, str]]:
         """(version, ref) of each parent to rebuild on, in the recorded order."""
@@ -404,7 +269,8 @@ class _Cascade:
         """Test the old version, run the recipe, commit and test the new one (a worker thread)."""
         start = time.monotonic()
         before = self._tests([step.head]).get(step.head, [])
-        common: dict[str, Any] = {"rebuilt_on": [ref for _, ref in parents], "tests_before": before}  # in every outcome
+        ignored = [why for vid, _ in parents for why in self.overridden.get(vid, [])]
+        common: dict[str, Any] = {"rebuilt_on": [ref for _, ref in parents], "tests_before": before, "ignored": ignored}
         job = self._job_or_why(step, parents)
         if isinstance(job, str):
             result = _result(step, "failed-recipe", reason=job, **common)
@@ -435,8 +301,10 @@ class _Cascade:
         if not run.created:
             return _result(step, "up-to-date", **new, **common)
         after = self._tests([run.version]).get(run.version, []) if run.version else None
-        if after and any(t.status != "pass" for t in after):
-            why = "a test fails on the new version; the models below it are blocked"
+        bad = self._not_passing(run.version, new["new_ref"], after) if after and run.version else None
+        common["ignored"] = common["ignored"] + self.overridden.get(run.version or "", [])
+        if bad:
+            why = f"{bad}; the models below it are blocked"
             return _result(step, "failed-tests", reason=why, tests_after=after, **new, **common)
         return _result(step, "updated", tests_after=after, **new, **common)
 
@@ -453,6 +321,8 @@ class _Cascade:
         else:
             record, source = self.repo.recipe_record(fn, params, resources=resources, recorded=True), None
         message = f"cascade from {self.plan.ref}: {fn} re-run on {', '.join(ref for _, ref in parents)}"
+        if ignored := [why for vid, _ in parents for why in self.overridden.get(vid, [])]:
+            message += f"; failing tests ignored (--ignore-tests): {'; '.join(ignored)}"
         return RecipeJob(
             step.model,
             step.head,
@@ -499,12 +369,14 @@ def _result(step: CascadeStep, status: str, **extra: Any) -> ModelResult:
 
 
 def tests_summary(lines: list[CheckLine] | None) -> str:
-    """`2/3 pass` for a list of test results; `-` when none was run, `no tests` when none applies."""
+    """`2/3 pass` (`1/3 pass, 1 error`) for a list of test results; `-` when none was run, `no
+    tests` when none applies."""
     if lines is None:
         return "-"
     if not lines:
         return "no tests"
-    return f"{sum(t.status == 'pass' for t in lines)}/{len(lines)} pass"
+    errors = sum(t.status == "error" for t in lines)
+    return f"{sum(t.status == 'pass' for t in lines)}/{len(lines)} pass" + (f", {errors} error" if errors else "")
 
 
 def _summary(r: ModelResult) -> str:
