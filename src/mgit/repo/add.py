@@ -30,6 +30,7 @@ from mgit.lineage.sketch import Sketch, sketch_added, sketch_source, stored_sket
 from mgit.repo.checkout import restore_manifest
 from mgit.repo.gate import Gate, GateResult
 from mgit.repo.ingest import DeltaPlan, SnapshotStats, write_snapshot
+from mgit.repo.location import trust_recipe
 from mgit.reports import AddResult, ParentSuggestion
 from mgit.store.base import ObjectStore, PutResult
 from mgit.store.cache import DecodedCache
@@ -301,6 +302,30 @@ def suggest_parents(
         if v not in left_out and ref.rpartition("@")[0] not in left_out
     ]
     return suggest(sketch, stored, label=label, limit=limit, min_confidence=min_confidence, started=started)
+
+
+def recipe_record(
+    store: ObjectStore,
+    repo_dir: Path,
+    root: Path,
+    recipe: str | Mapping[str, Any],
+    params: Mapping[str, Any] | None = None,
+    *,
+    resources: Mapping[str, float] | None = None,
+    recorded: bool = False,
+) -> dict[str, Any]:
+    """What a version records of a recipe: the function located (never run) and anchored
+    at the work folder `root`, its parameters, declared resources, its source file's hash and
+    the file as an object (a teammate without it runs that), trusted here (mgit.repo.location).
+    A record (a mapping) is taken as it is; a reference `recorded` is a version's, read from
+    the work folder whatever the current one (`usercode.anchored`)."""
+    if isinstance(recipe, Mapping):  # recorded already (a cascade running a recorded source)
+        return dict(recipe)
+    from mgit.usercode import recipe_record_of, source_file
+
+    record = recipe_record_of(recipe, params, root=root, resources=resources, recorded=recorded)
+    record["source"] = store.put_blob(source_file(record["fn"], cwd=root).read_bytes()).oid
+    return trust_recipe(repo_dir, record)  # recorded here: the user's own code
 
 
 def suggest_parents_of(

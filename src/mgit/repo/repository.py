@@ -29,7 +29,7 @@ from mgit.index.tags import TagStore
 from mgit.lineage.graph import Lineage
 from mgit.remotes.config import held_by_remotes
 from mgit.repo.inspect import disk_usage, every_version, list_models, show_version, version_info, version_storage
-from mgit.repo.location import create, locate, open_store, read_config, trust_recipe
+from mgit.repo.location import create, locate, open_store, read_config
 from mgit.repo.references import resolve_ref, unknown_model
 from mgit.reports import (
     AddResult,
@@ -151,8 +151,7 @@ class Repo:
         return resolve_ref(ref, self.refs, self.retired, self.catalog, self.chain, self._row, self._remote_head)
 
     def _held(self) -> Callable[[str], bool]:
-        """Whether a remote holds a model that has no ref here (its versions are remote-only,
-        not removed)."""
+        """Whether a remote holds a model that has no ref here (remote-only, not removed)."""
         return held_by_remotes(self.dir, self.config)
 
     def _remote_head(self, name: str) -> str | None:
@@ -314,18 +313,10 @@ class Repo:
         resources: Mapping[str, float] | None = None,
         recorded: bool = False,
     ) -> dict[str, Any]:
-        """What a version records of a recipe: the function located (never run) and anchored
-        at the work folder, its parameters, declared resources, its source file's hash and the
-        file as an object (a teammate without it runs that), trusted here (mgit.repo.location). A
-        record (a mapping) is taken as it is; a reference `recorded` is a version's, read from
-        the work folder whatever the current one (`usercode.anchored`)."""
-        if isinstance(recipe, Mapping):  # recorded already (a cascade running a recorded source)
-            return dict(recipe)
-        from mgit.usercode import recipe_record_of, source_file
+        """What a version records of a recipe (see mgit.repo.add.recipe_record)."""
+        from mgit.repo.add import recipe_record
 
-        record = recipe_record_of(recipe, params, root=self.root, resources=resources, recorded=recorded)
-        record["source"] = self.store.put_blob(source_file(record["fn"], cwd=self.root).read_bytes()).oid
-        return trust_recipe(self.dir, record)  # recorded here: the user's own code
+        return recipe_record(self.store, self.dir, self.root, recipe, params, resources=resources, recorded=recorded)
 
     # --- parent inference ---------------------------------------------------------------------
     def suggest_parents(
@@ -480,14 +471,11 @@ class Repo:
         `force` (RemoveRefusedError lists them); see mgit.repo.remove."""
         from mgit.repo.remove import remove_model, remove_version
 
+        names = self.refs, self.retired, self.catalog
         if "@" not in ref:
-            return remove_model(
-                self.refs, self.retired, self.catalog, ref, force=force, chain=self.chain, unknown=self._unknown_model
-            )
+            return remove_model(*names, ref, force=force, chain=self.chain, unknown=self._unknown_model)
         vid = self.resolve(ref)
-        return remove_version(
-            self.refs, self.retired, self.catalog, self.model_of(vid), vid, force=force, chain=self.chain
-        )
+        return remove_version(*names, self.model_of(vid), vid, force=force, chain=self.chain)
 
     def rename(self, old: str, new: str) -> RenameResult:
         """Give model `old` the name `new`, its versions and numbers kept; `old` is refused
