@@ -11,6 +11,7 @@ named migration recorded in the same transaction that applies it.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -377,13 +378,19 @@ class Catalog(UsageQueries):
 
     def compact(self) -> None:
         """VACUUM when a quarter of the file (and at least 1 MiB) is free pages, so that what
-        was deleted leaves the disk too; then empty the write-ahead log."""
+        was deleted leaves the disk too; then empty the write-ahead log. On a full disk neither
+        is needed to go on (a later checkpoint empties the log), and gc, which compacts before
+        it deletes objects, must go on to free space."""
         free, pages, page = (
             self.db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("freelist_count", "page_count", "page_size")
         )
-        if free * page >= 1 << 20 and free * 4 >= pages:
-            self.db.execute("VACUUM")
-        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        try:
+            if free * page >= 1 << 20 and free * 4 >= pages:
+                self.db.execute("VACUUM")
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.OperationalError as exc:
+            if "full" not in str(exc):  # SQLITE_FULL: "database or disk is full"
+                raise
 
     def sketch(self, vid: str) -> bytes | None:
         row = self.db.execute("SELECT data FROM sketches WHERE version = ?", (vid,)).fetchone()
