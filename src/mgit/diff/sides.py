@@ -143,7 +143,7 @@ def folder_side(path: Path) -> ModelSide:
     files = [
         FileRef(
             f.path,
-            "safetensors" if f.is_safetensors else "blob",
+            f.kind,
             f.size,
             lambda f=f: _file_digest(f),
             lambda f=f: f.blob_data().tobytes(),
