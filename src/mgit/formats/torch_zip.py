@@ -135,7 +135,7 @@ def _allowed() -> dict[tuple[str, str], Any]:
 ALLOWED = _allowed()
 
 
-class _Unpickler(pickle.Unpickler):
+class _Unpickler(pickle._Unpickler):  # (Python's own: its errors on a forged pickle are plain exceptions)
     def __init__(self, data: bytes) -> None:
         super().__init__(io.BytesIO(data))
         self.storages: dict[str, _Storage] = {}
@@ -194,7 +194,7 @@ def _entries(fh: Any, file_size: int) -> tuple[list[_Entry], int]:
         archive = zipfile.ZipFile(fh)
         infos = archive.infolist()
         central = archive.start_dir
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error, NotImplementedError) as exc:
         raise NotTorchZip(f"not a zip checkpoint ({exc})") from None
     if len(infos) > MAX_ENTRIES:
         raise NotTorchZip(f"its zip has more than {MAX_ENTRIES} entries")
@@ -205,15 +205,21 @@ def _entries(fh: Any, file_size: int) -> tuple[list[_Entry], int]:
     for info in infos:
         if info.flag_bits & 0x1:
             raise NotTorchZip(f"zip entry {info.filename!r} is encrypted")
+        if not 0 <= info.header_offset <= file_size - LOCAL_HEADER.size:
+            raise NotTorchZip(f"zip entry {info.filename!r} starts outside the file")
         fh.seek(info.header_offset)
         head = fh.read(LOCAL_HEADER.size)
-        if len(head) != LOCAL_HEADER.size or info.header_offset + LOCAL_HEADER.size > file_size:
+        if len(head) != LOCAL_HEADER.size:
             raise NotTorchZip(f"zip entry {info.filename!r} starts beyond the end of the file")
         fields = LOCAL_HEADER.unpack(head)
         if fields[0] != LOCAL_MAGIC:
             raise NotTorchZip(f"zip entry {info.filename!r} has no local header where the directory says")
         name_len, extra_len = fields[9], fields[10]
-        if fh.read(name_len) != info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437"):
+        try:
+            name = info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
+        except UnicodeEncodeError:
+            name = None
+        if fh.read(name_len) != name:
             raise NotTorchZip(f"zip entry {info.filename!r} has another name in its local header")
         data_at = info.header_offset + LOCAL_HEADER.size + name_len + extra_len
         stored = info.compress_type == zipfile.ZIP_STORED and info.compress_size == info.file_size
