@@ -205,3 +205,32 @@ def test_what_the_safe_reader_cannot_map_stays_opaque_with_the_reason(tmp_path) 
     assert sha256_tree(tmp_path / "out") == sha256_tree(folder)
     code, out, err = run_cli("add", str(folder), "--name", "m2", cwd=tmp_path / "r")
     assert code == 0 and "legacy.pt kept byte for byte" in " ".join((out + err).split())
+
+
+def test_merge_reads_a_bin_version_and_export_hf_writes_it_byte_for_byte(family) -> None:
+    root = family["root"] / "repo"
+    code, out, err = run_cli(
+        "merge",
+        "base",
+        "ft-bin",
+        "--method",
+        "linear",
+        "--take",
+        "embeddings.position_ids=base",
+        "--name",
+        "avg",
+        cwd=root,
+    )
+    assert code == 0, err
+    files = {f.path: f.type for f in family["repo"].manifest("avg").files}
+    assert files["model.safetensors"] == "safetensors" and "pytorch_model.bin" not in files
+    merged, base = mgit.load("avg", repo=root), mgit.load("base", repo=root)
+    assert torch.allclose(merged[CHANGED], (base[CHANGED] + family["state"][CHANGED]) / 2)
+
+    cache = family["root"] / "hf-cache"
+    code, _, err = run_cli("export-hf", "ft-bin", "--repo-id", "acme/ft-bin", "--cache-dir", str(cache), cwd=root)
+    assert code == 0, err
+    snapshot = next((cache / "models--acme--ft-bin" / "snapshots").iterdir())
+    assert sha256_tree(snapshot) == sha256_tree(family["root"] / "ft-bin")
+    model = transformers.AutoModel.from_pretrained("acme/ft-bin", cache_dir=cache, local_files_only=True)
+    assert torch.equal(_outputs(model, family["tokens"]), family["outputs"])

@@ -22,6 +22,7 @@ import math
 import pickle
 import struct
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -316,3 +317,36 @@ def _named_storages(spans: list[tuple[_Entry, _Storage]], views: list[TensorView
         assert math.prod(shape) == storage.numel
         out.append(TensorSpan(name, storage.dtype, shape, entry.data_at, entry.data_at + entry.size))
     return out
+
+
+def each_tensor_its_storage(tensors: Sequence[Any], views: Sequence[TensorView]) -> bool:
+    """Whether every tensor of a checkpoint is a whole storage of its own, stored under its
+    name (no tied, offset or strided tensor): then its storages are its state dict, as a
+    safetensors file's tensors are. `tensors` are its storages (spans or manifest entries)."""
+    return len(views) == len(tensors) and all(
+        tensors[v.storage].name == v.name
+        and tuple(tensors[v.storage].shape) == v.shape
+        and v.is_whole(math.prod(v.shape))
+        for v in views
+    )
+
+
+def safetensors_name(path: str) -> str:
+    """What a checkpoint's tensors are called written as safetensors (a merge of it writes
+    safetensors): `pytorch_model.bin` -> `model.safetensors`, `x.pt` -> `x.safetensors`."""
+    folder, _, file = path.rpartition("/")
+    stem = file.rsplit(".", 1)[0]
+    name = "model.safetensors" if stem == "pytorch_model" else f"{stem}.safetensors"
+    return f"{folder}/{name}" if folder else name
+
+
+def plain_checkpoint(path: Path) -> TorchZipLayout | None:
+    """A file's layout if it is a PyTorch checkpoint each of whose tensors is a storage of its
+    own (what a merge reads as it reads safetensors), else None."""
+    if path.suffix not in (".bin", ".pt", ".pth") or not path.is_file():
+        return None
+    try:
+        layout = read_torch_zip(path)
+    except (NotTorchZip, OSError):
+        return None
+    return layout if each_tensor_its_storage(layout.tensors, layout.views) else None
