@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import mgit_json, run_cli, sha256_tree
+from conftest import fsck_ok, mgit_json, run_cli, sha256_tree
 
 import mgit
 from mgit import Repo
@@ -127,6 +127,8 @@ def test_diff_names_the_changed_layer(family) -> None:
     assert changed == [CHANGED]
     weights = next(f for f in report["files"] if f["path"] == "model.safetensors")  # the one weight file of each
     assert (weights["path_b"], weights["note"]) == ("pytorch_model.bin", "tensors compared above")
+    folders = mgit_json(root, "diff", str(family["root"] / "ft-bin"), str(family["root"] / "ft-sharded"))
+    assert folders["tensors"] and all(t["status"] == "identical" for t in folders["tensors"])
 
 
 def test_lineage_suggest_sees_the_tensors_of_a_bin_folder(family) -> None:
@@ -182,6 +184,8 @@ def test_views_tied_weights_offsets_strides_and_every_dtype(tmp_path) -> None:
     assert arrays["proj.weight_t"].tobytes() == big.t().contiguous().numpy().tobytes()
     reader = repo.open("views")
     assert reader.get("proj.weight", framework="pt").equal(big[2:7])
+    assert set(reader) == set(state) and reader["bf16"].tobytes() == state["bf16"].view(torch.int16).numpy().tobytes()
+    fsck_ok(tmp_path / "r")
 
 
 def test_what_the_safe_reader_cannot_map_stays_opaque_with_the_reason(tmp_path) -> None:

@@ -301,12 +301,15 @@ def _named_storages(spans: list[tuple[_Entry, _Storage]], views: list[TensorView
     dtype and shape (so it pairs with a parent's tensor of that name); any other is a flat
     tensor named after the first tensor that views it, `NAME:storage`."""
     first: dict[int, TensorView] = {}
+    whole: dict[int, TensorView] = {}
     for v in views:
         first.setdefault(v.storage, v)
+        if v.is_whole(spans[v.storage][1].numel):
+            whole.setdefault(v.storage, v)
     names = {v.name for v in views}
     out = []
     for i, (entry, storage) in enumerate(spans):
-        view = next((v for v in views if v.storage == i and v.is_whole(storage.numel)), None)
+        view = whole.get(i)
         if view is not None:
             name, shape = view.name, view.shape
         else:

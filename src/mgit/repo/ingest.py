@@ -212,7 +212,7 @@ class _SnapshotWriter:
 
     def file(self, f: SourceFile) -> FileEntry:
         self.stats.files += 1
-        return self.safetensors_file(f) if f.is_safetensors else self.opaque_file(f)
+        return self.tensors_file(f) if f.is_safetensors else self.opaque_file(f)
 
     def opaque_file(self, f: SourceFile) -> FileEntry:
         """Any file but safetensors, as one blob (its blocks coded by the pool when it is over one)."""
@@ -282,13 +282,14 @@ class _SnapshotWriter:
             queue.start(self.writers, lambda frames: store.put_encoded(oid, kind, meta, data.nbytes, encoding, frames))
         return _Prepared(oid, kind, meta, encoding, bases, queue)
 
-    def safetensors_file(self, f: SourceFile) -> FileEntry:
-        """Its header (a checkpoint's skeleton: the file less its storages) as a blob, then its
-        tensors through the pool in file order. The file digest is taken in that order as
-        tensors come back, the skeleton's bytes between them, so that each tensor's pages can
-        be released right after: resident memory stays a few tensors, not the file."""
+    def tensors_file(self, f: SourceFile) -> FileEntry:
+        """A safetensors file or a PyTorch checkpoint: its header (a checkpoint's skeleton: the
+        file less its storages) as a blob, then its tensors through the pool in file order. The
+        file digest is taken in that order as tensors come back, the skeleton's bytes between
+        them, so that each tensor's pages can be released right after: resident memory stays a
+        few tensors, not the file."""
         assert f.layout is not None
-        skeleton = f.layout.header
+        skeleton, data_start = f.layout.header, f.layout.data_start
         header = self.store.put_blob(skeleton)
         self.stats.record(header)
         if self.progress:
@@ -297,7 +298,7 @@ class _SnapshotWriter:
         hashed = [0, 0]  # bytes of the file and of the skeleton hashed so far
 
         def hash_tensor(span: TensorSpan, data: np.ndarray) -> None:
-            gap = f.layout.data_start + span.start - hashed[0]  # type: ignore[union-attr]
+            gap = data_start + span.start - hashed[0]
             digest.update(skeleton[hashed[1] : hashed[1] + gap])
             digest.update(data)
             hashed[0] += gap + data.nbytes
@@ -340,11 +341,18 @@ class _SnapshotWriter:
                 queue.fail(exc)
             raise
         digest.update(skeleton[hashed[1] :])
-        if isinstance(f.layout, TorchZipLayout):
+        if isinstance(f.layout, TorchZipLayout):  # (its spans are offsets in the file)
             offsets = tuple(s.start for s in f.layout.tensors)
-            oid = header.oid
             return FileEntry(
-                f.path, "torch-zip", f.size, digest.hexdigest(), oid, tuple(entries), None, offsets, f.layout.views
+                f.path,
+                "torch-zip",
+                f.size,
+                digest.hexdigest(),
+                header.oid,
+                tuple(entries),
+                None,
+                offsets,
+                f.layout.views,
             )
         return FileEntry(
             f.path, "safetensors", f.size, digest.hexdigest(), header.oid, tuple(entries), f.converted_from
