@@ -165,6 +165,7 @@ def test_views_tied_weights_offsets_strides_and_every_dtype(tmp_path) -> None:
         "mask": torch.tensor([True, False, True]),
         "scalar": torch.tensor(3.5),
         "empty": torch.zeros(0, 4),
+        "param": torch.nn.Parameter(torch.randn(2, 2, generator=g)),  # pickled through _rebuild_parameter
     }
     folder = _save(tmp_path / "views", state)
     repo = Repo.init(tmp_path / "r")
@@ -177,7 +178,7 @@ def test_views_tied_weights_offsets_strides_and_every_dtype(tmp_path) -> None:
     loaded = mgit.load("views", repo=repo)
     assert list(loaded) == list(state)
     for k, v in state.items():
-        assert loaded[k].dtype == v.dtype and loaded[k].shape == v.shape and torch.equal(loaded[k], v), k
+        assert loaded[k].dtype == v.dtype and loaded[k].shape == v.shape and torch.equal(loaded[k], v.detach()), k
     assert loaded["proj.weight_t"].stride() == big.t().stride()
     assert loaded["embed.weight"].data_ptr() == loaded["head.weight"].data_ptr()  # still tied
     arrays = mgit.load("views", repo=repo, framework="numpy")
@@ -238,3 +239,24 @@ def test_merge_reads_a_bin_version_and_export_hf_writes_it_byte_for_byte(family)
     assert sha256_tree(snapshot) == sha256_tree(family["root"] / "ft-bin")
     model = transformers.AutoModel.from_pretrained("acme/ft-bin", cache_dir=cache, local_files_only=True)
     assert torch.equal(_outputs(model, family["tokens"]), family["outputs"])
+
+
+def test_a_damaged_skeleton_or_storage_is_named_and_nothing_is_written(tmp_path) -> None:
+    folder = _save(tmp_path / "m", {"w": torch.arange(64, dtype=torch.float32), "v": torch.ones(3)})
+    repo = Repo.init(tmp_path / "r")
+    repo.add(folder, name="m")
+    entry = next(f for f in repo.manifest("m").files if f.type == "torch-zip")
+    for oid in (entry.object, entry.tensors[0].object):
+        path = repo.store.path_of(oid)
+        path.chmod(0o644)
+        good = path.read_bytes()
+        raw = bytearray(good)
+        raw[-5] ^= 0x10
+        path.write_bytes(bytes(raw))
+        with pytest.raises(mgit.CorruptObjectError) as info:
+            repo.checkout("m", tmp_path / "out", force=True)
+        assert oid[:16] in str(info.value) and "\n" not in str(info.value)
+        assert not (tmp_path / "out" / "pytorch_model.bin").exists()
+        path.write_bytes(good)
+    repo.checkout("m", tmp_path / "out", force=True)
+    assert sha256_tree(tmp_path / "out") == sha256_tree(folder)

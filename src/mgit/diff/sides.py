@@ -162,7 +162,7 @@ def _side(side: DiffSide, tensors: list[TensorRef], files: list[FileRef], notes:
     if not by_name:
         pickles = [f.path for f in files if Path(f.path).suffix in TORCH_SUFFIXES]
         hint = (
-            f"Its PyTorch checkpoint is not read inside a folder: give the file itself ({pickles[0]})"
+            f"Its PyTorch checkpoint is not one a folder's reader maps to tensors: give the file itself ({pickles[0]})"
             if pickles
             else "Compare model folders, .safetensors files, PyTorch checkpoints or refs"
         )
