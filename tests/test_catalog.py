@@ -59,6 +59,7 @@ def indexed(tmp_path: Path) -> tuple[Catalog, dict[str, Any]]:
         "lossy": LOSSY,
         "parents": ((base, "finetune"),),
         "recipe": RECIPE,
+        "removed": False,
     }
     assert len({repr(v) for v in expected.values()}) == len(expected)
     return catalog, expected

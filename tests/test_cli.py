@@ -41,6 +41,8 @@ DATA_COMMANDS = {
     "fsck",
     "gc",
     "rm",
+    "tag",
+    "rename",
     "diff",
     "graph",
     "lineage tree",

@@ -333,9 +333,9 @@ def test_a_quantized_tensor_is_sketched_dequantized_with_its_scale(trained: Fami
     i = sketch.index["layers.0.fc1.weight"]
     assert sketch.roles[i] == QUANTIZED and sketch.roles[sketch.index["layers.0.fc1.weight_scale"]] == SCALE
     dense = trained["ft-a"][0]["layers.0.fc1.weight"].numpy().reshape(-1)
-    from mgit.lineage.sketch import pattern, positions
+    from mgit.lineage.sketch import positions
 
-    pos = positions(pattern("layers.0.fc1.weight"), (2 * WIDTH, WIDTH))
+    pos = positions((2 * WIDTH, WIDTH))
     assert np.allclose(sketch.values[i], dense[pos], atol=float(np.abs(dense).max()) / 127)
     zeros = float(np.mean(trained["ft-a-int8"][0]["layers.0.fc1.weight"].numpy() == 0))
     assert math.isclose(float(sketch.zeros[i]), zeros, abs_tol=1e-6)

@@ -535,5 +535,6 @@ def test_a_streamed_merge_is_written_as_its_prediction_only_when_its_bases_allow
     assert repo.catalog.sketches()[1] == [merged.version]
     repo.checkout("merged", tmp_path / "out")
     suggestion = repo.suggest_parents(tmp_path / "out")
-    assert suggestion.candidates and suggestion.candidates[0].ref.startswith("merged")
+    assert suggestion.stored_as == ["merged@1"]  # found by its sketch, and never its own candidate
+    assert suggestion.candidates and not any(c.ref.startswith("merged") for c in suggestion.candidates)
     assert repo.catalog.sketches()[1] == []  # made from the stored tensors, and kept

@@ -340,7 +340,8 @@ def test_a_digit_only_selector_is_a_sequence_number_else_an_id_prefix(repo: Repo
 def test_a_selector_that_is_both_a_number_and_an_id_prefix_names_both() -> None:
     from mgit.index.refspec import pick_version
 
-    chain = ["0003" + "a" * 60, "1" * 64, "0003" + "b" * 60]  # newest first: @3 is "0003a..."
+    ids = ["0003" + "a" * 60, "1" * 64, "0003" + "b" * 60]  # newest first: @3 is "0003a..."
+    chain = list(zip(ids, [3, 2, 1], strict=True))
     assert pick_version("m@2", "m", chain, "2") == "1" * 64
     with pytest.raises(
         UnknownRefError, match=r"ambiguous \(version 3 \(0003aaaaaaaa\), id 0003aaaaaaaa, id 0003bbbbbbbb\)"

@@ -81,6 +81,32 @@ class UnknownRefError(MgitError):
         self.ref = ref
 
 
+class RemovedVersionError(UnknownRefError):
+    """`NAME@N` of a version `mgit rm` removed: its number is never given to another version."""
+
+    def __init__(self, ref: str, name: str, vid: str | None = None) -> None:
+        MgitError.__init__(
+            self,
+            f"{ref} was removed" + (f" (version {vid[:12]}, kept while other versions build on it)" if vid else ""),
+            hint=f"See: mgit log {name}",
+        )
+        self.ref = ref
+        self.version = vid
+
+
+class RenamedModelError(UnknownRefError):
+    """A model name that `mgit rename` moved to another (and that nothing re-used since)."""
+
+    def __init__(self, ref: str, old: str, new: str) -> None:
+        MgitError.__init__(
+            self,
+            f"no model named {old!r}; it was renamed to {new!r}",
+            hint=f"Use {new}{ref[len(old) :]}, or add a model named {old} to use the name again",
+        )
+        self.ref = ref
+        self.new = new
+
+
 class AmbiguousTensorError(MgitError):
     def __init__(self, name: str) -> None:
         super().__init__(
@@ -155,6 +181,21 @@ class RemoveRefusedError(MgitError):
         self.children = children
 
 
+class VersionRemoveRefusedError(RemoveRefusedError):
+    """One version (`mgit rm NAME@N`) that other versions derive from, removed without --force."""
+
+    def __init__(self, ref: str, users: list[str]) -> None:
+        shown = ", ".join(users[:8]) + (f" and {len(users) - 8} more" if len(users) > 8 else "")
+        MgitError.__init__(
+            self,
+            f"{ref} has {len(users)} version{'s' if len(users) != 1 else ''} built on it: {shown}",
+            hint=f"They keep it (and its objects) either way; to remove {ref} from its model anyway: "
+            f"mgit rm {ref} --force",
+        )
+        self.name = ref
+        self.children = users
+
+
 class CodecError(MgitError):
     """A codec chain that cannot be parsed or whose data does not decode."""
 
@@ -179,6 +220,19 @@ class RefConflictError(MgitError):
             hint="Nothing was changed; try again",
         )
         self.name = name
+
+
+class TagConflictError(MgitError):
+    """Tags of a version changed by another writer (here or on a remote) while changing them."""
+
+    def __init__(self, ref: str, where: str = "") -> None:
+        super().__init__(
+            f"the tags of {ref} changed{' on ' + where if where else ''} while updating them",
+            hint=f"Nothing was changed; see them with: mgit tag {ref}, then try again"
+            if not where
+            else f"Nothing was changed there; run: mgit pull {where}, then push again",
+        )
+        self.ref = ref
 
 
 class UnsafePathError(MgitError):

@@ -45,10 +45,16 @@ class ParentInfo(Report):
     model: str
     seq: int
     relation: str
+    removed: bool = False  # removed from its model's history (`mgit rm`); its number is never given again
 
     @property
     def ref(self) -> str:
         return f"{self.model}@{self.seq}"
+
+    @property
+    def label(self) -> str:
+        """`ft@3`, or `ft@3 [removed]`."""
+        return f"{self.ref} [removed]" if self.removed else self.ref
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ class VersionInfo(Report):
     new_bytes: int
     lossy: dict[str, Any] | None = None
     recipe: dict[str, Any] | None = None  # how it was made from its parents (fn, params, source hash)
+    removed: bool = False  # removed (`mgit rm`): kept while a later version or a child builds on it
 
     @property
     def ref(self) -> str:
@@ -236,9 +243,43 @@ class GcResult(Report):
 
 @dataclass(frozen=True)
 class RemoveResult(Report):
+    """What `rm` removed: a model (its head, how many versions), or one version of it
+    (`version`; `head` is then the model's head after, None if it had no other)."""
+
     model: str
-    head: str
+    head: str | None
     versions: int
+    version: str | None = None
+    seq: int | None = None
+    kept_by: list[str] = field(default_factory=list)  # what still builds on it (with --force)
+
+
+@dataclass(frozen=True)
+class RenameResult(Report):
+    """`rename`: the model's old and new names, its head and that head's number (kept)."""
+
+    old: str
+    new: str
+    head: str
+    seq: int
+    retargeted_tests: list[str] = field(default_factory=list)  # registered tests whose target followed
+
+
+@dataclass(frozen=True)
+class TagsResult(Report):
+    """A version's tags (`mgit tag`): what it has now, and what was set on it after it was
+    added (`null`: a tag of its record removed)."""
+
+    model: str
+    seq: int
+    version: str
+    tags: dict[str, str]
+    set_later: dict[str, str | None]
+    changed: bool = False
+
+    @property
+    def ref(self) -> str:
+        return f"{self.model}@{self.seq}"
 
 
 @dataclass(frozen=True)
@@ -279,3 +320,6 @@ class ParentSuggestion(Report):
     relation: str | None  # the chosen relation
     verdict: str  # what was chosen and why, or why nothing was
     notes: list[str] = field(default_factory=list)
+    # Versions (model@seq) holding every tensor of the model bit for bit: it is stored already as
+    # these, which are never its candidates (added under another name, it is a copy of the first).
+    stored_as: list[str] = field(default_factory=list)

@@ -77,6 +77,14 @@ class Registrations:
             db.execute("DELETE FROM tests WHERE name = ?", (name,))
         return spec
 
+    def retarget(self, old: str, new: str) -> list[str]:
+        """Tests attached to exactly the model name `old` follow it to `new` (a rename); the
+        names of those tests. A glob or a tag target is left as it is."""
+        with self.database.atomic() as db:
+            names = [r[0] for r in db.execute("SELECT name FROM tests WHERE target = ? ORDER BY name", (old,))]
+            db.execute("UPDATE tests SET target = ? WHERE target = ?", (new, old))
+        return names
+
     def tests(self, *, checked: bool = True) -> list[CheckSpec]:
         """Every registration. Each function reference is checked as it is read (see the
         package's docstring): one that is not a module path or a file below the work folder

@@ -28,7 +28,7 @@ def _repo(ctx: click.Context) -> Repo:
 
 
 def parents_text(parents: list[ParentInfo]) -> str:
-    return ", ".join(f"{p.ref} ({p.relation})" for p in parents) or "-"
+    return ", ".join(f"{p.label} ({p.relation})" for p in parents) or "-"
 
 
 def lossy_bound(lossy: dict | None) -> str:
@@ -444,22 +444,40 @@ def gc(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("name")
-@click.option("--force", "-f", is_flag=True, help="Remove it even though other models were built on it.")
+@click.argument("ref", metavar="NAME[@N]")
+@click.option("--force", "-f", is_flag=True, help="Remove it even though other models or versions were built on it.")
 @json_option
 @click.pass_context
-def rm(ctx: click.Context, name: str, force: bool, as_json: bool) -> None:
-    """Remove a model. Its objects go at the next gc unless other models use them. A model that
-    others were built on is removed only with --force (their lineage keeps its versions).
+def rm(ctx: click.Context, ref: str, force: bool, as_json: bool) -> None:
+    """Remove a model, or one version of it (NAME@N). Objects go at the next gc unless other
+    versions use them. What others were built on is removed only with --force (their lineage
+    keeps it). Removing a model's latest version moves the model back to the one before; the
+    removed numbers are never given to another version.
 
     \b
-    Example:
+    Examples:
       mgit rm bert-sst2-old && mgit gc
+      mgit rm bert-sst2@4
     """
-    result = _repo(ctx).rm(name, force=force)
+    repo = _repo(ctx)
+    result = repo.rm(ref, force=force)
     if as_json:
         print_json(result.to_json())
         return
-    out.print(
-        f"removed {result.model} ({result.versions} versions, head {short(result.head)}); run mgit gc to free space"
+    if result.version is None:
+        out.print(
+            f"removed {result.model} ({plural(result.versions, 'version')}, head {short(result.head)}); "
+            "run mgit gc to free space"
+        )
+        return
+    where = (
+        f"{result.model} has no version left"
+        if result.head is None
+        else f"{result.model} is at {repo.info(result.head).ref}"
     )
+    kept = (
+        f"; kept stored while {', '.join(result.kept_by)} build on it"
+        if result.kept_by
+        else "; run mgit gc to free space"
+    )
+    out.print(f"removed {result.model}@{result.seq} ({short(result.version)}); {where}{kept}")

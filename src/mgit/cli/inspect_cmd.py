@@ -33,18 +33,23 @@ def _lossy_mark(lossy: object) -> str:
 
 
 @click.command(name="ls")
+@click.option("--tag", "tag", metavar="KEY[=VALUE]", default=None, help="Models whose latest version has this tag.")
 @json_option
 @click.pass_context
-def ls(ctx: click.Context, as_json: bool) -> None:
+def ls(ctx: click.Context, tag: str | None, as_json: bool) -> None:
     """List models: latest version, parents and relation, size.
 
     \b
     Example:
       mgit ls --json
+      mgit ls --tag stage=prod
     """
-    models = ctx.obj.repo().ls()
+    models = ctx.obj.repo().ls(tag=tag)
     if as_json:
         print_json([m.to_json() for m in models])
+        return
+    if not models and tag is not None:
+        out.print(f"No model's latest version has the tag {tag}. See: mgit log --tag {tag}")
         return
     if not models:
         out.print("No models yet. Add one with: mgit add PATH --name NAME")
@@ -67,7 +72,7 @@ def _version_line(v: VersionInfo) -> str:
     return "\n".join(
         line
         for line in [
-            f"{v.ref} {v.id}{_lossy_mark(v.lossy)}",
+            f"{v.ref} {v.id}{_lossy_mark(v.lossy)}{' [removed]' if v.removed else ''}",
             f"  date:    {v.time}",
             f"  author:  {v.author}",
             f"  parents: {parents_text(v.parents)}" if v.parents else "",
@@ -127,7 +132,7 @@ def log(
     if oneline:
         for v in versions:
             first = v.message.splitlines()[0] if v.message else ""
-            out.print(f"{v.ref} {short(v.id)} {v.time[:10]} {first}".rstrip())
+            out.print(f"{v.ref}{' [removed]' if v.removed else ''} {short(v.id)} {v.time[:10]} {first}".rstrip())
         return
     out.print("\n\n".join(_version_line(v) for v in versions))
 

@@ -31,6 +31,8 @@ COMMANDS = {
     "diff": "mgit.cli.diff_cmd:diff",
     "status": "mgit.cli.status_cmd:status",
     "lineage": "mgit.cli.lineage_cmd:lineage",
+    "tag": "mgit.cli.refs_cmd:tag",
+    "rename": "mgit.cli.refs_cmd:rename",
     "graph": "mgit.cli.graph_cmd:graph",
     "serve": "mgit.cli.serve_cmd:serve",
     "test": "mgit.cli.test_cmd:test_group",

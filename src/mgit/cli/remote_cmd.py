@@ -9,7 +9,7 @@ from mgit import sync
 from mgit.cli.main import SuggestingGroup
 from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size, table
 from mgit.store.transfer import TransferStats
-from mgit.sync.reports import FetchResult, ModelUpdate
+from mgit.sync.reports import FetchResult, ModelUpdate, TagsTravel
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 endpoint_option = click.option(
@@ -169,13 +169,32 @@ def push(ctx: click.Context, remote: str, targets: tuple[str, ...], force: bool,
     _updates(result.models, "on " + result.remote)
     if result.checks.registrations or result.checks.results:
         out.print(f"  tests: {result.checks.registrations} registrations, {result.checks.results} results sent")
+    _tag_lines(result.tags, "sent", result.remote)
+    for note in result.notes:
+        out.print(f"  {note}")
+
+
+def _tag_lines(tags: TagsTravel, verb: str, remote: str) -> None:
+    if tags.sent or tags.received:
+        out.print(f"  tags: {plural(tags.sent or tags.received, 'version')}' tags {verb}")
+    for ref in tags.conflicts:
+        if verb == "sent":
+            err.print(
+                f"note: the tags of {ref} changed on {remote} since last seen; left as they are there (run: mgit pull)"
+            )
+        else:
+            err.print(
+                f"note: the tags of {ref} changed both here and on {remote}; the ones here are kept and the next "
+                f"push sends them (to take {remote}'s instead, set them with mgit tag {ref})"
+            )
 
 
 def _print_fetch(result: FetchResult) -> None:
     lazy = " (lazy: objects come when read)" if result.lazy else ""
     out.print(f"{result.url}: {_traffic('received', result.received)}, {plural(result.versions, 'version')}{lazy}")
     for u in result.models:
-        out.print(f"  {result.remote}/{u.model:<30} {short(u.old)} -> {short(u.new)}")
+        note = f" ({u.note})" if u.note else ""
+        out.print(f"  {result.remote}/{u.model:<30} {short(u.old)} -> {short(u.new)}{note}")
     c = result.checks
     if c.registrations or c.results:
         out.print(f"  tests: {c.registrations} registrations, {c.results} results received")
@@ -247,6 +266,7 @@ def pull(ctx: click.Context, remote: str, ff_only: bool, as_json: bool) -> None:
     _updates(result.models, "here")
     for r in result.renumbered:
         out.print(f"  renumbered {r.old_ref} -> {r.new_ref} (replayed after {result.fetch.remote}'s versions)")
+    _tag_lines(result.tags, "received", result.fetch.remote)
 
 
 @click.command()

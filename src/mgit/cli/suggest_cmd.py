@@ -23,6 +23,8 @@ def print_suggestion(result: ParentSuggestion) -> None:
         f"Parents of {result.query} ({result.tensors} tensors) among {result.compared} stored versions "
         f"({result.seconds:.2f} s):"
     )
+    if result.stored_as:
+        out.print(f"  already stored as {', '.join(result.stored_as)} (every tensor bit for bit)")
     if not result.candidates:
         out.print(f"  none: {result.verdict}")
         return
@@ -60,7 +62,9 @@ def print_suggestion(result: ParentSuggestion) -> None:
         out.print(f"Evidence for {best.ref}: " + "; ".join(best.reasons))
     for note in result.notes:
         out.print(f"note: {note}")
-    if result.parents:
+    if result.stored_as:
+        out.print(f"Stored already: {result.verdict}")
+    elif result.parents:
         out.print(f"Most likely parent: {result.verdict}")
     else:
         out.print(f"No confident parent: {result.verdict}")

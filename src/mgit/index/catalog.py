@@ -1,4 +1,5 @@
-"""The catalog: a SQLite index of models, versions, lineage edges and object sizes.
+"""The catalog: a SQLite index of models, versions, lineage edges and object sizes
+(the storage figures' queries are in `mgit.index.usage`, its base).
 
 Everything in it is derived from objects and refs (test registrations and results live in
 checks.sqlite instead), so it can be dropped and rebuilt (`index`, `sync`). It exists for speed: `ls`,
@@ -10,6 +11,7 @@ named migration recorded in the same transaction that applies it.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,12 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from mgit.errors import CatalogError, CorruptObjectError, MissingObjectError
 from mgit.index.rows import GRAPH_COLUMNS, VERSION_COLUMNS, ObjectRow, VersionRow, named_rows
-from mgit.reports import ModelUsage, ParentInfo
+from mgit.index.tags import effective
+from mgit.index.usage import IDS, UsageQueries, storage_class
+from mgit.reports import ParentInfo
 from mgit.store.objects import Parent, Version, ancestors_first
-from mgit.util.database import Database
 
 if TYPE_CHECKING:  # the store's types only: indexing reads records through it
     from mgit.index.refs import RefStore
+    from mgit.index.tags import TagStore
     from mgit.store.base import ObjectStore
 
 MIGRATIONS: list[tuple[str, list[str]]] = [
@@ -68,26 +72,36 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
         "0004_object_storage",
         ["ALTER TABLE objects ADD COLUMN storage TEXT"],
     ),
+    (
+        # A version no model's history holds any more (`mgit rm`), kept because a live version
+        # was derived from it: displays say so. Derived from the refs by `set_heads`.
+        "0005_removed_versions",
+        ["ALTER TABLE versions ADD COLUMN removed INTEGER NOT NULL DEFAULT 0"],
+    ),
+    (
+        # Tags set after a version was added (mgit.index.tags): the overlay each version's `tags`
+        # column has applied over its record's, so that a sync applies only what changed.
+        "0006_tag_overlays",
+        ["CREATE TABLE tag_overlays (version TEXT PRIMARY KEY, overlay TEXT NOT NULL)"],
+    ),
 ]
 
 
-# A list of ids as one JSON parameter: no hand-built "?, ?, ..." lists, no length limit, and a
-# read stays a read (a temporary table would need a write transaction).
-IDS = "(SELECT value FROM json_each(?))"
-
-
-def storage_class(codec_names: str) -> str:
-    """`delta`, `derived` or `standalone`, from a chain's names as recorded (`a+b+c`): each
-    codec's class says which (imported here, not above, so that commands which never ask
-    do not load numpy and the codecs)."""
-    from mgit.codecs import storage_of
-
-    return storage_of(codec_names)
-
-
-class Catalog(Database):
-    def __init__(self, path: Path) -> None:
+class Catalog(UsageQueries):
+    def __init__(
+        self,
+        path: Path,
+        *,
+        removed: Callable[[], set[str]] = set,
+        remote: Callable[[], Callable[[str], bool]] = lambda: lambda _name: False,
+    ) -> None:
+        """`removed` reads the versions removed from inside a history (mgit.index.retired),
+        which a history still passes through and displays must say are removed; `remote`
+        says which models without a ref here a remote holds (their versions are not removed:
+        they are remote-only, as a clone of some models brings its ancestors)."""
         super().__init__(path, MIGRATIONS, synchronous="NORMAL")  # derived data: a lost commit is re-derived
+        self._removed = removed
+        self._remote = remote
 
     # --- writing ------------------------------------------------------------------------
     def add_objects(self, rows: Iterable[ObjectRow]) -> None:
@@ -117,8 +131,11 @@ class Catalog(Database):
     def _index_version(tx: Any, vid: str, version: Version, objects: set[str]) -> None:
         if tx.execute("SELECT 1 FROM versions WHERE id = ?", (vid,)).fetchone():
             return
+        tx.execute("DELETE FROM tag_overlays WHERE version = ?", (vid,))  # its tags are the record's again
         seq = 1
-        if version.predecessor:
+        if version.number is not None:  # a re-used name's first version (or one after a removed latest)
+            seq = version.number
+        elif version.predecessor:
             row = tx.execute("SELECT seq FROM versions WHERE id = ?", (version.predecessor,)).fetchone()
             if row is None:  # callers index ancestors first; numbering from 1 would be wrong
                 raise CatalogError(f"predecessor {version.predecessor[:12]} of version {vid[:12]} is not indexed")
@@ -133,7 +150,8 @@ class Catalog(Database):
         ).fetchone()
         s = version.summary
         tx.execute(
-            "INSERT INTO versions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT INTO versions (id, model, seq, manifest, predecessor, message, author, time, tags, files, tensors, "
+            "params, logical_bytes, stored_bytes, new_bytes, lossy, recipe) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 vid,
                 version.model,
@@ -189,8 +207,34 @@ class Catalog(Database):
             )
             tx.execute("DELETE FROM edges WHERE child NOT IN (SELECT id FROM versions)")
             tx.execute("DELETE FROM version_objects WHERE version NOT IN (SELECT id FROM versions)")
+            tx.execute("DELETE FROM tag_overlays WHERE version NOT IN (SELECT id FROM versions)")
+            self._mark_histories(tx, self._removed(), self._remote())
             # Sketches stay: a fetched version's (from a remote's pack) is wanted once a pull
             # makes it reachable; gc removes those of versions it deletes.
+
+    @staticmethod
+    def _mark_histories(tx: Any, marked: set[str], remote: Callable[[str], bool]) -> None:
+        """Each version on a model's history (its head and predecessors) belongs to that model
+        (the ref's name: a renamed model's versions recorded the old one). Every other version
+        left (kept as a live version's lineage parent) is removed, unless it is of a model
+        with no ref here that a remote holds (remote-only); so is every one `marked`."""
+        owned = dict(
+            tx.execute(
+                """WITH RECURSIVE chain(id, name) AS (
+                       SELECT head, name FROM models
+                       UNION SELECT v.predecessor, chain.name FROM versions v JOIN chain ON v.id = chain.id
+                             WHERE v.predecessor IS NOT NULL)
+                   SELECT id, name FROM chain"""
+            )
+        )
+        names = set(owned.values())
+        changes = []
+        for vid, model, removed in tx.execute("SELECT id, model, removed FROM versions").fetchall():
+            name = owned.get(vid, model)
+            gone = vid in marked or (vid not in owned and (model in names or not remote(model)))
+            if name != model or bool(removed) != gone:
+                changes.append((name, int(gone), vid))
+        tx.executemany("UPDATE versions SET model = ?, removed = ? WHERE id = ?", changes)
 
     def index(self, store: ObjectStore, *vids: str) -> None:
         """Index these versions and every version they link to that is not indexed yet,
@@ -224,6 +268,25 @@ class Catalog(Database):
         self.index(store, *heads.values())
         self.set_heads(refs.all)
 
+    def sync_tags(self, store: ObjectStore, tags: TagStore) -> None:
+        """Give each indexed version the tags set on it later (its record's with `tags`'
+        overlay applied), where they changed since the last sync."""
+        wanted = tags.all()
+        known = {v: json.loads(o) for v, o in self.db.execute("SELECT version, overlay FROM tag_overlays")}
+        changed = [v for v in sorted(set(wanted) | set(known)) if wanted.get(v, {}) != known.get(v, {})]
+        changed = [v for v in changed if self.has_version(v)]  # the others when they are indexed
+        if not changed:
+            return
+        records = {v: store.get_version(v).tags for v in changed}
+        with self.atomic() as tx:
+            for v in changed:
+                overlay = wanted.get(v, {})
+                tx.execute("UPDATE versions SET tags = ? WHERE id = ?", (json.dumps(effective(records[v], overlay)), v))
+                if overlay:
+                    tx.execute("INSERT OR REPLACE INTO tag_overlays VALUES (?, ?)", (v, json.dumps(overlay)))
+                else:
+                    tx.execute("DELETE FROM tag_overlays WHERE version = ?", (v,))
+
     @contextmanager
     def explained(self) -> Iterator[None]:
         """Name the models that use an object when reading it fails."""
@@ -242,7 +305,9 @@ class Catalog(Database):
         for p in parents:
             vid, rel = (p.version, p.relation) if isinstance(p, Parent) else p
             row = self.version(vid)
-            out.append(ParentInfo(vid, row.model if row else "?", row.seq if row else 0, rel))
+            out.append(
+                ParentInfo(vid, row.model if row else "?", row.seq if row else 0, rel, bool(row and row.removed))
+            )
         return out
 
     def put_sketch(self, vid: str, data: bytes) -> None:
@@ -313,13 +378,19 @@ class Catalog(Database):
 
     def compact(self) -> None:
         """VACUUM when a quarter of the file (and at least 1 MiB) is free pages, so that what
-        was deleted leaves the disk too; then empty the write-ahead log."""
+        was deleted leaves the disk too; then empty the write-ahead log. On a full disk neither
+        is needed to go on (a later checkpoint empties the log), and gc, which compacts before
+        it deletes objects, must go on to free space."""
         free, pages, page = (
             self.db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("freelist_count", "page_count", "page_size")
         )
-        if free * page >= 1 << 20 and free * 4 >= pages:
-            self.db.execute("VACUUM")
-        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        try:
+            if free * page >= 1 << 20 and free * 4 >= pages:
+                self.db.execute("VACUUM")
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.OperationalError as exc:
+            if "full" not in str(exc):  # SQLITE_FULL: "database or disk is full"
+                raise
 
     def sketch(self, vid: str) -> bytes | None:
         row = self.db.execute("SELECT data FROM sketches WHERE version = ?", (vid,)).fetchone()
@@ -335,6 +406,23 @@ class Catalog(Database):
     def version(self, vid: str) -> VersionRow | None:
         rows = self._versions("WHERE v.id = ?", (vid,))
         return rows[0] if rows else None
+
+    def children_of(self, vid: str) -> list[str]:
+        """`model@seq` of the versions, not removed, that name `vid` as a lineage parent."""
+        rows = self.db.execute(
+            """SELECT DISTINCT v.model, v.seq FROM edges e JOIN versions v ON v.id = e.child
+               WHERE e.parent = ? AND v.removed = 0 ORDER BY v.model, v.seq""",
+            (vid,),
+        )
+        return [f"{m}@{s}" for m, s in rows]
+
+    def removed_version(self, model: str, seq: int) -> str | None:
+        """The id of `model@seq` if that version was removed and is still indexed (kept as a
+        live version's lineage parent)."""
+        row = self.db.execute(
+            "SELECT id FROM versions WHERE model = ? AND seq = ? AND removed = 1", (model, seq)
+        ).fetchone()
+        return None if row is None else row[0]
 
     def versions_by_prefix(self, prefix: str) -> list[str]:
         return [
@@ -386,117 +474,6 @@ class Catalog(Database):
         )
         return [f"{m}@{s}" for m, s in rows]
 
-    def storage_by_codec(self, vid: str) -> list[tuple[str, int, int, int]]:
-        """(codec chain, objects, logical bytes, stored bytes) of a version's objects."""
-        return list(
-            self.db.execute(
-                """SELECT o.codec, COUNT(*), SUM(o.logical_size), SUM(o.stored_size)
-               FROM version_objects vo JOIN objects o ON o.id = vo.object WHERE vo.version = ?
-               GROUP BY o.codec ORDER BY o.codec""",
-                (vid,),
-            )
-        )
-
-    def shared_objects(self, vid: str) -> int:
-        """How many objects of a version other versions use too (deduplicated)."""
-        return self.db.execute(
-            """SELECT COUNT(*) FROM version_objects vo WHERE vo.version = ? AND EXISTS
-               (SELECT 1 FROM version_objects o2 WHERE o2.object = vo.object AND o2.version != ?)""",
-            (vid, vid),
-        ).fetchone()[0]
-
-    def tensor_storage(self, vids: list[str]) -> dict[str, int]:
-        """How the tensors of these versions are stored, together (see `tensor_counts`)."""
-        return _summed(self.tensor_counts(vids).values())
-
-    def tensor_counts(self, vids: list[str]) -> dict[str, dict[str, int]]:
-        """Per version, how its tensors are stored: `deduplicated` (an earlier version stored
-        the object), else by the first codec of the object's chain. One query for any number
-        of versions, so a page over a thousand models does not issue a query per model."""
-        out: dict[str, dict[str, int]] = {v: {} for v in vids}
-        rows = self.db.execute(
-            f"""SELECT v.id, o.codec, o.storage,
-                       EXISTS (SELECT 1 FROM version_objects vo2 JOIN versions v2 ON v2.id = vo2.version
-                               WHERE vo2.object = vo.object AND v2.rowid < v.rowid), COUNT(*)
-                FROM version_objects vo JOIN objects o ON o.id = vo.object JOIN versions v ON v.id = vo.version
-                WHERE vo.version IN {IDS} AND o.kind = 'tensor'
-                GROUP BY 1, 2, 3, 4""",
-            (json.dumps(vids),),
-        )
-        unknown: set[str] = set()
-        for vid, codec, storage, dedup, n in rows:
-            if storage is None:  # a row written before 0004: classed now, and remembered
-                storage = storage_class(codec)
-                unknown.add(codec)
-            key = "deduplicated" if dedup else storage
-            out[vid][key] = out[vid].get(key, 0) + n
-        if unknown:
-            with self.atomic() as tx:
-                tx.executemany(
-                    "UPDATE objects SET storage = ? WHERE codec = ? AND kind = 'tensor' AND storage IS NULL",
-                    [(storage_class(c), c) for c in unknown],
-                )
-        return out
-
-    def storage_by_version(self, vids: list[str]) -> dict[str, tuple[int, dict[str, int]]]:
-        """Per version: (stored bytes of the objects it uses, `tensor_counts`)."""
-        counts = self.tensor_counts(vids)
-        rows = self.db.execute(f"SELECT id, stored_bytes FROM versions WHERE id IN {IDS}", (json.dumps(vids),))
-        return {vid: (stored, counts.get(vid, {})) for vid, stored in rows}
-
-    def physical_bytes(self, vids: list[str]) -> tuple[int, int]:
-        """(objects, stored bytes) of the distinct objects that these versions use."""
-        row = self.db.execute(
-            f"""SELECT COUNT(*), COALESCE(SUM(o.stored_size), 0) FROM objects o WHERE o.id IN
-                (SELECT object FROM version_objects WHERE version IN {IDS})""",
-            (json.dumps(vids),),
-        ).fetchone()
-        return row[0], row[1]
-
-    def model_usage(self, versions: dict[str, list[str]]) -> list[ModelUsage]:
-        """`du`'s figures of each model, given its versions' ids: their logical bytes, the
-        distinct objects they use (count, stored bytes), how their tensors are stored; three
-        queries for every model together."""
-        vids = [vid for chain in versions.values() for vid in chain]
-        pairs = json.dumps([[model, vid] for model, chain in versions.items() for vid in chain])
-        rows = self.db.execute(
-            """WITH g(model, vid) AS (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
-                                        FROM json_each(?)),
-                     d AS (SELECT DISTINCT g.model, vo.object FROM g JOIN version_objects vo ON vo.version = g.vid)
-                SELECT d.model, COUNT(*), COALESCE(SUM(o.stored_size), 0) FROM d JOIN objects o ON o.id = d.object
-                GROUP BY d.model""",
-            (pairs,),
-        )
-        objects = {model: (count, stored) for model, count, stored in rows}
-        logical = dict(
-            self.db.execute(f"SELECT id, logical_bytes FROM versions WHERE id IN {IDS}", (json.dumps(vids),))
-        )
-        counts = self.tensor_counts(vids)
-        out = []
-        for model, chain in versions.items():
-            count, stored = objects.get(model, (0, 0))
-            out.append(
-                ModelUsage(
-                    model,
-                    len(chain),
-                    sum(logical.get(v, 0) for v in chain),
-                    stored,
-                    count,
-                    _summed(counts.get(v, {}) for v in chain),
-                )
-            )
-        return out
-
-    def object_sizes(self, vids: list[str]) -> dict[str, int]:
-        """{object: stored bytes} of the distinct objects these versions use (the logical
-        size where the stored one is not known yet: a lazy clone's object not fetched)."""
-        rows = self.db.execute(
-            f"""SELECT o.id, CASE WHEN o.stored_size > 0 THEN o.stored_size ELSE o.logical_size END FROM objects o
-                WHERE o.id IN (SELECT object FROM version_objects WHERE version IN {IDS})""",
-            (json.dumps(vids),),
-        )
-        return dict(rows)
-
     def graph_rows(self) -> tuple[list[dict[str, Any]], list[tuple[str, int, str, str]]]:
         """Every indexed version ({column: value} of GRAPH_COLUMNS) and every lineage edge
         (child, position, parent, relation): the lineage graph in two queries, fast enough
@@ -505,19 +482,3 @@ class Catalog(Database):
         versions = list(named_rows(self.db.execute(f"SELECT {columns} FROM versions")))
         edges = list(self.db.execute("SELECT child, position, parent, relation FROM edges ORDER BY child, position"))
         return versions, edges
-
-    def total_objects(self) -> tuple[int, int, int]:
-        """(count, logical bytes, stored bytes) of every object the catalog knows."""
-        r = self.db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(logical_size), 0), COALESCE(SUM(stored_size), 0) FROM objects"
-        ).fetchone()
-        return r[0], r[1], r[2]
-
-
-def _summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
-    """Counts by kind (`tensor_counts`' of several versions) added up."""
-    out: dict[str, int] = {}
-    for per_version in counts:
-        for key, n in per_version.items():
-            out[key] = out.get(key, 0) + n
-    return out

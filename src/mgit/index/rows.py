@@ -33,6 +33,7 @@ VERSION_COLUMNS = (
     "new_bytes",
     "lossy",
     "recipe",
+    "removed",
 )
 GRAPH_COLUMNS = (
     "id",
@@ -46,18 +47,21 @@ GRAPH_COLUMNS = (
     "logical_bytes",
     "new_bytes",
     "lossy",
+    "removed",
 )
 JSON_COLUMNS = ("tags", "lossy", "recipe", "parents")  # stored as JSON text (lossy and recipe may be NULL)
 
 
 def named_rows(cursor: sqlite3.Cursor) -> Iterator[dict[str, Any]]:
-    """A query's rows as {column: value}, its JSON columns decoded."""
+    """A query's rows as {column: value}, its JSON columns decoded (and `removed` a bool)."""
     names = [d[0] for d in cursor.description]
     for values in cursor:
         row = dict(zip(names, values, strict=True))
         for key in JSON_COLUMNS:
             if key in row:
                 row[key] = json.loads(row[key]) if row[key] else None
+        if "removed" in row:
+            row["removed"] = bool(row["removed"])
         yield row
 
 
@@ -102,3 +106,4 @@ class VersionRow:
     lossy: dict[str, Any] | None
     parents: tuple[tuple[str, str], ...]
     recipe: dict[str, Any] | None = None
+    removed: bool = False  # on no model's history any more (see Catalog.set_heads)

@@ -1,14 +1,14 @@
 """Evidence: how one sketch compares with another, as the parent of the first.
 
-Tensors are matched by name and shape (or, for a student with fewer layers, by name pattern
-and shape). For matched tensors, sampled values give a relative distance (to the RMS of the
-two samples: two unrelated zero-mean tensors are ~sqrt(2) apart whatever their scales, a
-fine-tune 0.01-0.1, a bf16 cast ~0.002) and the share of values the candidate reproduces
-exactly once cast or quantized the query's way. Object ids give the share of bit-identical
-tensors; the tensor names, the structural match. `analyse` reads a relation and a direction
-of derivation from dtypes, zeros, layers and added tensors; `merge_fit` checks whether a
-model is a combination of two others. `compare_all` does the first comparison for thousands
-of stored sketches at once.
+Tensors are matched by name (across a wrapper prefix such as a task model's `bert.`) and shape
+(or, for a student with fewer layers, by name pattern and shape). For matched tensors, sampled
+values give a relative distance (to the RMS of the two samples: two unrelated zero-mean
+tensors are ~sqrt(2) apart whatever their scales, a fine-tune 0.01-0.1, a bf16 cast ~0.002)
+and the share of values the candidate reproduces exactly once cast or quantized the query's
+way. Object ids give the share of bit-identical tensors; the tensor names, the structural
+match. `analyse` reads a relation and a direction of derivation from dtypes, zeros, layers and
+added tensors; `merge_fit` checks whether a model is a combination of two others.
+`compare_all` does the first comparison for thousands of stored sketches at once.
 """
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
+from mgit.formats.pairing import tensor_names, wrapper_prefix
 from mgit.lineage.sketch import (
     CONSTANT,
     FLOAT,
+    PLAIN,
     PRECISION,
     QUANTIZED,
     SCALE,
@@ -73,15 +76,36 @@ def _comparable(s: Sketch) -> np.ndarray:
     return _informative(s) | (s.roles == CONSTANT)
 
 
+@lru_cache(maxsize=64)
+def _prefixes(names: tuple[str, ...], others: tuple[str, ...]) -> tuple[str, str]:
+    return wrapper_prefix(names, others)
+
+
+@lru_cache(maxsize=64)
+def _paired_names(names: tuple[str, ...], others: tuple[str, ...]) -> dict[str, str]:
+    """`tensor_names`, once per pair of architectures (ranking compares each candidate often)."""
+    return tensor_names(names, others)
+
+
+def counterparts(q: Sketch, c: Sketch) -> list[int | None]:
+    """For each tensor of `c`, the index of the query's tensor of the same name (across the
+    wrapper prefix the two differ by, `mgit.formats.pairing.tensor_names`) and shape, or None."""
+    names = _paired_names(tuple(c.names), tuple(q.names))
+    out: list[int | None] = []
+    for j, name in enumerate(c.names):
+        i = q.index.get(names.get(name, ""))
+        out.append(i if i is not None and q.shapes[i] == c.shapes[j] else None)
+    return out
+
+
 def _name_pairs(q: Sketch, c: Sketch) -> tuple[np.ndarray, np.ndarray, int]:
     """Indexes of tensors with the same name and shape whose values say something (floats,
     not both constant: a norm trained away from its initial ones is compared with them), and
     how many tensors of any kind share name and shape (for the structural match)."""
     iq, ic, common = [], [], 0
     q_inf, c_inf, q_cmp, c_cmp = _informative(q), _informative(c), _comparable(q), _comparable(c)
-    for j, name in enumerate(c.names):
-        i = q.index.get(name)
-        if i is None or q.shapes[i] != c.shapes[j] or c.roles[j] == SCALE:
+    for j, i in enumerate(counterparts(q, c)):
+        if i is None or c.roles[j] == SCALE:
             continue
         common += 1
         if q_cmp[i] and c_cmp[j] and (q_inf[i] or c_inf[j]):
@@ -91,13 +115,16 @@ def _name_pairs(q: Sketch, c: Sketch) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def _pattern_pairs(q: Sketch, c: Sketch) -> tuple[np.ndarray, np.ndarray]:
-    """Every pair of informative tensors with the same name pattern and shape."""
+    """Every pair of informative tensors with the same name pattern (once the wrapper prefix
+    they differ by is set aside) and shape."""
+    mine, theirs = _prefixes(tuple(q.names), tuple(c.names))
     groups: dict[tuple[str, tuple[int, ...]], list[int]] = {}
     for j in np.flatnonzero(_comparable(c)):
-        groups.setdefault((pattern(c.names[j]), c.shapes[j]), []).append(int(j))
+        name = c.names[j]
+        groups.setdefault((pattern(name.removeprefix(theirs)), c.shapes[j]), []).append(int(j))
     iq, ic = [], []
     for i in np.flatnonzero(_informative(q)):
-        for j in groups.get((pattern(q.names[i]), q.shapes[i]), ()):
+        for j in groups.get((pattern(q.names[i].removeprefix(mine)), q.shapes[i]), ()):
             iq.append(int(i))
             ic.append(j)
     return np.array(iq, np.int64), np.array(ic, np.int64)
@@ -190,11 +217,7 @@ def compare_all(
         count += 1
         key = (tuple(c.names), tuple(c.shapes))
         if key not in matches:
-            pairs = [
-                (i, j)
-                for j, n in enumerate(c.names)
-                if (i := q.index.get(n)) is not None and q.shapes[i] == c.shapes[j]
-            ]
+            pairs = [(i, j) for j, i in enumerate(counterparts(q, c)) if i is not None]
             matches[key] = (np.array([i for i, _ in pairs], np.int64), np.array([j for _, j in pairs], np.int64))
         iq, ic = matches[key]
         named = c.roles[ic] != SCALE
@@ -250,12 +273,16 @@ def analyse(q: Sketch, c: Sketch, iq: np.ndarray, ic: np.ndarray) -> tuple[str, 
     from c, -1: c from q, 0: no one-way evidence) and the reasons, in words."""
     reasons: list[str] = []
     q_plain, c_plain = q.roles != SCALE, c.roles != SCALE
-    q_names = {n for n, keep in zip(q.names, q_plain, strict=True) if keep}
-    c_names = {n for n, keep in zip(c.names, c_plain, strict=True) if keep}
     q_params, c_params = int(q.params[q_plain].sum()), int(c.params[c_plain].sum())
-    new = sum(int(q.params[q.index[n]]) for n in q_names - c_names)
-    missing = sum(int(c.params[c.index[n]]) for n in c_names - q_names)
-    same_name = np.array([q.names[i] == c.names[j] for i, j in zip(iq, ic, strict=True)], bool)
+    # Tensors one side has and the other lacks, buffers aside: a save that drops a
+    # non-persistent buffer (`position_ids`) says nothing of which model came first.
+    pair = counterparts(q, c)
+    paired = {i for i in pair if i is not None}
+    added = [i for i in range(len(q)) if q_plain[i] and q.roles[i] != PLAIN and i not in paired]
+    dropped = [j for j in range(len(c)) if c_plain[j] and c.roles[j] != PLAIN and pair[j] is None]
+    new = sum(int(q.params[i]) for i in added)
+    missing = sum(int(c.params[j]) for j in dropped)
+    same_name = np.array([pair[j] == i for i, j in zip(iq, ic, strict=True)], bool)
     changed = np.array([q.oids[i] != c.oids[j] for i, j in zip(iq, ic, strict=True)], bool) & same_name
     narrowed = np.array([_is_narrower(q, i, c, j) for i, j in zip(iq, ic, strict=True)], bool) & changed
     widened = np.array([_is_narrower(c, j, q, i) for i, j in zip(iq, ic, strict=True)], bool) & changed
@@ -286,10 +313,10 @@ def analyse(q: Sketch, c: Sketch, iq: np.ndarray, ic: np.ndarray) -> tuple[str, 
         reasons.append(f"the candidate has fewer layers ({c_layers} vs {q_layers})")
     elif new and not missing and new <= 0.1 * q_params:
         votes += 1
-        reasons.append(f"the query adds {len(q_names - c_names)} small tensors ({new:,} parameters)")
+        reasons.append(f"the query adds {len(added)} small tensors ({new:,} parameters)")
     elif missing and not new and missing <= 0.1 * c_params:
         votes -= 1
-        reasons.append(f"the candidate adds {len(c_names - q_names)} small tensors ({missing:,} parameters)")
+        reasons.append(f"the candidate adds {len(dropped)} small tensors ({missing:,} parameters)")
     direction = (votes > 0) - (votes < 0)
 
     if changed_params and weights[narrowed].sum() >= 0.5 * changed_params:

@@ -52,6 +52,7 @@ class VersionNode(FlatReport):
     logical_bytes: int
     new_bytes: int  # what this version added to the store when it was written
     lossy: dict[str, Any] | None = None
+    removed: bool = False  # on no model's history any more (`mgit rm`), kept as a live version's parent
 
     @property
     def ref(self) -> str:
@@ -83,10 +84,12 @@ class LineageEdge(FlatReport):
     relation: str
     latest_seq: int  # the parent model's latest version number
     stale: bool  # derived from a version that is no longer the parent's latest
+    parent_removed: bool = False  # that version was removed (`mgit rm`)
 
     @property
     def parent_ref(self) -> str:
-        return f"{self.parent}@{self.parent_seq}"
+        """`ft@3`, or `ft@3 [removed]`."""
+        return f"{self.parent}@{self.parent_seq}" + (" [removed]" if self.parent_removed else "")
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,7 @@ class Lineage:
                     relation,
                     pnode.seq,
                     stale=pvid != pnode.head,
+                    parent_removed=pv.removed,
                 )
                 self._parents.setdefault(node.name, []).append(edge)
                 self._children.setdefault(pnode.name, []).append(edge)
@@ -252,6 +256,7 @@ class Lineage:
             relation,
             latest.seq if latest else pv.seq,
             stale=latest is not None and pvid != latest.head,
+            parent_removed=pv.removed,
         )
 
     def _version_node(self, vid: str) -> ModelNode:

@@ -171,14 +171,17 @@ def _settle_close(ranked: list[Candidate], top: int = 4) -> list[str]:
 
 def _confidence(ranked: list[Candidate]) -> None:
     """Score discounted by the best rival that is neither a merge partner nor explained by
-    this candidate (closer to it than to the query, like its own lossy copy). Below the
+    this candidate (closer to it than to the query, like its own lossy copy, or a copy). Below the
     first, every candidate has the first as a rival at least as good."""
     for k, c in enumerate(ranked):
         rival = 0.0
         for other in ranked[:6] if k == 0 else ranked[:1]:
             if other is c or other.version == c.merge_with or other.score <= 0 or c.score <= 0:
                 continue
-            if k == 0 and compare(other.sketch, c.sketch)[0].distance < other.evidence.distance:
+            if k == 0 and (
+                other.sketch.same_tensors(c.sketch)  # a stored copy of it: the same answer twice
+                or compare(other.sketch, c.sketch)[0].distance < other.evidence.distance
+            ):
                 continue
             rival = max(rival, min(1.0, other.score / c.score))
         c.confidence = c.score * (1 - 0.5 * rival**AMBIGUITY_POWER)
@@ -269,18 +272,40 @@ def suggest(
     limit: int = 5,
     min_confidence: float = DEFAULT_MIN_CONFIDENCE,
     started: float | None = None,
+    history: Iterable[tuple[str, str, Sketch]] = (),
 ) -> ParentSuggestion:
     """`parent_candidates` as a report, with the choice `--auto-parent` makes; `seconds`
-    counts from `started` (a `time.perf_counter()` value) when given."""
+    counts from `started` (a `time.perf_counter()` value) when given. `history` are versions
+    left out of the candidates (the model's own, in an add): when one of them holds the
+    query's every tensor, the query is that version stored already and gets no parent."""
     started = time.perf_counter() if started is None else started
+    # A version that holds the query's every tensor is the query stored already, never its
+    # candidate: stored children are compared, stored copies are named.
+    own = [(vid, label) for vid, label, s in history if s.same_tensors(query)]
+    copies, others = list(own), []
+    for vid, label, s in stored:
+        if s.same_tensors(query):
+            copies.append((vid, label))
+        else:
+            others.append((vid, label, s))
     # Choose from every refined candidate, not the shown ones: a merge partner may rank below
     # `limit`, and `--auto-parent` must choose what `suggest -n 1` says it would.
-    ranked, notes, count = parent_candidates(query, stored, limit=REFINE)
+    ranked, notes, count = parent_candidates(query, others, limit=REFINE)
     parents, relation, verdict = _choose(ranked, min_confidence)
+    if own:
+        parents, relation = [], None
+        verdict = f"already stored as {', '.join(label for _, label in copies)} (every tensor bit for bit)"
+    elif copies:
+        stored_as = ", ".join(label for _, label in copies)
+        parents, relation = [copies[0][0]], "other"
+        verdict = (
+            f"already stored as {stored_as} (every tensor bit for bit); "
+            f"added under another name, it is a copy of {copies[0][1]} (other)"
+        )
     return ParentSuggestion(
         query=label,
         tensors=len(query),
-        compared=count,
+        compared=count + len(copies) - len(own),
         seconds=round(time.perf_counter() - started, 3),
         candidates=[_report(c) for c in ranked[:limit]],
         min_confidence=min_confidence,
@@ -288,4 +313,5 @@ def suggest(
         relation=relation,
         verdict=verdict,
         notes=notes,
+        stored_as=[label for _, label in copies],
     )

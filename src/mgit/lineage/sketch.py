@@ -4,10 +4,10 @@ megabytes, not their weights).
 
 Per tensor a sketch keeps its name, dtype, shape and object id, the fraction of exact zeros
 (on a strided sample of up to ZERO_SAMPLES values) and SAMPLES values at positions drawn from
-a hash of the tensor's name *pattern* (digits replaced by '#') and its shape. Two models with
-a tensor of the same name and shape are therefore sampled at the same positions, and so are
-layer 3 and layer 7 of one model, which lets a distilled student's layers be compared with
-any of its teacher's. Values are kept as float32: bf16, fp16 and fp8 are decoded; an integer
+a hash of the tensor's shape. Two models with a tensor of the same shape are therefore sampled
+at the same positions whatever the tensor is called: layer 3 and layer 7 of one model (a
+distilled student's layers are compared with any of its teacher's), and a task model's
+`bert.encoder...` and its base's `encoder...`. Values are kept as float32: bf16, fp16 and fp8 are decoded; an integer
 or fp8 tensor that comes with a scale tensor (int8 per-row quantization, fp8 with per-tensor
 or block scales, bitsandbytes' SCB) is dequantized, and the scale at each sampled position is
 kept, so that a candidate parent's values can be quantized again exactly the same way.
@@ -41,7 +41,7 @@ from mgit.store.reader import tensor_bytes
 if TYPE_CHECKING:
     from mgit.index.catalog import Catalog
 
-SKETCH_FORMAT = 2
+SKETCH_FORMAT = 3  # 3: positions drawn from the shape alone
 SAMPLES = 64  # values per tensor: enough to tell a 1e-3 change from noise on ~50 tensors
 ZERO_SAMPLES = 4096
 MAGIC = b"MGSK"
@@ -65,12 +65,14 @@ def pattern(name: str) -> str:
 
 
 @lru_cache(maxsize=4096)
-def positions(name_pattern: str, shape: tuple[int, ...]) -> np.ndarray:
-    """The flat positions sampled in every tensor of this name pattern and shape."""
+def positions(shape: tuple[int, ...]) -> np.ndarray:
+    """The flat positions sampled in every tensor of this shape, whatever its name: so that a
+    tensor is sampled alike under a wrapper's prefix (`bert.encoder...` in a task model) and
+    in any layer (a student's layer 1 against its teacher's layer 2)."""
     n = math.prod(shape)
     if n <= SAMPLES:
         return np.arange(n, dtype=np.int64)
-    seed = int.from_bytes(blake3.blake3(f"{name_pattern}|{list(shape)}".encode()).digest()[:8], "little")
+    seed = int.from_bytes(blake3.blake3(f"{list(shape)}".encode()).digest()[:8], "little")
     return np.sort(np.random.default_rng(seed).integers(0, n, SAMPLES))
 
 
@@ -130,6 +132,15 @@ class Sketch:
 
     def __len__(self) -> int:
         return len(self.names)
+
+    def same_tensors(self, other: Sketch) -> bool:
+        """Whether both hold the same tensors bit for bit under the same names (a re-save of one
+        model, whatever its files): one is the other already stored."""
+        if len(self) != len(other):
+            return False
+        if self.names == other.names:  # the usual case, compared without building anything
+            return self.oids == other.oids
+        return dict(zip(self.names, self.oids, strict=True)) == dict(zip(other.names, other.oids, strict=True))
 
     def to_bytes(self) -> bytes:
         quantized = np.flatnonzero(self.roles == QUANTIZED)
@@ -255,7 +266,7 @@ def sketch_tensors(
             element_values(raw.reshape(count, size)[::step].reshape(-1), e.dtype) if count else np.zeros(0, np.float32)
         )
         zeros[i] = float(np.mean(strided == 0)) if count else 0.0
-        pos = positions(pattern(e.name), e.shape)
+        pos = positions(e.shape)
         picked = raw.reshape(count, size)[pos].reshape(-1)
         sample = element_values(picked, e.dtype)
         if e.name in companions:

@@ -3,6 +3,7 @@
     config.json              {"format": 1, "bare": true, "created": ...}: what makes it a remote
     objects/ab/cdef...       object files, byte for byte as in a repository (immutable)
     refs/models/<name>       a version id and a newline; moved only by compare-and-swap
+    refs/tags/<id>           tags set later on a version (mgit.sync.tags); compare-and-swap too
     packs/<id>.mgpack        metadata packs: what a clone reads in one request (mgit.remotes.pack)
     checks/tests/<name>.json test registrations; checks/results/<id>.json recorded results
 

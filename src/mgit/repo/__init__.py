@@ -1,7 +1,8 @@
 """A repository: `Repo` (the facade every verb goes through, in `repository`), `location`
 (finding, creating and opening one on disk), and the verbs' machinery below it: `add` (a
 version in, parents and lossy gate included), `ingest` (model files -> objects + manifest),
-`checkout` (objects -> files), `gate`, `fsck` (reachability, fsck) and `gc`.
+`checkout` (objects -> files), `inspect` (what ls, log, show, du report), `remove` (rm), `gate`,
+`fsck` (reachability, fsck) and `gc`.
 
 `from mgit.repo import Repo` loads the facade on first use only.
 """

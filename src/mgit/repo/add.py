@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,11 +24,13 @@ from mgit.formats.folder import ModelSource, scan_path, scan_state_dict
 from mgit.formats.model_card import CARD, read_lineage
 from mgit.index.catalog import Catalog, ObjectRow
 from mgit.index.refs import RefStore, is_model_name, validate_model_name
+from mgit.index.retired import RetiredNames
 from mgit.lineage.inference import DEFAULT_MIN_CONFIDENCE, suggest
 from mgit.lineage.sketch import Sketch, sketch_added, sketch_source, stored_sketches
 from mgit.repo.checkout import restore_manifest
 from mgit.repo.gate import Gate, GateResult
 from mgit.repo.ingest import DeltaPlan, SnapshotStats, write_snapshot
+from mgit.repo.location import trust_recipe
 from mgit.reports import AddResult, ParentSuggestion
 from mgit.store.base import ObjectStore, PutResult
 from mgit.store.cache import DecodedCache
@@ -105,6 +108,7 @@ class Snapshot:
 def add_version(
     store: ObjectStore,
     refs: RefStore,
+    retired: RetiredNames,
     catalog: Catalog,
     source: str | os.PathLike[str] | Mapping[str, Any] | ModelSource,
     options: AddOptions,
@@ -133,7 +137,7 @@ def add_version(
     if not parent_ids and options.model_card and not isinstance(source, Mapping | ModelSource):
         parent_ids, card_relation, card_notes = _card_parents(refs, Path(source))
         relation = relation or card_relation
-    own = [p for p in parent_ids if store.get_version(p).model == name]
+    own = [p for p in parent_ids if _model_of(store, catalog, p) == name]
     if own:  # the version before is the new one's predecessor: as a parent too it would be its own ancestor
         ref = catalog.parent_infos([(own[0], relation or "finetune")])[0].ref
         seq = ref.rpartition("@")[2]
@@ -159,14 +163,16 @@ def add_version(
         label = str(source) if isinstance(source, str | os.PathLike) else "state dict"
         sketch = sketch_source(src)
         # Versions of `name` itself are history, not lineage.
-        auto = suggest_parents(store, catalog, sketch, label, limit=5, exclude={name})
+        auto = suggest_parents(store, catalog, sketch, label, limit=5, own=name)
         parent_ids = list(auto.parents)
         lineage = tuple(Parent(v, asked_relation or auto.relation or relation) for v in auto.parents)
         src.notes.append(f"auto-parent: {'chose ' if auto.parents else 'no parent: '}{auto.verdict}")
     tick = options.progress(src.logical_bytes) if options.progress else None
     with catalog.explained():
         plan = replace(
-            _delta_plan(store, refs, name, lineage, max_depth), derived=dict(options.derived), exact=dict(options.exact)
+            _delta_plan(store, refs, name, lineage, max_depth, src),
+            derived=dict(options.derived),
+            exact=dict(options.exact),
         )
     crash_point("after-scan")
     with store.lock():
@@ -198,6 +204,7 @@ def add_version(
                     _add_result(catalog, head, prev, snapshot, created=False, notes=src.notes), auto_parent=auto
                 )
             version = Version(
+                number=_number(store, catalog, retired, name, head),
                 model=name,
                 manifest=mres.oid,
                 parents=lineage,
@@ -229,6 +236,23 @@ def add_version(
     # full sync would read every ref and walk every version, slow with thousands.
     catalog.set_head(name, lambda: refs.get(name))
     return replace(_add_result(catalog, vres.oid, version, snapshot, created=True, notes=src.notes), auto_parent=auto)
+
+
+def _model_of(store: ObjectStore, catalog: Catalog, vid: str) -> str:
+    """The model a version is under now: the catalog's (a renamed model's), else its record's."""
+    row = catalog.version(vid)
+    return row.model if row else store.get_version(vid).model
+
+
+def _number(store: ObjectStore, catalog: Catalog, retired: RetiredNames, name: str, head: str | None) -> int | None:
+    """The new version's number when it is not the head's plus one (None): a name whose
+    numbers went higher before (versions removed) goes on from the highest."""
+    if head and not catalog.has_version(head):
+        catalog.index(store, head)
+    row = catalog.version(head) if head else None
+    natural = row.seq + 1 if row else 1
+    last = retired.last(name)
+    return last + 1 if last >= natural else None
 
 
 def _odd(
@@ -263,10 +287,13 @@ def suggest_parents(
     limit: int,
     min_confidence: float = DEFAULT_MIN_CONFIDENCE,
     exclude: Collection[str] = (),
+    own: str | None = None,
     started: float | None = None,
 ) -> ParentSuggestion:
     """Stored versions ranked as parents of a model by its sketch (see mgit.lineage.inference);
-    `exclude` leaves out versions, by id or by model name."""
+    `exclude` leaves out versions, by id or by model name. `own` is the name the model is added
+    under: its versions are history, not lineage, and when one holds the model's every tensor
+    the model is that version stored already."""
     if not len(sketch):
         raise InputError(
             label,
@@ -274,12 +301,72 @@ def suggest_parents(
             hint="Give a model folder with .safetensors files, or a PyTorch checkpoint on its own",
         )
     left_out = set(exclude)
-    stored = [
-        (v, ref, s)
-        for v, ref, s in stored_sketches(store, catalog)
-        if v not in left_out and ref.rpartition("@")[0] not in left_out
-    ]
-    return suggest(sketch, stored, label=label, limit=limit, min_confidence=min_confidence, started=started)
+    stored, history = [], []
+    for v, ref, s in stored_sketches(store, catalog):
+        model = ref.rpartition("@")[0]
+        if model == own:
+            history.append((v, ref, s))
+        elif v not in left_out and model not in left_out:
+            stored.append((v, ref, s))
+    return suggest(
+        sketch,
+        stored,
+        label=label,
+        limit=limit,
+        min_confidence=min_confidence,
+        started=started,
+        history=history,
+    )
+
+
+def recipe_record(
+    store: ObjectStore,
+    repo_dir: Path,
+    root: Path,
+    recipe: str | Mapping[str, Any],
+    params: Mapping[str, Any] | None = None,
+    *,
+    resources: Mapping[str, float] | None = None,
+    recorded: bool = False,
+) -> dict[str, Any]:
+    """What a version records of a recipe: the function located (never run) and anchored
+    at the work folder `root`, its parameters, declared resources, its source file's hash and
+    the file as an object (a teammate without it runs that), trusted here (mgit.repo.location).
+    A record (a mapping) is taken as it is; a reference `recorded` is a version's, read from
+    the work folder whatever the current one (`usercode.anchored`)."""
+    if isinstance(recipe, Mapping):  # recorded already (a cascade running a recorded source)
+        return dict(recipe)
+    from mgit.usercode import recipe_record_of, source_file
+
+    record = recipe_record_of(recipe, params, root=root, resources=resources, recorded=recorded)
+    record["source"] = store.put_blob(source_file(record["fn"], cwd=root).read_bytes()).oid
+    return trust_recipe(repo_dir, record)  # recorded here: the user's own code
+
+
+def suggest_parents_of(
+    store: ObjectStore,
+    catalog: Catalog,
+    source: str | os.PathLike[str] | Mapping[str, Any],
+    *,
+    limit: int,
+    min_confidence: float | None,
+    exclude: Collection[str],
+) -> ParentSuggestion:
+    """`Repo.suggest_parents`: a model folder, file or state dict scanned and sketched, then
+    ranked against the stored versions (`suggest_parents`)."""
+    started = time.perf_counter()
+    src = scan_state_dict(source) if isinstance(source, Mapping) else scan_path(Path(source))
+    label = "state dict" if isinstance(source, Mapping) else str(source)
+    return suggest_parents(
+        store,
+        catalog,
+        sketch_source(src),
+        label,
+        limit=limit,
+        min_confidence=DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence,
+        exclude=exclude,
+        started=started,
+    )
 
 
 def _card_parents(refs: RefStore, path: Path) -> tuple[list[str], str | None, list[str]]:
@@ -359,15 +446,17 @@ def _run_gate(
 
 
 def _delta_plan(
-    store: ObjectStore, refs: RefStore, name: str, parents: tuple[Parent, ...], max_depth: int
+    store: ObjectStore, refs: RefStore, name: str, parents: tuple[Parent, ...], max_depth: int, src: ModelSource
 ) -> DeltaPlan:
-    """Tensors of the previous version of `name` and of the lineage parents, as delta bases.
-    Only a hint for compression: a head that moves meanwhile costs space, never correctness."""
+    """Tensors of the previous version of `name` and of the lineage parents, as delta bases,
+    paired with the source's tensors by name across a wrapper prefix. Only a hint for
+    compression: a head that moves meanwhile costs space, never correctness."""
     related = [v for v in [refs.get(name), *(p.version for p in parents)] if v]
     if not related and not parents:
         return DeltaPlan(max_depth=max_depth)
     manifests = [store.get_manifest(store.get_version(v).manifest) for v in dict.fromkeys(related)]
-    return DeltaPlan.from_parents(manifests, max_depth=max_depth)
+    names = [span.name for f in src.files if f.layout is not None for span in f.layout.tensors]
+    return DeltaPlan.from_parents(manifests, max_depth=max_depth, names=names)
 
 
 def _add_result(
@@ -375,7 +464,7 @@ def _add_result(
 ) -> AddResult:
     row, stats = catalog.version(vid), snapshot.stats
     return AddResult(
-        model=version.model,
+        model=row.model if row else version.model,  # a renamed model's: the record says the old name
         version=vid,
         seq=row.seq if row else 0,
         created=created,

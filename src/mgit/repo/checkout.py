@@ -7,20 +7,23 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import blake3
 import numpy as np
 
-from mgit.errors import ChecksumMismatchError, UnsafePathError
+from mgit.errors import ChecksumMismatchError, InputError, OutputNotEmptyError, StrayFilesError, UnsafePathError
+from mgit.reports import CheckoutResult, FileInfo
 from mgit.store.base import ObjectStore
 from mgit.store.cache import CHECKOUT_BASES, DecodedCache
+from mgit.store.lossy_policy import describe
 from mgit.store.objectformat import Expected, file_objects_expected
-from mgit.store.objects import FileEntry, Manifest, check_relative_path
-from mgit.util.atomicfile import TMP_PREFIX, atomic_writer
+from mgit.store.objects import FileEntry, Manifest, Version, check_relative_path
+from mgit.util.atomicfile import TMP_PREFIX, atomic_writer, write_atomic
 from mgit.util.faults import crash_point
-from mgit.util.parallel import Progress, ordered_map
+from mgit.util.parallel import Progress, StartProgress, ordered_map
 
 
 class _Mismatch(Exception):
@@ -208,3 +211,64 @@ def restore_manifest(
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-restore") as pool:
         for f in manifest.files:
             restore_file(store, f, out_dir, pool=pool, jobs=jobs, reuse=cache, progress=progress)
+
+
+def checkout_version(
+    store: ObjectStore,
+    vid: str,
+    model: str,
+    seq: int,
+    out: Path,
+    *,
+    force: bool,
+    clean: bool,
+    jobs: int,
+    reuse: DecodedCache,
+    progress: StartProgress | None,
+    model_card: bool,
+    model_of: Callable[[str], str],
+) -> CheckoutResult:
+    """`Repo.checkout` once the reference is resolved: refuse an output folder that would
+    lose files, rebuild the version there, then remove strays (`clean`) and write the model
+    card (`model_card`; `model_of` names a parent's model). `model` is the name the version
+    is under now (its record's, unless the model was renamed). The result's notes say what
+    else was done."""
+    version = store.get_version(vid)
+    manifest = store.get_manifest(version.manifest)
+    if out.exists() and not out.is_dir():
+        raise InputError(str(out), "exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (force or clean):
+        raise OutputNotEmptyError(str(out))
+    strays = stray_files(out, {f.path for f in manifest.files}) if out.is_dir() else []
+    if strays and not clean:
+        raise StrayFilesError(str(out), f"{model}@{seq}", strays)
+    tick = progress(manifest.logical_bytes) if progress else None
+    restore_manifest(store, manifest, out, jobs=jobs, reuse=reuse, progress=tick)
+    notes = [f"{f.path} was rebuilt as safetensors from {f.converted_from}" for f in manifest.files if f.converted_from]
+    if strays:
+        remove_strays(out, strays)
+        notes.append(
+            f"removed {len(strays)} file{'s' if len(strays) != 1 else ''} that {model}@{seq} "
+            f"does not hold: {', '.join(strays[:5])}{' ...' if len(strays) > 5 else ''}"
+        )
+    if model_card:
+        notes.append(_write_card(version, out, model_of))
+    if version.lossy:
+        notes.append(
+            f"these files are a lossy reconstruction of what was added: {describe(version.lossy)} "
+            f"(measured max error {version.lossy.get('max_error'):.3g})"
+        )
+    files = [FileInfo(f.path, f.type, f.size, f.digest, len(f.tensors), f.converted_from) for f in manifest.files]
+    return CheckoutResult(model, vid, seq, str(out), files, manifest.logical_bytes, notes)
+
+
+def _write_card(version: Version, out: Path, model_of: Callable[[str], str]) -> str:
+    from mgit.formats.model_card import CARD, write_lineage
+
+    if not version.parents:
+        return f"{CARD} left as it was: {version.model} has no lineage parents"
+    names = [model_of(p.version) for p in version.parents]
+    card = out / CARD
+    text = card.read_text(encoding="utf-8") if card.is_file() else None
+    write_atomic(card, [write_lineage(text, names, version.parents[0].relation).encode()])
+    return f"{CARD}: base_model {', '.join(names)} ({version.parents[0].relation}) written into its front matter"

@@ -11,7 +11,7 @@ workers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +21,7 @@ import numpy as np
 
 from mgit.codecs import Codec
 from mgit.formats.folder import ModelSource, SourceFile
+from mgit.formats.pairing import tensor_names
 from mgit.formats.safetensors import TensorSpan
 from mgit.formats.torch_zip import TorchZipLayout
 from mgit.store.base import ObjectStore, PutResult
@@ -57,7 +58,7 @@ def _digest(chunks: Iterable[Any]) -> str:
 @dataclass(frozen=True)
 class DeltaPlan:
     """Which stored tensors each new tensor may be encoded against, by tensor name (the
-    matching tensors of the parents, closest parent first), how deep chains may go, and
+    matching tensors of the parents, closest parent first, across a wrapper prefix), how deep chains may go, and
     whether float tensors may be stored lossily against those bases."""
 
     bases: dict[str, list[str]] = field(default_factory=dict)
@@ -83,13 +84,21 @@ class DeltaPlan:
         return []
 
     @classmethod
-    def from_parents(cls, manifests: Iterable[Manifest], *, max_depth: int) -> DeltaPlan:
+    def from_parents(cls, manifests: Iterable[Manifest], *, max_depth: int, names: Collection[str] = ()) -> DeltaPlan:
+        """Bases from the parents' tensors, by name; `names`, the new model's tensor names, pair
+        across the wrapper prefix a parent's names differ by (a task model's `bert.` against
+        its `AutoModel` base: `mgit.formats.pairing.tensor_names`)."""
         bases: dict[str, list[str]] = {}
         for manifest in manifests:
-            for t in manifest.tensors():
-                found = bases.setdefault(t.name, [])
-                if t.object not in found:
-                    found.append(t.object)
+            tensors = manifest.tensors()
+            by_name = {t.name: t.object for t in tensors}
+            pairs = [(t.name, t.object) for t in tensors]
+            if names:
+                pairs += [(mine, by_name[theirs]) for mine, theirs in tensor_names(names, by_name).items()]
+            for name, oid in pairs:
+                found = bases.setdefault(name, [])
+                if oid not in found:
+                    found.append(oid)
         return cls(bases, max_depth)
 
 

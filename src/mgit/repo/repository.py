@@ -1,5 +1,5 @@
 """`Repo`: the core verbs over a repository (init, add, checkout, load, open, resolve, ls,
-log, show, du, diff, rm, fsck, gc).
+log, show, du, diff, tag, rename, rm, fsck, gc); their bodies live in the modules beside it.
 
 Write order of `add`, which makes a crash at any point harmless: objects (fsynced), the
 manifest, the version record, then the ref moves under the model's lock. Until the ref moves
@@ -16,48 +16,42 @@ Modules that load numpy and the codecs are imported in the verbs that use them, 
 from __future__ import annotations
 
 import os
-import re
-import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mgit.errors import (
-    InputError,
-    OutputNotEmptyError,
-    RemoveRefusedError,
-    StrayFilesError,
-    UnknownRefError,
-)
+from mgit.errors import UnknownRefError
 from mgit.index.catalog import Catalog, VersionRow
-from mgit.index.refs import RefStore, is_model_name
-from mgit.index.refspec import REF_RE, pick_version
+from mgit.index.refs import RefStore
+from mgit.index.retired import RetiredNames
+from mgit.index.tags import TagStore
 from mgit.lineage.graph import Lineage
 from mgit.remotes.config import held_by_remotes
-from mgit.repo.location import create, locate, open_store, read_config, trust_recipe
+from mgit.repo.inspect import disk_usage, every_version, list_models, show_version, version_info, version_storage
+from mgit.repo.location import create, locate, open_store, read_config
+from mgit.repo.references import resolve_ref, unknown_model
 from mgit.reports import (
     AddResult,
     CheckoutResult,
     DuResult,
-    FileInfo,
     FsckResult,
     GcResult,
     ModelSummary,
     ParentSuggestion,
     RemoveResult,
+    RenameResult,
     ShowResult,
-    StorageInfo,
+    TagsResult,
     VersionInfo,
     VersionStorage,
 )
 from mgit.store.cache import CHECKOUT_BASES, SESSION_CACHE_BYTES, DecodedCache
 from mgit.store.local import LocalStore
-from mgit.store.lossy_policy import DEFAULT_GUARD, LossyPolicy, describe
+from mgit.store.lossy_policy import DEFAULT_GUARD, LossyPolicy
 from mgit.store.objectformat import DEFAULT_MAX_DEPTH
 from mgit.store.objects import Manifest, Version, walk_history
 from mgit.usercode import DEFAULT_TIMEOUT
-from mgit.util.atomicfile import write_atomic
 from mgit.util.parallel import StartProgress, default_jobs
 
 if TYPE_CHECKING:
@@ -75,11 +69,13 @@ class Repo:
         self.dir = locate(Path(path) if path is not None else None)
         self.config = read_config(self.dir)
         fsync = bool(self.config.get("fsync", True))
-        self.catalog = Catalog(self.dir / "catalog.sqlite")
+        self.retired = RetiredNames(self.dir, fsync=fsync)
+        self.catalog = Catalog(self.dir / "catalog.sqlite", removed=self.retired.removed, remote=self._held)
         self.store: LocalStore = open_store(self.dir, self.config, index=self.catalog)
         self.refs = RefStore(self.dir, fsync=fsync)
+        self.tags = TagStore(self.dir, fsync=fsync)
         self._session: DecodedCache | None = None
-        self.catalog.sync(self.store, self.refs)
+        self.sync_catalog()
 
     @classmethod
     def init(cls, path: str | os.PathLike[str] = ".", *, bare: bool = False) -> Repo:
@@ -108,15 +104,17 @@ class Repo:
 
     # --- catalog upkeep -----------------------------------------------------------------
     def sync_catalog(self) -> None:
-        """Index any head the catalog does not know (a writer killed after moving its ref)."""
+        """Index any head the catalog does not know (a writer killed after moving its ref),
+        and tags set since (`mgit tag`, a pull)."""
         self.catalog.sync(self.store, self.refs)
+        self.catalog.sync_tags(self.store, self.tags)
 
     def rebuild_catalog(self) -> None:
         """Drop and rebuild the catalog from objects and refs."""
         self.catalog.close()
         for suffix in ("", "-wal", "-shm"):
             Path(f"{self.dir / 'catalog.sqlite'}{suffix}").unlink(missing_ok=True)
-        self.catalog = Catalog(self.dir / "catalog.sqlite")
+        self.catalog = Catalog(self.dir / "catalog.sqlite", removed=self.retired.removed, remote=self._held)
         self.store = open_store(self.dir, self.config, index=self.catalog)  # (a lazy clone's reads the new one)
         self.sync_catalog()
 
@@ -150,29 +148,20 @@ class Repo:
 
         `NAME@1234` is the 1,234th version if the model has one, else a version whose id
         starts with 1234; when both exist, the error names both."""
-        m = REF_RE.match(ref.strip()) if isinstance(ref, str) else None
-        if not m:
-            raise UnknownRefError(str(ref), "no version", hint="Use NAME, NAME@N or NAME@HEXPREFIX")
-        name, sel = m["name"], m["sel"]
-        head = self.refs.get(name) if is_model_name(name) else None
-        if head is not None:
-            return head if sel is None else pick_version(ref, name, self.chain(head), sel)
-        if sel is None and re.fullmatch(r"[0-9a-fA-F]{4,64}", name):
-            found = self.catalog.versions_by_prefix(name.lower())
-            if len(found) == 1:
-                return found[0]
-            if found:
-                raise UnknownRefError(ref, "ambiguous version prefix", hint="Give more hex digits")
-        node = self.lineage.nodes.get(name) if is_model_name(name) else None
-        if node is not None and node.remote_only:  # a model a remote holds, known here by its versions' records
-            return node.head if sel is None else pick_version(ref, name, self.chain(node.head), sel)
-        raise self._unknown_model(ref, name)
+        return resolve_ref(ref, self.refs, self.retired, self.catalog, self.chain, self._row, self._remote_head)
 
-    def _unknown_model(self, ref: str, name: str) -> UnknownRefError:
-        import difflib
+    def _held(self) -> Callable[[str], bool]:
+        """Whether a remote holds a model that has no ref here (remote-only, not removed)."""
+        return held_by_remotes(self.dir, self.config)
 
-        close = difflib.get_close_matches(name, list(self.refs.all()), n=1)
-        return UnknownRefError(ref, "no model", hint=f"Did you mean {close[0]!r}? See: mgit ls" if close else None)
+    def _remote_head(self, name: str) -> str | None:
+        """The head of a model a remote holds and this repository knows by its versions'
+        records only (a clone of some models brings its ancestors so)."""
+        node = self.lineage.nodes.get(name)
+        return node.head if node is not None and node.remote_only else None
+
+    def _unknown_model(self, ref: str, name: str | None = None) -> UnknownRefError:
+        return unknown_model(ref, ref if name is None else name, self.refs, self.retired)
 
     def chain(self, vid: str) -> list[str]:
         """A version and its predecessors, newest first."""
@@ -306,6 +295,7 @@ class Repo:
         return add_version(
             self.store,
             self.refs,
+            self.retired,
             self.catalog,
             source,
             options,
@@ -323,18 +313,10 @@ class Repo:
         resources: Mapping[str, float] | None = None,
         recorded: bool = False,
     ) -> dict[str, Any]:
-        """What a version records of a recipe: the function located (never run) and anchored
-        at the work folder, its parameters, declared resources, its source file's hash and the
-        file as an object (a teammate without it runs that), trusted here (mgit.repo.location). A
-        record (a mapping) is taken as it is; a reference `recorded` is a version's, read from
-        the work folder whatever the current one (`usercode.anchored`)."""
-        if isinstance(recipe, Mapping):  # recorded already (a cascade running a recorded source)
-            return dict(recipe)
-        from mgit.usercode import recipe_record_of, source_file
+        """What a version records of a recipe (see mgit.repo.add.recipe_record)."""
+        from mgit.repo.add import recipe_record
 
-        record = recipe_record_of(recipe, params, root=self.root, resources=resources, recorded=recorded)
-        record["source"] = self.store.put_blob(source_file(record["fn"], cwd=self.root).read_bytes()).oid
-        return trust_recipe(self.dir, record)  # recorded here: the user's own code
+        return recipe_record(self.store, self.dir, self.root, recipe, params, resources=resources, recorded=recorded)
 
     # --- parent inference ---------------------------------------------------------------------
     def suggest_parents(
@@ -349,23 +331,10 @@ class Repo:
         from its weights alone, with the evidence, a guessed relation and the choice that
         `add(..., auto_parent=True)` would make (see mgit.lineage.inference). `exclude` leaves out
         versions, by id or by model name."""
-        from mgit.formats.folder import scan_path, scan_state_dict
-        from mgit.lineage.inference import DEFAULT_MIN_CONFIDENCE
-        from mgit.lineage.sketch import sketch_source
-        from mgit.repo.add import suggest_parents
+        from mgit.repo.add import suggest_parents_of
 
-        started = time.perf_counter()
-        src = scan_state_dict(source) if isinstance(source, Mapping) else scan_path(Path(source))
-        label = "state dict" if isinstance(source, Mapping) else str(source)
-        return suggest_parents(
-            self.store,
-            self.catalog,
-            sketch_source(src),
-            label,
-            limit=limit,
-            min_confidence=DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence,
-            exclude=exclude,
-            started=started,
+        return suggest_parents_of(
+            self.store, self.catalog, source, limit=limit, min_confidence=min_confidence, exclude=exclude
         )
 
     # --- checkout and reading ---------------------------------------------------------------
@@ -387,51 +356,25 @@ class Repo:
         `model_card=True` then writes the version's lineage parents into README.md's front
         matter (`base_model`, `base_model_relation`), the one file that then differs from
         what was added."""
-        from mgit.repo.checkout import remove_strays, restore_manifest, stray_files
+        from mgit.repo.checkout import checkout_version
 
         vid = self.resolve(ref)
         with self.catalog.explained():
-            version = self.store.get_version(vid)
-            manifest = self.store.get_manifest(version.manifest)
-        seq, out = self._row(vid).seq, Path(out_dir)
-        if out.exists() and not out.is_dir():
-            raise InputError(str(out), "exists and is not a folder")
-        if out.is_dir() and any(out.iterdir()) and not (force or clean):
-            raise OutputNotEmptyError(str(out))
-        strays = stray_files(out, {f.path for f in manifest.files}) if out.is_dir() else []
-        if strays and not clean:
-            raise StrayFilesError(str(out), f"{version.model}@{seq}", strays)
-        tick = progress(manifest.logical_bytes) if progress else None
-        with self.catalog.explained():
-            restore_manifest(self.store, manifest, out, jobs=jobs or default_jobs(), reuse=self._reuse(), progress=tick)
-        notes = [
-            f"{f.path} was rebuilt as safetensors from {f.converted_from}" for f in manifest.files if f.converted_from
-        ]
-        if strays:
-            remove_strays(out, strays)
-            notes.append(
-                f"removed {len(strays)} file{'s' if len(strays) != 1 else ''} that {version.model}@{seq} "
-                f"does not hold: {', '.join(strays[:5])}{' ...' if len(strays) > 5 else ''}"
+            row = self._row(vid)
+            return checkout_version(
+                self.store,
+                vid,
+                row.model,
+                row.seq,
+                Path(out_dir),
+                force=force,
+                clean=clean,
+                jobs=jobs or default_jobs(),
+                reuse=self._reuse(),
+                progress=progress,
+                model_card=model_card,
+                model_of=lambda v: self._row(v).model,
             )
-        if model_card:
-            notes.append(self._write_card(version, out))
-        if version.lossy:
-            notes.append(
-                f"these files are a lossy reconstruction of what was added: {describe(version.lossy)} "
-                f"(measured max error {version.lossy.get('max_error'):.3g})"
-            )
-        return CheckoutResult(version.model, vid, seq, str(out), _file_infos(manifest), manifest.logical_bytes, notes)
-
-    def _write_card(self, version: Version, out: Path) -> str:
-        from mgit.formats.model_card import CARD, write_lineage
-
-        if not version.parents:
-            return f"{CARD} left as it was: {version.model} has no lineage parents"
-        names = [self._row(p.version).model for p in version.parents]
-        card = out / CARD
-        text = card.read_text(encoding="utf-8") if card.is_file() else None
-        write_atomic(card, [write_lineage(text, names, version.parents[0].relation).encode()])
-        return f"{CARD}: base_model {', '.join(names)} ({version.parents[0].relation}) written into its front matter"
 
     def open(self, ref: str) -> ModelReader:
         """Tensors of a version, decoded one at a time on access."""
@@ -475,25 +418,7 @@ class Repo:
 
     # --- queries ------------------------------------------------------------------------
     def _info(self, row: VersionRow) -> VersionInfo:
-        return VersionInfo(
-            id=row.id,
-            model=row.model,
-            seq=row.seq,
-            time=row.time,
-            author=row.author,
-            message=row.message,
-            parents=self.catalog.parent_infos(row.parents),
-            predecessor=row.predecessor,
-            tags=row.tags,
-            files=row.files,
-            tensors=row.tensors,
-            params=row.params,
-            logical_bytes=row.logical_bytes,
-            stored_bytes=row.stored_bytes,
-            new_bytes=row.new_bytes,
-            lossy=row.lossy,
-            recipe=row.recipe,
-        )
+        return version_info(self.catalog, row)
 
     def _row(self, vid: str) -> VersionRow:
         row = self.catalog.version(vid)
@@ -504,106 +429,60 @@ class Repo:
         assert row is not None
         return row
 
-    def ls(self) -> list[ModelSummary]:
-        heads = self.catalog.heads()
-        rows = self.catalog.versions_of(list(heads.values()))
-        out = []
-        for name, head in heads.items():
-            row = rows.get(head) or self._row(head)
-            out.append(
-                ModelSummary(
-                    name,
-                    head,
-                    row.seq,
-                    row.seq,
-                    self.catalog.parent_infos(row.parents),
-                    row.logical_bytes,
-                    row.time,
-                    row.lossy,
-                )
-            )
-        return out
+    def ls(self, *, tag: str | None = None) -> list[ModelSummary]:
+        """Every model with its latest version; with `tag` (`KEY` or `KEY=VALUE`), only those
+        whose latest version has that tag."""
+        return list_models(self.catalog, self._row, tag=tag)
+
+    def tag(self, ref: str, put: Mapping[str, str] | None = None, *, delete: Collection[str] = ()) -> TagsResult:
+        """Set tags on a version (`{key: value}`) and remove others; without either, its tags.
+        They are kept beside the refs, travel with push and pull, and show in log, ls --tag."""
+        from mgit.repo.tagging import change_tags, tags_of
+
+        vid = self.resolve(ref)
+        row = self._row(vid)
+        if not put and not delete:
+            return tags_of(self.store, self.tags, vid, row.model, row.seq)
+        return change_tags(self.store, self.tags, self.catalog, vid, row.model, row.seq, put=put or {}, delete=delete)
 
     def log(self, ref: str | None = None) -> list[VersionInfo]:
         """Versions of a model (or from a given version back), newest first; without a ref,
         every version of every model, newest first."""
         if ref is not None:
             return [self._info(self._row(v)) for v in self.chain(self.resolve(ref))]
-        vids = [v for head in self.refs.all().values() for v in self.chain(head)]
-        rows = self.catalog.versions_of(vids)  # one query for all of them
-        every = [self._info(rows[v] if v in rows else self._row(v)) for v in vids]
-        return sorted(every, key=lambda v: (v.time, v.ref), reverse=True)
+        return every_version(self.catalog, self.refs.all(), self.chain, self._row)
 
     def show(self, ref: str) -> ShowResult:
         vid = self.resolve(ref)
-        manifest = self.manifest(vid)
-        dtypes: dict[str, int] = {}
-        for t in manifest.tensors():
-            dtypes[t.dtype] = dtypes.get(t.dtype, 0) + t.params
-        return ShowResult(
-            self._info(self._row(vid)),
-            _file_infos(manifest),
-            dtypes,
-            [StorageInfo(*row) for row in self.catalog.storage_by_codec(vid)],
-            self.catalog.shared_objects(vid),
-            self.catalog.tensor_storage([vid]),
-        )
+        return show_version(self.catalog, self._row(vid), self.manifest(vid))
 
     def storage(self, vids: list[str]) -> dict[str, VersionStorage]:
         """How each of these versions is stored: the bytes of the objects it uses and its
         tensors by kind (deduplicated, delta, derived, standalone), in one query."""
-        found = self.catalog.storage_by_version(vids)
-        return {vid: VersionStorage(stored, tensors) for vid, (stored, tensors) in found.items()}
+        return version_storage(self.catalog, vids)
 
     def du(self) -> DuResult:
-        # Chains from the lineage snapshot, figures in a few queries for every model together.
-        heads, lineage = self.catalog.heads(), self.lineage
-        nodes = lineage.nodes
-        chains = {
-            name: [v.id for v in lineage.versions(name)]
-            if name in nodes and nodes[name].head == head
-            else self.chain(head)
-            for name, head in heads.items()
-        }
-        models = self.catalog.model_usage(chains)
-        live = sorted({v for vids in chains.values() for v in vids})
-        count, stored = self.catalog.physical_bytes(live)
-        _, _, on_disk = self.catalog.total_objects()
-        remote_only, local = 0, None
-        if self.store.lazy:
-            sizes = self.catalog.object_sizes(live)
-            remote_only = sum(n for oid, n in sizes.items() if not self.store.has(oid))
-            local = sum(sizes.values()) - remote_only
-            on_disk = sum(self.store.stored_size(oid) for oid in self.store.ids())
-        return DuResult(
-            models,
-            sum(m.logical_bytes for m in models),
-            stored,
-            count,
-            on_disk,
-            max(on_disk - stored, 0) if local is None else max(on_disk - local, 0),
-            remote_only,
-            local,
-        )
+        return disk_usage(self.catalog, self.store, self.lineage, self.chain)
 
     # --- maintenance --------------------------------------------------------------------
-    def rm(self, name: str, *, force: bool = False) -> RemoveResult:
-        """Remove a model's ref; its objects go at the next gc unless other versions use them.
-        A model other models were built on is removed only with `force` (RemoveRefusedError
-        lists them)."""
-        with self.refs.lock(name):
-            head = self.refs.get(name)
-            if head is None:
-                raise self._unknown_model(name, name)
-            children = (
-                sorted({e.child for e in self.lineage.children(name)} - {name}) if name in self.lineage.nodes else []
-            )
-            if children and not force:
-                raise RemoveRefusedError(name, children)
-            count = len(self.chain(head))
-            self.refs.set_locked(name, None, expected=head)
-        self.catalog.set_heads(self.refs.all)
-        return RemoveResult(name, head, count)
+    def rm(self, ref: str, *, force: bool = False) -> RemoveResult:
+        """Remove a model (`NAME`: its ref) or one version (`NAME@N`); objects go at the next gc
+        unless other versions use them. What others were built on is removed only with
+        `force` (RemoveRefusedError lists them); see mgit.repo.remove."""
+        from mgit.repo.remove import remove_model, remove_version
+
+        names = self.refs, self.retired, self.catalog
+        if "@" not in ref:
+            return remove_model(*names, ref, force=force, chain=self.chain, unknown=self._unknown_model)
+        vid = self.resolve(ref)
+        return remove_version(*names, self.model_of(vid), vid, force=force, chain=self.chain)
+
+    def rename(self, old: str, new: str) -> RenameResult:
+        """Give model `old` the name `new`, its versions and numbers kept; `old` is refused
+        afterwards until a model is added under it (see mgit.repo.renaming)."""
+        from mgit.repo.renaming import rename_model
+
+        return rename_model(self.refs, self.retired, self.catalog, old, new, unknown=self._unknown_model)
 
     def fsck(self, *, jobs: int | None = None, progress: StartProgress | None = None) -> FsckResult:
         """Re-hash every object and check every reference; problems are listed, not raised."""
@@ -617,7 +496,3 @@ class Repo:
 
         with self.store.lock(exclusive=True):
             return gc(self.store, self.refs, self.catalog, dry_run=dry_run)
-
-
-def _file_infos(manifest: Manifest) -> list[FileInfo]:
-    return [FileInfo(f.path, f.type, f.size, f.digest, len(f.tensors), f.converted_from) for f in manifest.files]

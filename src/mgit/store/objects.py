@@ -47,6 +47,8 @@ VERSION_KEYS = {
     "recipe",
     "lossy",
 }
+# Optional fields: written only when they say something, so that records without them keep their ids.
+VERSION_OPTIONAL_KEYS = {"number"}
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?\Z")  # as mgit.index.refs
 MAX_MODEL_NAME = 128
 MAX_MESSAGE, MAX_AUTHOR, MAX_FN = 65536, 256, 4096  # characters
@@ -123,6 +125,11 @@ def _oid(value: Any, what: str) -> str:
 
 def _int(value: Any, what: str) -> int:
     _check(isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT, f"{what} is not a count")
+    return value
+
+
+def _version_number(value: Any) -> int:
+    _check(_int(value, "number") >= 1, "number is not a version number (1 or more)")
     return value
 
 
@@ -426,6 +433,9 @@ class Version:
     summary: dict[str, int] = field(default_factory=dict)
     recipe: dict[str, Any] | None = None
     lossy: dict[str, Any] | None = None
+    # The version's number in its model's history when it is not its predecessor's plus one
+    # (1 without one): a name re-used after its versions were removed goes on from the last.
+    number: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -441,6 +451,7 @@ class Version:
             "summary": dict(self.summary),
             "recipe": self.recipe,
             "lossy": self.lossy,
+            **({"number": self.number} if self.number is not None else {}),
         }
 
     @classmethod
@@ -449,7 +460,7 @@ class Version:
         checks its inputs (docs/format.md, "Version record"): whatever sent it, a reader gets
         a valid model name, known relations, ids, times, and text without terminal escapes."""
         _check(isinstance(d, dict) and d.get("format") == RECORD_FORMAT, "not a version of format 1")
-        unknown, missing = sorted(set(d) - VERSION_KEYS), sorted(VERSION_KEYS - set(d))
+        unknown, missing = sorted(set(d) - VERSION_KEYS - VERSION_OPTIONAL_KEYS), sorted(VERSION_KEYS - set(d))
         _check(not unknown, f"unknown field {unknown[0]!r}" if unknown else "")
         _check(not missing, f"no field {missing[0]!r}" if missing else "")
         if (why := model_name_problem(d["model"])) is not None:
@@ -471,6 +482,7 @@ class Version:
             summary={k: _int(v, f"summary {k}") for k, v in summary.items()},
             recipe=_recipe(d["recipe"]),
             lossy=_lossy(d["lossy"]),
+            number=_version_number(d["number"]) if "number" in d else None,
         )
 
     def linked_versions(self) -> list[str]:

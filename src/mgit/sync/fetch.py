@@ -43,7 +43,9 @@ from mgit.store.quarantine import Incoming
 from mgit.store.transfer import RECORD_LIMIT, SLACK, TransferStats, limits, receive, version_objects
 from mgit.sync.check_results import pull_checks
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, add_remote, connect
+from mgit.sync.renames import learn_numbers, remote_retired, renamed_away, renames_of
 from mgit.sync.reports import ChecksTravel, CloneResult, FetchResult, ModelUpdate
+from mgit.sync.tags import pull_tags
 from mgit.util.atomicfile import write_atomic
 from mgit.util.faults import crash_point
 from mgit.util.parallel import StartProgress
@@ -65,21 +67,30 @@ def fetch_from(
 ) -> FetchResult:
     remote, lazy = conn.remote, isinstance(repo.store, LazyStore)
     remote.check()
-    heads = {n: h for n, (h, _) in _heads(remote).items() if models is None or fnmatch.fnmatchcase(n, models)}
+    every = {n: h for n, (h, _) in _heads(remote).items()}
+    markers = remote_retired(remote)
+    renames = renames_of(markers)
+    renamed = renamed_away(renames, every)  # old names a push marked renamed: not models there any more
+    heads = {n: h for n, h in every.items() if n not in renamed and (models is None or fnmatch.fnmatchcase(n, models))}
     if models is not None and not heads:
         raise RemoteError(f"no model on {conn.name} matches {models!r}")
     received = TransferStats()
     moved = []
     # Shared with adds, exclusive for gc: what arrives is not deleted before a ref names it.
     with repo.store.lock(), Incoming(repo.store) as incoming:
-        versions = _arrive(repo, conn, incoming, heads, received, progress, every_model=models is None)
+        versions = _arrive(repo, conn, incoming, heads, received, progress, every_model=models is None, renames=renames)
         if conn.tracking is not None:
             known = conn.tracking.all()
-            changes = {n: (h, known.get(n)) for n, h in heads.items() if known.get(n) != h}
-            conn.tracking.update_many(changes)
+            changes: dict[str, tuple[str | None, str | None]] = {
+                n: (h, known.get(n)) for n, h in heads.items() if known.get(n) != h
+            }
+            gone = {n: (None, known[n]) for n in renamed if n in known}
+            conn.tracking.update_many({**changes, **gone})
             moved = [
                 ModelUpdate(n, "new" if old is None else "fast-forward", old, h) for n, (h, old) in changes.items()
             ]
+            moved += [ModelUpdate(n, "renamed", old, None, f"renamed to {renamed[n]}") for n, (_, old) in gone.items()]
+    learn_numbers(repo, markers)  # numbers the remote's names had: never given again here
     checks = pull_checks(repo, conn) if not repo.bare else ChecksTravel()
     return FetchResult(conn.name, remote.url, moved, len(versions), received, lazy, checks)
 
@@ -118,6 +129,7 @@ def _arrive(
     progress: StartProgress | None,
     *,
     every_model: bool,
+    renames: dict[str, tuple[str, str]] | None = None,
 ) -> list[str]:
     """The versions along the histories of `tips` ({model: head} of the remote's refs, or
     {version id: None}) that are not here, and what they need, received, verified and kept
@@ -128,7 +140,7 @@ def _arrive(
     heads = list(named.values()) if named else list(tips)
     with incoming.refusing(where), _packs(repo, conn, incoming, received) as (spool, read):
         versions = fetch_records(conn, incoming, heads, received, packed=spool)
-        check_histories(incoming.overlay, named, versions, where=where)
+        check_histories(incoming.overlay, named, versions, where=where, renames=renames)
         # A lazy clone takes records and a recipe's source only: tensors and files come when
         # read. A clone of some models (`partial`, their glob) takes theirs whole, and of their
         # lineage ancestors' models the records only.
@@ -205,13 +217,31 @@ def _remember_packs(repo: Repo, conn: Connection, read: list[str]) -> None:
     write_atomic(path, [json.dumps(sorted(_packs_read(repo, conn) | set(read))).encode()])
 
 
-def check_histories(store: ObjectStore, heads: dict[str, str], versions: Iterable[str], *, where: str) -> None:
+def check_histories(
+    store: ObjectStore,
+    heads: dict[str, str],
+    versions: Iterable[str],
+    *,
+    where: str,
+    renames: dict[str, tuple[str, str]] | None = None,
+) -> None:
     """A remote's history of a model holds only versions of that model: its head is one, and
     so is every predecessor of a version that arrived (lineage parents may be of any model).
-    A forged record would otherwise show under another model's history."""
+    A forged record would otherwise show under another model's history. A model renamed
+    there (`renames`: {old: (new, head)}, mgit.sync.renames) counts its old name's versions
+    as its own."""
+    renames = renames or {}
+
+    def same(model: str, name: str) -> bool:
+        seen = set()
+        while model != name and model in renames and model not in seen:
+            seen.add(model)
+            model = renames[model][0]
+        return model == name
+
     for name, head in heads.items():
         model = store.get_version(head).model
-        if model != name:
+        if not same(model, name):
             raise ReceivedError(
                 f"version {head[:12]}, the head of {name!r} on {where}, is a version of {model!r}", where=where
             )
@@ -219,7 +249,7 @@ def check_histories(store: ObjectStore, heads: dict[str, str], versions: Iterabl
         version = store.get_version(vid)
         if version.predecessor is not None:
             before = store.get_version(version.predecessor).model
-            if before != version.model:
+            if not same(before, version.model):
                 raise ReceivedError(
                     f"version {vid[:12]} of {version.model!r} from {where} follows "
                     f"{version.predecessor[:12]}, a version of {before!r}",
@@ -367,6 +397,11 @@ def clone(
     crash_point("clone-before-heads")
     repo.refs.update_many({name: (head, None) for name, head in heads.items()})
     repo.sync_catalog()
+    conn = connect(repo, DEFAULT_REMOTE)
+    try:
+        pull_tags(repo, conn)  # tags set later on the versions it has
+    finally:
+        conn.close()
     return CloneResult(str(repo.root), result.url, lazy, sorted(heads), result)
 
 

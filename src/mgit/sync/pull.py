@@ -6,7 +6,8 @@ both sides added versions to one model, the local ones are replayed after the re
 `git pull --rebase` does: the same content, parents, message and time, each with the next
 sequence number, and any local version of another model derived from a replayed one is
 replayed too, so lineage links point at the new ids. `ff_only` refuses instead. Recorded
-test results follow the versions they were recorded for.
+test results and tags set later follow the versions they were recorded for; the remote's
+changed tags are taken as mgit.sync.tags says.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from mgit.store.objects import Parent
 from mgit.store.transfer import history
 from mgit.sync.connection import DEFAULT_REMOTE, connect
 from mgit.sync.fetch import fetch_from
+from mgit.sync.push import number_of
 from mgit.sync.reports import ModelUpdate, PullResult, Renumbered
+from mgit.sync.tags import copy_tags, pull_tags
 from mgit.util.parallel import StartProgress
 
 
@@ -73,7 +76,13 @@ def pull(
     renumbered = [_renumbered(repo, old, new) for old, new in renamed.items()]
     if renamed and (repo.dir / "checks.sqlite").exists():
         Checks(repo).copy_results(renamed)
-    return PullResult(fetched, updates, renumbered)
+    copy_tags(repo, renamed)
+    conn = connect(repo, remote)
+    try:
+        tags = pull_tags(repo, conn)
+    finally:
+        conn.close()
+    return PullResult(fetched, updates, renumbered, tags)
 
 
 def _replay(repo: Repo, own: list[str], onto: str, renamed: dict[str, str]) -> str:
@@ -83,7 +92,9 @@ def _replay(repo: Repo, own: list[str], onto: str, renamed: dict[str, str]) -> s
     for vid in own:
         version = repo.store.get_version(vid)
         parents = tuple(Parent(renamed.get(p.version, p.version), p.relation) for p in version.parents)
-        head = repo.store.put_record("version", replace(version, predecessor=head, parents=parents).to_json()).oid
+        # Numbered after the remote's (number=None: its predecessor's plus one).
+        replayed = replace(version, predecessor=head, parents=parents, number=None)
+        head = repo.store.put_record("version", replayed.to_json()).oid
         renamed[vid] = head
     repo.store.sync()
     return head
@@ -124,4 +135,4 @@ def _replay_dependents(
 
 def _renumbered(repo: Repo, old: str, new: str) -> Renumbered:
     info = repo.info(new)
-    return Renumbered(info.model, old, new, f"{info.model}@{len(repo.chain(old))}", info.ref)
+    return Renumbered(info.model, old, new, f"{info.model}@{number_of(repo, old)}", info.ref)

@@ -5,7 +5,8 @@ read (with the tokens a compare-and-swap needs); each model's move is judged (ne
 fast-forward, or refused unless forced: the remote's head must be an ancestor of what is
 pushed); the objects the remote lacks are sent (decided by ids: what the versions it already
 has need is never asked about, the rest is asked about once); a metadata pack describing
-the sent versions is written; test registrations and results follow; the refs move last,
+the sent versions is written; test registrations and results follow, and tags set later
+(mgit.sync.tags: one changed on the remote since last seen is not overwritten); the refs move last,
 each by compare-and-swap, so of two pushes of one model at the same instant one lands and
 the other is refused. A re-run after a kill sends only what is still missing.
 """
@@ -32,7 +33,9 @@ from mgit.store.transfer import (
 )
 from mgit.sync.check_results import push_checks
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, connect
+from mgit.sync.renames import push_retired
 from mgit.sync.reports import ModelUpdate, PushResult
+from mgit.sync.tags import push_tags
 from mgit.util.faults import crash_point
 from mgit.util.parallel import StartProgress
 
@@ -109,6 +112,9 @@ def _push(
         repo, conn, [vid for vid, _, _ in moving.values()], known_tips, progress=progress
     )
     checks = push_checks(repo, conn, known | set(versions))
+    tags = push_tags(repo, conn, known | set(versions))
+    others = remote.heads() if repo.retired.dir.is_dir() else {}  # names removed or renamed here
+    notes = push_retired(repo, conn, chosen, {n: h for n, (h, _) in others.items()})
     crash_point("push-before-refs")
     conflicts = []
     for i, (name, (vid, old, token)) in enumerate(moving.items()):
@@ -120,7 +126,7 @@ def _push(
             conflicts.append(name)
     if conflicts:
         raise RemoteConflictError(conn.name, f"{conflicts[0]} (another push landed first; run: mgit pull)")
-    return PushResult(conn.name, remote.url, updates, len(versions), sent, checks)
+    return PushResult(conn.name, remote.url, updates, len(versions), sent, checks, tags, notes)
 
 
 def move_head(conn: Connection, name: str, vid: str, *, expected: str | None, token: str | None) -> None:
@@ -181,11 +187,17 @@ def _remote_chain(repo: Repo, conn: Connection, vid: str) -> tuple[list[str], st
     return walked, None
 
 
+def number_of(repo: Repo, vid: str) -> int:
+    """A version's number in its model's history (the catalog's; else its place in it)."""
+    row = repo.catalog.version(vid)
+    return row.seq if row else len(repo.chain(vid))
+
+
 def _describe(repo: Repo, conn: Connection, vid: str) -> str:
     """`@4`: the remote head's number in its model's history."""
     try:
         walked, shared = _remote_chain(repo, conn, vid)
-        return f"@{len(walked) + (len(repo.chain(shared)) if shared else 0)}"
+        return f"@{len(walked) + (number_of(repo, shared) if shared else 0)}"
     except MgitError:
         return f"a version ({vid[:12]})"
 
@@ -197,7 +209,7 @@ def _dropped(repo: Repo, conn: Connection, theirs: str, mine: str) -> str:
         if theirs in ours:
             return ""
         walked, shared = _remote_chain(repo, conn, theirs)
-        base = len(repo.chain(shared)) if shared else 0
+        base = number_of(repo, shared) if shared else 0
         here = [v for v in repo.chain(shared) if v not in ours] if shared else []
         count = len(walked) + len(here)
         return f"drops {count} version{'s' if count != 1 else ''} of {conn.name}'s history, up to @{base + len(walked)}"

@@ -12,7 +12,8 @@ from mgit.store.transfer import TransferStats
 @dataclass(frozen=True)
 class ModelUpdate(Report):
     """One model's head on one side: `new` (the other side had none), `fast-forward`,
-    `forced`, `rebased`, `up-to-date`, `ahead` (this side has more: left alone)."""
+    `forced`, `rebased`, `up-to-date`, `ahead` (this side has more: left alone), `renamed`
+    (the remote's model was renamed: its remote-tracking ref goes; `note` says to what)."""
 
     model: str
     status: str
@@ -32,6 +33,16 @@ class ChecksTravel(Report):
 
 
 @dataclass(frozen=True)
+class TagsTravel(Report):
+    """Tags set later (`mgit tag`) that moved, by version, and the versions whose tags both
+    sides changed differently since they last agreed: left as they are on each side."""
+
+    sent: int = 0
+    received: int = 0
+    conflicts: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class PushResult(Report):
     remote: str
     url: str
@@ -39,6 +50,8 @@ class PushResult(Report):
     versions: int  # version records sent
     sent: TransferStats
     checks: ChecksTravel
+    tags: TagsTravel = field(default_factory=TagsTravel)
+    notes: list[str] = field(default_factory=list)  # what became of renamed models' old names there
 
 
 @dataclass(frozen=True)
@@ -68,6 +81,7 @@ class PullResult(Report):
     fetch: FetchResult
     models: list[ModelUpdate]  # local heads that moved
     renumbered: list[Renumbered]
+    tags: TagsTravel = field(default_factory=TagsTravel)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ object file in place) and block-written (a coded block of a large object handed 
 file); in `checkout`, checkout-piece-written (a tensor, or a block of one, written into the
 file being rebuilt); in `gc`, gc-deleted (a garbage object removed); push-before-refs,
 push-between-refs, push-after-objects; fetch-after-download, fetch-after-promote,
-clone-before-heads; cascade-after-commit.
+clone-before-heads; cascade-after-commit; rename-after-retired, rename-after-new-ref.
 """
 
 from __future__ import annotations
