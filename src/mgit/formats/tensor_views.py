@@ -107,3 +107,23 @@ def check_storages(offsets: Any, sizes: list[int], file_size: int) -> tuple[int,
     if cursor > file_size:
         raise ValueError(f"a storage ends at byte {cursor}, beyond the file ({file_size} bytes)")
     return tuple(offsets)
+
+
+def storages_and_views(
+    d: dict[str, Any], kind: str, numels: list[int], sizes: list[int], file_size: int
+) -> tuple[tuple[int, ...], tuple[TensorView, ...]]:
+    """A manifest file entry's `storage_offsets` and `views` (a torch-zip file's; no other
+    file has them), checked against its storages' element counts and sizes and the file's
+    size. Raises ValueError."""
+    if kind != "torch-zip":
+        if {"storage_offsets", "views"} & set(d):
+            raise ValueError("only a torch-zip file has views")
+        return (), ()
+    views = d.get("views")
+    if not isinstance(views, list):
+        raise ValueError("views is not a list")
+    offsets = check_storages(d.get("storage_offsets"), sizes, file_size)
+    parsed = tuple(TensorView.from_json(v, numels) for v in views)
+    if len({v.name for v in parsed}) != len(parsed):
+        raise ValueError("a view name is listed twice")
+    return offsets, parsed

@@ -25,7 +25,7 @@ import blake3
 from mgit.errors import UnsafePathError
 from mgit.formats.dtypes import DTYPES, element_count, itemsize
 from mgit.formats.paths import CONTROL, folder_clash, path_problem
-from mgit.formats.tensor_views import TensorView, check_storages
+from mgit.formats.tensor_views import TensorView, storages_and_views
 
 OID_RE = re.compile(r"^[0-9a-f]{64}\Z")  # \Z, not $: "$" also matches before a final newline
 RELATIONS = ("finetune", "adapter", "quantize", "prune", "distill", "merge", "other")
@@ -353,30 +353,13 @@ class FileEntry:
         size = _int(d.get("size"), "file size")
         _check(kind != "blob" or not entries, "a blob file lists tensors")
         _check(sum(t.nbytes for t in entries) <= size, "the file's tensors hold more bytes than the file")
-        offsets: tuple[int, ...] = ()
-        views: tuple[TensorView, ...] = ()
-        _check(kind == "torch-zip" or not {"storage_offsets", "views"} & set(d), "only a torch-zip file has views")
-        if kind == "torch-zip":
-            views_json = d.get("views")
-            _check(isinstance(views_json, list), "views is not a list")
-            try:
-                offsets = check_storages(d.get("storage_offsets"), [t.nbytes for t in entries], size)
-                views = tuple(TensorView.from_json(v, [t.params for t in entries]) for v in views_json)
-            except ValueError as exc:
-                raise RecordError(str(exc)) from None
-            _check(len({v.name for v in views}) == len(views), "a view name is listed twice")
-        path = _str(d.get("path"), "file path")
-        return cls(
-            path,
-            kind,
-            size,
-            _oid(d.get("digest"), "file digest"),
-            _oid(d.get("object"), "file object"),
-            entries,
-            conv,
-            offsets,
-            views,
-        )
+        try:
+            numels, sizes = [t.params for t in entries], [t.nbytes for t in entries]
+            offsets, views = storages_and_views(d, kind, numels, sizes, size)
+        except ValueError as exc:
+            raise RecordError(str(exc)) from None
+        digest, oid = _oid(d.get("digest"), "file digest"), _oid(d.get("object"), "file object")
+        return cls(d["path"], kind, size, digest, oid, entries, conv, offsets, views)
 
 
 @dataclass(frozen=True)
