@@ -162,13 +162,14 @@ def test_the_readme_loading_example_runs_as_written(minilm_family, monkeypatch) 
 
 
 def test_weights_kept_as_an_opaque_pickle_are_an_error_not_a_random_model(tmp_path) -> None:
-    """A transformers folder whose weights are `pytorch_model.bin` (torch.save of the state
-    dict, as older saves are) used to load as {} and as a model of random weights."""
+    """A transformers folder whose weights are a `pytorch_model.bin` the safe reader cannot
+    map to tensors (a legacy, non-zip torch.save) used to load as {} and as a model of random
+    weights. (A zip one is stored as its tensors: test_torch_checkpoints.py.)"""
     src = Path(minilm.get_model_path())
     folder = tmp_path / "bin-base"
     shutil.copytree(src, folder, ignore=shutil.ignore_patterns("*.safetensors"))
     state = {k: torch.from_numpy(v) for k, v in load_file(src / "model.safetensors").items()}
-    torch.save(state, folder / "pytorch_model.bin")
+    torch.save(state, folder / "pytorch_model.bin", _use_new_zipfile_serialization=False)
     repo = Repo.init(tmp_path / "r")
     repo.add(folder, name="bin-base")
     with pytest.raises(mgit.InputError, match=r"^bin-base:pytorch_model\.bin: holds the weights in a file .* opaque"):

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from mgit.diff.sides import FileRef
 
 MAX_TEXT_BYTES = 1 << 20  # larger text files are compared by digest only
+TENSOR_FILES = ("safetensors", "torch-zip")  # files whose tensors are compared as tensors
 
 
 def file_diffs(a: Mapping[str, FileRef], b: Mapping[str, FileRef]) -> list[FileDiff]:
@@ -20,7 +21,7 @@ def file_diffs(a: Mapping[str, FileRef], b: Mapping[str, FileRef]) -> list[FileD
     file, those two whatever they are called (mgit.formats.pairing); changed text files as
     unified diffs."""
     out = []
-    weights = [[p for p, f in side.items() if f.type == "safetensors"] for side in (a, b)]
+    weights = [[p for p, f in side.items() if f.type in TENSOR_FILES] for side in (a, b)]
     for pa, pb in paired_files([list(a), list(b)], weights):
         fa, fb = a.get(pa or ""), b.get(pb or "")
         if fa is None or fb is None:
@@ -37,12 +38,12 @@ def file_diffs(a: Mapping[str, FileRef], b: Mapping[str, FileRef]) -> list[FileD
             )
             continue
         path, other = fa.path, (fb.path if fb.path != fa.path else None)
-        kind = "safetensors" if "safetensors" in (fa.type, fb.type) else "blob"
+        kind = next((t for t in (fa.type, fb.type) if t in TENSOR_FILES), "blob")
         if fa.type == fb.type and fa.digest() == fb.digest():
             out.append(FileDiff(path, "identical", kind, fa.size, fb.size, path_b=other))
             continue
         diff, note = None, None
-        if kind == "safetensors":
+        if kind in TENSOR_FILES:
             note = "tensors compared above"
         elif max(fa.size, fb.size) > MAX_TEXT_BYTES:
             note = f"larger than {MAX_TEXT_BYTES >> 20} MiB: compared by digest only"

@@ -143,7 +143,7 @@ def folder_side(path: Path) -> ModelSide:
     files = [
         FileRef(
             f.path,
-            "safetensors" if f.is_safetensors else "blob",
+            f.kind,
             f.size,
             lambda f=f: _file_digest(f),
             lambda f=f: f.blob_data().tobytes(),
@@ -162,7 +162,7 @@ def _side(side: DiffSide, tensors: list[TensorRef], files: list[FileRef], notes:
     if not by_name:
         pickles = [f.path for f in files if Path(f.path).suffix in TORCH_SUFFIXES]
         hint = (
-            f"Its PyTorch checkpoint is not read inside a folder: give the file itself ({pickles[0]})"
+            f"Its PyTorch checkpoint is not one a folder's reader maps to tensors: give the file itself ({pickles[0]})"
             if pickles
             else "Compare model folders, .safetensors files, PyTorch checkpoints or refs"
         )

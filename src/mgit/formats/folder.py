@@ -2,11 +2,12 @@
 into a list of `SourceFile`s, every one parsed and validated before anything is written.
 
 Inside a folder every file is kept byte for byte (a link as the file it points to, and only
-when that is inside the folder): `.safetensors` files are split into their
-header and tensors, everything else (config, tokenizer, README, even a `.bin` pickle, which
-is stored as bytes and never unpickled) is an opaque file. A single PyTorch checkpoint given
-on its own is loaded with `weights_only=True` and stored as tensors; checkout rebuilds it as
-safetensors.
+when that is inside the folder): `.safetensors` files are split into their header and
+tensors, PyTorch checkpoints (`.bin`, `.pt`, `.pth`) into their skeleton and storages
+(`mgit.formats.torch_zip`, which executes nothing; one it cannot map to tensors, such as a
+legacy file or an optimizer's state, stays opaque with the reason in a note), everything else
+(config, tokenizer, README) is an opaque file. A single PyTorch checkpoint given on its own is
+loaded with `weights_only=True` and stored as tensors; checkout rebuilds it as safetensors.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from mgit.errors import InputError
 from mgit.formats.paths import folder_clash, path_problem
 from mgit.formats.safetensors import SafetensorsLayout, TensorSpan, build_header, read_layout
 from mgit.formats.tensors import TORCH_SUFFIXES, RawTensor, load_torch_checkpoint, raw_tensors
+from mgit.formats.torch_zip import NotTorchZip, TorchZipLayout, read_torch_zip
 
 SKIPPED_DIRS = {".git", ".mgit", "__pycache__"}
 SKIPPED_FILES = {".DS_Store", "Thumbs.db", "desktop.ini"}  # a file manager's, never the model's
@@ -38,7 +40,7 @@ class SourceFile:
     (a safetensors file whose tensors are made as they are read, once: a merge's) is set."""
 
     path: str
-    layout: SafetensorsLayout | None = None
+    layout: SafetensorsLayout | TorchZipLayout | None = None
     disk: Path | None = None
     tensors: list[RawTensor] | None = None
     converted_from: str | None = None
@@ -49,6 +51,13 @@ class SourceFile:
     @property
     def is_safetensors(self) -> bool:
         return self.layout is not None
+
+    @property
+    def kind(self) -> str:
+        """What its manifest entry will be: "safetensors", "torch-zip" or "blob"."""
+        if isinstance(self.layout, TorchZipLayout):
+            return "torch-zip"
+        return "blob" if self.layout is None else "safetensors"
 
     @property
     def replayable(self) -> bool:
@@ -156,6 +165,21 @@ def scan_file(path: Path, rel: str) -> SourceFile:
     return SourceFile(rel, disk=path, size=size)
 
 
+def scan_checkpoint(path: Path, rel: str) -> tuple[SourceFile, str | None]:
+    """A PyTorch checkpoint inside a folder: split into skeleton and storages, or opaque with
+    the reason it could not be (never an error: the file is kept either way)."""
+    f = scan_file(path, rel)
+    try:
+        layout = read_torch_zip(path)
+    except NotTorchZip as exc:
+        return f, str(exc)
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read file ({exc.strerror or exc})") from None
+    if sum(s.nbytes for s in layout.tensors) + len(layout.header) != f.size:
+        return f, "the file changed size while it was read"
+    return SourceFile(rel, layout=layout, disk=path, size=f.size), None
+
+
 def scan_path(path: Path) -> ModelSource:
     """Everything `mgit add PATH` will store, validated, with notes on conversions."""
     if not path.exists():
@@ -235,7 +259,11 @@ def _scan_folder(root: Path, links_under: Path) -> ModelSource:
                 target = _linked_inside(root, full, links_under)
                 notes.append(f"{rel} is a link to {target}: stored as the file it points to")
             if full.suffix in TORCH_SUFFIXES:
-                notes.append(f"{rel} kept byte for byte as an opaque file (add it on its own to store its tensors)")
+                found, why = scan_checkpoint(full, rel)
+                if why is not None:
+                    notes.append(f"{rel} kept byte for byte as an opaque file: {why}")
+                files.append(found)
+                continue
             files.append(scan_file(full, rel))
     if not files:
         raise InputError(str(root), "the folder holds no files")

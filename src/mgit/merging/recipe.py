@@ -5,13 +5,15 @@
 when an input gets a new version; `mgit merge` runs the same function. Its parameters are a
 `MergeSpec` as JSON (see mgit.merging.spec), inputs named by their position among the parents.
 
-Every input must hold the same safetensors files with the same tensors (names, shapes):
-the first difference is refused, named, unless a `take` rule says which input that tensor
-comes from unmerged. Files pair by path, or whatever they are called when every input's
-weights are one file (mgit.formats.pairing): the merged file then takes the first input's
-name, or the spec's `file`. Tensors are read one at a time from each input (never a model
-whole) and written in the first input's order into a safetensors file whose header is known
-in advance; the other files (config, tokenizer) are the base's, else the first input's.
+Every input must hold the same safetensors files with the same tensors (names, shapes): the
+first difference is refused, named, unless a `take` rule says which input that tensor comes
+from unmerged. A PyTorch checkpoint each of whose tensors is a storage of its own counts as
+one (`pytorch_model.bin` merges into `model.safetensors`). Files pair by path, or whatever
+they are called when every input's weights are one file (mgit.formats.pairing): the merged
+file then takes the first input's name, or the spec's `file`. Tensors are read one at a
+time from each input (never a model whole) and written in the first input's order into a
+safetensors file whose header is known in advance; the other files (config, tokenizer) are
+the base's, else the first input's.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ from mgit.formats.safetensors import (
     read_layout,
     to_float,
 )
+from mgit.formats.tensors import TORCH_SUFFIXES
+from mgit.formats.torch_zip import each_tensor_its_storage, plain_checkpoint, read_torch_zip, safetensors_name
 from mgit.merging.methods import merge_tensor, ties_selection
 from mgit.merging.spec import OUT_DTYPES, MergeSpec, layer_positions
 from mgit.store.base import ObjectStore
@@ -77,12 +81,13 @@ class FolderInput:
         self.folder = Path(folder)
         self.label = str(folder)
         self.paths: dict[str, str] = {}
-        self._layouts: dict[str, SafetensorsLayout] = {}
+        self._layouts: dict[str, Any] = {}  # (a SafetensorsLayout, or a TorchZipLayout shaped like one)
         self._spans: dict[str, dict[str, Any]] = {}
         self._listed: dict[str, tuple[list[Tensor], dict[str, str] | None]] = {}
 
     def weight_files(self) -> list[str]:
-        return sorted(p.relative_to(self.folder).as_posix() for p in self.folder.rglob("*.safetensors"))
+        found = [p for p in self.folder.rglob("*") if p.suffix == ".safetensors" or plain_checkpoint(p)]
+        return sorted(p.relative_to(self.folder).as_posix() for p in found)
 
     def tensors(self, rel: str) -> tuple[list[Tensor], dict[str, str] | None]:
         rel = self.paths.get(rel, rel)
@@ -90,7 +95,7 @@ class FolderInput:
             path = self.folder / rel
             if not path.is_file():
                 raise InputError(str(path), "is missing: every input must hold the same weight files")
-            layout = self._layouts[rel] = read_layout(path)
+            layout = self._layouts[rel] = read_layout(path) if path.suffix == ".safetensors" else read_torch_zip(path)
             self._spans[rel] = {t.name: t for t in layout.tensors}
             self._listed[rel] = [Tensor(t.name, t.dtype, t.shape) for t in layout.tensors], layout.metadata
         return self._listed[rel]
@@ -128,13 +133,18 @@ class StoreInput:
         self._metadata: dict[str, dict[str, str] | None] = {}
 
     def weight_files(self) -> list[str]:
-        return sorted(p for p, f in self.files.items() if f.type == "safetensors")
+        plain = {
+            p for p, f in self.files.items() if f.type == "torch-zip" and each_tensor_its_storage(f.tensors, f.views)
+        }
+        return sorted(plain | {p for p, f in self.files.items() if f.type == "safetensors"})
 
     def tensors(self, rel: str) -> tuple[list[Tensor], dict[str, str] | None]:
         rel = self.paths.get(rel, rel)
         f = self.files.get(rel)
-        if f is None or f.type != "safetensors":
+        if f is None or rel not in self.weight_files():
             raise InputError(rel, "is missing from an input: every input must hold the same weight files")
+        if f.type == "torch-zip":  # (its storages are its tensors: each_tensor_its_storage)
+            self._metadata[rel] = None
         if rel not in self._metadata:  # (the first input is listed to plan the model, then each file)
             self._metadata[rel] = parse_header(
                 rel, self.store.get(f.object, expect=file_expected(f))[1].tobytes(), f.size
@@ -248,6 +258,12 @@ def _paired_weights(spec: MergeSpec, inputs: list[Input], out_dir: Path) -> list
                 hint="Inputs of one weight file each are paired whatever it is called; others are paired by path",
             )
         name = (spec.file or row[0] or own) if singles is not None else own
+        if name.endswith(TORCH_SUFFIXES):  # a merge writes safetensors
+            if singles is None:
+                raise InputError(
+                    own, "is a shard of a PyTorch checkpoint: a merge pairs .bin weights only as a single file"
+                )
+            name = safetensors_name(name)
         for i, path in zip(inputs, row, strict=True):
             if path is not None and path != name:
                 i.paths[name] = path

@@ -44,18 +44,40 @@ def safe_join(root: Path, rel: str) -> Path:
     return target
 
 
-Item = tuple[str, int, "int | None", int]  # object, offset in the file, block (None: whole), bytes
+# object, offset in the file, block (None: whole; -1: a piece of a skeleton), bytes
+Item = tuple[str, int, "int | None", int]
+SKELETON_PIECE = -1
+
+
+def _skeleton_pieces(entry: FileEntry) -> list[Item]:
+    """A checkpoint's skeleton is the file less its storages: the pieces of it between them,
+    each as (where it starts in the skeleton, its offset in the file, SKELETON_PIECE, bytes)."""
+    pieces: list[Item] = []
+    cursor = taken = 0
+    for at, t in zip([*entry.storage_offsets, entry.size], [*entry.tensors, None], strict=True):
+        if at > cursor:
+            pieces.append((str(taken), cursor, SKELETON_PIECE, at - cursor))
+            taken += at - cursor
+        cursor = at + (t.nbytes if t is not None else 0)
+    return pieces
 
 
 def _items(store: ObjectStore, entry: FileEntry, expected: dict[str, Expected]) -> tuple[list[Item], dict[str, int]]:
     """The work of rebuilding a file: (object, its offset in the file, block k or None for
     an object decoded whole, bytes), each object's header checked against what the entry
     expects of it; and how often each delta base will be asked for whole (a planned cache
-    releases it after its last use)."""
+    releases it after its last use). A checkpoint's storages go between the pieces of its
+    skeleton (`_skeleton_pieces`), in file order."""
     items: list[Item] = []
     uses: dict[str, int] = {}
     offset = 0
-    for oid in [entry.object, *(t.object for t in entry.tensors)]:
+    torch_zip = entry.type == "torch-zip"
+    objects = [t.object for t in entry.tensors] if torch_zip else [entry.object, *(t.object for t in entry.tensors)]
+    if torch_zip:
+        store.block_table(entry.object, expected[entry.object])
+    for i, oid in enumerate(objects):
+        if torch_zip:
+            offset = entry.storage_offsets[i]
         header = store.block_table(oid, expected[oid]).header  # checked before anything is decoded
         if header.blocks:
             items += [
@@ -68,6 +90,8 @@ def _items(store: ObjectStore, entry: FileEntry, expected: dict[str, Expected]) 
             if not header.blocks or store.block_table(base).header.blocks != header.blocks:
                 uses[base] = uses.get(base, 0) + header.block_count
         offset += header.size
+    if torch_zip:
+        items = sorted(items + _skeleton_pieces(entry), key=lambda item: item[1])
     return items, uses
 
 
@@ -92,14 +116,20 @@ def restore_file(
     expected = file_objects_expected(entry)
     items, uses = _items(store, entry, expected)
     reuse.expect(uses)
+    skeleton = None
+    if entry.type == "torch-zip":  # small: decoded once, its pieces written between the storages
+        skeleton = store.get(entry.object, expect=expected[entry.object])[1]
     hasher, written = blake3.blake3(), 0
     try:
         with atomic_writer(target, sync_dir=False, size=entry.size) as fh:
             fd = fh.fileno()
             _allocate(fd, entry.size)
 
-            def rebuild(oid: str, offset: int, k: int | None, _: int) -> np.ndarray:
-                if k is None:  # (a session keeps what it decodes: verified, as everything it holds)
+            def rebuild(oid: str, offset: int, k: int | None, n: int) -> np.ndarray:
+                if k == SKELETON_PIECE:
+                    assert skeleton is not None
+                    data = skeleton[int(oid) : int(oid) + n]
+                elif k is None:  # (a session keeps what it decodes: verified, as everything it holds)
                     data = store.get(oid, reuse=reuse, verify=reuse.keep_all, expect=expected[oid])[1]
                 else:
                     data = store.decode_block(oid, k, reuse=reuse)

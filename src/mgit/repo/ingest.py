@@ -23,6 +23,7 @@ from mgit.codecs import Codec
 from mgit.formats.folder import ModelSource, SourceFile
 from mgit.formats.pairing import tensor_names
 from mgit.formats.safetensors import TensorSpan
+from mgit.formats.torch_zip import TorchZipLayout
 from mgit.store.base import ObjectStore, PutResult
 from mgit.store.cache import CHECKOUT_BASES, DecodedCache
 from mgit.store.codec_policy import Encoding, exact_encoding
@@ -220,7 +221,7 @@ class _SnapshotWriter:
 
     def file(self, f: SourceFile) -> FileEntry:
         self.stats.files += 1
-        return self.safetensors_file(f) if f.is_safetensors else self.opaque_file(f)
+        return self.tensors_file(f) if f.is_safetensors else self.opaque_file(f)
 
     def opaque_file(self, f: SourceFile) -> FileEntry:
         """Any file but safetensors, as one blob (its blocks coded by the pool when it is over one)."""
@@ -290,17 +291,28 @@ class _SnapshotWriter:
             queue.start(self.writers, lambda frames: store.put_encoded(oid, kind, meta, data.nbytes, encoding, frames))
         return _Prepared(oid, kind, meta, encoding, bases, queue)
 
-    def safetensors_file(self, f: SourceFile) -> FileEntry:
-        """Its header as a blob, then its tensors through the pool in file order. The file digest
-        is taken in that order as tensors come back, so that each tensor's pages can be released
-        right after: resident memory stays a few tensors, not the file."""
+    def tensors_file(self, f: SourceFile) -> FileEntry:
+        """A safetensors file or a PyTorch checkpoint: its header (a checkpoint's skeleton: the
+        file less its storages) as a blob, then its tensors through the pool in file order. The
+        file digest is taken in that order as tensors come back, the skeleton's bytes between
+        them, so that each tensor's pages can be released right after: resident memory stays a
+        few tensors, not the file."""
         assert f.layout is not None
-        header = self.store.put_blob(f.layout.header)
+        skeleton, data_start = f.layout.header, f.layout.data_start
+        header = self.store.put_blob(skeleton)
         self.stats.record(header)
         if self.progress:
-            self.progress(len(f.layout.header))  # (so that the bar ends at the files' size)
+            self.progress(len(skeleton))  # (so that the bar ends at the files' size)
         digest = blake3.blake3()
-        digest.update(f.layout.header)
+        hashed = [0, 0]  # bytes of the file and of the skeleton hashed so far
+
+        def hash_tensor(span: TensorSpan, data: np.ndarray) -> None:
+            gap = data_start + span.start - hashed[0]
+            digest.update(skeleton[hashed[1] : hashed[1] + gap])
+            digest.update(data)
+            hashed[0] += gap + data.nbytes
+            hashed[1] += gap
+
         started: list[ChunkQueue] = []  # of blocked tensors whose writers wait for blocks
         written: list[Future[PutResult]] = []  # their writers, all blocks given
         entries = []
@@ -314,12 +326,12 @@ class _SnapshotWriter:
             ):
                 if isinstance(done, _CodedBlock):
                     if done.block.k == 0:
-                        digest.update(done.block.data)
+                        hash_tensor(done.block.span, done.block.data)
                     if not self.hand_over(done, started, written):
                         continue
                     span, lossy, oid = done.block.span, None, done.block.job.oid
                 else:
-                    digest.update(done.data)
+                    hash_tensor(done.span, done.data)
                     self.stats.tensors_new += done.result.new
                     self.stats.record(done.result)
                     span, lossy, oid = done.span, done.lossy, done.result.oid
@@ -337,6 +349,20 @@ class _SnapshotWriter:
             for queue in started:  # writers still waiting for blocks stop, dropping their files
                 queue.fail(exc)
             raise
+        digest.update(skeleton[hashed[1] :])
+        if isinstance(f.layout, TorchZipLayout):  # (its spans are offsets in the file)
+            offsets = tuple(s.start for s in f.layout.tensors)
+            return FileEntry(
+                f.path,
+                "torch-zip",
+                f.size,
+                digest.hexdigest(),
+                header.oid,
+                tuple(entries),
+                None,
+                offsets,
+                f.layout.views,
+            )
         return FileEntry(
             f.path, "safetensors", f.size, digest.hexdigest(), header.oid, tuple(entries), f.converted_from
         )

@@ -25,6 +25,7 @@ import blake3
 from mgit.errors import UnsafePathError
 from mgit.formats.dtypes import DTYPES, element_count, itemsize
 from mgit.formats.paths import CONTROL, folder_clash, path_problem
+from mgit.formats.tensor_views import TensorView, storages_and_views
 
 OID_RE = re.compile(r"^[0-9a-f]{64}\Z")  # \Z, not $: "$" also matches before a final newline
 RELATIONS = ("finetune", "adapter", "quantize", "prune", "distill", "merge", "other")
@@ -301,9 +302,11 @@ class TensorEntry:
 
 @dataclass(frozen=True)
 class FileEntry:
-    """One file of a version. `type` is "blob" (bytes in `object`) or "safetensors" (header
-    bytes in `object`, then `tensors` in data order). `digest` is the blake3 of the whole file,
-    checked after every rebuild."""
+    """One file of a version. `type` is "blob" (bytes in `object`), "safetensors" (header
+    bytes in `object`, then `tensors` in data order) or "torch-zip" (a PyTorch checkpoint: the
+    file less its storages in `object`, each storage a tensor at `storage_offsets`, the state
+    dict's tensors as `views` of them). `digest` is the blake3 of the whole file, checked after
+    every rebuild."""
 
     path: str
     type: str
@@ -312,6 +315,8 @@ class FileEntry:
     object: str
     tensors: tuple[TensorEntry, ...] = ()
     converted_from: str | None = None
+    storage_offsets: tuple[int, ...] = ()
+    views: tuple[TensorView, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -321,8 +326,10 @@ class FileEntry:
             "digest": self.digest,
             "object": self.object,
         }
-        if self.type == "safetensors":
+        if self.type in ("safetensors", "torch-zip"):
             d["tensors"] = [t.to_json() for t in self.tensors]
+        if self.type == "torch-zip":
+            d["storage_offsets"], d["views"] = list(self.storage_offsets), [v.to_json() for v in self.views]
         if self.converted_from:
             d["converted_from"] = self.converted_from
         return d
@@ -331,7 +338,7 @@ class FileEntry:
     def from_json(cls, d: Any) -> FileEntry:
         _check(isinstance(d, dict), "file entry is not an object")
         kind = d.get("type")
-        _check(kind in ("blob", "safetensors"), f"unknown file type {kind!r}")
+        _check(kind in ("blob", "safetensors", "torch-zip"), f"unknown file type {kind!r}")
         tensors = d.get("tensors", [])
         _check(isinstance(tensors, list), "tensors is not a list")
         conv = d.get("converted_from")
@@ -342,15 +349,17 @@ class FileEntry:
             raise RecordError(exc.message) from None
         if conv is not None and (why := path_problem(conv)) is not None:
             raise RecordError(f"converted_from {conv!r}: {why}")
-        return cls(
-            _str(d.get("path"), "file path"),
-            kind,
-            _int(d.get("size"), "file size"),
-            _oid(d.get("digest"), "file digest"),
-            _oid(d.get("object"), "file object"),
-            tuple(TensorEntry.from_json(t) for t in tensors),
-            conv,
-        )
+        entries = tuple(TensorEntry.from_json(t) for t in tensors)
+        size = _int(d.get("size"), "file size")
+        _check(kind != "blob" or not entries, "a blob file lists tensors")
+        _check(sum(t.nbytes for t in entries) <= size, "the file's tensors hold more bytes than the file")
+        try:
+            numels, sizes = [t.params for t in entries], [t.nbytes for t in entries]
+            offsets, views = storages_and_views(d, kind, numels, sizes, size)
+        except ValueError as exc:
+            raise RecordError(str(exc)) from None
+        digest, oid = _oid(d.get("digest"), "file digest"), _oid(d.get("object"), "file object")
+        return cls(d["path"], kind, size, digest, oid, entries, conv, offsets, views)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,9 @@
 """Reading a stored version's tensors: checked against their manifest entries, one at a time,
 as raw bytes, numpy arrays or torch tensors; or every tensor of some versions at once
-(`state_dicts`: what `Repo.load_state_dict` and `mgit.load`/`load_many` return)."""
+(`state_dicts`: what `Repo.load_state_dict` and `mgit.load`/`load_many` return). A PyTorch
+checkpoint's tensors are views of its stored storages: a view that is its whole storage is
+that tensor (two names of one storage are one tensor, tied), any other is made with its
+offset and strides."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import numpy as np
 from mgit.codecs.buffers import unpooled
 from mgit.errors import AmbiguousTensorError, InvalidOptionError, MissingDependencyError
 from mgit.formats.safetensors import is_float, numpy_view
+from mgit.formats.tensor_views import TensorView
 from mgit.formats.tensors import to_torch
 from mgit.store.base import ObjectStore
 from mgit.store.cache import CHECKOUT_BASES, UNBOUNDED, DecodedCache
@@ -58,12 +62,8 @@ class ModelReader(Mapping[str, Any]):
         self.manifest = manifest
         self.explained = explained
         self.reuse = reuse
-        self.entries: dict[str, TensorEntry] = {}
-        for f in self.manifest.files:
-            for t in f.tensors:
-                if t.name in self.entries:
-                    raise AmbiguousTensorError(t.name)
-                self.entries[t.name] = t
+        self.views = named_tensors(manifest)
+        self.entries: dict[str, TensorEntry] = {name: t for name, (t, _) in self.views.items()}
 
     def __getitem__(self, name: str) -> Any:
         if name not in self.entries:
@@ -74,13 +74,13 @@ class ModelReader(Mapping[str, Any]):
         """The tensor `name` (decoded and verified), or `default` if the version has none."""
         if framework not in FRAMEWORKS:
             raise InvalidOptionError(f"unknown framework {framework!r}", hint="Use 'np' (numpy) or 'pt' (torch)")
-        entry = self.entries.get(name)
+        entry, view = self.views.get(name, (None, None))
         if entry is None:
             return default
         with self.explained():
             if FRAMEWORKS[framework] == "pt":
-                return as_torch(self.store, entry, reuse=self.reuse)
-            return as_array(self.store, entry, reuse=self.reuse)
+                return _viewed(as_torch(self.store, entry, reuse=self.reuse), view)
+            return _viewed(as_array(self.store, entry, reuse=self.reuse), view)
 
     def __contains__(self, name: object) -> bool:
         return name in self.entries  # without decoding anything
@@ -90,6 +90,36 @@ class ModelReader(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self.entries)
+
+
+def named_tensors(manifest: Manifest) -> dict[str, tuple[TensorEntry, TensorView | None]]:
+    """Every tensor of a version by name: a stored tensor, or a view of one (None: the stored
+    tensor itself). A name in two files is ambiguous."""
+    out: dict[str, tuple[TensorEntry, TensorView | None]] = {}
+    for f in manifest.files:
+        pairs: list[tuple[str, TensorEntry, TensorView | None]] = [(t.name, t, None) for t in f.tensors]
+        if f.type == "torch-zip":
+            pairs = [(v.name, f.tensors[v.storage], v) for v in f.views]
+            pairs = [(n, t, None if v.is_whole(t.params) and v.shape == t.shape else v) for n, t, v in pairs]
+        for name, t, view in pairs:
+            if name in out:
+                raise AmbiguousTensorError(name)
+            out[name] = (t, view)
+    return out
+
+
+def _viewed(tensor: Any, view: TensorView | None) -> Any:
+    """A stored tensor, or the view of it a checkpoint names (a torch view or a numpy array
+    that shares its memory; numpy strides are in bytes)."""
+    if view is None:
+        return tensor
+    if isinstance(tensor, np.ndarray):
+        flat = tensor.reshape(-1)
+        size = flat.itemsize
+        return np.lib.stride_tricks.as_strided(
+            flat[view.offset :], view.shape, [s * size for s in view.stride], writeable=flat.flags.writeable
+        )
+    return tensor.reshape(-1).as_strided(view.shape, view.stride, view.offset)
 
 
 def state_dicts(
@@ -116,8 +146,8 @@ def state_dicts(
     if kind == "np" and device is not None:
         raise InvalidOptionError("a device is for torch tensors", hint="Drop device, or use framework='torch'")
     convert = _converter(kind, device, dtype)
-    tables = [ModelReader(store, manifest, vid).entries for vid, manifest in versions]
-    distinct = {e.object: e for table in tables for e in table.values()}
+    tables = [named_tensors(manifest) for _, manifest in versions]
+    distinct = {e.object: e for table in tables for e, _ in table.values()}
     cache = reuse or (DecodedCache(UNBOUNDED, keep_all=True) if shared else DecodedCache(CHECKOUT_BASES))
 
     def one(entry: TensorEntry) -> Any:
@@ -127,7 +157,7 @@ def state_dicts(
 
     with ThreadPoolExecutor(max_workers=jobs or default_jobs(), thread_name_prefix="mgit-load") as pool:
         loaded = dict(zip(distinct, pool.map(one, distinct.values()), strict=True))
-    return [{name: loaded[e.object] for name, e in table.items()} for table in tables]
+    return [{name: _viewed(loaded[e.object], view) for name, (e, view) in table.items()} for table in tables]
 
 
 def _converter(kind: str, device: Any, dtype: Any) -> Callable[..., Any]:
