@@ -64,6 +64,20 @@ def test_a_rebuilt_catalog_has_the_tags_set_later(tmp_path: Path) -> None:
     assert [v["tags"] for v in before] == [{}, {"stage": "old", "task": "sst2"}]
 
 
+def test_gc_takes_the_tags_of_the_versions_it_deletes_and_a_killed_write_s_leftover(tmp_path: Path) -> None:
+    work, folders = work_folder(tmp_path)
+    assert run_cli("add", str(folders[2]), "--name", "other", cwd=work)[0] == 0
+    removed, kept = mgit_json(work, "tag", "bert@2", "stage=dev"), mgit_json(work, "tag", "other", "stage=prod")
+    tag_dir = work / ".mgit" / "refs" / "tags"
+    (tag_dir / ".tmp-killed-write").write_bytes(b"{")  # what a tag write killed before its rename leaves
+    assert run_cli("rm", "bert@2", cwd=work)[0] == 0
+    assert (tag_dir / removed["version"]).exists()  # the version's objects, and its tags, wait for gc
+    assert run_cli("gc", cwd=work)[0] == 0
+    assert sorted(p.name for p in tag_dir.iterdir()) == [kept["version"]]
+    assert mgit_json(work, "tag", "other")["tags"] == {"stage": "prod"}
+    assert [m["name"] for m in mgit_json(work, "ls", "--tag", "stage")] == ["other"]
+
+
 def test_a_tag_change_is_a_compare_and_swap(tmp_path: Path) -> None:
     work, _ = work_folder(tmp_path)
     repo = Repo(work)

@@ -1,5 +1,6 @@
-"""`gc`: delete the objects no ref reaches (mgit.repo.fsck says what is reachable), the
-leftovers of interrupted writes and the quarantines of killed fetches.
+"""`gc`: delete the objects no ref reaches (mgit.repo.fsck says what is reachable), the tags
+set later on the versions among them, the leftovers of interrupted writes and the
+quarantines of killed fetches.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import shutil
 from mgit.errors import CorruptObjectError, GcRefusedError, MissingObjectError
 from mgit.index.catalog import Catalog
 from mgit.index.refs import RefStore
+from mgit.index.tags import TagStore
 from mgit.repo.fsck import quarantine_folders, root_heads, walk
 from mgit.reports import GcResult
 from mgit.store.base import ObjectStore
@@ -16,9 +18,9 @@ from mgit.util.atomicfile import remove_files
 from mgit.util.faults import crash_point
 
 
-def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, *, dry_run: bool = False) -> GcResult:
-    """Delete objects that no ref reaches, and leftovers of interrupted writes (the caller
-    holds the repository's exclusive lock)."""
+def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, tags: TagStore, *, dry_run: bool = False) -> GcResult:
+    """Delete objects that no ref reaches, the tags set on deleted versions, and leftovers of
+    interrupted writes (the caller holds the repository's exclusive lock)."""
     seen = walk(store, root_heads(refs), pins=refs.pins())
     if seen.problems:
         raise GcRefusedError(seen.problems[0].object, seen.problems[0].kind)
@@ -37,7 +39,8 @@ def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, *, dry_run: bool = 
                 ) from None
     garbage = [oid for oid in store.ids() if oid not in seen.objects]
     freed = sum(store.stored_size(oid) for oid in garbage)
-    leftovers = store.temporary_files() + refs.temporary_files()
+    leftovers = store.temporary_files() + refs.temporary_files() + tags.temporary_files()
+    tagged = [vid for vid in tags.all() if vid not in seen.objects]  # a version that goes takes its tags
     quarantines = list(quarantine_folders(store))
     if not dry_run:
         # Rows first: a gc killed midway leaves files no row names, which the next gc finds by
@@ -49,6 +52,8 @@ def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, *, dry_run: bool = 
             store.delete(oid)
             crash_point("gc-deleted")
         remove_files(leftovers)
+        for vid in tagged:
+            tags.put(vid, {})
         for folder in quarantines:  # a killed fetch's: nothing in it was ever kept
             shutil.rmtree(folder, ignore_errors=True)
     return GcResult(dry_run, garbage, freed, len(seen.objects), len(leftovers) + len(quarantines))

@@ -495,4 +495,4 @@ class Repo:
         from mgit.repo.gc import gc
 
         with self.store.lock(exclusive=True):
-            return gc(self.store, self.refs, self.catalog, dry_run=dry_run)
+            return gc(self.store, self.refs, self.catalog, self.tags, dry_run=dry_run)
