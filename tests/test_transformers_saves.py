@@ -156,3 +156,16 @@ def test_a_prefixed_student_with_fewer_layers_is_matched_by_layer_pattern(family
     assert (best.model, best.relation) == ("base", "distill")
     assert best.distance is not None and best.distance < 0.05  # unrelated: ~1.4; by name alone: ~0.5
     assert s.parents == [best.version]
+
+
+def test_diff_pairs_a_task_model_with_its_base_across_the_bert_prefix(family: Family, stored: Repo) -> None:
+    """The task model's tensors are its body's under `bert.`: diff compares them with the base's
+    as it compares the same body saved without the prefix, and only the head is B's alone."""
+    task = stored.diff("base", "task")
+    body = stored.diff("base", family["task"][0].parent / "task-body")
+    assert task.summary.compared_values == body.summary.compared_values > 0
+    assert task.summary.changed_values == body.summary.changed_values > 0
+    assert task.summary.rel_change == pytest.approx(body.summary.rel_change, rel=1e-9)
+    only_b = sorted(t.name for t in task.tensors if t.status == "only_b")
+    assert only_b and all(name.startswith("classifier.") for name in only_b)
+    assert any("across a wrapper prefix (bert." in note for note in task.notes)

@@ -9,6 +9,7 @@ import os
 from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from mgit.diff.files import file_diffs
 from mgit.diff.results import STATUSES, DiffResult, DiffSummary, GroupDiff, TensorDiff
 from mgit.diff.sides import ModelSide, TensorRef, open_side
 from mgit.formats.layers import layer_counts, layer_of
+from mgit.formats.pairing import tensor_names
 from mgit.formats.safetensors import element_count
 from mgit.store.cache import UNBOUNDED, DecodedCache
 from mgit.store.reader import tensor_bytes
@@ -69,7 +71,10 @@ def diff_models(
 ) -> DiffResult:
     """Compare two sides. `structural` compares only names, shapes, dtypes and layer counts
     (no tensor data and no files are read). `progress(total_bytes)` may return a callback.
-    `reuse` (a session's cache) keeps what is decoded; by default each pair has its own."""
+    `reuse` (a session's cache) keeps what is decoded; by default each pair has its own.
+    Tensors pair across a wrapper prefix (a task model's `bert.` against its base), as parent
+    inference and storage pair them; rows then use A's names."""
+    b = _named_as(b, a)
     names = list(dict.fromkeys([*a.tensors, *b.tensors]))
     status: dict[str, str] = {}
     work: list[str] = []
@@ -154,6 +159,18 @@ def diff_models(
     return DiffResult(
         a.side, b.side, structural, summary, _groups(tensors, unchanged), tensors, files, layers, [*a.notes, *b.notes]
     )
+
+
+def _named_as(b: ModelSide, a: ModelSide) -> ModelSide:
+    """B with its tensors under A's names where the two differ by a wrapper prefix (B as it is
+    when they do not, or when a renamed tensor would meet another of B's)."""
+    pairs = {mine: theirs for mine, theirs in tensor_names(b.tensors, a.tensors).items() if mine != theirs}
+    renamed = {pairs.get(name, name): t for name, t in b.tensors.items()}
+    if not pairs or len(renamed) != len(b.tensors):
+        return b
+    mine, theirs = next(iter(pairs.items()))
+    note = f"{len(pairs)} of B's tensors are compared under A's names across a wrapper prefix ({mine} is {theirs})"
+    return replace(b, tensors=renamed, notes=[*b.notes, note])
 
 
 def diff_paths(
