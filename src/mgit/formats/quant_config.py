@@ -73,7 +73,8 @@ def _bool(value: Any) -> bool | None:
 
 
 def _str(value: Any) -> str | None:
-    return value.lower() if isinstance(value, str) else None
+    """A config's word, lower case, on one line and short (it is printed)."""
+    return " ".join(value.lower().split())[:64] if isinstance(value, str) else None
 
 
 def _problem(bits: int | None, group_size: int | None, packed: bool) -> str | None:
