@@ -281,3 +281,42 @@ def test_a_base_that_is_not_float32_or_does_not_split_in_rows_is_a_codec_error()
 def test_the_fp8_cast_configuration_is_plain_data() -> None:
     codec = Fp8CastCodec(base=BASE, rows=7)
     assert codec_from_dict(json.loads(json.dumps(codec.to_dict()))) == codec
+
+
+_DTYPES = ["I32", "I64", "I8", "F16", "F32", "BF16", "F8_E4M3", "U8"]
+_MEMBERS = ["qweight", "qzeros", "scales", "g_idx", "weight", "weight_scale", "weight_zero_point", "weight_packed"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    members=st.dictionaries(
+        st.sampled_from(_MEMBERS),
+        st.tuples(st.sampled_from(_DTYPES), st.lists(st.integers(0, 9), min_size=0, max_size=3)),
+        min_size=1,
+    ),
+    bits=st.sampled_from([None, 1, 2, 3, 4, 8, 16, 33]),
+    group_size=st.sampled_from([None, -1, 0, 3, 4, 7]),
+    method=st.sampled_from(["gptq", "awq", "compressed-tensors", "fp8"]),
+    seed=st.integers(0, 2**16),
+)
+def test_any_forged_layer_dequantizes_or_says_why(
+    members: dict, bits: int | None, group_size: int | None, method: str, seed: int
+) -> None:
+    """Whatever the shapes, dtypes, bytes and config: a float32 matrix of the announced shape,
+    or a DequantizeError; nothing else escapes."""
+    from mgit.formats.safetensors import itemsize
+
+    shapes = {f"l.{role}": (dtype, tuple(shape)) for role, (dtype, shape) in members.items()}
+    config = {"quant_method": method, "bits": bits, "group_size": group_size}
+    if method == "compressed-tensors":
+        config["config_groups"] = {"g": {"weights": {"num_bits": bits, "group_size": group_size}}}
+    scheme = scheme_from_config({"quantization_config": config})
+    rng = np.random.default_rng(seed)
+    data = {n: rng.integers(0, 256, int(np.prod(s)) * itemsize(d), dtype=np.uint8) for n, (d, s) in shapes.items()}
+    for packed in packed_tensors(shapes, scheme).values():
+        try:
+            values = dequantize(packed, shapes, lambda name: data[name])
+        except DequantizeError as exc:
+            assert str(exc).startswith(f"cannot dequantize {packed.name}: ")
+            continue
+        assert values.dtype == np.float32 and values.shape == packed.shape
