@@ -212,3 +212,31 @@ def test_an_fp8_cast_of_stored_minilm_costs_a_few_kilobytes(tmp_path: Path) -> N
     assert sum(r["stored_bytes"] for r in weights) < 64 << 10  # of 10.6 MB of FP8 weights
     repo.checkout("minilm-fp8", tmp_path / "out")
     assert sha256_tree(tmp_path / "out") == sha256_tree(fp8)
+
+
+def test_fp8_tensors_of_any_bytes_round_trip_whatever_their_parent(tmp_path: Path) -> None:
+    """F8_E4M3 and F8_E5M2 tensors holding every code (NaNs, infinities, subnormals), against a
+    float32 parent they are no cast of: stored losslessly (the fp8_cast residual, or as they
+    are), checked out byte for byte."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    parent = {"l.weight": torch.from_numpy(rng.standard_normal((32, 64)).astype(np.float32))}
+    codes = torch.from_numpy(rng.integers(0, 256, (32, 64), dtype=np.uint8))
+    codes[0, :] = torch.arange(64, dtype=torch.uint8) * 4 + 3  # 0x7F, 0xFF (NaN) and more among them
+    child = {
+        "l.weight": codes.view(torch.float8_e4m3fn),
+        "l.weight_scale": torch.ones(1),
+        "m.weight": codes.clone().view(torch.float8_e5m2),
+    }
+    (tmp_path / "p").mkdir()
+    (tmp_path / "c").mkdir()
+    save_file(parent, tmp_path / "p" / "model.safetensors")
+    save_file(child, tmp_path / "c" / "model.safetensors")
+    repo = Repo.init(tmp_path / "repo")
+    repo.add(tmp_path / "p", name="p")
+    repo.add(tmp_path / "c", name="c", parent="p", relation="quantize")
+    repo.checkout("c", tmp_path / "out")
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == (tmp_path / "c" / "model.safetensors").read_bytes()
+    rows = _tensor_rows(tmp_path, "c")
+    assert rows["l.weight"]["dtype"] == "F8_E4M3" and rows["m.weight"]["dtype"] == "F8_E5M2"
