@@ -12,6 +12,7 @@ note says `cannot dequantize NAME: why`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -35,7 +36,11 @@ def side_scheme(side: ModelSide) -> QuantScheme | None:
     return scheme_from_bytes(config.content())
 
 
-def _derive(packed: PackedTensor, shapes: Shapes, members: dict[str, TensorRef]):  # type: ignore[no-untyped-def]
+def _derive(
+    packed: PackedTensor, shapes: Shapes, members: dict[str, TensorRef]
+) -> Callable[[DecodedCache | None], np.ndarray]:
+    """The layer's float32 bytes, its member tensors read (and decoded) only when asked."""
+
     def derive(cache: DecodedCache | None) -> np.ndarray:
         values = dequantize(packed, shapes, lambda name: np.asarray(members[name].raw(cache)).reshape(-1))
         return values.astype("<f4", copy=False).reshape(-1).view(np.uint8)
