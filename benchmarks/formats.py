@@ -293,6 +293,15 @@ def report(results: list[KindResult], runs: int, quick: bool, load: tuple[float,
         "stored bytes against the first parent's files; *cp -r*, *add*, *checkout*: MB/s of the member's files, "
         f"median of {runs} runs, each a fresh process; add and checkout as a ratio to `cp -r` of the same folder.",
         "",
+        "*MGit*: the member's `mgit add --parent` into a repository holding its parents (and the members above "
+        "it in its kind, unless *alone*); stored = what that add wrote, by the catalog (`mgit log`), the same as "
+        "the growth of `mgit du`. *zstd -3*: each file compressed on its own. *Xet local store*: "
+        '`hf_xet.XetSession().new_upload_commit(endpoint="local://<folder>")`, the Hugging Face Xet '
+        "client writing its content-addressed store (xorbs of content-defined chunks, and shards) into a local "
+        "folder with no network, as xet-core's own hf_xet tests do; every file of the parents, then of the member, "
+        "each its own commit, in lineage order, into one store; the figure is what the member's commits added to "
+        "the store's xorbs and shards, and every file of the member was downloaded back from the store and compared.",
+        "",
         *table(
             ["kind", "model", "files", "MGit", "of parent", "zstd -3", "Xet local store", "cp -r", "add", "checkout"],
             [row for r in results for row in rows_of(r)],
