@@ -235,7 +235,13 @@ def share(part: int | None, whole: int) -> str:
 
 
 def rate(row: Row, copy: Row) -> str:
-    return f"{row.rate:,.0f} ({row.rate / copy.rate:.2f}x)"
+    """MB/s, its ratio to cp -r, and the process's CPU seconds (what a run costs even when other
+    work shares the machine and stretches the wall clock)."""
+    return f"{mbps(row.rate)} ({row.rate / copy.rate:.2f}x; {row.cpu:.1f} s CPU)"
+
+
+def mbps(value: float) -> str:
+    return f"{value:,.1f}" if value < 10 else f"{value:,.0f}"
 
 
 def rows_of(r: KindResult) -> list[list[str]]:
@@ -251,7 +257,7 @@ def rows_of(r: KindResult) -> list[list[str]]:
                 f"{100 * f.stored / f.parent_size:.1f}%" if f.parent_size else "-",
                 share(f.zstd, f.size),
                 share(f.xet, f.size),
-                f"{s.copy.rate:,.0f}",
+                mbps(s.copy.rate),
                 rate(s.add, s.copy),
                 rate(s.checkout, s.copy),
             ]
@@ -291,7 +297,8 @@ def report(results: list[KindResult], runs: int, quick: bool, load: tuple[float,
         "Reproduce: `.venv/bin/python benchmarks/formats.py` (benchmarks/README.md says what each column is). "
         "Sizes in MB = 10^6 bytes, each stored figure with its share of the member's files; *of parent*: MGit's "
         "stored bytes against the first parent's files; *cp -r*, *add*, *checkout*: MB/s of the member's files, "
-        f"median of {runs} runs, each a fresh process; add and checkout as a ratio to `cp -r` of the same folder.",
+        f"median of {runs} runs, each a fresh process; add and checkout as a ratio to `cp -r` of the same folder, "
+        "and the process's CPU seconds (user + system, median).",
         "",
         "*MGit*: the member's `mgit add --parent` into a repository holding its parents (and the members above "
         "it in its kind, unless *alone*); stored = what that add wrote, by the catalog (`mgit log`), the same as "
