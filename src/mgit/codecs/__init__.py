@@ -30,6 +30,7 @@ from mgit.codecs.derived import (
 from mgit.codecs.merged import WeightedSumCodec
 from mgit.codecs.pco import PcoCodec
 from mgit.codecs.quantized_delta import QuantizedDeltaCodec
+from mgit.codecs.requantize import REQUANTIZABLE, RequantizeCodec
 from mgit.codecs.zstd import ZstdCodec
 
 __all__ = [
@@ -40,6 +41,8 @@ __all__ = [
     "PcoCodec",
     "QuantizedDeltaCodec",
     "QuantizeInt8Codec",
+    "REQUANTIZABLE",
+    "RequantizeCodec",
     "ByteplanesCodec",
     "Codec",
     "CodecContext",

@@ -15,12 +15,14 @@ import tempfile
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from mgit.codecs import Codec
 from mgit.errors import InputError, InvalidOptionError, MgitError, RefConflictError
 from mgit.formats.folder import ModelSource, scan_path, scan_state_dict
+from mgit.formats.gguf import gguf_names
 from mgit.formats.model_card import CARD, read_lineage
 from mgit.index.catalog import Catalog, ObjectRow
 from mgit.index.refs import RefStore, is_model_name, validate_model_name
@@ -456,7 +458,9 @@ def _delta_plan(
         return DeltaPlan(max_depth=max_depth)
     manifests = [store.get_manifest(store.get_version(v).manifest) for v in dict.fromkeys(related)]
     names = [span.name for f in src.files if f.layout is not None for span in f.layout.tensors]
-    return DeltaPlan.from_parents(manifests, max_depth=max_depth, names=names)
+    arch = next((f.layout.metadata.get("general.architecture") for f in src.files if f.kind == "gguf"), None)
+    rename = partial(gguf_names, arch) if isinstance(arch, str) else None  # a GGUF of a safetensors parent
+    return DeltaPlan.from_parents(manifests, max_depth=max_depth, names=names, rename=rename)
 
 
 def _add_result(

@@ -305,7 +305,8 @@ class FileEntry:
     """One file of a version. `type` is "blob" (bytes in `object`), "safetensors" (header
     bytes in `object`, then `tensors` in data order) or "torch-zip" (a PyTorch checkpoint: the
     file less its storages in `object`, each storage a tensor at `storage_offsets`, the state
-    dict's tensors as `views` of them). `digest` is the blake3 of the whole file, checked after
+    dict's tensors as `views` of them) or "gguf" (the file less its tensors in `object`, each
+    tensor at `storage_offsets`). `digest` is the blake3 of the whole file, checked after
     every rebuild."""
 
     path: str
@@ -326,10 +327,12 @@ class FileEntry:
             "digest": self.digest,
             "object": self.object,
         }
-        if self.type in ("safetensors", "torch-zip"):
+        if self.type in ("safetensors", "torch-zip", "gguf"):
             d["tensors"] = [t.to_json() for t in self.tensors]
+        if self.type in ("torch-zip", "gguf"):
+            d["storage_offsets"] = list(self.storage_offsets)
         if self.type == "torch-zip":
-            d["storage_offsets"], d["views"] = list(self.storage_offsets), [v.to_json() for v in self.views]
+            d["views"] = [v.to_json() for v in self.views]
         if self.converted_from:
             d["converted_from"] = self.converted_from
         return d
@@ -338,7 +341,7 @@ class FileEntry:
     def from_json(cls, d: Any) -> FileEntry:
         _check(isinstance(d, dict), "file entry is not an object")
         kind = d.get("type")
-        _check(kind in ("blob", "safetensors", "torch-zip"), f"unknown file type {kind!r}")
+        _check(kind in ("blob", "safetensors", "torch-zip", "gguf"), f"unknown file type {kind!r}")
         tensors = d.get("tensors", [])
         _check(isinstance(tensors, list), "tensors is not a list")
         conv = d.get("converted_from")
