@@ -17,6 +17,8 @@ import numpy as np
 from mgit.diff.files import file_diffs
 from mgit.diff.results import STATUSES, DiffResult, DiffSummary, GroupDiff, TensorDiff
 from mgit.diff.sides import ModelSide, TensorRef, open_side
+from mgit.formats.dtypes import BLOCK_DTYPES, value_shape
+from mgit.formats.gguf import dequantize
 from mgit.formats.layers import layer_counts, layer_of
 from mgit.formats.pairing import tensor_names
 from mgit.formats.safetensors import element_count
@@ -41,8 +43,8 @@ def _compare(a: TensorRef, b: TensorRef, reuse: DecodedCache | None) -> tuple[st
         assert t.store is not None and t.entry is not None
         return tensor_bytes(t.store, t.entry, reuse=cache)
 
-    raw_a, raw_b = raw(a), raw(b)
-    stats = tensor_stats((a.dtype, b.dtype), a.shape, raw_a, raw_b)
+    (dtype_a, shape, raw_a), (dtype_b, _, raw_b) = _values(a, raw(a)), _values(b, raw(b))
+    stats = tensor_stats((dtype_a, dtype_b), shape, raw_a, raw_b)
     status = "changed" if a.dtype == b.dtype else "dtype"
     return status, stats, cache.misses - misses, cache.hits - hits
 
@@ -57,7 +59,15 @@ def _unchanged(t: TensorRef, reuse: DecodedCache | None) -> tuple[float, int, in
     else:
         assert t.store is not None and t.entry is not None
         raw = tensor_bytes(t.store, t.entry, reuse=cache)
-    return sum_of_squares(t.dtype, t.shape, raw), cache.misses - misses, cache.hits - hits
+    return sum_of_squares(*_values(t, raw)), cache.misses - misses, cache.hits - hits
+
+
+def _values(t: TensorRef, raw: np.ndarray) -> tuple[str, tuple[int, ...], np.ndarray]:
+    """(dtype, shape, raw bytes) of a tensor's values: a block-quantized one (a GGUF's Q8_0
+    ...) dequantized to float32 with gguf's reference dequantizer, any other as it is."""
+    if t.dtype not in BLOCK_DTYPES:
+        return t.dtype, t.shape, raw
+    return "F32", value_shape(t.dtype, t.shape), dequantize(raw, t.dtype).view(np.uint8)
 
 
 def diff_models(
@@ -82,7 +92,7 @@ def diff_models(
         ta, tb = a.tensors.get(name), b.tensors.get(name)
         if ta is None or tb is None:
             status[name] = "only_b" if ta is None else "only_a"
-        elif ta.shape != tb.shape:
+        elif value_shape(ta.dtype, ta.shape) != value_shape(tb.dtype, tb.shape):
             status[name] = "shape"
         elif structural:
             status[name] = "same" if ta.dtype == tb.dtype else "dtype"
@@ -148,8 +158,8 @@ def diff_models(
     summary = DiffSummary(
         tensors_a=len(a.tensors),
         tensors_b=len(b.tensors),
-        params_a=sum(element_count(t.shape) for t in a.tensors.values()),
-        params_b=sum(element_count(t.shape) for t in b.tensors.values()),
+        params_a=sum(element_count(value_shape(t.dtype, t.shape)) for t in a.tensors.values()),
+        params_b=sum(element_count(value_shape(t.dtype, t.shape)) for t in b.tensors.values()),
         counts=_counts(t.status for t in tensors),
         **_change(list(stats.values()), _shares(tensors, unchanged)),
         files=_counts(f.status for f in files),

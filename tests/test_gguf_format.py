@@ -1,0 +1,186 @@
+"""The GGUF reader (`mgit.formats.gguf`) on files gguf's own writer makes and on forged ones:
+an accepted file is exactly its skeleton plus its tensors, with the names, types and shapes
+`gguf.GGUFReader` sees; truncated files and forged headers (huge counts and lengths, offsets
+past the end, misaligned or overlapping tensors, unknown types) give a one-line InputError
+before any allocation, and `mgit add` of one writes nothing."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from conftest import one_line_error, run_cli  # noqa: E402
+
+from mgit import Repo  # noqa: E402
+from mgit.errors import InputError  # noqa: E402
+from mgit.formats.dtypes import BLOCK_DTYPES, GGML_TYPES, value_shape  # noqa: E402
+from mgit.formats.gguf import GgufLayout, dequantize, read_gguf  # noqa: E402
+
+
+def _write(path: Path, tensors: dict[str, tuple[np.ndarray, str]], **kv: str) -> Path:
+    """A small GGUF: each tensor quantized to its type with gguf.quants."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in kv.items():
+        w.add_string(key, value)
+    w.add_token_list(["a", "bb", "ccc"])
+    for name, (values, qtype) in tensors.items():
+        qt = gguf.GGMLQuantizationType[qtype]
+        if qtype == "F32":
+            w.add_tensor(name, values.astype(np.float32))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(values.astype(np.float32), qt), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _sample(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    return _write(
+        tmp_path / "m.gguf",
+        {
+            "norm.weight": (rng.normal(size=64), "F32"),
+            "w.q8": (rng.normal(size=(8, 64)), "Q8_0"),
+            "w.q4": (rng.normal(size=(4, 64)), "Q4_0"),
+            "w.f16": (rng.normal(size=(3, 5)), "F16"),
+        },
+    )
+
+
+def _rebuilt(path: Path, layout: GgufLayout) -> bytes:
+    raw, out, taken = path.read_bytes(), bytearray(), 0
+    for span in layout.tensors:
+        gap = span.start - len(out)
+        out += layout.header[taken : taken + gap] + raw[span.start : span.end]
+        taken += gap
+    return bytes(out + layout.header[taken:])
+
+
+def test_a_written_file_is_its_skeleton_and_tensors_as_gguf_reads_them(tmp_path) -> None:
+    path = _sample(tmp_path)
+    layout = read_gguf(path)
+    assert _rebuilt(path, layout) == path.read_bytes()
+    reader = gguf.GGUFReader(str(path))
+    ours = {t.name: t for t in layout.tensors}
+    assert set(ours) == {t.name for t in reader.tensors}
+    for t in reader.tensors:
+        mine = ours[t.name]
+        assert mine.dtype == t.tensor_type.name
+        assert value_shape(mine.dtype, mine.shape) == tuple(int(d) for d in reversed(t.shape))
+        assert mine.start == t.data_offset and path.read_bytes()[mine.start : mine.end] == t.data.tobytes()
+    assert layout.metadata["general.architecture"] == "llama" and layout.alignment == 32
+    q8 = ours["w.q8"]
+    assert q8.shape == (8, 2, 34)  # rows, blocks a row, bytes a block
+    values = dequantize(np.frombuffer(path.read_bytes()[q8.start : q8.end], np.uint8), "Q8_0")
+    assert np.array_equal(
+        values, gguf.quants.dequantize(reader.tensors[1].data, gguf.GGMLQuantizationType.Q8_0).ravel()
+    )
+
+
+def test_the_type_table_is_ggmls() -> None:
+    for number, (name, block, size) in GGML_TYPES.items():
+        qt = gguf.GGMLQuantizationType(number)
+        assert qt.name == name and gguf.GGML_QUANT_SIZES[qt] == (block, size)
+    assert "Q8_0" in BLOCK_DTYPES and "F16" not in BLOCK_DTYPES
+
+
+def _header_end(path: Path) -> int:
+    return min(s.start for s in read_gguf(path).tensors)
+
+
+def _refused(path: Path, *fragments: str) -> str:
+    with pytest.raises(InputError) as info:
+        read_gguf(path)
+    message = str(info.value)
+    assert "\n" not in message and all(f in message for f in fragments), message
+    return message
+
+
+def test_every_truncation_of_the_header_is_refused(tmp_path) -> None:
+    path = _sample(tmp_path)
+    raw = path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    last_byte = max(s.end for s in read_gguf(path).tensors)  # (the padding after it may go)
+    for n in [*range(0, _header_end(path), 7), last_byte - 1]:
+        cut.write_bytes(raw[:n])
+        _refused(cut, "cut.gguf")
+
+
+def _tiny(kv: bytes = b"", infos: bytes = b"", data: bytes = b"", *, n_kv: int = 0, n_tensors: int = 0) -> bytes:
+    header = b"GGUF" + struct.pack("<IQQ", 3, n_tensors, n_kv) + kv + infos
+    return header + b"\0" * (-len(header) % 32) + data
+
+
+def _string(s: bytes) -> bytes:
+    return struct.pack("<Q", len(s)) + s
+
+
+def _info(name: bytes, ne: list[int], kind: int, offset: int) -> bytes:
+    return (
+        _string(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne) + struct.pack("<IQ", kind, offset)
+    )
+
+
+F32_8 = _info(b"t", [8], 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        (b"GGML" + bytes(20), "does not start with GGUF"),
+        (b"GGUF" + struct.pack("<IQQ", 1, 0, 0), "version 1"),
+        (b"GGUF" + struct.pack("<IQQ", 3, 2**62, 0), "tensor count"),
+        (b"GGUF" + struct.pack("<IQQ", 3, 0, 2**60), "metadata count"),
+        (_tiny(_string(b"k") + struct.pack("<I", 8) + struct.pack("<Q", 2**63), n_kv=1), "runs past the end"),
+        (_tiny(_string(b"k") + struct.pack("<IIQ", 9, 10, 2**61), n_kv=1), "cannot fit"),
+        (_tiny(_string(b"k") + struct.pack("<IIQ", 9, 8, 2**61), n_kv=1), "cannot fit"),
+        (_tiny(_string(b"k") + struct.pack("<I", 77) + bytes(8), n_kv=1), "unknown value type 77"),
+        (_tiny(_string(b"k") + struct.pack("<II", 9, 99) + bytes(8), n_kv=1), "unknown type 99"),
+        (_tiny(_string(b"general.alignment") + struct.pack("<II", 4, 48), n_kv=1), "power of two"),
+        (_tiny(_string(b"k") + struct.pack("<IB", 0, 1) + _string(b"k") + struct.pack("<IB", 0, 1), n_kv=2), "twice"),
+        (_tiny(infos=_string(b"x" * 2000), n_tensors=1), "at most 1024"),
+        (_tiny(infos=_info(b"t", [8], 55, 0), data=bytes(32), n_tensors=1), "unknown ggml type 55"),
+        (_tiny(infos=_info(b"t", [8, 1, 1, 1, 1], 0, 0), data=bytes(32), n_tensors=1), "5 dimensions"),
+        (_tiny(infos=_info(b"t", [2**40, 2**40], 0, 0), data=bytes(32), n_tensors=1), "more than the file holds"),
+        (_tiny(infos=_info(b"t", [40], 8, 0), data=bytes(64), n_tensors=1), "not a multiple of its Q8_0 block"),
+        (_tiny(infos=F32_8, data=bytes(16), n_tensors=1), "past the end"),
+        (_tiny(infos=_info(b"t", [8], 0, 2**40), data=bytes(32), n_tensors=1), "past the end"),
+        (_tiny(infos=_info(b"t", [8], 0, 8), data=bytes(64), n_tensors=1), "not a multiple of the alignment"),
+        (_tiny(infos=F32_8 + _info(b"u", [8], 0, 0), data=bytes(32), n_tensors=2), "overlaps"),
+        (_tiny(infos=F32_8 + F32_8, data=bytes(64), n_tensors=2), "appears twice"),
+    ],
+)
+def test_a_forged_header_is_refused_in_one_line(tmp_path, data: bytes, fragment: str) -> None:
+    path = tmp_path / "forged.gguf"
+    path.write_bytes(data)
+    _refused(path, fragment)
+
+
+def test_a_well_formed_tiny_file_is_accepted(tmp_path) -> None:
+    path = tmp_path / "ok.gguf"
+    path.write_bytes(_tiny(infos=F32_8 + _info(b"u", [8], 0, 32), data=bytes(64), n_tensors=2))
+    layout = read_gguf(path)
+    assert [(t.name, t.dtype, t.shape) for t in layout.tensors] == [("t", "F32", (8,)), ("u", "F32", (8,))]
+    assert _rebuilt(path, layout) == path.read_bytes()
+
+
+def test_adding_a_forged_gguf_is_one_line_and_writes_nothing(tmp_path) -> None:
+    root = tmp_path / "r"
+    Repo.init(root)
+    before = sorted(p.relative_to(root) for p in (root / ".mgit").rglob("*"))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(_tiny(infos=_info(b"t", [8], 0, 2**40), data=bytes(32), n_tensors=1))
+    one_line_error(run_cli("add", str(bad), "--name", "bad", cwd=root), "bad.gguf", "past the end")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 2**62, 0))
+    one_line_error(run_cli("add", str(folder), "--name", "bad", cwd=root), "model.gguf", "tensor count")
+    assert sorted(p.relative_to(root) for p in (root / ".mgit").rglob("*")) == before
