@@ -7,7 +7,7 @@ blocks falls back to F16, as the convert script's does), aligned to 32 bytes.
 write_gguf(src, out_path, qtype, base_model=None)
     src: a model folder holding model.safetensors (a BERT such as all-MiniLM-L6-v2, or a
     Llama), or a state dict of numpy arrays; qtype: "F32", "F16", "BF16", "Q8_0", "Q4_0" ...
-    base_model: written as general.base_model.0.name (lineage metadata)
+    base_model, organization: written as general.base_model.0.name and .organization
 tiny_llama(folder, seed=0)
     a small random Llama (transformers LlamaConfig, fixed seed) saved to `folder`
 minilm_folder()
@@ -71,7 +71,9 @@ def _tokens(src: Any, vocab: int) -> list[str]:
     return ["<unk>", "<s>", "</s>", *(f"tok{i}" for i in range(3, vocab))]
 
 
-def write_gguf(src: Any, out_path: Path | str, qtype: str, *, base_model: str | None = None) -> Path:
+def write_gguf(
+    src: Any, out_path: Path | str, qtype: str, *, base_model: str | None = None, organization: str | None = None
+) -> Path:
     """Write `src` (a model folder or a state dict of numpy arrays) as a GGUF of `qtype`."""
     state = load_file(str(Path(src) / "model.safetensors")) if isinstance(src, str | Path) else dict(src)
     config = _config(src)
@@ -92,6 +94,8 @@ def write_gguf(src: Any, out_path: Path | str, qtype: str, *, base_model: str | 
     if base_model is not None:
         writer.add_base_model_count(1)
         writer.add_base_model_name(0, base_model)
+        if organization is not None:
+            writer.add_base_model_organization(0, organization)
     writer.add_block_count(blocks)
     writer.add_context_length(config.get("max_position_embeddings", 512))
     writer.add_embedding_length(embed.shape[1])

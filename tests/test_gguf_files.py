@@ -163,3 +163,24 @@ def test_the_requantize_codec_is_exact_whatever_the_content() -> None:
         RequantizeCodec(oid, "F32", "Q8_0", 40)
     with pytest.raises(ValueError, match="to must be"):
         RequantizeCodec(oid, "F32", "Q4_K", 256)
+
+
+def test_a_gguf_names_its_parent_in_general_base_model(tmp_path) -> None:
+    rng = np.random.default_rng(4)
+    state = {
+        "embeddings.word_embeddings.weight": rng.normal(size=(8, 64)).astype(np.float32),
+        "encoder.layer.0.attention.self.query.weight": rng.normal(size=(64, 64)).astype(np.float32),
+    }
+    root = tmp_path / "r"
+    repo = Repo.init(root)
+    repo.add(write_gguf(state, tmp_path / "f16.gguf", "F16"), name="acme/tiny")
+    q8 = write_gguf(state, tmp_path / "q8.gguf", "Q8_0", base_model="tiny", organization="acme")
+    result = repo.add(q8, name="tiny-q8")
+    assert [(p.ref, p.relation) for p in result.parents] == [("acme/tiny@1", "quantize")]
+    assert any("general.base_model" in n for n in result.notes)
+    assert {c for d, c in _storage(root, "tiny-q8").values() if d == "Q8_0"} == {"ggml_requantize+zstd"}
+    orphan = repo.add(write_gguf(state, tmp_path / "o.gguf", "Q4_0", base_model="elsewhere"), name="orphan")
+    assert orphan.parents == [] and any("'elsewhere', not in this repository" in n for n in orphan.notes)
+    code, out, err = run_cli("add", str(q8), "--name", "tiny-q8-b", "--no-model-card", "--json", cwd=root)
+    assert code == 0, err
+    assert '"parents": []' in out

@@ -269,3 +269,28 @@ def gguf_names(arch: str, names: Collection[str]) -> dict[str, str]:
         if new is not None and new != name:
             out[name] = new
     return out
+
+
+MAX_BASE_MODELS = 64
+
+
+def declared_bases(metadata: dict[str, Any]) -> list[list[str]]:
+    """The models a GGUF's metadata names as its bases (`general.base_model.count`, then each
+    `general.base_model.{i}.name`, `.organization` and `.repo_url`): for each, the names it
+    may have in a repository, most specific first (`org/name`, `name`, the repo URL's tail)."""
+    count = metadata.get("general.base_model.count")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        return []
+    out = []
+    for i in range(min(count, MAX_BASE_MODELS)):
+        name, org, url = (metadata.get(f"general.base_model.{i}.{k}") for k in ("name", "organization", "repo_url"))
+        names = []
+        if isinstance(url, str) and url.count("/") >= 2:
+            names.append("/".join(url.rstrip("/").split("/")[-2:]))
+        if isinstance(name, str) and name:
+            if isinstance(org, str) and org:
+                names.insert(0, f"{org}/{name}")
+            names.append(name)
+        if names:
+            out.append(list(dict.fromkeys(names)))
+    return out
