@@ -184,3 +184,22 @@ def test_a_gguf_names_its_parent_in_general_base_model(tmp_path) -> None:
     code, out, err = run_cli("add", str(q8), "--name", "tiny-q8-b", "--no-model-card", "--json", cwd=root)
     assert code == 0, err
     assert '"parents": []' in out
+
+
+def _state(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    state = {f"encoder.layer.{k}.attention.self.query.weight": rng.normal(size=(64, 64)) for k in range(2)}
+    state["embeddings.word_embeddings.weight"] = rng.normal(size=(32, 64))
+    state["encoder.layer.0.attention.output.LayerNorm.weight"] = 1 + 0.1 * rng.normal(size=64)
+    return {k: v.astype(np.float32) for k, v in state.items()}
+
+
+def test_auto_parent_finds_a_quantized_ggufs_float_parent_by_its_dequantized_values(tmp_path) -> None:
+    repo = Repo.init(tmp_path / "r")
+    for name, seed in (("a-f16", 1), ("b-f16", 2)):
+        repo.add(write_gguf(_state(seed), tmp_path / f"{name}.gguf", "F16"), name=name)
+    for qtype in ("Q8_0", "Q4_0"):
+        result = repo.add(
+            write_gguf(_state(1), tmp_path / f"a-{qtype}.gguf", qtype), name=f"a-{qtype}", auto_parent=True
+        )
+        assert [(p.ref, p.relation) for p in result.parents] == [("a-f16@1", "quantize")], result.notes
