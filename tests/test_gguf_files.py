@@ -203,3 +203,36 @@ def test_auto_parent_finds_a_quantized_ggufs_float_parent_by_its_dequantized_val
             write_gguf(_state(1), tmp_path / f"a-{qtype}.gguf", qtype), name=f"a-{qtype}", auto_parent=True
         )
         assert [(p.ref, p.relation) for p in result.parents] == [("a-f16@1", "quantize")], result.notes
+
+
+def test_a_llama_gguf_of_a_stored_safetensors_llama_predicts_its_permuted_q_and_k(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    model = tiny_llama(tmp_path / "llama", seed=1)
+    root = tmp_path / "r"
+    repo = Repo.init(root)
+    repo.add(model, name="llama")
+    for qtype in ("F16", "Q4_0"):
+        path = write_gguf(model, tmp_path / f"l-{qtype}.gguf", qtype)
+        repo.add(path, name=f"l-{qtype}", parent="llama", relation="quantize")
+        storage = _storage(root, f"l-{qtype}")
+        for layer in range(2):
+            for proj in ("attn_q", "attn_k"):
+                dtype, codec = storage[f"blk.{layer}.{proj}.weight"]
+                assert (dtype, codec) == (qtype, "ggml_requantize+zstd")
+        if qtype == "Q4_0":
+            assert {c for d, c in storage.values() if d == "Q4_0"} == {"ggml_requantize+zstd"}
+        else:  # the others are casts of the parent's
+            assert storage["blk.0.attn_v.weight"] == ("F16", "cast+zstd")
+        _checked_out(repo, f"l-{qtype}", tmp_path / f"out-{qtype}", path)
+    fsck_ok(root)
+
+
+def test_the_permutation_is_the_convert_scripts() -> None:
+    from gguf_family import _permute
+
+    from mgit.codecs.requantize import permute_heads
+
+    w = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
+    assert np.array_equal(permute_heads(w, 2), _permute(w, 2))
+    with pytest.raises(ValueError, match="heads must be"):
+        RequantizeCodec("ab" * 32, "F32", "Q8_0", 32, -1)

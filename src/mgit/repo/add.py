@@ -33,6 +33,7 @@ from mgit.repo.declared import declared_parents
 from mgit.repo.gate import Gate, GateResult
 from mgit.repo.ingest import DeltaPlan, SnapshotStats, write_snapshot
 from mgit.repo.location import trust_recipe
+from mgit.repo.permuted import permuted_chains
 from mgit.reports import AddResult, ParentSuggestion
 from mgit.store.base import ObjectStore, PutResult
 from mgit.store.cache import DecodedCache
@@ -169,9 +170,10 @@ def add_version(
         src.notes.append(f"auto-parent: {'chose ' if auto.parents else 'no parent: '}{auto.verdict}")
     tick = options.progress(src.logical_bytes) if options.progress else None
     with catalog.explained():
+        plan = _delta_plan(store, refs, name, lineage, max_depth, src)
         plan = replace(
-            _delta_plan(store, refs, name, lineage, max_depth, src),
-            derived=dict(options.derived),
+            plan,
+            derived={**plan.derived, **options.derived},
             exact=dict(options.exact),
         )
     crash_point("after-scan")
@@ -431,7 +433,8 @@ def _delta_plan(
     names = [span.name for f in src.files if f.layout is not None for span in f.layout.tensors]
     arch = next((f.layout.metadata.get("general.architecture") for f in src.files if f.kind == "gguf"), None)
     rename = partial(gguf_names, arch) if isinstance(arch, str) else None  # a GGUF of a safetensors parent
-    return DeltaPlan.from_parents(manifests, max_depth=max_depth, names=names, rename=rename)
+    plan = DeltaPlan.from_parents(manifests, max_depth=max_depth, names=names, rename=rename)
+    return replace(plan, derived=permuted_chains(src, manifests)) if rename else plan
 
 
 def _add_result(
