@@ -146,6 +146,14 @@ def test_diff_compares_dequantized_values_with_the_float_parent(tmp_path) -> Non
     expected = np.linalg.norm(back.astype(np.float64) - w) / np.linalg.norm(w.astype(np.float64))
     assert query.stats is not None and query.stats.rel_change == pytest.approx(expected, rel=1e-6)
     assert rows["blk.0.attn_output_norm.weight"].status == "identical"
+    # Against the safetensors model it was converted from: paired by the convert script's names.
+    repo.add(state, name="hf")
+    result = repo.diff("hf", "q8")
+    rows = {t.name: t for t in result.tensors}
+    query = rows["encoder.layer.0.attention.self.query.weight"]
+    assert query.dtype_b == "Q8_0" and query.stats is not None
+    assert query.stats.rel_change == pytest.approx(expected, rel=1e-6)
+    assert any("convert script" in n for n in result.notes)
 
 
 def test_the_requantize_codec_is_exact_whatever_the_content() -> None:

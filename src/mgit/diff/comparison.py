@@ -18,7 +18,7 @@ from mgit.diff.files import file_diffs
 from mgit.diff.results import STATUSES, DiffResult, DiffSummary, GroupDiff, TensorDiff
 from mgit.diff.sides import ModelSide, TensorRef, open_side
 from mgit.formats.dtypes import BLOCK_DTYPES, value_shape
-from mgit.formats.gguf import dequantize
+from mgit.formats.gguf import converted_names, dequantize
 from mgit.formats.layers import layer_counts, layer_of
 from mgit.formats.pairing import tensor_names
 from mgit.formats.safetensors import element_count
@@ -172,14 +172,21 @@ def diff_models(
 
 
 def _named_as(b: ModelSide, a: ModelSide) -> ModelSide:
-    """B with its tensors under A's names where the two differ by a wrapper prefix (B as it is
-    when they do not, or when a renamed tensor would meet another of B's)."""
+    """B with its tensors under A's names where the two differ by a wrapper prefix, or are a
+    model and its GGUF (B as it is when they do not, or when a renamed tensor would meet
+    another of B's)."""
     pairs = {mine: theirs for mine, theirs in tensor_names(b.tensors, a.tensors).items() if mine != theirs}
+    how = "across a wrapper prefix"
+    if not pairs and not set(a.tensors) & set(b.tensors):  # a model and its GGUF?
+        pairs = {v: k for k, v in converted_names(a.tensors, b.tensors).items()} or converted_names(
+            b.tensors, a.tensors
+        )
+        how = "as llama.cpp's convert script names them"
     renamed = {pairs.get(name, name): t for name, t in b.tensors.items()}
     if not pairs or len(renamed) != len(b.tensors):
         return b
     mine, theirs = next(iter(pairs.items()))
-    note = f"{len(pairs)} of B's tensors are compared under A's names across a wrapper prefix ({mine} is {theirs})"
+    note = f"{len(pairs)} of B's tensors are compared under A's names {how} ({mine} is {theirs})"
     return replace(b, tensors=renamed, notes=[*b.notes, note])
 
 

@@ -294,3 +294,22 @@ def declared_bases(metadata: dict[str, Any]) -> list[list[str]]:
         if names:
             out.append(list(dict.fromkeys(names)))
     return out
+
+
+def converted_names(names: Collection[str], gguf_side: Collection[str]) -> dict[str, str]:
+    """For a Hugging Face model's tensor names, the names they have among `gguf_side` (a GGUF's
+    tensors), under the architecture that maps most of them there: what diff pairs a model
+    with its GGUF by. Empty when the other side has no GGUF names, or without `gguf`."""
+    targets = set(gguf_side)
+    if not any(n.startswith(("blk.", "token_embd.")) for n in targets) or not names:
+        return {}
+    try:
+        from gguf.constants import MODEL_ARCH_NAMES
+    except ImportError:
+        return {}
+    best: dict[str, str] = {}
+    for arch in MODEL_ARCH_NAMES.values():
+        found = {k: v for k, v in gguf_names(arch, names).items() if v in targets}
+        if len(found) > len(best):
+            best = found
+    return best
