@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 gguf = pytest.importorskip("gguf")
 
@@ -20,6 +22,7 @@ from mgit import Repo  # noqa: E402
 from mgit.errors import InputError  # noqa: E402
 from mgit.formats.dtypes import BLOCK_DTYPES, GGML_TYPES, value_shape  # noqa: E402
 from mgit.formats.gguf import GgufLayout, dequantize, read_gguf  # noqa: E402
+from mgit.store.objects import FileEntry, RecordError  # noqa: E402
 
 
 def _write(path: Path, tensors: dict[str, tuple[np.ndarray, str]], **kv: str) -> Path:
@@ -184,3 +187,48 @@ def test_adding_a_forged_gguf_is_one_line_and_writes_nothing(tmp_path) -> None:
     (folder / "model.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 2**62, 0))
     one_line_error(run_cli("add", str(folder), "--name", "bad", cwd=root), "model.gguf", "tensor count")
     assert sorted(p.relative_to(root) for p in (root / ".mgit").rglob("*")) == before
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_corruption_is_refused_in_one_line_or_read_exactly(tmp_path, data) -> None:
+    """Bytes of the header overwritten at random (counts, lengths, types, offsets) and the file
+    cut anywhere: the reader either refuses it with one line or reads a layout that is exactly
+    the file, its tensors inside it, in order and disjoint."""
+    path = tmp_path / "fuzz.gguf"
+    if not path.with_name("orig.gguf").exists():
+        _sample(tmp_path).rename(path.with_name("orig.gguf"))
+    raw = bytearray(path.with_name("orig.gguf").read_bytes())
+    end = _header_end(path.with_name("orig.gguf"))
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, end - 1))
+        width = data.draw(st.sampled_from([1, 4, 8]))
+        raw[at : at + width] = data.draw(st.binary(min_size=width, max_size=width))
+    raw = raw[: data.draw(st.integers(0, len(raw)))]
+    path.write_bytes(bytes(raw))
+    try:
+        layout = read_gguf(path)
+    except InputError as exc:
+        assert "\n" not in str(exc) and "fuzz.gguf" in str(exc)
+        return
+    assert _rebuilt(path, layout) == bytes(raw)
+    ends = [(s.start, s.end) for s in layout.tensors]
+    assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:], strict=False)) and all(e <= len(raw) for _, e in ends)
+
+
+def test_a_gguf_manifest_entry_is_checked_as_strictly_as_a_checkpoints() -> None:
+    tensor = {"name": "t", "dtype": "Q8_0", "shape": [2, 1, 34], "object": "a" * 64}
+    entry = {"path": "m.gguf", "type": "gguf", "size": 200, "digest": "b" * 64, "object": "c" * 64}
+    ok = FileEntry.from_json({**entry, "tensors": [tensor], "storage_offsets": [64]})
+    assert ok.storage_offsets == (64,) and ok.tensors[0].params == 64 and ok.tensors[0].nbytes == 68
+    assert FileEntry.from_json(ok.to_json()) == ok
+    for bad, why in [
+        ({"storage_offsets": [64], "views": []}, "views"),
+        ({"storage_offsets": [150]}, "beyond the file"),
+        ({"storage_offsets": []}, "one offset per tensor"),
+        ({}, "one offset per tensor"),
+    ]:
+        with pytest.raises(RecordError, match=why):
+            FileEntry.from_json({**entry, "tensors": [tensor], **bad})
+    with pytest.raises(RecordError, match="overlaps"):
+        FileEntry.from_json({**entry, "tensors": [tensor, {**tensor, "name": "u"}], "storage_offsets": [64, 100]})

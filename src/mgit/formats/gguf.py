@@ -73,12 +73,15 @@ class _Cursor:
     def left(self) -> int:
         return len(self.buf) - self.at
 
-    def take(self, n: int, what: str) -> memoryview:
+    def skip(self, n: int, what: str) -> None:
         if n > self.left:
             raise self.fail(f"{what} runs past the end of the file ({len(self.buf)} bytes)")
-        out = self.buf[self.at : self.at + n]
         self.at += n
-        return out
+
+    def take(self, n: int, what: str) -> bytes:
+        """The next n bytes, copied (no view of the map outlives the parse)."""
+        self.skip(n, what)
+        return bytes(self.buf[self.at - n : self.at])
 
     def unpack(self, fmt: str, what: str) -> Any:
         return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
@@ -96,7 +99,7 @@ class _Cursor:
             raise self.fail(f"{what} is {n} bytes long (at most {limit})")
         raw = self.take(n, what)
         try:
-            return bytes(raw).decode("utf-8")
+            return raw.decode("utf-8")
         except UnicodeDecodeError:
             raise self.fail(f"{what} is not UTF-8") from None
 
@@ -112,10 +115,8 @@ class _Cursor:
             raise self.fail(f"{what} nests arrays over {MAX_ARRAY_DEPTH} deep")
         item = self.unpack("<I", f"the item type of {what}")
         if item in _SCALARS:
-            self.take(
-                self.count(f"the length of {what}", struct.calcsize(_SCALARS[item])) * struct.calcsize(_SCALARS[item]),
-                what,
-            )
+            size = struct.calcsize(_SCALARS[item])
+            self.skip(self.count(f"the length of {what}", size) * size, what)
         elif item in (STRING, ARRAY):
             for _ in range(self.count(f"the length of {what}", 8 if item == STRING else 12)):
                 self.value(item, what, depth + 1)
@@ -128,7 +129,7 @@ def parse_gguf(path: str, buf: memoryview) -> GgufLayout:
     """Validate a whole GGUF file held in `buf` (a memory map): its header, and its tensors'
     places, which must be aligned, inside the file and disjoint."""
     cur = _Cursor(path, buf)
-    if bytes(cur.take(4, "the magic")) != MAGIC:
+    if cur.take(4, "the magic") != MAGIC:
         raise cur.fail("it does not start with GGUF")
     version = cur.unpack("<I", "the version")
     if version not in VERSIONS:
