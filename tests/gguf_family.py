@@ -8,6 +8,7 @@ write_gguf(src, out_path, qtype, base_model=None)
     src: a model folder holding model.safetensors (a BERT such as all-MiniLM-L6-v2, or a
     Llama), or a state dict of numpy arrays; qtype: "F32", "F16", "BF16", "Q8_0", "Q4_0" ...
     base_model, organization: written as general.base_model.0.name and .organization
+    via_f16: quantized from the F16 values, as llama-quantize quantizes an F16 GGUF
 tiny_llama(folder, seed=0)
     a small random Llama (transformers LlamaConfig, fixed seed) saved to `folder`
 minilm_folder()
@@ -72,9 +73,17 @@ def _tokens(src: Any, vocab: int) -> list[str]:
 
 
 def write_gguf(
-    src: Any, out_path: Path | str, qtype: str, *, base_model: str | None = None, organization: str | None = None
+    src: Any,
+    out_path: Path | str,
+    qtype: str,
+    *,
+    base_model: str | None = None,
+    organization: str | None = None,
+    via_f16: bool = False,
 ) -> Path:
-    """Write `src` (a model folder or a state dict of numpy arrays) as a GGUF of `qtype`."""
+    """Write `src` (a model folder or a state dict of numpy arrays) as a GGUF of `qtype`;
+    `via_f16`: matrices quantized from their F16 values, as `llama-quantize` quantizes an F16
+    GGUF (the usual way to a ladder), rather than from the float32 weights."""
     state = load_file(str(Path(src) / "model.safetensors")) if isinstance(src, str | Path) else dict(src)
     config = _config(src)
     llama = any(k.startswith("model.layers.") for k in state)
@@ -117,7 +126,7 @@ def write_gguf(
             data = _permute(data, heads)
         if llama and name.endswith("k_proj.weight"):
             data = _permute(data, kv_heads)
-        data = data.astype(np.float32)
+        data = data.astype(np.float16 if via_f16 and data.ndim > 1 else np.float32).astype(np.float32)
         if data.ndim == 1 or qt == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(new, data)
         elif qt in (gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16):
