@@ -2,7 +2,8 @@
 an accepted file is exactly its skeleton plus its tensors, with the names, types and shapes
 `gguf.GGUFReader` sees; truncated files and forged headers (huge counts and lengths, offsets
 past the end, misaligned or overlapping tensors, unknown types) give a one-line InputError
-before any allocation, and `mgit add` of one writes nothing."""
+before any allocation, and `mgit add` of one writes nothing (inside a folder it is kept as
+an opaque file, with the reason in a note)."""
 
 from __future__ import annotations
 
@@ -181,12 +182,25 @@ def test_adding_a_forged_gguf_is_one_line_and_writes_nothing(tmp_path) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(_tiny(infos=_info(b"t", [8], 0, 2**40), data=bytes(32), n_tensors=1))
     one_line_error(run_cli("add", str(bad), "--name", "bad", cwd=root), "bad.gguf", "past the end")
+    assert sorted(p.relative_to(root) for p in (root / ".mgit").rglob("*")) == before
+
+
+def test_in_a_folder_a_file_that_is_no_gguf_is_kept_opaque_with_the_reason(tmp_path) -> None:
+    """As a checkpoint a folder's reader cannot map: a Git LFS pointer named model.gguf, or a
+    forged one, is the folder's file all the same."""
     folder = tmp_path / "folder"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
     (folder / "model.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 2**62, 0))
-    one_line_error(run_cli("add", str(folder), "--name", "bad", cwd=root), "model.gguf", "tensor count")
-    assert sorted(p.relative_to(root) for p in (root / ".mgit").rglob("*")) == before
+    (folder / "pointer.gguf").write_bytes(b"version https://git-lfs.github.com/spec/v1\noid sha256:00\n")
+    repo = Repo.init(tmp_path / "r")
+    result = repo.add(folder, name="m")
+    assert any("model.gguf kept byte for byte as an opaque file" in n and "tensor count" in n for n in result.notes)
+    assert any("pointer.gguf kept byte for byte" in n and "does not start with GGUF" in n for n in result.notes)
+    assert {f.path: f.type for f in repo.manifest("m").files}["model.gguf"] == "blob"
+    out = repo.checkout("m", tmp_path / "out").out_dir
+    for name in ("model.gguf", "pointer.gguf", "config.json"):
+        assert (Path(out) / name).read_bytes() == (folder / name).read_bytes()
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -6,8 +6,9 @@ when that is inside the folder): `.safetensors` files are split into their heade
 tensors, PyTorch checkpoints (`.bin`, `.pt`, `.pth`) into their skeleton and storages
 (`mgit.formats.torch_zip`, which executes nothing; one it cannot map to tensors, such as a
 legacy file or an optimizer's state, stays opaque with the reason in a note), `.gguf` files
-into their skeleton and tensors (`mgit.formats.gguf`; a malformed one is an error, as a
-malformed safetensors file is), everything else
+into their skeleton and tensors (`mgit.formats.gguf`; one that is not valid GGUF, such as a
+Git LFS pointer, stays opaque with the reason in a note; given on its own it is an error),
+everything else
 (config, tokenizer, README) is an opaque file. A single PyTorch checkpoint given on its own is
 loaded with `weights_only=True` and stored as tensors; checkout rebuilds it as safetensors.
 """
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from mgit.errors import InputError
-from mgit.formats.gguf import GgufLayout, read_gguf
+from mgit.formats.gguf import GgufFormatError, GgufLayout, read_gguf
 from mgit.formats.paths import folder_clash, path_problem
 from mgit.formats.safetensors import SafetensorsLayout, TensorSpan, build_header, read_layout
 from mgit.formats.tensors import TORCH_SUFFIXES, RawTensor, load_torch_checkpoint, raw_tensors
@@ -268,6 +269,13 @@ def _scan_folder(root: Path, links_under: Path) -> ModelSource:
             if full.is_symlink():
                 target = _linked_inside(root, full, links_under)
                 notes.append(f"{rel} is a link to {target}: stored as the file it points to")
+            if full.suffix == ".gguf":
+                try:
+                    files.append(scan_file(full, rel))
+                except GgufFormatError as exc:  # (a Git LFS pointer, a partial download ...)
+                    notes.append(f"{rel} kept byte for byte as an opaque file: {exc.message.partition(': ')[2]}")
+                    files.append(SourceFile(rel, disk=full, size=_file_size(full)))
+                continue
             if full.suffix in TORCH_SUFFIXES:
                 found, why = scan_checkpoint(full, rel)
                 if why is not None:

@@ -60,14 +60,18 @@ class GgufLayout:
     views: tuple[()] = ()  # (a checkpoint's layout has views of its storages; a GGUF's tensors are whole)
 
 
+class GgufFormatError(InputError):
+    """A file is not a valid GGUF file (as opposed to one that cannot be read at all)."""
+
+
 class _Cursor:
     """Reads the header of `buf`, refusing any read past its end."""
 
     def __init__(self, path: str, buf: memoryview) -> None:
         self.path, self.buf, self.at = path, buf, 0
 
-    def fail(self, why: str) -> InputError:
-        return InputError(self.path, f"not a valid GGUF file: {why}")
+    def fail(self, why: str) -> GgufFormatError:
+        return GgufFormatError(self.path, f"not a valid GGUF file: {why}")
 
     @property
     def left(self) -> int:
@@ -210,7 +214,7 @@ def read_gguf(path: Path, label: str | None = None) -> GgufLayout:
         with open(path, "rb") as fh:
             size = fh.seek(0, 2)
             if size == 0:
-                raise InputError(label, "not a valid GGUF file: it is empty")
+                raise GgufFormatError(label, "not a valid GGUF file: it is empty")
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                 view = memoryview(mapped)
                 try:
