@@ -7,6 +7,8 @@ added file byte for byte and `gguf.GGUFReader` reads it, and diff compares dequa
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -244,3 +246,24 @@ def test_the_permutation_is_the_convert_scripts() -> None:
     assert np.array_equal(permute_heads(w, 2), _permute(w, 2))
     with pytest.raises(ValueError, match="heads must be"):
         RequantizeCodec("ab" * 32, "F32", "Q8_0", 32, -1)
+
+
+def test_without_the_gguf_package_a_gguf_is_stored_and_rebuilt_all_the_same(tmp_path) -> None:
+    """The extra is optional: without it, add stores a ladder's blocks as they are (no
+    requantizing codec is offered) and checkout rebuilds them."""
+    state = _state(5)
+    f16, q8 = write_gguf(state, tmp_path / "f16.gguf", "F16"), write_gguf(state, tmp_path / "q8.gguf", "Q8_0")
+    script = (
+        "import sys; sys.modules['gguf'] = None\n"
+        "from mgit import Repo\n"
+        f"repo = Repo.init({str(tmp_path / 'r')!r})\n"
+        f"repo.add({str(f16)!r}, name='f16')\n"
+        f"repo.add({str(q8)!r}, name='q8', parent='f16', relation='quantize')\n"
+        f"repo.checkout('q8', {str(tmp_path / 'out')!r})\n"
+        "assert 'gguf' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert _sha(tmp_path / "out" / "q8.gguf") == _sha(q8)
+    codecs = {c for d, c in _storage(tmp_path / "r", "q8").values() if d == "Q8_0"}
+    assert codecs and "ggml_requantize+zstd" not in codecs

@@ -17,7 +17,9 @@ never decode to wrong bytes: every decode is verified against the object's id.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -30,6 +32,16 @@ REQUANTIZABLE = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (
 FLOAT_BASES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
 # what a permuted tensor may be written as besides those (a llama GGUF's F16 q projection)
 TARGETS = {**REQUANTIZABLE, "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2)}
+
+
+@lru_cache(maxsize=1)
+def available() -> bool:
+    """Whether the `gguf` package is installed (found, not imported): without it no object is
+    written with this codec, and a GGUF's quantized tensors are stored as their blocks."""
+    try:
+        return importlib.util.find_spec("gguf") is not None
+    except (ImportError, ValueError):  # (ValueError: blocked in sys.modules)
+        return False
 
 
 def permute_heads(rows: np.ndarray, heads: int) -> np.ndarray:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mgit.codecs import Codec, RequantizeCodec, ZstdCodec
-from mgit.codecs.requantize import FLOAT_BASES, TARGETS
+from mgit.codecs.requantize import FLOAT_BASES, TARGETS, available
 from mgit.formats.dtypes import value_shape
 from mgit.formats.folder import ModelSource
 from mgit.formats.gguf import gguf_names
@@ -30,6 +30,8 @@ def permuted_chains(source: ModelSource, parents: Sequence[Manifest]) -> dict[st
     """By tensor name: the chain that predicts a llama GGUF's q or k projection from its
     Hugging Face parent's (the first parent that has it)."""
     out: dict[str, list[Codec]] = {}
+    if not available():
+        return out
     for f in source.files:
         if f.kind != "gguf" or f.layout is None or f.layout.metadata.get("general.architecture") != "llama":
             continue

@@ -41,6 +41,7 @@ from mgit.codecs import (
     encode_chain,
 )
 from mgit.codecs.derived import low_rank_of
+from mgit.codecs.requantize import available as requantize_available
 from mgit.errors import CorruptObjectError, InvalidOptionError, MissingObjectError
 from mgit.formats.dtypes import value_shape
 from mgit.formats.safetensors import element_count, is_float, itemsize
@@ -139,6 +140,7 @@ def derived_chains(base: str, base_meta: dict[str, Any], meta: dict[str, Any]) -
         and base_shape
         and element_count(tuple(base_shape))
         and list(value_shape(dtype, tuple(shape))) == list(base_shape)
+        and requantize_available()
     ):  # a GGUF's Q8_0 ... tensor from its float parent
         chains.append([RequantizeCodec(base, base_meta["dtype"], dtype, base_shape[-1]), *tail])
     if base_meta["dtype"] != "F32" or not element_count(tuple(base_shape)):
