@@ -23,7 +23,7 @@ from mgit import Repo  # noqa: E402
 from mgit.errors import InputError  # noqa: E402
 from mgit.formats.dtypes import BLOCK_DTYPES, GGML_TYPES, value_shape  # noqa: E402
 from mgit.formats.gguf import GgufLayout, dequantize, read_gguf  # noqa: E402
-from mgit.store.objects import FileEntry, RecordError  # noqa: E402
+from mgit.store.objects import FileEntry, RecordError, TensorEntry  # noqa: E402
 
 
 def _write(path: Path, tensors: dict[str, tuple[np.ndarray, str]], **kv: str) -> Path:
@@ -246,3 +246,10 @@ def test_a_gguf_manifest_entry_is_checked_as_strictly_as_a_checkpoints() -> None
             FileEntry.from_json({**entry, "tensors": [tensor], **bad})
     with pytest.raises(RecordError, match="overlaps"):
         FileEntry.from_json({**entry, "tensors": [tensor, {**tensor, "name": "u"}], "storage_offsets": [64, 100]})
+
+
+def test_a_block_quantized_tensor_entry_must_end_in_its_block() -> None:
+    for shape in ([68], [2, 1, 33], []):
+        with pytest.raises(RecordError, match="block"):
+            TensorEntry.from_json({"name": "t", "dtype": "Q8_0", "shape": shape, "object": "a" * 64})
+    assert TensorEntry.from_json({"name": "t", "dtype": "F32", "shape": [68], "object": "a" * 64}).params == 68

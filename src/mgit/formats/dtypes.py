@@ -53,6 +53,12 @@ BLOCK_DTYPES: dict[str, tuple[int, int]] = {n: (b, t) for n, b, t in GGML_TYPES.
 DTYPES.update({name: (1, "u1", False) for name in BLOCK_DTYPES})
 
 
+def blocks_fit(dtype: str, shape: tuple[int, ...] | list[int]) -> bool:
+    """Whether a shape can be a tensor of this dtype's: a block dtype's ends in its bytes a
+    block, after at least a count of blocks (any other dtype: any shape)."""
+    return dtype not in BLOCK_DTYPES or (len(shape) >= 2 and shape[-1] == BLOCK_DTYPES[dtype][1])
+
+
 def value_shape(dtype: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The shape in values of a tensor stored with this shape: a block dtype's
     [..., blocks, bytes per block] is [..., blocks * values per block]; any other, itself."""
@@ -80,4 +86,4 @@ def shape_fits(shape: tuple[int, ...], dtype: str) -> bool:
     """Whether a tensor of this shape can exist in memory at all: the product of its nonzero
     dimensions, times the itemsize, within MAX_TENSOR_BYTES (a shape like [2**70, 0] holds
     no byte, yet no array can have it)."""
-    return math.prod(d for d in shape if d) * itemsize(dtype) <= MAX_TENSOR_BYTES
+    return math.prod(d for d in shape if d) * itemsize(dtype) <= MAX_TENSOR_BYTES and blocks_fit(dtype, shape)

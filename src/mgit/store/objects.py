@@ -23,7 +23,7 @@ from typing import Any
 import blake3
 
 from mgit.errors import UnsafePathError
-from mgit.formats.dtypes import DTYPES, element_count, itemsize, value_shape
+from mgit.formats.dtypes import DTYPES, blocks_fit, element_count, itemsize, value_shape
 from mgit.formats.paths import CONTROL, folder_clash, path_problem
 from mgit.formats.tensor_views import TensorView, storages_and_views
 
@@ -291,7 +291,9 @@ class TensorEntry:
         _check(isinstance(d, dict), "tensor entry is not an object")
         _check(d.get("dtype") in DTYPES, f"unknown dtype {d.get('dtype')!r}")
         shape = d.get("shape")
-        _check(isinstance(shape, list), "shape is not a list")
+        _check(
+            isinstance(shape, list) and blocks_fit(d["dtype"], shape), "shape is not a list (ending in a block's bytes)"
+        )
         return cls(
             _str(d.get("name"), "tensor name"),
             d["dtype"],
