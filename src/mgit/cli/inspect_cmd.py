@@ -185,6 +185,8 @@ def show(ctx: click.Context, ref: str, with_sha256: bool, with_tensors: bool, as
         f"({result.shared_objects} objects shared with other versions)"
     )
     out.print(f"  tensors: {_tensor_storage(result.tensor_storage)}")
+    if result.quantization:
+        out.print(f"  quantization: {result.quantization['label']}")
     if v.recipe:
         params = " ".join(f"{k}={json.dumps(val)}" for k, val in sorted(v.recipe.get("params", {}).items()))
         out.print(f"  recipe:  {v.recipe.get('fn')} {params} (source {short(v.recipe.get('source_sha256'))})")

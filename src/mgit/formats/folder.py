@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from mgit.errors import InputError
-from mgit.formats.gguf import GgufFormatError, GgufLayout, read_gguf
+from mgit.errors import GgufFormatError, InputError
+from mgit.formats.gguf import GgufLayout, read_gguf
 from mgit.formats.paths import folder_clash, path_problem
 from mgit.formats.safetensors import SafetensorsLayout, TensorSpan, build_header, read_layout
 from mgit.formats.tensors import TORCH_SUFFIXES, RawTensor, load_torch_checkpoint, raw_tensors

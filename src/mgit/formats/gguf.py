@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from mgit.errors import InputError, MissingDependencyError
+from mgit.errors import GgufFormatError, InputError, MissingDependencyError
 from mgit.formats.dtypes import BLOCK_DTYPES, GGML_TYPES
 from mgit.formats.safetensors import TensorSpan
 
@@ -58,10 +58,6 @@ class GgufLayout:
     alignment: int = DEFAULT_ALIGNMENT
     data_start: int = 0
     views: tuple[()] = ()  # (a checkpoint's layout has views of its storages; a GGUF's tensors are whole)
-
-
-class GgufFormatError(InputError):
-    """A file is not a valid GGUF file (as opposed to one that cannot be read at all)."""
 
 
 class _Cursor:
