@@ -142,7 +142,8 @@ F32_8 = _info(b"t", [8], 0, 0)
         (b"GGUF" + struct.pack("<IQQ", 1, 0, 0), "version 1"),
         (b"GGUF" + struct.pack("<IQQ", 3, 2**62, 0), "tensor count"),
         (b"GGUF" + struct.pack("<IQQ", 3, 0, 2**60), "metadata count"),
-        (_tiny(_string(b"k") + struct.pack("<I", 8) + struct.pack("<Q", 2**63), n_kv=1), "runs past the end"),
+        (_tiny(_string(b"k") + struct.pack("<I", 8) + struct.pack("<Q", 2**63), n_kv=1), "at most 67108864"),
+        (_tiny(_string(b"k") + struct.pack("<I", 8) + struct.pack("<Q", 5000), n_kv=1), "runs past the end"),
         (_tiny(_string(b"k") + struct.pack("<IIQ", 9, 10, 2**61), n_kv=1), "cannot fit"),
         (_tiny(_string(b"k") + struct.pack("<IIQ", 9, 8, 2**61), n_kv=1), "cannot fit"),
         (_tiny(_string(b"k") + struct.pack("<I", 77) + bytes(8), n_kv=1), "unknown value type 77"),
@@ -177,12 +178,16 @@ def test_a_well_formed_tiny_file_is_accepted(tmp_path) -> None:
 
 def test_adding_a_forged_gguf_is_one_line_and_writes_nothing(tmp_path) -> None:
     root = tmp_path / "r"
-    Repo.init(root)
-    before = sorted(p.relative_to(root) for p in (root / ".mgit").rglob("*"))
+    repo = Repo.init(root)
+
+    def stored() -> list[Path]:  # every object and ref file, and the models listed
+        return [p for sub in ("objects", "refs") for p in sorted((repo.dir / sub).rglob("*")) if p.is_file()]
+
+    before = stored()
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(_tiny(infos=_info(b"t", [8], 0, 2**40), data=bytes(32), n_tensors=1))
     one_line_error(run_cli("add", str(bad), "--name", "bad", cwd=root), "bad.gguf", "past the end")
-    assert sorted(p.relative_to(root) for p in (root / ".mgit").rglob("*")) == before
+    assert stored() == before and Repo(root).ls() == []
 
 
 def test_in_a_folder_a_file_that_is_no_gguf_is_kept_opaque_with_the_reason(tmp_path) -> None:
@@ -253,3 +258,21 @@ def test_a_block_quantized_tensor_entry_must_end_in_its_block() -> None:
         with pytest.raises(RecordError, match="block"):
             TensorEntry.from_json({"name": "t", "dtype": "Q8_0", "shape": shape, "object": "a" * 64})
     assert TensorEntry.from_json({"name": "t", "dtype": "F32", "shape": [68], "object": "a" * 64}).params == 68
+
+
+def _sparse(path: Path, head: bytes, size: int) -> Path:
+    with open(path, "wb") as fh:  # (a hole: no disk, and nothing may read it whole)
+        fh.write(head)
+        fh.truncate(size)
+    return path
+
+
+def test_what_no_tensor_holds_is_bounded_before_it_is_copied(tmp_path) -> None:
+    big = 300 << 20
+    path = _sparse(tmp_path / "gap.gguf", _tiny(infos=F32_8, data=bytes(32), n_tensors=1), big)
+    _refused(path, "are no tensor's")
+    value = _string(b"k") + struct.pack("<IQ", 8, 100 << 20)
+    _refused(_sparse(tmp_path / "long.gguf", _tiny(value, n_kv=1), big), "at most 67108864")
+    # A vocabulary's strings are walked, not read: an array of them is fine whatever they hold.
+    vocab = _string(b"tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 2) + _string(b"\xff\xfe") + _string(b"ok")
+    assert read_gguf(_sparse(tmp_path / "v.gguf", _tiny(vocab, n_kv=1), 1024)).tensors == ()

@@ -37,6 +37,8 @@ VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_NAME_BYTES = 1024
+MAX_STRING_BYTES = 64 << 20  # a metadata string kept (a chat template is a few KB)
+MAX_SKELETON_BYTES = 256 << 20  # header, metadata and padding (a 256k-token vocabulary is ~6 MB)
 MAX_ARRAY_DEPTH = 4
 # value type -> struct format of a fixed-size value (8: string and 9: array are not fixed)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -107,8 +109,11 @@ class _Cursor:
         """A value of type `kind`; an array's items are checked and skipped (None)."""
         if kind in _SCALARS:
             return self.unpack(_SCALARS[kind], what)
+        if kind == STRING and depth:  # an array's strings (a vocabulary): checked, not read
+            self.skip(self.unpack("<Q", f"the length of {what}"), what)
+            return None
         if kind == STRING:
-            return self.string(what)
+            return self.string(what, MAX_STRING_BYTES)
         if kind != ARRAY:
             raise self.fail(f"{what} has unknown value type {kind}")
         if depth >= MAX_ARRAY_DEPTH:
@@ -166,11 +171,16 @@ def parse_gguf(path: str, buf: memoryview) -> GgufLayout:
             )
         spans.append(TensorSpan(name, dtype, shape, start, start + nbytes))
     spans.sort(key=lambda s: (s.start, s.end))
-    skeleton = bytearray()
     cursor = 0
     for span in spans:
         if span.start < cursor:
             raise cur.fail(f"tensor {span.name!r} overlaps the tensor before it")
+        cursor = span.end
+    if (rest := len(buf) - sum(s.nbytes for s in spans)) > MAX_SKELETON_BYTES:
+        raise cur.fail(f"{rest} bytes of it are no tensor's (at most {MAX_SKELETON_BYTES})")
+    skeleton = bytearray()
+    cursor = 0
+    for span in spans:
         skeleton += buf[cursor : span.start]
         cursor = span.end
     skeleton += buf[cursor:]
