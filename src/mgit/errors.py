@@ -123,6 +123,11 @@ class InputError(MgitError):
         self.path = path
 
 
+class GgufFormatError(InputError):
+    """A file is not a valid GGUF file (as opposed to one that cannot be read at all): given on
+    its own it is refused; inside a folder it is kept as an opaque file."""
+
+
 class MissingDependencyError(MgitError):
     def __init__(self, package: str, purpose: str, extra: str) -> None:
         super().__init__(

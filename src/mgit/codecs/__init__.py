@@ -31,6 +31,7 @@ from mgit.codecs.fp8 import Fp8CastCodec
 from mgit.codecs.merged import WeightedSumCodec
 from mgit.codecs.pco import PcoCodec
 from mgit.codecs.quantized_delta import QuantizedDeltaCodec
+from mgit.codecs.requantize import REQUANTIZABLE, RequantizeCodec
 from mgit.codecs.zstd import ZstdCodec
 
 __all__ = [
@@ -42,6 +43,8 @@ __all__ = [
     "PcoCodec",
     "QuantizedDeltaCodec",
     "QuantizeInt8Codec",
+    "REQUANTIZABLE",
+    "RequantizeCodec",
     "ByteplanesCodec",
     "Codec",
     "CodecContext",

@@ -12,10 +12,14 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from mgit.diff.files import file_diffs
 from mgit.diff.quantized import as_floats
 from mgit.diff.results import STATUSES, DiffResult, DiffSummary, GroupDiff, TensorDiff
 from mgit.diff.sides import ModelSide, TensorRef, open_side
+from mgit.formats.dtypes import BLOCK_DTYPES, value_shape
+from mgit.formats.gguf import converted_names, dequantize
 from mgit.formats.layers import layer_counts, layer_of
 from mgit.formats.pairing import tensor_names
 from mgit.formats.safetensors import element_count
@@ -32,8 +36,8 @@ def _compare(a: TensorRef, b: TensorRef, reuse: DecodedCache | None) -> tuple[st
     # other (or both against a common base), that base is decoded once. Each decode verifies.
     cache = reuse if reuse is not None else DecodedCache(UNBOUNDED, keep_all=True)
     hits, misses = cache.hits, cache.misses
-    raw_a, raw_b = a.raw(cache), b.raw(cache)
-    stats = tensor_stats((a.dtype, b.dtype), a.shape, raw_a, raw_b)
+    (dtype_a, shape, raw_a), (dtype_b, _, raw_b) = _values(a, a.raw(cache)), _values(b, b.raw(cache))
+    stats = tensor_stats((dtype_a, dtype_b), shape, raw_a, raw_b)
     status = "changed" if a.dtype == b.dtype else "dtype"
     return status, stats, cache.misses - misses, cache.hits - hits
 
@@ -43,7 +47,15 @@ def _unchanged(t: TensorRef, reuse: DecodedCache | None) -> tuple[float, int, in
     its share of the model's ||A||, so that a relative change is over every shared value."""
     cache = reuse if reuse is not None else DecodedCache(UNBOUNDED, keep_all=True)
     hits, misses = cache.hits, cache.misses
-    return sum_of_squares(t.dtype, t.shape, t.raw(cache)), cache.misses - misses, cache.hits - hits
+    return sum_of_squares(*_values(t, t.raw(cache))), cache.misses - misses, cache.hits - hits
+
+
+def _values(t: TensorRef, raw: np.ndarray) -> tuple[str, tuple[int, ...], np.ndarray]:
+    """(dtype, shape, raw bytes) of a tensor's values: a block-quantized one (a GGUF's Q8_0
+    ...) dequantized to float32 with gguf's reference dequantizer, any other as it is."""
+    if t.dtype not in BLOCK_DTYPES:
+        return t.dtype, t.shape, raw
+    return "F32", value_shape(t.dtype, t.shape), dequantize(raw, t.dtype).view(np.uint8)
 
 
 def diff_models(
@@ -72,7 +84,7 @@ def diff_models(
         ta, tb = a.tensors.get(name), b.tensors.get(name)
         if ta is None or tb is None:
             status[name] = "only_b" if ta is None else "only_a"
-        elif ta.shape != tb.shape:
+        elif value_shape(ta.dtype, ta.shape) != value_shape(tb.dtype, tb.shape):
             status[name] = "shape"
         elif structural:
             status[name] = "same" if ta.dtype == tb.dtype else "dtype"
@@ -138,8 +150,8 @@ def diff_models(
     summary = DiffSummary(
         tensors_a=len(a.tensors),
         tensors_b=len(b.tensors),
-        params_a=sum(element_count(t.shape) for t in a.tensors.values()),
-        params_b=sum(element_count(t.shape) for t in b.tensors.values()),
+        params_a=sum(element_count(value_shape(t.dtype, t.shape)) for t in a.tensors.values()),
+        params_b=sum(element_count(value_shape(t.dtype, t.shape)) for t in b.tensors.values()),
         counts=_counts(t.status for t in tensors),
         **_change(list(stats.values()), _shares(tensors, unchanged)),
         files=_counts(f.status for f in files),
@@ -152,14 +164,21 @@ def diff_models(
 
 
 def _named_as(b: ModelSide, a: ModelSide) -> ModelSide:
-    """B with its tensors under A's names where the two differ by a wrapper prefix (B as it is
-    when they do not, or when a renamed tensor would meet another of B's)."""
+    """B with its tensors under A's names where the two differ by a wrapper prefix, or are a
+    model and its GGUF (B as it is when they do not, or when a renamed tensor would meet
+    another of B's)."""
     pairs = {mine: theirs for mine, theirs in tensor_names(b.tensors, a.tensors).items() if mine != theirs}
+    how = "across a wrapper prefix"
+    if not pairs and not set(a.tensors) & set(b.tensors):  # a model and its GGUF?
+        pairs = {v: k for k, v in converted_names(a.tensors, b.tensors).items()} or converted_names(
+            b.tensors, a.tensors
+        )
+        how = "as llama.cpp's convert script names them"
     renamed = {pairs.get(name, name): t for name, t in b.tensors.items()}
     if not pairs or len(renamed) != len(b.tensors):
         return b
     mine, theirs = next(iter(pairs.items()))
-    note = f"{len(pairs)} of B's tensors are compared under A's names across a wrapper prefix ({mine} is {theirs})"
+    note = f"{len(pairs)} of B's tensors are compared under A's names {how} ({mine} is {theirs})"
     return replace(b, tensors=renamed, notes=[*b.notes, note])
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from mgit.codecs import (
+    REQUANTIZABLE,
     AbsmaxScaleCodec,
     ByteplanesCodec,
     CastCodec,
@@ -29,6 +30,7 @@ from mgit.codecs import (
     PatchCodec,
     PcoCodec,
     QuantizeInt8Codec,
+    RequantizeCodec,
     SubDeltaCodec,
     TransposeCodec,
     XorDeltaCodec,
@@ -40,7 +42,9 @@ from mgit.codecs import (
     encode_chain,
 )
 from mgit.codecs.derived import low_rank_of
+from mgit.codecs.requantize import available as requantize_available
 from mgit.errors import CorruptObjectError, InvalidOptionError, MissingObjectError
+from mgit.formats.dtypes import value_shape
 from mgit.formats.safetensors import element_count, is_float, itemsize
 from mgit.store.objectformat import MAX_DEPTH_LIMIT, ObjectHeader
 
@@ -117,7 +121,8 @@ def derived_chains(base: str, base_meta: dict[str, Any], meta: dict[str, Any]) -
     """Encodings of a tensor predicted from a base of another dtype or shape: the transpose
     of a matrix (any dtype); from a float32 base, a cast, a symmetric int8 quantization (per
     row of a matrix, or of the whole tensor) or that quantization's scales, an FP8 cast with
-    absmax scales (per row or for the tensor)."""
+    absmax scales (per row or for the tensor); from a float base, a ggml block quantization
+    (a GGUF's Q8_0 ... tensor) made again."""
     shape, base_shape, dtype = meta["shape"], base_meta["shape"], meta["dtype"]
     tail: list[Codec] = [ZstdCodec(level=1)]
     chains: list[list[Codec]] = []
@@ -131,6 +136,15 @@ def derived_chains(base: str, base_meta: dict[str, Any], meta: dict[str, Any]) -
         and itemsize(dtype) in (1, 2, 4, 8)
     ):
         chains.append([TransposeCodec(base=base, rows=base_shape[0], itemsize=itemsize(dtype)), *tail])
+    if (
+        dtype in REQUANTIZABLE
+        and base_meta["dtype"] in ("F32", "F16", "BF16")
+        and base_shape
+        and element_count(tuple(base_shape))
+        and list(value_shape(dtype, tuple(shape))) == list(base_shape)
+        and requantize_available()
+    ):  # a GGUF's Q8_0 ... tensor from its float parent
+        chains.append([RequantizeCodec(base, base_meta["dtype"], dtype, base_shape[-1]), *tail])
     if base_meta["dtype"] != "F32" or not element_count(tuple(base_shape)):
         return chains
     if dtype in ("BF16", "F16") and shape == base_shape:
