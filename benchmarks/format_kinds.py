@@ -253,6 +253,61 @@ def sharded_fine_tune(root: Path, quick: bool) -> Family:
     )
 
 
+def _test_builders():
+    """The builders the tests make these files with (tests/gguf_family.py, tests/quant_family.py):
+    gguf's `GGUFWriter` and reference quantizers, and the FP8 cast compressed-tensors writes."""
+    import sys
+
+    tests = str(Path(__file__).resolve().parent.parent / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    import gguf_family
+    import quant_family
+
+    return gguf_family, quant_family
+
+
+def _gguf(root: Path, base: Path, qtype: str) -> Path:
+    """A folder holding `model-<qtype>.gguf` of the base, written as llama.cpp's convert script and
+    `llama-quantize` write it (quantized from the F16 values, as a ladder is made)."""
+    gguf_family, _ = _test_builders()
+    folder = root / f"gguf-{qtype.lower()}"
+    if not folder.is_dir():
+        tmp = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        gguf_family.write_gguf(base, tmp / f"model-{qtype}.gguf", qtype, via_f16=True)
+        tmp.rename(folder)
+    return folder
+
+
+def gguf_q8(root: Path, quick: bool) -> Family:
+    """A Q8_0 GGUF of the base (gguf's writer and reference quantizer), after the base."""
+    base = base_folder(root, quick)
+    return Family([Member("base", base)], [Member("q8", _gguf(root, base, "Q8_0"), ("base",), "quantize")])
+
+
+def gguf_ladder(root: Path, quick: bool) -> Family:
+    """A ladder of quantizations of the base, Q8_0, Q5_0 and Q4_0, each added after the ones before."""
+    base = base_folder(root, quick)
+    rungs = [("q8", "Q8_0"), ("q5", "Q5_0"), ("q4", "Q4_0")]
+    return Family([Member("base", base)], [Member(n, _gguf(root, base, t), ("base",), "quantize") for n, t in rungs])
+
+
+def fp8_cast(root: Path, quick: bool) -> Family:
+    """The base's linear weights cast to F8_E4M3 with a per-tensor `weight_scale` (compressed-tensors'
+    float-quantized layout, `quantization_config` in config.json), after the base."""
+    _, quant_family = _test_builders()
+    base = base_folder(root, quick)
+    folder = root / "fp8"
+    if not folder.is_dir():
+        tmp = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        quant_family.write_fp8(base, tmp)
+        tmp.rename(folder)
+    return Family([Member("base", base)], [Member("fp8", folder, ("base",), "quantize")])
+
+
 KINDS: dict[str, Kind] = {
     "task": Kind(
         "task model (`bert.` prefix) after its `AutoModel` base",
@@ -265,4 +320,15 @@ KINDS: dict[str, Kind] = {
         (within("`.bin` fine-tune within 5% of the same fine-tune as safetensors", "ft-bin", "ft-safetensors", 0.05),),
     ),
     "sharded": Kind("sharded fine-tune (`max_shard_size`) against the same fine-tune in one file", sharded_fine_tune),
+    "gguf-q8": Kind(
+        "GGUF Q8_0 of a stored float model",
+        gguf_q8,
+        (share_of_size("Q8_0 GGUF of a stored float model <= 15% of its file size", ("q8",), 0.15),),
+    ),
+    "gguf-ladder": Kind(
+        "GGUF ladder Q8_0 + Q5_0 + Q4_0 of a stored float model",
+        gguf_ladder,
+        (share_of_size("ladder Q8_0+Q5_0+Q4_0 <= 0.35x the ladder's files", ("q8", "q5", "q4"), 0.35),),
+    ),
+    "fp8": Kind("FP8 (F8_E4M3, per-tensor scale) cast of a stored float model", fp8_cast),
 }
