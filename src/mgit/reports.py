@@ -142,6 +142,7 @@ class ShowResult(Report):
     storage: list[StorageInfo]
     shared_objects: int  # objects of this version that other versions use too
     tensor_storage: dict[str, int] = field(default_factory=dict)  # deduplicated/delta/derived/standalone
+    adapter: dict[str, Any] | None = None  # a PEFT adapter's type, rank, alpha, target modules, base
 
 
 @dataclass(frozen=True)

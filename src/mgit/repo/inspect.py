@@ -7,9 +7,13 @@ Nothing here loads numpy or the codecs, so that these commands start in millisec
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+from mgit.errors import MgitError
+from mgit.formats.adapter import CONFIG
 from mgit.index.catalog import Catalog, VersionRow
 from mgit.lineage.graph import Lineage
+from mgit.repo.adapters import RELATION, stored_adapter
 from mgit.reports import (
     DuResult,
     FileInfo,
@@ -19,6 +23,7 @@ from mgit.reports import (
     VersionInfo,
     VersionStorage,
 )
+from mgit.store.base import ObjectStore
 from mgit.store.local import LocalStore
 from mgit.store.objects import Manifest, tag_matches
 
@@ -87,8 +92,11 @@ def every_version(catalog: Catalog, heads: dict[str, str], chain: ChainOf, row_o
     return sorted(every, key=lambda v: (v.time, v.ref), reverse=True)
 
 
-def show_version(catalog: Catalog, row: VersionRow, manifest: Manifest) -> ShowResult:
-    """One version with its files, its parameters by dtype and how it is stored (`show`)."""
+def show_version(
+    catalog: Catalog, row: VersionRow, manifest: Manifest, *, store: ObjectStore | None = None
+) -> ShowResult:
+    """One version with its files, its parameters by dtype and how it is stored (`show`);
+    for a PEFT adapter (with `store`, to read its config), what adapter it is."""
     dtypes: dict[str, int] = {}
     for t in manifest.tensors():
         dtypes[t.dtype] = dtypes.get(t.dtype, 0) + t.params
@@ -99,7 +107,21 @@ def show_version(catalog: Catalog, row: VersionRow, manifest: Manifest) -> ShowR
         [StorageInfo(*r) for r in catalog.storage_by_codec(row.id)],
         catalog.shared_objects(row.id),
         catalog.tensor_storage([row.id]),
+        adapter_info(catalog, store, row, manifest) if store is not None else None,
     )
+
+
+def adapter_info(catalog: Catalog, store: ObjectStore, row: VersionRow, manifest: Manifest) -> dict[str, Any] | None:
+    """What `show` says of an adapter: its summary and the base it is stored under (the
+    parent of relation `adapter`); a config that cannot be read is said, not raised."""
+    try:
+        adapter = stored_adapter(store, manifest, label=f"{row.model}@{row.seq}:{CONFIG}")
+    except MgitError as exc:
+        return {"error": str(exc)}
+    if adapter is None:
+        return None
+    bases = [p for p in catalog.parent_infos(row.parents) if p.relation == RELATION]
+    return {**adapter.summary(), "base": bases[0].ref if bases else None}
 
 
 def version_storage(catalog: Catalog, vids: list[str]) -> dict[str, VersionStorage]:
