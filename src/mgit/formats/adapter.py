@@ -168,7 +168,7 @@ class Adapter:
             "rank": self.rank,
             "ranks": ranks,
             "alpha": self.alpha,
-            "target_modules": list(self.target_modules)
+            "target_modules": sorted(self.target_modules)  # peft saves a set: its order says nothing
             if isinstance(self.target_modules, tuple)
             else self.target_modules,
             "modules": len(self.modules),
