@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import MGIT, mgit_json, needs_torch, one_line_error, run_cli, tensors
 
 from mgit import Repo
-
-from conftest import MGIT, mgit_json, needs_torch, one_line_error, run_cli, tensors
 
 pytest.importorskip("peft")
 pytestmark = needs_torch
@@ -170,12 +169,12 @@ def _checked_out(root: Path, ref: str, out: Path) -> Path:
 def test_loaded_adapters_equal_peft_on_the_checked_out_folders(
     family: Path, folders: dict[str, Path], tmp_path: Path, kind: str
 ) -> None:
-    import mgit
     import peft
     import torch
+    from peft_family import merged_by_peft
     from transformers import AutoModel
 
-    from peft_family import merged_by_peft
+    import mgit
 
     assert run_cli("add", str(folders[kind]), "--name", kind, cwd=family)[0] == 0
     base_dir = _checked_out(family, "tiny-base", tmp_path / "base")

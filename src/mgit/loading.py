@@ -143,8 +143,8 @@ def load_pretrained(ref: str, model_class: Any, *, repo: RepoLike = None, **kwar
     class (`AutoModelForSequenceClassification`, `AutoTokenizer`) or a concrete one; its
     config.json (tokenizer files) are read from the version and the weights from the store,
     with nothing written to disk. A PEFT adapter's version gives its base (its parent of
-    relation `adapter`) with the adapter applied: a `peft.PeftModel` (needs peft). `kwargs` go to `from_pretrained` (`dtype` or `torch_dtype`
-    converts the weights as they load)."""
+    relation `adapter`) with the adapter applied: a `peft.PeftModel` (needs peft). `kwargs`
+    go to `from_pretrained` (`dtype` or `torch_dtype` converts the weights as they load)."""
     repo_ = _open(repo)
     vid = repo_.resolve(ref)
     manifest = repo_.manifest(vid)
