@@ -180,15 +180,18 @@ def merge_adapter(
 
     vid = repo.resolve(ref)
     info = repo.info(vid)
-    if stored_adapter(repo.store, repo.manifest(vid), label=f"{info.ref}:{CONFIG}") is None:
+    adapter = stored_adapter(repo.store, repo.manifest(vid), label=f"{info.ref}:{CONFIG}")
+    if adapter is None:
         raise InputError(info.ref, f"has no {CONFIG}: it is not a PEFT adapter", hint="Give an adapter's model")
+    if not adapter.mergeable:  # said before anything is written
+        merged_state(adapter, {}, {}, label=f"{info.ref}:{CONFIG}")
     base_vid = repo.resolve(base) if base is not None else adapter_base(repo, vid)
-    record = repo.recipe_record(RECIPE, {})
     with tempfile.TemporaryDirectory(prefix="mgit-adapter-merge-") as tmp:
         folders = [Path(tmp) / "base", Path(tmp) / "adapter"]
         repo.checkout(base_vid, folders[0])
         repo.checkout(vid, folders[1])
         merge(folders, Path(tmp) / "merged")
+        record = repo.recipe_record(RECIPE, {})
         return repo.add_with(
             str(Path(tmp) / "merged"),
             AddOptions(

@@ -1,0 +1,109 @@
+"""`mgit merge --adapter`: an adapter merged into its base as peft's `merge_and_unload` does
+(LoRA, DoRA, IA3; bit for bit in float32), stored as low-rank derivations of the base, recorded
+as a recipe that `mgit cascade` re-runs on a new base version; other types refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import mgit_json, needs_torch, one_line_error, run_cli
+
+from mgit import Repo
+
+pytest.importorskip("peft")
+pytestmark = needs_torch
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    import torch
+    from peft_family import make_adapter, make_base
+    from transformers import AutoModel
+
+    root = tmp_path_factory.mktemp("peft-merge")
+    base = make_base(root / "base")
+    out = {"base": base}
+    for kind in ("lora", "dora", "ia3", "loha"):
+        out[kind] = make_adapter(base, root / kind, kind=kind, seed=7, base_name="tiny-base")
+    model = AutoModel.from_pretrained(base)  # a new version of the base: every weight moved a little
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(9)
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 1e-3)
+    model.save_pretrained(root / "base2")
+    out["base2"] = root / "base2"
+    return out
+
+
+@pytest.fixture()
+def family(tmp_path: Path, folders: dict[str, Path]) -> Path:
+    root = tmp_path / "repo"
+    Repo.init(root)
+    for name, folder in (("tiny-base", "base"), ("lora", "lora"), ("dora", "dora"), ("ia3", "ia3"), ("loha", "loha")):
+        code, _, err = run_cli("add", str(folders[folder]), "--name", name, cwd=root)
+        assert code == 0, err
+    return root
+
+
+def _equal_to_peft(root: Path, ref: str, base_dir: Path, adapter_dir: Path, out: Path) -> int:
+    """The checked-out merged model holds peft's merged tensors, bit for bit; how many the merge changed."""
+    import torch
+    from peft_family import merged_by_peft
+    from safetensors.torch import load_file
+
+    Repo(root).checkout(ref, out)
+    ours, expected = load_file(out / "model.safetensors"), merged_by_peft(base_dir, adapter_dir)
+    base = load_file(base_dir / "model.safetensors")
+    assert ours.keys() == expected.keys()
+    assert [n for n in expected if not torch.equal(ours[n], expected[n])] == []
+    return sum(not torch.equal(base[n], expected[n]) for n in expected)
+
+
+@pytest.mark.parametrize("kind", ["lora", "dora", "ia3"])
+def test_merge_adapter_equals_peft_merge_and_unload(
+    family: Path, folders: dict[str, Path], tmp_path: Path, kind: str
+) -> None:
+    code, out, err = run_cli("merge", "--adapter", kind, "--name", f"{kind}-merged", cwd=family)
+    assert code == 0, err
+    assert f"{kind}-merged@1" in out and "merge of tiny-base@1, " + f"{kind}@1" in out
+    assert _equal_to_peft(family, f"{kind}-merged", folders["base"], folders[kind], tmp_path / "out") >= 4
+    info = mgit_json(family, "show", f"{kind}-merged")
+    assert [(p["model"], p["relation"]) for p in info["version"]["parents"]] == [
+        ("tiny-base", "merge"),
+        (kind, "merge"),
+    ]
+    assert info["version"]["recipe"]["fn"] == "mgit.merging.adapters:merge"
+
+
+def test_a_merged_lora_is_stored_as_low_rank_derivations_of_its_base(family: Path, folders: dict[str, Path]) -> None:
+    assert run_cli("merge", "--adapter", "lora", "--name", "lora-merged", cwd=family)[0] == 0
+    rows = mgit_json(family, "show", "lora-merged", "--tensors")["tensors"]
+    changed = [t for t in rows if t["name"].endswith(("query.weight", "value.weight"))]
+    assert len(changed) == 4 and all(t["codec"].startswith("low_rank") for t in changed)
+    unchanged = [t for t in rows if t not in changed]
+    assert all("tiny-base@1" in t["shared_with"] for t in unchanged)  # the base's own objects
+    adapter_file = (folders["lora"] / "adapter_model.safetensors").stat().st_size
+    assert mgit_json(family, "show", "lora-merged")["version"]["new_bytes"] <= 2 * adapter_file
+
+
+def test_a_cascade_on_a_new_base_version_merges_again(family: Path, folders: dict[str, Path], tmp_path: Path) -> None:
+    assert run_cli("merge", "--adapter", "lora", "--name", "lora-merged", cwd=family)[0] == 0
+    assert run_cli("add", str(folders["base2"]), "--name", "tiny-base", cwd=family)[0] == 0
+    code, out, err = run_cli("cascade", "tiny-base", cwd=family)
+    assert code == 0, err + out
+    assert "lora-merged@1 -> lora-merged@2" in out
+    assert "lora" in out and "up-to-date" in out  # the adapter is kept as it is
+    parents = mgit_json(family, "show", "lora-merged@2")["version"]["parents"]
+    assert [p["ref"] if "ref" in p else f"{p['model']}@{p['seq']}" for p in parents] == ["tiny-base@2", "lora@1"]
+    assert _equal_to_peft(family, "lora-merged@2", folders["base2"], folders["lora"], tmp_path / "out") >= 4
+
+
+def test_merging_another_type_or_a_model_that_is_no_adapter_is_refused(family: Path) -> None:
+    objects = sum(1 for p in (family / ".mgit" / "objects").rglob("*") if p.is_file())
+    one_line_error(run_cli("merge", "--adapter", "loha", "--name", "m", cwd=family), "LOHA adapter is not supported")
+    one_line_error(run_cli("merge", "--adapter", "tiny-base", "--name", "m", cwd=family), "not a PEFT adapter")
+    code, _, err = run_cli("merge", "--adapter", "lora", "a", "b", "--name", "m", cwd=family)
+    assert code == 2 and "--adapter merges one adapter" in err
+    assert sum(1 for p in (family / ".mgit" / "objects").rglob("*") if p.is_file()) == objects
+    assert "m" not in {m["name"] for m in mgit_json(family, "ls")}
