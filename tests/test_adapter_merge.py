@@ -107,3 +107,28 @@ def test_merging_another_type_or_a_model_that_is_no_adapter_is_refused(family: P
     assert code == 2 and "--adapter merges one adapter" in err
     assert sum(1 for p in (family / ".mgit" / "objects").rglob("*") if p.is_file()) == objects
     assert "m" not in {m["name"] for m in mgit_json(family, "ls")}
+
+
+def test_diff_of_two_adapters_and_of_a_base_and_its_merge(
+    family: Path, folders: dict[str, Path], tmp_path: Path
+) -> None:
+    from peft_family import make_adapter
+
+    other = make_adapter(folders["base"], tmp_path / "lora2", kind="lora", r=4, seed=8, targets=["query", "key"])
+    assert run_cli("add", str(other), "--name", "lora2", "--parent", "tiny-base", cwd=family)[0] == 0
+    found = mgit_json(family, "diff", "lora", "lora2")["adapters"]
+    assert found["same_base"] and found["a"]["rank"] == 8 and found["b"]["rank"] == 4
+    assert found["only_in_a"] == ["encoder.layer.0.attention.self.value", "encoder.layer.1.attention.self.value"]
+    assert found["only_in_b"] == ["encoder.layer.0.attention.self.key", "encoder.layer.1.attention.self.key"]
+    query = found["modules"][0]
+    assert query["module"] == "encoder.layer.0.attention.self.query" and query["rank"] == [8, 4]
+    assert query["update_norm"][0] > 0 and query["rel_difference"] > 0.5  # independent updates
+    code, out, _ = run_cli("diff", "lora", "lora2", cwd=family)
+    assert code == 0 and "Modules: 2 in both, 2 only in A, 2 only in B" in out
+    assert "Adapter B: LoRA, rank 4, alpha 8, 4 modules (key, query), base tiny-base@1" in out
+    # a base against the adapter merged into it: the adapted matrices changed, by an update of rank 8
+    assert run_cli("merge", "--adapter", "lora", "--name", "lora-merged", cwd=family)[0] == 0
+    result = mgit_json(family, "diff", "tiny-base", "lora-merged")
+    assert "adapters" not in result
+    changed = [t for t in result["tensors"] if t["status"] == "changed"]
+    assert len(changed) == 4 and {t["stats"]["rank"] for t in changed} == {8}

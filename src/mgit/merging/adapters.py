@@ -33,7 +33,7 @@ from mgit.reports import AddResult
 
 RECIPE = "mgit.merging.adapters:merge"
 
-__all__ = ["RECIPE", "adapter_base", "merge", "merge_adapter", "merged_state"]
+__all__ = ["RECIPE", "adapter_base", "compare_adapters", "merge", "merge_adapter", "merged_state"]
 
 
 def _torch() -> Any:
@@ -204,3 +204,50 @@ def merge_adapter(
                 progress=progress,
             ),
         )
+
+
+def compare_adapters(repo: Repo, a: str, b: str) -> dict[str, Any] | None:
+    """What `mgit diff` says of two adapters (None unless both refs are adapters): each one's
+    type, rank and base, the modules each adapts, and for LoRA modules both adapt the size of
+    each one's update (||scale B A||, Frobenius) and of their difference relative to A's."""
+    import numpy as np
+
+    from mgit.store.reader import as_array
+
+    sides = []
+    for ref in (a, b):
+        vid = repo.resolve(ref)
+        manifest = repo.manifest(vid)
+        adapter = stored_adapter(repo.store, manifest, label=f"{ref}:{CONFIG}")
+        if adapter is None:
+            return None
+        bases = [p.ref for p in repo.info(vid).parents if p.relation == RELATION]
+        sides.append((adapter, {t.name: t for t in manifest.tensors()}, bases[0] if bases else None))
+
+    def update(adapter: Adapter, entries: dict[str, Any], path: str) -> Any:
+        m = next(m for m in adapter.modules if m.path == path)
+        if adapter.peft_type != "LORA" or m.embedding:
+            return None
+        la = as_array(repo.store, entries[m.parts["lora_A.weight"]]).astype(np.float64)
+        lb = as_array(repo.store, entries[m.parts["lora_B.weight"]]).astype(np.float64)
+        return lb @ la * adapter.scaling(m)
+
+    paths = [{m.path for m in s[0].modules} for s in sides]
+    modules = []
+    for path in sorted(paths[0] & paths[1]):
+        ua, ub = (update(s[0], s[1], path) for s in sides)
+        row: dict[str, Any] = {"module": path}
+        row["rank"] = [next(m.rank for m in s[0].modules if m.path == path) for s in sides]
+        if ua is not None and ub is not None and ua.shape == ub.shape:
+            norm_a = float(np.linalg.norm(ua))
+            row["update_norm"] = [norm_a, float(np.linalg.norm(ub))]
+            row["rel_difference"] = float(np.linalg.norm(ub - ua)) / norm_a if norm_a else None
+        modules.append(row)
+    return {
+        "a": {**sides[0][0].summary(), "base": sides[0][2]},
+        "b": {**sides[1][0].summary(), "base": sides[1][2]},
+        "same_base": sides[0][2] == sides[1][2],
+        "only_in_a": sorted(paths[0] - paths[1]),
+        "only_in_b": sorted(paths[1] - paths[0]),
+        "modules": modules,
+    }
