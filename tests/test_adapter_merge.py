@@ -132,3 +132,16 @@ def test_diff_of_two_adapters_and_of_a_base_and_its_merge(
     assert "adapters" not in result
     changed = [t for t in result["tensors"] if t["status"] == "changed"]
     assert len(changed) == 4 and {t["stats"]["rank"] for t in changed} == {8}
+
+
+def test_an_adapter_added_beside_merges_of_its_base_goes_under_the_base(
+    family: Path, folders: dict[str, Path], tmp_path: Path
+) -> None:
+    from peft_family import make_adapter
+
+    assert run_cli("merge", "--adapter", "lora", "--name", "lora-merged", cwd=family)[0] == 0
+    other = make_adapter(folders["base"], tmp_path / "lora3", kind="lora", seed=11, base_name="/elsewhere/unknown")
+    code, out, err = run_cli("add", str(other), "--name", "lora3", cwd=family)
+    assert code == 0, err
+    assert "base tiny-base (of the stored models the adapter's modules fit, the others' ancestor)" in out + err
+    assert mgit_json(family, "show", "lora3")["adapter"]["base"] == "tiny-base@1"

@@ -105,6 +105,9 @@ def resolve_base(
             fitting.append((model, vid))
     if len(fitting) == 1:
         return fitting[0][1], f"base {fitting[0][0]} (the one stored model the adapter's modules fit)"
+    roots = [(m, v) for m, v in fitting if not _ancestor_models(catalog, v) & {f for f, _ in fitting}]
+    if len(fitting) > 1 and len(roots) == 1:  # the others derive from it (its fine-tunes, its merges)
+        return roots[0][1], f"base {roots[0][0]} (of the stored models the adapter's modules fit, the others' ancestor)"
     said = f"base_model_name_or_path {adapter.base!r} names no stored model" if adapter.base else "it names no base"
     if fitting:
         raise InputError(
@@ -117,6 +120,22 @@ def resolve_base(
         f"{said}, and no stored model has the weights it adapts",
         hint="Add its base first (mgit add BASE --name NAME), or name it with --parent",
     )
+
+
+def _ancestor_models(catalog: Catalog, vid: str) -> set[str]:
+    """The models of a version's lineage ancestors (parents, their parents...)."""
+    seen: set[str] = set()
+    models: set[str] = set()
+    first = catalog.version(vid)
+    todo = [p for p, _ in first.parents] if first is not None else []
+    while todo:
+        v = todo.pop()
+        if v in seen or (row := catalog.version(v)) is None:
+            continue
+        seen.add(v)
+        models.add(row.model)
+        todo += [p for p, _ in row.parents]
+    return models
 
 
 def adapter_parents(
