@@ -5,7 +5,8 @@ make_adapter(base_dir, out_dir, kind="lora", r=8, seed=0)
     an adapter folder (adapter_config.json, adapter_model.safetensors) for the transformers
     model saved in base_dir; kind is "lora", "dora" (LoRA with DoRA), "ia3" or "loha" (a type
     MGit keeps as its tensors); its `base_model_name_or_path` is base_dir unless `base_name`
-make_base(out_dir)  a tiny BERT of random weights saved with save_pretrained (as tests/hf_family.py's)
+make_base(out_dir, seed=0, dtype=None)  a tiny BERT of random weights saved with save_pretrained
+half_adapter(adapter_dir)  its weights rewritten in bfloat16, as an adapter trained in bfloat16 is saved
 merged_by_peft(base_dir, adapter_dir)  peft's merge_and_unload of the two: {name: tensor}
 
 Both the tests and benchmarks/formats.py call these (all-MiniLM-L6-v2 as the base there).
@@ -38,12 +39,22 @@ TARGETS = {
 }
 
 
-def make_base(out_dir: Path, seed: int = 0) -> Path:
+def make_base(out_dir: Path, seed: int = 0, dtype: torch.dtype | None = None) -> Path:
     from transformers import AutoModel, BertConfig
 
     torch.manual_seed(seed)
-    AutoModel.from_config(BertConfig(**TINY)).save_pretrained(out_dir)
+    model = AutoModel.from_config(BertConfig(**TINY))
+    (model if dtype is None else model.to(dtype)).save_pretrained(out_dir)
     return out_dir
+
+
+def half_adapter(adapter_dir: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """The adapter's weights rewritten in `dtype` (as an adapter trained in bfloat16 is saved)."""
+    from safetensors.torch import load_file, save_file
+
+    path = adapter_dir / "adapter_model.safetensors"
+    save_file({k: v.to(dtype) for k, v in load_file(path).items()}, path, metadata={"format": "pt"})
+    return adapter_dir
 
 
 def _config(kind: str, r: int, targets: list[str]):

@@ -145,3 +145,18 @@ def test_an_adapter_added_beside_merges_of_its_base_goes_under_the_base(
     assert code == 0, err
     assert "base tiny-base (of the stored models the adapter's modules fit, the others' ancestor)" in out + err
     assert mgit_json(family, "show", "lora3")["adapter"]["base"] == "tiny-base@1"
+
+
+@pytest.mark.parametrize("kind", ["lora", "dora", "ia3"])
+def test_bfloat16_bases_and_adapters_merge_as_peft_merges_them(tmp_path: Path, kind: str) -> None:
+    import torch
+    from peft_family import half_adapter, make_adapter, make_base
+
+    base = make_base(tmp_path / "b16", dtype=torch.bfloat16)
+    adapter = half_adapter(make_adapter(base, tmp_path / kind, kind=kind, seed=4))
+    root = tmp_path / "repo"
+    Repo.init(root)
+    for name, folder in (("b16", base), (kind, adapter)):
+        assert run_cli("add", str(folder), "--name", name, cwd=root)[0] == 0
+    assert run_cli("merge", "--adapter", kind, "--name", "merged", cwd=root)[0] == 0
+    assert _equal_to_peft(root, "merged", base, adapter, tmp_path / "out") >= 4
