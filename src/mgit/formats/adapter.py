@@ -289,11 +289,13 @@ def _lora_modules(
         pattern = data.get(key) or {}
         if not isinstance(pattern, dict) or not all(isinstance(k, str) and len(k) <= MAX_PATTERN for k in pattern):
             raise InputError(where, f"{key} is not a map of module names to numbers")
-        for k in pattern:
+        for k, v in pattern.items():
             try:
                 re.compile(k)
             except re.error:
                 raise InputError(where, f"{key} key {k!r} is not a regular expression") from None
+            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+                raise InputError(where, f"{key} gives {k!r} {v!r}, which is not a number")
     fan_in_fan_out = bool(data.get("fan_in_fan_out"))
     grouped: dict[str, dict[str, str]] = {}
     saved = []
