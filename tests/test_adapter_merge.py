@@ -160,3 +160,29 @@ def test_bfloat16_bases_and_adapters_merge_as_peft_merges_them(tmp_path: Path, k
         assert run_cli("add", str(folder), "--name", name, cwd=root)[0] == 0
     assert run_cli("merge", "--adapter", kind, "--name", "merged", cwd=root)[0] == 0
     assert _equal_to_peft(root, "merged", base, adapter, tmp_path / "out") >= 4
+
+
+VARIANTS = {
+    "gpt2-fan-in-fan-out": ("gpt2", {"targets": ["c_attn", "c_proj"], "fan_in_fan_out": True}),
+    "embedding": ("bert", {"targets": ["word_embeddings", "query"]}),
+    "modules-to-save": ("bert", {"modules_to_save": ["pooler.dense"]}),
+    "rslora-and-patterns": ("bert", {"use_rslora": True, "rank_pattern": {"value": 4}, "alpha_pattern": {"query": 32}}),
+    "lora-bias": ("bert", {"lora_bias": True}),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_lora_variants_merge_as_peft_merges_them(tmp_path: Path, variant: str) -> None:
+    """Conv1D layers (in x out), an embedding, a head saved whole, rsLoRA with per-module rank
+    and alpha, a LoRA bias: each merged as peft merges it."""
+    from peft_family import make_adapter, make_base
+
+    arch, options = VARIANTS[variant]
+    base = make_base(tmp_path / "base", arch=arch)
+    adapter = make_adapter(base, tmp_path / "adapter", kind="lora", seed=2, **options)
+    root = tmp_path / "repo"
+    Repo.init(root)
+    for name, folder in (("b", base), ("a", adapter)):
+        assert run_cli("add", str(folder), "--name", name, cwd=root)[0] == 0
+    assert run_cli("merge", "--adapter", "a", "--name", "m", cwd=root)[0] == 0
+    assert _equal_to_peft(root, "m", base, adapter, tmp_path / "out") >= 3
