@@ -1,5 +1,5 @@
 """`mgit merge --adapter`: an adapter merged into its base as peft's `merge_and_unload` does
-(LoRA, DoRA, IA3; bit for bit in float32), stored as low-rank derivations of the base, recorded
+(LoRA, DoRA, IA3; bit for bit), a LoRA's matrices stored as the base's plus the adapter's B A, recorded
 as a recipe that `mgit cascade` re-runs on a new base version; other types refused."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import mgit_json, needs_torch, one_line_error, run_cli
+from conftest import fsck_ok, mgit_json, needs_torch, one_line_error, run_cli
 
 from mgit import Repo
 
@@ -76,15 +76,21 @@ def test_merge_adapter_equals_peft_merge_and_unload(
     assert info["version"]["recipe"]["fn"] == "mgit.merging.adapters:merge"
 
 
-def test_a_merged_lora_is_stored_as_low_rank_derivations_of_its_base(family: Path, folders: dict[str, Path]) -> None:
-    assert run_cli("merge", "--adapter", "lora", "--name", "lora-merged", cwd=family)[0] == 0
-    rows = mgit_json(family, "show", "lora-merged", "--tensors")["tensors"]
+def _stored_as_lora_merges(root: Path, ref: str, base: str) -> int:
+    """The merged matrices are stored as their base plus the adapter's own B A (lora_merge), the
+    other tensors are the base's objects; the bytes the merged version added."""
+    rows = mgit_json(root, "show", ref, "--tensors")["tensors"]
     changed = [t for t in rows if t["name"].endswith(("query.weight", "value.weight"))]
-    assert len(changed) == 4 and all(t["codec"].startswith("low_rank") for t in changed)
-    unchanged = [t for t in rows if t not in changed]
-    assert all("tiny-base@1" in t["shared_with"] for t in unchanged)  # the base's own objects
+    assert len(changed) == 4 and all(t["codec"].startswith("lora_merge") for t in changed), changed
+    assert all(base in t["shared_with"] for t in rows if t not in changed)
+    return int(mgit_json(root, "show", ref)["version"]["new_bytes"])
+
+
+def test_a_merged_lora_is_stored_as_its_base_plus_the_adapters_product(family: Path, folders: dict[str, Path]) -> None:
+    assert run_cli("merge", "--adapter", "lora", "--name", "lora-merged", cwd=family)[0] == 0
     adapter_file = (folders["lora"] / "adapter_model.safetensors").stat().st_size
-    assert mgit_json(family, "show", "lora-merged")["version"]["new_bytes"] <= 2 * adapter_file
+    assert _stored_as_lora_merges(family, "lora-merged", "tiny-base@1") < adapter_file
+    fsck_ok(family)
 
 
 def test_a_cascade_on_a_new_base_version_merges_again(family: Path, folders: dict[str, Path], tmp_path: Path) -> None:
@@ -97,6 +103,8 @@ def test_a_cascade_on_a_new_base_version_merges_again(family: Path, folders: dic
     parents = mgit_json(family, "show", "lora-merged@2")["version"]["parents"]
     assert [p["ref"] if "ref" in p else f"{p['model']}@{p['seq']}" for p in parents] == ["tiny-base@2", "lora@1"]
     assert _equal_to_peft(family, "lora-merged@2", folders["base2"], folders["lora"], tmp_path / "out") >= 4
+    adapter_file = (folders["lora"] / "adapter_model.safetensors").stat().st_size
+    assert _stored_as_lora_merges(family, "lora-merged@2", "tiny-base@2") < adapter_file
 
 
 def test_merging_another_type_or_a_model_that_is_no_adapter_is_refused(family: Path) -> None:

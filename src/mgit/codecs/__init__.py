@@ -27,6 +27,7 @@ from mgit.codecs.derived import (
     QuantizeInt8Codec,
     TransposeCodec,
 )
+from mgit.codecs.lora import LoraMergeCodec
 from mgit.codecs.merged import WeightedSumCodec
 from mgit.codecs.pco import PcoCodec
 from mgit.codecs.quantized_delta import QuantizedDeltaCodec
@@ -44,6 +45,7 @@ __all__ = [
     "Codec",
     "CodecContext",
     "CodecError",
+    "LoraMergeCodec",
     "LowRankCodec",
     "SubDeltaCodec",
     "TransposeCodec",

@@ -25,7 +25,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mgit.errors import InputError, InvalidOptionError, MissingDependencyError
+from mgit.errors import InputError, InvalidOptionError, MgitError, MissingDependencyError
+from mgit.execution import register_derived_chains
 from mgit.formats.adapter import CONFIG, PREFIX, WEIGHTS, Adapter, fit
 from mgit.repo.adapters import RELATION, folder_adapter, stored_adapter
 from mgit.repo.repository import Repo
@@ -192,6 +193,7 @@ def merge_adapter(
         repo.checkout(vid, folders[1])
         merge(folders, Path(tmp) / "merged")
         record = repo.recipe_record(RECIPE, {})
+        derived = stored_as_merged(repo, base_vid, vid)
         return repo.add_with(
             str(Path(tmp) / "merged"),
             AddOptions(
@@ -202,8 +204,59 @@ def merge_adapter(
                 recipe=record,
                 message=message or f"{info.ref} merged into {repo.info(base_vid).ref}",
                 progress=progress,
+                derived=derived,
             ),
         )
+
+
+def stored_as_merged(repo: Repo, base_vid: str, adapter_vid: str) -> dict[str, list[Any]]:
+    """By merged tensor name, the chain that stores a LoRA-merged weight as the base's tensor
+    plus scale x B A of the adapter's stored B and A (`lora_merge`, mgit.codecs.lora, then
+    zstd): tried beside the usual encodings, it wins where it reproduces the merge. None for
+    DoRA (its rows rescaled), IA3, or other types: those are stored as deltas of the base."""
+    from mgit.codecs import LoraMergeCodec, ZstdCodec
+    from mgit.codecs.lora import DTYPES
+
+    adapter_manifest = repo.manifest(adapter_vid)
+    adapter = stored_adapter(repo.store, adapter_manifest)
+    if adapter is None or adapter.peft_type != "LORA" or adapter.use_dora:
+        return {}
+    base = {t.name: t for t in repo.manifest(base_vid).tensors()}
+    own = {t.name: t for t in adapter_manifest.tensors()}
+    found = fit(adapter, {k: tuple(t.shape) for k, t in base.items()})
+    chains: dict[str, list[Any]] = {}
+    for m in adapter.modules:
+        name = found.weights.get(m.path)
+        keys = ("lora_embedding_A", "lora_embedding_B") if m.embedding else ("lora_A.weight", "lora_B.weight")
+        if name is None or m.rank is None or not all(k in m.parts for k in keys):
+            continue
+        a, b, weight = own[m.parts[keys[0]]], own[m.parts[keys[1]]], base[name]
+        if weight.dtype not in DTYPES or a.dtype not in DTYPES or a.dtype != b.dtype:
+            continue
+        codec = LoraMergeCodec(
+            bases=[weight.object, b.object, a.object],
+            rank=m.rank,
+            scale=float(adapter.scaling(m)),
+            transpose=m.embedding or adapter.fan_in_fan_out,
+            dtype=weight.dtype,
+            factor_dtype=a.dtype,
+        )
+        chains[name] = [codec, ZstdCodec(level=3)]
+    return chains
+
+
+def _derived_for_recipe(repo: Repo, job: Any) -> dict[str, list[Any]]:
+    """For a cascade's re-run of an adapter merge, how its output is stored (as above)."""
+    recipe = getattr(job, "recipe", None) or {}
+    if recipe.get("fn") != RECIPE or len(getattr(job, "parents", ())) != 2:
+        return {}
+    try:
+        return stored_as_merged(repo, *job.parents)
+    except MgitError:
+        return {}  # (the recipe itself says what is wrong)
+
+
+register_derived_chains(RECIPE, _derived_for_recipe)
 
 
 def compare_adapters(repo: Repo, a: str, b: str) -> dict[str, Any] | None:
