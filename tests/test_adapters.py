@@ -123,6 +123,7 @@ def _forge(src: Path, dst: Path, **changes: object) -> Path:
         ({"target_modules": ["query", "value", "nowhere"]}, "target module 'nowhere' matches no tensor"),
         ({"target_modules": ["query"]}, "is not among its target_modules"),
         ({"target_modules": "(unclosed"}, "not a regular expression"),
+        ({"target_modules": "(.*a+)+$"}, "repeats a repeated group"),
         ({"lora_alpha": "big"}, "lora_alpha is not a number"),
         ({"use_dora": True}, "has no DoRA magnitude"),
         ({"base_model_name_or_path": "tiny-base-gone"}, "names no stored model"),

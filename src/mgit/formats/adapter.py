@@ -213,15 +213,27 @@ def _config(raw: bytes, where: str) -> dict[str, Any]:
     return data
 
 
+# A quantified group that holds a quantifier ("(a+)+", "(.*)*"): what makes a regular
+# expression backtrack for ever on a short name. A config's patterns have no need of one.
+_NESTED = re.compile(r"\((?:[^()\\]|\\.)*[*+}](?:[^()\\]|\\.)*\)[*+{?]")
+
+
+def _pattern(raw: str, where: str, what: str) -> str:
+    """A regular expression read from a config: short, compiled, without nested quantifiers."""
+    if len(raw) > MAX_PATTERN:
+        raise InputError(where, f"{what} is longer than {MAX_PATTERN} characters")
+    if _NESTED.search(raw):
+        raise InputError(where, f"{what} repeats a repeated group, which could match for ever: {raw[:60]!r}")
+    try:
+        re.compile(raw)
+    except re.error as exc:
+        raise InputError(where, f"{what} is not a regular expression ({exc})") from None
+    return raw
+
+
 def _targets(raw: Any, where: str) -> tuple[str, ...] | str:
     if isinstance(raw, str):
-        if len(raw) > MAX_PATTERN:
-            raise InputError(where, f"target_modules is longer than {MAX_PATTERN} characters")
-        try:
-            re.compile(raw)
-        except re.error as exc:
-            raise InputError(where, f"target_modules is not a regular expression ({exc})") from None
-        return raw
+        return _pattern(raw, where, "target_modules")
     if isinstance(raw, list) and all(isinstance(t, str) and t for t in raw):
         return tuple(raw)
     if raw is None:
@@ -290,10 +302,7 @@ def _lora_modules(
         if not isinstance(pattern, dict) or not all(isinstance(k, str) and len(k) <= MAX_PATTERN for k in pattern):
             raise InputError(where, f"{key} is not a map of module names to numbers")
         for k, v in pattern.items():
-            try:
-                re.compile(k)
-            except re.error:
-                raise InputError(where, f"{key} key {k!r} is not a regular expression") from None
+            _pattern(k, where, f"{key} key")
             if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
                 raise InputError(where, f"{key} gives {k!r} {v!r}, which is not a number")
     fan_in_fan_out = bool(data.get("fan_in_fan_out"))

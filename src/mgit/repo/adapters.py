@@ -148,19 +148,3 @@ def adapter_parents(
         return adapter, parents, []
     vid, note = resolve_base(store, catalog, adapter, str(Path(source) / CONFIG), own=own)
     return adapter, [vid], [f"{adapter.label} adapter: parent {note}"]
-
-
-def module_table(adapter: Adapter) -> list[dict[str, Any]]:
-    """One row per adapted module: its path, rank, the base weight's shape, parameters."""
-    rows = []
-    for m in adapter.modules:
-        params = sum(_count(adapter.shapes.get(n, ())) for n in m.parts.values())
-        rows.append({"module": m.path, "rank": m.rank, "weight_shape": list(m.weight_shape or ()), "params": params})
-    return rows
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
