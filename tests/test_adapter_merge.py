@@ -107,8 +107,17 @@ def test_a_cascade_on_a_new_base_version_merges_again(family: Path, folders: dic
     assert _stored_as_lora_merges(family, "lora-merged@2", "tiny-base@2") < adapter_file
 
 
-def test_merging_another_type_or_a_model_that_is_no_adapter_is_refused(family: Path) -> None:
+def test_merging_another_type_or_a_model_that_is_no_adapter_is_refused(
+    family: Path, folders: dict[str, Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    bare = tmp_path / "config-only"  # an adapter whose weights are not there (a .bin kept aside)
+    bare.mkdir()
+    shutil.copy(folders["lora"] / "adapter_config.json", bare)
+    assert run_cli("add", str(bare), "--name", "bare", "--parent", "tiny-base", cwd=family)[0] == 0
     objects = sum(1 for p in (family / ".mgit" / "objects").rglob("*") if p.is_file())
+    one_line_error(run_cli("merge", "--adapter", "bare", "--name", "m", cwd=family), "no module tensors to merge")
     one_line_error(run_cli("merge", "--adapter", "loha", "--name", "m", cwd=family), "LOHA adapter is not supported")
     one_line_error(run_cli("merge", "--adapter", "tiny-base", "--name", "m", cwd=family), "not a PEFT adapter")
     code, _, err = run_cli("merge", "--adapter", "lora", "a", "b", "--name", "m", cwd=family)

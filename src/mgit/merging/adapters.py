@@ -56,6 +56,8 @@ def merged_state(
             f"{label}: merging a {adapter.label} adapter is not supported (LoRA, DoRA and IA3 are)",
             hint="Load it onto its base with mgit.load_pretrained",
         )
+    if not adapter.modules:
+        raise InputError(label, f"the adapter has no module tensors to merge (in {WEIGHTS})")
     found = fit(adapter, {k: tuple(v.shape) for k, v in base.items()})
     if found.problems:
         raise InputError(label, f"does not fit its base ({', '.join(found.problems[:2])})")
@@ -184,7 +186,7 @@ def merge_adapter(
     adapter = stored_adapter(repo.store, repo.manifest(vid), label=f"{info.ref}:{CONFIG}")
     if adapter is None:
         raise InputError(info.ref, f"has no {CONFIG}: it is not a PEFT adapter", hint="Give an adapter's model")
-    if not adapter.mergeable:  # said before anything is written
+    if not adapter.mergeable or not adapter.modules:  # said before anything is written
         merged_state(adapter, {}, {}, label=f"{info.ref}:{CONFIG}")
     base_vid = repo.resolve(base) if base is not None else adapter_base(repo, vid)
     with tempfile.TemporaryDirectory(prefix="mgit-adapter-merge-") as tmp:
