@@ -200,6 +200,16 @@ class CodecError(MgitError):
     """A codec chain that cannot be parsed or whose data does not decode."""
 
 
+class DequantizeError(MgitError):
+    """Packed quantized tensors that cannot be turned back into floats: their shapes, dtypes
+    or config do not fit the layout they claim (a forged or damaged quantized model)."""
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(f"cannot dequantize {name}: {why}")
+        self.name = name
+        self.why = why
+
+
 class LockTimeoutError(MgitError):
     """Another process holds a lock for longer than we wait. Retrying later is safe."""
 

@@ -203,6 +203,8 @@ def show(ctx: click.Context, ref: str, with_sha256: bool, with_tensors: bool, as
         f"({result.shared_objects} objects shared with other versions)"
     )
     out.print(f"  tensors: {_tensor_storage(result.tensor_storage)}")
+    if result.quantization:
+        out.print(f"  quantization: {result.quantization['label']}")
     if result.adapter:
         out.print(f"  adapter: {adapter_line(result.adapter)}")
     if v.recipe:

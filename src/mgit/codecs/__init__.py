@@ -27,6 +27,7 @@ from mgit.codecs.derived import (
     QuantizeInt8Codec,
     TransposeCodec,
 )
+from mgit.codecs.fp8 import Fp8CastCodec
 from mgit.codecs.lora import LoraMergeCodec
 from mgit.codecs.merged import WeightedSumCodec
 from mgit.codecs.pco import PcoCodec
@@ -37,6 +38,7 @@ __all__ = [
     "WeightedSumCodec",
     "AbsmaxScaleCodec",
     "CastCodec",
+    "Fp8CastCodec",
     "PatchCodec",
     "PcoCodec",
     "QuantizedDeltaCodec",

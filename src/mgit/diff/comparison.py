@@ -12,36 +12,27 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
-
 from mgit.diff.files import file_diffs
+from mgit.diff.quantized import as_floats
 from mgit.diff.results import STATUSES, DiffResult, DiffSummary, GroupDiff, TensorDiff
 from mgit.diff.sides import ModelSide, TensorRef, open_side
 from mgit.formats.layers import layer_counts, layer_of
 from mgit.formats.pairing import tensor_names
 from mgit.formats.safetensors import element_count
 from mgit.store.cache import UNBOUNDED, DecodedCache
-from mgit.store.reader import tensor_bytes
 from mgit.tensorstats import TensorStats, sum_of_squares, tensor_stats
 from mgit.util.parallel import StartProgress, default_jobs, one_blas_thread
 
 
 def _compare(a: TensorRef, b: TensorRef, reuse: DecodedCache | None) -> tuple[str, TensorStats | None, int, int]:
     """(status, statistics, objects decoded, decodes saved) for two tensors of the same shape."""
-    if a.dtype == b.dtype and a.object_id() == b.object_id():
+    if a.dtype == b.dtype and a.derive is None and b.derive is None and a.object_id() == b.object_id():
         return "identical", None, 0, 0
     # What one side decodes is kept for the other: when one is stored as a delta against the
     # other (or both against a common base), that base is decoded once. Each decode verifies.
     cache = reuse if reuse is not None else DecodedCache(UNBOUNDED, keep_all=True)
     hits, misses = cache.hits, cache.misses
-
-    def raw(t: TensorRef) -> np.ndarray:
-        if t.data is not None:
-            return t.data
-        assert t.store is not None and t.entry is not None
-        return tensor_bytes(t.store, t.entry, reuse=cache)
-
-    raw_a, raw_b = raw(a), raw(b)
+    raw_a, raw_b = a.raw(cache), b.raw(cache)
     stats = tensor_stats((a.dtype, b.dtype), a.shape, raw_a, raw_b)
     status = "changed" if a.dtype == b.dtype else "dtype"
     return status, stats, cache.misses - misses, cache.hits - hits
@@ -52,12 +43,7 @@ def _unchanged(t: TensorRef, reuse: DecodedCache | None) -> tuple[float, int, in
     its share of the model's ||A||, so that a relative change is over every shared value."""
     cache = reuse if reuse is not None else DecodedCache(UNBOUNDED, keep_all=True)
     hits, misses = cache.hits, cache.misses
-    if t.data is not None:
-        raw = t.data
-    else:
-        assert t.store is not None and t.entry is not None
-        raw = tensor_bytes(t.store, t.entry, reuse=cache)
-    return sum_of_squares(t.dtype, t.shape, raw), cache.misses - misses, cache.hits - hits
+    return sum_of_squares(t.dtype, t.shape, t.raw(cache)), cache.misses - misses, cache.hits - hits
 
 
 def diff_models(
@@ -73,7 +59,11 @@ def diff_models(
     (no tensor data and no files are read). `progress(total_bytes)` may return a callback.
     `reuse` (a session's cache) keeps what is decoded; by default each pair has its own.
     Tensors pair across a wrapper prefix (a task model's `bert.` against its base), as parent
-    inference and storage pair them; rows then use A's names."""
+    inference and storage pair them; rows then use A's names. A quantized side's packed layers
+    (GPTQ, AWQ, FP8 with scales) are dequantized against the other side's float weights
+    (`mgit.diff.quantized`), so the figures are the quantization's error."""
+    if not structural:
+        a, b = as_floats(a, b), as_floats(b, a)
     b = _named_as(b, a)
     names = list(dict.fromkeys([*a.tensors, *b.tensors]))
     status: dict[str, str] = {}

@@ -30,9 +30,11 @@ import blake3
 import numpy as np
 
 from mgit.codecs.derived import to_bfloat16_bits
+from mgit.errors import DequantizeError
 from mgit.formats import safetensors
 from mgit.formats.folder import ModelSource, SourceFile
 from mgit.formats.layers import layer_count
+from mgit.formats.packed_quant import PackedTensor, dequantize, packed_tensors
 from mgit.formats.safetensors import DTYPES, FP8_VALUES, TensorSpan, is_float
 from mgit.store.base import ObjectStore
 from mgit.store.objects import Manifest, TensorEntry, object_id, tensor_meta
@@ -231,6 +233,30 @@ def _scale_index(shape: tuple[int, ...], scale_shape: tuple[int, ...]) -> Callab
     return None
 
 
+def _packed_as_floats(
+    by_name: dict[str, TensorEntry],
+) -> tuple[dict[str, TensorEntry], dict[str, tuple[PackedTensor, list[TensorEntry]]]]:
+    """The entries with each packed-integer layer (GPTQ, AWQ, pack-quantized) replaced by the
+    float32 matrix it stands for, in the place of its first tensor, and those layers by name
+    (with their tensors). FP8 and int8 with a scale are sketched as quantized tensors already."""
+    found = packed_tensors({e.name: (e.dtype, e.shape) for e in by_name.values()})
+    layers = {n: p for n, p in found.items() if p.layout in ("gptq", "awq", "pack") and not p.problem}
+    if not layers:
+        return by_name, {}
+    member_of = {m: p for p in layers.values() for m in p.tensors}
+    out: dict[str, TensorEntry] = {}
+    packed: dict[str, tuple[PackedTensor, list[TensorEntry]]] = {}
+    for name, e in by_name.items():
+        p = member_of.get(name)
+        if p is None:
+            out.setdefault(name, e)
+        elif p.name not in packed:
+            first = by_name[p.members.get("qweight", p.members.get("weight", name))]
+            packed[p.name] = (p, [by_name[m] for m in p.tensors])
+            out[p.name] = TensorEntry(p.name, "F32", p.shape, first.object)
+    return out, packed
+
+
 def _varies(values: np.ndarray) -> bool:
     finite = values[np.isfinite(values)]
     return finite.size > 1 and bool(finite.max() > finite.min())
@@ -246,6 +272,7 @@ def sketch_tensors(
     by_name: dict[str, TensorEntry] = {}
     for e in entries:
         by_name.setdefault(e.name, e)
+    by_name, packed = _packed_as_floats(by_name)
     companions = {
         e.name: found
         for e in by_name.values()
@@ -258,7 +285,20 @@ def sketch_tensors(
     values = np.full((n, SAMPLES), np.nan, np.float32)
     scales = np.zeros((n, SAMPLES), np.float32)
     for i, e in enumerate(by_name.values()):
-        raw = read(e)
+        if e.name in packed:
+            p, members = packed[e.name]
+            by_member = {m.name: m for m in members}
+            shapes = {m.name: (m.dtype, m.shape) for m in members}
+            try:
+                raw = dequantize(p, shapes, lambda n, by_member=by_member: read(by_member[n]))
+            except DequantizeError:
+                raw = np.full(p.shape, np.nan, np.float32)
+            raw = raw.astype("<f4", copy=False).reshape(-1).view(np.uint8)
+            roles[i] = QUANTIZED
+            for m in members if after is not None else ():
+                after(m)
+        else:
+            raw = read(e)
         size = itemsize = DTYPES[e.dtype][0]
         count = raw.size // itemsize
         step = max(1, count // ZERO_SAMPLES)
@@ -269,7 +309,9 @@ def sketch_tensors(
         pos = positions(e.shape)
         picked = raw.reshape(count, size)[pos].reshape(-1)
         sample = element_values(picked, e.dtype)
-        if e.name in companions:
+        if e.name in packed:
+            pass  # dequantized above; no scale reproduces its values (zero points, groups)
+        elif e.name in companions:
             scale_entry, factor = companions[e.name]
             to_scale = _scale_index(e.shape, scale_entry.shape)
             assert to_scale is not None
@@ -284,7 +326,7 @@ def sketch_tensors(
         elif is_float(e.dtype) and count and np.any(strided != 0):
             roles[i] = CONSTANT  # like a norm's initial ones; all zeros say nothing about a trained tensor
         values[i, : len(pos)] = sample
-        if after is not None:
+        if after is not None and e.name not in packed:
             after(e)
     listed = list(by_name.values())
     return Sketch(

@@ -6,11 +6,13 @@ Nothing here loads numpy or the codecs, so that these commands start in millisec
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from mgit.errors import MgitError
 from mgit.formats.adapter import CONFIG
+from mgit.formats.quant_config import scheme_from_bytes
 from mgit.index.catalog import Catalog, VersionRow
 from mgit.lineage.graph import Lineage
 from mgit.repo.adapters import RELATION, stored_adapter
@@ -25,6 +27,7 @@ from mgit.reports import (
 )
 from mgit.store.base import ObjectStore
 from mgit.store.local import LocalStore
+from mgit.store.objectformat import file_expected
 from mgit.store.objects import Manifest, tag_matches
 
 RowOf = Callable[[str], VersionRow]  # a version's row, indexing it first if it is not yet
@@ -92,11 +95,28 @@ def every_version(catalog: Catalog, heads: dict[str, str], chain: ChainOf, row_o
     return sorted(every, key=lambda v: (v.time, v.ref), reverse=True)
 
 
-def show_version(
-    catalog: Catalog, row: VersionRow, manifest: Manifest, *, store: ObjectStore | None = None
-) -> ShowResult:
-    """One version with its files, its parameters by dtype and how it is stored (`show`);
-    for a PEFT adapter (with `store`, to read its config), what adapter it is."""
+CONFIG_BYTES = 1 << 20  # a config.json larger than this is not read for its quantization
+
+
+def quantization(store: ObjectStore, manifest: Manifest) -> dict[str, Any] | None:
+    """What the version's config.json announces in `quantization_config` (see
+    `mgit.formats.quant_config`), or None: no config, none announced, or not readable here (a
+    lazy clone that has not fetched it)."""
+    config = next((f for f in manifest.files if f.path == "config.json"), None)
+    if config is None or config.size > CONFIG_BYTES or (store.lazy and not store.has(config.object)):
+        return None  # show never fetches
+    try:
+        scheme = scheme_from_bytes(store.get(config.object, expect=file_expected(config))[1].tobytes())
+    except MgitError:
+        return None
+    if scheme is None:
+        return None
+    return {**dataclasses.asdict(scheme), "label": scheme.label}
+
+
+def show_version(catalog: Catalog, row: VersionRow, manifest: Manifest, store: ObjectStore) -> ShowResult:
+    """One version with its files, its parameters by dtype, how it is stored, the
+    quantization it announces and, for a PEFT adapter, what adapter it is (`show`)."""
     dtypes: dict[str, int] = {}
     for t in manifest.tensors():
         dtypes[t.dtype] = dtypes.get(t.dtype, 0) + t.params
@@ -107,13 +127,18 @@ def show_version(
         [StorageInfo(*r) for r in catalog.storage_by_codec(row.id)],
         catalog.shared_objects(row.id),
         catalog.tensor_storage([row.id]),
-        adapter_info(catalog, store, row, manifest) if store is not None else None,
+        quantization(store, manifest),
+        adapter=adapter_info(catalog, store, row, manifest),
     )
 
 
 def adapter_info(catalog: Catalog, store: ObjectStore, row: VersionRow, manifest: Manifest) -> dict[str, Any] | None:
     """What `show` says of an adapter: its summary and the base it is stored under (the
-    parent of relation `adapter`); a config that cannot be read is said, not raised."""
+    parent of relation `adapter`); a config that cannot be read is said, not raised, and one a
+    lazy clone has not fetched is not fetched (None, as `quantization`)."""
+    config = next((f for f in manifest.files if f.path == CONFIG), None)
+    if config is None or (store.lazy and not store.has(config.object)):
+        return None
     try:
         adapter = stored_adapter(store, manifest, label=f"{row.model}@{row.seq}:{CONFIG}")
     except MgitError as exc:

@@ -24,6 +24,7 @@ from mgit.codecs import (
     CastCodec,
     Codec,
     CodecContext,
+    Fp8CastCodec,
     LowRankCodec,
     PatchCodec,
     PcoCodec,
@@ -115,7 +116,8 @@ def delta_chains(base: str, meta: dict[str, Any]) -> list[list[Codec]]:
 def derived_chains(base: str, base_meta: dict[str, Any], meta: dict[str, Any]) -> list[list[Codec]]:
     """Encodings of a tensor predicted from a base of another dtype or shape: the transpose
     of a matrix (any dtype); from a float32 base, a cast, a symmetric int8 quantization (per
-    row of a matrix, or of the whole tensor) or that quantization's scales."""
+    row of a matrix, or of the whole tensor) or that quantization's scales, an FP8 cast with
+    absmax scales (per row or for the tensor)."""
     shape, base_shape, dtype = meta["shape"], base_meta["shape"], meta["dtype"]
     tail: list[Codec] = [ZstdCodec(level=1)]
     chains: list[list[Codec]] = []
@@ -133,6 +135,10 @@ def derived_chains(base: str, base_meta: dict[str, Any], meta: dict[str, Any]) -
         return chains
     if dtype in ("BF16", "F16") and shape == base_shape:
         chains.append([CastCodec(base=base, to=dtype), *tail])
+    if dtype == "F8_E4M3" and shape == base_shape:  # FP8 per channel, then per tensor
+        if len(base_shape) == 2:
+            chains.append([Fp8CastCodec(base=base, rows=base_shape[0]), *tail])
+        chains.append([Fp8CastCodec(base=base, rows=1), *tail])
     if dtype == "I8" and shape == base_shape:
         if len(base_shape) == 2:
             chains.append([QuantizeInt8Codec(base=base, rows=base_shape[0]), *tail])
