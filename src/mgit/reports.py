@@ -144,6 +144,7 @@ class ShowResult(Report):
     tensor_storage: dict[str, int] = field(default_factory=dict)  # deduplicated/delta/derived/standalone
     # what config.json's quantization_config announces: method, bits, group_size, format, strategy, label
     quantization: dict[str, Any] | None = None
+    adapter: dict[str, Any] | None = None  # a PEFT adapter's type, rank, alpha, target modules, base
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from mgit.codecs.derived import (
     TransposeCodec,
 )
 from mgit.codecs.fp8 import Fp8CastCodec
+from mgit.codecs.lora import LoraMergeCodec
 from mgit.codecs.merged import WeightedSumCodec
 from mgit.codecs.pco import PcoCodec
 from mgit.codecs.quantized_delta import QuantizedDeltaCodec
@@ -49,6 +50,7 @@ __all__ = [
     "Codec",
     "CodecContext",
     "CodecError",
+    "LoraMergeCodec",
     "LowRankCodec",
     "SubDeltaCodec",
     "TransposeCodec",

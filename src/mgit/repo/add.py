@@ -28,6 +28,7 @@ from mgit.index.refs import RefStore, validate_model_name
 from mgit.index.retired import RetiredNames
 from mgit.lineage.inference import DEFAULT_MIN_CONFIDENCE, suggest
 from mgit.lineage.sketch import Sketch, sketch_added, sketch_source, stored_sketches
+from mgit.repo.adapters import RELATION, adapter_parents
 from mgit.repo.checkout import restore_manifest
 from mgit.repo.declared import declared_parents
 from mgit.repo.gate import Gate, GateResult
@@ -134,7 +135,8 @@ def add_version(
     asked_relation = relation = options.relation
     recipe_record = recipe
     parent_ids = parents
-    card_notes: list[str] = []
+    adapter, parent_ids, card_notes = adapter_parents(store, catalog, source, parent_ids, own=name)
+    relation = relation or (RELATION if adapter is not None else None)
     if not parent_ids and options.model_card and not isinstance(source, Mapping | ModelSource):
         parent_ids, card_relation, card_notes = declared_parents(refs, Path(source))
         relation = relation or card_relation

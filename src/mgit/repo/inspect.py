@@ -11,9 +11,11 @@ from collections.abc import Callable
 from typing import Any
 
 from mgit.errors import MgitError
+from mgit.formats.adapter import CONFIG
 from mgit.formats.quant_config import scheme_from_bytes
 from mgit.index.catalog import Catalog, VersionRow
 from mgit.lineage.graph import Lineage
+from mgit.repo.adapters import RELATION, stored_adapter
 from mgit.reports import (
     DuResult,
     FileInfo,
@@ -113,8 +115,8 @@ def quantization(store: ObjectStore, manifest: Manifest) -> dict[str, Any] | Non
 
 
 def show_version(catalog: Catalog, row: VersionRow, manifest: Manifest, store: ObjectStore) -> ShowResult:
-    """One version with its files, its parameters by dtype, how it is stored and the
-    quantization it announces (`show`)."""
+    """One version with its files, its parameters by dtype, how it is stored, the
+    quantization it announces and, for a PEFT adapter, what adapter it is (`show`)."""
     dtypes: dict[str, int] = {}
     for t in manifest.tensors():
         dtypes[t.dtype] = dtypes.get(t.dtype, 0) + t.params
@@ -126,7 +128,25 @@ def show_version(catalog: Catalog, row: VersionRow, manifest: Manifest, store: O
         catalog.shared_objects(row.id),
         catalog.tensor_storage([row.id]),
         quantization(store, manifest),
+        adapter=adapter_info(catalog, store, row, manifest),
     )
+
+
+def adapter_info(catalog: Catalog, store: ObjectStore, row: VersionRow, manifest: Manifest) -> dict[str, Any] | None:
+    """What `show` says of an adapter: its summary and the base it is stored under (the
+    parent of relation `adapter`); a config that cannot be read is said, not raised, and one a
+    lazy clone has not fetched is not fetched (None, as `quantization`)."""
+    config = next((f for f in manifest.files if f.path == CONFIG), None)
+    if config is None or (store.lazy and not store.has(config.object)):
+        return None
+    try:
+        adapter = stored_adapter(store, manifest, label=f"{row.model}@{row.seq}:{CONFIG}")
+    except MgitError as exc:
+        return {"error": str(exc)}
+    if adapter is None:
+        return None
+    bases = [p for p in catalog.parent_infos(row.parents) if p.relation == RELATION]
+    return {**adapter.summary(), "base": bases[0].ref if bases else None}
 
 
 def version_storage(catalog: Catalog, vids: list[str]) -> dict[str, VersionStorage]:

@@ -219,6 +219,13 @@ def choose_encoding(
         transforms += derived_chains(base, bh.meta, meta)
     for chain in extra:  # within the depth bound, as deltas are, or one past it if it ends a family
         named = chain_bases(kind, meta, chain)
+        for other in [b for b in named if b not in depths]:  # a base no parent's tensor of that name is
+            try:  # (a merged adapter's factors)
+                oh = header(other)
+            except (CorruptObjectError, MissingObjectError):
+                continue
+            if oh.kind == "tensor" and oh.depth <= max_depth:
+                depths[other] = oh.depth + 1
         if all(b in depths for b in named) and (
             max((depths[b] for b in named), default=0) <= max_depth or (chain and chain[0].ends_family)
         ):
