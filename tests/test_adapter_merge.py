@@ -93,6 +93,29 @@ def test_a_merged_lora_is_stored_as_its_base_plus_the_adapters_product(family: P
     fsck_ok(family)
 
 
+def test_a_model_merged_by_peft_and_added_with_base_and_adapter_as_parents_is_stored_the_same_way(
+    family: Path, folders: dict[str, Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    from peft_family import merged_by_peft
+    from safetensors.torch import save_file
+
+    merged = tmp_path / "merged-by-peft"
+    shutil.copytree(folders["base"], merged)
+    save_file(merged_by_peft(folders["base"], folders["lora"]), merged / "model.safetensors", metadata={"format": "pt"})
+    code, _, err = run_cli(
+        "add", str(merged), "--name", "peft-merged", "-p", "tiny-base", "-p", "lora", "-r", "merge", cwd=family
+    )
+    assert code == 0, err
+    adapter_file = (folders["lora"] / "adapter_model.safetensors").stat().st_size
+    assert _stored_as_lora_merges(family, "peft-merged", "tiny-base@1") < adapter_file
+    out = tmp_path / "out"
+    Repo(family).checkout("peft-merged", out)
+    assert (out / "model.safetensors").read_bytes() == (merged / "model.safetensors").read_bytes()
+    fsck_ok(family)
+
+
 def test_a_cascade_on_a_new_base_version_merges_again(family: Path, folders: dict[str, Path], tmp_path: Path) -> None:
     assert run_cli("merge", "--adapter", "lora", "--name", "lora-merged", cwd=family)[0] == 0
     assert run_cli("add", str(folders["base2"]), "--name", "tiny-base", cwd=family)[0] == 0

@@ -12,9 +12,11 @@ adapter types are refused (they load with `mgit.load_pretrained`, through peft).
 
 The merged version has two lineage parents, the base and the adapter, relation `merge`, and
 this module's `merge` as its recipe (parents in that order), so `mgit cascade` merges the
-adapter again into a new version of the base. Its tensors are stored against the base's: a
-LoRA-merged matrix is the base's plus a low-rank product, which the `low_rank` codec stores as
-its two factors and an exact residual, so the merged model costs about what the adapter does.
+adapter again into a new version of the base. A LoRA-merged matrix is stored as the base's
+tensor plus scale x B A of the adapter's own stored factors (`lora_merge`, with an exact
+residual: zeros where the merge is reproduced), so the merged model costs little beyond the
+adapter; `mgit add` of a model merged by peft itself, with the base and the adapter as its
+parents, is stored the same way.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 from mgit.errors import InputError, InvalidOptionError, MgitError, MissingDependencyError
 from mgit.execution import register_derived_chains
 from mgit.formats.adapter import CONFIG, PREFIX, WEIGHTS, Adapter, fit
-from mgit.repo.adapters import RELATION, folder_adapter, stored_adapter
+from mgit.repo.adapters import RELATION, folder_adapter, merged_chains, stored_adapter
 from mgit.repo.repository import Repo
 from mgit.reports import AddResult
 
@@ -213,38 +215,8 @@ def merge_adapter(
 
 def stored_as_merged(repo: Repo, base_vid: str, adapter_vid: str) -> dict[str, list[Any]]:
     """By merged tensor name, the chain that stores a LoRA-merged weight as the base's tensor
-    plus scale x B A of the adapter's stored B and A (`lora_merge`, mgit.codecs.lora, then
-    zstd): tried beside the usual encodings, it wins where it reproduces the merge. None for
-    DoRA (its rows rescaled), IA3, or other types: those are stored as deltas of the base."""
-    from mgit.codecs import LoraMergeCodec, ZstdCodec
-    from mgit.codecs.lora import DTYPES
-
-    adapter_manifest = repo.manifest(adapter_vid)
-    adapter = stored_adapter(repo.store, adapter_manifest)
-    if adapter is None or adapter.peft_type != "LORA" or adapter.use_dora:
-        return {}
-    base = {t.name: t for t in repo.manifest(base_vid).tensors()}
-    own = {t.name: t for t in adapter_manifest.tensors()}
-    found = fit(adapter, {k: tuple(t.shape) for k, t in base.items()})
-    chains: dict[str, list[Any]] = {}
-    for m in adapter.modules:
-        name = found.weights.get(m.path)
-        keys = ("lora_embedding_A", "lora_embedding_B") if m.embedding else ("lora_A.weight", "lora_B.weight")
-        if name is None or m.rank is None or not all(k in m.parts for k in keys):
-            continue
-        a, b, weight = own[m.parts[keys[0]]], own[m.parts[keys[1]]], base[name]
-        if weight.dtype not in DTYPES or a.dtype not in DTYPES or a.dtype != b.dtype:
-            continue
-        codec = LoraMergeCodec(
-            bases=[weight.object, b.object, a.object],
-            rank=m.rank,
-            scale=float(adapter.scaling(m)),
-            transpose=m.embedding or adapter.fan_in_fan_out,
-            dtype=weight.dtype,
-            factor_dtype=a.dtype,
-        )
-        chains[name] = [codec, ZstdCodec(level=3)]
-    return chains
+    plus scale x B A of the adapter's stored B and A (mgit.repo.adapters.merged_chains)."""
+    return merged_chains(repo.store, repo.manifest(base_vid), repo.manifest(adapter_vid))
 
 
 def _derived_for_recipe(repo: Repo, job: Any) -> dict[str, list[Any]]:

@@ -148,3 +148,40 @@ def adapter_parents(
         return adapter, parents, []
     vid, note = resolve_base(store, catalog, adapter, str(Path(source) / CONFIG), own=own)
     return adapter, [vid], [f"{adapter.label} adapter: parent {note}"]
+
+
+def merged_chains(store: ObjectStore, base_manifest: Manifest, adapter_manifest: Manifest) -> dict[str, list[Any]]:
+    """By merged tensor name, the chain that stores a LoRA-merged weight as the base's tensor
+    plus scale x B A of the adapter's stored B and A (`lora_merge`, mgit.codecs.lora, then
+    zstd): tried beside the usual encodings, it wins where it reproduces the merge. None for
+    DoRA (its rows rescaled), IA3, or other types: those are stored as deltas of the base.
+    `mgit merge --adapter` offers these for what it writes, and an add whose parents are a
+    base and an adapter of it for the model added (a merge made by peft itself)."""
+    from mgit.codecs import LoraMergeCodec, ZstdCodec
+    from mgit.codecs.lora import DTYPES
+
+    adapter = stored_adapter(store, adapter_manifest)
+    if adapter is None or adapter.peft_type != "LORA" or adapter.use_dora:
+        return {}
+    base = {t.name: t for t in base_manifest.tensors()}
+    own = {t.name: t for t in adapter_manifest.tensors()}
+    found = fit(adapter, {k: tuple(t.shape) for k, t in base.items()})
+    chains: dict[str, list[Any]] = {}
+    for m in adapter.modules:
+        name = found.weights.get(m.path)
+        keys = ("lora_embedding_A", "lora_embedding_B") if m.embedding else ("lora_A.weight", "lora_B.weight")
+        if name is None or m.rank is None or not all(k in m.parts for k in keys):
+            continue
+        a, b, weight = own[m.parts[keys[0]]], own[m.parts[keys[1]]], base[name]
+        if weight.dtype not in DTYPES or a.dtype not in DTYPES or a.dtype != b.dtype:
+            continue
+        codec = LoraMergeCodec(
+            bases=[weight.object, b.object, a.object],
+            rank=m.rank,
+            scale=float(adapter.scaling(m)),
+            transpose=m.embedding or adapter.fan_in_fan_out,
+            dtype=weight.dtype,
+            factor_dtype=a.dtype,
+        )
+        chains[name] = [codec, ZstdCodec(level=3)]
+    return chains

@@ -14,6 +14,7 @@ import os
 import tempfile
 import time
 from collections.abc import Collection, Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 
 from mgit.codecs import Codec
 from mgit.errors import InputError, InvalidOptionError, MgitError, RefConflictError
+from mgit.formats.adapter import CONFIG as ADAPTER_CONFIG
 from mgit.formats.folder import ModelSource, scan_path, scan_state_dict
 from mgit.formats.gguf import gguf_names
 from mgit.index.catalog import Catalog, ObjectRow
@@ -28,7 +30,7 @@ from mgit.index.refs import RefStore, validate_model_name
 from mgit.index.retired import RetiredNames
 from mgit.lineage.inference import DEFAULT_MIN_CONFIDENCE, suggest
 from mgit.lineage.sketch import Sketch, sketch_added, sketch_source, stored_sketches
-from mgit.repo.adapters import RELATION, adapter_parents
+from mgit.repo.adapters import RELATION, adapter_parents, merged_chains
 from mgit.repo.checkout import restore_manifest
 from mgit.repo.declared import declared_parents
 from mgit.repo.gate import Gate, GateResult
@@ -436,7 +438,24 @@ def _delta_plan(
     arch = next((f.layout.metadata.get("general.architecture") for f in src.files if f.kind == "gguf"), None)
     rename = partial(gguf_names, arch) if isinstance(arch, str) else None  # a GGUF of a safetensors parent
     plan = DeltaPlan.from_parents(manifests, max_depth=max_depth, names=names, rename=rename)
-    return replace(plan, derived=permuted_chains(src, manifests)) if rename else plan
+    if rename:
+        return replace(plan, derived=permuted_chains(src, manifests))
+    return replace(plan, derived=_adapter_merges(store, parents)) if len(parents) > 1 else plan
+
+
+def _adapter_merges(store: ObjectStore, parents: tuple[Parent, ...]) -> dict[str, list[Codec]]:
+    """A model whose parents are a base and a LoRA adapter (merged by peft, then added): its
+    weights predicted as the merge (mgit.repo.adapters.merged_chains)."""
+    manifests = {p.version: store.get_manifest(store.get_version(p.version).manifest) for p in parents}
+    chains: dict[str, list[Codec]] = {}
+    for adapter in manifests.values():
+        if not any(f.path == ADAPTER_CONFIG for f in adapter.files):
+            continue
+        for base in manifests.values():
+            if base is not adapter:
+                with suppress(MgitError):  # (a prediction only: else stored as deltas)
+                    chains.update(merged_chains(store, base, adapter))
+    return chains
 
 
 def _add_result(
