@@ -267,6 +267,39 @@ def _test_builders():
     return gguf_family, quant_family
 
 
+def merged_lora(root: Path, quick: bool) -> Family:
+    """A LoRA adapter of the base made and saved by peft (rank 8 on query and value), and the base
+    with it merged by peft's `merge_and_unload`, saved by `save_pretrained`, added with the base
+    and the adapter as its parents."""
+    import sys
+
+    from transformers import AutoModel
+
+    tests = str(Path(__file__).resolve().parent.parent / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    import peft
+    from peft_family import make_adapter
+
+    base = base_folder(root, quick)
+    adapter = root / "lora"
+    if not adapter.is_dir():
+        tmp = root / "lora.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        make_adapter(base, tmp, kind="lora", r=8, seed=0, base_name="base")
+        tmp.rename(adapter)
+
+    def write(out: Path) -> None:
+        model = peft.PeftModel.from_pretrained(AutoModel.from_pretrained(base), adapter)
+        model.merge_and_unload().save_pretrained(out)
+
+    merged = saved(root / "lora-merged", base, write)
+    return Family(
+        [Member("base", base), Member("adapter", adapter, ("base",), "adapter")],
+        [Member("merged", merged, ("base", "adapter"), "merge")],
+    )
+
+
 def _gguf(root: Path, base: Path, qtype: str) -> Path:
     """A folder holding `model-<qtype>.gguf` of the base, written as llama.cpp's convert script and
     `llama-quantize` write it (quantized from the F16 values, as a ladder is made)."""
@@ -331,4 +364,9 @@ KINDS: dict[str, Kind] = {
         (share_of_size("ladder Q8_0+Q5_0+Q4_0 <= 0.35x the ladder's files", ("q8", "q5", "q4"), 0.35),),
     ),
     "fp8": Kind("FP8 (F8_E4M3, per-tensor scale) cast of a stored float model", fp8_cast),
+    "lora": Kind(
+        "LoRA adapter merged by peft, with the adapter stored",
+        merged_lora,
+        (times_size_of("merged LoRA with its adapter stored <= 2x the adapter", "merged", "adapter", 2.0),),
+    ),
 }
