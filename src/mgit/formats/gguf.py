@@ -23,6 +23,7 @@ import re
 import struct
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -258,6 +259,17 @@ def dequantize(raw: np.ndarray, dtype: str) -> np.ndarray:
     return gguf_dequantize(blocks, qtype).astype(np.float32, copy=False).reshape(-1)
 
 
+@lru_cache(maxsize=256)
+def _name_table(arch: str, blocks: int) -> Any:
+    """gguf's TensorNameMap of an architecture (building one takes milliseconds: pairing a
+    model against every architecture builds a hundred)."""
+    from gguf.constants import MODEL_ARCH_NAMES
+    from gguf.tensor_mapping import get_tensor_name_map
+
+    found = [a for a, n in MODEL_ARCH_NAMES.items() if n == arch]
+    return get_tensor_name_map(found[0], blocks) if found else None
+
+
 def gguf_names(arch: str, names: Collection[str]) -> dict[str, str]:
     """What llama.cpp's convert script calls each of a Hugging Face model's tensors in a GGUF
     of architecture `arch` (`model.layers.0.self_attn.q_proj.weight` -> `blk.0.attn_q.weight`),
@@ -265,15 +277,13 @@ def gguf_names(arch: str, names: Collection[str]) -> dict[str, str]:
     (Names only: the convert script's permutation of llama's q and k rows is not undone, so
     those two tensors are not predicted from a safetensors parent; from a float GGUF they are.)"""
     try:
-        from gguf.constants import MODEL_ARCH_NAMES
-        from gguf.tensor_mapping import get_tensor_name_map
+        import gguf.tensor_mapping  # noqa: F401
     except ImportError:
         return {}
-    found = [a for a, n in MODEL_ARCH_NAMES.items() if n == arch]
-    if not found:
-        return {}
     blocks = 1 + max((int(m.group(1)) for n in names if (m := _BLOCK.search(n))), default=-1)
-    table = get_tensor_name_map(found[0], blocks)
+    table = _name_table(arch, blocks)
+    if table is None:
+        return {}
     out = {}
     for name in names:
         new = table.get_name(name, try_suffixes=(".weight", ".bias"))
@@ -307,20 +317,55 @@ def declared_bases(metadata: dict[str, Any]) -> list[list[str]]:
     return out
 
 
+def _is_gguf_side(names: Collection[str]) -> bool:
+    return any(n.startswith(("blk.", "token_embd.")) for n in names)
+
+
+def _conversion(names: Collection[str], gguf_side: Collection[str]) -> tuple[str, dict[str, str]]:
+    """The architecture under which the convert script maps most of a Hugging Face model's
+    tensor `names` onto `gguf_side`, and that mapping (restricted to names found there)."""
+    targets = set(gguf_side)
+    if not _is_gguf_side(targets) or not names:
+        return "", {}
+    try:
+        from gguf.constants import MODEL_ARCH_NAMES
+    except ImportError:
+        return "", {}
+    best: tuple[str, dict[str, str]] = ("", {})
+    for arch in MODEL_ARCH_NAMES.values():
+        found = {k: v for k, v in gguf_names(arch, names).items() if v in targets}
+        if len(found) > len(best[1]):
+            best = (arch, found)
+    return best
+
+
 def converted_names(names: Collection[str], gguf_side: Collection[str]) -> dict[str, str]:
     """For a Hugging Face model's tensor names, the names they have among `gguf_side` (a GGUF's
     tensors), under the architecture that maps most of them there: what diff pairs a model
     with its GGUF by. Empty when the other side has no GGUF names, or without `gguf`."""
-    targets = set(gguf_side)
-    if not any(n.startswith(("blk.", "token_embd.")) for n in targets) or not names:
-        return {}
-    try:
-        from gguf.constants import MODEL_ARCH_NAMES
-    except ImportError:
-        return {}
-    best: dict[str, str] = {}
-    for arch in MODEL_ARCH_NAMES.values():
-        found = {k: v for k, v in gguf_names(arch, names).items() if v in targets}
-        if len(found) > len(best):
-            best = found
-    return best
+    return _conversion(names, gguf_side)[1]
+
+
+# Tensors whose rows the convert script permutes, by architecture: their values sit elsewhere
+# in the GGUF than in the Hugging Face model (`LlamaModel.permute`; mgit.repo.permuted).
+PERMUTED_ROWS = {"llama": ("attn_q.weight", "attn_k.weight")}
+
+
+def conversion_pairs(names: Collection[str], others: Collection[str]) -> tuple[dict[str, str], frozenset[str]]:
+    """When one model's tensors are a GGUF's and another's a Hugging Face model's (either way
+    round): each of `names` that has a counterpart among `others` as the convert script names
+    it, and the names of either side left out on purpose: the Hugging Face model's tensors
+    the script drops (a pooler, a buffer) and the tensors whose rows it permutes, which are
+    the same values in other places (compared by sampled values, they would look unrelated).
+    Empty unless exactly one side has GGUF names; what parent inference pairs such models by."""
+    mine, theirs = _is_gguf_side(names), _is_gguf_side(others)
+    if mine == theirs:
+        return {}, frozenset()
+    hf, gguf_side = (others, names) if mine else (names, others)
+    arch, found = _conversion(hf, gguf_side)
+    if not found:
+        return {}, frozenset()
+    permuted = {k: v for k, v in found.items() if v.endswith(PERMUTED_ROWS.get(arch, ()))}
+    kept = {k: v for k, v in found.items() if k not in permuted}
+    left_out = frozenset(n for n in hf if n not in kept) | frozenset(permuted.values())
+    return ({v: k for k, v in kept.items()} if mine else kept), left_out

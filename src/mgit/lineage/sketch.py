@@ -12,7 +12,9 @@ or fp8 tensor that comes with a scale tensor (int8 per-row quantization, fp8 wit
 or block scales, bitsandbytes' SCB) is dequantized, and the scale at each sampled position is
 kept, so that a candidate parent's values can be quantized again exactly the same way. A
 GGUF's block-quantized tensor (Q8_0 ...) is sketched by its dequantized values, under its
-shape in values, so that it meets its float parent's tensor (a GGUF's names meet a GGUF's).
+shape in values, so that it meets its float parent's tensor: a float GGUF's under the same
+name, a Hugging Face model's under the name llama.cpp's convert script gave it
+(`mgit.lineage.evidence` pairs the names; a sketch keeps each tensor's own).
 
 A sketch encodes to one blob (`to_bytes`) that the catalog stores per version.
 """
