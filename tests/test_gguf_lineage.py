@@ -110,7 +110,11 @@ def test_a_llama_gguf_finds_its_safetensors_llama_despite_the_permuted_q_and_k(t
     for qtype in ("Q8_0", "Q4_0"):
         path = write_gguf(model, tmp_path / f"llama-{qtype}.gguf", qtype)
         s = _suggested(root, path)
-        assert s["candidates"][0]["model"] == "model" and s["candidates"][0]["structure"] == 1.0
+        best = s["candidates"][0]
+        assert best["model"] == "model" and best["structure"] == 1.0
+        # Every matrix compared, q and k too: sampled where the GGUF holds the model's values
+        # (compared permuted, 4 of the 16 would be ~1.4 apart, and the distance over 0.3).
+        assert best["compared"] == 16 and best["distance"] < (0.02 if qtype == "Q8_0" else 0.15), best
         added = _add_auto(root, path, f"llama-{qtype}")
         assert _parents(added) == [("model", 1, "quantize")], added["notes"]
         codecs = _requantized(root, f"llama-{qtype}", qtype)
@@ -134,3 +138,66 @@ def test_gguf_to_gguf_auto_parent_still_finds_the_float_gguf(tmp_path) -> None:
     added = _add_auto(root, q8, "llama-q8")
     assert _parents(added) == [("llama-f16", 1, "quantize")]
     assert set(_requantized(root, "llama-q8", "Q8_0").values()) == {"ggml_requantize+zstd"}
+
+
+def test_a_permuted_tensor_is_sampled_where_it_holds_the_hugging_face_values() -> None:
+    from gguf_family import _permute
+
+    from mgit.formats.gguf import permuted_heads, permuted_positions
+    from mgit.lineage.sketch import positions
+
+    w = np.arange(16 * 96, dtype=np.float32).reshape(16, 96)
+    for heads in (1, 2, 4, 8):
+        pos = positions(w.shape)
+        assert np.array_equal(
+            _permute(w, heads).reshape(-1)[permuted_positions(pos, w.shape, heads)], w.reshape(-1)[pos]
+        )
+    assert permuted_positions(pos, w.shape, 3) is None and permuted_positions(pos, (16,), 2) is None
+    llama = {"general.architecture": "llama", "llama.attention.head_count": 4}
+    assert permuted_heads(llama) == {"attn_q.weight": 4, "attn_k.weight": 4}  # k falls back to q's, as the script's
+    assert permuted_heads({**llama, "llama.attention.head_count_kv": 2})["attn_k.weight"] == 2
+    assert permuted_heads({"general.architecture": "bert", "bert.attention.head_count": 4}) == {}
+
+
+def test_a_stored_llama_ggufs_sketch_is_made_again_the_same_from_the_store(tmp_path) -> None:
+    """A rebuilt catalog, or a sketch of an older format, is made again from the stored
+    tensors and the skeleton's head counts: the same sketch the add made from the file."""
+    pytest.importorskip("transformers")
+    from mgit.lineage.sketch import MAGIC, Sketch
+
+    model = tiny_llama(tmp_path / "llama", seed=0)
+    repo = Repo.init(tmp_path / "r")
+    repo.add(model, name="model")
+    repo.add(write_gguf(model, tmp_path / "l.gguf", "Q8_0"), name="llama-q8", parent="model", relation="quantize")
+    before = {v: blob for v, _, _, blob in repo.catalog.sketches()[0]}
+    vid = repo.resolve("llama-q8")
+    old = Sketch.from_bytes(before[vid])
+    header = before[vid][8 : 8 + int.from_bytes(before[vid][4:8], "little")]
+    older = header.replace(b'"format":4', b'"format":3')
+    assert older != header
+    repo.catalog.put_sketch(vid, MAGIC + len(older).to_bytes(4, "little") + older + before[vid][8 + len(header) :])
+    q4 = write_gguf(model, tmp_path / "l4.gguf", "Q4_0")
+    assert repo.suggest_parents(q4).candidates[0].model == "model"
+    assert {v: blob for v, _, _, blob in repo.catalog.sketches()[0]} == before  # made again, the same
+    repo.rebuild_catalog()
+    assert repo.suggest_parents(q4).candidates[0].model == "model"
+    after = {v: blob for v, _, _, blob in repo.catalog.sketches()[0]}
+    assert after == before and np.array_equal(Sketch.from_bytes(after[vid]).values, old.values)
+
+
+def test_a_skeletons_metadata_is_read_checked(tmp_path) -> None:
+    from mgit.errors import GgufFormatError
+    from mgit.formats.gguf import read_gguf, skeleton_metadata
+
+    state = {
+        "model.embed_tokens.weight": np.ones((8, 32), np.float32),
+        "model.layers.0.self_attn.q_proj.weight": np.ones((64, 32), np.float32),
+    }
+    path = write_gguf(state, tmp_path / "l.gguf", "F16")
+    skeleton = read_gguf(path).header
+    metadata = skeleton_metadata("l.gguf", skeleton)
+    assert metadata["general.architecture"] == "llama" and metadata["llama.attention.head_count"] == 4
+    with pytest.raises(GgufFormatError, match="cannot fit|past the end"):
+        skeleton_metadata("l.gguf", skeleton[:300])
+    with pytest.raises(GgufFormatError, match="does not start with GGUF"):
+        skeleton_metadata("l.gguf", b"GGML" + skeleton[4:])

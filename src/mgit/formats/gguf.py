@@ -131,10 +131,8 @@ class _Cursor:
         return None
 
 
-def parse_gguf(path: str, buf: memoryview) -> GgufLayout:
-    """Validate a whole GGUF file held in `buf` (a memory map): its header, and its tensors'
-    places, which must be aligned, inside the file and disjoint."""
-    cur = _Cursor(path, buf)
+def _header(cur: _Cursor) -> tuple[int, int, dict[str, Any], int]:
+    """(version, tensor count, metadata, alignment): what comes before the tensor infos."""
     if cur.take(4, "the magic") != MAGIC:
         raise cur.fail("it does not start with GGUF")
     version = cur.unpack("<I", "the version")
@@ -156,7 +154,24 @@ def parse_gguf(path: str, buf: memoryview) -> GgufLayout:
             alignment = metadata[key]
             if kind != 4 or alignment == 0 or alignment & (alignment - 1):
                 raise cur.fail(f"general.alignment is not a power of two ({alignment!r})")
-    metadata = {k: v for k, v in metadata.items() if v is not None}
+    return version, n_tensors, {k: v for k, v in metadata.items() if v is not None}, alignment
+
+
+def skeleton_metadata(label: str, skeleton: bytes) -> dict[str, Any]:
+    """The scalar and string metadata of a stored GGUF's skeleton (which starts with the
+    file's header as it was). Raises GgufFormatError."""
+    view = memoryview(skeleton)
+    try:
+        return _header(_Cursor(label, view))[2]
+    finally:
+        view.release()
+
+
+def parse_gguf(path: str, buf: memoryview) -> GgufLayout:
+    """Validate a whole GGUF file held in `buf` (a memory map): its header, and its tensors'
+    places, which must be aligned, inside the file and disjoint."""
+    cur = _Cursor(path, buf)
+    version, n_tensors, metadata, alignment = _header(cur)
     infos = [_tensor_info(cur) for _ in range(n_tensors)]
     if len({name for name, *_ in infos}) != len(infos):
         raise cur.fail("a tensor name appears twice")
@@ -346,26 +361,55 @@ def converted_names(names: Collection[str], gguf_side: Collection[str]) -> dict[
     return _conversion(names, gguf_side)[1]
 
 
-# Tensors whose rows the convert script permutes, by architecture: their values sit elsewhere
-# in the GGUF than in the Hugging Face model (`LlamaModel.permute`; mgit.repo.permuted).
-PERMUTED_ROWS = {"llama": ("attn_q.weight", "attn_k.weight")}
+# Tensors whose rows the convert script permutes, by architecture, with the metadata key of
+# the head count it permutes by (`LlamaModel.permute`: Hugging Face's rotary halves to ggml's
+# interleaved pairs; mgit.repo.permuted predicts them, parent inference samples them unpermuted).
+PERMUTED_ROWS = {
+    "llama": {"attn_q.weight": "llama.attention.head_count", "attn_k.weight": "llama.attention.head_count_kv"}
+}
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 1 << 16 else 0
+
+
+def permuted_heads(metadata: dict[str, Any]) -> dict[str, int]:
+    """For a GGUF of an architecture whose rows the convert script permutes: the name suffix
+    of each permuted tensor and the head count it was permuted by (0: the metadata gives none
+    that can be; k falls back to q's, as the script's does). Empty for other architectures."""
+    keys = PERMUTED_ROWS.get(metadata.get("general.architecture"), {})  # type: ignore[arg-type]
+    heads = {suffix: _count(metadata.get(key)) for suffix, key in keys.items()}
+    if "attn_k.weight" in heads:
+        heads["attn_k.weight"] = heads["attn_k.weight"] or heads.get("attn_q.weight", 0)
+    return heads
+
+
+def permuted_positions(pos: np.ndarray, shape: tuple[int, ...], heads: int) -> np.ndarray | None:
+    """Where a tensor of `shape` permuted by the convert script for `heads` heads holds the
+    values found at flat positions `pos` of the Hugging Face tensor; None when it cannot
+    have been permuted so (not a matrix, rows not a multiple of 2 x heads)."""
+    if len(shape) != 2 or heads <= 0 or shape[0] % (2 * heads):
+        return None
+    rows, cols = shape
+    half = rows // heads // 2
+    r, c = pos // cols, pos % cols
+    head, t, j = r // (2 * half), (r % (2 * half)) // half, r % half  # HF row: head, half, pair index
+    return (head * 2 * half + j * 2 + t) * cols + c
 
 
 def conversion_pairs(names: Collection[str], others: Collection[str]) -> tuple[dict[str, str], frozenset[str]]:
     """When one model's tensors are a GGUF's and another's a Hugging Face model's (either way
     round): each of `names` that has a counterpart among `others` as the convert script names
-    it, and the names of either side left out on purpose: the Hugging Face model's tensors
-    the script drops (a pooler, a buffer) and the tensors whose rows it permutes, which are
-    the same values in other places (compared by sampled values, they would look unrelated).
-    Empty unless exactly one side has GGUF names; what parent inference pairs such models by."""
+    it, and the Hugging Face model's tensors the script drops (a pooler, a buffer), which say
+    nothing of lineage. Empty unless exactly one side has GGUF names; what parent inference
+    pairs such models by. (A llama's q and k, which the script permutes, are sampled
+    unpermuted in a GGUF's sketch, so they pair as the others do.)"""
     mine, theirs = _is_gguf_side(names), _is_gguf_side(others)
     if mine == theirs:
         return {}, frozenset()
     hf, gguf_side = (others, names) if mine else (names, others)
-    arch, found = _conversion(hf, gguf_side)
+    found = _conversion(hf, gguf_side)[1]
     if not found:
         return {}, frozenset()
-    permuted = {k: v for k, v in found.items() if v.endswith(PERMUTED_ROWS.get(arch, ()))}
-    kept = {k: v for k, v in found.items() if k not in permuted}
-    left_out = frozenset(n for n in hf if n not in kept) | frozenset(permuted.values())
-    return ({v: k for k, v in kept.items()} if mine else kept), left_out
+    left_out = frozenset(n for n in hf if n not in found)
+    return ({v: k for k, v in found.items()} if mine else found), left_out

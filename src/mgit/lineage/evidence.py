@@ -2,8 +2,9 @@
 
 Tensors are matched by name (across a wrapper prefix such as a task model's `bert.`) and shape
 (or, for a student with fewer layers, by name pattern and shape); a GGUF's tensors meet a
-Hugging Face model's under the names llama.cpp's convert script gives them, less the ones whose
-rows it permutes (a llama's q and k), and what the script drops is no structural evidence. For matched tensors, sampled
+Hugging Face model's under the names llama.cpp's convert script gives them (a llama's q and k,
+whose rows it permutes, are sampled unpermuted: `mgit.lineage.sketch`), and what the script
+drops is no structural evidence. For matched tensors, sampled
 values give a relative distance (to the RMS of the two samples: two unrelated zero-mean
 tensors are ~sqrt(2) apart whatever their scales, a fine-tune 0.01-0.1, a bf16 cast ~0.002)
 and the share of values the candidate reproduces exactly once cast or quantized the query's
