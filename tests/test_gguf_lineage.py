@@ -170,15 +170,22 @@ def test_a_stored_llama_ggufs_sketch_is_made_again_the_same_from_the_store(tmp_p
     repo.add(model, name="model")
     repo.add(write_gguf(model, tmp_path / "l.gguf", "Q8_0"), name="llama-q8", parent="model", relation="quantize")
     before = {v: blob for v, _, _, blob in repo.catalog.sketches()[0]}
-    vid = repo.resolve("llama-q8")
+    vid, hf = repo.resolve("llama-q8"), repo.resolve("model")
     old = Sketch.from_bytes(before[vid])
-    header = before[vid][8 : 8 + int.from_bytes(before[vid][4:8], "little")]
-    older = header.replace(b'"format":4', b'"format":3')
-    assert older != header
-    repo.catalog.put_sketch(vid, MAGIC + len(older).to_bytes(4, "little") + older + before[vid][8 + len(header) :])
+
+    def format_3(blob: bytes) -> bytes:
+        header = blob[8 : 8 + int.from_bytes(blob[4:8], "little")]
+        older = header.replace(b'"format":4', b'"format":3')
+        assert older != header
+        return MAGIC + len(older).to_bytes(4, "little") + older + blob[8 + len(header) :]
+
+    for v in (vid, hf):
+        repo.catalog.put_sketch(v, format_3(before[v]))
     q4 = write_gguf(model, tmp_path / "l4.gguf", "Q4_0")
     assert repo.suggest_parents(q4).candidates[0].model == "model"
-    assert {v: blob for v, _, _, blob in repo.catalog.sketches()[0]} == before  # made again, the same
+    now = {v: blob for v, _, _, blob in repo.catalog.sketches()[0]}
+    assert now[vid] == before[vid]  # the GGUF's made again, the same
+    assert now[hf] == format_3(before[hf])  # a safetensors model's of format 3 is the same sketch: kept
     repo.rebuild_catalog()
     assert repo.suggest_parents(q4).candidates[0].model == "model"
     after = {v: blob for v, _, _, blob in repo.catalog.sketches()[0]}

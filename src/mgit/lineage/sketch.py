@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from mgit.index.catalog import Catalog
 
 SKETCH_FORMAT = 4  # 3: positions drawn from the shape alone; 4: a llama GGUF's q and k sampled unpermuted
+# (a sketch of format 3 is read still unless it is a GGUF's: no other sketch differs)
 SAMPLES = 64  # values per tensor: enough to tell a 1e-3 change from noise on ~50 tensors
 ZERO_SAMPLES = 4096
 MAGIC = b"MGSK"
@@ -190,9 +191,11 @@ class Sketch:
             raise ValueError("not a sketch")
         (size,) = struct.unpack_from("<I", blob, 4)
         header = json.loads(blob[8 : 8 + size])
-        if header.get("format") != SKETCH_FORMAT or header.get("samples") != SAMPLES:
+        if header.get("format") not in (SKETCH_FORMAT, 3) or header.get("samples") != SAMPLES:
             raise ValueError("a sketch of another format")
         names, dtypes, shapes, oids = header["names"], header["dtypes"], header["shapes"], header["oids"]
+        if header["format"] == 3 and any(str(n).startswith("blk.") for n in names):
+            raise ValueError("a GGUF's sketch of format 3")  # (format 4 differs from 3 only there)
         n = len(names)
         roles = np.array(header["roles"], dtype=np.int8)
         if not len(dtypes) == len(shapes) == len(oids) == len(roles) == len(header["zeros"]) == n:
