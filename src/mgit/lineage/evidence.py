@@ -230,7 +230,7 @@ def compare_all(
     distinct architecture. Returns those that share a tensor with `q`, and the count seen."""
     q_cmp, q_inf = _comparable(q), _informative(q)
     q_oids = Counter(q.oids[i] for i in np.flatnonzero(q_inf))
-    matches: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
+    matches: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray, frozenset[str]]] = {}
     kept: list[tuple[str, str, Sketch, Evidence]] = []
     rows_q, gathered, owners = [], [], []
     count = 0
@@ -239,13 +239,16 @@ def compare_all(
         key = (tuple(c.names), tuple(c.shapes))
         if key not in matches:
             pairs = [(i, j) for j, i in enumerate(counterparts(q, c)) if i is not None]
-            matches[key] = (np.array([i for i, _ in pairs], np.int64), np.array([j for _, j in pairs], np.int64))
-        iq, ic = matches[key]
+            matches[key] = (
+                np.array([i for i, _ in pairs], np.int64),
+                np.array([j for _, j in pairs], np.int64),
+                _pairing(tuple(c.names), tuple(q.names))[1],
+            )
+        iq, ic, aside = matches[key]
         named = c.roles[ic] != SCALE
         iq, ic, common = iq[named], ic[named], int(named.sum())
         if not common:
             continue
-        aside = _pairing(tuple(c.names), tuple(q.names))[1]
         ev = Evidence(structure=common / max(_named(q, aside) + _named(c, aside) - common, 1))
         if q_oids:
             ev.identical = sum(q_oids[o] for o in set(c.oids) & q_oids.keys()) / sum(q_oids.values())
