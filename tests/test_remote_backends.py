@@ -1,8 +1,9 @@
 """Every remote backend keeps the contract of remotes/base.py. `BackendContract` states it once
-and runs against a folder and against a real S3 server (moto, in a child process) under a
-prefix. The S3-only tests cover what a folder cannot have: a missing bucket, credentials
-(right, wrong, absent), the endpoint chain, and a server that fails requests (FaultProxy),
-ridden out by retries or reported in one line when it persists.
+and runs against a folder, a real S3 server (moto, in a child process) and a real Azure
+emulator (Azurite, in a child process), each under a prefix. The S3-only and Azure-only tests
+cover what a folder cannot have: a missing bucket or container, credentials (right, wrong,
+absent), the endpoint chain, and (S3) a server that fails requests (FaultProxy), ridden out
+by retries or reported in one line when it persists.
 """
 # ruff: noqa: F811  (test arguments named after the imported fixtures are how pytest injects them)
 
@@ -21,6 +22,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from azurite import AZURE_VARIABLES, AzureContainer, azure_container, azurite_server, requires_azurite  # noqa: F401
 from s3server import UNSET_AWS_VARIABLES, FaultProxy, S3Server, aws_env, s3_bucket, s3_server  # noqa: F401
 
 from mgit.errors import (
@@ -340,6 +342,138 @@ class TestS3Backend(BackendContract):
             with pytest.raises(RemoteUnavailableError):
                 backend.read_into("objects/ab/k", tmp_path / "out", limit=len(data))
             assert not (tmp_path / "out").exists()
+
+
+def azure_backend(url: str, **options: object) -> Backend:
+    """An Azure backend whose large files go in 5 MiB blocks and ranges (multipart stays fast)."""
+    from mgit.remotes.objectstore import ObjectStoreBackend
+
+    backend = ObjectStoreBackend.azure(url, **options)  # type: ignore[arg-type]
+    backend.part_size = PART
+    return backend
+
+
+@requires_azurite
+class TestAzureBackend(BackendContract):
+    """Azurite checks a conditional Put Blob and writes in one step: of racing writers, one
+    wins (as on Azure)."""
+
+    @pytest.fixture
+    def backend(self, azure_container):
+        return azure_backend(f"{azure_container.url}/team/models")  # account and endpoint: the environment
+
+    @pytest.fixture
+    def absent(self, azure_container):
+        return azure_backend("az://mgit-test-no-such-container/team")
+
+    def test_keys_live_under_the_prefix_and_nothing_else_is_listed(self, backend, azure_container):
+        import obstore
+
+        from mgit.remotes.objectstore import ObjectStoreBackend
+
+        raw = ObjectStoreBackend.azure(azure_container.url)  # the container's root
+        for key in ("team/models-old/objects/x", "team/other", "elsewhere/objects/y", "team/models/.hidden"):
+            obstore.put(raw.store, key, b"not ours")
+        backend.write("objects/ab/k", b"ours")
+        assert raw.read("team/models/objects/ab/k", limit=10) == b"ours"
+        assert list(backend.list("")) == ["objects/ab/k"]
+        assert list(backend.list("obj")) == ["objects/ab/k"]  # a prefix need not end at a "/"
+
+    def test_large_files_go_in_blocks_and_come_back_in_ranges(self, backend, tmp_path):
+        import obstore
+
+        source = tmp_path / "source.bin"
+        source.write_bytes(os.urandom(LARGE))
+        gets = []
+        original = obstore.get
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(obstore, "get", lambda *a, **k: gets.append(k.get("options")) or original(*a, **k))
+            backend.write("objects/ab/big", source)
+            backend.read_into("objects/ab/big", tmp_path / "out", limit=LARGE)
+        assert sha256(tmp_path / "out") == sha256(source)
+        assert sorted(o["range"] for o in gets) == [(0, PART), (PART, 2 * PART), (2 * PART, LARGE)]
+        assert {o["if_match"] for o in gets} == {obstore.head(backend.store, "objects/ab/big")["e_tag"]}
+
+    @pytest.mark.parametrize("size", [1000, LARGE])
+    def test_an_object_that_changes_while_downloaded_leaves_no_file(self, backend, tmp_path, size):
+        import obstore
+
+        backend.write("objects/ab/k", os.urandom(size))
+        original, gets = obstore.get, []
+
+        def another_writer(*args, **kwargs):  # replaces the blob before the first (or only) GET
+            gets.append(1)
+            if len(gets) == 1:
+                obstore.put(backend.store, "objects/ab/k", b"new")
+            return original(*args, **kwargs)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(obstore, "get", another_writer)
+            with pytest.raises(RemoteConflictError):
+                backend.read_into("objects/ab/k", tmp_path / "out", limit=size)
+        assert not (tmp_path / "out").exists()
+
+
+@requires_azurite
+def test_azure_credentials_come_from_the_standard_variables(azure_container, monkeypatch):
+    url = f"{azure_container.url}/team"
+    azure_backend(url).write("objects/ab/k", b"v")
+    from azurite import ACCOUNT, KEY
+
+    for name in AZURE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT", ACCOUNT)
+    monkeypatch.setenv("AZURE_STORAGE_KEY", KEY)
+    assert azure_backend(url, endpoint_url=azure_container.endpoint).read("objects/ab/k", limit=10) == b"v"
+    monkeypatch.setenv("AZURE_STORAGE_KEY", base64_of(b"not the key" * 6))
+    bad = azure_backend(url, endpoint_url=azure_container.endpoint)
+    for call in (bad.check, partial(bad.read, "objects/ab/k", limit=10), partial(bad.write, "objects/ab/x", b"x")):
+        with pytest.raises(RemoteAuthError) as failed:
+            call()
+        message = one_line(failed.value)
+        assert url in message and "AZURE_STORAGE_CONNECTION_STRING" in message and KEY not in message
+
+
+@requires_azurite
+def test_a_missing_container_is_named_in_one_line_and_never_created(azure_container):
+    backend = azure_backend("az://mgit-test-no-such-container/team")
+    for call in (
+        backend.check,
+        lambda: backend.read("objects/ab/k", limit=10),
+        lambda: backend.write("k", b"x"),
+        lambda: list(backend.list("")),
+        lambda: backend.write_if("refs/models/m", b"x", token=None),
+    ):
+        with pytest.raises(RemoteNotFoundError) as failed:
+            call()
+        assert "container 'mgit-test-no-such-container' of az://mgit-test-no-such-container/team" in one_line(
+            failed.value
+        )
+        assert "never creates" in str(failed.value)
+    with pytest.raises(RemoteNotFoundError):
+        azure_backend("az://mgit-test-no-such-container/team").check()
+
+
+@requires_azurite
+def test_an_unreachable_azure_endpoint_is_unavailable_in_one_line_and_soon(azure_container, monkeypatch):
+    monkeypatch.setenv("MGIT_REMOTE_RETRIES", "1")
+    backend = azure_backend(f"{azure_container.url}/team", endpoint_url="http://127.0.0.1:9/devstoreaccount1")
+    with pytest.raises(RemoteUnavailableError) as failed:
+        backend.read("objects/ab/k", limit=10)
+    assert one_line(failed.value).startswith(f"{azure_container.url}/team did not answer")
+
+
+def test_without_obstore_an_azure_remote_asks_for_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "obstore", None)
+    monkeypatch.delitem(sys.modules, "mgit.remotes.objectstore", raising=False)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'mgit-models\[azure\]'"):
+        open_backend(RemoteSpec("az://some-container/team"))
+
+
+def base64_of(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode()
 
 
 # --- S3 only: buckets, credentials, endpoints ---------------------------------------------------

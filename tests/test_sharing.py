@@ -1,5 +1,6 @@
-"""Sharing a repository: remotes on a folder and on S3 (moto's server, a real HTTP process),
-push, fetch, pull, clone and lazy clone. One contract class runs against both kinds.
+"""Sharing a repository: remotes on a folder, on S3 (moto's server, a real HTTP process) and on
+Azure (Azurite, a real HTTP process), push, fetch, pull, clone and lazy clone. One contract
+class runs against every kind.
 
 Round trips are compared by hash; what travels is counted (objects, bytes, write requests);
 races are real processes pushing at once; kills are SIGKILL at named points; hostile remotes
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from azurite import AzureContainer, azure_container, azurite_server, requires_azurite  # noqa: F401
 from conftest import MGIT, copy_user_code, make_model, run_cli, sha256_tree, tensors
 from s3server import FaultProxy, S3Bucket, s3_bucket, s3_server  # noqa: F401
 
@@ -92,6 +94,12 @@ class Writes:
 
             classes.append(S3Backend)
         except ImportError:  # pragma: no cover - boto3 is in the dev extras
+            pass
+        try:
+            from mgit.remotes.objectstore import ObjectStoreBackend
+
+            classes.append(ObjectStoreBackend)
+        except ImportError:  # pragma: no cover - obstore is in the dev extras
             pass
         for cls in classes:
             for method in ("write", "write_if"):
@@ -678,6 +686,54 @@ class TestS3Remote(SharingContract):
         carol = Repo(tmp_path / "carol")
         assert [v.message for v in carol.log("ft")][:3] == ["drop", "500", "503"] and carol.fsck().ok
         del folders
+
+
+@requires_azurite
+class TestAzureRemote(SharingContract):
+    @pytest.fixture
+    def url(self, azure_container: AzureContainer) -> str:
+        url = f"{azure_container.url}/team/models"
+        sync.init_bare(url)
+        return url
+
+    @pytest.fixture
+    def env(self, azure_container: AzureContainer) -> dict[str, str]:
+        return {**os.environ, **azure_container.env}
+
+    def damage(self, url: str, key: str, fn: Any) -> None:
+        from mgit.remotes.objectstore import ObjectStoreBackend
+
+        backend = ObjectStoreBackend.azure(url)
+        backend.write(key, fn(backend.read(key, limit=1 << 30)))
+
+    def offline(self, url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+        return _azure_unreachable()
+
+    def test_init_bare_needs_an_existing_container(self, azure_container: AzureContainer) -> None:
+        one_line_error(run_cli("init", "--bare", "az://no-such-container-here/x"), "no-such-container-here")
+        code, out, err = run_cli("init", "--bare", f"{azure_container.url}/fresh", "--json")
+        assert code == 0 and json.loads(out)["path"] == f"{azure_container.url}/fresh", err
+        one_line_error(run_cli("init", "--bare", f"{azure_container.url}/fresh"), "already exists")
+
+
+class _azure_unreachable:
+    """Azure's endpoint pointed at a port where nothing listens, for a `with` block."""
+
+    NAMES = ("AZURE_STORAGE_CONNECTION_STRING", "MGIT_REMOTE_RETRIES")
+
+    def __enter__(self) -> None:
+        self.saved = {k: os.environ.get(k) for k in self.NAMES}
+        os.environ["AZURE_STORAGE_CONNECTION_STRING"] = re.sub(
+            r"BlobEndpoint=http://[^/]+", "BlobEndpoint=http://127.0.0.1:9", self.saved[self.NAMES[0]] or ""
+        )
+        os.environ["MGIT_REMOTE_RETRIES"] = "0"
+
+    def __exit__(self, *exc: object) -> None:
+        for key, value in self.saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 class _unreachable:
