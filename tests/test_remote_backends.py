@@ -1,6 +1,8 @@
 """Every remote backend keeps the contract of remotes/base.py. `BackendContract` states it once
-and runs against a folder, a real S3 server (moto, in a child process) and a real Azure
-emulator (Azurite, in a child process), each under a prefix. The S3-only and Azure-only tests
+and runs against a folder, a real S3 server (moto), a real GCS emulator (gcp-storage-emulator)
+and a real Azure emulator (Azurite), each a child process, each under a prefix. The
+GCS emulator ignores generation preconditions: its compare-and-swap tests are expected
+failures, and a test checks that the preconditions go out on the wire. The cloud-only tests
 cover what a folder cannot have: a missing bucket or container, credentials (right, wrong,
 absent), the endpoint chain, and (S3) a server that fails requests (FaultProxy), ridden out
 by retries or reported in one line when it persists.
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from azurite import AZURE_VARIABLES, AzureContainer, azure_container, azurite_server, requires_azurite  # noqa: F401
+from gcsemulator import NO_PRECONDITIONS, GCSBucket, gcs_bucket, gcs_emulator  # noqa: F401
 from s3server import UNSET_AWS_VARIABLES, FaultProxy, S3Server, aws_env, s3_bucket, s3_server  # noqa: F401
 
 from mgit.errors import (
@@ -474,6 +477,140 @@ def base64_of(data: bytes) -> str:
     import base64
 
     return base64.b64encode(data).decode()
+
+
+requires_gcs = pytest.mark.skipif(
+    not (importlib.util.find_spec("google.cloud.storage") and importlib.util.find_spec("gcp_storage_emulator")),
+    reason="needs the gcs extra (google-cloud-storage) and gcp-storage-emulator",
+)
+
+
+def gcs_backend(url: str, **options: object) -> Backend:
+    """A GCS backend whose large files come down in 5 MiB ranges (so parts stay fast to test)."""
+    from mgit.remotes.gcs import GCSBackend
+
+    backend = GCSBackend(url, **options)  # type: ignore[arg-type]
+    backend.part_size = PART
+    return backend
+
+
+@requires_gcs
+class TestGCSBackend(BackendContract):
+    """The emulator ignores ifGenerationMatch, so the compare-and-swap tests cannot pass on it,
+    and its racing writers all "win" (the race test here asks only that nobody fails)."""
+
+    atomic_conditional_writes = False
+
+    @pytest.fixture
+    def backend(self, gcs_bucket):
+        return gcs_backend(f"{gcs_bucket.url}/team/models")  # the emulator: STORAGE_EMULATOR_HOST
+
+    @pytest.fixture
+    def absent(self, gcs_bucket):
+        return gcs_backend("gs://mgit-test-no-such-bucket/team")
+
+    @pytest.mark.xfail(reason=NO_PRECONDITIONS, strict=True)
+    def test_write_if_without_token_creates_only_once(self, backend):
+        super().test_write_if_without_token_creates_only_once(backend)
+
+    @pytest.mark.xfail(reason=NO_PRECONDITIONS, strict=True)
+    def test_write_if_is_compare_and_swap_on_the_token(self, backend):
+        super().test_write_if_is_compare_and_swap_on_the_token(backend)
+
+    @pytest.mark.xfail(reason=NO_PRECONDITIONS, strict=True)
+    def test_write_if_with_a_token_on_a_missing_key_conflicts(self, backend):
+        super().test_write_if_with_a_token_on_a_missing_key_conflicts(backend)
+
+    def test_a_token_is_the_generation_and_every_write_if_sends_its_precondition(self, gcs_bucket, monkeypatch):
+        with FaultProxy(gcs_bucket.endpoint) as proxy:  # forwards every request, and records it
+            monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.endpoint)
+            backend = gcs_backend(f"{gcs_bucket.url}/team")
+            backend.write_if("refs/models/m", b"v1", token=None)
+            data, token = backend.read_versioned("refs/models/m", limit=10)
+            backend.write_if("refs/models/m", b"v2", token=token)
+            with pytest.raises(RemoteConflictError):
+                backend.write_if("refs/models/m", b"v3", token="not-a-generation")
+            uploads = [r.target for r in proxy.seen if r.method == "POST" and "/upload/" in r.target]
+            reads = [r.target for r in proxy.seen if r.method == "GET" and "alt=media" in r.target]
+        assert data == b"v1" and token and token.isdigit()
+        assert len(uploads) == 2 and "ifGenerationMatch=0" in uploads[0] and f"ifGenerationMatch={token}" in uploads[1]
+        assert reads and all(f"ifGenerationMatch={token}" in r for r in reads)  # a read names its generation
+
+    def test_the_emulator_really_ignores_preconditions(self, gcs_bucket):
+        """What the expected failures above rest on: if this fails, the emulator has learnt
+        preconditions, and the xfail marks (strict) fail too, to be removed."""
+        from google.cloud import storage
+
+        blob = storage.Client(project="mgit").bucket(gcs_bucket.name).blob("k")
+        blob.upload_from_string(b"v1", if_generation_match=0)
+        blob.upload_from_string(b"v2", if_generation_match=0)  # on GCS: 412
+        blob.upload_from_string(b"v3", if_generation_match=1)  # on GCS: 412
+        assert blob.download_as_bytes() == b"v3"
+
+    def test_large_files_come_back_in_ranges_of_one_generation(self, backend, tmp_path):
+        source = tmp_path / "source.bin"
+        source.write_bytes(os.urandom(LARGE))
+        backend.write("objects/ab/big", source)
+        assert backend.read_into("objects/ab/big", tmp_path / "out", limit=LARGE) == LARGE
+        assert sha256(tmp_path / "out") == sha256(source)
+        assert backend.size("objects/ab/big") == LARGE
+
+    def test_keys_live_under_the_prefix_and_nothing_else_is_listed(self, backend, gcs_bucket):
+        from google.cloud import storage
+
+        raw = storage.Client(project="mgit").bucket(gcs_bucket.name)
+        for key in ("team/models-old/objects/x", "team/other", "elsewhere/objects/y", "team/models/.hidden"):
+            raw.blob(key).upload_from_string(b"not ours")
+        backend.write("objects/ab/k", b"ours")
+        assert raw.blob("team/models/objects/ab/k").download_as_bytes() == b"ours"
+        assert list(backend.list("")) == ["objects/ab/k"]
+
+
+@requires_gcs
+def test_a_missing_gcs_bucket_is_named_in_one_line_and_never_created(gcs_bucket):
+    backend = gcs_backend("gs://mgit-test-no-such-bucket/team")
+    for call in (
+        backend.check,
+        lambda: backend.write("k", b"x"),
+        lambda: list(backend.list("")),
+        lambda: backend.write_if("refs/models/m", b"x", token=None),
+    ):
+        with pytest.raises(RemoteNotFoundError) as failed:
+            call()
+        assert "bucket 'mgit-test-no-such-bucket' of gs://mgit-test-no-such-bucket/team" in one_line(failed.value)
+        assert "never creates buckets" in str(failed.value)
+
+
+@requires_gcs
+def test_without_emulator_or_google_credentials_a_gcs_remote_is_an_auth_error(gcs_bucket, monkeypatch, tmp_path):
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no gcloud application-default credentials
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")  # no metadata server
+    monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
+    with pytest.raises(RemoteAuthError, match="no Google credentials found") as failed:
+        gcs_backend(gcs_bucket.url)
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in one_line(failed.value)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    with pytest.raises(RemoteAuthError):
+        gcs_backend(gcs_bucket.url)
+
+
+@requires_gcs
+def test_an_unreachable_gcs_endpoint_is_unavailable_in_one_line_and_soon(gcs_bucket, monkeypatch):
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")
+    monkeypatch.setenv("MGIT_REMOTE_RETRY_SECONDS", "0")
+    backend = gcs_backend(f"{gcs_bucket.url}/team")
+    with pytest.raises(RemoteUnavailableError) as failed:
+        backend.read("objects/ab/k", limit=10)
+    assert one_line(failed.value).startswith(f"{gcs_bucket.url}/team did not answer")
+
+
+def test_without_its_client_a_gcs_remote_asks_for_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "google.auth", None)  # (the first of its imports)
+    monkeypatch.delitem(sys.modules, "mgit.remotes.gcs", raising=False)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'mgit-models\[gcs\]'"):
+        open_backend(RemoteSpec("gs://some-bucket/team"))
 
 
 # --- S3 only: buckets, credentials, endpoints ---------------------------------------------------
