@@ -613,6 +613,29 @@ def test_without_its_client_a_gcs_remote_asks_for_the_extra(monkeypatch):
         open_backend(RemoteSpec("gs://some-bucket/team"))
 
 
+@requires_s3
+class TestS3ThroughObstore(BackendContract):
+    """The obstore backend on s3:// (what benchmarks/s3_clients.py weighs against boto3) keeps
+    the same contract against the same moto server (whose conditional writes are not atomic:
+    see TestS3Backend)."""
+
+    atomic_conditional_writes = False
+
+    @pytest.fixture
+    def backend(self, s3_bucket):
+        from mgit.remotes.objectstore import ObjectStoreBackend
+
+        backend = ObjectStoreBackend.s3(f"{s3_bucket.url}/team/models")  # endpoint and credentials: the environment
+        backend.part_size = PART
+        return backend
+
+    @pytest.fixture
+    def absent(self, s3_bucket):
+        from mgit.remotes.objectstore import ObjectStoreBackend
+
+        return ObjectStoreBackend.s3("s3://mgit-test-no-such-bucket/team")
+
+
 # --- S3 only: buckets, credentials, endpoints ---------------------------------------------------
 
 
