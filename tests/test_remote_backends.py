@@ -16,6 +16,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import sys
 import threading
 import urllib.request
@@ -822,3 +823,41 @@ def test_a_server_that_keeps_failing_is_unavailable_in_one_line_and_soon(s3_buck
         assert [r.fault for r in proxy.seen] == [mode, mode]
     message = one_line(failed.value)
     assert message.startswith(f"{s3_bucket.url}/team did not answer: ") and "2 attempts" in message
+
+
+# --- URLs of every cloud ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "normal", "kind"),
+    [
+        ("s3://team-models/bert/", "s3://team-models/bert", "s3"),
+        ("gs://team_models//bert/v1/", "gs://team_models/bert/v1", "gcs"),
+        ("az://models/", "az://models", "azure"),
+    ],
+)
+def test_cloud_urls_are_normalized_and_name_their_kind(url, normal, kind):
+    from mgit.remotes import normalize_url
+
+    assert normalize_url(url) == normal
+    assert RemoteSpec(normal).kind == kind
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("gs://Upper/x", "does not name a GCS bucket"),
+        ("az://under_score/x", "does not name an Azure container"),
+        ("az://double--dash/x", "does not name an Azure container"),
+        ("gs://bucket/a/../b", "'.' or '..'"),
+        ("az://key:secret@models/x", "holds credentials"),
+        ("gs://token@bucket/x", "holds credentials"),
+        ("abfs://models/x", "scheme 'abfs' is not supported"),
+    ],
+)
+def test_cloud_urls_that_are_wrong_or_hold_credentials_are_refused(url, said):
+    from mgit.remotes import normalize_url
+
+    with pytest.raises(InvalidOptionError, match=re.escape(said)) as failed:
+        normalize_url(url)
+    assert "secret" not in str(failed.value) and "token@" not in str(failed.value)
