@@ -861,3 +861,55 @@ def test_cloud_urls_that_are_wrong_or_hold_credentials_are_refused(url, said):
     with pytest.raises(InvalidOptionError, match=re.escape(said)) as failed:
         normalize_url(url)
     assert "secret" not in str(failed.value) and "token@" not in str(failed.value)
+
+
+# --- GCS and Azure: a server that fails requests --------------------------------------------------
+
+
+def ride_out_faults(backend: Backend, tmp_path: Path) -> None:
+    """Writes, a compare-and-swap, reads, a ranged download and a listing, each ending right
+    however many of their requests the proxy fails."""
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(2 * PART + 1))
+    blobs = {f"objects/0{i}/blob": os.urandom(1000 + i) for i in range(3)}
+    for key, data in blobs.items():
+        backend.write(key, data)
+    backend.write("objects/big", big)
+    backend.write_if("refs/models/m", b"v1", token=None)
+    _, token = backend.read_versioned("refs/models/m", limit=10)
+    backend.write_if("refs/models/m", b"v2", token=token)
+    assert {key: backend.read(key, limit=2000) for key in blobs} == blobs
+    backend.read_into("objects/big", tmp_path / "out.bin", limit=2 * PART + 1)
+    assert list(backend.list("objects/0")) == sorted(blobs)
+    assert backend.read("refs/models/m", limit=10) == b"v2"
+    assert sha256(tmp_path / "out.bin") == sha256(big)
+
+
+@requires_azurite
+@pytest.mark.parametrize("mode", ["503", "drop"])
+def test_azure_retries_ride_out_a_server_failing_every_third_request(azure_container, tmp_path, mode):
+    with FaultProxy(azure_container.endpoint.rsplit("/", 1)[0], every=3, mode=mode) as proxy:
+        endpoint = f"{proxy.endpoint}/{azure_container.endpoint.rsplit('/', 1)[1]}"
+        ride_out_faults(azure_backend(f"{azure_container.url}/team", endpoint_url=endpoint), tmp_path)
+        assert proxy.faults >= 5 and all(r.fault in (None, mode) for r in proxy.seen)
+
+
+@requires_azurite
+def test_an_azure_server_that_keeps_failing_is_unavailable_in_one_line(azure_container, monkeypatch):
+    monkeypatch.setenv("MGIT_REMOTE_RETRIES", "1")
+    with FaultProxy(azure_container.endpoint.rsplit("/", 1)[0], every=1, mode="503") as proxy:
+        endpoint = f"{proxy.endpoint}/{azure_container.endpoint.rsplit('/', 1)[1]}"
+        backend = azure_backend(f"{azure_container.url}/team", endpoint_url=endpoint)
+        with pytest.raises(RemoteUnavailableError) as failed:
+            backend.read("objects/ab/k", limit=10)
+        assert len(proxy.seen) == 2  # the request and its one retry
+    assert one_line(failed.value).startswith(f"{azure_container.url}/team did not answer")
+
+
+@requires_gcs
+@pytest.mark.parametrize("mode", ["503", "drop"])
+def test_gcs_retries_ride_out_a_server_failing_every_third_request(gcs_bucket, tmp_path, monkeypatch, mode):
+    with FaultProxy(gcs_bucket.endpoint, every=3, mode=mode) as proxy:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.endpoint)
+        ride_out_faults(gcs_backend(f"{gcs_bucket.url}/team"), tmp_path)
+        assert proxy.faults >= 5 and all(r.fault in (None, mode) for r in proxy.seen)
