@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size
+from mgit.remotes import OBJECT_STORE_SCHEMES
 from mgit.repo.repository import Repo
 from mgit.reports import ParentInfo
 from mgit.store.lossy_policy import DEFAULT_GUARD, LossyPolicy, describe
@@ -43,8 +44,16 @@ def lossy_bound(lossy: dict | None) -> str:
 
 @click.command()
 @click.argument("directory", default=".")
-@click.option("--bare", is_flag=True, help="A remote others push to: DIR itself (no .mgit), or s3://BUCKET/PREFIX.")
-@click.option("--endpoint-url", metavar="URL", help="With --bare s3://...: an S3-compatible endpoint.")
+@click.option(
+    "--bare",
+    is_flag=True,
+    help="A remote others push to: DIR itself (no .mgit), s3://BUCKET/PREFIX or az://CONTAINER/PREFIX.",
+)
+@click.option(
+    "--endpoint-url",
+    metavar="URL",
+    help="With --bare s3://... or az://...: the endpoint (an S3-compatible server, an emulator).",
+)
 @click.option("--region", metavar="REGION", help="With --bare s3://...: the S3 region.")
 @click.option("--profile", metavar="NAME", help="With --bare s3://...: a profile of the AWS shared config files.")
 @json_option
@@ -65,8 +74,8 @@ def init(
         info = init_bare(directory, endpoint_url=endpoint_url, region=region, profile=profile)
         path = info.url
     else:
-        if directory.startswith("s3://"):
-            raise click.UsageError("an s3:// location can only hold a bare remote: add --bare")
+        if directory.startswith(OBJECT_STORE_SCHEMES):
+            raise click.UsageError(f"an {directory.split(':')[0]}:// location can only hold a bare remote: add --bare")
         path = str(Repo.init(directory).dir.absolute())  # as git says it: -C may have moved the start
     if as_json:
         print_json({"path": path, "bare": bare})
