@@ -7,9 +7,9 @@ Nothing here loads numpy or the codecs, so that these commands start in millisec
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from mgit.index.catalog import Catalog, VersionRow
-from mgit.lineage.graph import Lineage
 from mgit.reports import (
     DuResult,
     FileInfo,
@@ -21,6 +21,9 @@ from mgit.reports import (
 )
 from mgit.store.local import LocalStore
 from mgit.store.objects import Manifest, tag_matches
+
+if TYPE_CHECKING:
+    from mgit.lineage.graph import Lineage
 
 RowOf = Callable[[str], VersionRow]  # a version's row, indexing it first if it is not yet
 ChainOf = Callable[[str], list[str]]  # a version and its predecessors, newest first
