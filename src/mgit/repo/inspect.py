@@ -62,6 +62,7 @@ def list_models(catalog: Catalog, row_of: RowOf, *, tag: str | None = None) -> l
     it (`KEY` or `KEY=VALUE`, as `log --tag`)."""
     heads = catalog.heads()
     rows = catalog.versions_of(list(heads.values()))
+    parents = catalog.versions_of(sorted({p for row in rows.values() for p, _ in row.parents}))
     out = []
     for name, head in heads.items():
         row = rows.get(head) or row_of(head)
@@ -73,7 +74,7 @@ def list_models(catalog: Catalog, row_of: RowOf, *, tag: str | None = None) -> l
                 head,
                 row.seq,
                 row.seq,
-                catalog.parent_infos(row.parents),
+                catalog.parent_infos(row.parents, rows=parents),
                 row.logical_bytes,
                 row.time,
                 row.lossy,
