@@ -23,6 +23,11 @@ if TYPE_CHECKING:
 # what its command needs, and `mgit ls` must not wait for numpy, the codecs or rich. This
 # module itself imports little beyond click, so that `mgit --version` costs about `import
 # click`: what only an error needs (the printer, traceback, difflib) is imported there.
+# A new command: a "name": "module:function" entry here; its module imports at its top click,
+# mgit.cli.output (json_option is there) and what its options need to be declared, and the
+# rest (numpy, torch, rich, the codecs, remotes) in the command's body; never another
+# command's module for a helper, which would load all of that module's imports.
+# tests/test_layers.py (STARTUP_IMPORTS) lists what ls, log, show, lineage and du load.
 COMMANDS = {
     **{name: f"mgit.cli.commands:{name}" for name in ("init", "add", "checkout", "fsck", "gc", "rm")},
     **{name: f"mgit.cli.inspect_cmd:{name}" for name in ("ls", "log", "show", "du")},
