@@ -238,3 +238,24 @@ def test_commands_that_touch_no_tensor_import_only_what_they_use(tmp_path: Path,
         assert ours == {"mgit", "mgit.cli", "mgit.cli.main", "mgit.errors"}
     if command in ("ls", "log m", "show m"):
         assert "mgit.lineage.graph" not in ours and "mgit.cli.commands" not in ours
+
+
+def test_the_console_script_answers_version_before_loading_click() -> None:
+    from conftest import run_cli
+
+    probe = (
+        "import io, json, sys, contextlib\n"
+        "from mgit.cli import entry\n"
+        "sys.argv = ['mgit', '--version']\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    try:\n"
+        "        entry()\n"
+        "    except SystemExit as exc:\n"
+        "        code = exc.code\n"
+        "ours = sorted(m for m in sys.modules if m.split('.')[0] == 'mgit')\n"
+        "print(json.dumps([code, out.getvalue(), ours, 'click' in sys.modules]))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    code, printed, ours, click_loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code == 0 and ours == ["mgit", "mgit.cli"] and not click_loaded
+    assert printed == run_cli("--version")[1]  # word for word what click's version option prints
