@@ -123,6 +123,11 @@ class InputError(MgitError):
         self.path = path
 
 
+class GgufFormatError(InputError):
+    """A file is not a valid GGUF file (as opposed to one that cannot be read at all): given on
+    its own it is refused; inside a folder it is kept as an opaque file."""
+
+
 class MissingDependencyError(MgitError):
     def __init__(self, package: str, purpose: str, extra: str) -> None:
         super().__init__(
@@ -198,6 +203,16 @@ class VersionRemoveRefusedError(RemoveRefusedError):
 
 class CodecError(MgitError):
     """A codec chain that cannot be parsed or whose data does not decode."""
+
+
+class DequantizeError(MgitError):
+    """Packed quantized tensors that cannot be turned back into floats: their shapes, dtypes
+    or config do not fit the layout they claim (a forged or damaged quantized model)."""
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(f"cannot dequantize {name}: {why}")
+        self.name = name
+        self.why = why
 
 
 class LockTimeoutError(MgitError):

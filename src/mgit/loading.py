@@ -46,13 +46,80 @@ def load(
     device: Any = None,
     dtype: Any = None,
     jobs: int | None = None,
+    merged: bool = False,
 ) -> dict[str, Any]:
     """Every tensor of a version, by name: torch tensors (`framework="torch"`, on `device`)
     or numpy arrays ("numpy"). `dtype` converts floating tensors (a torch dtype, a numpy
     dtype or a name such as "bfloat16"); others keep theirs. `repo` is a Repo or its path
     (default: found from the current folder). Memory: the model and the few delta bases
-    its tensors decode against."""
+    its tensors decode against. With `merged`, `ref` is a PEFT adapter (LoRA, DoRA, IA3) and
+    the state dict is its base's with the adapter merged, as peft's `merge_and_unload` makes it
+    (mgit.merging.adapters; needs torch)."""
+    if merged:
+        return _merged(ref, _open(repo), framework, device, dtype, jobs)
     return _load([ref], _open(repo), framework, device, dtype, jobs, shared=False)[0]
+
+
+def _merged(ref: str, repo: Repo, framework: str, device: Any, dtype: Any, jobs: int | None) -> dict[str, Any]:
+    """The merged state dict of an adapter and its base (see `load`)."""
+    from mgit.merging.adapters import adapter_base, merged_state
+
+    if framework not in ("torch", "numpy"):
+        raise InvalidOptionError(f"unknown framework {framework!r}", hint="Use torch or numpy")
+    _module("torch", "Merging an adapter")
+    vid = repo.resolve(ref)
+    adapter = _adapter(repo, vid, ref)
+    base, tensors = _load([adapter_base(repo, vid), vid], repo, "torch", None, None, jobs, shared=False)
+    state = {**base, **merged_state(adapter, base, tensors, label=f"{ref}:adapter_config.json")}
+    for name, t in state.items():
+        if dtype is not None and t.is_floating_point():
+            t = t.to(_torch_dtype(dtype))
+        state[name] = t.to(device) if device is not None else t
+    return {k: v.numpy() for k, v in state.items()} if framework == "numpy" else state
+
+
+def _torch_dtype(dtype: Any) -> Any:
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype)
+    found = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(found, torch.dtype):
+        raise InvalidOptionError(f"{dtype!r} is not a dtype", hint="Give a torch dtype or a name such as bfloat16")
+    return found
+
+
+def _adapter(repo: Repo, vid: str, ref: str) -> Any:
+    from mgit.repo.adapters import stored_adapter
+
+    adapter = stored_adapter(repo.store, repo.manifest(vid), label=f"{ref}:adapter_config.json")
+    if adapter is None:
+        raise InputError(ref, "has no adapter_config.json: it is not a PEFT adapter", hint="Load it without merged")
+    return adapter
+
+
+def _peft_model(repo: Repo, vid: str, ref: str, model_class: Any, kwargs: dict[str, Any]) -> Any:
+    """An adapter's base built as `load_pretrained` builds a model, with the adapter applied
+    through peft (`PeftModel`, in inference mode, as `PeftModel.from_pretrained` loads it)."""
+    from mgit.merging.adapters import adapter_base
+
+    try:
+        import peft
+    except ImportError:
+        raise MissingDependencyError("peft", "Loading a PEFT adapter", "peft") from None
+    adapter = _adapter(repo, vid, ref)
+    model = load_pretrained(adapter_base(repo, vid), model_class, repo=repo, **kwargs)
+    config = peft.PeftConfig.from_peft_type(**dict(adapter.config))
+    config.inference_mode = True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        wrapped = peft.PeftModel(model, config)
+        state = _load([vid], repo, "torch", None, None, None, shared=False)[0]
+        result = peft.set_peft_model_state_dict(wrapped, state)
+    if result.unexpected_keys:
+        raise InputError(ref, f"peft found no place for its tensor {result.unexpected_keys[0]!r} in the base model")
+    return wrapped.eval()
 
 
 def load_many(
@@ -75,14 +142,22 @@ def load_pretrained(ref: str, model_class: Any, *, repo: RepoLike = None, **kwar
     """A transformers model (or tokenizer) built from a version: `model_class` is an Auto
     class (`AutoModelForSequenceClassification`, `AutoTokenizer`) or a concrete one; its
     config.json (tokenizer files) are read from the version and the weights from the store,
-    with nothing written to disk. `kwargs` go to `from_pretrained` (`dtype` or `torch_dtype`
-    converts the weights as they load)."""
+    with nothing written to disk. A PEFT adapter's version gives its base (its parent of
+    relation `adapter`) with the adapter applied: a `peft.PeftModel` (needs peft). `kwargs`
+    go to `from_pretrained` (`dtype` or `torch_dtype` converts the weights as they load)."""
     repo_ = _open(repo)
     vid = repo_.resolve(ref)
     manifest = repo_.manifest(vid)
     transformers = _module("transformers", "Loading a transformers model")
+    adapter = any(f.path == "adapter_config.json" for f in manifest.files)
     if isinstance(model_class, type) and _is_tokenizer(model_class, transformers):
+        if adapter and not any(f.path == "tokenizer.json" for f in manifest.files):
+            from mgit.merging.adapters import adapter_base
+
+            return load_pretrained(adapter_base(repo_, vid), model_class, repo=repo_, **kwargs)
         return _tokenizer(repo_, manifest, ref, transformers, kwargs)
+    if adapter:
+        return _peft_model(repo_, vid, ref, model_class, kwargs)
     _require_tensors(ref, manifest)
     config = _config(repo_, manifest, ref, transformers)
     concrete = model_class

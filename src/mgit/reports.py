@@ -142,6 +142,9 @@ class ShowResult(Report):
     storage: list[StorageInfo]
     shared_objects: int  # objects of this version that other versions use too
     tensor_storage: dict[str, int] = field(default_factory=dict)  # deduplicated/delta/derived/standalone
+    # what config.json's quantization_config announces: method, bits, group_size, format, strategy, label
+    quantization: dict[str, Any] | None = None
+    adapter: dict[str, Any] | None = None  # a PEFT adapter's type, rank, alpha, target modules, base
 
 
 @dataclass(frozen=True)

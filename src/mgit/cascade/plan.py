@@ -136,6 +136,10 @@ def _plan_step(
     )
     if not changed:
         return step
+    if all(e.relation == "adapter" for e in changed) and repo.info(node.head).recipe is None:
+        # An adapter holds none of its base's weights: it is kept as it is (still recorded on
+        # the base version it was trained on), and what is merged from it is merged again.
+        return replace(step, reason="an adapter: kept as it is")
     if only is not None and not fnmatch.fnmatchcase(model, only):
         return replace(step, action="skipped", reason=f"not matched by --only {only}")
     recipe = repo.info(node.head).recipe

@@ -188,7 +188,8 @@ def _parse_params(params: tuple[str, ...]) -> dict[str, object]:
     "--model-card/--no-model-card",
     default=True,
     show_default=True,
-    help="Without --parent, take parents from base_model in the folder's README.md front matter.",
+    help="Without --parent, take parents from base_model in the folder's README.md front matter"
+    " (a .gguf file: from its general.base_model metadata).",
 )
 @click.option(
     "--auto-parent",

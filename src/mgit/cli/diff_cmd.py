@@ -4,6 +4,7 @@ and the printing of its result; `--json` prints the same result as data."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import click
 
@@ -71,12 +72,46 @@ def diff(
             result = repo.diff(a, b, structural=structural, jobs=jobs, progress=bar)
         else:
             result = diff_paths(a, b, structural=structural, jobs=jobs, progress=bar)
+    adapters = _adapters(repo, a, b)
     if as_json:
-        print_json(result.to_json())
+        print_json({**result.to_json(), **({"adapters": adapters} if adapters else {})})
         return
     for note in result.notes:
         err.print(f"note: {note}")
     print_result(result, every_tensor=every_tensor)
+    if adapters:
+        print_adapters(adapters)
+
+
+def _adapters(repo: Any, a: str, b: str) -> dict[str, Any] | None:
+    """Two stored PEFT adapters compared as adapters (mgit.merging.adapters), else None."""
+    if repo is None or any(os.path.lexists(x) for x in (a, b)):
+        return None
+    if not all(any(f.path == "adapter_config.json" for f in repo.manifest(x).files) for x in (a, b)):
+        return None
+    from mgit.merging.adapters import compare_adapters
+
+    return compare_adapters(repo, a, b)
+
+
+def print_adapters(c: dict[str, Any]) -> None:
+    from mgit.cli.inspect_cmd import adapter_line
+
+    out.print(f"Adapter A: {adapter_line(c['a'])}\nAdapter B: {adapter_line(c['b'])}")
+    if not c["same_base"]:
+        out.print("note: the adapters are stored on different bases")
+    t = table("module", "rank A", "rank B", "||update A||", "||update B||", "||B-A|| / ||A||")
+    for m in c["modules"]:
+        norms = m.get("update_norm") or [None, None]
+        ranks = [str(r) if r is not None else "-" for r in m["rank"]]
+        t.add_row(m["module"], *ranks, _g(norms[0]), _g(norms[1]), _g(m.get("rel_difference")))
+    out.print(t)
+    out.print(
+        f"Modules: {len(c['modules'])} in both, {len(c['only_in_a'])} only in A, {len(c['only_in_b'])} only in B"
+        + "".join(
+            f"\n  only in {s}: {', '.join(c[k][:5])}" for s, k in (("A", "only_in_a"), ("B", "only_in_b")) if c[k]
+        )
+    )
 
 
 def print_result(r: DiffResult, *, every_tensor: bool) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -83,6 +83,24 @@ def _version_line(v: VersionInfo) -> str:
         ]
         if line
     )
+
+
+def adapter_line(a: dict[str, Any]) -> str:
+    """A PEFT adapter in one line: type, rank, alpha, target modules, base."""
+    if "error" in a:
+        return f"unreadable ({a['error']})"
+    targets = a["target_modules"]
+    targets = ", ".join(targets) if isinstance(targets, list) else repr(targets)
+    ranks = a.get("ranks") or []
+    rank = f"rank {a['rank']}" if len(ranks) <= 1 and a.get("rank") else f"ranks {'/'.join(map(str, ranks))}"
+    parts = [
+        a["type"],
+        rank if a.get("rank") or ranks else "",
+        f"alpha {a['alpha']:g}" if a.get("alpha") is not None else "",
+    ]
+    parts += [f"{plural(a['modules'], 'module')} ({targets})", f"base {a['base'] or 'not stored'}"]
+    named = a.get("base_model_name_or_path")
+    return ", ".join(p for p in parts if p) + (f" (named {named!r})" if named and named != a.get("base") else "")
 
 
 @click.command()
@@ -184,6 +202,10 @@ def show(ctx: click.Context, ref: str, with_sha256: bool, with_tensors: bool, as
         f"({result.shared_objects} objects shared with other versions)"
     )
     out.print(f"  tensors: {_tensor_storage(result.tensor_storage)}")
+    if result.quantization:
+        out.print(f"  quantization: {result.quantization['label']}")
+    if result.adapter:
+        out.print(f"  adapter: {adapter_line(result.adapter)}")
     if v.recipe:
         params = " ".join(f"{k}={json.dumps(val)}" for k, val in sorted(v.recipe.get("params", {}).items()))
         out.print(f"  recipe:  {v.recipe.get('fn')} {params} (source {short(v.recipe.get('source_sha256'))})")

@@ -85,6 +85,12 @@ def _pairs(values: tuple[str, ...], option: str, cast: type = float) -> dict[str
     metavar="NAME",
     help="The merged weight file's name, for inputs of one file each (default: the first input's).",
 )
+@click.option(
+    "--adapter",
+    default=None,
+    metavar="REF",
+    help="A PEFT adapter (LoRA, DoRA, IA3) to merge into its base (its parent, or --base), as peft does.",
+)
 @click.option("--name", required=True, help="The model the merge is added to.")
 @click.option("-m", "--message", default="", help="The version's message.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -103,6 +109,7 @@ def merge(
     takes: tuple[str, ...],
     renames: tuple[str, ...],
     file: str | None,
+    adapter: str | None,
     name: str,
     message: str,
     as_json: bool,
@@ -120,12 +127,21 @@ def merge(
       mgit merge base ft --method slerp --base base --param t=0.3 --name halfway
       mgit merge --config merge.yml --name merged
       mgit merge ft_a ft_b --method task_arithmetic --base base --file merged.safetensors --name merged
+      mgit merge --adapter llama-lora --name llama-lora-merged
     """
     from mgit.merging import merge as merge_refs
     from mgit.merging import merge_config
 
     repo = ctx.obj.repo()
-    if config is not None:
+    if adapter is not None:
+        if refs or method or config or weights or densities or params or dtype or takes or renames or file:
+            raise click.UsageError(
+                "--adapter merges one adapter into its base; give it alone (with --base, --name, -m)"
+            )
+        from mgit.merging.adapters import merge_adapter
+
+        result = merge_adapter(repo, adapter, name=name, base=base, message=message)
+    elif config is not None:
         if refs or method or base or weights or densities or params or dtype or takes or renames:
             raise click.UsageError(
                 "--config says everything the merge needs; give it alone (with --name, -m, --seed, --file)"

@@ -27,23 +27,30 @@ from mgit.codecs.derived import (
     QuantizeInt8Codec,
     TransposeCodec,
 )
+from mgit.codecs.fp8 import Fp8CastCodec
+from mgit.codecs.lora import LoraMergeCodec
 from mgit.codecs.merged import WeightedSumCodec
 from mgit.codecs.pco import PcoCodec
 from mgit.codecs.quantized_delta import QuantizedDeltaCodec
+from mgit.codecs.requantize import REQUANTIZABLE, RequantizeCodec
 from mgit.codecs.zstd import ZstdCodec
 
 __all__ = [
     "WeightedSumCodec",
     "AbsmaxScaleCodec",
     "CastCodec",
+    "Fp8CastCodec",
     "PatchCodec",
     "PcoCodec",
     "QuantizedDeltaCodec",
     "QuantizeInt8Codec",
+    "REQUANTIZABLE",
+    "RequantizeCodec",
     "ByteplanesCodec",
     "Codec",
     "CodecContext",
     "CodecError",
+    "LoraMergeCodec",
     "LowRankCodec",
     "SubDeltaCodec",
     "TransposeCodec",

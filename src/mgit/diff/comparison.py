@@ -15,34 +15,29 @@ from typing import Any
 import numpy as np
 
 from mgit.diff.files import file_diffs
+from mgit.diff.quantized import as_floats
 from mgit.diff.results import STATUSES, DiffResult, DiffSummary, GroupDiff, TensorDiff
 from mgit.diff.sides import ModelSide, TensorRef, open_side
+from mgit.formats.dtypes import BLOCK_DTYPES, value_shape
+from mgit.formats.gguf import converted_names, dequantize
 from mgit.formats.layers import layer_counts, layer_of
 from mgit.formats.pairing import tensor_names
 from mgit.formats.safetensors import element_count
 from mgit.store.cache import UNBOUNDED, DecodedCache
-from mgit.store.reader import tensor_bytes
 from mgit.tensorstats import TensorStats, sum_of_squares, tensor_stats
 from mgit.util.parallel import StartProgress, default_jobs, one_blas_thread
 
 
 def _compare(a: TensorRef, b: TensorRef, reuse: DecodedCache | None) -> tuple[str, TensorStats | None, int, int]:
     """(status, statistics, objects decoded, decodes saved) for two tensors of the same shape."""
-    if a.dtype == b.dtype and a.object_id() == b.object_id():
+    if a.dtype == b.dtype and a.derive is None and b.derive is None and a.object_id() == b.object_id():
         return "identical", None, 0, 0
     # What one side decodes is kept for the other: when one is stored as a delta against the
     # other (or both against a common base), that base is decoded once. Each decode verifies.
     cache = reuse if reuse is not None else DecodedCache(UNBOUNDED, keep_all=True)
     hits, misses = cache.hits, cache.misses
-
-    def raw(t: TensorRef) -> np.ndarray:
-        if t.data is not None:
-            return t.data
-        assert t.store is not None and t.entry is not None
-        return tensor_bytes(t.store, t.entry, reuse=cache)
-
-    raw_a, raw_b = raw(a), raw(b)
-    stats = tensor_stats((a.dtype, b.dtype), a.shape, raw_a, raw_b)
+    (dtype_a, shape, raw_a), (dtype_b, _, raw_b) = _values(a, a.raw(cache)), _values(b, b.raw(cache))
+    stats = tensor_stats((dtype_a, dtype_b), shape, raw_a, raw_b)
     status = "changed" if a.dtype == b.dtype else "dtype"
     return status, stats, cache.misses - misses, cache.hits - hits
 
@@ -52,12 +47,15 @@ def _unchanged(t: TensorRef, reuse: DecodedCache | None) -> tuple[float, int, in
     its share of the model's ||A||, so that a relative change is over every shared value."""
     cache = reuse if reuse is not None else DecodedCache(UNBOUNDED, keep_all=True)
     hits, misses = cache.hits, cache.misses
-    if t.data is not None:
-        raw = t.data
-    else:
-        assert t.store is not None and t.entry is not None
-        raw = tensor_bytes(t.store, t.entry, reuse=cache)
-    return sum_of_squares(t.dtype, t.shape, raw), cache.misses - misses, cache.hits - hits
+    return sum_of_squares(*_values(t, t.raw(cache))), cache.misses - misses, cache.hits - hits
+
+
+def _values(t: TensorRef, raw: np.ndarray) -> tuple[str, tuple[int, ...], np.ndarray]:
+    """(dtype, shape, raw bytes) of a tensor's values: a block-quantized one (a GGUF's Q8_0
+    ...) dequantized to float32 with gguf's reference dequantizer, any other as it is."""
+    if t.dtype not in BLOCK_DTYPES:
+        return t.dtype, t.shape, raw
+    return "F32", value_shape(t.dtype, t.shape), dequantize(raw, t.dtype).view(np.uint8)
 
 
 def diff_models(
@@ -73,7 +71,11 @@ def diff_models(
     (no tensor data and no files are read). `progress(total_bytes)` may return a callback.
     `reuse` (a session's cache) keeps what is decoded; by default each pair has its own.
     Tensors pair across a wrapper prefix (a task model's `bert.` against its base), as parent
-    inference and storage pair them; rows then use A's names."""
+    inference and storage pair them; rows then use A's names. A quantized side's packed layers
+    (GPTQ, AWQ, FP8 with scales) are dequantized against the other side's float weights
+    (`mgit.diff.quantized`), so the figures are the quantization's error."""
+    if not structural:
+        a, b = as_floats(a, b), as_floats(b, a)
     b = _named_as(b, a)
     names = list(dict.fromkeys([*a.tensors, *b.tensors]))
     status: dict[str, str] = {}
@@ -82,7 +84,7 @@ def diff_models(
         ta, tb = a.tensors.get(name), b.tensors.get(name)
         if ta is None or tb is None:
             status[name] = "only_b" if ta is None else "only_a"
-        elif ta.shape != tb.shape:
+        elif value_shape(ta.dtype, ta.shape) != value_shape(tb.dtype, tb.shape):
             status[name] = "shape"
         elif structural:
             status[name] = "same" if ta.dtype == tb.dtype else "dtype"
@@ -148,8 +150,8 @@ def diff_models(
     summary = DiffSummary(
         tensors_a=len(a.tensors),
         tensors_b=len(b.tensors),
-        params_a=sum(element_count(t.shape) for t in a.tensors.values()),
-        params_b=sum(element_count(t.shape) for t in b.tensors.values()),
+        params_a=sum(element_count(value_shape(t.dtype, t.shape)) for t in a.tensors.values()),
+        params_b=sum(element_count(value_shape(t.dtype, t.shape)) for t in b.tensors.values()),
         counts=_counts(t.status for t in tensors),
         **_change(list(stats.values()), _shares(tensors, unchanged)),
         files=_counts(f.status for f in files),
@@ -162,14 +164,21 @@ def diff_models(
 
 
 def _named_as(b: ModelSide, a: ModelSide) -> ModelSide:
-    """B with its tensors under A's names where the two differ by a wrapper prefix (B as it is
-    when they do not, or when a renamed tensor would meet another of B's)."""
+    """B with its tensors under A's names where the two differ by a wrapper prefix, or are a
+    model and its GGUF (B as it is when they do not, or when a renamed tensor would meet
+    another of B's)."""
     pairs = {mine: theirs for mine, theirs in tensor_names(b.tensors, a.tensors).items() if mine != theirs}
+    how = "across a wrapper prefix"
+    if not pairs and not set(a.tensors) & set(b.tensors):  # a model and its GGUF?
+        pairs = {v: k for k, v in converted_names(a.tensors, b.tensors).items()} or converted_names(
+            b.tensors, a.tensors
+        )
+        how = "as llama.cpp's convert script names them"
     renamed = {pairs.get(name, name): t for name, t in b.tensors.items()}
     if not pairs or len(renamed) != len(b.tensors):
         return b
     mine, theirs = next(iter(pairs.items()))
-    note = f"{len(pairs)} of B's tensors are compared under A's names across a wrapper prefix ({mine} is {theirs})"
+    note = f"{len(pairs)} of B's tensors are compared under A's names {how} ({mine} is {theirs})"
     return replace(b, tensors=renamed, notes=[*b.notes, note])
 
 

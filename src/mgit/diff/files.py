@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from mgit.diff.sides import FileRef
 
 MAX_TEXT_BYTES = 1 << 20  # larger text files are compared by digest only
-TENSOR_FILES = ("safetensors", "torch-zip")  # files whose tensors are compared as tensors
+TENSOR_FILES = ("safetensors", "torch-zip", "gguf")  # files whose tensors are compared as tensors
 
 
 def file_diffs(a: Mapping[str, FileRef], b: Mapping[str, FileRef]) -> list[FileDiff]:

@@ -42,7 +42,7 @@ class GroupDiff(Report):
 class FileDiff(Report):
     path: str
     status: str  # "identical", "changed", "only_a", "only_b"
-    type: str  # "safetensors" or "torch-zip" (its tensors are compared above), or "blob"
+    type: str  # "safetensors", "torch-zip" or "gguf" (its tensors are compared above), or "blob"
     size_a: int | None
     size_b: int | None
     diff: list[str] | None = None  # unified diff lines of a changed text file

@@ -19,8 +19,10 @@ from mgit.formats.folder import SourceFile, scan_path
 from mgit.formats.safetensors import DTYPES, element_count
 from mgit.formats.tensors import TORCH_SUFFIXES
 from mgit.store.base import ObjectStore
+from mgit.store.cache import DecodedCache
 from mgit.store.objectformat import file_expected
 from mgit.store.objects import Manifest, TensorEntry, object_id, tensor_meta
+from mgit.store.reader import tensor_bytes
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class TensorRef:
     entry: TensorEntry | None = None
     store: ObjectStore | None = None
     data: np.ndarray | None = None
+    derive: Callable[[DecodedCache | None], np.ndarray] | None = None  # computed from others: a dequantized layer
 
     @property
     def nbytes(self) -> int:
@@ -42,7 +45,16 @@ class TensorRef:
         """The stored id, or what the id of this content would be (a hash of its bytes)."""
         if self.entry is not None:
             return self.entry.object
-        return object_id("tensor", tensor_meta(self.dtype, self.shape), self.data)
+        return object_id("tensor", tensor_meta(self.dtype, self.shape), self.raw(None))
+
+    def raw(self, cache: DecodedCache | None) -> np.ndarray:
+        """The tensor's bytes: computed, read from disk, or decoded (kept in `cache`)."""
+        if self.derive is not None:
+            return self.derive(cache)
+        if self.data is not None:
+            return self.data
+        assert self.store is not None and self.entry is not None
+        return tensor_bytes(self.store, self.entry, reuse=cache)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,10 @@ Inside a folder every file is kept byte for byte (a link as the file it points t
 when that is inside the folder): `.safetensors` files are split into their header and
 tensors, PyTorch checkpoints (`.bin`, `.pt`, `.pth`) into their skeleton and storages
 (`mgit.formats.torch_zip`, which executes nothing; one it cannot map to tensors, such as a
-legacy file or an optimizer's state, stays opaque with the reason in a note), everything else
+legacy file or an optimizer's state, stays opaque with the reason in a note), `.gguf` files
+into their skeleton and tensors (`mgit.formats.gguf`; one that is not valid GGUF, such as a
+Git LFS pointer, stays opaque with the reason in a note; given on its own it is an error),
+everything else
 (config, tokenizer, README) is an opaque file. A single PyTorch checkpoint given on its own is
 loaded with `weights_only=True` and stored as tensors; checkout rebuilds it as safetensors.
 """
@@ -21,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from mgit.errors import InputError
+from mgit.errors import GgufFormatError, InputError
+from mgit.formats.gguf import GgufLayout, read_gguf
 from mgit.formats.paths import folder_clash, path_problem
 from mgit.formats.safetensors import SafetensorsLayout, TensorSpan, build_header, read_layout
 from mgit.formats.tensors import TORCH_SUFFIXES, RawTensor, load_torch_checkpoint, raw_tensors
@@ -40,7 +44,7 @@ class SourceFile:
     (a safetensors file whose tensors are made as they are read, once: a merge's) is set."""
 
     path: str
-    layout: SafetensorsLayout | TorchZipLayout | None = None
+    layout: SafetensorsLayout | TorchZipLayout | GgufLayout | None = None
     disk: Path | None = None
     tensors: list[RawTensor] | None = None
     converted_from: str | None = None
@@ -54,9 +58,11 @@ class SourceFile:
 
     @property
     def kind(self) -> str:
-        """What its manifest entry will be: "safetensors", "torch-zip" or "blob"."""
+        """What its manifest entry will be: "safetensors", "torch-zip", "gguf" or "blob"."""
         if isinstance(self.layout, TorchZipLayout):
             return "torch-zip"
+        if isinstance(self.layout, GgufLayout):
+            return "gguf"
         return "blob" if self.layout is None else "safetensors"
 
     @property
@@ -161,6 +167,11 @@ def scan_file(path: Path, rel: str) -> SourceFile:
     size = _file_size(path)
     if path.suffix == ".safetensors":
         return SourceFile(rel, layout=read_layout(path), disk=path, size=size)
+    if path.suffix == ".gguf":
+        layout = read_gguf(path)
+        if len(layout.header) + sum(s.nbytes for s in layout.tensors) != size:
+            raise InputError(str(path), "the file changed size while it was read")
+        return SourceFile(rel, layout=layout, disk=path, size=size)
     _check_readable(path)
     return SourceFile(rel, disk=path, size=size)
 
@@ -186,7 +197,7 @@ def scan_path(path: Path) -> ModelSource:
         raise InputError(str(path), "no such file or folder")
     if path.is_dir():
         return _scan_folder(path, links_allowed_under(path))
-    if path.suffix == ".safetensors":
+    if path.suffix in (".safetensors", ".gguf"):
         return ModelSource([scan_file(path, path.name)])
     if path.suffix in TORCH_SUFFIXES:
         tensors = load_torch_checkpoint(path)
@@ -198,7 +209,7 @@ def scan_path(path: Path) -> ModelSource:
         return ModelSource([from_tensors(tensors, target, converted_from=path.name, metadata={"format": "pt"})], [note])
     raise InputError(
         str(path),
-        "not a model: expected a folder, a .safetensors file or a PyTorch checkpoint (.bin, .pt, .pth)",
+        "not a model: expected a folder, a .safetensors or .gguf file or a PyTorch checkpoint (.bin, .pt, .pth)",
     )
 
 
@@ -258,6 +269,13 @@ def _scan_folder(root: Path, links_under: Path) -> ModelSource:
             if full.is_symlink():
                 target = _linked_inside(root, full, links_under)
                 notes.append(f"{rel} is a link to {target}: stored as the file it points to")
+            if full.suffix == ".gguf":
+                try:
+                    files.append(scan_file(full, rel))
+                except GgufFormatError as exc:  # (a Git LFS pointer, a partial download ...)
+                    notes.append(f"{rel} kept byte for byte as an opaque file: {exc.message.partition(': ')[2]}")
+                    files.append(SourceFile(rel, disk=full, size=_file_size(full)))
+                continue
             if full.suffix in TORCH_SUFFIXES:
                 found, why = scan_checkpoint(full, rel)
                 if why is not None:

@@ -21,6 +21,7 @@ from mgit.errors import InputError
 from mgit.formats.dtypes import (
     DTYPES,
     MAX_TENSOR_BYTES,
+    SAFETENSORS_DTYPES,
     element_count,
     is_float,
     itemsize,
@@ -155,7 +156,7 @@ def _parse_entry(path: str, name: str, entry: object) -> TensorSpan:
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if dtype is None:
         raise InputError(path, f"tensor {name!r} has no dtype")
-    if not isinstance(dtype, str) or dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES:
         raise InputError(path, f"tensor {name!r} has unknown dtype {dtype!r}")
     if (
         not isinstance(shape, list)

@@ -112,9 +112,13 @@ def check_storages(offsets: Any, sizes: list[int], file_size: int) -> tuple[int,
 def storages_and_views(
     d: dict[str, Any], kind: str, numels: list[int], sizes: list[int], file_size: int
 ) -> tuple[tuple[int, ...], tuple[TensorView, ...]]:
-    """A manifest file entry's `storage_offsets` and `views` (a torch-zip file's; no other
-    file has them), checked against its storages' element counts and sizes and the file's
-    size. Raises ValueError."""
+    """A manifest file entry's `storage_offsets` and `views` (a torch-zip file's; a gguf
+    file's tensors have offsets and no views; no other file has either), checked against its
+    storages' element counts and sizes and the file's size. Raises ValueError."""
+    if kind == "gguf":
+        if "views" in d:
+            raise ValueError("only a torch-zip file has views")
+        return check_storages(d.get("storage_offsets"), sizes, file_size), ()
     if kind != "torch-zip":
         if {"storage_offsets", "views"} & set(d):
             raise ValueError("only a torch-zip file has views")

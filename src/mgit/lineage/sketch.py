@@ -10,7 +10,9 @@ distilled student's layers are compared with any of its teacher's), and a task m
 `bert.encoder...` and its base's `encoder...`. Values are kept as float32: bf16, fp16 and fp8 are decoded; an integer
 or fp8 tensor that comes with a scale tensor (int8 per-row quantization, fp8 with per-tensor
 or block scales, bitsandbytes' SCB) is dequantized, and the scale at each sampled position is
-kept, so that a candidate parent's values can be quantized again exactly the same way.
+kept, so that a candidate parent's values can be quantized again exactly the same way. A
+GGUF's block-quantized tensor (Q8_0 ...) is sketched by its dequantized values, under its
+shape in values, so that it meets its float parent's tensor (a GGUF's names meet a GGUF's).
 
 A sketch encodes to one blob (`to_bytes`) that the catalog stores per version.
 """
@@ -30,9 +32,13 @@ import blake3
 import numpy as np
 
 from mgit.codecs.derived import to_bfloat16_bits
+from mgit.errors import DequantizeError
 from mgit.formats import safetensors
+from mgit.formats.dtypes import BLOCK_DTYPES, value_shape
 from mgit.formats.folder import ModelSource, SourceFile
+from mgit.formats.gguf import dequantize as dequantize_blocks
 from mgit.formats.layers import layer_count
+from mgit.formats.packed_quant import PackedTensor, dequantize, packed_tensors
 from mgit.formats.safetensors import DTYPES, FP8_VALUES, TensorSpan, is_float
 from mgit.store.base import ObjectStore
 from mgit.store.objects import Manifest, TensorEntry, object_id, tensor_meta
@@ -55,6 +61,10 @@ SCALE_SUFFIXES = (("_scale", 1.0), ("_scales", 1.0), (".scale", 1.0), (".scales"
 WEIGHT_SCALE_NAMES = ((".weight_scale", 1.0), (".scales", 1.0), (".SCB", 1 / 127), (".weight_scale_inv", 1.0))
 # Widths of float encodings, to tell which of two tensors is the narrower (lossier) one.
 PRECISION = {"F64": 52, "F32": 23, "BF16": 7, "F16": 10, "F8_E4M3": 3, "F8_E5M2": 2, "I8": 7, "U8": 8}
+# ggml's block types (a GGUF's tensors, sketched dequantized): about the bits a value keeps
+PRECISION.update({"Q8_0": 7, "Q8_1": 7, "Q8_K": 7, "Q6_K": 5, "Q5_0": 4, "Q5_1": 4, "Q5_K": 4, "Q4_0": 3})
+PRECISION.update({"Q4_1": 3, "Q4_K": 3, "IQ4_NL": 3, "IQ4_XS": 3, "MXFP4": 3, "Q3_K": 2, "IQ3_XXS": 2, "IQ3_S": 2})
+PRECISION.update({"Q2_K": 1, "IQ2_XXS": 1, "IQ2_XS": 1, "IQ2_S": 1, "IQ1_S": 0, "IQ1_M": 0, "TQ1_0": 0, "TQ2_0": 0})
 
 DIGITS = re.compile(r"\d+")
 
@@ -231,6 +241,30 @@ def _scale_index(shape: tuple[int, ...], scale_shape: tuple[int, ...]) -> Callab
     return None
 
 
+def _packed_as_floats(
+    by_name: dict[str, TensorEntry],
+) -> tuple[dict[str, TensorEntry], dict[str, tuple[PackedTensor, list[TensorEntry]]]]:
+    """The entries with each packed-integer layer (GPTQ, AWQ, pack-quantized) replaced by the
+    float32 matrix it stands for, in the place of its first tensor, and those layers by name
+    (with their tensors). FP8 and int8 with a scale are sketched as quantized tensors already."""
+    found = packed_tensors({e.name: (e.dtype, e.shape) for e in by_name.values()})
+    layers = {n: p for n, p in found.items() if p.layout in ("gptq", "awq", "pack") and not p.problem}
+    if not layers:
+        return by_name, {}
+    member_of = {m: p for p in layers.values() for m in p.tensors}
+    out: dict[str, TensorEntry] = {}
+    packed: dict[str, tuple[PackedTensor, list[TensorEntry]]] = {}
+    for name, e in by_name.items():
+        p = member_of.get(name)
+        if p is None:
+            out.setdefault(name, e)
+        elif p.name not in packed:
+            first = by_name[p.members.get("qweight", p.members.get("weight", name))]
+            packed[p.name] = (p, [by_name[m] for m in p.tensors])
+            out[p.name] = TensorEntry(p.name, "F32", p.shape, first.object)
+    return out, packed
+
+
 def _varies(values: np.ndarray) -> bool:
     finite = values[np.isfinite(values)]
     return finite.size > 1 and bool(finite.max() > finite.min())
@@ -246,6 +280,7 @@ def sketch_tensors(
     by_name: dict[str, TensorEntry] = {}
     for e in entries:
         by_name.setdefault(e.name, e)
+    by_name, packed = _packed_as_floats(by_name)
     companions = {
         e.name: found
         for e in by_name.values()
@@ -257,8 +292,27 @@ def sketch_tensors(
     zeros = np.zeros(n, np.float32)
     values = np.full((n, SAMPLES), np.nan, np.float32)
     scales = np.zeros((n, SAMPLES), np.float32)
+    value_shapes = [value_shape(e.dtype, e.shape) for e in by_name.values()]
     for i, e in enumerate(by_name.values()):
-        raw = read(e)
+        if e.dtype in BLOCK_DTYPES:  # a GGUF's quantized tensor: its sampled blocks dequantized
+            zeros[i], values[i], roles[i] = _block_sample(read(e), e.dtype, value_shapes[i])
+            if after is not None:
+                after(e)
+            continue
+        if e.name in packed:
+            p, members = packed[e.name]
+            by_member = {m.name: m for m in members}
+            shapes = {m.name: (m.dtype, m.shape) for m in members}
+            try:
+                raw = dequantize(p, shapes, lambda n, by_member=by_member: read(by_member[n]))
+            except DequantizeError:
+                raw = np.full(p.shape, np.nan, np.float32)
+            raw = raw.astype("<f4", copy=False).reshape(-1).view(np.uint8)
+            roles[i] = QUANTIZED
+            for m in members if after is not None else ():
+                after(m)
+        else:
+            raw = read(e)
         size = itemsize = DTYPES[e.dtype][0]
         count = raw.size // itemsize
         step = max(1, count // ZERO_SAMPLES)
@@ -269,7 +323,9 @@ def sketch_tensors(
         pos = positions(e.shape)
         picked = raw.reshape(count, size)[pos].reshape(-1)
         sample = element_values(picked, e.dtype)
-        if e.name in companions:
+        if e.name in packed:
+            pass  # dequantized above; no scale reproduces its values (zero points, groups)
+        elif e.name in companions:
             scale_entry, factor = companions[e.name]
             to_scale = _scale_index(e.shape, scale_entry.shape)
             assert to_scale is not None
@@ -284,19 +340,36 @@ def sketch_tensors(
         elif is_float(e.dtype) and count and np.any(strided != 0):
             roles[i] = CONSTANT  # like a norm's initial ones; all zeros say nothing about a trained tensor
         values[i, : len(pos)] = sample
-        if after is not None:
+        if after is not None and e.name not in packed:
             after(e)
     listed = list(by_name.values())
     return Sketch(
         [e.name for e in listed],
         [e.dtype for e in listed],
-        [e.shape for e in listed],
+        value_shapes,
         [e.object for e in listed],
         roles,
         zeros,
         values,
         scales,
     )
+
+
+def _block_sample(raw: np.ndarray, dtype: str, shape: tuple[int, ...]) -> tuple[float, np.ndarray, int]:
+    """(fraction of zeros, SAMPLES values, role) of a block-quantized tensor of `shape` values,
+    dequantizing only the blocks that hold the sampled positions (and ZERO_SAMPLES values' worth
+    of strided blocks)."""
+    block, type_size = BLOCK_DTYPES[dtype]
+    blocks = raw.reshape(-1, type_size)
+    out = np.full(SAMPLES, np.nan, np.float32)
+    if not blocks.shape[0]:
+        return 0.0, out, PLAIN
+    strided = dequantize_blocks(blocks[:: max(1, blocks.shape[0] * block // ZERO_SAMPLES)].reshape(-1), dtype)
+    pos = positions(shape)
+    picked = dequantize_blocks(blocks[pos // block].reshape(-1), dtype).reshape(len(pos), block)
+    out[: len(pos)] = picked[np.arange(len(pos)), pos % block]
+    role = FLOAT if _varies(strided) else CONSTANT if np.any(strided != 0) else PLAIN
+    return float(np.mean(strided == 0)), out, role
 
 
 def _source_tensors(source: ModelSource) -> dict[str, tuple[SourceFile, TensorSpan, np.ndarray]]:

@@ -14,23 +14,29 @@ import os
 import tempfile
 import time
 from collections.abc import Collection, Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from mgit.codecs import Codec
 from mgit.errors import InputError, InvalidOptionError, MgitError, RefConflictError
+from mgit.formats.adapter import CONFIG as ADAPTER_CONFIG
 from mgit.formats.folder import ModelSource, scan_path, scan_state_dict
-from mgit.formats.model_card import CARD, read_lineage
+from mgit.formats.gguf import gguf_names
 from mgit.index.catalog import Catalog, ObjectRow
-from mgit.index.refs import RefStore, is_model_name, validate_model_name
+from mgit.index.refs import RefStore, validate_model_name
 from mgit.index.retired import RetiredNames
 from mgit.lineage.inference import DEFAULT_MIN_CONFIDENCE, suggest
 from mgit.lineage.sketch import Sketch, sketch_added, sketch_source, stored_sketches
+from mgit.repo.adapters import RELATION, adapter_parents, merged_chains
 from mgit.repo.checkout import restore_manifest
+from mgit.repo.declared import declared_parents
 from mgit.repo.gate import Gate, GateResult
 from mgit.repo.ingest import DeltaPlan, SnapshotStats, write_snapshot
 from mgit.repo.location import trust_recipe
+from mgit.repo.permuted import permuted_chains
 from mgit.reports import AddResult, ParentSuggestion
 from mgit.store.base import ObjectStore, PutResult
 from mgit.store.cache import DecodedCache
@@ -49,8 +55,6 @@ from mgit.store.objects import (
 from mgit.util.faults import crash_point
 from mgit.util.parallel import Progress, StartProgress, default_jobs
 
-MAX_CARD_BYTES = 1 << 20  # a model card larger than this is not read for lineage
-
 
 @dataclass(frozen=True)
 class AddOptions:
@@ -68,7 +72,7 @@ class AddOptions:
     progress: StartProgress | None = None  # total_bytes -> a callback for bytes done
     lossy: LossyPolicy | None = None  # lossy storage's bounds and guard; None: lossless
     gate: Gate | None = None  # the metric check lossy storage must also pass
-    model_card: bool = True  # without parents: those named by README.md's base_model
+    model_card: bool = True  # without parents: those named by README.md's base_model, a GGUF's general.base_model
     recipe: str | Mapping[str, Any] | None = None  # how it was made: "module:function", or a record
     params: Mapping[str, Any] | None = None  # the recipe's parameters
     resources: Mapping[str, float] | None = None  # what a run of the recipe declares to a cluster
@@ -133,9 +137,10 @@ def add_version(
     asked_relation = relation = options.relation
     recipe_record = recipe
     parent_ids = parents
-    card_notes: list[str] = []
+    adapter, parent_ids, card_notes = adapter_parents(store, catalog, source, parent_ids, own=name)
+    relation = relation or (RELATION if adapter is not None else None)
     if not parent_ids and options.model_card and not isinstance(source, Mapping | ModelSource):
-        parent_ids, card_relation, card_notes = _card_parents(refs, Path(source))
+        parent_ids, card_relation, card_notes = declared_parents(refs, Path(source))
         relation = relation or card_relation
     own = [p for p in parent_ids if _model_of(store, catalog, p) == name]
     if own:  # the version before is the new one's predecessor: as a parent too it would be its own ancestor
@@ -169,9 +174,10 @@ def add_version(
         src.notes.append(f"auto-parent: {'chose ' if auto.parents else 'no parent: '}{auto.verdict}")
     tick = options.progress(src.logical_bytes) if options.progress else None
     with catalog.explained():
+        plan = _delta_plan(store, refs, name, lineage, max_depth, src)
         plan = replace(
-            _delta_plan(store, refs, name, lineage, max_depth, src),
-            derived=dict(options.derived),
+            plan,
+            derived={**plan.derived, **options.derived},
             exact=dict(options.exact),
         )
     crash_point("after-scan")
@@ -369,33 +375,6 @@ def suggest_parents_of(
     )
 
 
-def _card_parents(refs: RefStore, path: Path) -> tuple[list[str], str | None, list[str]]:
-    """Parents named by a folder's model card that exist here (their heads), their relation,
-    and notes."""
-    card = path / CARD
-    if not path.is_dir() or not card.is_file() or card.stat().st_size > MAX_CARD_BYTES:
-        return [], None, []
-    found = read_lineage(card.read_text(encoding="utf-8", errors="replace"))
-    if found is None:
-        return [], None, []
-    heads = {b: refs.get(b) for b in found.base_models if is_model_name(b)}
-    known = [b for b, head in heads.items() if head is not None]
-    missing = [b for b in found.base_models if b not in known]
-    notes = (
-        [f"{CARD} names base_model {', '.join(map(repr, missing))}, not in this repository: not recorded as a parent"]
-        if missing
-        else []
-    )
-    if not known:
-        return [], None, notes
-    relation = found.relation or ("merge" if len(known) > 1 else None)
-    notes.append(
-        f"parent{'s' if len(known) > 1 else ''} {', '.join(known)} "
-        f"({relation or 'finetune'}) from the base_model of {CARD}"
-    )
-    return [heads[b] for b in known], relation, notes  # type: ignore[misc]
-
-
 def _snapshot(
     store: ObjectStore,
     src: ModelSource,
@@ -456,7 +435,27 @@ def _delta_plan(
         return DeltaPlan(max_depth=max_depth)
     manifests = [store.get_manifest(store.get_version(v).manifest) for v in dict.fromkeys(related)]
     names = [span.name for f in src.files if f.layout is not None for span in f.layout.tensors]
-    return DeltaPlan.from_parents(manifests, max_depth=max_depth, names=names)
+    arch = next((f.layout.metadata.get("general.architecture") for f in src.files if f.kind == "gguf"), None)
+    rename = partial(gguf_names, arch) if isinstance(arch, str) else None  # a GGUF of a safetensors parent
+    plan = DeltaPlan.from_parents(manifests, max_depth=max_depth, names=names, rename=rename)
+    if rename:
+        return replace(plan, derived=permuted_chains(src, manifests))
+    return replace(plan, derived=_adapter_merges(store, parents)) if len(parents) > 1 else plan
+
+
+def _adapter_merges(store: ObjectStore, parents: tuple[Parent, ...]) -> dict[str, list[Codec]]:
+    """A model whose parents are a base and a LoRA adapter (merged by peft, then added): its
+    weights predicted as the merge (mgit.repo.adapters.merged_chains)."""
+    manifests = {p.version: store.get_manifest(store.get_version(p.version).manifest) for p in parents}
+    chains: dict[str, list[Codec]] = {}
+    for adapter in manifests.values():
+        if not any(f.path == ADAPTER_CONFIG for f in adapter.files):
+            continue
+        for base in manifests.values():
+            if base is not adapter:
+                with suppress(MgitError):  # (a prediction only: else stored as deltas)
+                    chains.update(merged_chains(store, base, adapter))
+    return chains
 
 
 def _add_result(

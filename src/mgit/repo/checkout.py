@@ -47,6 +47,7 @@ def safe_join(root: Path, rel: str) -> Path:
 # object, offset in the file, block (None: whole; -1: a piece of a skeleton), bytes
 Item = tuple[str, int, "int | None", int]
 SKELETON_PIECE = -1
+SKELETON_FILES = ("torch-zip", "gguf")  # a skeleton blob with its tensors at `storage_offsets`
 
 
 def _skeleton_pieces(entry: FileEntry) -> list[Item]:
@@ -71,7 +72,7 @@ def _items(store: ObjectStore, entry: FileEntry, expected: dict[str, Expected]) 
     items: list[Item] = []
     uses: dict[str, int] = {}
     offset = 0
-    torch_zip = entry.type == "torch-zip"
+    torch_zip = entry.type in SKELETON_FILES
     objects = [t.object for t in entry.tensors] if torch_zip else [entry.object, *(t.object for t in entry.tensors)]
     if torch_zip:
         store.block_table(entry.object, expected[entry.object])
@@ -117,7 +118,7 @@ def restore_file(
     items, uses = _items(store, entry, expected)
     reuse.expect(uses)
     skeleton = None
-    if entry.type == "torch-zip":  # small: decoded once, its pieces written between the storages
+    if entry.type in SKELETON_FILES:  # small: decoded once, its pieces written between the storages
         skeleton = store.get(entry.object, expect=expected[entry.object])[1]
     hasher, written = blake3.blake3(), 0
     try:

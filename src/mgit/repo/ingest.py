@@ -11,7 +11,7 @@ workers.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +21,7 @@ import numpy as np
 
 from mgit.codecs import Codec
 from mgit.formats.folder import ModelSource, SourceFile
+from mgit.formats.gguf import GgufLayout
 from mgit.formats.pairing import tensor_names
 from mgit.formats.safetensors import TensorSpan
 from mgit.formats.torch_zip import TorchZipLayout
@@ -84,15 +85,25 @@ class DeltaPlan:
         return []
 
     @classmethod
-    def from_parents(cls, manifests: Iterable[Manifest], *, max_depth: int, names: Collection[str] = ()) -> DeltaPlan:
+    def from_parents(
+        cls,
+        manifests: Iterable[Manifest],
+        *,
+        max_depth: int,
+        names: Collection[str] = (),
+        rename: Callable[[Collection[str]], dict[str, str]] | None = None,
+    ) -> DeltaPlan:
         """Bases from the parents' tensors, by name; `names`, the new model's tensor names, pair
         across the wrapper prefix a parent's names differ by (a task model's `bert.` against
-        its `AutoModel` base: `mgit.formats.pairing.tensor_names`)."""
+        its `AutoModel` base: `mgit.formats.pairing.tensor_names`). `rename` maps a parent's
+        names to the new model's naming (a GGUF's, from a Hugging Face parent's)."""
         bases: dict[str, list[str]] = {}
         for manifest in manifests:
             tensors = manifest.tensors()
             by_name = {t.name: t.object for t in tensors}
             pairs = [(t.name, t.object) for t in tensors]
+            if rename is not None:
+                pairs += [(new, by_name[old]) for old, new in rename(list(by_name)).items()]
             if names:
                 pairs += [(mine, by_name[theirs]) for mine, theirs in tensor_names(names, by_name).items()]
             for name, oid in pairs:
@@ -292,11 +303,11 @@ class _SnapshotWriter:
         return _Prepared(oid, kind, meta, encoding, bases, queue)
 
     def tensors_file(self, f: SourceFile) -> FileEntry:
-        """A safetensors file or a PyTorch checkpoint: its header (a checkpoint's skeleton: the
-        file less its storages) as a blob, then its tensors through the pool in file order. The
-        file digest is taken in that order as tensors come back, the skeleton's bytes between
-        them, so that each tensor's pages can be released right after: resident memory stays a
-        few tensors, not the file."""
+        """A safetensors file, a PyTorch checkpoint or a GGUF: its header (a checkpoint's or a
+        GGUF's skeleton: the file less its tensors' bytes) as a blob, then its tensors through
+        the pool in file order. The file digest is taken in that order as tensors come back,
+        the skeleton's bytes between them, so that each tensor's pages can be released right
+        after: resident memory stays a few tensors, not the file."""
         assert f.layout is not None
         skeleton, data_start = f.layout.header, f.layout.data_start
         header = self.store.put_blob(skeleton)
@@ -350,11 +361,11 @@ class _SnapshotWriter:
                 queue.fail(exc)
             raise
         digest.update(skeleton[hashed[1] :])
-        if isinstance(f.layout, TorchZipLayout):  # (its spans are offsets in the file)
+        if isinstance(f.layout, TorchZipLayout | GgufLayout):  # (its spans are offsets in the file)
             offsets = tuple(s.start for s in f.layout.tensors)
             return FileEntry(
                 f.path,
-                "torch-zip",
+                f.kind,
                 f.size,
                 digest.hexdigest(),
                 header.oid,

@@ -6,10 +6,15 @@ Nothing here loads numpy or the codecs, so that these commands start in millisec
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from mgit.errors import MgitError
+from mgit.formats.adapter import CONFIG
+from mgit.formats.quant_config import scheme_from_bytes
 from mgit.index.catalog import Catalog, VersionRow
+from mgit.repo.adapters import RELATION, stored_adapter
 from mgit.reports import (
     DuResult,
     FileInfo,
@@ -19,7 +24,9 @@ from mgit.reports import (
     VersionInfo,
     VersionStorage,
 )
+from mgit.store.base import ObjectStore
 from mgit.store.local import LocalStore
+from mgit.store.objectformat import file_expected
 from mgit.store.objects import Manifest, tag_matches
 
 if TYPE_CHECKING:
@@ -91,8 +98,28 @@ def every_version(catalog: Catalog, heads: dict[str, str], chain: ChainOf, row_o
     return sorted(every, key=lambda v: (v.time, v.ref), reverse=True)
 
 
-def show_version(catalog: Catalog, row: VersionRow, manifest: Manifest) -> ShowResult:
-    """One version with its files, its parameters by dtype and how it is stored (`show`)."""
+CONFIG_BYTES = 1 << 20  # a config.json larger than this is not read for its quantization
+
+
+def quantization(store: ObjectStore, manifest: Manifest) -> dict[str, Any] | None:
+    """What the version's config.json announces in `quantization_config` (see
+    `mgit.formats.quant_config`), or None: no config, none announced, or not readable here (a
+    lazy clone that has not fetched it)."""
+    config = next((f for f in manifest.files if f.path == "config.json"), None)
+    if config is None or config.size > CONFIG_BYTES or (store.lazy and not store.has(config.object)):
+        return None  # show never fetches
+    try:
+        scheme = scheme_from_bytes(store.get(config.object, expect=file_expected(config))[1].tobytes())
+    except MgitError:
+        return None
+    if scheme is None:
+        return None
+    return {**dataclasses.asdict(scheme), "label": scheme.label}
+
+
+def show_version(catalog: Catalog, row: VersionRow, manifest: Manifest, store: ObjectStore) -> ShowResult:
+    """One version with its files, its parameters by dtype, how it is stored, the
+    quantization it announces and, for a PEFT adapter, what adapter it is (`show`)."""
     dtypes: dict[str, int] = {}
     for t in manifest.tensors():
         dtypes[t.dtype] = dtypes.get(t.dtype, 0) + t.params
@@ -103,7 +130,26 @@ def show_version(catalog: Catalog, row: VersionRow, manifest: Manifest) -> ShowR
         [StorageInfo(*r) for r in catalog.storage_by_codec(row.id)],
         catalog.shared_objects(row.id),
         catalog.tensor_storage([row.id]),
+        quantization(store, manifest),
+        adapter=adapter_info(catalog, store, row, manifest),
     )
+
+
+def adapter_info(catalog: Catalog, store: ObjectStore, row: VersionRow, manifest: Manifest) -> dict[str, Any] | None:
+    """What `show` says of an adapter: its summary and the base it is stored under (the
+    parent of relation `adapter`); a config that cannot be read is said, not raised, and one a
+    lazy clone has not fetched is not fetched (None, as `quantization`)."""
+    config = next((f for f in manifest.files if f.path == CONFIG), None)
+    if config is None or (store.lazy and not store.has(config.object)):
+        return None
+    try:
+        adapter = stored_adapter(store, manifest, label=f"{row.model}@{row.seq}:{CONFIG}")
+    except MgitError as exc:
+        return {"error": str(exc)}
+    if adapter is None:
+        return None
+    bases = [p for p in catalog.parent_infos(row.parents) if p.relation == RELATION]
+    return {**adapter.summary(), "base": bases[0].ref if bases else None}
 
 
 def version_storage(catalog: Catalog, vids: list[str]) -> dict[str, VersionStorage]:

@@ -456,7 +456,7 @@ class Repo:
 
     def show(self, ref: str) -> ShowResult:
         vid = self.resolve(ref)
-        return show_version(self.catalog, self._row(vid), self.manifest(vid))
+        return show_version(self.catalog, self._row(vid), self.manifest(vid), self.store)
 
     def storage(self, vids: list[str]) -> dict[str, VersionStorage]:
         """How each of these versions is stored: the bytes of the objects it uses and its

@@ -19,15 +19,18 @@ from typing import Any
 import numpy as np
 
 from mgit.codecs import (
+    REQUANTIZABLE,
     AbsmaxScaleCodec,
     ByteplanesCodec,
     CastCodec,
     Codec,
     CodecContext,
+    Fp8CastCodec,
     LowRankCodec,
     PatchCodec,
     PcoCodec,
     QuantizeInt8Codec,
+    RequantizeCodec,
     SubDeltaCodec,
     TransposeCodec,
     XorDeltaCodec,
@@ -39,7 +42,9 @@ from mgit.codecs import (
     encode_chain,
 )
 from mgit.codecs.derived import low_rank_of
+from mgit.codecs.requantize import available as requantize_available
 from mgit.errors import CorruptObjectError, InvalidOptionError, MissingObjectError
+from mgit.formats.dtypes import value_shape
 from mgit.formats.safetensors import element_count, is_float, itemsize
 from mgit.store.objectformat import MAX_DEPTH_LIMIT, ObjectHeader
 
@@ -115,7 +120,9 @@ def delta_chains(base: str, meta: dict[str, Any]) -> list[list[Codec]]:
 def derived_chains(base: str, base_meta: dict[str, Any], meta: dict[str, Any]) -> list[list[Codec]]:
     """Encodings of a tensor predicted from a base of another dtype or shape: the transpose
     of a matrix (any dtype); from a float32 base, a cast, a symmetric int8 quantization (per
-    row of a matrix, or of the whole tensor) or that quantization's scales."""
+    row of a matrix, or of the whole tensor) or that quantization's scales, an FP8 cast with
+    absmax scales (per row or for the tensor); from a float base, a ggml block quantization
+    (a GGUF's Q8_0 ... tensor) made again."""
     shape, base_shape, dtype = meta["shape"], base_meta["shape"], meta["dtype"]
     tail: list[Codec] = [ZstdCodec(level=1)]
     chains: list[list[Codec]] = []
@@ -129,10 +136,23 @@ def derived_chains(base: str, base_meta: dict[str, Any], meta: dict[str, Any]) -
         and itemsize(dtype) in (1, 2, 4, 8)
     ):
         chains.append([TransposeCodec(base=base, rows=base_shape[0], itemsize=itemsize(dtype)), *tail])
+    if (
+        dtype in REQUANTIZABLE
+        and base_meta["dtype"] in ("F32", "F16", "BF16")
+        and base_shape
+        and element_count(tuple(base_shape))
+        and list(value_shape(dtype, tuple(shape))) == list(base_shape)
+        and requantize_available()
+    ):  # a GGUF's Q8_0 ... tensor from its float parent
+        chains.append([RequantizeCodec(base, base_meta["dtype"], dtype, base_shape[-1]), *tail])
     if base_meta["dtype"] != "F32" or not element_count(tuple(base_shape)):
         return chains
     if dtype in ("BF16", "F16") and shape == base_shape:
         chains.append([CastCodec(base=base, to=dtype), *tail])
+    if dtype == "F8_E4M3" and shape == base_shape:  # FP8 per channel, then per tensor
+        if len(base_shape) == 2:
+            chains.append([Fp8CastCodec(base=base, rows=base_shape[0]), *tail])
+        chains.append([Fp8CastCodec(base=base, rows=1), *tail])
     if dtype == "I8" and shape == base_shape:
         if len(base_shape) == 2:
             chains.append([QuantizeInt8Codec(base=base, rows=base_shape[0]), *tail])
@@ -199,6 +219,13 @@ def choose_encoding(
         transforms += derived_chains(base, bh.meta, meta)
     for chain in extra:  # within the depth bound, as deltas are, or one past it if it ends a family
         named = chain_bases(kind, meta, chain)
+        for other in [b for b in named if b not in depths]:  # a base no parent's tensor of that name is
+            try:  # (a merged adapter's factors)
+                oh = header(other)
+            except (CorruptObjectError, MissingObjectError):
+                continue
+            if oh.kind == "tensor" and oh.depth <= max_depth:
+                depths[other] = oh.depth + 1
         if all(b in depths for b in named) and (
             max((depths[b] for b in named), default=0) <= max_depth or (chain and chain[0].ends_family)
         ):

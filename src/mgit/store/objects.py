@@ -22,7 +22,7 @@ from typing import Any
 import blake3
 
 from mgit.errors import UnsafePathError
-from mgit.formats.dtypes import DTYPES, element_count, itemsize
+from mgit.formats.dtypes import DTYPES, blocks_fit, element_count, itemsize, value_shape
 from mgit.formats.paths import CONTROL, folder_clash, path_problem
 from mgit.formats.tensor_views import TensorView, storages_and_views
 
@@ -281,8 +281,8 @@ class TensorEntry:
         return element_count(self.shape) * itemsize(self.dtype)
 
     @property
-    def params(self) -> int:
-        return element_count(self.shape)
+    def params(self) -> int:  # (values: a block-quantized tensor's, not its bytes)
+        return element_count(value_shape(self.dtype, self.shape))
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "object": self.object}
@@ -292,7 +292,9 @@ class TensorEntry:
         _check(isinstance(d, dict), "tensor entry is not an object")
         _check(d.get("dtype") in DTYPES, f"unknown dtype {d.get('dtype')!r}")
         shape = d.get("shape")
-        _check(isinstance(shape, list), "shape is not a list")
+        _check(
+            isinstance(shape, list) and blocks_fit(d["dtype"], shape), "shape is not a list (ending in a block's bytes)"
+        )
         return cls(
             _str(d.get("name"), "tensor name"),
             d["dtype"],
@@ -306,7 +308,8 @@ class FileEntry:
     """One file of a version. `type` is "blob" (bytes in `object`), "safetensors" (header
     bytes in `object`, then `tensors` in data order) or "torch-zip" (a PyTorch checkpoint: the
     file less its storages in `object`, each storage a tensor at `storage_offsets`, the state
-    dict's tensors as `views` of them). `digest` is the blake3 of the whole file, checked after
+    dict's tensors as `views` of them) or "gguf" (the file less its tensors in `object`, each
+    tensor at `storage_offsets`). `digest` is the blake3 of the whole file, checked after
     every rebuild."""
 
     path: str
@@ -327,10 +330,12 @@ class FileEntry:
             "digest": self.digest,
             "object": self.object,
         }
-        if self.type in ("safetensors", "torch-zip"):
+        if self.type in ("safetensors", "torch-zip", "gguf"):
             d["tensors"] = [t.to_json() for t in self.tensors]
+        if self.type in ("torch-zip", "gguf"):
+            d["storage_offsets"] = list(self.storage_offsets)
         if self.type == "torch-zip":
-            d["storage_offsets"], d["views"] = list(self.storage_offsets), [v.to_json() for v in self.views]
+            d["views"] = [v.to_json() for v in self.views]
         if self.converted_from:
             d["converted_from"] = self.converted_from
         return d
@@ -339,7 +344,7 @@ class FileEntry:
     def from_json(cls, d: Any) -> FileEntry:
         _check(isinstance(d, dict), "file entry is not an object")
         kind = d.get("type")
-        _check(kind in ("blob", "safetensors", "torch-zip"), f"unknown file type {kind!r}")
+        _check(kind in ("blob", "safetensors", "torch-zip", "gguf"), f"unknown file type {kind!r}")
         tensors = d.get("tensors", [])
         _check(isinstance(tensors, list), "tensors is not a list")
         conv = d.get("converted_from")
