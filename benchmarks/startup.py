@@ -209,11 +209,11 @@ def profile(family: Path, args: list[str], runs: int) -> None:
     """Each module the command imports with its self and cumulative import time (the least
     of `runs` runs of `python -X importtime`), as Python nests them; modules under 0.5 ms
     cumulative left out."""
-    argv = [sys.executable, "-X", "importtime", "-m", "mgit.cli.main", "-C", str(family), *args]
+    argv = [sys.executable, "-X", "importtime", "-m", "mgit.cli.main", *args]
     own: dict[str, list[int]] = {}
     total: dict[str, list[int]] = {}
     for _ in range(runs):
-        done = subprocess.run(argv, capture_output=True, text=True, env=child_env(), check=True)
+        done = subprocess.run(argv, cwd=family, capture_output=True, text=True, env=child_env(), check=True)
         for line in done.stderr.splitlines():
             if line.startswith("import time:") and "self [us]" not in line:
                 us, cumulative, name = line.removeprefix("import time:").split("|")

@@ -238,6 +238,8 @@ def test_commands_that_touch_no_tensor_import_only_what_they_use(tmp_path: Path,
         assert ours == {"mgit", "mgit.cli", "mgit.cli.main", "mgit.errors"}
     if command in ("ls", "log m", "show m"):
         assert "mgit.lineage.graph" not in ours and "mgit.cli.commands" not in ours
+    if command != "show m":  # (what show says of adapters and quantization schemes)
+        assert not {"mgit.formats.adapter", "mgit.formats.quant_config", "mgit.repo.adapters"} & ours
 
 
 def test_the_console_script_answers_version_before_loading_click() -> None:

@@ -11,10 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mgit.errors import MgitError
-from mgit.formats.adapter import CONFIG
-from mgit.formats.quant_config import scheme_from_bytes
 from mgit.index.catalog import Catalog, VersionRow
-from mgit.repo.adapters import RELATION, stored_adapter
 from mgit.reports import (
     DuResult,
     FileInfo,
@@ -108,6 +105,8 @@ def quantization(store: ObjectStore, manifest: Manifest) -> dict[str, Any] | Non
     config = next((f for f in manifest.files if f.path == "config.json"), None)
     if config is None or config.size > CONFIG_BYTES or (store.lazy and not store.has(config.object)):
         return None  # show never fetches
+    from mgit.formats.quant_config import scheme_from_bytes  # (show's alone: ls and log do without it)
+
     try:
         scheme = scheme_from_bytes(store.get(config.object, expect=file_expected(config))[1].tobytes())
     except MgitError:
@@ -139,6 +138,9 @@ def adapter_info(catalog: Catalog, store: ObjectStore, row: VersionRow, manifest
     """What `show` says of an adapter: its summary and the base it is stored under (the
     parent of relation `adapter`); a config that cannot be read is said, not raised, and one a
     lazy clone has not fetched is not fetched (None, as `quantization`)."""
+    from mgit.formats.adapter import CONFIG  # (show's alone: ls and log do without the adapter format)
+    from mgit.repo.adapters import RELATION, stored_adapter
+
     config = next((f for f in manifest.files if f.path == CONFIG), None)
     if config is None or (store.lazy and not store.has(config.object)):
         return None
