@@ -10,15 +10,24 @@ from pathlib import Path
 
 import click
 
-from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size
+from mgit.cli.output import (
+    err,
+    json_option,
+    lossy_bound,
+    out,
+    parents_text,
+    plural,
+    print_json,
+    progress_bar,
+    short,
+    size,
+)
 from mgit.remotes import OBJECT_STORE_SCHEMES
 from mgit.repo.repository import Repo
-from mgit.reports import ParentInfo
-from mgit.store.lossy_policy import DEFAULT_GUARD, LossyPolicy, describe
+from mgit.store.lossy_policy import DEFAULT_GUARD, LossyPolicy
 from mgit.store.objects import RELATIONS
 from mgit.usercode import DEFAULT_TIMEOUT
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 jobs_option = click.option(
     "--jobs", "-j", type=click.IntRange(1, 64), default=None, help="Threads to use (default: one per core, at most 8)."
 )
@@ -26,20 +35,6 @@ jobs_option = click.option(
 
 def _repo(ctx: click.Context) -> Repo:
     return ctx.obj.repo()
-
-
-def parents_text(parents: list[ParentInfo]) -> str:
-    return ", ".join(f"{p.label} ({p.relation})" for p in parents) or "-"
-
-
-def lossy_bound(lossy: dict | None) -> str:
-    """'|error| <= 0.001 (max 0.000998, 12 tensors)' for a lossy version."""
-    if not lossy:
-        return ""
-    return (
-        f"{describe(lossy)} (max {lossy.get('max_error'):.3g}, "
-        f"{plural(int(lossy.get('tensors', 0)), 'tensor')}, guard {lossy.get('guard'):g})"
-    )
 
 
 @click.command()
