@@ -17,7 +17,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	# The distribution was named "mgit" before it became "mgit-models": a venv made then drops it.
 	$(BIN)/pip uninstall -qq -y mgit
-	$(BIN)/pip install -q -e '.[torch,demo,dev,s3,ray,hf,web]'
+	$(BIN)/pip install -q -e '.[torch,demo,dev,s3,gcs,azure,ray,hf,web]'
+	# Azurite (Azure's storage emulator, from npm) for the tests of az:// remotes; without
+	# npm those tests are skipped, saying so.
+	if command -v npm >/dev/null; then npm install --silent --no-fund --no-audit --prefix $(VENV)/node azurite@3; fi
 	touch $(STAMP)
 
 venv: $(STAMP)

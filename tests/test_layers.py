@@ -1,5 +1,6 @@
-"""The shape of the package: what the child process that runs user code imports, which
-errors the library raises, codecs that describe themselves, modules small enough to read.
+"""The shape of the package: what the child process that runs user code imports, what the
+commands that touch no tensor import, which errors the library raises, codecs that describe
+themselves, modules small enough to read.
 (The import layers themselves are checked by import-linter in `make test` and `make lint`;
 pyproject.toml states them.)"""
 
@@ -193,21 +194,70 @@ def test_modules_are_small_enough_to_read_or_say_why_not() -> None:
     assert long == []
 
 
-@pytest.mark.parametrize("command", [["--version"], ["ls"], ["log", "m"], ["show", "m"], ["lineage"], ["du"]])
-def test_commands_that_touch_no_tensor_import_neither_numpy_nor_the_codecs(tmp_path: Path, command: list[str]) -> None:
+# What each command that touches no tensor imports besides the standard library (and mgit):
+# `mgit ls` must not wait for numpy, torch, rich, boto3 or the codecs. How long it takes is
+# measured in benchmarks/startup.py; this says what it loads.
+STARTUP_IMPORTS = {
+    "--version": {"click"},
+    "ls": {"click", "blake3"},
+    "log m": {"click", "blake3"},
+    "show m": {"click", "blake3", "zstandard"},  # (the manifest is a stored record)
+    "lineage": {"click", "blake3"},
+    "du": {"click", "blake3"},
+}
+NEVER_AT_STARTUP = ("numpy", "torch", "safetensors", "rich", "boto3", "botocore", "transformers", "peft", "pcodec")
+
+
+@pytest.mark.parametrize("command", sorted(STARTUP_IMPORTS))
+def test_commands_that_touch_no_tensor_import_only_what_they_use(tmp_path: Path, command: str) -> None:
     from conftest import tensors
 
     from mgit import Repo
 
-    Repo.init(tmp_path).add(tensors(1), name="m")
+    repo = Repo.init(tmp_path)
+    repo.add(tensors(1), name="base")
+    repo.add(tensors(2), name="m", parent="base", relation="finetune")
     probe = (
         "import io, json, sys, contextlib\n"
+        "before = set(sys.modules)\n"
         "from mgit.cli.main import main\n"
-        "with contextlib.redirect_stdout(io.StringIO()):\n"
-        f"    code = main({['-C', str(tmp_path), *command]!r})\n"
-        "print(json.dumps([code, sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('numpy', 'rich', 'zstandard', 'pcodec', 'threadpoolctl', 'yaml') or m.startswith('mgit.codecs'))]))"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        f"    code = main({['-C', str(tmp_path), *command.split()]!r})\n"
+        "print(json.dumps([code, out.getvalue(), sorted(set(sys.modules) - before)]))"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
-    code, heavy = json.loads(done.stdout.strip().splitlines()[-1])
-    assert code == 0 and [m for m in heavy if m.split(".")[0] != "zstandard"] == [], heavy
+    code, printed, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code == 0 and ("base" in printed or command == "--version"), printed
+    packages = {m.split(".")[0] for m in loaded} - set(sys.stdlib_module_names) - {"mgit"}
+    assert packages == STARTUP_IMPORTS[command] and not packages & set(NEVER_AT_STARTUP), sorted(packages)
+    ours = {m for m in loaded if m.split(".")[0] == "mgit"}
+    assert not {m for m in ours if m.startswith(("mgit.codecs", "mgit.diff", "mgit.sync", "mgit.checks"))}
+    running = {"subprocess", "tempfile", "concurrent.futures", "traceback"} & set(loaded)  # what runs things needs
+    assert not running, running
+    if command == "--version":  # answered by click before any command module or the library is loaded
+        assert ours == {"mgit", "mgit.cli", "mgit.cli.main", "mgit.errors"}
+    if command in ("ls", "log m", "show m"):
+        assert "mgit.lineage.graph" not in ours and "mgit.cli.commands" not in ours
+    if command != "show m":  # (what show says of adapters and quantization schemes)
+        assert not {"mgit.formats.adapter", "mgit.formats.quant_config", "mgit.repo.adapters"} & ours
+
+
+def test_the_console_script_answers_version_before_loading_click() -> None:
+    from conftest import run_cli
+
+    probe = (
+        "import io, json, sys, contextlib\n"
+        "from mgit.cli import entry\n"
+        "sys.argv = ['mgit', '--version']\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    try:\n"
+        "        entry()\n"
+        "    except SystemExit as exc:\n"
+        "        code = exc.code\n"
+        "ours = sorted(m for m in sys.modules if m.split('.')[0] == 'mgit')\n"
+        "print(json.dumps([code, out.getvalue(), ours, 'click' in sys.modules]))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    code, printed, ours, click_loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code == 0 and ours == ["mgit", "mgit.cli"] and not click_loaded
+    assert printed == run_cli("--version")[1]  # word for word what click's version option prints

@@ -1,8 +1,11 @@
 """Every remote backend keeps the contract of remotes/base.py. `BackendContract` states it once
-and runs against a folder and against a real S3 server (moto, in a child process) under a
-prefix. The S3-only tests cover what a folder cannot have: a missing bucket, credentials
-(right, wrong, absent), the endpoint chain, and a server that fails requests (FaultProxy),
-ridden out by retries or reported in one line when it persists.
+and runs against a folder, a real S3 server (moto), a real GCS emulator (gcp-storage-emulator)
+and a real Azure emulator (Azurite), each a child process, each under a prefix. The
+GCS emulator ignores generation preconditions: its compare-and-swap tests are expected
+failures, and a test checks that the preconditions go out on the wire. The cloud-only tests
+cover what a folder cannot have: a missing bucket or container, credentials (right, wrong,
+absent), the endpoint chain, and (S3) a server that fails requests (FaultProxy), ridden out
+by retries or reported in one line when it persists.
 """
 # ruff: noqa: F811  (test arguments named after the imported fixtures are how pytest injects them)
 
@@ -13,6 +16,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import sys
 import threading
 import urllib.request
@@ -21,6 +25,8 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from azurite import AZURE_VARIABLES, AzureContainer, azure_container, azurite_server, requires_azurite  # noqa: F401
+from gcsemulator import NO_PRECONDITIONS, GCSBucket, gcs_bucket, gcs_emulator  # noqa: F401
 from s3server import UNSET_AWS_VARIABLES, FaultProxy, S3Server, aws_env, s3_bucket, s3_server  # noqa: F401
 
 from mgit.errors import (
@@ -342,6 +348,295 @@ class TestS3Backend(BackendContract):
             assert not (tmp_path / "out").exists()
 
 
+def azure_backend(url: str, **options: object) -> Backend:
+    """An Azure backend whose large files go in 5 MiB blocks and ranges (multipart stays fast)."""
+    from mgit.remotes.objectstore import ObjectStoreBackend
+
+    backend = ObjectStoreBackend.azure(url, **options)  # type: ignore[arg-type]
+    backend.part_size = PART
+    return backend
+
+
+@requires_azurite
+class TestAzureBackend(BackendContract):
+    """Azurite checks a conditional Put Blob and writes in one step: of racing writers, one
+    wins (as on Azure)."""
+
+    @pytest.fixture
+    def backend(self, azure_container):
+        return azure_backend(f"{azure_container.url}/team/models")  # account and endpoint: the environment
+
+    @pytest.fixture
+    def absent(self, azure_container):
+        return azure_backend("az://mgit-test-no-such-container/team")
+
+    def test_keys_live_under_the_prefix_and_nothing_else_is_listed(self, backend, azure_container):
+        import obstore
+
+        from mgit.remotes.objectstore import ObjectStoreBackend
+
+        raw = ObjectStoreBackend.azure(azure_container.url)  # the container's root
+        for key in ("team/models-old/objects/x", "team/other", "elsewhere/objects/y", "team/models/.hidden"):
+            obstore.put(raw.store, key, b"not ours")
+        backend.write("objects/ab/k", b"ours")
+        assert raw.read("team/models/objects/ab/k", limit=10) == b"ours"
+        assert list(backend.list("")) == ["objects/ab/k"]
+        assert list(backend.list("obj")) == ["objects/ab/k"]  # a prefix need not end at a "/"
+
+    def test_large_files_go_in_blocks_and_come_back_in_ranges(self, backend, tmp_path):
+        import obstore
+
+        source = tmp_path / "source.bin"
+        source.write_bytes(os.urandom(LARGE))
+        gets = []
+        original = obstore.get
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(obstore, "get", lambda *a, **k: gets.append(k.get("options")) or original(*a, **k))
+            backend.write("objects/ab/big", source)
+            backend.read_into("objects/ab/big", tmp_path / "out", limit=LARGE)
+        assert sha256(tmp_path / "out") == sha256(source)
+        assert sorted(o["range"] for o in gets) == [(0, PART), (PART, 2 * PART), (2 * PART, LARGE)]
+        assert {o["if_match"] for o in gets} == {obstore.head(backend.store, "objects/ab/big")["e_tag"]}
+
+    @pytest.mark.parametrize("size", [1000, LARGE])
+    def test_an_object_that_changes_while_downloaded_leaves_no_file(self, backend, tmp_path, size):
+        import obstore
+
+        backend.write("objects/ab/k", os.urandom(size))
+        original, gets = obstore.get, []
+
+        def another_writer(*args, **kwargs):  # replaces the blob before the first (or only) GET
+            gets.append(1)
+            if len(gets) == 1:
+                obstore.put(backend.store, "objects/ab/k", b"new")
+            return original(*args, **kwargs)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(obstore, "get", another_writer)
+            with pytest.raises(RemoteConflictError):
+                backend.read_into("objects/ab/k", tmp_path / "out", limit=size)
+        assert not (tmp_path / "out").exists()
+
+
+@requires_azurite
+def test_azure_credentials_come_from_the_standard_variables(azure_container, monkeypatch):
+    url = f"{azure_container.url}/team"
+    azure_backend(url).write("objects/ab/k", b"v")
+    from azurite import ACCOUNT, KEY
+
+    for name in AZURE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT", ACCOUNT)
+    monkeypatch.setenv("AZURE_STORAGE_KEY", KEY)
+    assert azure_backend(url, endpoint_url=azure_container.endpoint).read("objects/ab/k", limit=10) == b"v"
+    monkeypatch.setenv("AZURE_STORAGE_KEY", base64_of(b"not the key" * 6))
+    bad = azure_backend(url, endpoint_url=azure_container.endpoint)
+    for call in (bad.check, partial(bad.read, "objects/ab/k", limit=10), partial(bad.write, "objects/ab/x", b"x")):
+        with pytest.raises(RemoteAuthError) as failed:
+            call()
+        message = one_line(failed.value)
+        assert url in message and "AZURE_STORAGE_CONNECTION_STRING" in message and KEY not in message
+
+
+@requires_azurite
+def test_a_missing_container_is_named_in_one_line_and_never_created(azure_container):
+    backend = azure_backend("az://mgit-test-no-such-container/team")
+    for call in (
+        backend.check,
+        lambda: backend.read("objects/ab/k", limit=10),
+        lambda: backend.write("k", b"x"),
+        lambda: list(backend.list("")),
+        lambda: backend.write_if("refs/models/m", b"x", token=None),
+    ):
+        with pytest.raises(RemoteNotFoundError) as failed:
+            call()
+        assert "container 'mgit-test-no-such-container' of az://mgit-test-no-such-container/team" in one_line(
+            failed.value
+        )
+        assert "never creates" in str(failed.value)
+    with pytest.raises(RemoteNotFoundError):
+        azure_backend("az://mgit-test-no-such-container/team").check()
+
+
+@requires_azurite
+def test_an_unreachable_azure_endpoint_is_unavailable_in_one_line_and_soon(azure_container, monkeypatch):
+    monkeypatch.setenv("MGIT_REMOTE_RETRIES", "1")
+    backend = azure_backend(f"{azure_container.url}/team", endpoint_url="http://127.0.0.1:9/devstoreaccount1")
+    with pytest.raises(RemoteUnavailableError) as failed:
+        backend.read("objects/ab/k", limit=10)
+    assert one_line(failed.value).startswith(f"{azure_container.url}/team did not answer")
+
+
+def test_without_obstore_an_azure_remote_asks_for_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "obstore", None)
+    monkeypatch.delitem(sys.modules, "mgit.remotes.objectstore", raising=False)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'mgit-models\[azure\]'"):
+        open_backend(RemoteSpec("az://some-container/team"))
+
+
+def base64_of(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode()
+
+
+requires_gcs = pytest.mark.skipif(
+    not (importlib.util.find_spec("google.cloud.storage") and importlib.util.find_spec("gcp_storage_emulator")),
+    reason="needs the gcs extra (google-cloud-storage) and gcp-storage-emulator",
+)
+
+
+def gcs_backend(url: str, **options: object) -> Backend:
+    """A GCS backend whose large files come down in 5 MiB ranges (so parts stay fast to test)."""
+    from mgit.remotes.gcs import GCSBackend
+
+    backend = GCSBackend(url, **options)  # type: ignore[arg-type]
+    backend.part_size = PART
+    return backend
+
+
+@requires_gcs
+class TestGCSBackend(BackendContract):
+    """The emulator ignores ifGenerationMatch, so the compare-and-swap tests cannot pass on it,
+    and its racing writers all "win" (the race test here asks only that nobody fails)."""
+
+    atomic_conditional_writes = False
+
+    @pytest.fixture
+    def backend(self, gcs_bucket):
+        return gcs_backend(f"{gcs_bucket.url}/team/models")  # the emulator: STORAGE_EMULATOR_HOST
+
+    @pytest.fixture
+    def absent(self, gcs_bucket):
+        return gcs_backend("gs://mgit-test-no-such-bucket/team")
+
+    @pytest.mark.xfail(reason=NO_PRECONDITIONS, strict=True)
+    def test_write_if_without_token_creates_only_once(self, backend):
+        super().test_write_if_without_token_creates_only_once(backend)
+
+    @pytest.mark.xfail(reason=NO_PRECONDITIONS, strict=True)
+    def test_write_if_is_compare_and_swap_on_the_token(self, backend):
+        super().test_write_if_is_compare_and_swap_on_the_token(backend)
+
+    @pytest.mark.xfail(reason=NO_PRECONDITIONS, strict=True)
+    def test_write_if_with_a_token_on_a_missing_key_conflicts(self, backend):
+        super().test_write_if_with_a_token_on_a_missing_key_conflicts(backend)
+
+    def test_a_token_is_the_generation_and_every_write_if_sends_its_precondition(self, gcs_bucket, monkeypatch):
+        with FaultProxy(gcs_bucket.endpoint) as proxy:  # forwards every request, and records it
+            monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.endpoint)
+            backend = gcs_backend(f"{gcs_bucket.url}/team")
+            backend.write_if("refs/models/m", b"v1", token=None)
+            data, token = backend.read_versioned("refs/models/m", limit=10)
+            backend.write_if("refs/models/m", b"v2", token=token)
+            with pytest.raises(RemoteConflictError):
+                backend.write_if("refs/models/m", b"v3", token="not-a-generation")
+            uploads = [r.target for r in proxy.seen if r.method == "POST" and "/upload/" in r.target]
+            reads = [r.target for r in proxy.seen if r.method == "GET" and "alt=media" in r.target]
+        assert data == b"v1" and token and token.isdigit()
+        assert len(uploads) == 2 and "ifGenerationMatch=0" in uploads[0] and f"ifGenerationMatch={token}" in uploads[1]
+        assert reads and all(f"ifGenerationMatch={token}" in r for r in reads)  # a read names its generation
+
+    def test_the_emulator_really_ignores_preconditions(self, gcs_bucket):
+        """What the expected failures above rest on: if this fails, the emulator has learnt
+        preconditions, and the xfail marks (strict) fail too, to be removed."""
+        from google.cloud import storage
+
+        blob = storage.Client(project="mgit").bucket(gcs_bucket.name).blob("k")
+        blob.upload_from_string(b"v1", if_generation_match=0)
+        blob.upload_from_string(b"v2", if_generation_match=0)  # on GCS: 412
+        blob.upload_from_string(b"v3", if_generation_match=1)  # on GCS: 412
+        assert blob.download_as_bytes() == b"v3"
+
+    def test_large_files_come_back_in_ranges_of_one_generation(self, backend, tmp_path):
+        source = tmp_path / "source.bin"
+        source.write_bytes(os.urandom(LARGE))
+        backend.write("objects/ab/big", source)
+        assert backend.read_into("objects/ab/big", tmp_path / "out", limit=LARGE) == LARGE
+        assert sha256(tmp_path / "out") == sha256(source)
+        assert backend.size("objects/ab/big") == LARGE
+
+    def test_keys_live_under_the_prefix_and_nothing_else_is_listed(self, backend, gcs_bucket):
+        from google.cloud import storage
+
+        raw = storage.Client(project="mgit").bucket(gcs_bucket.name)
+        for key in ("team/models-old/objects/x", "team/other", "elsewhere/objects/y", "team/models/.hidden"):
+            raw.blob(key).upload_from_string(b"not ours")
+        backend.write("objects/ab/k", b"ours")
+        assert raw.blob("team/models/objects/ab/k").download_as_bytes() == b"ours"
+        assert list(backend.list("")) == ["objects/ab/k"]
+
+
+@requires_gcs
+def test_a_missing_gcs_bucket_is_named_in_one_line_and_never_created(gcs_bucket):
+    backend = gcs_backend("gs://mgit-test-no-such-bucket/team")
+    for call in (
+        backend.check,
+        lambda: backend.write("k", b"x"),
+        lambda: list(backend.list("")),
+        lambda: backend.write_if("refs/models/m", b"x", token=None),
+    ):
+        with pytest.raises(RemoteNotFoundError) as failed:
+            call()
+        assert "bucket 'mgit-test-no-such-bucket' of gs://mgit-test-no-such-bucket/team" in one_line(failed.value)
+        assert "never creates buckets" in str(failed.value)
+
+
+@requires_gcs
+def test_without_emulator_or_google_credentials_a_gcs_remote_is_an_auth_error(gcs_bucket, monkeypatch, tmp_path):
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no gcloud application-default credentials
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")  # no metadata server
+    monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
+    with pytest.raises(RemoteAuthError, match="no Google credentials found") as failed:
+        gcs_backend(gcs_bucket.url)
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in one_line(failed.value)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    with pytest.raises(RemoteAuthError):
+        gcs_backend(gcs_bucket.url)
+
+
+@requires_gcs
+def test_an_unreachable_gcs_endpoint_is_unavailable_in_one_line_and_soon(gcs_bucket, monkeypatch):
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")
+    monkeypatch.setenv("MGIT_REMOTE_RETRY_SECONDS", "0")
+    backend = gcs_backend(f"{gcs_bucket.url}/team")
+    with pytest.raises(RemoteUnavailableError) as failed:
+        backend.read("objects/ab/k", limit=10)
+    assert one_line(failed.value).startswith(f"{gcs_bucket.url}/team did not answer")
+
+
+def test_without_its_client_a_gcs_remote_asks_for_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "google.auth", None)  # (the first of its imports)
+    monkeypatch.delitem(sys.modules, "mgit.remotes.gcs", raising=False)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'mgit-models\[gcs\]'"):
+        open_backend(RemoteSpec("gs://some-bucket/team"))
+
+
+@requires_s3
+class TestS3ThroughObstore(BackendContract):
+    """The obstore backend on s3:// (what benchmarks/s3_clients.py weighs against boto3) keeps
+    the same contract against the same moto server (whose conditional writes are not atomic:
+    see TestS3Backend)."""
+
+    atomic_conditional_writes = False
+
+    @pytest.fixture
+    def backend(self, s3_bucket):
+        from mgit.remotes.objectstore import ObjectStoreBackend
+
+        backend = ObjectStoreBackend.s3(f"{s3_bucket.url}/team/models")  # endpoint and credentials: the environment
+        backend.part_size = PART
+        return backend
+
+    @pytest.fixture
+    def absent(self, s3_bucket):
+        from mgit.remotes.objectstore import ObjectStoreBackend
+
+        return ObjectStoreBackend.s3("s3://mgit-test-no-such-bucket/team")
+
+
 # --- S3 only: buckets, credentials, endpoints ---------------------------------------------------
 
 
@@ -528,3 +823,93 @@ def test_a_server_that_keeps_failing_is_unavailable_in_one_line_and_soon(s3_buck
         assert [r.fault for r in proxy.seen] == [mode, mode]
     message = one_line(failed.value)
     assert message.startswith(f"{s3_bucket.url}/team did not answer: ") and "2 attempts" in message
+
+
+# --- URLs of every cloud ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "normal", "kind"),
+    [
+        ("s3://team-models/bert/", "s3://team-models/bert", "s3"),
+        ("gs://team_models//bert/v1/", "gs://team_models/bert/v1", "gcs"),
+        ("az://models/", "az://models", "azure"),
+    ],
+)
+def test_cloud_urls_are_normalized_and_name_their_kind(url, normal, kind):
+    from mgit.remotes import normalize_url
+
+    assert normalize_url(url) == normal
+    assert RemoteSpec(normal).kind == kind
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("gs://Upper/x", "does not name a GCS bucket"),
+        ("az://under_score/x", "does not name an Azure container"),
+        ("az://double--dash/x", "does not name an Azure container"),
+        ("gs://bucket/a/../b", "'.' or '..'"),
+        ("az://key:secret@models/x", "holds credentials"),
+        ("gs://token@bucket/x", "holds credentials"),
+        ("abfs://models/x", "scheme 'abfs' is not supported"),
+    ],
+)
+def test_cloud_urls_that_are_wrong_or_hold_credentials_are_refused(url, said):
+    from mgit.remotes import normalize_url
+
+    with pytest.raises(InvalidOptionError, match=re.escape(said)) as failed:
+        normalize_url(url)
+    assert "secret" not in str(failed.value) and "token@" not in str(failed.value)
+
+
+# --- GCS and Azure: a server that fails requests --------------------------------------------------
+
+
+def ride_out_faults(backend: Backend, tmp_path: Path) -> None:
+    """Writes, a compare-and-swap, reads, a ranged download and a listing, each ending right
+    however many of their requests the proxy fails."""
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(2 * PART + 1))
+    blobs = {f"objects/0{i}/blob": os.urandom(1000 + i) for i in range(3)}
+    for key, data in blobs.items():
+        backend.write(key, data)
+    backend.write("objects/big", big)
+    backend.write_if("refs/models/m", b"v1", token=None)
+    _, token = backend.read_versioned("refs/models/m", limit=10)
+    backend.write_if("refs/models/m", b"v2", token=token)
+    assert {key: backend.read(key, limit=2000) for key in blobs} == blobs
+    backend.read_into("objects/big", tmp_path / "out.bin", limit=2 * PART + 1)
+    assert list(backend.list("objects/0")) == sorted(blobs)
+    assert backend.read("refs/models/m", limit=10) == b"v2"
+    assert sha256(tmp_path / "out.bin") == sha256(big)
+
+
+@requires_azurite
+@pytest.mark.parametrize("mode", ["503", "drop"])
+def test_azure_retries_ride_out_a_server_failing_every_third_request(azure_container, tmp_path, mode):
+    with FaultProxy(azure_container.endpoint.rsplit("/", 1)[0], every=3, mode=mode) as proxy:
+        endpoint = f"{proxy.endpoint}/{azure_container.endpoint.rsplit('/', 1)[1]}"
+        ride_out_faults(azure_backend(f"{azure_container.url}/team", endpoint_url=endpoint), tmp_path)
+        assert proxy.faults >= 5 and all(r.fault in (None, mode) for r in proxy.seen)
+
+
+@requires_azurite
+def test_an_azure_server_that_keeps_failing_is_unavailable_in_one_line(azure_container, monkeypatch):
+    monkeypatch.setenv("MGIT_REMOTE_RETRIES", "1")
+    with FaultProxy(azure_container.endpoint.rsplit("/", 1)[0], every=1, mode="503") as proxy:
+        endpoint = f"{proxy.endpoint}/{azure_container.endpoint.rsplit('/', 1)[1]}"
+        backend = azure_backend(f"{azure_container.url}/team", endpoint_url=endpoint)
+        with pytest.raises(RemoteUnavailableError) as failed:
+            backend.read("objects/ab/k", limit=10)
+        assert len(proxy.seen) == 2  # the request and its one retry
+    assert one_line(failed.value).startswith(f"{azure_container.url}/team did not answer")
+
+
+@requires_gcs
+@pytest.mark.parametrize("mode", ["503", "drop"])
+def test_gcs_retries_ride_out_a_server_failing_every_third_request(gcs_bucket, tmp_path, monkeypatch, mode):
+    with FaultProxy(gcs_bucket.endpoint, every=3, mode=mode) as proxy:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.endpoint)
+        ride_out_faults(gcs_backend(f"{gcs_bucket.url}/team"), tmp_path)
+        assert proxy.faults >= 5 and all(r.fault in (None, mode) for r in proxy.seen)

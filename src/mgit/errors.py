@@ -434,10 +434,14 @@ class RemoteNotFoundError(RemoteError):
 
 
 class RemoteAuthError(RemoteError):
-    def __init__(self, url: str, why: str) -> None:
+    """Credentials missing or refused; the hint names the chain they come from (AWS's unless
+    the backend says which)."""
+
+    def __init__(self, url: str, why: str, *, hint: str | None = None) -> None:
         super().__init__(
             f"{url}: {why}",
-            hint="Credentials come from the standard AWS chain: AWS_ACCESS_KEY_ID and "
+            hint=hint
+            or "Credentials come from the standard AWS chain: AWS_ACCESS_KEY_ID and "
             "AWS_SECRET_ACCESS_KEY, ~/.aws/credentials, or --profile",
         )
         self.url = url

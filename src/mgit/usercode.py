@@ -11,23 +11,22 @@ Child protocol: `python -m mgit.usercode MODE SPEC ARGS...` prints, on its last 
 the JSON of what the function returned, or of the one line naming the exception it raised
 (`raised KeyError: 'acc'`, the traceback going to the output); anything else it prints is kept
 as the run's output.
+
+Every `Repo` imports this module for `DEFAULT_TIMEOUT`: subprocess, tempfile, hashlib and
+traceback are imported by the functions that use them, so that `mgit ls` does not wait for them.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
 import json
 import math
 import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +119,8 @@ def source_hash(spec: str, *, cwd: Path | None = None) -> str:
     _, name = split_spec(spec)
     if not defines(source, name):
         raise UserCodeError(spec, f"{path.name} defines no {name!r} at its top level (read, not run)")
+    import hashlib
+
     return hashlib.sha256(source).hexdigest()
 
 
@@ -231,6 +232,9 @@ def run(
         function's file is that recorded source instead of the file `spec` names (which may not
         be on this machine): it is written to a temporary folder, always under the same name
     (`SOURCE_FILE`), and run from there."""
+    import subprocess
+    import tempfile
+
     if source is not None:
         _, name = split_spec(spec)
         with tempfile.TemporaryDirectory(prefix="mgit-source-") as tmp:
@@ -336,6 +340,8 @@ def main(argv: list[str]) -> int:
             fn([Path(p) for p in parents], Path(out), **json.loads(params))
             value = {"written": out}
     except Exception as exc:  # the user's function raised: an error with its one line (SystemExit is an exit)
+        import traceback
+
         traceback.print_exc()
         line = (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]
         sys.stdout.flush()

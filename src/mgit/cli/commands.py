@@ -10,14 +10,24 @@ from pathlib import Path
 
 import click
 
-from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size
+from mgit.cli.output import (
+    err,
+    json_option,
+    lossy_bound,
+    out,
+    parents_text,
+    plural,
+    print_json,
+    progress_bar,
+    short,
+    size,
+)
+from mgit.remotes import OBJECT_STORE_SCHEMES
 from mgit.repo.repository import Repo
-from mgit.reports import ParentInfo
-from mgit.store.lossy_policy import DEFAULT_GUARD, LossyPolicy, describe
+from mgit.store.lossy_policy import DEFAULT_GUARD, LossyPolicy
 from mgit.store.objects import RELATIONS
 from mgit.usercode import DEFAULT_TIMEOUT
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 jobs_option = click.option(
     "--jobs", "-j", type=click.IntRange(1, 64), default=None, help="Threads to use (default: one per core, at most 8)."
 )
@@ -27,24 +37,18 @@ def _repo(ctx: click.Context) -> Repo:
     return ctx.obj.repo()
 
 
-def parents_text(parents: list[ParentInfo]) -> str:
-    return ", ".join(f"{p.label} ({p.relation})" for p in parents) or "-"
-
-
-def lossy_bound(lossy: dict | None) -> str:
-    """'|error| <= 0.001 (max 0.000998, 12 tensors)' for a lossy version."""
-    if not lossy:
-        return ""
-    return (
-        f"{describe(lossy)} (max {lossy.get('max_error'):.3g}, "
-        f"{plural(int(lossy.get('tensors', 0)), 'tensor')}, guard {lossy.get('guard'):g})"
-    )
-
-
 @click.command()
 @click.argument("directory", default=".")
-@click.option("--bare", is_flag=True, help="A remote others push to: DIR itself (no .mgit), or s3://BUCKET/PREFIX.")
-@click.option("--endpoint-url", metavar="URL", help="With --bare s3://...: an S3-compatible endpoint.")
+@click.option(
+    "--bare",
+    is_flag=True,
+    help="A remote others push to: DIR itself (no .mgit), s3://BUCKET/PREFIX or az://CONTAINER/PREFIX.",
+)
+@click.option(
+    "--endpoint-url",
+    metavar="URL",
+    help="With --bare s3://... or az://...: the endpoint (an S3-compatible server, an emulator).",
+)
 @click.option("--region", metavar="REGION", help="With --bare s3://...: the S3 region.")
 @click.option("--profile", metavar="NAME", help="With --bare s3://...: a profile of the AWS shared config files.")
 @json_option
@@ -65,8 +69,8 @@ def init(
         info = init_bare(directory, endpoint_url=endpoint_url, region=region, profile=profile)
         path = info.url
     else:
-        if directory.startswith("s3://"):
-            raise click.UsageError("an s3:// location can only hold a bare remote: add --bare")
+        if directory.startswith(OBJECT_STORE_SCHEMES):
+            raise click.UsageError(f"an {directory.split(':')[0]}:// location can only hold a bare remote: add --bare")
         path = str(Repo.init(directory).dir.absolute())  # as git says it: -C may have moved the start
     if as_json:
         print_json({"path": path, "bare": bare})

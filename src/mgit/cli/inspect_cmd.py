@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from mgit.cli.commands import json_option, lossy_bound, parents_text
-from mgit.cli.output import out, plural, print_json, short, size, table
+from mgit.cli.output import json_option, lossy_bound, out, parents_text, plural, print_json, short, size, table
 from mgit.repo.repository import Repo
 from mgit.reports import VersionInfo
 

@@ -4,27 +4,30 @@ error is also a JSON object on stdout (`{"error", "hint", "type"}`), the exit co
 
 from __future__ import annotations
 
-import difflib
 import errno
 import importlib
 import io
 import os
 import sys
-import traceback
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from mgit import __version__
-from mgit.cli.output import err, print_json
 from mgit.errors import MgitError, StorageFullError
 
 if TYPE_CHECKING:
     from mgit.repo.repository import Repo
 
 # Each command is imported when it runs (or when --help lists it): a command module loads
-# what its command needs, and `mgit ls` must not wait for numpy, the codecs or rich.
+# what its command needs, and `mgit ls` must not wait for numpy, the codecs or rich. This
+# module itself imports little beyond click, so that `mgit --version` costs about `import
+# click`: what only an error needs (the printer, traceback, difflib) is imported there.
+# A new command: a "name": "module:function" entry here; its module imports at its top click,
+# mgit.cli.output (json_option is there) and what its options need to be declared, and the
+# rest (numpy, torch, rich, the codecs, remotes) in the command's body; never another
+# command's module for a helper, which would load all of that module's imports.
+# tests/test_layers.py (STARTUP_IMPORTS) lists what ls, log, show, lineage and du load.
 COMMANDS = {
     **{name: f"mgit.cli.commands:{name}" for name in ("init", "add", "checkout", "fsck", "gc", "rm")},
     **{name: f"mgit.cli.inspect_cmd:{name}" for name in ("ls", "log", "show", "du")},
@@ -54,6 +57,8 @@ class SuggestingGroup(click.Group):
     ) -> tuple[str | None, click.Command | None, list[str]]:
         name = args[0] if args else ""
         if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            import difflib
+
             close = difflib.get_close_matches(name, self.list_commands(ctx), n=1, cutoff=0.6)
             ctx.fail(f"No such command '{name}'." + (f" Did you mean '{close[0]}'?" if close else ""))
         return super().resolve_command(ctx, args)
@@ -81,7 +86,7 @@ class AppContext:
     def repo(self) -> Repo:
         from mgit.repo.repository import Repo
 
-        return Repo(Path.cwd() if self.directory else None)  # a bare repository given with -C too
+        return Repo(os.getcwd() if self.directory else None)  # a bare repository given with -C too
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -113,6 +118,8 @@ def cli(ctx: click.Context, directory: str | None) -> None:
 
 
 def _fail(message: str, code: int = 1, *, as_json: bool = False, hint: str | None = None, kind: str = "Error") -> int:
+    from mgit.cli.output import err, print_json
+
     err.print(f"Error: {message}" + (f". {hint}" if hint else ""))
     if as_json:
         print_json({"error": message, "hint": hint, "type": kind})
@@ -121,6 +128,8 @@ def _fail(message: str, code: int = 1, *, as_json: bool = False, hint: str | Non
 
 def _show(exc: click.ClickException, *, as_json: bool = False) -> None:
     """A usage error as click words it, its control characters escaped like every other line."""
+    from mgit.cli.output import err, print_json
+
     text = io.StringIO()
     exc.show(file=text)
     err.print(text.getvalue(), end="")
@@ -134,6 +143,12 @@ def wants_json(argv: list[str]) -> bool:
     args = argv[: argv.index("--")] if "--" in argv else argv
     pairs = zip(args, [*args[1:], ""], strict=True)
     return "--json" in args or "--format=json" in args or any(a == "--format" and b == "json" for a, b in pairs)
+
+
+def _traceback() -> None:
+    import traceback
+
+    traceback.print_exc()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,11 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         return _fail("interrupted", 130, as_json=as_json, kind="Interrupted")
     except MgitError as exc:
         if debug:
-            traceback.print_exc()
+            _traceback()
         return _fail(exc.message, as_json=as_json, hint=exc.hint, kind=type(exc).__name__)
     except OSError as exc:
         if debug:
-            traceback.print_exc()
+            _traceback()
         where = f" ({exc.filename})" if exc.filename else ""
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # met outside the atomic writers: said as they say it
             full = StorageFullError(exc.filename or "a file")

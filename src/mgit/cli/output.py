@@ -8,10 +8,15 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+import click
 
 from mgit.reports import human_size, json_safe
-from mgit.util.parallel import Progress, StartProgress
+
+if TYPE_CHECKING:
+    from mgit.reports import ParentInfo
+    from mgit.util.parallel import Progress, StartProgress
 
 # What a terminal would act on rather than show: C0 controls but newline and tab, DEL, C1
 # (ESC and CSI among them), and the bidirectional overrides that reorder what is shown.
@@ -70,6 +75,25 @@ def plural(n: int, word: str) -> str:
 
 def short(oid: str | None) -> str:
     return oid[:12] if oid else "-"
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+
+
+def parents_text(parents: list[ParentInfo]) -> str:
+    return ", ".join(f"{p.label} ({p.relation})" for p in parents) or "-"
+
+
+def lossy_bound(lossy: dict | None) -> str:
+    """'|error| <= 0.001 (max 0.000998, 12 tensors)' for a lossy version."""
+    if not lossy:
+        return ""
+    from mgit.store.lossy_policy import describe  # (only a lossy version's lines come here)
+
+    return (
+        f"{describe(lossy)} (max {lossy.get('max_error'):.3g}, "
+        f"{plural(int(lossy.get('tensors', 0)), 'tensor')}, guard {lossy.get('guard'):g})"
+    )
 
 
 @dataclass

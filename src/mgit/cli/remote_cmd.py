@@ -13,7 +13,10 @@ from mgit.sync.reports import FetchResult, ModelUpdate, TagsTravel
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 endpoint_option = click.option(
-    "--endpoint-url", metavar="URL", help="An S3-compatible endpoint (default: AWS, or AWS_ENDPOINT_URL)."
+    "--endpoint-url",
+    metavar="URL",
+    help="An S3-compatible endpoint (default: AWS, or AWS_ENDPOINT_URL); for gs:// or az://, the cloud's "
+    "endpoint (an emulator's, a private one).",
 )
 region_option = click.option("--region", metavar="REGION", help="The S3 region (default: the AWS chain's).")
 profile_option = click.option("--profile", metavar="NAME", help="A profile of the AWS shared config files.")
@@ -36,7 +39,8 @@ def _updates(updates: list[ModelUpdate], where: str) -> None:
 
 @click.group(name="remote", cls=SuggestingGroup)
 def remote_group() -> None:
-    """Remotes: where this repository is shared (a folder, or s3://BUCKET/PREFIX).
+    """Remotes: where this repository is shared (a folder, s3://BUCKET/PREFIX,
+    gs://BUCKET/PREFIX or az://CONTAINER/PREFIX).
 
     \b
     Examples:
@@ -64,12 +68,16 @@ def remote_add(
     as_json: bool,
 ) -> None:
     """Record a remote (nothing is contacted). Credentials are never stored: S3 remotes use
-    the standard AWS chain (environment, ~/.aws files, --profile).
+    the standard AWS chain (environment, ~/.aws files, --profile), GCS remotes Google's
+    Application Default Credentials, Azure remotes AZURE_STORAGE_CONNECTION_STRING (or
+    AZURE_STORAGE_ACCOUNT and AZURE_STORAGE_KEY, a service principal, a managed identity).
 
     \b
     Examples:
       mgit remote add origin s3://team-models/bert
       mgit remote add minio s3://models/bert --endpoint-url http://127.0.0.1:9000
+      mgit remote add gcs gs://team-models/bert
+      mgit remote add azure az://models/bert
       mgit remote add shared /mnt/models/bert.mgit
     """
     info = sync.add_remote(ctx.obj.repo(), name, url, endpoint_url=endpoint_url, region=region, profile=profile)

@@ -12,6 +12,7 @@ import click
 
 from mgit.cli.output import out
 from mgit.cli.remote_cmd import endpoint_option, profile_option, region_option
+from mgit.remotes import OBJECT_STORE_SCHEMES
 
 DEFAULT_PORT = 8808
 
@@ -58,7 +59,7 @@ def serve(
     On 127.0.0.1 no token is asked; on any other address every request needs the token
     (--token, or one made and printed now).
 
-    A remote (s3://bucket/prefix, file:///path, or a bare repository's folder) is served
+    A remote (s3://bucket/prefix, az://container/prefix, file:///path, or a bare repository's folder) is served
     from a lazy mirror kept under ~/.cache/mgit/mirrors (MGIT_MIRROR_CACHE), brought up to
     date at start and every few seconds while pages are read: only records are fetched, each
     verified, and the objects a page reads (a diff, a model card) when it reads them. Nothing
@@ -76,11 +77,13 @@ def serve(
     from mgit.web.access import is_loopback, new_token
 
     if directory is not None and directory.startswith(("http://", "https://")):
-        raise click.UsageError("remotes are folders or s3://bucket/prefix URLs, not web addresses")
+        raise click.UsageError(
+            "remotes are folders, s3://bucket/prefix or az://container/prefix URLs, not web addresses"
+        )
     folder: Path | None = None
     url: str | None = None
     refresh: Callable[[], object] | None = None
-    if directory is not None and directory.startswith(("s3://", "file://")):
+    if directory is not None and directory.startswith((*OBJECT_STORE_SCHEMES, "file://")):
         url = directory.removeprefix("file://")
     else:
         start = directory if directory is not None else ctx.obj.directory

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -299,12 +299,18 @@ class Catalog(UsageQueries):
                     exc.name_users(users)
             raise
 
-    def parent_infos(self, parents: Iterable[Parent] | Iterable[tuple[str, str]]) -> list[ParentInfo]:
-        """Lineage parents with their model names and sequence numbers."""
+    def parent_infos(
+        self, parents: Iterable[Parent] | Iterable[tuple[str, str]], *, rows: Mapping[str, VersionRow] | None = None
+    ) -> list[ParentInfo]:
+        """Lineage parents with their model names and sequence numbers; `rows` holds versions
+        already read (`ls` reads every model's parents in one query, then calls this per model)."""
+        pairs = [(p.version, p.relation) if isinstance(p, Parent) else p for p in parents]
+        found = dict(rows or {})
+        if missing := [vid for vid, _ in pairs if vid not in found]:
+            found.update(self.versions_of(missing))
         out = []
-        for p in parents:
-            vid, rel = (p.version, p.relation) if isinstance(p, Parent) else p
-            row = self.version(vid)
+        for vid, rel in pairs:
+            row = found.get(vid)
             out.append(
                 ParentInfo(vid, row.model if row else "?", row.seq if row else 0, rel, bool(row and row.removed))
             )

@@ -82,11 +82,13 @@ class RefStore:
         heads: dict[str, str] = {}
         if not self.dir.is_dir():
             return heads
-        for dirpath, _dirs, files in os.walk(self.dir):
+        top = str(self.dir)
+        for dirpath, _dirs, files in os.walk(top):
+            folder = dirpath[len(top) + 1 :].replace(os.sep, "/")  # (relpath costs more than the read)
             for f in files:
                 if f.startswith(TMP_PREFIX):
                     continue
-                name = os.path.relpath(os.path.join(dirpath, f), self.dir).replace(os.sep, "/")
+                name = f"{folder}/{f}" if folder else f
                 head = self.get(name)
                 if head:
                     heads[name] = head

@@ -55,12 +55,14 @@ JSON_COLUMNS = ("tags", "lossy", "recipe", "parents")  # stored as JSON text (lo
 def named_rows(cursor: sqlite3.Cursor) -> Iterator[dict[str, Any]]:
     """A query's rows as {column: value}, its JSON columns decoded (and `removed` a bool)."""
     names = [d[0] for d in cursor.description]
+    as_json = [key for key in JSON_COLUMNS if key in names]  # (looked up once: `lineage` reads every version)
+    flag = "removed" in names
+    decode = json.JSONDecoder().decode
     for values in cursor:
         row = dict(zip(names, values, strict=True))
-        for key in JSON_COLUMNS:
-            if key in row:
-                row[key] = json.loads(row[key]) if row[key] else None
-        if "removed" in row:
+        for key in as_json:
+            row[key] = decode(row[key]) if row[key] else None
+        if flag:
             row["removed"] = bool(row["removed"])
         yield row
 

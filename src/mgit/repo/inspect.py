@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mgit.errors import MgitError
-from mgit.formats.adapter import CONFIG
-from mgit.formats.quant_config import scheme_from_bytes
 from mgit.index.catalog import Catalog, VersionRow
-from mgit.lineage.graph import Lineage
-from mgit.repo.adapters import RELATION, stored_adapter
 from mgit.reports import (
     DuResult,
     FileInfo,
@@ -29,6 +25,9 @@ from mgit.store.base import ObjectStore
 from mgit.store.local import LocalStore
 from mgit.store.objectformat import file_expected
 from mgit.store.objects import Manifest, tag_matches
+
+if TYPE_CHECKING:
+    from mgit.lineage.graph import Lineage
 
 RowOf = Callable[[str], VersionRow]  # a version's row, indexing it first if it is not yet
 ChainOf = Callable[[str], list[str]]  # a version and its predecessors, newest first
@@ -67,6 +66,7 @@ def list_models(catalog: Catalog, row_of: RowOf, *, tag: str | None = None) -> l
     it (`KEY` or `KEY=VALUE`, as `log --tag`)."""
     heads = catalog.heads()
     rows = catalog.versions_of(list(heads.values()))
+    parents = catalog.versions_of(sorted({p for row in rows.values() for p, _ in row.parents}))
     out = []
     for name, head in heads.items():
         row = rows.get(head) or row_of(head)
@@ -78,7 +78,7 @@ def list_models(catalog: Catalog, row_of: RowOf, *, tag: str | None = None) -> l
                 head,
                 row.seq,
                 row.seq,
-                catalog.parent_infos(row.parents),
+                catalog.parent_infos(row.parents, rows=parents),
                 row.logical_bytes,
                 row.time,
                 row.lossy,
@@ -105,6 +105,8 @@ def quantization(store: ObjectStore, manifest: Manifest) -> dict[str, Any] | Non
     config = next((f for f in manifest.files if f.path == "config.json"), None)
     if config is None or config.size > CONFIG_BYTES or (store.lazy and not store.has(config.object)):
         return None  # show never fetches
+    from mgit.formats.quant_config import scheme_from_bytes  # (show's alone: ls and log do without it)
+
     try:
         scheme = scheme_from_bytes(store.get(config.object, expect=file_expected(config))[1].tobytes())
     except MgitError:
@@ -136,6 +138,9 @@ def adapter_info(catalog: Catalog, store: ObjectStore, row: VersionRow, manifest
     """What `show` says of an adapter: its summary and the base it is stored under (the
     parent of relation `adapter`); a config that cannot be read is said, not raised, and one a
     lazy clone has not fetched is not fetched (None, as `quantization`)."""
+    from mgit.formats.adapter import CONFIG  # (show's alone: ls and log do without the adapter format)
+    from mgit.repo.adapters import RELATION, stored_adapter
+
     config = next((f for f in manifest.files if f.path == CONFIG), None)
     if config is None or (store.lazy and not store.has(config.object)):
         return None

@@ -26,7 +26,6 @@ from mgit.index.catalog import Catalog, VersionRow
 from mgit.index.refs import RefStore
 from mgit.index.retired import RetiredNames
 from mgit.index.tags import TagStore
-from mgit.lineage.graph import Lineage
 from mgit.remotes.config import held_by_remotes
 from mgit.repo.inspect import disk_usage, every_version, list_models, show_version, version_info, version_storage
 from mgit.repo.location import create, locate, open_store, read_config
@@ -57,6 +56,7 @@ from mgit.util.parallel import StartProgress, default_jobs
 if TYPE_CHECKING:
     from mgit.diff import DiffResult
     from mgit.formats.folder import ModelSource
+    from mgit.lineage.graph import Lineage
     from mgit.repo.add import AddOptions
     from mgit.store.reader import ModelReader
 
@@ -183,6 +183,8 @@ class Repo:
     @property
     def lineage(self) -> Lineage:
         """The lineage graph as it is now (a snapshot: read it again after a change)."""
+        from mgit.lineage.graph import Lineage  # (ls, log and show do without it)
+
         return Lineage.load(self.catalog, remote=held_by_remotes(self.dir, self.config))
 
     def version(self, ref: str) -> Version:

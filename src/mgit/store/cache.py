@@ -12,8 +12,10 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # (concurrent.futures loads logging: `mgit ls` opens a store, never decodes)
+    from concurrent.futures import Future
 
 UNBOUNDED = 1 << 62  # the budget of a short-lived cache (one pair of a diff)
 CHECKOUT_BASES = 192 << 20  # delta bases one checkout or add keeps for the tensors that share them
@@ -91,6 +93,8 @@ class DecodedCache:
             pending = self._pending.get(oid)
             owner = pending is None
             if pending is None:
+                from concurrent.futures import Future
+
                 pending = self._pending[oid] = Future()
                 self.misses += 1
             else:

@@ -10,7 +10,6 @@ a damaged or forged record raises instead of flowing on.
 
 from __future__ import annotations
 
-import getpass
 import json
 import math
 import os
@@ -76,6 +75,8 @@ def utc_now() -> str:
 def user_at_host() -> str:
     """Who writes a record here, `user@host`: a version's default author, where a test
     result was recorded."""
+    import getpass  # (here: it loads termios, and only a writer asks who it is)
+
     try:
         user = getpass.getuser()
     except (KeyError, OSError):

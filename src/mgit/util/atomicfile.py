@@ -6,7 +6,6 @@ one error (`StorageFullError`), raised here and nowhere else.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -187,6 +186,8 @@ def _fsync_file(path: Path) -> None:
 
 
 def _syncfs(folder: Path) -> bool:
+    import ctypes  # (here: every command imports this module, few sync a whole file system)
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)

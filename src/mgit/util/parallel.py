@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, suppress
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:  # (concurrent.futures loads logging: a command that runs no pool does without it)
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 T = TypeVar("T")
 Progress = Callable[[int], None]  # called with the units (bytes, objects) just done
