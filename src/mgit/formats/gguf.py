@@ -23,6 +23,7 @@ import re
 import struct
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -130,10 +131,8 @@ class _Cursor:
         return None
 
 
-def parse_gguf(path: str, buf: memoryview) -> GgufLayout:
-    """Validate a whole GGUF file held in `buf` (a memory map): its header, and its tensors'
-    places, which must be aligned, inside the file and disjoint."""
-    cur = _Cursor(path, buf)
+def _header(cur: _Cursor) -> tuple[int, int, dict[str, Any], int]:
+    """(version, tensor count, metadata, alignment): what comes before the tensor infos."""
     if cur.take(4, "the magic") != MAGIC:
         raise cur.fail("it does not start with GGUF")
     version = cur.unpack("<I", "the version")
@@ -155,7 +154,24 @@ def parse_gguf(path: str, buf: memoryview) -> GgufLayout:
             alignment = metadata[key]
             if kind != 4 or alignment == 0 or alignment & (alignment - 1):
                 raise cur.fail(f"general.alignment is not a power of two ({alignment!r})")
-    metadata = {k: v for k, v in metadata.items() if v is not None}
+    return version, n_tensors, {k: v for k, v in metadata.items() if v is not None}, alignment
+
+
+def skeleton_metadata(label: str, skeleton: bytes) -> dict[str, Any]:
+    """The scalar and string metadata of a stored GGUF's skeleton (which starts with the
+    file's header as it was). Raises GgufFormatError."""
+    view = memoryview(skeleton)
+    try:
+        return _header(_Cursor(label, view))[2]
+    finally:
+        view.release()
+
+
+def parse_gguf(path: str, buf: memoryview) -> GgufLayout:
+    """Validate a whole GGUF file held in `buf` (a memory map): its header, and its tensors'
+    places, which must be aligned, inside the file and disjoint."""
+    cur = _Cursor(path, buf)
+    version, n_tensors, metadata, alignment = _header(cur)
     infos = [_tensor_info(cur) for _ in range(n_tensors)]
     if len({name for name, *_ in infos}) != len(infos):
         raise cur.fail("a tensor name appears twice")
@@ -258,6 +274,17 @@ def dequantize(raw: np.ndarray, dtype: str) -> np.ndarray:
     return gguf_dequantize(blocks, qtype).astype(np.float32, copy=False).reshape(-1)
 
 
+@lru_cache(maxsize=256)
+def _name_table(arch: str, blocks: int) -> Any:
+    """gguf's TensorNameMap of an architecture (building one takes milliseconds: pairing a
+    model against every architecture builds a hundred)."""
+    from gguf.constants import MODEL_ARCH_NAMES
+    from gguf.tensor_mapping import get_tensor_name_map
+
+    found = [a for a, n in MODEL_ARCH_NAMES.items() if n == arch]
+    return get_tensor_name_map(found[0], blocks) if found else None
+
+
 def gguf_names(arch: str, names: Collection[str]) -> dict[str, str]:
     """What llama.cpp's convert script calls each of a Hugging Face model's tensors in a GGUF
     of architecture `arch` (`model.layers.0.self_attn.q_proj.weight` -> `blk.0.attn_q.weight`),
@@ -265,15 +292,13 @@ def gguf_names(arch: str, names: Collection[str]) -> dict[str, str]:
     (Names only: the convert script's permutation of llama's q and k rows is not undone, so
     those two tensors are not predicted from a safetensors parent; from a float GGUF they are.)"""
     try:
-        from gguf.constants import MODEL_ARCH_NAMES
-        from gguf.tensor_mapping import get_tensor_name_map
+        import gguf.tensor_mapping  # noqa: F401
     except ImportError:
         return {}
-    found = [a for a, n in MODEL_ARCH_NAMES.items() if n == arch]
-    if not found:
-        return {}
     blocks = 1 + max((int(m.group(1)) for n in names if (m := _BLOCK.search(n))), default=-1)
-    table = get_tensor_name_map(found[0], blocks)
+    table = _name_table(arch, blocks)
+    if table is None:
+        return {}
     out = {}
     for name in names:
         new = table.get_name(name, try_suffixes=(".weight", ".bias"))
@@ -307,20 +332,91 @@ def declared_bases(metadata: dict[str, Any]) -> list[list[str]]:
     return out
 
 
+def _is_gguf_side(names: Collection[str]) -> bool:
+    return any(n.startswith(("blk.", "token_embd.")) for n in names)
+
+
+def _conversion(names: Collection[str], gguf_side: Collection[str]) -> tuple[str, dict[str, str]]:
+    """The architecture under which the convert script maps most of a Hugging Face model's
+    tensor `names` onto `gguf_side`, and that mapping (restricted to names found there)."""
+    targets = set(gguf_side)
+    if not _is_gguf_side(targets) or not names:
+        return "", {}
+    try:
+        from gguf.constants import MODEL_ARCH_NAMES
+    except ImportError:
+        return "", {}
+    # Chosen on the names outside the layers and in layer 0 (a name table for one layer is
+    # quick to build, for 32 layers of every architecture it takes seconds), then mapped whole.
+    probe = [n for n in names if (m := _BLOCK.search(n)) is None or m.group(1) == "0"]
+    if not any(_BLOCK.search(n) for n in probe):  # no layer 0 (layers kept under their old numbers)
+        probe = list(names)
+    best, most = "", 0
+    for arch in MODEL_ARCH_NAMES.values():
+        found = sum(1 for v in gguf_names(arch, probe).values() if v in targets)
+        if found > most:
+            best, most = arch, found
+    if not best:
+        return "", {}
+    return best, {k: v for k, v in gguf_names(best, names).items() if v in targets}
+
+
 def converted_names(names: Collection[str], gguf_side: Collection[str]) -> dict[str, str]:
     """For a Hugging Face model's tensor names, the names they have among `gguf_side` (a GGUF's
     tensors), under the architecture that maps most of them there: what diff pairs a model
     with its GGUF by. Empty when the other side has no GGUF names, or without `gguf`."""
-    targets = set(gguf_side)
-    if not any(n.startswith(("blk.", "token_embd.")) for n in targets) or not names:
-        return {}
-    try:
-        from gguf.constants import MODEL_ARCH_NAMES
-    except ImportError:
-        return {}
-    best: dict[str, str] = {}
-    for arch in MODEL_ARCH_NAMES.values():
-        found = {k: v for k, v in gguf_names(arch, names).items() if v in targets}
-        if len(found) > len(best):
-            best = found
-    return best
+    return _conversion(names, gguf_side)[1]
+
+
+# Tensors whose rows the convert script permutes, by architecture, with the metadata key of
+# the head count it permutes by (`LlamaModel.permute`: Hugging Face's rotary halves to ggml's
+# interleaved pairs; mgit.repo.permuted predicts them, parent inference samples them unpermuted).
+PERMUTED_ROWS = {
+    "llama": {"attn_q.weight": "llama.attention.head_count", "attn_k.weight": "llama.attention.head_count_kv"}
+}
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 1 << 16 else 0
+
+
+def permuted_heads(metadata: dict[str, Any]) -> dict[str, int]:
+    """For a GGUF of an architecture whose rows the convert script permutes: the name suffix
+    of each permuted tensor and the head count it was permuted by (0: the metadata gives none
+    that can be; k falls back to q's, as the script's does). Empty for other architectures."""
+    keys = PERMUTED_ROWS.get(metadata.get("general.architecture"), {})  # type: ignore[arg-type]
+    heads = {suffix: _count(metadata.get(key)) for suffix, key in keys.items()}
+    if "attn_k.weight" in heads:
+        heads["attn_k.weight"] = heads["attn_k.weight"] or heads.get("attn_q.weight", 0)
+    return heads
+
+
+def permuted_positions(pos: np.ndarray, shape: tuple[int, ...], heads: int) -> np.ndarray | None:
+    """Where a tensor of `shape` permuted by the convert script for `heads` heads holds the
+    values found at flat positions `pos` of the Hugging Face tensor; None when it cannot
+    have been permuted so (not a matrix, rows not a multiple of 2 x heads)."""
+    if len(shape) != 2 or heads <= 0 or shape[0] % (2 * heads):
+        return None
+    rows, cols = shape
+    half = rows // heads // 2
+    r, c = pos // cols, pos % cols
+    head, t, j = r // (2 * half), (r % (2 * half)) // half, r % half  # HF row: head, half, pair index
+    return (head * 2 * half + j * 2 + t) * cols + c
+
+
+def conversion_pairs(names: Collection[str], others: Collection[str]) -> tuple[dict[str, str], frozenset[str]]:
+    """When one model's tensors are a GGUF's and another's a Hugging Face model's (either way
+    round): each of `names` that has a counterpart among `others` as the convert script names
+    it, and the Hugging Face model's tensors the script drops (a pooler, a buffer), which say
+    nothing of lineage. Empty unless exactly one side has GGUF names; what parent inference
+    pairs such models by. (A llama's q and k, which the script permutes, are sampled
+    unpermuted in a GGUF's sketch, so they pair as the others do.)"""
+    mine, theirs = _is_gguf_side(names), _is_gguf_side(others)
+    if mine == theirs:
+        return {}, frozenset()
+    hf, gguf_side = (others, names) if mine else (names, others)
+    found = _conversion(hf, gguf_side)[1]
+    if not found:
+        return {}, frozenset()
+    left_out = frozenset(n for n in hf if n not in found)
+    return ({v: k for k, v in found.items()} if mine else found), left_out

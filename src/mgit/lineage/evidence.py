@@ -1,7 +1,10 @@
 """Evidence: how one sketch compares with another, as the parent of the first.
 
 Tensors are matched by name (across a wrapper prefix such as a task model's `bert.`) and shape
-(or, for a student with fewer layers, by name pattern and shape). For matched tensors, sampled
+(or, for a student with fewer layers, by name pattern and shape); a GGUF's tensors meet a
+Hugging Face model's under the names llama.cpp's convert script gives them (a llama's q and k,
+whose rows it permutes, are sampled unpermuted: `mgit.lineage.sketch`), and what the script
+drops is no structural evidence. For matched tensors, sampled
 values give a relative distance (to the RMS of the two samples: two unrelated zero-mean
 tensors are ~sqrt(2) apart whatever their scales, a fine-tune 0.01-0.1, a bf16 cast ~0.002)
 and the share of values the candidate reproduces exactly once cast or quantized the query's
@@ -21,6 +24,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from mgit.formats.gguf import conversion_pairs
 from mgit.formats.pairing import tensor_names, wrapper_prefix
 from mgit.lineage.sketch import (
     CONSTANT,
@@ -82,9 +86,28 @@ def _prefixes(names: tuple[str, ...], others: tuple[str, ...]) -> tuple[str, str
 
 
 @lru_cache(maxsize=64)
+def _pairing(names: tuple[str, ...], others: tuple[str, ...]) -> tuple[dict[str, str], frozenset[str]]:
+    """Each of `names` paired with its counterpart among `others`, and the names of either
+    side left unpaired on purpose; once per pair of architectures (ranking compares each
+    candidate often). A GGUF and a Hugging Face model pair by the convert script's names
+    (`mgit.formats.gguf.conversion_pairs`): the usual GGUF is made from a stored model."""
+    converted, left_out = conversion_pairs(names, others)
+    if converted:
+        return converted, left_out
+    return tensor_names(names, others), frozenset()
+
+
 def _paired_names(names: tuple[str, ...], others: tuple[str, ...]) -> dict[str, str]:
-    """`tensor_names`, once per pair of architectures (ranking compares each candidate often)."""
-    return tensor_names(names, others)
+    return _pairing(names, others)[0]
+
+
+def _named(s: Sketch, aside: frozenset[str]) -> int:
+    """How many of a sketch's tensors count for the structural match: scales and the tensors
+    a pairing leaves out on purpose do not."""
+    plain = s.roles != SCALE
+    return (
+        int(plain.sum()) - sum(1 for i in np.flatnonzero(plain) if s.names[i] in aside) if aside else int(plain.sum())
+    )
 
 
 def counterparts(q: Sketch, c: Sketch) -> list[int | None]:
@@ -174,9 +197,8 @@ def compare(q: Sketch, c: Sketch, *, by_pattern: bool = False) -> tuple[Evidence
     `by_pattern`, each query tensor is compared with the closest candidate tensor of its name
     pattern and shape instead of only the one of its name."""
     iq, ic, common = _name_pairs(q, c)
-    q_names = int((q.roles != SCALE).sum())
-    c_names = int((c.roles != SCALE).sum())
-    ev = Evidence(structure=common / max(q_names + c_names - common, 1))
+    aside = _pairing(tuple(c.names), tuple(q.names))[1]
+    ev = Evidence(structure=common / max(_named(q, aside) + _named(c, aside) - common, 1))
     q_inf = np.flatnonzero(_informative(q))
     if q_inf.size:
         theirs = set(c.oids)
@@ -207,9 +229,8 @@ def compare_all(
     are gathered into one array and reduced per candidate, and name matching is done once per
     distinct architecture. Returns those that share a tensor with `q`, and the count seen."""
     q_cmp, q_inf = _comparable(q), _informative(q)
-    q_names = int((q.roles != SCALE).sum())
     q_oids = Counter(q.oids[i] for i in np.flatnonzero(q_inf))
-    matches: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
+    matches: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray, frozenset[str]]] = {}
     kept: list[tuple[str, str, Sketch, Evidence]] = []
     rows_q, gathered, owners = [], [], []
     count = 0
@@ -218,14 +239,17 @@ def compare_all(
         key = (tuple(c.names), tuple(c.shapes))
         if key not in matches:
             pairs = [(i, j) for j, i in enumerate(counterparts(q, c)) if i is not None]
-            matches[key] = (np.array([i for i, _ in pairs], np.int64), np.array([j for _, j in pairs], np.int64))
-        iq, ic = matches[key]
+            matches[key] = (
+                np.array([i for i, _ in pairs], np.int64),
+                np.array([j for _, j in pairs], np.int64),
+                _pairing(tuple(c.names), tuple(q.names))[1],
+            )
+        iq, ic, aside = matches[key]
         named = c.roles[ic] != SCALE
         iq, ic, common = iq[named], ic[named], int(named.sum())
         if not common:
             continue
-        c_names = int((c.roles != SCALE).sum())
-        ev = Evidence(structure=common / max(q_names + c_names - common, 1))
+        ev = Evidence(structure=common / max(_named(q, aside) + _named(c, aside) - common, 1))
         if q_oids:
             ev.identical = sum(q_oids[o] for o in set(c.oids) & q_oids.keys()) / sum(q_oids.values())
         c_cmp, c_inf = _comparable(c), _informative(c)
@@ -276,10 +300,16 @@ def analyse(q: Sketch, c: Sketch, iq: np.ndarray, ic: np.ndarray) -> tuple[str, 
     q_params, c_params = int(q.params[q_plain].sum()), int(c.params[c_plain].sum())
     # Tensors one side has and the other lacks, buffers aside: a save that drops a
     # non-persistent buffer (`position_ids`) says nothing of which model came first.
+    # Nor does a tensor a GGUF's convert script drops or moves (`_pairing`).
     pair = counterparts(q, c)
     paired = {i for i in pair if i is not None}
-    added = [i for i in range(len(q)) if q_plain[i] and q.roles[i] != PLAIN and i not in paired]
-    dropped = [j for j in range(len(c)) if c_plain[j] and c.roles[j] != PLAIN and pair[j] is None]
+    aside = _pairing(tuple(c.names), tuple(q.names))[1]
+    added = [
+        i for i in range(len(q)) if q_plain[i] and q.roles[i] != PLAIN and i not in paired and q.names[i] not in aside
+    ]
+    dropped = [
+        j for j in range(len(c)) if c_plain[j] and c.roles[j] != PLAIN and pair[j] is None and c.names[j] not in aside
+    ]
     new = sum(int(q.params[i]) for i in added)
     missing = sum(int(c.params[j]) for j in dropped)
     same_name = np.array([pair[j] == i for i, j in zip(iq, ic, strict=True)], bool)

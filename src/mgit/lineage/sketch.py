@@ -12,7 +12,11 @@ or fp8 tensor that comes with a scale tensor (int8 per-row quantization, fp8 wit
 or block scales, bitsandbytes' SCB) is dequantized, and the scale at each sampled position is
 kept, so that a candidate parent's values can be quantized again exactly the same way. A
 GGUF's block-quantized tensor (Q8_0 ...) is sketched by its dequantized values, under its
-shape in values, so that it meets its float parent's tensor (a GGUF's names meet a GGUF's).
+shape in values, so that it meets its float parent's tensor: a float GGUF's under the same
+name, a Hugging Face model's under the name llama.cpp's convert script gave it
+(`mgit.lineage.evidence` pairs the names; a sketch keeps each tensor's own). A llama GGUF's
+q and k, whose rows the convert script permuted, are sampled where they hold the values
+found at the sampled positions of the Hugging Face tensor.
 
 A sketch encodes to one blob (`to_bytes`) that the catalog stores per version.
 """
@@ -23,7 +27,7 @@ import json
 import math
 import re
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
@@ -32,22 +36,25 @@ import blake3
 import numpy as np
 
 from mgit.codecs.derived import to_bfloat16_bits
-from mgit.errors import DequantizeError
+from mgit.errors import DequantizeError, GgufFormatError
 from mgit.formats import safetensors
 from mgit.formats.dtypes import BLOCK_DTYPES, value_shape
 from mgit.formats.folder import ModelSource, SourceFile
 from mgit.formats.gguf import dequantize as dequantize_blocks
+from mgit.formats.gguf import permuted_heads, permuted_positions, skeleton_metadata
 from mgit.formats.layers import layer_count
 from mgit.formats.packed_quant import PackedTensor, dequantize, packed_tensors
 from mgit.formats.safetensors import DTYPES, FP8_VALUES, TensorSpan, is_float
 from mgit.store.base import ObjectStore
+from mgit.store.objectformat import file_objects_expected
 from mgit.store.objects import Manifest, TensorEntry, object_id, tensor_meta
 from mgit.store.reader import tensor_bytes
 
 if TYPE_CHECKING:
     from mgit.index.catalog import Catalog
 
-SKETCH_FORMAT = 3  # 3: positions drawn from the shape alone
+SKETCH_FORMAT = 4  # 3: positions drawn from the shape alone; 4: a llama GGUF's q and k sampled unpermuted
+# (a sketch of format 3 is read still unless it is a GGUF's: no other sketch differs)
 SAMPLES = 64  # values per tensor: enough to tell a 1e-3 change from noise on ~50 tensors
 ZERO_SAMPLES = 4096
 MAGIC = b"MGSK"
@@ -184,9 +191,11 @@ class Sketch:
             raise ValueError("not a sketch")
         (size,) = struct.unpack_from("<I", blob, 4)
         header = json.loads(blob[8 : 8 + size])
-        if header.get("format") != SKETCH_FORMAT or header.get("samples") != SAMPLES:
+        if header.get("format") not in (SKETCH_FORMAT, 3) or header.get("samples") != SAMPLES:
             raise ValueError("a sketch of another format")
         names, dtypes, shapes, oids = header["names"], header["dtypes"], header["shapes"], header["oids"]
+        if header["format"] == 3 and any(str(n).startswith("blk.") for n in names):
+            raise ValueError("a GGUF's sketch of format 3")  # (format 4 differs from 3 only there)
         n = len(names)
         roles = np.array(header["roles"], dtype=np.int8)
         if not len(dtypes) == len(shapes) == len(oids) == len(roles) == len(header["zeros"]) == n:
@@ -270,13 +279,27 @@ def _varies(values: np.ndarray) -> bool:
     return finite.size > 1 and bool(finite.max() > finite.min())
 
 
+def _sampled_at(shape: tuple[int, ...], heads: int | None) -> np.ndarray | None:
+    """The flat positions read for a tensor of `shape` (in values): `positions(shape)`, or for
+    a tensor whose rows the convert script permuted, where it holds the values found there
+    in the Hugging Face tensor (None when its head count cannot be right)."""
+    pos = positions(shape)
+    return pos if heads is None else permuted_positions(pos, shape, heads)
+
+
 def sketch_tensors(
     entries: Sequence[TensorEntry],
     read: Callable[[TensorEntry], np.ndarray],
     after: Callable[[TensorEntry], None] | None = None,
+    permuted: Mapping[str, int] | None = None,
 ) -> Sketch:
     """The sketch of a model's tensors; `read(entry)` gives a tensor's raw bytes (uint8), and
-    `after(entry)` is called once a tensor has been sampled (to release its pages)."""
+    `after(entry)` is called once a tensor has been sampled (to release its pages).
+    `permuted`: a GGUF's tensors whose rows the convert script permuted, by name, with the
+    head count (`permuted_tensors`): sampled as the Hugging Face tensor would be, so that they
+    meet it and any other GGUF of the model alike; one whose count cannot be right is
+    sampled as stored and never compared (role PLAIN)."""
+    permuted = permuted or {}
     by_name: dict[str, TensorEntry] = {}
     for e in entries:
         by_name.setdefault(e.name, e)
@@ -294,8 +317,10 @@ def sketch_tensors(
     scales = np.zeros((n, SAMPLES), np.float32)
     value_shapes = [value_shape(e.dtype, e.shape) for e in by_name.values()]
     for i, e in enumerate(by_name.values()):
+        where = _sampled_at(value_shapes[i], permuted.get(e.name))
         if e.dtype in BLOCK_DTYPES:  # a GGUF's quantized tensor: its sampled blocks dequantized
-            zeros[i], values[i], roles[i] = _block_sample(read(e), e.dtype, value_shapes[i])
+            zeros[i], values[i], roles[i] = _block_sample(read(e), e.dtype, value_shapes[i], where)
+            roles[i] = roles[i] if where is not None else PLAIN
             if after is not None:
                 after(e)
             continue
@@ -320,7 +345,7 @@ def sketch_tensors(
             element_values(raw.reshape(count, size)[::step].reshape(-1), e.dtype) if count else np.zeros(0, np.float32)
         )
         zeros[i] = float(np.mean(strided == 0)) if count else 0.0
-        pos = positions(e.shape)
+        pos = positions(e.shape) if where is None else where
         picked = raw.reshape(count, size)[pos].reshape(-1)
         sample = element_values(picked, e.dtype)
         if e.name in packed:
@@ -335,6 +360,8 @@ def sketch_tensors(
             roles[i] = QUANTIZED
         elif e.name in scale_names:
             roles[i] = SCALE
+        elif e.name in permuted and where is None:
+            pass  # permuted by a head count the metadata does not give: not comparable
         elif is_float(e.dtype) and count > 1 and _varies(strided):
             roles[i] = FLOAT
         elif is_float(e.dtype) and count and np.any(strided != 0):
@@ -355,21 +382,42 @@ def sketch_tensors(
     )
 
 
-def _block_sample(raw: np.ndarray, dtype: str, shape: tuple[int, ...]) -> tuple[float, np.ndarray, int]:
+def _block_sample(
+    raw: np.ndarray, dtype: str, shape: tuple[int, ...], where: np.ndarray | None = None
+) -> tuple[float, np.ndarray, int]:
     """(fraction of zeros, SAMPLES values, role) of a block-quantized tensor of `shape` values,
-    dequantizing only the blocks that hold the sampled positions (and ZERO_SAMPLES values' worth
-    of strided blocks)."""
+    dequantizing only the blocks that hold the sampled positions (`where`, by default
+    `positions(shape)`) and ZERO_SAMPLES values' worth of strided blocks."""
     block, type_size = BLOCK_DTYPES[dtype]
     blocks = raw.reshape(-1, type_size)
     out = np.full(SAMPLES, np.nan, np.float32)
     if not blocks.shape[0]:
         return 0.0, out, PLAIN
     strided = dequantize_blocks(blocks[:: max(1, blocks.shape[0] * block // ZERO_SAMPLES)].reshape(-1), dtype)
-    pos = positions(shape)
+    pos = positions(shape) if where is None else where
     picked = dequantize_blocks(blocks[pos // block].reshape(-1), dtype).reshape(len(pos), block)
     out[: len(pos)] = picked[np.arange(len(pos)), pos % block]
     role = FLOAT if _varies(strided) else CONSTANT if np.any(strided != 0) else PLAIN
     return float(np.mean(strided == 0)), out, role
+
+
+def permuted_tensors(files: Sequence[tuple[dict[str, object], Sequence[str]]]) -> dict[str, int]:
+    """For (metadata, tensor names) of a model's GGUF files: each tensor whose rows the convert
+    script permuted, and the head count it did so by (`mgit.formats.gguf.permuted_heads`)."""
+    out: dict[str, int] = {}
+    for metadata, names in files:
+        heads = permuted_heads(metadata)
+        for name in names:
+            suffix = name.rpartition(".")[0].rpartition(".")[2] + ".weight"
+            if suffix in heads and name.endswith("." + suffix):
+                out.setdefault(name, heads[suffix])
+    return out
+
+
+def _source_permuted(source: ModelSource) -> dict[str, int]:
+    return permuted_tensors(
+        [(f.layout.metadata, [s.name for s in f.layout.tensors]) for f in source.files if f.kind == "gguf" and f.layout]
+    )
 
 
 def _source_tensors(source: ModelSource) -> dict[str, tuple[SourceFile, TensorSpan, np.ndarray]]:
@@ -382,7 +430,9 @@ def _source_tensors(source: ModelSource) -> dict[str, tuple[SourceFile, TensorSp
 
 
 def _sketch_source_tensors(
-    entries: list[TensorEntry], data: dict[str, tuple[SourceFile, TensorSpan, np.ndarray]]
+    entries: list[TensorEntry],
+    data: dict[str, tuple[SourceFile, TensorSpan, np.ndarray]],
+    permuted: Mapping[str, int],
 ) -> Sketch:
     """Sample memory-mapped source tensors, releasing each one's pages once it is sampled: a
     sample strided across a tensor faults in most of its pages, and for a large model those
@@ -392,7 +442,7 @@ def _sketch_source_tensors(
         f, span, _ = data[e.name]
         f.release(span)
 
-    return sketch_tensors(entries, lambda e: data[e.name][2], release)
+    return sketch_tensors(entries, lambda e: data[e.name][2], release, permuted)
 
 
 def sketch_source(source: ModelSource) -> Sketch:
@@ -405,19 +455,29 @@ def sketch_source(source: ModelSource) -> Sketch:
             TensorEntry(name, span.dtype, span.shape, object_id("tensor", tensor_meta(span.dtype, span.shape), raw))
         )
         f.release(span)  # hashing read every page of it
-    return _sketch_source_tensors(entries, data)
+    return _sketch_source_tensors(entries, data, _source_permuted(source))
 
 
 def sketch_added(manifest: Manifest, source: ModelSource) -> Sketch:
     """The sketch of a version just added, read from its source files (still in the page
     cache) rather than decoded from the store. A lossy version's values differ from the
     source by at most its bound, far below what a sketch resolves."""
-    return _sketch_source_tensors(list(manifest.tensors()), _source_tensors(source))
+    return _sketch_source_tensors(list(manifest.tensors()), _source_tensors(source), _source_permuted(source))
 
 
 def sketch_stored(store: ObjectStore, manifest: Manifest) -> Sketch:
-    """The sketch of a stored version, decoding each of its tensors once."""
-    return sketch_tensors(manifest.tensors(), lambda e: tensor_bytes(store, e))
+    """The sketch of a stored version, decoding each of its tensors once (and a GGUF's
+    skeleton, for the head counts its q and k were permuted by)."""
+    ggufs = []
+    for f in manifest.files:
+        if f.type == "gguf":
+            skeleton = store.get(f.object, expect=file_objects_expected(f)[f.object])[1]
+            try:
+                metadata = skeleton_metadata(f.path, bytes(skeleton))
+            except GgufFormatError:
+                metadata = {}  # (checked when it was added: a damaged object fails before this)
+            ggufs.append((metadata, [t.name for t in f.tensors]))
+    return sketch_tensors(manifest.tensors(), lambda e: tensor_bytes(store, e), None, permuted_tensors(ggufs))
 
 
 def stored_sketches(store: ObjectStore, catalog: Catalog) -> list[tuple[str, str, Sketch]]:

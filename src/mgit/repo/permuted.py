@@ -16,14 +16,8 @@ from mgit.codecs import Codec, RequantizeCodec, ZstdCodec
 from mgit.codecs.requantize import FLOAT_BASES, TARGETS, available
 from mgit.formats.dtypes import value_shape
 from mgit.formats.folder import ModelSource
-from mgit.formats.gguf import gguf_names
+from mgit.formats.gguf import gguf_names, permuted_heads
 from mgit.store.objects import Manifest
-
-PERMUTED = {"attn_q.weight": "llama.attention.head_count", "attn_k.weight": "llama.attention.head_count_kv"}
-
-
-def _count(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 1 << 16 else 0
 
 
 def permuted_chains(source: ModelSource, parents: Sequence[Manifest]) -> dict[str, list[Codec]]:
@@ -35,9 +29,7 @@ def permuted_chains(source: ModelSource, parents: Sequence[Manifest]) -> dict[st
     for f in source.files:
         if f.kind != "gguf" or f.layout is None or f.layout.metadata.get("general.architecture") != "llama":
             continue
-        metadata = f.layout.metadata
-        heads = {suffix: _count(metadata.get(key)) for suffix, key in PERMUTED.items()}
-        heads["attn_k.weight"] = heads["attn_k.weight"] or heads["attn_q.weight"]
+        heads = permuted_heads(f.layout.metadata)
         spans = {s.name: s for s in f.layout.tensors}
         for manifest in parents:
             tensors = {t.name: t for t in manifest.tensors()}
