@@ -44,7 +44,9 @@ test: $(STAMP) chromium
 	$(BIN)/ruff format --check --quiet $(LINTED)
 	$(BIN)/ruff check --quiet $(LINTED)
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	# loadscope: a module's functions stay together (test_cluster.py's one Ray cluster), its
+	# classes spread over both workers (test_sharing.py's four remotes, a third of the suite's time).
+	$(BIN)/python -m pytest -q -n 2 --dist loadscope
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/core.py
