@@ -259,15 +259,25 @@ def _factors(delta: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
     return (q @ u[:, :rank] * s[:rank]).astype("<f4"), vt[:rank].astype("<f4")
 
 
+_PREDICTION_ROWS = 1024  # rows summed at a time: the float64 accumulator stays in cache (5x faster)
+
+
 def _low_rank_prediction(base: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
     """float32(base + sum_k u[:, k] v[k]) in float64, term by term in order: every product of
     two float32 numbers is exact in float64 and each sum is one IEEE addition, so any machine
-    computes the same bits (a BLAS matmul would not promise that)."""
+    computes the same bits (a BLAS matmul would not promise that). Computed a block of rows at
+    a time, which changes no operation of any element."""
+    out = np.empty(base.shape, dtype="<f4")
+    v64 = v.astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):  # signalling NaNs, overflow: bits are bits
-        acc = base.astype(np.float64)
-        for k in range(u.shape[1]):
-            acc += np.multiply.outer(u[:, k].astype(np.float64), v[k].astype(np.float64))
-        return acc.astype("<f4")
+        for start in range(0, base.shape[0], _PREDICTION_ROWS):
+            rows = slice(start, start + _PREDICTION_ROWS)
+            acc = base[rows].astype(np.float64)
+            u64 = u[rows].astype(np.float64)
+            for k in range(u.shape[1]):
+                acc += u64[:, k : k + 1] * v64[k]
+            out[rows] = acc
+    return out
 
 
 @register
