@@ -28,20 +28,17 @@ import hashlib
 import hmac
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import pytest
-from s3server import HOST, free_port
+from s3server import HOST, ServerProcess
 
 ACCOUNT = "devstoreaccount1"
 # Azurite's published development key (the same in every install; not a secret).
@@ -96,51 +93,29 @@ def azure_env(endpoint: str) -> dict[str, str]:
     return {"AZURE_STORAGE_CONNECTION_STRING": connection_string(endpoint), "NO_PROXY": no_proxy, "no_proxy": no_proxy}
 
 
-class AzuriteServer:
-    """`azurite-blob` in a child process on 127.0.0.1 and a free port, in memory.
+class AzuriteServer(ServerProcess):
+    """`azurite-blob` in a child process on 127.0.0.1 and a free port, in memory."""
 
-    The constructor returns once the server answers HTTP (or raises after `startup_timeout`);
-    a port taken between choosing and binding it is retried on another port, a few times."""
+    label = "Azurite"
+    cwd = tempfile.gettempdir()
 
     def __init__(self, *, startup_timeout: float = 30.0, attempts: int = 3, memory_mb: int = 2048) -> None:
         binary = azurite_binary()
         if binary is None:
             raise RuntimeError("Azurite is not installed (npm install --prefix .venv/node azurite)")
-        deadline = time.monotonic() + startup_timeout
-        self._log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop()
-        for _ in range(attempts):
-            port = free_port()
-            self.endpoint = f"http://{HOST}:{port}/{ACCOUNT}"
-            self.process = subprocess.Popen(
-                [binary, "--blobHost", HOST, "--blobPort", str(port), "--inMemoryPersistence", "--disableTelemetry",
-                 "--extentMemoryLimit", str(memory_mb), "--skipApiVersionCheck", "--silent"],
-                stdin=subprocess.DEVNULL,
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-                cwd=tempfile.gettempdir(),
-            )  # fmt: skip
-            if self._wait_until_answering(port, deadline):
-                return
-            if self.process.poll() is None:
-                break
-        log = self.log_tail()
-        self.stop()
-        raise RuntimeError(f"Azurite did not start on {HOST} within {startup_timeout:.0f} s:\n{log}")
+        self._binary, self._memory_mb = binary, memory_mb
+        super().__init__(startup_timeout=startup_timeout, attempts=attempts)
 
-    def _wait_until_answering(self, port: int, deadline: float) -> bool:
-        """True once this process says it listens on its port and answers HTTP."""
-        bound = f"listens on http://{HOST}:{port}".encode()
-        while time.monotonic() < deadline and self.process.poll() is None:
-            if bound in os.pread(self._log.fileno(), 64 * 1024, 0):
-                try:
-                    _open(urllib.request.Request(f"http://{HOST}:{port}/"))
-                    return True
-                except urllib.error.HTTPError:
-                    return True
-                except OSError:
-                    pass
-            time.sleep(0.05)
-        return False
+    def command(self, port: int) -> list[str]:
+        memory = ["--extentMemoryLimit", str(self._memory_mb)]
+        flags = ["--inMemoryPersistence", "--disableTelemetry", "--skipApiVersionCheck", "--silent"]
+        return [self._binary, "--blobHost", HOST, "--blobPort", str(port), *memory, *flags]
+
+    def endpoint_of(self, port: int) -> str:
+        return f"http://{HOST}:{port}/{ACCOUNT}"
+
+    def ready(self, port: int) -> bytes:
+        return f"listens on http://{HOST}:{port}".encode()
 
     def container(self, name: str, method: str = "PUT") -> None:
         """Create (PUT) or delete (DELETE) a container, signed with the account's key."""
@@ -157,29 +132,6 @@ class AzuriteServer:
         name = f"mgit-test-{uuid.uuid4().hex[:16]}"
         self.container(name)
         return name
-
-    def log_tail(self, size: int = 4000) -> str:
-        if self._log.closed:
-            return ""
-        end = os.fstat(self._log.fileno()).st_size
-        return os.pread(self._log.fileno(), size, max(0, end - size)).decode(errors="replace")
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """End this server process (SIGTERM, then SIGKILL if it lingers); safe to call twice."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout)
-        self._log.close()
-
-    def __enter__(self) -> AzuriteServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _open(request: urllib.request.Request) -> None:

@@ -17,19 +17,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import IO
 
 import pytest
-from s3server import HOST, free_port
+from s3server import HOST, ServerProcess
 
 GOOGLE_VARIABLES = (
     "STORAGE_EMULATOR_HOST",
@@ -49,40 +45,16 @@ def gcs_env(endpoint: str) -> dict[str, str]:
     return {"STORAGE_EMULATOR_HOST": endpoint, "NO_PROXY": no_proxy, "no_proxy": no_proxy}
 
 
-class GCSEmulator:
+class GCSEmulator(ServerProcess):
     """The emulator in a child process on 127.0.0.1 and a free port, in memory."""
 
-    def __init__(self, *, startup_timeout: float = 20.0, attempts: int = 3) -> None:
-        deadline = time.monotonic() + startup_timeout
-        self._log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop()
-        for _ in range(attempts):
-            port = free_port()
-            self.endpoint = f"http://{HOST}:{port}"
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "gcp_storage_emulator", "start", "-H", HOST, "--port", str(port), "--in-memory"],
-                stdin=subprocess.DEVNULL,
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-            )
-            if self._wait_until_answering(deadline):
-                return
-            if self.process.poll() is None:
-                break
-        log = self.log_tail()
-        self.stop()
-        raise RuntimeError(f"gcp-storage-emulator did not start on {HOST} within {startup_timeout:.0f} s:\n{log}")
+    label = "gcp-storage-emulator"
 
-    def _wait_until_answering(self, deadline: float) -> bool:
-        """True once this process says it started and answers its health check."""
-        while time.monotonic() < deadline and self.process.poll() is None:
-            if b"All services started" in os.pread(self._log.fileno(), 64 * 1024, 0):
-                try:
-                    _open(urllib.request.Request(self.endpoint + "/"))
-                    return True
-                except OSError:
-                    pass
-            time.sleep(0.05)
-        return False
+    def command(self, port: int) -> list[str]:
+        return [sys.executable, "-m", "gcp_storage_emulator", "start", "-H", HOST, "--port", str(port), "--in-memory"]
+
+    def ready(self, port: int) -> bytes:
+        return b"All services started"
 
     def new_bucket(self) -> str:
         name = f"mgit-test-{uuid.uuid4().hex[:16]}"
@@ -95,29 +67,6 @@ class GCSEmulator:
         )
         _open(request)
         return name
-
-    def log_tail(self, size: int = 4000) -> str:
-        if self._log.closed:
-            return ""
-        end = os.fstat(self._log.fileno()).st_size
-        return os.pread(self._log.fileno(), size, max(0, end - size)).decode(errors="replace")
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """End this server process (SIGTERM, then SIGKILL if it lingers); safe to call twice."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout)
-        self._log.close()
-
-    def __enter__(self) -> GCSEmulator:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _open(request: urllib.request.Request) -> None:

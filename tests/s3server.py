@@ -95,46 +95,55 @@ def aws_env(endpoint: str) -> dict[str, str]:
 UNSET_AWS_VARIABLES = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
 
 
-class S3Server:
-    """moto's S3-compatible server in a child process on 127.0.0.1 and a free port.
+class ServerProcess:
+    """A storage server or emulator in a child process on 127.0.0.1 and a free port, stopped by
+    its pid. Subclasses say what to run (`command`), where it answers (`endpoint`, `probe`) and
+    the line it logs once it listens (`ready`). The constructor returns once the server logged
+    that line and answers HTTP (or raises after `startup_timeout`); a port taken between choosing
+    and binding it is retried on another port, a few times, each with a fresh log."""
 
-    The constructor returns once the server answers HTTP (or raises after `startup_timeout`);
-    a port taken between choosing and binding it is retried on another port, a few times."""
+    label = "server"
+    cwd: str | None = None
+
+    def command(self, port: int) -> list[str]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def endpoint_of(self, port: int) -> str:
+        return f"http://{HOST}:{port}"
+
+    def ready(self, port: int) -> bytes:  # pragma: no cover - abstract
+        raise NotImplementedError
 
     def __init__(self, *, startup_timeout: float = 20.0, attempts: int = 3) -> None:
-        self._admin: Any = None
         deadline = time.monotonic() + startup_timeout
         for attempt in range(attempts):
             port = free_port()
-            self.endpoint = f"http://{HOST}:{port}"
+            self.endpoint = self.endpoint_of(port)
             if attempt:
                 self._log.close()
             # The child shares this file's offset, so the parent only ever reads with pread.
             self._log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop()
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)],
-                stdin=subprocess.DEVNULL,
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
+                self.command(port), stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, cwd=self.cwd
             )
-            if self._wait_until_answering(deadline):
+            if self._wait_until_answering(port, deadline):
                 return
             if self.process.poll() is None:  # still running but silent: out of time
                 break
         log = self.log_tail()
         self.stop()
-        raise RuntimeError(f"moto server did not start on {HOST} within {startup_timeout:.0f} s:\n{log}")
+        raise RuntimeError(f"{self.label} did not start on {HOST} within {startup_timeout:.0f} s:\n{log}")
 
-    def _wait_until_answering(self, deadline: float) -> bool:
-        """True once this process has bound its port and answers HTTP; False if it exits (port
-        taken) or time runs out. Werkzeug logs "Running on <url>" only after binding, which
-        keeps another worker's server that took the same port from passing for this one."""
+    def _wait_until_answering(self, port: int, deadline: float) -> bool:
+        """True once this process logged that it listens on its port and answers HTTP (any
+        status); False if it exits (port taken) or time runs out. Waiting for the line keeps
+        another worker's server that took the same port from passing for this one."""
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        bound = f"Running on {self.endpoint}".encode()
+        ready = self.ready(port)
         while time.monotonic() < deadline and self.process.poll() is None:
-            if bound in os.pread(self._log.fileno(), _MAX_HEAD_BYTES, 0):
+            if ready in os.pread(self._log.fileno(), _MAX_HEAD_BYTES, 0):
                 try:
-                    opener.open(self.endpoint + "/", timeout=1).close()
+                    opener.open(f"http://{HOST}:{port}/", timeout=1).close()
                     return True
                 except urllib.error.HTTPError:
                     return True
@@ -142,6 +151,46 @@ class S3Server:
                     pass
             time.sleep(0.05)
         return False
+
+    def log_tail(self, size: int = 4000) -> str:
+        """The end of the server's combined stdout and stderr, for failure messages."""
+        if self._log.closed:
+            return ""
+        end = os.fstat(self._log.fileno()).st_size
+        return os.pread(self._log.fileno(), size, max(0, end - size)).decode(errors="replace")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End this server process (SIGTERM, then SIGKILL if it lingers); safe to call twice."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout)
+        self._log.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class S3Server(ServerProcess):
+    """moto's S3-compatible server (Werkzeug logs "Running on <url>" only after binding)."""
+
+    label = "moto server"
+
+    def __init__(self, *, startup_timeout: float = 20.0, attempts: int = 3) -> None:
+        self._admin: Any = None
+        super().__init__(startup_timeout=startup_timeout, attempts=attempts)
+
+    def command(self, port: int) -> list[str]:
+        return [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)]
+
+    def ready(self, port: int) -> bytes:
+        return f"Running on http://{HOST}:{port}".encode()
 
     def client(self, config: Any = None) -> Any:
         """A boto3 S3 client for this server (see `s3_client`)."""
@@ -168,30 +217,6 @@ class S3Server:
         for upload in admin.list_multipart_uploads(Bucket=name).get("Uploads", []):
             admin.abort_multipart_upload(Bucket=name, Key=upload["Key"], UploadId=upload["UploadId"])
         admin.delete_bucket(Bucket=name)
-
-    def log_tail(self, size: int = 4000) -> str:
-        """The end of the server's combined stdout and stderr, for failure messages."""
-        if self._log.closed:
-            return ""
-        end = os.fstat(self._log.fileno()).st_size
-        return os.pread(self._log.fileno(), size, max(0, end - size)).decode(errors="replace")
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """End this server process (SIGTERM, then SIGKILL if it lingers); safe to call twice."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout)
-        self._log.close()
-
-    def __enter__(self) -> S3Server:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 @dataclass(frozen=True)
