@@ -256,5 +256,3 @@ def _derived(repo: Repo, spec: MergeSpec, vids: list[str]) -> dict[str, list[Any
 
 
 register_derived_chains(RECIPE, derived_for_recipe)
-
-from mgit.merging import adapters as _adapters  # noqa: E402, F401  (registers how a re-run adapter merge is stored)

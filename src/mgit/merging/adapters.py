@@ -16,7 +16,8 @@ adapter again into a new version of the base. A LoRA-merged matrix is stored as 
 tensor plus scale x B A of the adapter's own stored factors (`lora_merge`, with an exact
 residual: zeros where the merge is reproduced), so the merged model costs little beyond the
 adapter; `mgit add` of a model merged by peft itself, with the base and the adapter as its
-parents, is stored the same way.
+parents, is stored the same way: the add finds these chains from its parents
+(mgit.repo.adapters.merged_chains), so a cascade's re-merge is stored so too.
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mgit.errors import InputError, InvalidOptionError, MgitError, MissingDependencyError
-from mgit.execution import register_derived_chains
+from mgit.errors import InputError, InvalidOptionError, MissingDependencyError
 from mgit.formats.adapter import CONFIG, PREFIX, WEIGHTS, Adapter, fit
-from mgit.repo.adapters import RELATION, folder_adapter, merged_chains, stored_adapter
+from mgit.repo.adapters import RELATION, folder_adapter, stored_adapter
 from mgit.repo.repository import Repo
 from mgit.reports import AddResult
 
@@ -197,7 +197,6 @@ def merge_adapter(
         repo.checkout(vid, folders[1])
         merge(folders, Path(tmp) / "merged")
         record = repo.recipe_record(RECIPE, {})
-        derived = stored_as_merged(repo, base_vid, vid)
         return repo.add_with(
             str(Path(tmp) / "merged"),
             AddOptions(
@@ -208,29 +207,8 @@ def merge_adapter(
                 recipe=record,
                 message=message or f"{info.ref} merged into {repo.info(base_vid).ref}",
                 progress=progress,
-                derived=derived,
             ),
         )
-
-
-def stored_as_merged(repo: Repo, base_vid: str, adapter_vid: str) -> dict[str, list[Any]]:
-    """By merged tensor name, the chain that stores a LoRA-merged weight as the base's tensor
-    plus scale x B A of the adapter's stored B and A (mgit.repo.adapters.merged_chains)."""
-    return merged_chains(repo.store, repo.manifest(base_vid), repo.manifest(adapter_vid))
-
-
-def _derived_for_recipe(repo: Repo, job: Any) -> dict[str, list[Any]]:
-    """For a cascade's re-run of an adapter merge, how its output is stored (as above)."""
-    recipe = getattr(job, "recipe", None) or {}
-    if recipe.get("fn") != RECIPE or len(getattr(job, "parents", ())) != 2:
-        return {}
-    try:
-        return stored_as_merged(repo, *job.parents)
-    except MgitError:
-        return {}  # (the recipe itself says what is wrong)
-
-
-register_derived_chains(RECIPE, _derived_for_recipe)
 
 
 def compare_adapters(repo: Repo, a: str, b: str) -> dict[str, Any] | None:

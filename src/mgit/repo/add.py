@@ -433,25 +433,28 @@ def _delta_plan(
     related = [v for v in [refs.get(name), *(p.version for p in parents)] if v]
     if not related and not parents:
         return DeltaPlan(max_depth=max_depth)
-    manifests = [store.get_manifest(store.get_version(v).manifest) for v in dict.fromkeys(related)]
+    by_version = {v: store.get_manifest(store.get_version(v).manifest) for v in dict.fromkeys(related)}
+    manifests = list(by_version.values())
     names = [span.name for f in src.files if f.layout is not None for span in f.layout.tensors]
     arch = next((f.layout.metadata.get("general.architecture") for f in src.files if f.kind == "gguf"), None)
     rename = partial(gguf_names, arch) if isinstance(arch, str) else None  # a GGUF of a safetensors parent
     plan = DeltaPlan.from_parents(manifests, max_depth=max_depth, names=names, rename=rename)
     if rename:
         return replace(plan, derived=permuted_chains(src, manifests))
-    return replace(plan, derived=_adapter_merges(store, parents)) if len(parents) > 1 else plan
+    if len(parents) < 2:
+        return plan
+    return replace(plan, derived=_adapter_merges(store, [by_version[p.version] for p in parents]))
 
 
-def _adapter_merges(store: ObjectStore, parents: tuple[Parent, ...]) -> dict[str, list[Codec]]:
-    """A model whose parents are a base and a LoRA adapter (merged by peft, then added): its
-    weights predicted as the merge (mgit.repo.adapters.merged_chains)."""
-    manifests = {p.version: store.get_manifest(store.get_version(p.version).manifest) for p in parents}
+def _adapter_merges(store: ObjectStore, parents: list[Manifest]) -> dict[str, list[Codec]]:
+    """A model whose parents are a base and a LoRA adapter (`mgit merge --adapter`, its
+    re-run by a cascade, or a merge made by peft and added): its weights predicted as the merge
+    (mgit.repo.adapters.merged_chains)."""
     chains: dict[str, list[Codec]] = {}
-    for adapter in manifests.values():
+    for adapter in parents:
         if not any(f.path == ADAPTER_CONFIG for f in adapter.files):
             continue
-        for base in manifests.values():
+        for base in parents:
             if base is not adapter:
                 with suppress(MgitError):  # (a prediction only: else stored as deltas)
                     chains.update(merged_chains(store, base, adapter))
