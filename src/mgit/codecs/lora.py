@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mgit.codecs.base import Buffer, Codec, CodecContext, CodecError, byte_array, check_oid, register, writable
+from mgit.codecs.base import CodecContext, CodecError, byte_array, check_oid, register
+from mgit.codecs.derived import PredictionCodec
 from mgit.codecs.merged import from_float32, to_float32
 
 DTYPES = ("F32", "F16", "BF16")
@@ -57,14 +58,11 @@ def merged_lora(weight: np.ndarray, b: np.ndarray, a: np.ndarray, scale: float, 
 
 @register
 @dataclass(frozen=True)
-class LoraMergeCodec(Codec):
+class LoraMergeCodec(PredictionCodec):
     """See the module docstring. `bases` are W, B, A; `rank` B's columns; `dtype` W's (and the
     content's), `factor_dtype` B's and A's; `transpose` when W is in x out."""
 
     name = "lora_merge"
-    storage = "derived"
-    predictive = True
-    ends_family = True
     bases: list[str]
     rank: int
     scale: float
@@ -90,7 +88,8 @@ class LoraMergeCodec(Codec):
     def base(self) -> str:  # (the weight, as other codecs name their base: the header lists all of `bases`)
         return self.bases[0]
 
-    def predict(self, ctx: CodecContext, size: int) -> np.ndarray:
+    def _predict(self, ctx: CodecContext) -> np.ndarray:
+        size = ctx.size
         if ctx.load_object is None:
             raise CodecError(f"{self.name} needs its bases")
         raw_w, raw_b, raw_a = (byte_array(ctx.load_object(b)) for b in self.bases)
@@ -105,12 +104,3 @@ class LoraMergeCodec(Codec):
         w = to_float32(raw_w, self.dtype).reshape((in_dim, out_dim) if self.transpose else (out_dim, in_dim))
         merged = merged_lora(w, b, a, self.scale, transpose=self.transpose)
         return from_float32(np.ascontiguousarray(merged), self.dtype).reshape(-1).view(np.uint8)
-
-    def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        raw = byte_array(data)
-        return np.bitwise_xor(raw, self.predict(ctx, raw.size))
-
-    def decode(self, data: Buffer, ctx: CodecContext) -> Buffer:
-        out = writable(data)
-        np.bitwise_xor(out, self.predict(ctx, out.size), out=out)
-        return out
