@@ -741,7 +741,7 @@ class TestGCSRemote(SharingContract):
     def offline(self, url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
         return _gcs_unreachable()
 
-    @pytest.mark.xfail(reason=NO_PRECONDITIONS + ": both pushes may land", strict=False)
+    @pytest.mark.skip(reason=NO_PRECONDITIONS + ": whether both pushes land is timing, so the race proves nothing here")
     def test_two_pushes_of_one_model_at_once_land_exactly_one(self, alice, url, tmp_path, env) -> None:
         super().test_two_pushes_of_one_model_at_once_land_exactly_one(alice, url, tmp_path, env)
 
