@@ -192,6 +192,27 @@ def test_signature_outside_the_folder_and_json(signed_repo: tuple[Path, dict[str
         )
 
 
+@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs OpenSSH's ssh-keygen")
+def test_a_key_made_by_ssh_keygen(tmp_path: Path) -> None:
+    """A key as OpenSSH makes it, its public half exported to PEM by ssh-keygen for model_signing."""
+    root = tmp_path / "work"
+    Repo.init(root)
+    private = tmp_path / "id_ecdsa"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ecdsa", "-b", "256", "-N", "", "-C", "bob", "-f", str(private)], check=True
+    )
+    pem = subprocess.run(
+        ["ssh-keygen", "-e", "-m", "PKCS8", "-f", f"{private}.pub"], capture_output=True, check=True
+    ).stdout
+    (tmp_path / "bob.pub.pem").write_bytes(pem)
+    configure(root, **{"signing.key": str(private)})
+    repo = Repo(root)
+    repo.add(make_model(tmp_path / "m"), name="m")
+    result = repo.checkout("m", root / "out", model_signature=root / "out" / "model.sig")
+    assert result.signer == f"ecdsa-sha2-nistp256 {fingerprint({'pub': Path(f'{private}.pub')})}"
+    ms_verify_api(root / "out", {"pem_pub": tmp_path / "bob.pub.pem"}, root / "out" / "model.sig")
+
+
 @pytest.mark.parametrize("curve", [ec.SECP384R1(), ec.SECP521R1()], ids=["p384", "p521"])
 def test_larger_curves(tmp_path: Path, curve: ec.EllipticCurve) -> None:
     root = tmp_path / "work"
