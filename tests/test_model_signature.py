@@ -192,6 +192,18 @@ def test_signature_outside_the_folder_and_json(signed_repo: tuple[Path, dict[str
         )
 
 
+def test_signing_needs_no_model_signing(
+    signed_repo: tuple[Path, dict[str, Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mgit writes the bundle itself: a checkout signs where model-signing is not installed."""
+    root, key = signed_repo
+    Repo(root).add(make_model(root / "m"), name="m")
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "model_signing", None)
+        assert run_cli("checkout", "m", "-o", "out", "--model-signature", "out/model.sig", cwd=root)[0] == 0
+    ms_verify_api(root / "out", key, root / "out" / "model.sig")
+
+
 @pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs OpenSSH's ssh-keygen")
 def test_a_key_made_by_ssh_keygen(tmp_path: Path) -> None:
     """A key as OpenSSH makes it, its public half exported to PEM by ssh-keygen for model_signing."""
