@@ -55,8 +55,9 @@ def make_key(folder: Path) -> tuple[Path, Path]:
 
 
 def configure(repo: Repo, **settings: str) -> Repo:
+    """Settings in config.json, as `mgit config` keeps them."""
     path = repo.dir / "config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), **settings}))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "settings": settings}))
     return Repo(repo.root)
 
 

@@ -61,7 +61,14 @@ def configure(root: Path, **settings: str) -> None:
     """Settings in the repository's config.json, as `mgit config KEY VALUE` keeps them."""
     path = root / ".mgit" / "config.json"
     config = json.loads(path.read_text())
-    config.update({k.replace("_", "."): v for k, v in settings.items()})
+    config.setdefault("settings", {}).update(settings)
+    path.write_text(json.dumps(config))
+
+
+def unset(root: Path, key: str) -> None:
+    path = root / ".mgit" / "config.json"
+    config = json.loads(path.read_text())
+    del config["settings"][key]
     path.write_text(json.dumps(config))
 
 
@@ -250,9 +257,7 @@ def test_checkout_refuses_a_key_model_signing_cannot_verify(signed_repo: tuple[P
     one_line_error(
         run_cli("checkout", "m", "-o", "out", "--model-signature", "s", cwd=root), "not an unencrypted OpenSSH"
     )
-    config = json.loads((root / ".mgit" / "config.json").read_text())
-    del config["signing.key"]
-    (root / ".mgit" / "config.json").write_text(json.dumps(config))
+    unset(root, "signing.key")
     one_line_error(run_cli("checkout", "m", "-o", "out", "--model-signature", "s", cwd=root), "no signing.key")
     assert not (root / "out").exists() and not (root / "s").exists()
 
@@ -413,10 +418,12 @@ def test_a_key_not_allowed(attack: tuple[Path, Path, dict[str, Path]]) -> None:
 
 def test_no_allowed_signers_configured(attack: tuple[Path, Path, dict[str, Path]]) -> None:
     root, folder, _ = attack
-    config = json.loads((root / ".mgit" / "config.json").read_text())
-    del config["verify.allowed-signers"]
-    (root / ".mgit" / "config.json").write_text(json.dumps(config))
+    unset(root, "verify.allowed-signers")
     refused(root, folder, "cannot be checked: no verify.allowed-signers")
+    # a top-level key of config.json is read too (a path relative to the work folder)
+    path = root / ".mgit" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "verify.allowed-signers": "allowed_signers"}))
+    assert run_cli("add", str(folder), "--name", "m", cwd=root)[0] == 0
 
 
 def test_a_forged_statement(attack: tuple[Path, Path, dict[str, Path]]) -> None:

@@ -36,8 +36,8 @@ from mgit.formats.paths import SIGNATURE_FILE
 from mgit.util.atomicfile import write_atomic
 
 SIGNER_TAG = "model-signing.signer"  # set on a version only by a verified SIGNATURE_FILE
-KEY_SETTING = "signing.key"  # in config.json: an OpenSSH private key file
-ALLOWED_SETTING = "verify.allowed-signers"  # in config.json: an OpenSSH allowed-signers file
+KEY_SETTING = "signing.key"  # in config.json's settings: an OpenSSH private key file
+ALLOWED_SETTING = "verify.allowed-signers"  # in config.json's settings: an OpenSSH allowed-signers file
 # model-signing's ignore_git_paths: never part of a signature, at the top of the folder
 GIT_PATHS = (".git", ".gitattributes", ".github", ".gitignore")  # (.git first: mgit skips it too)
 MAX_SIGNATURE_BYTES = 32 << 20  # ~150 bytes per file: far more files than any model has
@@ -74,8 +74,10 @@ class ModelSigner:
 
 
 def setting_path(config: dict[str, Any], key: str, root: Path) -> Path | None:
-    """A path setting of config.json (`~` expanded, relative to the work folder), or None."""
-    value = config.get(key)
+    """A path setting of config.json (`~` expanded, relative to the work folder), or None: under
+    "settings", as `mgit config` keeps it, else a top-level key of that name."""
+    found = config.get("settings")
+    value = found[key] if isinstance(found, dict) and key in found else config.get(key)
     if value is None:
         return None
     if not isinstance(value, str) or not value:
