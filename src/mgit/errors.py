@@ -346,6 +346,16 @@ class StrayFilesError(MgitError):
         self.strays = strays
 
 
+class ModelSignatureError(MgitError):
+    """An OpenSSF model signature (`model.sig`, the `model-signing` package's format) that cannot
+    be made or does not hold: a folder whose files it does not match, a key not allowed, a file
+    that is not a signature. Nothing is written."""
+
+    def __init__(self, path: str, why: str, *, hint: str | None = None) -> None:
+        super().__init__(f"{path}: {why}", hint=hint)
+        self.path = path
+
+
 class StorageFullError(MgitError):
     def __init__(self, path: str) -> None:
         super().__init__(

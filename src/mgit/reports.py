@@ -122,6 +122,8 @@ class CheckoutResult(Report):
     files: list[FileInfo]
     bytes: int
     notes: list[str] = field(default_factory=list)
+    model_signature: str | None = None  # the OpenSSF model signature written over the folder, if asked
+    signer: str | None = None  # its key: type and fingerprint (`ecdsa-sha2-nistp256 SHA256:...`)
 
 
 @dataclass(frozen=True)

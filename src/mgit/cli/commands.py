@@ -325,6 +325,13 @@ def add(
     is_flag=True,
     help="Write the lineage parents into README.md's front matter (base_model, base_model_relation).",
 )
+@click.option(
+    "--model-signature",
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="Then sign the folder with signing.key (an ECDSA OpenSSH key) in OpenSSF model-signing's format; "
+    "model_signing verify key checks it. Inside the folder, name it model.sig.",
+)
 @jobs_option
 @json_option
 @click.pass_context
@@ -335,6 +342,7 @@ def checkout(
     force: bool,
     clean: bool,
     model_card: bool,
+    model_signature: str | None,
     jobs: int | None,
     as_json: bool,
 ) -> None:
@@ -345,12 +353,22 @@ def checkout(
       mgit checkout bert-sst2
       mgit checkout bert-sst2@2 -o /tmp/old --force
       mgit checkout bert-sst2 -o ./publish --model-card
+      mgit checkout bert-sst2 -o ./publish --model-signature ./publish/model.sig
     """
     repo = _repo(ctx)
     if output is None:
         output = repo.model_of(repo.resolve(ref)).rpartition("/")[2]
     with progress_bar(f"Checking out {ref}", enabled=not as_json) as bar:
-        result = repo.checkout(ref, output, force=force, clean=clean, jobs=jobs, progress=bar, model_card=model_card)
+        result = repo.checkout(
+            ref,
+            output,
+            force=force,
+            clean=clean,
+            jobs=jobs,
+            progress=bar,
+            model_card=model_card,
+            model_signature=model_signature,
+        )
     if as_json:
         print_json(result.to_json())
         return
@@ -360,6 +378,8 @@ def checkout(
         f"{result.model}@{result.seq} {short(result.version)}: {plural(len(result.files), 'file')}, "
         f"{size(result.bytes)} written to {result.out_dir} (verified)"
     )
+    if result.model_signature is not None:
+        out.print(f"signed by {result.signer}: {result.model_signature}")
 
 
 def default_model_name(path: Path) -> str:

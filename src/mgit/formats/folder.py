@@ -26,7 +26,7 @@ import numpy as np
 
 from mgit.errors import GgufFormatError, InputError
 from mgit.formats.gguf import GgufLayout, read_gguf
-from mgit.formats.paths import folder_clash, path_problem
+from mgit.formats.paths import SIGNATURE_FILE, folder_clash, path_problem
 from mgit.formats.safetensors import SafetensorsLayout, TensorSpan, build_header, read_layout
 from mgit.formats.tensors import TORCH_SUFFIXES, RawTensor, load_torch_checkpoint, raw_tensors
 from mgit.formats.torch_zip import NotTorchZip, TorchZipLayout, read_torch_zip
@@ -260,6 +260,8 @@ def _scan_folder(root: Path, links_under: Path) -> ModelSource:
         for name in sorted(names):
             full = here / name
             rel = full.relative_to(root).as_posix()
+            if rel == SIGNATURE_FILE:
+                continue
             if name in SKIPPED_FILES or rel.startswith(SKIPPED_PATHS):
                 not_model.append(rel)
                 continue

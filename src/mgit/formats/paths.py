@@ -14,6 +14,9 @@ from collections.abc import Iterable
 
 MAX_NAME_BYTES = 255  # one part of a path, in UTF-8: NAME_MAX of every common file system
 MAX_PATH_BYTES = 1024  # a whole path, in UTF-8: room left under an output folder within PATH_MAX (4096)
+# An OpenSSF model signature over a folder (model-signing's default name): evidence about its
+# files, checked by `mgit add` (mgit.repo.model_signature) and never stored as one of them
+SIGNATURE_FILE = "model.sig"
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1: never in a path
 
 

@@ -36,6 +36,7 @@ from mgit.repo.declared import declared_parents
 from mgit.repo.gate import Gate, GateResult
 from mgit.repo.ingest import DeltaPlan, SnapshotStats, write_snapshot
 from mgit.repo.location import trust_recipe
+from mgit.repo.model_signature import SIGNER_TAG, ModelSigner
 from mgit.repo.permuted import permuted_chains
 from mgit.reports import AddResult, ParentSuggestion
 from mgit.store.base import ObjectStore, PutResult
@@ -83,9 +84,12 @@ class AddOptions:
     # or that made it, stored as they are (`exact`; see `mgit.repo.ingest.DeltaPlan`).
     derived: Mapping[str, list[Codec]] = field(default_factory=dict)
     exact: Mapping[str, list[Codec]] = field(default_factory=dict)
+    signer: ModelSigner | None = None  # set by Repo.add_with from a verified model.sig, never by users
 
     def __post_init__(self) -> None:
         validate_model_name(self.name)
+        if SIGNER_TAG in self.tags:
+            raise InvalidOptionError(f"the tag {SIGNER_TAG} is set only by a verified model.sig")
         if self.auto_parent and self.parents:
             raise InvalidOptionError(
                 "auto_parent infers the parent; it cannot be combined with a given parent",
@@ -162,7 +166,7 @@ def add_version(
         if isinstance(source, Mapping)
         else scan_path(Path(source))
     )
-    src.notes.extend(card_notes)
+    src.notes.extend(card_notes + list(options.signer.notes if options.signer else ()))
     auto, sketch = None, None
     if options.auto_parent and not parent_ids:
         label = str(source) if isinstance(source, str | os.PathLike) else "state dict"
@@ -197,8 +201,9 @@ def add_version(
                 lineage = prev.parents
             if recipe_record is None and prev is not None:
                 recipe_record = prev.recipe  # a new version made the same way as the last
-            if not tags and prev is not None:
-                tags = dict(prev.tags)  # and tagged the same way, unless new tags are given
+            if not tags and prev is not None:  # and tagged the same way, unless new tags are given
+                tags = {k: v for k, v in prev.tags.items() if k != SIGNER_TAG}  # (a signer is this folder's)
+            tags |= {SIGNER_TAG: options.signer.tag} if options.signer else {}
             if (
                 prev is not None
                 and prev.manifest == mres.oid

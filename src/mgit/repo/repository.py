@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -289,7 +290,10 @@ class Repo:
         """`add` with its options in one record (`mgit.repo.add.AddOptions`), as the command
         line, merges and recipe runs make them."""
         from mgit.repo.add import add_version
+        from mgit.repo.model_signature import verify_folder
 
+        if isinstance(source, str | os.PathLike):  # a model.sig in the folder: checked, its signer recorded
+            options = replace(options, signer=verify_folder(Path(source), self.config, self.root))
         parents = [self.resolve(p) for p in options.parents]
         recipe = None
         if options.recipe is not None:
@@ -350,6 +354,7 @@ class Repo:
         jobs: int | None = None,
         progress: StartProgress | None = None,
         model_card: bool = False,
+        model_signature: str | os.PathLike[str] | None = None,
     ) -> CheckoutResult:
         """Rebuild the files of a version in `out_dir`, byte for byte, verifying each file.
         `force` writes into a folder that is not empty, refusing one that holds files the version
@@ -357,13 +362,16 @@ class Repo:
 
         `model_card=True` then writes the version's lineage parents into README.md's front
         matter (`base_model`, `base_model_relation`), the one file that then differs from
-        what was added."""
+        what was added. `model_signature=FILE` then signs the folder with `signing.key` in
+        model-signing's format (`mgit.repo.model_signature`), the key checked before anything is written."""
         from mgit.repo.checkout import checkout_version
+        from mgit.repo.model_signature import load_signing_key, sign_folder
 
         vid = self.resolve(ref)
+        key = load_signing_key(self.config, self.root) if model_signature is not None else None
         with self.catalog.explained():
             row = self._row(vid)
-            return checkout_version(
+            result = checkout_version(
                 self.store,
                 vid,
                 row.model,
@@ -377,6 +385,10 @@ class Repo:
                 model_card=model_card,
                 model_of=lambda v: self._row(v).model,
             )
+        if model_signature is None:
+            return result
+        signer = sign_folder(Path(out_dir), Path(model_signature), key, jobs=jobs or default_jobs())
+        return replace(result, model_signature=str(model_signature), signer=signer.key)
 
     def open(self, ref: str) -> ModelReader:
         """Tensors of a version, decoded one at a time on access."""

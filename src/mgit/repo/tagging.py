@@ -13,6 +13,7 @@ from collections.abc import Collection, Mapping
 from mgit.errors import InvalidOptionError, TagConflictError
 from mgit.index.catalog import Catalog
 from mgit.index.tags import TagStore, check_overlay, effective
+from mgit.repo.model_signature import SIGNER_TAG
 from mgit.reports import TagsResult
 from mgit.store.base import ObjectStore
 from mgit.store.objects import RecordError
@@ -40,6 +41,8 @@ def change_tags(
     key to remove that the version does not have is an error, and nothing changes."""
     record = store.get_version(vid).tags
     ref = f"{model}@{seq}"
+    if SIGNER_TAG in (put or {}) or SIGNER_TAG in delete:  # what a verified model.sig said, not a label
+        raise InvalidOptionError(f"the tag {SIGNER_TAG} is set only by a verified model.sig, when the version is added")
     for _ in range(ATTEMPTS):
         before = tags.get(vid)
         now = effective(record, before)
