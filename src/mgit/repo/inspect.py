@@ -54,6 +54,7 @@ def version_info(catalog: Catalog, row: VersionRow) -> VersionInfo:
         lossy=row.lossy,
         recipe=row.recipe,
         removed=row.removed,
+        run=row.run,
     )
 
 
