@@ -146,6 +146,7 @@ class ShowResult(Report):
     # what config.json's quantization_config announces: method, bits, group_size, format, strategy, label
     quantization: dict[str, Any] | None = None
     adapter: dict[str, Any] | None = None  # a PEFT adapter's type, rank, alpha, target modules, base
+    training_args: dict[str, Any] | None = None  # a checkpoint's: the arguments its run was trained with
 
 
 @dataclass(frozen=True)

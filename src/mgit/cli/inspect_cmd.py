@@ -256,6 +256,11 @@ def show(ctx: click.Context, ref: str, with_sha256: bool, with_tensors: bool, as
         out.print(f"  quantization: {result.quantization['label']}")
     if result.adapter:
         out.print(f"  adapter: {adapter_line(result.adapter)}")
+    if result.training_args:
+        trained = " ".join(
+            f"{k}={json.dumps(val)}" for k, val in sorted(result.training_args.items()) if val is not None
+        )
+        out.print(f"  trained: {trained}")
     if v.recipe:
         params = " ".join(f"{k}={json.dumps(val)}" for k, val in sorted(v.recipe.get("params", {}).items()))
         out.print(f"  recipe:  {v.recipe.get('fn')} {params} (source {short(v.recipe.get('source_sha256'))})")

@@ -21,7 +21,7 @@ checkpoint before as its delta base.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -65,13 +65,17 @@ def checkpoint_source(
     *,
     optimizer: Mapping[str, Any] | None = None,
     master: Mapping[str, Any] | None = None,
+    leave_out: Collection[str] = (),
 ) -> tuple[ModelSource, Any]:
     """The files of a checkpoint, made in memory (nothing is written to a temporary folder),
-    and the tagged encoding of the optimizer's scalars (None without an optimizer)."""
+    and the tagged encoding of the optimizer's scalars (None without an optimizer). A folder's
+    files named in `leave_out` are not kept (a trainer's pickled arguments, which hold its
+    credentials)."""
     if isinstance(weights, Mapping):
         src = ModelSource([from_tensors(raw_tensors(weights, "weights"), WEIGHTS, converted_from="state dict")])
     else:
         src = scan_path(Path(weights))
+        src = ModelSource([f for f in src.files if f.path not in leave_out], src.notes)
     extra = []
     encoded = None
     if optimizer is not None:

@@ -341,6 +341,7 @@ class Repo:
         message: str | None = None,
         recipe: str | Mapping[str, Any] | None = None,
         params: Mapping[str, Any] | None = None,
+        leave_out: Collection[str] = (),
         jobs: int | None = None,
     ) -> AddResult:
         """Store a checkpoint of a training run as the next version of `model`, from a state
@@ -348,13 +349,14 @@ class Repo:
         mgit.repo.checkpoints. `optimizer` is an `optimizer.state_dict()` (its tensors stored
         as tensors, its scalars in the record), `master` fp32 master weights of a bf16 model,
         `args` the training arguments (credentials left out). `parent` is the run's base, needed
-        on the first checkpoint only; `run` defaults to the run of the model's latest version."""
+        on the first checkpoint only; `run` defaults to the run of the model's latest version;
+        `leave_out` names files of a folder not to keep."""
         from mgit.repo.add import AddOptions
         from mgit.repo.checkpoints import checkpoint_source, new_run_id, run_record
 
         head = self.refs.get(model)
         previous = (self.store.get_version(head).run or {}) if head else {}
-        source, state = checkpoint_source(weights, optimizer=optimizer, master=master)
+        source, state = checkpoint_source(weights, optimizer=optimizer, master=master, leave_out=leave_out)
         options = AddOptions(
             name=model,
             parents=(parent,) if parent else (),
