@@ -365,7 +365,6 @@ class Repo:
             model_card=False,
             recipe=recipe,
             params=params,
-            expected_head=head,
             run=run_record(run or previous.get("id") or new_run_id(), step, metrics, args, state),
         )
         return self.add_with(source, options)
