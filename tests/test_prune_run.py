@@ -134,3 +134,27 @@ def test_log_shows_each_checkpoints_step_and_draws_a_metric(run: Repo) -> None:
         ("ft@3", 300, 0.1),
     ]
     one_line_error(run_cli("log", "ft", "--metric", "accuracy", cwd=run.root), "no checkpoint here logged metric")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["object-written:2", "object-written:5"])
+def test_a_prune_killed_midway_leaves_every_version_readable_and_can_run_again(
+    run: Repo, tmp_path: Path, point: str
+) -> None:
+    import signal
+
+    from conftest import run_mgit
+
+    everything = [f"ft@{n}" for n in range(1, 11)]
+    before = trees(run, tmp_path, everything, "before")
+    killed = run_mgit("prune-run", "ft", "--keep-last", "2", cwd=run.root, env={"MGIT_CRASH_AT": point})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    repo = Repo(run.root)
+    fsck_ok(repo.root)
+    assert trees(repo, tmp_path, everything, "after-kill") == before  # the history as it was, every byte
+    result = repo.prune_run("ft", keep_last=2)
+    assert [c.ref for c in result.removed] == ["ft@3", "ft@4", "ft@6", "ft@7", "ft@8"]
+    repo.gc()
+    fsck_ok(repo.root)
+    kept = ["ft@1", "ft@2", "ft@5", "ft@9", "ft@10"]
+    assert trees(repo, tmp_path, kept, "after") == {ref: before[ref] for ref in kept}

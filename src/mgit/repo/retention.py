@@ -236,4 +236,6 @@ def _put_again(store: ObjectStore, entry: TensorEntry, bases: list[str], reader:
     if encoding.deferred:
         count = -(-data.nbytes // encoding.blocks)
         frames = (store.encode_block(encoding, data, k, reader) for k in range(count))
-    return store.put_encoded(entry.object, "tensor", meta, data.nbytes, encoding, frames)
+    result = store.put_encoded(entry.object, "tensor", meta, data.nbytes, encoding, frames)
+    store.forget(entry.object)  # what this process parsed of the file it replaced
+    return result
