@@ -120,6 +120,8 @@ def test_log_shows_each_checkpoints_step_and_draws_a_metric(run: Repo) -> None:
     code, out, err = run_cli("log", "ft", "-n", "1", cwd=run.root)
     assert code == 0, err
     assert "step:    1000  eval_loss 2  (run r)" in out
+    code, out, err = run_cli("log", "ft", "--oneline", "-n", "2", cwd=run.root)
+    assert [line.split()[:3] for line in out.splitlines()] == [["ft@10", "[step", "1000]"], ["ft@9", "[step", "900]"]]
     code, out, err = run_cli("log", "ft", "--metric", "eval_loss", cwd=run.root)
     assert code == 0, err
     lines = out.splitlines()

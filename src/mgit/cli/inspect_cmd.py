@@ -173,7 +173,8 @@ def log(
     if oneline:
         for v in versions:
             first = v.message.splitlines()[0] if v.message else ""
-            out.print(f"{v.ref}{' [removed]' if v.removed else ''} {short(v.id)} {v.time[:10]} {first}".rstrip())
+            step = f" [step {v.run['step']}]" if v.run and v.run["step"] is not None else ""
+            out.print(f"{v.ref}{' [removed]' if v.removed else ''}{step} {short(v.id)} {v.time[:10]} {first}".rstrip())
         return
     out.print("\n\n".join(_version_line(v) for v in versions))
 
