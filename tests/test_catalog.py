@@ -13,6 +13,7 @@ from mgit.store.objects import Manifest, Parent, Version
 
 RECIPE = {"fn": "recipes:tune", "params": {"lr": 1}, "source_sha256": "0" * 64}
 LOSSY = {"eps": 0.5, "mode": "abs", "max_error": 0.25, "tensors": 3, "guard": 1.0}
+RUN = {"id": "run-7", "step": 23, "metrics": {"loss": 0.5}}
 
 
 def indexed(tmp_path: Path) -> tuple[Catalog, dict[str, Any]]:
@@ -35,6 +36,8 @@ def indexed(tmp_path: Path) -> tuple[Catalog, dict[str, Any]]:
         summary={"files": 11, "tensors": 13, "params": 17, "logical_bytes": 19},
         recipe=RECIPE,
         lossy=LOSSY,
+        # The catalog keeps a run's id, step and metrics, not the optimizer's scalars.
+        run={**RUN, "optimizer": {"(dict)": [["lr", 0.1]]}},
     )
     vid = store.put_record("version", second.to_json()).oid
     catalog = Catalog(tmp_path / "catalog.sqlite")
@@ -60,6 +63,7 @@ def indexed(tmp_path: Path) -> tuple[Catalog, dict[str, Any]]:
         "parents": ((base, "finetune"),),
         "recipe": RECIPE,
         "removed": False,
+        "run": RUN,
     }
     assert len({repr(v) for v in expected.values()}) == len(expected)
     return catalog, expected

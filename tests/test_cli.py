@@ -65,6 +65,7 @@ DATA_COMMANDS = {
     "import-hf",
     "export-hf",
     "status",
+    "prune-run",
 }
 NO_DATA = {"test rm", "serve"}  # one confirmation line; a server (its data is its /api, tests/test_serve.py)
 

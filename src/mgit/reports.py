@@ -77,6 +77,7 @@ class VersionInfo(Report):
     lossy: dict[str, Any] | None = None
     recipe: dict[str, Any] | None = None  # how it was made from its parents (fn, params, source hash)
     removed: bool = False  # removed (`mgit rm`): kept while a later version or a child builds on it
+    run: dict[str, Any] | None = None  # a training run's checkpoint: run id, step, metrics
 
     @property
     def ref(self) -> str:
@@ -147,6 +148,7 @@ class ShowResult(Report):
     # what config.json's quantization_config announces: method, bits, group_size, format, strategy, label
     quantization: dict[str, Any] | None = None
     adapter: dict[str, Any] | None = None  # a PEFT adapter's type, rank, alpha, target modules, base
+    training_args: dict[str, Any] | None = None  # a checkpoint's: the arguments its run was trained with
 
 
 @dataclass(frozen=True)
@@ -328,3 +330,31 @@ class ParentSuggestion(Report):
     # Versions (model@seq) holding every tensor of the model bit for bit: it is stored already as
     # these, which are never its candidates (added under another name, it is a copy of the first).
     stored_as: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RunCheckpoint(Report):
+    """One checkpoint of a run as `prune-run` judged it: kept (and why) or removed."""
+
+    ref: str
+    version: str
+    step: int | None
+    kept: str | None  # why it stays (None: removed)
+    stored_bytes: int = 0  # of the objects it alone uses, freed by gc when it is removed
+
+
+@dataclass(frozen=True)
+class PruneResult(Report):
+    """What `prune-run` removed from a run (or, with `dry_run`, would remove)."""
+
+    model: str
+    dry_run: bool
+    checkpoints: list[RunCheckpoint]  # oldest first
+    freed_bytes: int  # stored bytes of the objects only removed checkpoints use: what gc frees
+    relinked: int = 0  # kept versions recorded again, their predecessor the kept one before
+    recoded: int = 0  # kept tensors coded again, against a kept base, so their old bases can go
+    head: str | None = None  # the model's latest version afterwards (its id changes when relinked)
+
+    @property
+    def removed(self) -> list[RunCheckpoint]:
+        return [c for c in self.checkpoints if c.kept is None]

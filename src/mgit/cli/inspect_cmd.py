@@ -12,7 +12,19 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from mgit.cli.output import json_option, lossy_bound, out, parents_text, plural, print_json, short, size, table
+from mgit.cli.output import (
+    json_option,
+    lossy_bound,
+    out,
+    parents_text,
+    plural,
+    print_json,
+    run_text,
+    short,
+    size,
+    sparkline,
+    table,
+)
 from mgit.repo.repository import Repo
 from mgit.reports import VersionInfo
 
@@ -77,6 +89,7 @@ def _version_line(v: VersionInfo) -> str:
             f"  parents: {parents_text(v.parents)}" if v.parents else "",
             f"  lossy:   {lossy_bound(v.lossy)}" if v.lossy else "",
             f"  tags:    {tags}" if tags else "",
+            f"  step:    {run_text(v.run)}" if v.run else "",
             f"  size:    {size(v.logical_bytes)} in {plural(v.files, 'file')}, {plural(v.tensors, 'tensor')}; "
             f"{size(v.new_bytes)} new in storage",
             f"  {v.message}" if v.message else "",
@@ -112,6 +125,12 @@ def adapter_line(a: dict[str, Any]) -> str:
 @click.option(
     "--relation", type=click.Choice(RELATIONS), default=None, help="Versions with a lineage parent of this relation."
 )
+@click.option(
+    "--metric",
+    metavar="NAME",
+    default=None,
+    help="A training run's metric at each checkpoint, oldest first: a table and a sparkline.",
+)
 @json_option
 @click.pass_context
 def log(
@@ -122,6 +141,7 @@ def log(
     since: str | None,
     tag: str | None,
     relation: str | None,
+    metric: str | None,
     as_json: bool,
 ) -> None:
     """Show the versions of a model, newest first; without a model, every version of every
@@ -132,6 +152,7 @@ def log(
       mgit log bert-sst2
       mgit log --oneline -n 10
       mgit log --since 2026-11-30 --tag task=sst2
+      mgit log ft-sst2 --metric eval_loss
     """
     from mgit.store.objects import tag_matches
 
@@ -143,15 +164,45 @@ def log(
     if relation is not None:
         versions = [v for v in versions if any(p.relation == relation for p in v.parents)]
     versions = versions[:limit] if limit is not None else versions
+    if metric is not None:
+        _metric(versions, metric, as_json)
+        return
     if as_json:
         print_json([v.to_json() for v in versions])
         return
     if oneline:
         for v in versions:
             first = v.message.splitlines()[0] if v.message else ""
-            out.print(f"{v.ref}{' [removed]' if v.removed else ''} {short(v.id)} {v.time[:10]} {first}".rstrip())
+            step = f" [step {v.run['step']}]" if v.run and v.run["step"] is not None else ""
+            out.print(f"{v.ref}{' [removed]' if v.removed else ''}{step} {short(v.id)} {v.time[:10]} {first}".rstrip())
         return
     out.print("\n\n".join(_version_line(v) for v in versions))
+
+
+def _metric(versions: list[VersionInfo], name: str, as_json: bool) -> None:
+    """`log --metric NAME`: the checkpoints that logged it, oldest first."""
+    from mgit.errors import InvalidOptionError
+
+    points = [
+        {"ref": v.ref, "id": v.id, "step": v.run["step"], "value": v.run["metrics"].get(name)}
+        for v in reversed(versions)
+        if v.run is not None and name in v.run["metrics"]
+    ]
+    if not points:
+        raise InvalidOptionError(f"no checkpoint here logged metric {name!r}", hint="See: mgit log MODEL")
+    if as_json:
+        print_json(points)
+        return
+    t = table("version", "step", name)
+    for p in points:
+        t.add_row(p["ref"], "-" if p["step"] is None else p["step"], "-" if p["value"] is None else f"{p['value']:.6g}")
+    out.print(t)
+    known = [p for p in points if p["value"] is not None]
+    low, high = min(known, key=lambda p: p["value"]), max(known, key=lambda p: p["value"])
+    out.print(
+        f"{name}  {sparkline([p['value'] for p in points])}  "
+        f"lowest {low['value']:.6g} at {low['ref']}, highest {high['value']:.6g} at {high['ref']}"
+    )
 
 
 @click.command()
@@ -206,6 +257,11 @@ def show(ctx: click.Context, ref: str, with_sha256: bool, with_tensors: bool, as
         out.print(f"  quantization: {result.quantization['label']}")
     if result.adapter:
         out.print(f"  adapter: {adapter_line(result.adapter)}")
+    if result.training_args:
+        trained = " ".join(
+            f"{k}={json.dumps(val)}" for k, val in sorted(result.training_args.items()) if val is not None
+        )
+        out.print(f"  trained: {trained}")
     if v.recipe:
         params = " ".join(f"{k}={json.dumps(val)}" for k, val in sorted(v.recipe.get("params", {}).items()))
         out.print(f"  recipe:  {v.recipe.get('fn')} {params} (source {short(v.recipe.get('source_sha256'))})")

@@ -36,6 +36,7 @@ COMMANDS = {
     "lineage": "mgit.cli.lineage_cmd:lineage",
     "tag": "mgit.cli.refs_cmd:tag",
     "rename": "mgit.cli.refs_cmd:rename",
+    "prune-run": "mgit.cli.run_cmd:prune_run",
     "graph": "mgit.cli.graph_cmd:graph",
     "serve": "mgit.cli.serve_cmd:serve",
     "test": "mgit.cli.test_cmd:test_group",

@@ -192,3 +192,24 @@ def progress_bar(label: str, *, enabled: bool = True, unit_bytes: bool = True) -
             return lambda n: bars.advance(task, n)
 
         yield factory
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float | None]) -> str:
+    """A metric over a run in one line of block characters, lowest ▁ to highest █ (a
+    checkpoint that did not log it is a space)."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return ""
+    low, high = min(known), max(known)
+    span = (high - low) or 1.0
+    return "".join(" " if v is None else SPARKS[round((v - low) / span * (len(SPARKS) - 1))] for v in values)
+
+
+def run_text(run: dict[str, Any]) -> str:
+    """A checkpoint in one line: its step, the metrics logged at it, its run."""
+    metrics = ", ".join(f"{k} {'-' if v is None else f'{v:.6g}'}" for k, v in sorted(run["metrics"].items()))
+    step = "-" if run["step"] is None else run["step"]
+    return f"{step}{f'  {metrics}' if metrics else ''}  (run {run['id']})"

@@ -84,6 +84,12 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
         "0006_tag_overlays",
         ["CREATE TABLE tag_overlays (version TEXT PRIMARY KEY, overlay TEXT NOT NULL)"],
     ),
+    (
+        # A checkpoint's run, step and metrics (the record's `run` less its optimizer state and
+        # arguments), so that `log` and the model page read a run's metrics from rows.
+        "0007_runs",
+        ["ALTER TABLE versions ADD COLUMN run TEXT"],
+    ),
 ]
 
 
@@ -151,7 +157,8 @@ class Catalog(UsageQueries):
         s = version.summary
         tx.execute(
             "INSERT INTO versions (id, model, seq, manifest, predecessor, message, author, time, tags, files, tensors, "
-            "params, logical_bytes, stored_bytes, new_bytes, lossy, recipe) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "params, logical_bytes, stored_bytes, new_bytes, lossy, recipe, run) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 vid,
                 version.model,
@@ -170,6 +177,7 @@ class Catalog(UsageQueries):
                 new,
                 json.dumps(version.lossy) if version.lossy else None,
                 json.dumps(version.recipe) if version.recipe else None,
+                json.dumps({k: version.run[k] for k in ("id", "step", "metrics")}) if version.run else None,
             ),
         )
         tx.executemany(

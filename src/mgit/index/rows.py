@@ -34,6 +34,7 @@ VERSION_COLUMNS = (
     "lossy",
     "recipe",
     "removed",
+    "run",
 )
 GRAPH_COLUMNS = (
     "id",
@@ -49,7 +50,7 @@ GRAPH_COLUMNS = (
     "lossy",
     "removed",
 )
-JSON_COLUMNS = ("tags", "lossy", "recipe", "parents")  # stored as JSON text (lossy and recipe may be NULL)
+JSON_COLUMNS = ("tags", "lossy", "recipe", "parents", "run")  # stored as JSON text (lossy and recipe may be NULL)
 
 
 def named_rows(cursor: sqlite3.Cursor) -> Iterator[dict[str, Any]]:
@@ -109,3 +110,4 @@ class VersionRow:
     parents: tuple[tuple[str, str], ...]
     recipe: dict[str, Any] | None = None
     removed: bool = False  # on no model's history any more (see Catalog.set_heads)
+    run: dict[str, Any] | None = None  # a checkpoint's run id, step and metrics

@@ -79,6 +79,7 @@ class AddOptions:
     resources: Mapping[str, float] | None = None  # what a run of the recipe declares to a cluster
     auto_parent: bool = False  # without parents: inferred from the weights
     expected_head: str | None = None  # commit only if the model's latest version is still this one
+    run: Mapping[str, Any] | None = None  # a training run's checkpoint (mgit.repo.checkpoints): the record's `run`
     # Set by merges (mgit.merging) and their re-runs, never by users: by tensor name, the codec
     # chains that predict a tensor from stored ones, tried beside the usual encodings (`derived`),
     # or that made it, stored as they are (`exact`; see `mgit.repo.ingest.DeltaPlan`).
@@ -210,6 +211,7 @@ def add_version(
                 and prev.parents == lineage
                 and prev.recipe == recipe_record
                 and prev.tags == tags
+                and prev.run == options.run
             ):
                 return replace(
                     _add_result(catalog, head, prev, snapshot, created=False, notes=src.notes), auto_parent=auto
@@ -232,6 +234,7 @@ def add_version(
                 },
                 lossy=snapshot.lossy,
                 recipe=recipe_record,
+                run=dict(options.run) if options.run is not None else None,
             )
             vres = store.put_record("version", version.to_json())
             store.sync()

@@ -54,6 +54,7 @@ def version_info(catalog: Catalog, row: VersionRow) -> VersionInfo:
         lossy=row.lossy,
         recipe=row.recipe,
         removed=row.removed,
+        run=row.run,
     )
 
 
@@ -131,6 +132,7 @@ def show_version(catalog: Catalog, row: VersionRow, manifest: Manifest, store: O
         catalog.tensor_storage([row.id]),
         quantization(store, manifest),
         adapter=adapter_info(catalog, store, row, manifest),
+        training_args=(store.get_version(row.id).run or {}).get("args") if row.run else None,
     )
 
 

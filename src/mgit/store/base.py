@@ -240,14 +240,15 @@ class ObjectStore(ObjectWriter):
         return header, arr
 
     def _check_bases(self, oid: str, header: ObjectHeader, read: ReadBudget) -> None:
-        """A delta's bases are tensors, each of a depth below its own, the deepest exactly one
-        below (so a read goes at most `header.depth` bases down); their sizes are charged to
-        the read when they are decoded."""
+        """A delta's bases are tensors, each of a depth below its own (so a read goes at most
+        `header.depth` bases down; a writer makes it exactly one more than the deepest, and
+        `prune-run`, coding a base again in place, may leave it more); their sizes are charged
+        to the read when they are decoded."""
         if not header.bases:
             return
         found = {base: self.block_table(base).header for base in header.bases}
         deepest = max(h.depth for h in found.values())
-        if deepest != header.depth - 1:
+        if deepest >= header.depth:
             raise CorruptObjectError(oid, f"it declares delta depth {header.depth}, its deepest base has {deepest}")
         expect = base_expected(oid, header)
         for base, h in found.items():

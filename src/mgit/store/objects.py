@@ -25,6 +25,7 @@ from mgit.errors import UnsafePathError
 from mgit.formats.dtypes import DTYPES, blocks_fit, element_count, itemsize, value_shape
 from mgit.formats.paths import CONTROL, folder_clash, path_problem
 from mgit.formats.tensor_views import TensorView, storages_and_views
+from mgit.store.run_record import checked_run
 
 OID_RE = re.compile(r"^[0-9a-f]{64}\Z")  # \Z, not $: "$" also matches before a final newline
 RELATIONS = ("finetune", "adapter", "quantize", "prune", "distill", "merge", "other")
@@ -32,22 +33,10 @@ KINDS = ("tensor", "blob", "manifest", "version")
 RECORD_FORMAT = 1
 
 # What a version record may hold (docs/format.md, "Version record"); `add` refuses the same.
-VERSION_KEYS = {
-    "format",
-    "model",
-    "manifest",
-    "parents",
-    "predecessor",
-    "message",
-    "author",
-    "time",
-    "tags",
-    "summary",
-    "recipe",
-    "lossy",
-}
+VERSION_KEYS = {"format", "model", "manifest", "parents", "predecessor", "message", "author", "time", "tags"}
+VERSION_KEYS |= {"summary", "recipe", "lossy"}
 # Optional fields: written only when they say something, so that records without them keep their ids.
-VERSION_OPTIONAL_KEYS = {"number"}
+VERSION_OPTIONAL_KEYS = {"number", "run"}
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?\Z")  # as mgit.index.refs
 MAX_MODEL_NAME = 128
 MAX_MESSAGE, MAX_AUTHOR, MAX_FN = 65536, 256, 4096  # characters
@@ -425,6 +414,7 @@ class Version:
     # The version's number in its model's history when it is not its predecessor's plus one
     # (1 without one): a name re-used after its versions were removed goes on from the last.
     number: int | None = None
+    run: dict[str, Any] | None = None  # a checkpoint of a training run (mgit.store.run_record)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -441,6 +431,7 @@ class Version:
             "recipe": self.recipe,
             "lossy": self.lossy,
             **({"number": self.number} if self.number is not None else {}),
+            **({"run": self.run} if self.run is not None else {}),
         }
 
     @classmethod
@@ -472,6 +463,7 @@ class Version:
             recipe=_recipe(d["recipe"]),
             lossy=_lossy(d["lossy"]),
             number=_version_number(d["number"]) if "number" in d else None,
+            run=checked_run(d["run"], RecordError) if "run" in d else None,
         )
 
     def linked_versions(self) -> list[str]:

@@ -19,6 +19,7 @@ from mgit.store.objects import RELATIONS, tag_matches
 from mgit.web.card import version_card
 from mgit.web.params import choice, number, paginate, text
 from mgit.web.repoview import RepoView
+from mgit.web.runs import run_chart
 
 SORTS = ("name", "updated", "size", "stored", "versions", "tests")
 STATUS_ORDER = {"fail": 0, "error": 1, "not run": 2, "pass": 3, None: 4}  # worst first
@@ -140,6 +141,7 @@ def model_page(view: RepoView, name: str, query: Mapping[str, str]) -> dict[str,
         "parents": [e.to_json() for e in lineage.parents(name)],
         "children": [e.to_json() for e in lineage.children(name)],
         "card": card.to_json() if card else None,
+        "run": run_chart(log, query),
         "tensors": {"items": tensors.items, **tensors.meta()},
         "tests": {
             "names": tests,

@@ -1,0 +1,87 @@
+"""transformers' Trainer saving into MGit: `MgitCallback` commits every checkpoint the Trainer
+saves as the next version of a model, and `checkpoint_folder` checks one out as the folder
+`trainer.train(resume_from_checkpoint=...)` reads.
+
+    repo = mgit.Repo()
+    trainer = Trainer(model, args, ..., callbacks=[MgitCallback(repo, model="ft-sst2", parent="minilm")])
+    trainer.train()
+    ...
+    trainer.train(resume_from_checkpoint=checkpoint_folder(repo, "ft-sst2@3", "resume/ft-sst2-3"))
+
+Each commit holds the folder the Trainer wrote (`checkpoint-STEP`: the weights, `optimizer.pt`,
+`scheduler.pt`, `rng_state.pth`, `trainer_state.json`; its PyTorch files are stored as their
+tensors, delta-coded against the checkpoint before, and rebuilt byte for byte), and in the
+record the step, the metrics logged at that step and the `TrainingArguments` (`mgit show`
+prints them). `training_args.bin` is not kept: it is a pickle of those arguments, hub token
+included; a resume does not read it. The callback runs in the training process after the
+Trainer's save and returns when the checkpoint is durable.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from mgit.repo.repository import Repo
+from mgit.reports import AddResult, CheckoutResult
+
+PREFIX = "checkpoint"  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR
+LEFT_OUT = ("training_args.bin",)
+
+
+class MgitCallback(TrainerCallback):
+    """Commit each checkpoint a Trainer saves to `repo` as the next version of `model`; the
+    first one's lineage parent is `parent` (the model the run starts from, a ref). `run` names
+    the run (default: the run of the model's latest version, else a new id). `commits` lists
+    what each save added."""
+
+    def __init__(self, repo: Repo, *, model: str, parent: str | None = None, run: str | None = None) -> None:
+        self.repo = repo
+        self.model = model
+        self.parent = parent
+        self.run = run
+        self.commits: list[AddResult] = []
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if not state.is_world_process_zero:
+            return
+        folder = Path(args.output_dir) / f"{PREFIX}-{state.global_step}"
+        result = self.repo.commit_checkpoint(
+            folder,
+            model=self.model,
+            parent=self.parent if self.repo.refs.get(self.model) is None else None,
+            step=state.global_step,
+            metrics=logged_metrics(state.log_history, state.global_step),
+            run=self.run,
+            args=args.to_dict(),
+            leave_out=LEFT_OUT,
+        )
+        self.run = self.repo.version(result.version).run["id"]  # the same run for every save
+        self.commits.append(result)
+
+
+def logged_metrics(history: list[dict[str, Any]], step: int) -> dict[str, float]:
+    """The numbers the Trainer logged at `step` (loss, eval_loss, learning_rate, epoch, ...),
+    the latest where one was logged twice."""
+    found: dict[str, float] = {}
+    for entry in history:
+        if entry.get("step") == step:
+            found.update(
+                {
+                    k: float(v)
+                    for k, v in entry.items()
+                    if k != "step" and isinstance(v, int | float) and k.isprintable()
+                }
+            )
+    return found
+
+
+def checkpoint_folder(repo: Repo, ref: str, out_dir: str | os.PathLike[str], *, force: bool = False) -> str:
+    """Check the checkpoint `ref` out into `out_dir` (empty, or with `force` holding nothing but
+    an earlier checkout of it) and return the path to give `trainer.train(resume_from_checkpoint=...)`:
+    weights, optimizer, scheduler and RNG state byte for byte as the Trainer saved them."""
+    result: CheckoutResult = repo.checkout(ref, out_dir, force=force)
+    return result.out_dir

@@ -1,0 +1,175 @@
+"""Checkpoints of a training run: what `Repo.commit_checkpoint` stores and `Repo.load_checkpoint`
+gives back.
+
+A checkpoint is a version of the run's model: its predecessor is the checkpoint before (so
+its tensors are coded as deltas against that one's, the closest there is), its lineage parent
+the model the run started from, and its record's `run` field holds the run's id, the step,
+the logged metrics, the training arguments and an optimizer's scalars (mgit.store.run_record).
+Tensors go straight from the training process's memory to the store, in up to three files:
+
+- `model.safetensors`: the weights (or the files of a folder the trainer wrote, as they are);
+- `optimizer.safetensors`: the optimizer's tensors (Adam's moments, its per-parameter step),
+  named `optimizer.` plus where they sit in `optimizer.state_dict()` (`optimizer.state.0.exp_avg`);
+- `master.safetensors`: fp32 master weights kept beside a bf16 model, named `master.` plus
+  the weight's name.
+
+The prefixes keep every tensor name of a version unique, so `load_state_dict` and
+`mgit.load` read a checkpoint like any version, and each tensor finds its namesake in the
+checkpoint before as its delta base.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from mgit.errors import CorruptObjectError, InputError, InvalidOptionError
+from mgit.formats.folder import ModelSource, from_tensors, scan_path
+from mgit.formats.tensors import is_torch_tensor, raw_tensors
+from mgit.store.base import ObjectStore
+from mgit.store.objects import Manifest, Version
+from mgit.store.reader import as_array, as_torch
+from mgit.store.run_record import RunFieldError, checked_run, decode_state, encode_state, public_args
+
+WEIGHTS, OPTIMIZER, MASTER = "model.safetensors", "optimizer.safetensors", "master.safetensors"
+OPTIMIZER_PREFIX, MASTER_PREFIX = "optimizer.", "master."
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint read back (`Repo.load_checkpoint`): the weights, the optimizer's state
+    dict ready for `optimizer.load_state_dict` (None if none was stored), fp32 master
+    weights (None if none), and the run's id, step and metrics."""
+
+    version: str
+    weights: dict[str, Any]
+    optimizer: dict[str, Any] | None
+    master: dict[str, Any] | None
+    run: str
+    step: int | None
+    metrics: dict[str, float | None] = field(default_factory=dict)
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+def new_run_id() -> str:
+    """A run's id when the caller names none and the model's head is not a checkpoint."""
+    return "run-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+def checkpoint_source(
+    weights: str | os.PathLike[str] | Mapping[str, Any],
+    *,
+    optimizer: Mapping[str, Any] | None = None,
+    master: Mapping[str, Any] | None = None,
+    leave_out: Collection[str] = (),
+) -> tuple[ModelSource, Any]:
+    """The files of a checkpoint, made in memory (nothing is written to a temporary folder),
+    and the tagged encoding of the optimizer's scalars (None without an optimizer). A folder's
+    files named in `leave_out` are not kept (a trainer's pickled arguments, which hold its
+    credentials)."""
+    if isinstance(weights, Mapping):
+        src = ModelSource([from_tensors(raw_tensors(weights, "weights"), WEIGHTS, converted_from="state dict")])
+    else:
+        src = scan_path(Path(weights))
+        src = ModelSource([f for f in src.files if f.path not in leave_out], src.notes)
+    extra = []
+    encoded = None
+    if optimizer is not None:
+        tensors: dict[str, Any] = {}
+
+        def tensor(value: Any, path: str) -> str | None:
+            if not (is_torch_tensor(value) or type(value).__module__ == "numpy" and hasattr(value, "dtype")):
+                return None
+            name = OPTIMIZER_PREFIX + path
+            if name in tensors:  # (a path is unique in the tree; a dotted key could still meet another)
+                raise InputError("optimizer state", f"two tensors would be named {name!r}")
+            tensors[name] = value
+            return name
+
+        try:
+            encoded = encode_state(dict(optimizer), tensor)
+        except RunFieldError as exc:
+            raise InputError(
+                "optimizer state", f"holds {exc}", hint="Give optimizer.state_dict() (tensors and plain values)"
+            ) from None
+        if tensors:
+            extra.append(from_tensors(raw_tensors(tensors, "optimizer state"), OPTIMIZER, converted_from=None))
+    if master is not None:
+        named = {MASTER_PREFIX + k: v for k, v in master.items()}
+        extra.append(from_tensors(raw_tensors(named, "master weights"), MASTER, converted_from=None))
+    taken = {f.path for f in src.files}
+    for f in extra:
+        if f.path in taken:
+            raise InputError(f.path, "the checkpoint's folder holds a file of that name already")
+    return ModelSource([*src.files, *extra], src.notes), encoded
+
+
+def run_record(
+    run: str,
+    step: int | None,
+    metrics: Mapping[str, Any] | None,
+    args: Mapping[str, Any] | None,
+    optimizer: Any,
+) -> dict[str, Any]:
+    """The record's `run` field, checked as a reader checks it. Metrics that are not finite
+    (a diverged loss) are kept as null."""
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise InvalidOptionError(f"step {step!r} is not a count", hint="Give the training step, 0 or more")
+    kept: dict[str, float | None] = {}
+    for name, value in (metrics or {}).items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            try:
+                value = float(value)  # a 0-dim tensor, a numpy scalar
+            except (TypeError, ValueError):
+                raise InvalidOptionError(f"metric {name!r} is not a number", hint="Give numbers only") from None
+        kept[str(name)] = float(value) if value == value and abs(value) != float("inf") else None
+    record: dict[str, Any] = {"id": run, "step": step, "metrics": kept}
+    if args:
+        record["args"] = public_args(args)
+    if optimizer is not None:
+        record["optimizer"] = optimizer
+    try:
+        return checked_run(record)
+    except RunFieldError as exc:
+        raise InvalidOptionError(
+            str(exc), hint="Run ids and metric names are short text without control characters"
+        ) from None
+
+
+def read_checkpoint(store: ObjectStore, vid: str, version: Version, manifest: Manifest, framework: str) -> Checkpoint:
+    """A checkpoint's weights, optimizer state and master weights as torch tensors
+    (`framework="pt"`) or numpy arrays ("np"); the optimizer state only with torch, which
+    `load_state_dict` needs."""
+    if version.run is None:
+        raise InvalidOptionError(
+            f"version {vid[:12]} of {version.model} is not a checkpoint of a training run",
+            hint="See: mgit log MODEL (checkpoints show their step)",
+        )
+    read = as_torch if framework in ("pt", "torch") else as_array
+    files = {f.path: {t.name: read(store, t) for t in f.tensors} for f in manifest.files if f.tensors}
+    run = version.run
+    optimizer = None
+    if "optimizer" in run:
+        stored = files.get(OPTIMIZER, {})
+
+        def tensor(name: str) -> Any:
+            if name not in stored:
+                raise CorruptObjectError(version.manifest, f"the optimizer's tensor {name!r} is not in {OPTIMIZER}")
+            return stored[name]
+
+        optimizer = decode_state(run["optimizer"], tensor)
+    master = files.get(MASTER)
+    return Checkpoint(
+        version=vid,
+        weights=files.get(WEIGHTS, {}),
+        optimizer=optimizer,
+        master={k.removeprefix(MASTER_PREFIX): v for k, v in master.items()} if master is not None else None,
+        run=run["id"],
+        step=run["step"],
+        metrics=dict(run["metrics"]),
+        args=dict(run.get("args", {})),
+    )
