@@ -328,6 +328,6 @@ class TestGCSRemoteGc(RemoteGcContract):
     def env(self, gcs_bucket: GCSBucket) -> dict[str, str]:
         return {**os.environ, **gcs_bucket.env}
 
-    @pytest.mark.skip(reason=NO_PRECONDITIONS + ": a stale token is not refused there")
+    @pytest.mark.skip(reason=NO_PRECONDITIONS + " (this is the swap of a delete)")
     def test_a_delete_swaps_the_ref_only_from_the_token_it_read(self, alice, url, tmp_path) -> None:
         pass

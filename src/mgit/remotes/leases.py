@@ -167,8 +167,9 @@ class GcLock:
 
 
 def gc_has_run(remote: RemoteRepository) -> bool:
-    """Whether a gc has ever taken the lock on this remote."""
-    return remote.backend.exists(GC_RAN) or remote.backend.exists(GC_LOCK)
+    """Whether a gc has ever run on this remote (one that holds the lock but has not marked
+    it yet is found by `gc_state`, which a push reads after its lease)."""
+    return remote.backend.exists(GC_RAN)
 
 
 def gc_state(remote: RemoteRepository, *, wait: float = GC_STALE + GC_BEAT) -> bool:

@@ -22,6 +22,7 @@ class Connection:
     remote: RemoteRepository
     tracking: RefStore | None  # remote-tracking refs of a named remote
     leases: list[str] = field(default_factory=list)  # written by this push (mgit.remotes.leases)
+    gc_ran: bool = False  # a gc has run on the remote (seen after this push's lease)
 
     def close(self) -> None:
         self.remote.close()

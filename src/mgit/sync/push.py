@@ -117,7 +117,7 @@ def _push(
     known, versions, sent = publish_to(
         repo, conn, [vid for vid, _, _ in moving.values()], known_tips, progress=progress, remembered=remembered
     )
-    if versions and gc_has_run(remote):  # what the sent versions build on is still there
+    if versions and conn.gc_ran:  # what the sent versions build on is still there
         still = {n: h for n, (h, _) in remote.heads(list(theirs)).items()}
         if any(still.get(n) != h for n, (h, _) in theirs.items() if n not in moving):
             raise RemoteConflictError(conn.name, "a model moved during this push (run it again)")
@@ -173,7 +173,8 @@ def publish_to(
         boundary = {v for vid in versions for v in store.get_version(vid).linked_versions() if v in known}
         relied = closure(store, boundary)
         conn.leases.append(write_lease(conn.remote, needed | relied, boundary))
-        if gc_state(conn.remote) and not ran:  # a gc began since: what was remembered may be gone
+        conn.gc_ran = gc_state(conn.remote)
+        if conn.gc_ran and not ran:  # a gc began since: what was remembered may be gone
             raise RemoteConflictError(conn.name, "a gc ran there during this push (run it again)")
         candidates = needed - relied
         present = present_on(conn.remote, store, candidates)
