@@ -331,3 +331,15 @@ class TestGCSRemoteGc(RemoteGcContract):
     @pytest.mark.skip(reason=NO_PRECONDITIONS + " (this is the swap of a delete)")
     def test_a_delete_swaps_the_ref_only_from_the_token_it_read(self, alice, url, tmp_path) -> None:
         pass
+
+
+def test_a_grace_period_or_options_that_make_no_sense_are_refused(tmp_path: Path) -> None:
+    sync.init_bare(str(tmp_path / "remote.mgit"))
+    repo = Repo.init(tmp_path / "alice")
+    sync.add_remote(repo, "origin", str(tmp_path / "remote.mgit"))
+    for bad in ("soon", "2 weeks", "-1d", "10y"):
+        one_line_error(cli(repo, "gc", "--remote", "origin", "--expire", bad), "not a grace period")
+    code, _, err = cli(repo, "push", "origin", "--delete", "a", "--prune")
+    assert code == 2 and "--delete takes no models" in err
+    one_line_error(cli(repo, "gc", "--remote", "nowhere"), "nowhere")
+    assert not (tmp_path / "remote.mgit" / "gc").exists()  # nothing was locked or marked
