@@ -92,6 +92,7 @@ def timed(fn: Any) -> tuple[float, Any]:
 
 
 def measure(models: int) -> dict[str, Any]:
+    load_before = Path("/proc/loadavg").read_text().split()[0]
     repo = family(models)
     server = S3Server()
     os.environ.update(aws_env(server.endpoint))
@@ -128,6 +129,7 @@ def measure(models: int) -> dict[str, Any]:
         out["after_gc_s"], _ = timed(lambda: sync.push(tip2))
         out["after_gc_requests"], out["after_gc_lease_requests"] = counter.take()
         out["fsck_ok"] = sync.fsck_remote(url).ok
+        out["load"] = (load_before, Path("/proc/loadavg").read_text().split()[0])
     finally:
         server.stop()
     return out
@@ -158,7 +160,9 @@ def render(r: dict[str, Any]) -> str:
     return f"""{BEGIN}
 ## Remote gc (`benchmarks/remote_gc.py`, issue 25)
 
-Measured {time.strftime("%Y-%m-%d")} on {machine()}.
+Measured {time.strftime("%Y-%m-%d")} on {machine()}. One-minute load average {r["load"][0]}
+before the run and {r["load"][1]} at its end (a machine shared with other work: the times are
+pessimistic; the request counts do not depend on it).
 
 Reproduce: `.venv/bin/python benchmarks/remote_gc.py`. A generated family of {r["models"]} bases
 (4 float32 tensors of 256 x 256 each) and a fine-tune of each ({r["versions"]} versions,
