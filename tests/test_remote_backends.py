@@ -19,6 +19,7 @@ import os
 import re
 import sys
 import threading
+import time
 import urllib.request
 from dataclasses import dataclass
 from functools import partial
@@ -189,6 +190,28 @@ class BackendContract:
         for key in keys[2:]:  # conditional writes take a lock where the backend has locks
             backend.write_if(key, b"v", token=None)
         assert list(backend.list("")) == sorted(keys)
+
+    def test_list_info_gives_each_key_its_size_and_time_of_writing(self, backend):
+        before = time.time()
+        backend.write("objects/ab/cd00", b"x" * 10)
+        backend.write("objects/ab/cd01", b"")
+        backend.write("refs/models/bert", b"v")
+        infos = list(backend.list_info("objects/"))
+        assert [(i.key, i.size) for i in infos] == [("objects/ab/cd00", 10), ("objects/ab/cd01", 0)]
+        for info in infos:  # the remote's clock: loopback servers share this machine's
+            assert before - 5 <= info.modified <= time.time() + 5, (info, before)
+        assert [i.key for i in backend.list_info("")] == list(backend.list(""))
+
+    def test_delete_removes_a_key_and_a_missing_one_is_no_error(self, backend):
+        backend.write("objects/ab/cd00", b"x")
+        backend.write("objects/ab/cd01", b"y")
+        backend.delete("objects/ab/cd00")
+        assert not backend.exists("objects/ab/cd00")
+        assert list(backend.list("objects/")) == ["objects/ab/cd01"]
+        backend.delete("objects/ab/cd00")  # already gone: a gc killed midway runs again
+        with pytest.raises(RemoteError, match="not a remote key"):
+            backend.delete("../escape")
+        assert backend.read("objects/ab/cd01", limit=10) == b"y"
 
     def test_write_if_without_token_creates_only_once(self, backend):
         key = "refs/models/bert"

@@ -477,6 +477,19 @@ class RemoteConflictError(RemoteError):
         self.key = key
 
 
+class DeleteRefusedError(RemoteError):
+    """`push --delete`/`--prune`: the remote's model is not where this repository last saw it
+    (a push landed meanwhile, and wins), or is not there at all."""
+
+    def __init__(self, model: str, remote: str, why: str) -> None:
+        super().__init__(
+            f"not deleting {model} on {remote}: {why}",
+            hint=f"Nothing was deleted; see what is there: mgit remote show {remote}",
+        )
+        self.model = model
+        self.remote = remote
+
+
 class RemoteTooLargeError(RemoteError):
     """A remote key holds more bytes than what it should hold can be."""
 

@@ -448,15 +448,30 @@ def fsck(
 
 @click.command()
 @click.option("--dry-run", "-n", is_flag=True, help="Show what would be removed, remove nothing.")
+@click.option("--remote", metavar="NAME", help="Collect a remote's garbage instead (NAME or URL).")
+@click.option(
+    "--expire",
+    default="2w",
+    show_default=True,
+    metavar="AGE",
+    help="With --remote: keep unreferenced objects younger than AGE (now, 30m, 12h, 3d, 2w).",
+)
 @json_option
 @click.pass_context
-def gc(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
-    """Remove objects that no model uses any more.
+def gc(ctx: click.Context, dry_run: bool, remote: str | None, expire: str, as_json: bool) -> None:
+    """Remove objects that no model uses any more. With --remote, on a remote: what no ref
+    there reaches, once older than --expire, and never what a running push relies on.
 
     \b
-    Example:
+    Examples:
       mgit gc --dry-run
+      mgit gc --remote origin --dry-run
     """
+    if remote is not None:
+        from mgit.cli.remote_cmd import gc_remote
+
+        gc_remote(_repo(ctx), remote, expire, dry_run=dry_run, as_json=as_json)
+        return
     result = _repo(ctx).gc(dry_run=dry_run)
     if as_json:
         print_json(result.to_json())

@@ -8,6 +8,7 @@ import click
 from mgit import sync
 from mgit.cli.main import SuggestingGroup
 from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size, table
+from mgit.repo.repository import Repo
 from mgit.store.transfer import TransferStats
 from mgit.sync.reports import FetchResult, ModelUpdate, TagsTravel
 
@@ -156,25 +157,52 @@ def remote_show(ctx: click.Context, name: str, as_json: bool) -> None:
 @click.option(
     "--force", is_flag=True, help="Move the remote's head even where it is not an ancestor (says what it drops)."
 )
+@click.option(
+    "--delete", "deletes", multiple=True, metavar="NAME", help="Delete model NAME on the remote (nothing is pushed)."
+)
+@click.option("--prune", is_flag=True, help="Also delete on the remote the models removed here (mgit rm).")
 @json_option
 @click.pass_context
-def push(ctx: click.Context, remote: str, targets: tuple[str, ...], force: bool, as_json: bool) -> None:
+def push(
+    ctx: click.Context,
+    remote: str,
+    targets: tuple[str, ...],
+    force: bool,
+    deletes: tuple[str, ...],
+    prune: bool,
+    as_json: bool,
+) -> None:
     """Send models (default: every one) to a remote: only the objects it lacks travel, and
-    its heads move by compare-and-swap, last.
+    its heads move by compare-and-swap, last. --delete and --prune take models off the
+    remote by compare-and-swap from where this repository last fetched them (a push that
+    landed since wins); their objects go at the remote's next gc (mgit gc --remote).
 
     \b
     Examples:
       mgit push
       mgit push origin 'bert-*'
       mgit push origin bert-sst2 --force
+      mgit rm bert-old && mgit push origin --prune
+      mgit push origin --delete bert-old
     """
+    repo = ctx.obj.repo()
+    if deletes:
+        if targets or prune or force:
+            raise click.UsageError("--delete takes no models to push, --prune or --force")
+        deleted = sync.delete_remote_models(repo, remote, list(deletes))
+        if as_json:
+            print_json({"remote": remote, "deleted": [u.to_json() for u in deleted]})
+            return
+        _updates(deleted, "on " + remote)
+        return
     with progress_bar(f"Pushing to {remote}", enabled=not as_json) as bar:
-        result = sync.push(ctx.obj.repo(), remote, list(targets) or None, force=force, progress=bar)
+        result = sync.push(repo, remote, list(targets) or None, force=force, progress=bar)
+    deleted = sync.delete_remote_models(repo, remote, prune=True) if prune else []
     if as_json:
-        print_json(result.to_json())
+        print_json({**result.to_json(), "deleted": [u.to_json() for u in deleted]})
         return
     out.print(f"{result.url}: {_traffic('sent', result.sent)}, {plural(result.versions, 'version')}")
-    _updates(result.models, "on " + result.remote)
+    _updates(result.models + deleted, "on " + result.remote)
     if result.checks.registrations or result.checks.results:
         out.print(f"  tests: {result.checks.registrations} registrations, {result.checks.results} results sent")
     _tag_lines(result.tags, "sent", result.remote)
@@ -219,9 +247,12 @@ def _print_fetch(result: FetchResult) -> None:
     is_flag=True,
     help="In a lazy clone: bring every object of the REFs here now, for work offline.",
 )
+@click.option("--prune", is_flag=True, help="Drop REMOTE/NAME of the models the remote no longer has.")
 @json_option
 @click.pass_context
-def fetch(ctx: click.Context, args: tuple[str, ...], models: str | None, objects: bool, as_json: bool) -> None:
+def fetch(
+    ctx: click.Context, args: tuple[str, ...], models: str | None, objects: bool, prune: bool, as_json: bool
+) -> None:
     """Bring a remote's new versions here (verified) and record its heads as REMOTE/NAME;
     local heads are not moved (mgit pull does that).
 
@@ -229,6 +260,7 @@ def fetch(ctx: click.Context, args: tuple[str, ...], models: str | None, objects
     Examples:
       mgit fetch
       mgit fetch origin --models 'bert-*'
+      mgit fetch --prune
       mgit fetch --objects bert-sst2 bert-base@2
     """
     repo = ctx.obj.repo()
@@ -244,7 +276,7 @@ def fetch(ctx: click.Context, args: tuple[str, ...], models: str | None, objects
     if len(args) > 1:
         raise click.UsageError("give one REMOTE (refs only with --objects)")
     with progress_bar("Fetching", enabled=not as_json) as bar:
-        result = sync.fetch(repo, args[0] if args else sync.DEFAULT_REMOTE, models=models, progress=bar)
+        result = sync.fetch(repo, args[0] if args else sync.DEFAULT_REMOTE, models=models, progress=bar, prune=prune)
     if as_json:
         print_json(result.to_json())
     else:
@@ -324,3 +356,19 @@ def clone(
         return
     _print_fetch(result.fetch)
     out.print(f"cloned {plural(len(result.models), 'model')} into {result.path}")
+
+
+def gc_remote(repo: Repo, remote: str, expire: str, *, dry_run: bool, as_json: bool) -> None:
+    """`mgit gc --remote NAME` (the gc command lives with the repository commands)."""
+    result = sync.gc_remote(repo, remote, expire=sync.parse_expire(expire), dry_run=dry_run)
+    if as_json:
+        print_json(result.to_json())
+        return
+    if dry_run:
+        for oid in result.removed:
+            out.print(f"  would remove {oid}")
+    verb = "would remove" if dry_run else "removed"
+    out.print(
+        f"{result.remote}: {verb} {plural(len(result.removed), 'object')} ({size(result.removed_bytes)}); kept "
+        f"{result.kept} in use, {result.young} younger than {expire}, {result.leased} a running push relies on"
+    )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from mgit.errors import RemoteError
 
@@ -33,6 +34,15 @@ def check_key(key: str) -> str:
     ):
         raise RemoteError(f"not a remote key: {key!r}")
     return key
+
+
+class KeyInfo(NamedTuple):
+    """A key as a listing shows it: its size and when it was last written (seconds since the
+    epoch, by the remote's clock: what a remote gc's grace period is measured on)."""
+
+    key: str
+    size: int
+    modified: float
 
 
 class Backend:
@@ -75,6 +85,15 @@ class Backend:
 
     def list(self, prefix: str) -> Iterator[str]:
         """Every key that starts with `prefix` (a folder prefix ends with `/`), sorted."""
+        return (info.key for info in self.list_info(prefix))
+
+    def list_info(self, prefix: str) -> Iterator[KeyInfo]:
+        """`list` with each key's size and time of writing (from the same listing requests)."""
+        raise NotImplementedError
+
+    def delete(self, key: str) -> None:
+        """Remove `key` if it is there (a remote gc's, and `push --delete`'s after the ref is
+        swapped to a tombstone: never a ref a concurrent writer may be moving)."""
         raise NotImplementedError
 
     def read_versioned(self, key: str, *, limit: int) -> tuple[bytes | None, str | None]:

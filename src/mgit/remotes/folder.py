@@ -31,7 +31,7 @@ from mgit.errors import (
     RemoteNotFoundError,
     RemoteTooLargeError,
 )
-from mgit.remotes.base import Backend, check_key
+from mgit.remotes.base import Backend, KeyInfo, check_key
 from mgit.util.atomicfile import copy_fully, disk_full_as_error, replace_at, write_fully
 from mgit.util.locks import FileLock
 
@@ -207,12 +207,12 @@ class FolderBackend(Backend):
     def exists(self, key: str) -> bool:
         return self.size(key) is not None
 
-    def list(self, prefix: str) -> Iterator[str]:
+    def list_info(self, prefix: str) -> Iterator[KeyInfo]:
         top = prefix.rpartition("/")[0]
         folder = self._folder(top.split("/") if top else [], create=False)
         if folder is None:
             return
-        keys: list[str] = []
+        keys: list[KeyInfo] = []
         stack = [(folder, top, 0)]
         try:
             while stack:
@@ -233,7 +233,8 @@ class FolderBackend(Backend):
                             elif not key.startswith(prefix):
                                 continue
                             elif entry.is_file(follow_symlinks=False):
-                                keys.append(key)
+                                st = entry.stat(follow_symlinks=False)
+                                keys.append(KeyInfo(key, st.st_size, st.st_mtime))
                             else:
                                 raise RemoteEntryError(self.url, key, kind(entry.stat(follow_symlinks=False).st_mode))
                 finally:
@@ -242,6 +243,21 @@ class FolderBackend(Backend):
             for fd, _, _ in stack:
                 os.close(fd)
         yield from sorted(keys)
+
+    def delete(self, key: str) -> None:
+        parents, name = self._split(key)
+        folder = self._folder(parents, create=False)
+        if folder is None:
+            return
+        try:
+            st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):
+                raise RemoteEntryError(self.url, key, kind(st.st_mode))
+            os.unlink(name, dir_fd=folder)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(folder)
 
     def _lock(self, key: str) -> FileLock:
         # refs/models/NAME shares its lock with RefStore (locks/refs/NAME.lock).

@@ -42,7 +42,7 @@ from mgit.errors import (
     RemoteTooLargeError,
     RemoteUnavailableError,
 )
-from mgit.remotes.base import KEY_RE, Backend, check_key
+from mgit.remotes.base import KEY_RE, Backend, KeyInfo, check_key
 from mgit.util.atomicfile import disk_full_as_error
 
 try:
@@ -242,16 +242,27 @@ class GCSBackend(Backend):
         meta = self._meta(key)
         return None if meta is None else meta[0]
 
-    def list(self, prefix: str) -> Iterator[str]:
+    def list_info(self, prefix: str) -> Iterator[KeyInfo]:
         if top := prefix.rpartition("/")[0]:
             check_key(top)
-        keys: list[str] = []
+        keys: list[KeyInfo] = []
         with self._translated(bucket=True):
             for number, page in enumerate(self._pages(self.prefix + prefix)):
                 if number >= MAX_LIST_PAGES:
                     raise RemoteError(f"{self.url}: listing {prefix!r} did not end after {number} pages")
-                keys += [b.name[len(self.prefix) :] for b in page if b.name.startswith(self.prefix + prefix)]
-        yield from sorted(k for k in keys if _listed(k))
+                keys += [
+                    KeyInfo(b.name[len(self.prefix) :], int(b.size or 0), b.updated.timestamp() if b.updated else 0.0)
+                    for b in page
+                    if b.name.startswith(self.prefix + prefix)
+                ]
+        yield from sorted(k for k in keys if _listed(k.key))
+
+    def delete(self, key: str) -> None:
+        try:
+            with self._translated(key):
+                self._blob(key).delete(timeout=TIMEOUT, retry=self.retry)
+        except MissingKeyError:
+            pass
 
     def write_if(self, key: str, data: bytes, *, token: str | None) -> None:
         if token is not None and not (token.isascii() and token.isdigit()):

@@ -45,7 +45,7 @@ from mgit.errors import (
     RemoteUnavailableError,
 )
 from mgit.remotes import AZURE_CONTAINER_RE
-from mgit.remotes.base import KEY_RE, Backend, check_key
+from mgit.remotes.base import KEY_RE, Backend, KeyInfo, check_key
 from mgit.util.atomicfile import disk_full_as_error
 
 try:
@@ -316,18 +316,29 @@ class ObjectStoreBackend(Backend):
         except MissingKeyError:
             return None
 
-    def list(self, prefix: str) -> Iterator[str]:
+    def list_info(self, prefix: str) -> Iterator[KeyInfo]:
         # obstore lists whole path segments: ask for the folder, keep what starts with `prefix`.
         folder = prefix.rpartition("/")[0]
         if folder:
             check_key(folder)
-        keys: list[str] = []
+        keys: list[KeyInfo] = []
         with self._translated():
             for number, page in enumerate(obstore.list(self.store, folder or None, chunk_size=LIST_PAGE)):
                 if number >= MAX_LIST_PAGES:
                     raise RemoteError(f"{self.url}: listing {prefix!r} did not end after {number} pages")
-                keys += [m["path"] for m in page if m["path"].startswith(prefix)]
-        yield from sorted(k for k in keys if _listed(k))
+                keys += [
+                    KeyInfo(m["path"], int(m["size"]), m["last_modified"].timestamp())
+                    for m in page
+                    if m["path"].startswith(prefix)
+                ]
+        yield from sorted(k for k in keys if _listed(k.key))
+
+    def delete(self, key: str) -> None:
+        try:
+            with self._translated(key):
+                obstore.delete(self.store, check_key(key))
+        except MissingKeyError:
+            pass
 
     def read_versioned(self, key: str, *, limit: int) -> tuple[bytes | None, str | None]:
         try:

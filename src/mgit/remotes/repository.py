@@ -2,7 +2,8 @@
 
     config.json              {"format": 1, "bare": true, "created": ...}: what makes it a remote
     objects/ab/cdef...       object files, byte for byte as in a repository (immutable)
-    refs/models/<name>       a version id and a newline; moved only by compare-and-swap
+    refs/models/<name>       a version id and a newline; moved only by compare-and-swap, and
+                             deleted by one (`push --delete`, through a tombstone)
     refs/tags/<id>           tags set later on a version (mgit.sync.tags); compare-and-swap too
     packs/<id>.mgpack        metadata packs: what a clone reads in one request (mgit.remotes.pack)
     checks/tests/<name>.json test registrations; checks/results/<id>.json recorded results
@@ -32,10 +33,12 @@ from mgit.errors import (
 from mgit.index.refs import validate_model_name
 from mgit.remotes.base import Backend
 from mgit.store.objects import OID_RE, utc_now
+from mgit.util.faults import crash_point
 
 REMOTE_FORMAT = 1
 MAX_SMALL = 1 << 20  # a config, a ref, a registration: far smaller than this
 REFS = "refs/models/"
+TOMBSTONE = b"deleted\n"  # a ref between the two steps of `delete_head`
 WORKERS = 16  # requests in flight: S3 latency, not bandwidth, bounds small transfers
 
 
@@ -121,7 +124,7 @@ class RemoteRepository:
         """A model's head on the remote and the token a compare-and-swap needs (None, None
         when the model is not there)."""
         data, token = self.backend.read_versioned(REFS + validate_model_name(name), limit=MAX_SMALL)
-        if data is None:
+        if data is None or data == TOMBSTONE:  # (a delete between its two steps: gone)
             return None, None
         value = data.decode("ascii", "replace").strip()
         if not OID_RE.match(value):
@@ -143,7 +146,27 @@ class RemoteRepository:
             raise RemoteConflictError(self.url, REFS + name)
         if expected is None:
             self.check_new_names([name])
-        self.backend.write_if(REFS + validate_model_name(name), f"{new}\n".encode(), token=token)
+        key = REFS + validate_model_name(name)
+        try:
+            self.backend.write_if(key, f"{new}\n".encode(), token=token)
+        except RemoteConflictError:
+            if expected is not None or self.backend.read_versioned(key, limit=MAX_SMALL)[0] != TOMBSTONE:
+                raise
+            self.backend.delete(key)  # a delete killed between its steps: finish it (no one swaps from one)
+            self.backend.write_if(key, f"{new}\n".encode(), token=None)
+
+    def delete_head(self, name: str, *, expected: str, token: str) -> None:
+        """Compare-and-swap the ref of `name` away from `expected` (read with `token`):
+        RemoteConflictError if a push moved it meanwhile. Backends have no conditional delete
+        that all of them share, so the ref is first swapped to a tombstone (which no writer
+        swaps from: a head that reads as one is absent, and creating a model over it
+        conflicts), then deleted."""
+        value, current = self.head(name)
+        if value != expected or current != token:
+            raise RemoteConflictError(self.url, REFS + name)
+        self.backend.write_if(REFS + name, TOMBSTONE, token=token)
+        crash_point("delete-after-tombstone")
+        self.backend.delete(REFS + name)
 
     # --- objects ----------------------------------------------------------------------------
     def has_object(self, oid: str) -> bool:

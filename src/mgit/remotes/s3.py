@@ -43,7 +43,7 @@ from mgit.errors import (
     RemoteTooLargeError,
     RemoteUnavailableError,
 )
-from mgit.remotes.base import KEY_RE, Backend, check_key
+from mgit.remotes.base import KEY_RE, Backend, KeyInfo, check_key
 from mgit.util.atomicfile import disk_full_as_error
 
 try:
@@ -338,7 +338,7 @@ class S3Backend(Backend):
         size = head.get("ContentLength")
         return size if isinstance(size, int) and size >= 0 else None  # (a server that says no size: sent again)
 
-    def list(self, prefix: str) -> Iterator[str]:
+    def list_info(self, prefix: str) -> Iterator[KeyInfo]:
         if top := prefix.rpartition("/")[0]:
             check_key(top)
         start, keys = self.prefix + prefix, []
@@ -347,8 +347,16 @@ class S3Backend(Backend):
             for number, page in enumerate(pages):
                 if number >= MAX_LIST_PAGES:
                     raise RemoteError(f"{self.url}: listing {prefix!r} did not end after {number} pages")
-                keys += [o["Key"][len(self.prefix) :] for o in page.get("Contents", ()) if o["Key"].startswith(start)]
-        yield from sorted(k for k in keys if _listed(k))
+                keys += [
+                    KeyInfo(o["Key"][len(self.prefix) :], int(o.get("Size", 0)), o["LastModified"].timestamp())
+                    for o in page.get("Contents", ())
+                    if o["Key"].startswith(start)
+                ]
+        yield from sorted(k for k in keys if _listed(k.key))
+
+    def delete(self, key: str) -> None:
+        with self._translated(key):
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))  # (absent: no error)
 
     def read_versioned(self, key: str, *, limit: int) -> tuple[bytes | None, str | None]:
         sink = io.BytesIO()

@@ -3,7 +3,7 @@ remote-tracking refs under refs/remotes/NAME) or by URL, and the named remotes t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mgit.errors import InvalidOptionError
 from mgit.index.refs import RefStore
@@ -21,6 +21,8 @@ class Connection:
     name: str  # the remote's name, or its URL when it has none
     remote: RemoteRepository
     tracking: RefStore | None  # remote-tracking refs of a named remote
+    leases: list[str] = field(default_factory=list)  # written by this push (mgit.remotes.leases)
+    gc_ran: bool = False  # a gc has run on the remote (seen after this push's lease)
 
     def close(self) -> None:
         self.remote.close()

@@ -52,18 +52,29 @@ from mgit.util.parallel import StartProgress
 
 
 def fetch(
-    repo: Repo, remote: str = DEFAULT_REMOTE, *, models: str | None = None, progress: StartProgress | None = None
+    repo: Repo,
+    remote: str = DEFAULT_REMOTE,
+    *,
+    models: str | None = None,
+    progress: StartProgress | None = None,
+    prune: bool = False,
 ) -> FetchResult:
-    """Fetch a remote's models (those matching the glob `models`, default all); see above."""
+    """Fetch a remote's models (those matching the glob `models`, default all); see above.
+    `prune` drops the remote-tracking refs of models the remote no longer has."""
     conn = connect(repo, remote)
     try:
-        return fetch_from(repo, conn, models=models, progress=progress)
+        return fetch_from(repo, conn, models=models, progress=progress, prune=prune)
     finally:
         conn.close()
 
 
 def fetch_from(
-    repo: Repo, conn: Connection, *, models: str | None = None, progress: StartProgress | None = None
+    repo: Repo,
+    conn: Connection,
+    *,
+    models: str | None = None,
+    progress: StartProgress | None = None,
+    prune: bool = False,
 ) -> FetchResult:
     remote, lazy = conn.remote, isinstance(repo.store, LazyStore)
     remote.check()
@@ -85,11 +96,17 @@ def fetch_from(
                 n: (h, known.get(n)) for n, h in heads.items() if known.get(n) != h
             }
             gone = {n: (None, known[n]) for n in renamed if n in known}
-            conn.tracking.update_many({**changes, **gone})
+            deleted = {
+                n: (None, old)
+                for n, old in known.items()
+                if prune and n not in every and (models is None or fnmatch.fnmatchcase(n, models))
+            }
+            conn.tracking.update_many({**changes, **gone, **deleted})
             moved = [
                 ModelUpdate(n, "new" if old is None else "fast-forward", old, h) for n, (h, old) in changes.items()
             ]
             moved += [ModelUpdate(n, "renamed", old, None, f"renamed to {renamed[n]}") for n, (_, old) in gone.items()]
+            moved += [ModelUpdate(n, "deleted", old, None, "deleted on the remote") for n, (_, old) in deleted.items()]
     learn_numbers(repo, markers)  # numbers the remote's names had: never given again here
     checks = pull_checks(repo, conn) if not repo.bare else ChecksTravel()
     return FetchResult(conn.name, remote.url, moved, len(versions), received, lazy, checks)

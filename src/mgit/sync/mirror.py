@@ -3,7 +3,7 @@ brought up to date each time it is opened. What `mgit serve URL` browses: record
 objects a page reads fetched (and verified) when it reads them.
 
 A mirror has no work of its own: opening it fetches the remote's records and moves every
-local head to the remote's (models the remote no longer has stay as they were). Its catalog
+local head to the remote's (a model the remote no longer has, deleted or renamed, goes). Its catalog
 is built here from what the fetch verified: nothing the remote says about itself (a folder
 remote's catalog.sqlite) is read.
 """
@@ -103,10 +103,13 @@ def refresh_mirror(repo: Repo, *, wait: float = REFRESH_WAIT) -> list[str]:
 
 
 def _update(repo: Repo) -> list[str]:
-    fetch(repo, DEFAULT_REMOTE)
+    fetch(repo, DEFAULT_REMOTE, prune=True)
     theirs = RefStore(repo.dir, namespace=f"remotes/{DEFAULT_REMOTE}").all()
     ours = repo.refs.all()
-    moves = {name: (head, ours.get(name)) for name, head in theirs.items() if ours.get(name) != head}
+    moves: dict[str, tuple[str | None, str | None]] = {
+        name: (head, ours.get(name)) for name, head in theirs.items() if ours.get(name) != head
+    }
+    moves.update({name: (None, head) for name, head in ours.items() if name not in theirs})  # deleted there
     repo.refs.update_many(moves)
     repo.sync_catalog()
     return sorted(moves)

@@ -8,7 +8,9 @@ has need is never asked about, the rest is asked about once); a metadata pack de
 the sent versions is written; test registrations and results follow, and tags set later
 (mgit.sync.tags: one changed on the remote since last seen is not overwritten); the refs move last,
 each by compare-and-swap, so of two pushes of one model at the same instant one lands and
-the other is refused. A re-run after a kill sends only what is still missing.
+the other is refused. A re-run after a kill sends only what is still missing. Before it
+asks what the remote has, a push writes a lease naming every object it relies on, so that a
+remote gc running meanwhile keeps them (mgit.remotes.leases); it is dropped at the end.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import fnmatch
 
 from mgit.errors import MgitError, PushRefusedError, RemoteConflictError, RemoteError
 from mgit.index.catalog import storage_class
+from mgit.remotes.leases import drop_lease, gc_has_run, gc_state, write_lease
 from mgit.remotes.pack import MAX_VALUE, MetadataPack
 from mgit.repo.repository import Repo
 from mgit.store.lazy import LazyStore
@@ -73,6 +76,8 @@ def push(
     try:
         return _push(repo, conn, choose_models(repo, targets), force=force, progress=progress)
     finally:
+        for lid in conn.leases:  # (its refs moved, or it failed: its objects are then the grace period's)
+            drop_lease(conn.remote, lid)
         conn.close()
 
 
@@ -106,11 +111,16 @@ def _push(
     remote.check_new_names(n for n, (_, old, _) in moving.items() if old is None)  # before sending anything
 
     # What the remote has: every version its heads reach (the ones read now, and those it
-    # had when last seen: remotes never delete), as far as this repository knows them.
-    known_tips = [h for h, _ in theirs.values()] + list(conn.tracking.all().values() if conn.tracking else [])
+    # had when last seen unless a gc has run there since), as far as this repository knows them.
+    known_tips = [h for h, _ in theirs.values()]
+    remembered = list(conn.tracking.all().values() if conn.tracking else [])
     known, versions, sent = publish_to(
-        repo, conn, [vid for vid, _, _ in moving.values()], known_tips, progress=progress
+        repo, conn, [vid for vid, _, _ in moving.values()], known_tips, progress=progress, remembered=remembered
     )
+    if versions and conn.gc_ran:  # what the sent versions build on is still there
+        still = {n: h for n, (h, _) in remote.heads(list(theirs)).items()}
+        if any(still.get(n) != h for n, (h, _) in theirs.items() if n not in moving):
+            raise RemoteConflictError(conn.name, "a model moved during this push (run it again)")
     checks = push_checks(repo, conn, known | set(versions))
     tags = push_tags(repo, conn, known | set(versions))
     others = remote.heads() if repo.retired.dir.is_dir() else {}  # names removed or renamed here
@@ -138,20 +148,35 @@ def move_head(conn: Connection, name: str, vid: str, *, expected: str | None, to
 
 
 def publish_to(
-    repo: Repo, conn: Connection, tips: list[str], known_tips: list[str], *, progress: StartProgress | None = None
+    repo: Repo,
+    conn: Connection,
+    tips: list[str],
+    known_tips: list[str],
+    *,
+    progress: StartProgress | None = None,
+    remembered: list[str] | None = None,
 ) -> tuple[set[str], list[str], TransferStats]:
     """Send the versions reachable from `tips` that the remote lacks, with every object they
     need that it lacks, and a metadata pack describing them; move no ref. `known_tips` are
-    versions the remote has (their histories are not sent or asked about). Returns (the
-    versions known to be there, those sent, what travelled)."""
+    versions the remote has (their histories are not sent or asked about); `remembered`
+    ones it had when last seen, trusted only where no gc has ever run. A lease names what
+    the sent versions rely on (mgit.remotes.leases; the caller drops `conn.leases` once
+    its refs moved). Returns (the versions known to be there, those sent, what travelled)."""
     store = repo.store
-    known = set(history(store, [t for t in known_tips if store.has(t)]))
+    ran = gc_has_run(conn.remote) if tips else False
+    trusted = known_tips + ([] if ran else list(remembered or []))
+    known = set(history(store, [t for t in trusted if store.has(t)]))
     versions = history(store, tips, stop=known.__contains__)
     sent = TransferStats()
     if versions:
         needed = closure(store, versions)
         boundary = {v for vid in versions for v in store.get_version(vid).linked_versions() if v in known}
-        candidates = needed - closure(store, boundary)
+        relied = closure(store, boundary)
+        conn.leases.append(write_lease(conn.remote, needed | relied, boundary))
+        conn.gc_ran = gc_state(conn.remote)
+        if conn.gc_ran and not ran:  # a gc began since: what was remembered may be gone
+            raise RemoteConflictError(conn.name, "a gc ran there during this push (run it again)")
+        candidates = needed - relied
         present = present_on(conn.remote, store, candidates)
         missing = candidates - present
         if isinstance(store, LazyStore):  # a lazy clone sends elsewhere what it has not fetched yet

@@ -119,3 +119,24 @@ class RemoteInfo(Report):
 class RemoteShow(Report):
     remote: RemoteInfo
     models: list[RemoteModel]
+
+
+@dataclass(frozen=True)
+class RemoteGcResult(Report):
+    """What `gc --remote` removed (or would, with `dry_run`): objects by id and their bytes;
+    what it kept: reachable objects, unreachable ones within the grace period (`young`) or
+    named by a running push's lease (`leased`); and the leases it honoured, the expired
+    leases and the tags of removed versions it deleted."""
+
+    remote: str
+    url: str
+    dry_run: bool
+    expire: float  # the grace period, in seconds
+    removed: list[str]
+    removed_bytes: int
+    kept: int
+    young: int
+    leased: int
+    leases: int
+    expired_leases: int
+    tags: int

@@ -8,7 +8,13 @@ object file in place) and block-written (a coded block of a large object handed 
 file); in `checkout`, checkout-piece-written (a tensor, or a block of one, written into the
 file being rebuilt); in `gc`, gc-deleted (a garbage object removed); push-before-refs,
 push-between-refs, push-after-objects; fetch-after-download, fetch-after-promote,
-clone-before-heads; cascade-after-commit; rename-after-retired, rename-after-new-ref.
+clone-before-heads; cascade-after-commit; rename-after-retired, rename-after-new-ref;
+delete-after-tombstone (`push --delete`), remote-gc-deleted (a remote gc's deletion).
+
+`MGIT_STALL_AT=<name>` with `MGIT_STALL_FILE=<path>` makes the process pause at that point
+instead: it creates `<path>.reached` and waits (at most STALL_WAIT seconds) until `<path>`
+exists, so that a test can run another process in between (a gc while a push is between
+its objects and its refs).
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
+STALL_WAIT = 120.0
 _reached: dict[str, int] = {}
 _counting = threading.Lock()
 
@@ -24,6 +32,8 @@ _counting = threading.Lock()
 def crash_point(name: str) -> None:
     """SIGKILL this process here when `MGIT_CRASH_AT` names this point (and this is the n-th
     time this process reaches it, with `:<n>`)."""
+    if os.environ.get("MGIT_STALL_AT") == name:
+        _stall(os.environ.get("MGIT_STALL_FILE", ""))
     wanted = os.environ.get("MGIT_CRASH_AT")
     if not wanted:
         return
@@ -34,3 +44,13 @@ def crash_point(name: str) -> None:
         _reached[name] = _reached.get(name, 0) + 1
         if _reached[name] == (int(nth) if nth.isdigit() else 1):
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _stall(path: str) -> None:
+    if not path:
+        return
+    with open(f"{path}.reached", "w"):
+        pass
+    deadline = time.monotonic() + STALL_WAIT
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
