@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 # command's module for a helper, which would load all of that module's imports.
 # tests/test_layers.py (STARTUP_IMPORTS) lists what ls, log, show, lineage and du load.
 COMMANDS = {
-    **{name: f"mgit.cli.commands:{name}" for name in ("init", "add", "checkout", "fsck", "gc", "rm")},
+    **{name: f"mgit.cli.commands:{name}" for name in ("init", "add", "checkout")},
+    **{name: f"mgit.cli.upkeep_cmd:{name}" for name in ("fsck", "gc", "rm")},
     **{name: f"mgit.cli.inspect_cmd:{name}" for name in ("ls", "log", "show", "du")},
     "diff": "mgit.cli.diff_cmd:diff",
     "status": "mgit.cli.status_cmd:status",
