@@ -212,3 +212,31 @@ def test_per_tensor_int8_quantization_and_its_scale_cost_almost_nothing() -> Non
     s = np.array([scale.item()], np.float32)  # 4 bytes: stored raw, but the transform explains it exactly
     ctx = CodecContext(4, lambda oid: w.reshape(-1).view(np.uint8))
     assert not np.any(byte_array(AbsmaxScaleCodec(base=BASE, rows=1).encode(s.view(np.uint8), ctx)))
+
+
+@pytest.mark.parametrize("low_rank", [True, False])
+def test_a_matrix_over_a_block_is_probed_for_a_low_rank_in_its_base_first_block(
+    low_rank: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A float32 matrix larger than a block, against a base coded in blocks: the probe for a
+    merged adapter's low rank reads the base's first block, so a fine-tune (no low rank) is
+    coded block by block without its base ever decoded whole; a merged adapter is still found
+    and stored as the base plus the adapter's product; both read back bit for bit."""
+    store = MemoryStore()
+    store.block_bytes = 64 << 10  # 128 rows of 128 float32 per block, 8 blocks
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal((1024, 128)).astype("<f4")
+    base_oid = store.put_tensor("F32", base.shape, base).oid
+    assert store.header(base_oid).blocks == store.block_bytes
+    if low_rank:
+        child = (base + rng.standard_normal((1024, 4)) @ rng.standard_normal((4, 128)) * 0.01).astype("<f4")
+    else:
+        child = (base + rng.standard_normal(base.shape).astype("<f4") * 1e-3).astype("<f4")
+    store.forget(base_oid)
+    whole: list[str] = []
+    load_base = store.load_base
+    monkeypatch.setattr(store, "load_base", lambda oid, *a, **k: whole.append(oid) or load_base(oid, *a, **k))
+    result = store.put_tensor("F32", child.shape, child, bases=[base_oid])
+    assert result.codec.startswith("low_rank") == low_rank
+    assert (base_oid in whole) == low_rank  # encoding the product needs the whole base; a delta does not
+    assert store.get(result.oid)[1].tobytes() == child.tobytes()

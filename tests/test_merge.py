@@ -356,6 +356,45 @@ def test_the_kth_largest_magnitude_by_bit_patterns(scan: int, monkeypatch: pytes
             assert _kth_largest(values, k) == ordered[k - 1]
 
 
+@pytest.mark.parametrize("sampled", [16, 1 << 14])
+def test_the_sampled_bracket_finds_the_exact_kth_largest(sampled: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sample only brackets the k-th largest: whatever the order of the values (sorted
+    either way, NaNs among them, most of them equal as in a bfloat16 task vector), the
+    threshold and the count above it are the exact ones, with or without a pool."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mgit.merging import methods
+    from mgit.merging.methods import _kth_largest_and_above
+
+    monkeypatch.setattr(methods, "SAMPLED", sampled)
+    monkeypatch.setattr(methods, "SCAN", 1000)
+    rng = np.random.default_rng(7)
+    normal = np.abs(rng.standard_normal(20_000)).astype(np.float32)
+    bf16 = np.where(rng.random(20_000) < 0.2, np.float32(2.0**-9), np.float32(0)).astype(np.float32)
+    bf16[::97] = np.float32(2.0**-8)
+    nans = normal.copy()
+    nans[::50] = np.nan
+    misleading = normal.copy()
+    misleading[:: 20_000 // sampled] = 1e9  # the sampled positions: the bracket misses, the histograms decide
+    cases = [
+        normal,
+        np.sort(normal),
+        np.sort(normal)[::-1].copy(),
+        bf16,
+        nans,
+        misleading,
+        np.zeros(20_000, np.float32),
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        for values in cases:
+            ordered = np.sort(values.view(np.uint32))[::-1].view(np.float32)  # NaNs first, as their bits rank
+            for k in (1, 17, values.size // 5, values.size // 2, values.size - 3, values.size):
+                for pmap in (map, pool.map):
+                    threshold, above = _kth_largest_and_above(values, k, pmap)
+                    assert threshold.tobytes() == ordered[k - 1].tobytes()
+                    assert above == int(np.count_nonzero(values > ordered[k - 1]))
+
+
 def test_a_sharded_merge_rewrites_its_index(tmp_path: Path) -> None:
     """Two shards and their index: the merged index maps every tensor written (renamed heads
     too) to its shard, with their total size in the output dtype."""

@@ -26,14 +26,16 @@ docs/merge_methods.md in arcee-ai/mergekit):
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from mgit.codecs.buffers import scratch
 from mgit.codecs.merged import linear_combination, task_vector_sum
 from mgit.errors import InputError
+from mgit.formats.safetensors import itemsize, to_float
 
 F32 = np.float32
 
@@ -182,38 +184,125 @@ def _magnitude(delta: np.ndarray, density: float, *, rescale: bool, name: str) -
     return _rescaled(delta, mask, rescale)
 
 
+def ties_selections(
+    raws: Sequence[np.ndarray],
+    dtypes: Sequence[str],
+    base: int,
+    densities: Sequence[float],
+    name: str,
+    *,
+    chunk: int,
+    pmap: Callable[..., Iterable[Any]] = map,
+) -> dict[int, tuple[float, int]]:
+    """What TIES keeps of each input's task vector (`ties_selection`), by input, found over
+    the whole tensor from the inputs' raw bytes, so that the merge itself can go a chunk at
+    a time: the float32 magnitudes of one task vector at a time, filled `chunk` elements at
+    a time (by `pmap`: a pool's threads) and scanned there too."""
+    count = raws[base].nbytes // itemsize(dtypes[base])
+    magnitudes = scratch(count * 4).view(F32)
+
+    def floats(i: int, lo: int, hi: int) -> np.ndarray:
+        return to_float(raws[i][lo * itemsize(dtypes[i]) : hi * itemsize(dtypes[i])], dtypes[i], F32)
+
+    out = {}
+    for i, density in enumerate(densities):
+        if i == base or density >= 1:
+            continue
+
+        def fill(lo: int, i: int = i) -> None:
+            hi = min(lo + chunk, count)
+            np.abs(np.subtract(floats(i, lo, hi), floats(base, lo, hi), out=magnitudes[lo:hi]), out=magnitudes[lo:hi])
+
+        list(pmap(fill, range(0, count, chunk)))
+        out[i] = ties_selection(magnitudes, density, name, magnitudes=magnitudes, pmap=pmap)
+    return out
+
+
 def ties_selection(
-    delta: np.ndarray, density: float, name: str, *, magnitudes: np.ndarray | None = None
+    delta: np.ndarray,
+    density: float,
+    name: str,
+    *,
+    magnitudes: np.ndarray | None = None,
+    pmap: Callable[..., Iterable[Any]] = map,
 ) -> tuple[float, int]:
     """(threshold, last index): the `density` fraction of largest magnitudes of `delta` are
     those above the threshold, and those equal to it up to that flat index (what a stable
     sort by decreasing magnitude keeps). Linear time. `magnitudes` (|delta|, flat float32)
-    may be given instead of `delta`."""
+    may be given instead of `delta`; `pmap` (a pool's `map`) scans its pieces in parallel."""
     flat = np.abs(delta.reshape(-1)) if magnitudes is None else magnitudes
     k = int(density * flat.size)
     if k <= 0:
         raise InputError(
             name, f"has {flat.size} elements: density {density:g} keeps none of them", hint="Raise --density"
         )
-    threshold = _kth_largest(flat, k)
-    above = sum(int(np.count_nonzero(part > threshold)) for part in _chunks(flat))
+    threshold, above = _kth_largest_and_above(flat, k, pmap)
     need = k - above
     if need <= 0:
         return float(threshold), -1
+    equal_counts = list(pmap(lambda part: int(np.count_nonzero(part == threshold)), _chunks(flat)))
     seen = 0
-    for start, part in zip(range(0, flat.size, SCAN), _chunks(flat), strict=True):
-        equal = np.flatnonzero(part == threshold)
-        if seen + equal.size >= need:
+    for start, part, count in zip(range(0, flat.size, SCAN), _chunks(flat), equal_counts, strict=True):
+        if seen + count >= need:  # the piece that holds it: only its equal values are listed
+            equal = np.flatnonzero(part == threshold)
             return float(threshold), start + int(equal[need - seen - 1])
-        seen += equal.size
+        seen += count
     raise AssertionError("the k-th largest value was not found again")
 
 
 SCAN = 1 << 20  # elements looked at at once when scanning magnitudes (its temporaries stay in cache)
+SAMPLED = 1 << 14  # magnitudes sampled to bracket the k-th largest before counting exactly
 
 
 def _chunks(flat: np.ndarray) -> list[np.ndarray]:
     return [flat[i : i + SCAN] for i in range(0, flat.size, SCAN)]
+
+
+def _kth_largest_and_above(
+    flat: np.ndarray, k: int, pmap: Callable[..., Iterable[Any]] = map
+) -> tuple[np.float32, int]:
+    """The k-th largest of non-negative float32 values and how many are larger than it.
+
+    A strided sample, sorted, brackets it between two of its values [lo, hi]; one counting
+    pass says whether it lies there (fewer than k above hi, at least k from lo up): then it
+    is lo when lo == hi (a bfloat16 model's task vector keeps many equal magnitudes, zero
+    most of all), else the k-th largest of the few values in the bracket. When the sample
+    misses (an adversarial order), the exact histograms over all values decide. Either way
+    the answer is the exact k-th largest: the sample only decides how much is scanned."""
+    n = flat.size
+    if n > 4 * SAMPLED:
+        sample = np.sort(flat[:: n // SAMPLED])
+        at = (n - k) * sample.size // n  # where the k-th largest sits in the sample, ascending
+        margin = 4 * int(np.sqrt(sample.size)) + 8
+        lo, hi = sample[max(0, at - margin)], sample[min(sample.size - 1, at + margin)]
+        if not (np.isnan(lo) or np.isnan(hi)):
+            found = _bracketed(flat, k, lo, hi, pmap)
+            if found is not None:
+                return found
+    threshold = _kth_largest(flat, k)  # (NaN magnitudes rank above inf, as their bit patterns do)
+    return threshold, sum(pmap(lambda p: int(np.count_nonzero(p > threshold)), _chunks(flat)))
+
+
+def _bracketed(
+    flat: np.ndarray, k: int, lo: np.float32, hi: np.float32, pmap: Callable[..., Iterable[Any]]
+) -> tuple[np.float32, int] | None:
+    """`_kth_largest_and_above` when the k-th largest lies in [lo, hi], else None. NaN
+    magnitudes are never above a threshold but count among the largest (the histograms'
+    order): they are what neither `p > hi` nor `p <= hi` counts."""
+
+    def counts(p: np.ndarray) -> tuple[int, int, int]:
+        return int(np.count_nonzero(p > hi)), int(np.count_nonzero(p <= hi)), int(np.count_nonzero(p >= lo))
+
+    found = list(pmap(counts, _chunks(flat)))
+    above_hi, nans = sum(c[0] for c in found), flat.size - sum(c[0] + c[1] for c in found)
+    from_lo = sum(c[2] for c in found)
+    if not above_hi + nans < k <= from_lo + nans:
+        return None
+    if lo == hi:
+        return lo, above_hi
+    band = np.concatenate(list(pmap(lambda p: p[(p >= lo) & (p <= hi)], _chunks(flat))))
+    threshold = _kth_largest(band, k - nans - above_hi)
+    return threshold, above_hi + int(np.count_nonzero(band > threshold))
 
 
 def _kth_largest(magnitudes: np.ndarray, k: int) -> np.float32:
@@ -241,9 +330,10 @@ def _selected(delta: np.ndarray, threshold: float, last: int, offset: int) -> np
     """The 0/1 mask of a selection over `delta`, a chunk starting at flat index `offset`."""
     magnitude = np.abs(delta)
     mask = magnitude > F32(threshold)
-    if last >= offset:
-        index = np.arange(offset, offset + delta.size).reshape(delta.shape)
-        mask |= (magnitude == F32(threshold)) & (index <= last)
+    if last >= offset:  # equal ones up to flat index `last`: those of this chunk's first elements
+        equal = magnitude == F32(threshold)
+        equal.reshape(-1)[last - offset + 1 :] = False
+        mask |= equal
     return mask.astype(F32)
 
 

@@ -50,7 +50,7 @@ from mgit.formats.safetensors import (
 )
 from mgit.formats.tensors import TORCH_SUFFIXES
 from mgit.formats.torch_zip import each_tensor_its_storage, plain_checkpoint, read_torch_zip, safetensors_name
-from mgit.merging.methods import merge_tensor, ties_selection
+from mgit.merging.methods import merge_tensor, ties_selections
 from mgit.merging.spec import OUT_DTYPES, MergeSpec, layer_positions
 from mgit.store.base import ObjectStore
 from mgit.store.cache import DecodedCache
@@ -456,7 +456,11 @@ def _merged(
         return raws[spec.base if spec.base is not None else 0]
     count = element_count(found[0].shape)
     inputs, params = spec.resolve(name, position)
-    selections = _ties_selections(spec, inputs, name, raws, found) if spec.method == "ties" and count > CHUNK else {}
+    selections = {}
+    if spec.method == "ties" and count > CHUNK:
+        assert spec.base is not None
+        dtypes, densities = [t.dtype for t in found], [float(p.get("density", 1.0)) for p in inputs]
+        selections = ties_selections(raws, dtypes, spec.base, densities, name, chunk=CHUNK, pmap=pool.map)
 
     def part(lo: int, hi: int, shape: tuple[int, ...]) -> np.ndarray:
         values = [
@@ -479,30 +483,6 @@ def _merged(
         out[lo * width : hi * width] = part(lo, hi, (hi - lo,))
 
     list(pool.map(fill, range(0, count, CHUNK)))
-    return out
-
-
-def _ties_selections(
-    spec: MergeSpec, inputs: list[dict[str, Any]], name: str, raws: list[np.ndarray], found: list[Tensor]
-) -> dict[int, tuple[float, int]]:
-    """What TIES keeps of each input's task vector, found over the whole tensor (the float32
-    magnitudes of one input's task vector at a time, filled a chunk at a time), so that the
-    merge itself can go a chunk at a time."""
-    assert spec.base is not None
-    count = element_count(found[0].shape)
-    magnitudes = scratch(count * 4).view(np.float32)
-    base_raw, base_dtype = raws[spec.base], found[spec.base].dtype
-    out = {}
-    for i, (raw, t) in enumerate(zip(raws, found, strict=True)):
-        density = float(inputs[i].get("density", 1.0))
-        if i == spec.base or density >= 1:
-            continue
-        for lo in range(0, count, CHUNK):
-            hi = min(lo + CHUNK, count)
-            x = to_float(raw[lo * itemsize(t.dtype) : hi * itemsize(t.dtype)], t.dtype, np.float32)
-            b = to_float(base_raw[lo * itemsize(base_dtype) : hi * itemsize(base_dtype)], base_dtype, np.float32)
-            np.abs(x - b, out=magnitudes[lo:hi])
-        out[i] = ties_selection(magnitudes, density, name, magnitudes=magnitudes)
     return out
 
 

@@ -231,8 +231,12 @@ def choose_encoding(
         ):
             (transforms if chain and chain[0].storage == "derived" else candidates).append(chain)
     for base in matrix_bases:
-        rows = meta["shape"][0]
-        if (rank := low_rank_of(buf, load(base), rows)) is not None:
+        rows, cols = meta["shape"]
+        probe = _probe_rows(rows, cols, header(base).blocks, block_bytes)
+        n = probe * cols * 4
+        near = load_range(base, 0, n) if probe < rows else load(base)
+        rank = low_rank_of(buf[:n], near, probe)
+        if rank is not None and rank * (rows + cols) <= rows * cols // 4:
             transforms.append([LowRankCodec(base=base, rows=rows, rank=rank), PcoCodec(dtype="<u4")])
 
     chosen = smallest(candidates, transforms, buf, load, load_range, block_bytes)
@@ -247,6 +251,17 @@ def choose_encoding(
     if isinstance(chosen, Deferred):
         return Encoding(chosen.codecs, None, depth, chosen.blocks, deferred=True)
     return Encoding(chosen.codecs, chosen.payload, depth, chosen.blocks)
+
+
+def _probe_rows(rows: int, cols: int, base_blocks: int, block_bytes: int) -> int:
+    """The rows of a float32 matrix whose difference from its base is probed for a low rank:
+    all of them, or for a matrix over a block against a base coded in blocks of that size,
+    those of its first block (a merged adapter's rank shows in any rows), so that the probe
+    decodes one block of the base, which the block's encoding then uses, not the whole."""
+    per_block = block_bytes // (4 * cols) if cols else 0
+    if base_blocks and base_blocks == block_bytes and rows * cols * 4 > block_bytes and per_block >= 128:
+        return per_block
+    return rows
 
 
 def exact_encoding(
