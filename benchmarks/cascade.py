@@ -220,6 +220,42 @@ def own_times(work: Path, folders: dict[str, Path]) -> dict[str, tuple[float, fl
     return out
 
 
+PROFILE = """
+import json, os, shutil, subprocess, sys, tempfile, time
+from pathlib import Path
+from mgit import Repo, usercode
+work = Path(sys.argv[1])
+repo = Repo(work)
+out = {}
+def took(key, fn):
+    started = time.perf_counter(); fn(); out[key] = time.perf_counter() - started
+tmp = Path(tempfile.mkdtemp())
+took("checkout of the parent", lambda: repo.checkout("minilm", tmp / "parent"))
+took("python + import torch, safetensors", lambda: subprocess.run(
+    [sys.executable, "-c", "import torch, safetensors.torch"], check=True))
+took("python + import mgit.usercode", lambda: subprocess.run(
+    [sys.executable, "-c", "import mgit.usercode"], check=True))
+took("add of the output", lambda: repo.add(work / "models" / "head", name="profiled", parent="minilm"))
+took("checkout of the new version", lambda: repo.checkout("profiled", tmp / "new"))
+for mode in ("1", "0"):
+    os.environ["MGIT_WARM_WORKER"] = mode
+    name = "warm" if mode == "1" else "cold"
+    usercode.run("call", "evals.py:norms", [str(tmp / "new")], timeout=600, cwd=work)  # a server starts, learns torch
+    took(f"a test run, {name} (python or fork + torch + the test)", lambda: usercode.run(
+        "call", "evals.py:norms", [str(tmp / "new")], timeout=600, cwd=work))
+shutil.rmtree(tmp)
+print(json.dumps(out))
+"""
+
+
+def profile(work: Path, env: dict[str, str]) -> dict[str, float]:
+    """Where a step's time goes, each part on its own (this tree's code, the run's repository)."""
+    run = subprocess.run(
+        [sys.executable, "-c", PROFILE, str(work)], cwd=work, env=env, capture_output=True, text=True, check=True
+    )
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 def one_run(mode: str, env: dict[str, str]) -> dict[str, Any]:
     work = WORK / mode
     folders = prepare(work, env)
@@ -259,6 +295,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-doc", action="store_true")
     args = parser.parse_args(argv)
     load = os.getloadavg()
+    env = modes(None)["warm"]
+    folders = prepare(WORK / "profile", env)
+    parts = profile(WORK / "profile", env)
+    own = own_times(WORK / "profile", folders)
+    parts = {**parts, "the recipe's own time (head, in-process)": own["head"][0], "the test's own time": own["head"][1]}
+    profiled = "\n".join(
+        ["| part of a step | s |", "| --- | ---: |", *(f"| {k} | {v:.2f} |" for k, v in parts.items())]
+    )
+    print(profiled, flush=True)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes(args.before)}
     for i in range(args.runs):  # modes interleaved, so that a change in the machine's load hits them alike
         for mode, env in modes(args.before).items():
@@ -287,6 +332,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{BEGIN}\n## Cascades and test runs (benchmarks/cascade.py)\n\n"
         f"{machine()}; load average {load[0]:.1f} at the start; {time.strftime('%Y-%m-%d', time.gmtime())}; "
         f"medians of {args.runs} fresh runs.\n\n{table}\n\n"
+        f"Where a step's time went before (each part measured alone, once):\n\n{profiled}\n\n"
         "The family: all-MiniLM-L6-v2, a classifier head trained on it, that fine-tune's int8 and pruned copies; "
         "one torch test inherited by all. *cascade*: `mgit cascade minilm --jobs 1` after the base's new version "
         "(three recipes, their tests). *by hand*: the same recipes and tests, a `python` per recipe and per test. "

@@ -90,21 +90,6 @@ def run_module(module: str, args: list[str], *, cwd: str, env: dict[str, str], t
     return done
 
 
-def prestart(module: str, count: int) -> None:
-    """Start servers for `module` in the background until `count` wait idle for this
-    environment (their imports overlap with whatever the caller does next)."""
-    if not enabled():
-        return
-    key = _key(module)
-    with _LOCK:
-        idle = _IDLE.setdefault(key, [])
-        while len(idle) < min(count, MAX_IDLE):
-            try:
-                idle.append(_Server(dict(os.environ), module))
-            except OSError:
-                return
-
-
 def shutdown() -> None:
     """Stop every idle server (they also stop by themselves when this process ends)."""
     with _LOCK:
