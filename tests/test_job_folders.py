@@ -130,7 +130,7 @@ def test_a_shared_folder_is_read_only_and_a_job_that_changes_it_fails(work: Repo
 def test_an_output_is_adopted_only_when_it_holds_exactly_what_was_stored(work: Repo, tmp_path: Path) -> None:
     vid = work.resolve("base")
     folders = JobFolders(work)
-    for change in ("extra", "byte", "missing", None):
+    for change in ("extra", "byte", "missing", "link", None):
         out = tmp_path / f"out-{change}"
         work.checkout(vid, out)
         if change == "extra":
@@ -141,6 +141,9 @@ def test_an_output_is_adopted_only_when_it_holds_exactly_what_was_stored(work: R
             (out / "config.json").write_bytes(bytes(data))
         elif change == "missing":
             (out / "config.json").unlink()
+        elif change == "link":  # the same bytes, but not a file a checkout writes
+            (out / "config.json").unlink()
+            (out / "config.json").symlink_to(tmp_path / "out-extra" / "config.json")
         assert holds_exactly(work, vid, out) is (change is None)
         assert folders.adopt(vid, out) is (change is None)
         assert out.exists() is (change is not None)  # adopted: moved in

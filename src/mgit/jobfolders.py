@@ -103,7 +103,7 @@ def holds_exactly(repo: Repo, vid: str, folder: Path) -> bool:
         if any(f.converted_from for f in files.values()):
             return False  # stored in another form than it was written
         found = {p: v for p, v in signature(folder).items() if not p.endswith("/")}
-    except (OSError, ValueError):
+    except OSError:
         return False
     if set(found) != set(files) or any(found[p][0] != f.size for p, f in files.items()):
         return False
@@ -118,7 +118,7 @@ def holds_exactly(repo: Repo, vid: str, folder: Path) -> bool:
 
 def signature(folder: Path) -> Signature:
     """Every file below `folder` (relative POSIX path) with its size, time, inode and mode;
-    a link or anything but a regular file or folder raises ValueError."""
+    folders with a `/` after their path, links (never followed) and the like with size -1."""
     out: Signature = {}
     for here, dirs, files in os.walk(folder):
         for name in [*dirs, *files]:
@@ -127,10 +127,9 @@ def signature(folder: Path) -> Signature:
             key = path.relative_to(folder).as_posix()
             if stat.S_ISDIR(st.st_mode):  # its time moves with its files', which are here already
                 out[key + "/"] = (0, 0, st.st_ino, st.st_mode)
-            elif stat.S_ISREG(st.st_mode):
-                out[key] = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
-            else:
-                raise ValueError(f"{path} is not a regular file")
+            else:  # a link or anything else is never a file a checkout writes: its size is -1
+                size = st.st_size if stat.S_ISREG(st.st_mode) else -1
+                out[key] = (size, st.st_mtime_ns, st.st_ino, st.st_mode)
     return out
 
 
