@@ -30,14 +30,16 @@ import json
 import math
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from mgit import usercode
 from mgit.errors import InvalidJobError, InvalidOptionError, MgitError, RefConflictError
 from mgit.index.refs import is_model_name
+from mgit.jobfolders import JobFolders
 from mgit.repo.add import AddOptions
 from mgit.repo.repository import Repo
 from mgit.reports import Report
@@ -143,46 +145,70 @@ class Executor(Protocol):
 
 
 class LocalExecutor:
-    """Jobs run here, in this process's repository on its own disk: the default executor."""
+    """Jobs run here, in this process's repository on its own disk: the default executor. Its
+    jobs share the versions they read, each checked out once (mgit.jobfolders) until `close`;
+    `shared=False` checks out a version for each job that reads it, as before."""
 
     name = "local"
 
-    def __init__(self, repo: Repo) -> None:
+    def __init__(self, repo: Repo, *, shared: bool = True) -> None:
         self.repo = repo
+        self.shared = shared
+        self._folders: JobFolders | None = None
+        self._lock = threading.Lock()
 
     def prepare(self, *, models: Sequence[str] = (), versions: Sequence[str] = ()) -> None:
         pass  # jobs read this repository
 
     def run_recipe(self, job: RecipeJob) -> RecipeRun:
-        return run_recipe_in(self.repo, job, where=self.name)
+        return run_recipe_in(self.repo, job, where=self.name, folders=self.folders())
 
     def run_tests(self, jobs: list[CheckJob]) -> list[usercode.RunOutcome]:
-        return run_tests_in(self.repo, jobs)
+        return run_tests_in(self.repo, jobs, folders=self.folders())
+
+    def folders(self) -> JobFolders | None:
+        with self._lock:
+            if self._folders is None and self.shared:
+                self._folders = JobFolders(self.repo)
+            return self._folders
 
     def close(self) -> None:
-        pass
+        with self._lock:
+            folders, self._folders = self._folders, None
+        if folders is not None:
+            folders.close()
 
 
-def run_recipe_in(repo: Repo, job: RecipeJob, *, where: str, cwd: Path | None = None) -> RecipeRun:
-    """Check out the parents into a temporary folder, run the recipe in a child process and
-    add its output as the next version of `job.model`, only if the model's head is still
-    `job.head` (compare-and-swap under the ref's lock). A failure commits nothing. `cwd` is
-    where user code runs (default: the repository's work folder)."""
+def run_recipe_in(
+    repo: Repo, job: RecipeJob, *, where: str, cwd: Path | None = None, folders: JobFolders | None = None
+) -> RecipeRun:
+    """Check out the parents, run the recipe in a child process and add its output as the next
+    version of `job.model`, only if the model's head is still `job.head` (compare-and-swap
+    under the ref's lock). A failure commits nothing. `cwd` is where user code runs (default:
+    the repository's work folder). With `folders`, the parents are the shared read-only
+    checkouts of them, and the output, once added, becomes the new version's (mgit.jobfolders);
+    without, each parent is checked out into a temporary folder of this job's."""
     try:
         with tempfile.TemporaryDirectory(prefix="mgit-recipe-", ignore_cleanup_errors=True) as tmp:
-            folders = [Path(tmp) / f"parent-{i}" for i in range(len(job.parents))]
-            for vid, folder in zip(job.parents, folders, strict=True):
-                repo.checkout(vid, folder)
+            if folders is not None:
+                inputs = [folders.folder(vid) for vid in job.parents]
+            else:
+                inputs = [Path(tmp) / f"parent-{i}" for i in range(len(job.parents))]
+                for vid, folder in zip(job.parents, inputs, strict=True):
+                    repo.checkout(vid, folder)
             out = Path(tmp) / "out"
             out.mkdir()
             run = usercode.run(
                 "recipe",
                 job.fn,
-                [str(out), json.dumps(job.params), *map(str, folders)],
+                [str(out), json.dumps(job.params), *map(str, inputs)],
                 timeout=job.timeout,
                 cwd=cwd or repo.root,
                 source=job.source,
             )
+            if folders is not None and (changed := folders.changed(job.parents)):
+                why = f"the recipe changed the folder of its parent {changed[0][:12]}, which is shared read-only"
+                return RecipeRun(False, error=why, output=run.output, where=where)
             if not run.ok:
                 return RecipeRun(False, error=f"the recipe {run.error}", output=run.output, where=where)
             if not any(out.iterdir()):
@@ -203,6 +229,8 @@ def run_recipe_in(repo: Repo, job: RecipeJob, *, where: str, cwd: Path | None = 
                     derived=derived_chains(repo, job),
                 ),
             )
+            if folders is not None:
+                folders.adopt(added.version, out)  # its tests and children read it as it is
     except RefConflictError:
         return RecipeRun(False, error=f"{job.model} got another version during the cascade; run it again", where=where)
     except (MgitError, OSError) as exc:
@@ -228,21 +256,28 @@ def derived_chains(repo: Repo, job: RecipeJob) -> dict[str, Any]:
     return dict(chains(repo, job)) if chains is not None else {}
 
 
-def run_tests_in(repo: Repo, jobs: list[CheckJob], *, cwd: Path | None = None) -> list[usercode.RunOutcome]:
-    """Check out each version once and run its tests on it, each in a child process."""
+def run_tests_in(
+    repo: Repo, jobs: list[CheckJob], *, cwd: Path | None = None, folders: JobFolders | None = None
+) -> list[usercode.RunOutcome]:
+    """Check out each version once and run its tests on it, each in a child process. With
+    `folders`, a version's folder is the shared read-only one (mgit.jobfolders), and a test
+    that changed it is an error."""
     outcomes: list[usercode.RunOutcome] = []
-    folders: dict[str, Path] = {}
+    mine: dict[str, Path] = {}
     with tempfile.TemporaryDirectory(prefix="mgit-test-", ignore_cleanup_errors=True) as tmp:
         for job in jobs:
-            folder = folders.get(job.version)
-            if folder is None:
-                folder = folders[job.version] = Path(tmp) / f"model-{len(folders)}"
+            if folders is not None:
+                folder = folders.folder(job.version)
+            elif (folder := mine.get(job.version)) is None:
+                folder = mine[job.version] = Path(tmp) / f"model-{len(mine)}"
                 repo.checkout(job.version, folder)
-            outcomes.append(
-                usercode.run(
-                    "call", job.fn, [str(folder)], timeout=job.timeout, cwd=cwd or repo.root, source=job.source
-                )
+            run = usercode.run(
+                "call", job.fn, [str(folder)], timeout=job.timeout, cwd=cwd or repo.root, source=job.source
             )
+            if folders is not None and folders.changed([job.version]):
+                why = "changed the model folder it was given, which is shared read-only"
+                run = replace(run, ok=False, value=None, error=why)
+            outcomes.append(run)
     return outcomes
 
 

@@ -228,12 +228,15 @@ def run(
     mode: str, spec: str, args: list[str], *, timeout: float, cwd: Path | None = None, source: bytes | None = None
 ) -> RunOutcome:
     """Run `spec` in a child process (`mode`: `call` passes ARGS as strings; `recipe` passes
-        parent folders, an output folder and JSON keyword arguments). With `source`, the
-        function's file is that recorded source instead of the file `spec` names (which may not
-        be on this machine): it is written to a temporary folder, always under the same name
-    (`SOURCE_FILE`), and run from there."""
+    parent folders, an output folder and JSON keyword arguments): a child forked from a warm
+    server that has imported numpy and torch already (mgit.forkserver), else a fresh
+    interpreter. With `source`, the function's file is that recorded source instead of the
+    file `spec` names (which may not be on this machine): it is written to a temporary
+    folder, always under the same name (`SOURCE_FILE`), and run from there."""
     import subprocess
     import tempfile
+
+    from mgit import forkserver
 
     if source is not None:
         _, name = split_spec(spec)
@@ -245,19 +248,31 @@ def run(
     env = dict(os.environ)
     here = str(Path(cwd or Path.cwd()))
     env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "mgit.usercode", mode, spec, *args],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            cwd=here,
-            env=env,
-        )
-    except subprocess.TimeoutExpired as exc:
-        output = _text(exc.stdout) + _text(exc.stderr)
-        return RunOutcome(False, None, f"did not finish within {timeout:g} s", _tail(output), time.monotonic() - start)
+    argv = [mode, spec, *args]
+    warm = forkserver.run_module("mgit.usercode", argv, cwd=here, env=env, timeout=timeout)
+    if warm is not None:
+        proc = subprocess.CompletedProcess(argv, warm.returncode, warm.stdout, warm.stderr)
+        if warm.timed_out:
+            output = warm.stdout + warm.stderr
+            return RunOutcome(
+                False, None, f"did not finish within {timeout:g} s", _tail(output), time.monotonic() - start
+            )
+    else:
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "mgit.usercode", *argv],
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=timeout,
+                cwd=here,
+                env=env,
+            )
+        except subprocess.TimeoutExpired as exc:
+            output = _text(exc.stdout) + _text(exc.stderr)
+            return RunOutcome(
+                False, None, f"did not finish within {timeout:g} s", _tail(output), time.monotonic() - start
+            )
     seconds = time.monotonic() - start
     marked = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARK)]
     raised = [ln for ln in proc.stdout.splitlines() if ln.startswith(ERROR_MARK)]

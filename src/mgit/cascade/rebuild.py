@@ -139,8 +139,15 @@ def execute(
     if dry_run:
         return CascadeReport(plan, True, [])
     require_trust(repo, plan, trust_remote_code=trust_remote_code)
+    own = executor is None
     executor = executor or LocalExecutor(repo)
-    return _Cascade(repo, plan, timeout or RECIPE_TIMEOUT, progress or (lambda model, text: None), executor).run(jobs)
+    try:
+        return _Cascade(repo, plan, timeout or RECIPE_TIMEOUT, progress or (lambda model, text: None), executor).run(
+            jobs
+        )
+    finally:
+        if own:
+            executor.close()  # the versions its jobs shared
 
 
 def require_trust(repo: Repo, plan: CascadePlan, *, trust_remote_code: bool = False) -> None:

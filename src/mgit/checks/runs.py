@@ -83,7 +83,25 @@ class Checks(Registrations):
         self.require_trust(
             [t for vid, specs in work for t in specs if t.name not in reused[vid]], trust_remote_code=trust_remote_code
         )
+        own = executor is None
         executor = executor or LocalExecutor(self.repo)
+        try:
+            return self._run_all(work, sources, timeout, reused, executor, skipped, notes, jobs)
+        finally:
+            if own:
+                executor.close()  # the versions its jobs shared
+
+    def _run_all(
+        self,
+        work: list[tuple[str, list[CheckSpec]]],
+        sources: dict[str, tuple[str, bytes | None]],
+        timeout: float | None,
+        reused: dict[str, dict[str, CheckOutcome]],
+        executor: Executor,
+        skipped: list[str],
+        notes: list[str],
+        jobs: int | None,
+    ) -> CheckRunResult:
         executor.prepare(
             versions=[
                 vid
@@ -107,7 +125,11 @@ class Checks(Registrations):
         reused = self._reusable(vid, [spec], sources, force)
         if not reused:
             self.require_trust([spec], trust_remote_code=trust_remote_code)
-        return self._with_parent(self._run_version(vid, [spec], sources, timeout, reused, LocalExecutor(self.repo))[0])
+        executor = LocalExecutor(self.repo)
+        try:
+            return self._with_parent(self._run_version(vid, [spec], sources, timeout, reused, executor)[0])
+        finally:
+            executor.close()
 
     def source_of(
         self, spec: CheckSpec, *, recorded: bool = False, notes: list[str] | None = None
