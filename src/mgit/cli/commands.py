@@ -205,6 +205,7 @@ def _parse_params(params: tuple[str, ...]) -> dict[str, object]:
     is_flag=True,
     help="Without --parent, infer the parent and relation from the weights (see: mgit lineage suggest).",
 )
+@click.option("--sign", is_flag=True, help="Sign the version with signing.key (see: mgit sign).")
 @jobs_option
 @json_option
 @click.pass_context
@@ -228,6 +229,7 @@ def add(
     num_gpus: float | None,
     model_card: bool,
     auto_parent: bool,
+    sign: bool,
     jobs: int | None,
     as_json: bool,
 ) -> None:
@@ -272,6 +274,7 @@ def add(
             params=_parse_params(params),
             auto_parent=auto_parent,
             resources={"num_cpus": num_cpus, "num_gpus": num_gpus},
+            sign=sign,
         )
         result = repo.add_with(path, options)
     if as_json:
@@ -296,6 +299,7 @@ def add(
         )
         + (f"; parents: {parents_text(result.parents)}" if result.parents else "")
         + (f"; lossy: {lossy_bound(result.lossy)}" if result.lossy else "")
+        + (f"; signed by {result.signed_by}" if result.signed_by else "")
     )
 
 
@@ -325,6 +329,7 @@ def add(
     is_flag=True,
     help="Write the lineage parents into README.md's front matter (base_model, base_model_relation).",
 )
+@click.option("--no-verify", is_flag=True, help="Check out even a version verify.require refuses (said so).")
 @jobs_option
 @json_option
 @click.pass_context
@@ -335,6 +340,7 @@ def checkout(
     force: bool,
     clean: bool,
     model_card: bool,
+    no_verify: bool,
     jobs: int | None,
     as_json: bool,
 ) -> None:
@@ -349,8 +355,11 @@ def checkout(
     repo = _repo(ctx)
     if output is None:
         output = repo.model_of(repo.resolve(ref)).rpartition("/")[2]
+    if no_verify:
+        err.print("note: --no-verify: the signature policy (verify.require) is not checked")
     with progress_bar(f"Checking out {ref}", enabled=not as_json) as bar:
-        result = repo.checkout(ref, output, force=force, clean=clean, jobs=jobs, progress=bar, model_card=model_card)
+        options = {"force": force, "clean": clean, "jobs": jobs, "model_card": model_card, "verify": not no_verify}
+        result = repo.checkout(ref, output, progress=bar, **options)
     if as_json:
         print_json(result.to_json())
         return

@@ -35,6 +35,7 @@ COMMANDS = {
     "status": "mgit.cli.status_cmd:status",
     "lineage": "mgit.cli.lineage_cmd:lineage",
     "tag": "mgit.cli.refs_cmd:tag",
+    **{name: f"mgit.cli.sign_cmd:{name}" for name in ("sign", "verify", "config")},
     "rename": "mgit.cli.refs_cmd:rename",
     "graph": "mgit.cli.graph_cmd:graph",
     "serve": "mgit.cli.serve_cmd:serve",

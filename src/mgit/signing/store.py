@@ -1,0 +1,94 @@
+"""Where a repository keeps signatures: `signatures/<version id>/<sha256 of the signature>.sig`,
+each file one armored SSHSIG exactly as made (`ssh-keygen -Y verify -s FILE` reads it).
+
+A signature is not part of the version it signs (the version's id cannot cover what is made
+after it), so, like git's tags, signatures live beside the objects, attached by id: adding
+one never changes a record, a version may have several (an author and a reviewer), and two
+writers never conflict (a file is named by its content, written once, atomically). Only a
+signature that verifies, by its own key and for `mgit-version`, over its version's id is
+kept: one copied onto another version never lands. Old repositories have no `signatures/`
+folder and read as having no signatures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from mgit.errors import SignatureError
+from mgit.signing.sshsig import VERSION_NAMESPACE, SshSignature, version_message
+from mgit.store.objects import OID_RE
+from mgit.util.atomicfile import TMP_PREFIX, write_atomic
+
+MAX_PER_VERSION = 32  # signers of one version: an author, reviewers, a CI; far above any real count
+FOLDER = "signatures"
+
+
+def signature_name(armored: bytes) -> str:
+    return hashlib.sha256(armored).hexdigest()
+
+
+def check_signature(vid: str, armored: bytes) -> SshSignature:
+    """`armored` parsed and verified as a signature of version `vid`; raises SignatureError."""
+    sig = SshSignature.parse(armored)
+    if sig.namespace != VERSION_NAMESPACE:
+        raise SignatureError(
+            f"the signature by {sig.public.fingerprint} on {vid[:12]} is for {sig.namespace!r}, not {VERSION_NAMESPACE}"
+        )
+    if not sig.verifies(version_message(vid), VERSION_NAMESPACE):
+        raise SignatureError(f"the signature by {sig.public.fingerprint} does not sign version {vid[:12]}")
+    return sig
+
+
+class SignatureStore:
+    """`<repo>/signatures/`: the signatures attached to each version."""
+
+    def __init__(self, root: Path, *, fsync: bool = True) -> None:
+        self.dir = root / FOLDER
+        self.fsync = fsync
+
+    def _folder(self, vid: str) -> Path:
+        if not OID_RE.match(vid):
+            raise SignatureError(f"signatures are attached to a version id, not {vid[:20]!r}")
+        return self.dir / vid
+
+    def get(self, vid: str) -> list[bytes]:
+        """The signatures kept for `vid`, as stored (unchecked: the caller judges them)."""
+        folder = self._folder(vid)
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.endswith(".sig") and not n.startswith(TMP_PREFIX))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        out = []
+        for name in names[:MAX_PER_VERSION]:
+            path = folder / name
+            if path.is_file() and not path.is_symlink():
+                with path.open("rb") as f:
+                    out.append(f.read(1 << 16))
+        return out
+
+    def names(self, vid: str) -> set[str]:
+        return {signature_name(s) for s in self.get(vid)}
+
+    def versions(self) -> list[str]:
+        """Every version with a signature kept here."""
+        if not self.dir.is_dir():
+            return []
+        return sorted(n for n in os.listdir(self.dir) if OID_RE.match(n) and self.get(n))
+
+    def add(self, vid: str, armored: bytes) -> bool:
+        """Keep a signature of `vid` after checking it signs `vid`; False if it was kept already."""
+        check_signature(vid, armored)
+        folder = self._folder(vid)
+        path = folder / f"{signature_name(armored)}.sig"
+        if path.exists():
+            return False
+        if len(self.get(vid)) >= MAX_PER_VERSION:
+            raise SignatureError(f"version {vid[:12]} already has {MAX_PER_VERSION} signatures")
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, [armored], fsync=self.fsync)
+        return True
+
+    def temporary_files(self) -> list[Path]:
+        return list(self.dir.glob(f"*/{TMP_PREFIX}*")) if self.dir.is_dir() else []
