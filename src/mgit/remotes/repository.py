@@ -5,6 +5,7 @@
     refs/models/<name>       a version id and a newline; moved only by compare-and-swap
     refs/tags/<id>           tags set later on a version (mgit.sync.tags); compare-and-swap too
     packs/<id>.mgpack        metadata packs: what a clone reads in one request (mgit.remotes.pack)
+    signatures/<id>/<sha256>.sig  SSH signatures of a version (mgit.sync.signatures); written once
     checks/tests/<name>.json test registrations; checks/results/<id>.json recorded results
 
 Everything read here is checked before it is used: ref names and values, the config's
@@ -14,6 +15,7 @@ ids by whoever keeps them).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +38,7 @@ from mgit.store.objects import OID_RE, utc_now
 REMOTE_FORMAT = 1
 MAX_SMALL = 1 << 20  # a config, a ref, a registration: far smaller than this
 REFS = "refs/models/"
+SIGNATURES = "signatures/"
 WORKERS = 16  # requests in flight: S3 latency, not bandwidth, bounds small transfers
 
 
@@ -43,6 +46,12 @@ def object_key(oid: str) -> str:
     if not OID_RE.match(oid):
         raise RemoteError(f"not an object id: {oid!r}")
     return f"objects/{oid[:2]}/{oid[2:]}"
+
+
+def signature_key(vid: str, name: str) -> str:
+    if not (OID_RE.match(vid) and OID_RE.match(name)):
+        raise RemoteError(f"not a signature of a version: {vid[:20]!r}/{name[:20]!r}")
+    return f"{SIGNATURES}{vid}/{name}.sig"
 
 
 class RemoteRepository:
@@ -197,6 +206,25 @@ class RemoteRepository:
 
     def write_pack(self, pid: str, data: bytes) -> None:
         self.backend.write(f"packs/{pid}.mgpack", data)
+
+    # --- signatures ----------------------------------------------------------------------------
+    def signature_names(self) -> dict[str, set[str]]:
+        """{version id: names of its signatures} (one listing of signatures/); keys that do
+        not read as `signatures/<id>/<sha256>.sig` are not signatures and are left alone."""
+        out: dict[str, set[str]] = {}
+        for key in self.backend.list(SIGNATURES):
+            vid, _, name = key[len(SIGNATURES) :].partition("/")
+            if OID_RE.match(vid) and name.endswith(".sig") and OID_RE.match(name[:-4]):
+                out.setdefault(vid, set()).add(name[:-4])
+        return out
+
+    def read_signature(self, vid: str, name: str, *, limit: int) -> bytes:
+        return self.backend.read(signature_key(vid, name), limit=limit)
+
+    def write_signature(self, vid: str, name: str, data: bytes) -> None:
+        """Write once: a signature already there (named by its content) is left as it is."""
+        with contextlib.suppress(RemoteConflictError):
+            self.backend.write_if(signature_key(vid, name), data, token=None)
 
     # --- checks -------------------------------------------------------------------------------
     def read_json(self, key: str) -> tuple[Any, str | None]:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mgit.errors import SignatureError, SigningKeyError
+from mgit.errors import MissingDependencyError, SignatureError, SigningKeyError
 
 ED25519 = "ssh-ed25519"
 CURVES = {  # key type -> (curve name in the blob, the hash ecdsa signs with)
@@ -25,6 +25,14 @@ CURVES = {  # key type -> (curve name in the blob, the hash ecdsa signs with)
 }
 KEY_TYPES = (ED25519, *CURVES)
 MAX_KEY_FILE = 64 << 10  # an OpenSSH private key is a few hundred bytes
+
+
+def need_cryptography() -> None:
+    """The `cryptography` package (the `signing` extra), or MissingDependencyError."""
+    try:
+        import cryptography  # noqa: F401
+    except ImportError:
+        raise MissingDependencyError("cryptography", "Signing and verifying versions", "signing") from None
 
 
 class Wire:
@@ -118,6 +126,7 @@ class PublicKey:
         return "SHA256:" + base64.b64encode(hashlib.sha256(self.blob).digest()).decode().rstrip("=")
 
     def crypto(self):  # noqa: ANN201 - a cryptography public key
+        need_cryptography()
         from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 
         try:
@@ -193,6 +202,7 @@ def load_signing_key(path: str | os.PathLike[str]) -> Signer:
     encrypted) signs here; a public key (`.pub`, or any file holding one line `TYPE BASE64`)
     signs through the ssh-agent at SSH_AUTH_SOCK, which must hold its private half. The
     private key never leaves this process: nothing here sends it anywhere."""
+    need_cryptography()
     from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
 

@@ -21,6 +21,7 @@ class Connection:
     name: str  # the remote's name, or its URL when it has none
     remote: RemoteRepository
     tracking: RefStore | None  # remote-tracking refs of a named remote
+    verify: bool = True  # False: --no-verify, the signature policy is not applied to what arrives
 
     def close(self) -> None:
         self.remote.close()

@@ -28,9 +28,15 @@ from mgit.util.parallel import StartProgress
 
 
 def pull(
-    repo: Repo, remote: str = DEFAULT_REMOTE, *, ff_only: bool = False, progress: StartProgress | None = None
+    repo: Repo,
+    remote: str = DEFAULT_REMOTE,
+    *,
+    ff_only: bool = False,
+    progress: StartProgress | None = None,
+    verify: bool = True,
 ) -> PullResult:
     conn = connect(repo, remote)
+    conn.verify = verify
     try:
         fetched = fetch_from(repo, conn, progress=progress)
     finally:
