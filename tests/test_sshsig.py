@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from signers import KEYGEN, keygen
 
 from mgit.errors import SignatureError, SigningKeyError
 from mgit.signing.agent import agent_signer
@@ -19,17 +20,10 @@ from mgit.signing.allowed import AllowedSigners
 from mgit.signing.keys import PublicKey, load_signing_key
 from mgit.signing.sshsig import VERSION_NAMESPACE, SshSignature, armor, sign, version_message
 
-KEYGEN = "/usr/bin/ssh-keygen"
 VID = "ab" * 32
 KINDS = [("ed25519", []), ("ecdsa", ["-b", "256"]), ("ecdsa", ["-b", "384"]), ("ecdsa", ["-b", "521"])]
 
 pytestmark = pytest.mark.skipif(not Path(KEYGEN).exists(), reason="openssh-client's ssh-keygen is not installed")
-
-
-def keygen(folder: Path, name: str, kind: str = "ed25519", extra: list[str] | None = None) -> Path:
-    path = folder / name
-    subprocess.run([KEYGEN, "-q", "-t", kind, *(extra or []), "-N", "", "-C", name, "-f", str(path)], check=True)
-    return path
 
 
 def ssh_verify(folder: Path, sig: bytes, allowed: str, principal: str, namespace: str = VERSION_NAMESPACE, **kw):

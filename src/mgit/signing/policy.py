@@ -22,7 +22,7 @@ from typing import Any
 
 from mgit.errors import InvalidOptionError, SignatureError
 from mgit.signing.allowed import AllowedSigners
-from mgit.signing.sshsig import SshSignature
+from mgit.signing.sshsig import VERSION_NAMESPACE, SshSignature
 from mgit.signing.store import check_signature
 
 SETTINGS_KEY = "settings"
@@ -91,7 +91,7 @@ class SignatureCheck:
     @property
     def valid(self) -> bool:
         """The signature itself verifies over the version (whoever's key it is)."""
-        return self.status not in ("bad signature",)
+        return self.status != "bad signature" and not self.status.startswith("signed for")
 
     @property
     def signer(self) -> str:
@@ -112,17 +112,20 @@ def judge(vid: str, signatures: list[bytes], allowed: AllowedSigners) -> list[Si
     out = []
     for armored in signatures:
         try:
+            parsed = SshSignature.parse(armored)
+        except SignatureError:
+            out.append(SignatureCheck("?", "?", (), "bad signature"))
+            continue
+        key = parsed.public
+        try:
             sig = check_signature(vid, armored)
         except SignatureError:
-            try:
-                key = SshSignature.parse(armored).public
-            except SignatureError:
-                out.append(SignatureCheck("?", "?", (), "bad signature"))
-                continue
-            out.append(SignatureCheck(key.fingerprint, key.kind, (), "bad signature"))
+            wrong = parsed.namespace != VERSION_NAMESPACE
+            status = f"signed for {parsed.namespace!r}, not {VERSION_NAMESPACE}" if wrong else "bad signature"
+            out.append(SignatureCheck(key.fingerprint, key.kind, allowed.judge(parsed).principals, status))
             continue
         judged = allowed.judge(sig)
-        out.append(SignatureCheck(sig.public.fingerprint, sig.public.kind, judged.principals, judged.status))
+        out.append(SignatureCheck(key.fingerprint, key.kind, judged.principals, judged.status))
     return out
 
 
