@@ -236,3 +236,33 @@ def test_config_lists_and_reads_settings(signed: dict[str, Path]) -> None:
     assert run_cli("-C", str(root), "config", "verify.require", "--unset")[0] == 0
     code, out, err = run_cli("-C", str(root), "config", "verify.require")
     assert code == 0 and out == "" and "not set" in err
+
+
+def test_log_show_and_serve_say_who_signed_and_flag_what_is_not_trusted(signed: dict[str, Path]) -> None:
+    root = signed["root"]
+    assert run_cli("-C", str(root), "sign", "ft", "--key", str(signed["mallory"]))[0] == 0
+    code, out, _ = run_cli("-C", str(root), "log", "--show-signature", "--json")
+    by_ref = {f"{v['model']}@{v['seq']}": v["signatures"] for v in json.loads(out)}
+    assert [s["principals"] for s in by_ref["base@1"]] == [["alice@example.com"]]
+    assert [(s["status"], s["trusted"]) for s in by_ref["ft@1"]] == [("unknown key", False)]
+    code, out, _ = run_cli("-C", str(root), "log", "--oneline", "--show-signature")
+    lines = out.splitlines()
+    assert "NOT TRUSTED" in lines[0] and "unknown key" in lines[0] and "signed by alice@example.com" in lines[1]
+    code, out, _ = run_cli("-C", str(root), "show", "base", "--json")
+    assert json.loads(out)["signatures"][0]["status"] == "trusted"
+    code, out, _ = run_cli("-C", str(root), "show", "ft")
+    assert "signatures: NOT TRUSTED by SHA256:" in out
+    code, out, _ = run_cli("-C", str(root), "log", "base", "--json")
+    assert "signatures" not in json.loads(out)[0]  # only when asked: log stays a catalog read
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from mgit import Repo
+    from mgit.web.app import create_app
+
+    with TestClient(create_app(Repo(root)), base_url="http://127.0.0.1:8808") as client:
+        page = client.get("/api/models/ft").json()
+        assert [(s["status"], s["trusted"]) for s in page["signatures"]] == [("unknown key", False)]
+        html = client.get("/models/ft").text
+        assert 'id="signatures"' in html and "not trusted: unknown key" in html
+        assert "signed by alice@example.com" in client.get("/models/base").text

@@ -6,17 +6,7 @@ from __future__ import annotations
 
 import click
 
-from mgit.cli.output import err, json_option, out, print_json, short
-
-
-def signatures_text(checks: list) -> str:  # list[SignatureCheck]
-    if not checks:
-        return "not signed"
-    return "; ".join(
-        f"{'signed' if c.trusted else 'NOT TRUSTED'} by {c.signer} ({c.key_type} {c.fingerprint})"
-        + ("" if c.trusted else f": {c.status}")
-        for c in checks
-    )
+from mgit.cli.output import err, json_option, out, print_json, short, signatures_text
 
 
 @click.command()

@@ -170,3 +170,10 @@ def verify_lineage(
         if verdict.refused is not None:
             return VerifyResult(level, out, verdict)
     return VerifyResult(level, out)
+
+
+def signature_checks(signatures: SignatureStore, config: dict[str, Any], vid: str) -> list[SignatureCheck]:
+    """A version's signatures as judged here (show, log --show-signature, serve): [] without
+    any, and then nothing of the signing stack (cryptography) is loaded."""
+    found = signatures.get(vid)
+    return judge(vid, found, allowed_signers(config)) if found else []

@@ -51,6 +51,10 @@ class Judgement:
         return self.status == "trusted"
 
 
+class LineError(Exception):
+    """A line of an allowed-signers file that does not read; `load` names the file and line."""
+
+
 def _tokens(line: str) -> list[str]:
     """Whitespace-separated fields; double quotes keep spaces in a field."""
     out, cur, quoted = [], [], False
@@ -65,7 +69,7 @@ def _tokens(line: str) -> list[str]:
         else:
             cur.append(ch)
     if quoted:
-        raise ValueError("an unterminated quote")
+        raise LineError("an unterminated quote")
     if cur:
         out.append("".join(cur))
     return out
@@ -90,7 +94,7 @@ def _time(value: str) -> datetime:
     digits = value.rstrip("Zz")
     formats = {8: "%Y%m%d", 12: "%Y%m%d%H%M", 14: "%Y%m%d%H%M%S"}
     if len(digits) not in formats or not digits.isdigit():
-        raise ValueError(f"a time that is not YYYYMMDD[HHMM[SS]][Z]: {value!r}")
+        raise LineError(f"a time that is not YYYYMMDD[HHMM[SS]][Z]: {value!r}")
     parsed = datetime.strptime(digits, formats[len(digits)])
     return parsed.replace(tzinfo=UTC) if utc else parsed.astimezone()
 
@@ -101,14 +105,14 @@ def _unquote(value: str) -> str:
 
 def parse_line(line: str) -> AllowedKey | PublicKey | None:
     """One line: an AllowedKey, a PublicKey for an `@revoked` line, None for a blank or a
-    comment; raises ValueError saying what is wrong."""
+    comment; raises LineError saying what is wrong."""
     fields = _tokens(line.strip())
     if not fields or fields[0].startswith("#"):
         return None
     if fields[0] == "@revoked":
         return PublicKey.from_line(" ".join(fields[1:3]))
     if len(fields) < 3:
-        raise ValueError("expected: principals [options] key-type base64-key")
+        raise LineError("expected: principals [options] key-type base64-key")
     principals = tuple(p for p in _unquote(fields[0]).split(",") if p)
     options: list[str] = []
     rest = fields[1:]
@@ -116,14 +120,14 @@ def parse_line(line: str) -> AllowedKey | PublicKey | None:
         options, rest = _split_options(rest[0]), rest[1:]
     if not rest or rest[0] not in KEY_TYPES:
         kind = rest[0] if rest else ""
-        raise ValueError(f"key type {kind!r} is not supported (ed25519 or ecdsa)")
+        raise LineError(f"key type {kind!r} is not supported (ed25519 or ecdsa)")
     key = PublicKey.from_line(" ".join(rest[:2]))
     namespaces = after = before = None
     for option in options:
         name, _, value = option.partition("=")
         name, value = name.lower(), _unquote(value)
         if name == "cert-authority":
-            raise ValueError("cert-authority keys (SSH certificates) are not supported; list the signers' own keys")
+            raise LineError("cert-authority keys (SSH certificates) are not supported; list the signers' own keys")
         if name == "namespaces":
             namespaces = tuple(n for n in value.split(",") if n)
         elif name == "valid-after":
@@ -131,7 +135,7 @@ def parse_line(line: str) -> AllowedKey | PublicKey | None:
         elif name == "valid-before":
             before = _time(value)
         else:
-            raise ValueError(f"unknown option {name!r}")
+            raise LineError(f"unknown option {name!r}")
     return AllowedKey(principals, key, namespaces, after, before)
 
 
@@ -167,7 +171,7 @@ class AllowedSigners:
                     entry = PublicKey.from_line(line) if is_revoked_list and line.strip() else parse_line(line)
                     if is_revoked_list and line.strip().startswith("#"):
                         entry = None
-                except (ValueError, SignatureError) as exc:
+                except (LineError, ValueError, SignatureError) as exc:
                     what = exc.message if isinstance(exc, SignatureError) else str(exc)
                     raise SigningKeyError(f"{file}, line {number}: {what}") from None
                 if isinstance(entry, PublicKey):
