@@ -266,3 +266,33 @@ def test_log_show_and_serve_say_who_signed_and_flag_what_is_not_trusted(signed: 
         html = client.get("/models/ft").text
         assert 'id="signatures"' in html and "not trusted: unknown key" in html
         assert "signed by alice@example.com" in client.get("/models/base").text
+
+
+def test_signing_always_signs_a_merge(signed: dict[str, Path]) -> None:
+    root = signed["root"]
+    configure(root, signing_always="true")
+    run = lambda *a: run_cli("-C", str(root), *a)  # noqa: E731
+    assert run("add", str(make_model(signed["tmp"] / "m4", seed=4)), "--name", "ft2", "--parent", "base")[0] == 0
+    code, _, err = run("merge", "ft", "ft2", "--method", "linear", "--name", "merged")
+    assert code == 0, err
+    code, report = verify_json(root, "merged", "--lineage", "--level", "signed")
+    assert code == 1 and report["versions"][0]["signatures"][0]["principals"] == ["alice@example.com"]
+    assert report["first_bad"]["ref"] == "ft@1"  # added before signing.always: the first unsigned link
+
+
+def test_signing_always_signs_what_a_cascade_commits(signed: dict[str, Path]) -> None:
+    from conftest import copy_user_code, tensors
+
+    root, tmp = signed["root"], signed["tmp"]
+    copy_user_code(root, "tune", "recipes.py")
+    run = lambda *a: run_cli("-C", str(root), *a)  # noqa: E731
+    ft_dir = make_model(tmp / "t1", state=tensors(5))
+    code, _, err = run("add", str(ft_dir), "--name", "tuned", "--parent", "base", "--recipe", "recipes.py:tune")
+    assert code == 0, err
+    configure(root, signing_always="true")
+    assert run("add", str(make_model(tmp / "b2", seed=7)), "--name", "base")[0] == 0
+    code, out, err = run("cascade", "base", "--json")
+    assert code == 0, err
+    code, report = verify_json(root, "tuned")
+    assert code == 0 and report["versions"][0]["ref"] == "tuned@2"
+    assert report["versions"][0]["signatures"][0]["principals"] == ["alice@example.com"]

@@ -53,29 +53,32 @@ class SignatureStore:
             raise SignatureError(f"signatures are attached to a version id, not {vid[:20]!r}")
         return self.dir / vid
 
-    def get(self, vid: str) -> list[bytes]:
-        """The signatures kept for `vid`, as stored (unchecked: the caller judges them)."""
-        folder = self._folder(vid)
+    def _files(self, vid: str) -> list[str]:
         try:
-            names = sorted(n for n in os.listdir(folder) if n.endswith(".sig") and not n.startswith(TMP_PREFIX))
+            names = os.listdir(self._folder(vid))
         except (FileNotFoundError, NotADirectoryError):
             return []
+        return sorted(n for n in names if n.endswith(".sig") and not n.startswith(TMP_PREFIX))[:MAX_PER_VERSION]
+
+    def get(self, vid: str) -> list[bytes]:
+        """The signatures kept for `vid`, as stored (unchecked: the caller judges them)."""
         out = []
-        for name in names[:MAX_PER_VERSION]:
-            path = folder / name
+        for name in self._files(vid):
+            path = self._folder(vid) / name
             if path.is_file() and not path.is_symlink():
                 with path.open("rb") as f:
                     out.append(f.read(1 << 16))
         return out
 
     def names(self, vid: str) -> set[str]:
-        return {signature_name(s) for s in self.get(vid)}
+        """The names of the signatures kept for `vid` (each file is named by its content)."""
+        return {n.removesuffix(".sig") for n in self._files(vid)}
 
     def versions(self) -> list[str]:
         """Every version with a signature kept here."""
         if not self.dir.is_dir():
             return []
-        return sorted(n for n in os.listdir(self.dir) if OID_RE.match(n) and self.get(n))
+        return sorted(n for n in os.listdir(self.dir) if OID_RE.match(n) and self._files(n))
 
     def add(self, vid: str, armored: bytes) -> bool:
         """Keep a signature of `vid` after checking it signs `vid`; False if it was kept already."""
@@ -84,7 +87,7 @@ class SignatureStore:
         path = folder / f"{signature_name(armored)}.sig"
         if path.exists():
             return False
-        if len(self.get(vid)) >= MAX_PER_VERSION:
+        if len(self._files(vid)) >= MAX_PER_VERSION:
             raise SignatureError(f"version {vid[:12]} already has {MAX_PER_VERSION} signatures")
         folder.mkdir(parents=True, exist_ok=True)
         write_atomic(path, [armored], fsync=self.fsync)
