@@ -186,7 +186,9 @@ def test_the_ssh_agent_signs_for_a_public_key(tmp_path: Path, agent: Path, monke
         sign(load_signing_key(pub), version_message(VID))
     env = {**os.environ, "SSH_AUTH_SOCK": str(agent)}
     subprocess.run(["ssh-add", "-q", str(key)], check=True, env=env, capture_output=True)
-    sig = sign(load_signing_key(pub), version_message(VID))
+    signer = load_signing_key(pub)
+    assert signer.private is None and load_signing_key(key).private is not None  # the agent keeps its key
+    sig = sign(signer, version_message(VID))
     assert sig.public == PublicKey.from_line(pub.read_text())
     ok = ssh_verify(tmp_path, sig.armored, f"ivy {pub.read_text()}", "ivy")
     assert ok.returncode == 0, ok.stderr

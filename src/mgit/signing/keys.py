@@ -163,11 +163,14 @@ class PublicKey:
 @dataclass(frozen=True)
 class Signer:
     """A key that signs: its public half, and the function that signs bytes with it
-    (returning the SSH wire signature). `where` says which it is (a file, the agent)."""
+    (returning the SSH wire signature). `where` says which it is (a file, the agent);
+    `private` is the `cryptography` private key when it was read from a file (for a signer of
+    another format over the same key), None when the ssh-agent holds it."""
 
     public: PublicKey
     sign: Callable[[bytes], bytes]
     where: str
+    private: object | None = None
 
 
 def _mpint(value: int) -> bytes:
@@ -194,7 +197,7 @@ def private_signer(private, where: str) -> Signer:  # noqa: ANN001 - a cryptogra
         r, s = decode_dss_signature(private.sign(data, ec.ECDSA(algorithm)))
         return ssh_string(kind) + ssh_string(_mpint(r) + _mpint(s))
 
-    return Signer(public, sign, where)
+    return Signer(public, sign, where, private)
 
 
 def load_signing_key(path: str | os.PathLike[str]) -> Signer:
