@@ -107,18 +107,18 @@ class SignatureCheck:
         }
 
 
-def judge(vid: str, signatures: list[bytes], allowed: AllowedSigners) -> list[SignatureCheck]:
+def judge(vid: str, signatures: list[bytes | SshSignature], allowed: AllowedSigners) -> list[SignatureCheck]:
     """Each of a version's signatures: does it sign this version, and whose key is it."""
     out = []
     for armored in signatures:
         try:
-            parsed = SshSignature.parse(armored)
+            parsed = armored if isinstance(armored, SshSignature) else SshSignature.parse(armored)
         except SignatureError:
             out.append(SignatureCheck("?", "?", (), "bad signature"))
             continue
         key = parsed.public
         try:
-            sig = check_signature(vid, armored)
+            sig = check_signature(vid, parsed)
         except SignatureError:
             wrong = parsed.namespace != VERSION_NAMESPACE
             status = f"signed for {parsed.namespace!r}, not {VERSION_NAMESPACE}" if wrong else "bad signature"

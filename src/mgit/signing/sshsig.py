@@ -22,7 +22,7 @@ import base64
 import binascii
 import hashlib
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mgit.errors import SignatureError
 from mgit.signing.keys import PublicKey, Signer, Wire, ssh_string
@@ -59,6 +59,8 @@ class SshSignature:
     hash_alg: str
     signature: bytes
     armored: bytes
+    # (message, namespace) -> verified: a fetch checks, judges and keeps one signature once
+    checked: dict[tuple[bytes, str], bool] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def parse(cls, armored: bytes) -> SshSignature:
@@ -97,7 +99,10 @@ class SshSignature:
         """Whether this is a signature of `message` for `namespace` by its own key."""
         if self.namespace != namespace:
             return False
-        return self.public.verifies(self.signature, _signed_data(namespace, self.hash_alg, message))
+        if (message, namespace) not in self.checked:
+            data = _signed_data(namespace, self.hash_alg, message)
+            self.checked[(message, namespace)] = self.public.verifies(self.signature, data)
+        return self.checked[(message, namespace)]
 
 
 def armor(blob: bytes) -> bytes:

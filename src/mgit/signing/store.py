@@ -29,9 +29,10 @@ def signature_name(armored: bytes) -> str:
     return hashlib.sha256(armored).hexdigest()
 
 
-def check_signature(vid: str, armored: bytes) -> SshSignature:
-    """`armored` parsed and verified as a signature of version `vid`; raises SignatureError."""
-    sig = SshSignature.parse(armored)
+def check_signature(vid: str, armored: bytes | SshSignature) -> SshSignature:
+    """`armored` (or a signature parsed already) verified as a signature of version `vid`;
+    raises SignatureError."""
+    sig = armored if isinstance(armored, SshSignature) else SshSignature.parse(armored)
     if sig.namespace != VERSION_NAMESPACE:
         raise SignatureError(
             f"the signature by {sig.public.fingerprint} on {vid[:12]} is for {sig.namespace!r}, not {VERSION_NAMESPACE}"
@@ -80,9 +81,9 @@ class SignatureStore:
             return []
         return sorted(n for n in os.listdir(self.dir) if OID_RE.match(n) and self._files(n))
 
-    def add(self, vid: str, armored: bytes) -> bool:
+    def add(self, vid: str, signature: bytes | SshSignature) -> bool:
         """Keep a signature of `vid` after checking it signs `vid`; False if it was kept already."""
-        check_signature(vid, armored)
+        armored = check_signature(vid, signature).armored
         folder = self._folder(vid)
         path = folder / f"{signature_name(armored)}.sig"
         if path.exists():

@@ -20,12 +20,12 @@ from collections.abc import Iterable
 from mgit.errors import ReceivedError, RemoteTooLargeError, SignatureError, UnverifiedVersionError
 from mgit.repo.repository import Repo
 from mgit.signing import policy
-from mgit.signing.sshsig import MAX_ARMORED
+from mgit.signing.sshsig import MAX_ARMORED, SshSignature
 from mgit.signing.store import MAX_PER_VERSION, check_signature, signature_name
 from mgit.store.base import ObjectStore
 from mgit.sync.connection import Connection
 
-Arrived = dict[str, list[bytes]]  # version id -> signatures read from the remote, checked
+Arrived = dict[str, list[SshSignature]]  # version id -> signatures read from the remote, checked
 
 
 def push_signatures(repo: Repo, conn: Connection, on_remote: set[str]) -> int:
@@ -81,12 +81,12 @@ def fetch_signatures(repo: Repo, conn: Connection, versions: Iterable[str]) -> A
         try:
             if signature_name(data) != name:
                 raise SignatureError("its content does not hash to its name")
-            check_signature(vid, data)
+            sig = check_signature(vid, data)
         except SignatureError as exc:
             raise ReceivedError(
                 f"signature {name[:12]} of version {vid[:12]} on {where}: {exc.message}", where=where
             ) from None
-        found.setdefault(vid, []).append(data)
+        found.setdefault(vid, []).append(sig)
     return found
 
 
@@ -98,7 +98,7 @@ def enforce_policy(repo: Repo, conn: Connection, store: ObjectStore, versions: l
         return
     allowed = policy.allowed_signers(repo.config)
     for vid in versions:
-        signatures = repo.signatures.get(vid) + arrived.get(vid, [])
+        signatures: list[bytes | SshSignature] = [*repo.signatures.get(vid), *arrived.get(vid, [])]
         why = policy.refusal(policy.judge(vid, signatures, allowed), level)
         if why is not None:
             version = store.get_version(vid)
