@@ -136,6 +136,7 @@ def test_a_signature_by_a_stranger_is_refused_naming_the_signer(shared: dict[str
 def test_a_downgrade_that_drops_the_signatures_is_refused(shared: dict[str, Path]) -> None:
     vid = head_of(shared["remote"], "base")
     shutil.rmtree(shared["remote"] / "signatures" / vid)
+    shutil.rmtree(shared["remote"] / "signatures" / "bundles")  # the push's bundle held it too
     result, target = clone(shared, "bob")
     one_line_error(result, f"version {vid[:12]} of 'base'", "not signed")
     assert not target.exists()
@@ -197,3 +198,39 @@ def test_huge_truncated_and_malformed_signatures_on_a_remote_are_refused(
     # without a policy too: a remote that lies about a signature is refused whatever this side demands
     code, _, err = run_cli("clone", str(remote), str(shared["tmp"] / "carol"))
     assert code == 1 and why in err and not (shared["tmp"] / "carol").exists()
+
+
+def test_a_push_bundles_its_signatures_and_a_clone_reads_them_in_one_request(shared: dict[str, Path]) -> None:
+    remote = shared["remote"]
+    [bundle] = (remote / "signatures" / "bundles").glob("*.json")
+    held = json.loads(bundle.read_text())
+    assert sorted(held) == sorted(p.name for p in (remote / "signatures").iterdir() if p.name != "bundles")
+    for folder in (remote / "signatures").iterdir():  # the files gone: the bundle alone carries them
+        if folder.name != "bundles":
+            shutil.rmtree(folder)
+    (code, _, err), target = clone(shared, "bob", "--lazy")
+    assert code == 0, err
+    assert run_cli("-C", str(target), "verify", "ft", "--lineage")[0] == 0
+    assert (target / ".mgit" / "remotes" / "origin" / "signature-bundles.json").is_file()
+
+
+@pytest.mark.parametrize("forge", ["not json", "moved", "wrong name"])
+def test_a_bundle_that_lies_is_refused(shared: dict[str, Path], forge: str) -> None:
+    import blake3
+
+    remote = shared["remote"]
+    [bundle] = (remote / "signatures" / "bundles").glob("*.json")
+    held = json.loads(bundle.read_text())
+    base, ft = head_of(remote, "base"), head_of(remote, "ft")
+    if forge == "moved":
+        held[ft] = held[ft] + held[base]  # base's signature offered as ft's
+        body = json.dumps(held).encode()
+        why = "does not sign version"
+    else:
+        body = b"{not json" if forge == "not json" else json.dumps(held).encode() + b" "
+        why = "is malformed"
+    name = blake3.blake3(body).hexdigest() if forge != "wrong name" else "4" * 64
+    (remote / "signatures" / "bundles" / f"{name}.json").write_bytes(body)
+    result, target = clone(shared, "bob")
+    one_line_error(result, why, "nothing was kept")
+    assert not target.exists()

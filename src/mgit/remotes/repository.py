@@ -6,6 +6,7 @@
     refs/tags/<id>           tags set later on a version (mgit.sync.tags); compare-and-swap too
     packs/<id>.mgpack        metadata packs: what a clone reads in one request (mgit.remotes.pack)
     signatures/<id>/<sha256>.sig  SSH signatures of a version (mgit.sync.signatures); written once
+    signatures/bundles/<id>.json  the signatures one push sent, in one file (a clone reads it in one request)
     checks/tests/<name>.json test registrations; checks/results/<id>.json recorded results
 
 Everything read here is checked before it is used: ref names and values, the config's
@@ -49,9 +50,10 @@ def object_key(oid: str) -> str:
 
 
 def signature_key(vid: str, name: str) -> str:
-    if not (OID_RE.match(vid) and OID_RE.match(name)):
+    """`signatures/<version id>/<sha256>.sig`, or `signatures/bundles/<blake3>.json` (vid "bundles")."""
+    if not ((OID_RE.match(vid) or vid == "bundles") and OID_RE.match(name)):
         raise RemoteError(f"not a signature of a version: {vid[:20]!r}/{name[:20]!r}")
-    return f"{SIGNATURES}{vid}/{name}.sig"
+    return f"{SIGNATURES}{vid}/{name}.{'json' if vid == 'bundles' else 'sig'}"
 
 
 class RemoteRepository:
@@ -208,15 +210,26 @@ class RemoteRepository:
         self.backend.write(f"packs/{pid}.mgpack", data)
 
     # --- signatures ----------------------------------------------------------------------------
-    def signature_names(self) -> dict[str, set[str]]:
-        """{version id: names of its signatures} (one listing of signatures/); keys that do
-        not read as `signatures/<id>/<sha256>.sig` are not signatures and are left alone."""
+    def signature_names(self) -> tuple[dict[str, set[str]], list[str]]:
+        """({version id: names of its signatures}, the ids of the signature bundles), from one
+        listing of signatures/; keys that read as neither `signatures/<id>/<sha256>.sig` nor
+        `signatures/bundles/<id>.json` are not signatures and are left alone."""
         out: dict[str, set[str]] = {}
+        bundles = []
         for key in self.backend.list(SIGNATURES):
             vid, _, name = key[len(SIGNATURES) :].partition("/")
             if OID_RE.match(vid) and name.endswith(".sig") and OID_RE.match(name[:-4]):
                 out.setdefault(vid, set()).add(name[:-4])
-        return out
+            elif vid == "bundles" and name.endswith(".json") and OID_RE.match(name[:-5]):
+                bundles.append(name[:-5])
+        return out, sorted(bundles)
+
+    def read_signature_bundle(self, bid: str, *, limit: int) -> bytes:
+        return self.backend.read(signature_key("bundles", bid), limit=limit)
+
+    def write_signature_bundle(self, bid: str, data: bytes) -> None:
+        with contextlib.suppress(RemoteConflictError):
+            self.backend.write_if(signature_key("bundles", bid), data, token=None)
 
     def read_signature(self, vid: str, name: str, *, limit: int) -> bytes:
         return self.backend.read(signature_key(vid, name), limit=limit)

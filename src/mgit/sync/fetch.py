@@ -47,7 +47,7 @@ from mgit.sync.check_results import pull_checks
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, add_remote, connect
 from mgit.sync.renames import learn_numbers, remote_retired, renamed_away, renames_of
 from mgit.sync.reports import ChecksTravel, CloneResult, FetchResult, ModelUpdate
-from mgit.sync.signatures import enforce_policy, fetch_signatures, keep_signatures
+from mgit.sync.signatures import enforce_policy, fetch_signatures, keep_signatures, remember_bundles
 from mgit.sync.tags import pull_tags
 from mgit.util.atomicfile import write_atomic
 from mgit.util.faults import crash_point
@@ -156,7 +156,7 @@ def _arrive(
     with incoming.refusing(where), _packs(repo, conn, incoming, received) as (spool, read):
         versions = fetch_records(conn, incoming, heads, received, packed=spool)
         check_histories(incoming.overlay, named, versions, where=where, renames=renames)
-        signed = fetch_signatures(repo, conn, versions)
+        signed, bundles = fetch_signatures(repo, conn, versions)
         enforce_policy(repo, conn, incoming.overlay, versions, signed)
         # A lazy clone takes records and a recipe's source only: tensors and files come when
         # read. A clone of some models (`partial`, their glob) takes theirs whole, and of their
@@ -176,6 +176,7 @@ def _arrive(
     incoming.promote()
     crash_point("fetch-after-promote")
     keep_signatures(repo, signed)
+    remember_bundles(repo, conn, bundles)
     if lazy:
         _describe_objects(repo, versions, [ObjectRow(*r) for r in rows.values()])
     for vid, data in sketches.items():

@@ -15,7 +15,10 @@ the command says so. Old remotes have no `signatures/`: their versions arrive un
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+
+import blake3
 
 from mgit.errors import ReceivedError, RemoteTooLargeError, SignatureError, UnverifiedVersionError
 from mgit.repo.repository import Repo
@@ -23,8 +26,11 @@ from mgit.signing import policy
 from mgit.signing.sshsig import MAX_ARMORED, SshSignature
 from mgit.signing.store import MAX_PER_VERSION, check_signature, signature_name
 from mgit.store.base import ObjectStore
+from mgit.store.objects import OID_RE
 from mgit.sync.connection import Connection
+from mgit.util.atomicfile import write_atomic
 
+MAX_BUNDLE = 32 << 20  # about 50,000 signatures: a push of more writes them one by one only
 Arrived = dict[str, list[SshSignature]]  # version id -> signatures read from the remote, checked
 
 
@@ -33,7 +39,7 @@ def push_signatures(repo: Repo, conn: Connection, on_remote: set[str]) -> int:
     mine = [v for v in repo.signatures.versions() if v in on_remote]
     if not mine:
         return 0
-    theirs = conn.remote.signature_names()
+    theirs, _ = conn.remote.signature_names()
     sending = [
         (vid, signature_name(s), s)
         for vid in mine
@@ -41,23 +47,74 @@ def push_signatures(repo: Repo, conn: Connection, on_remote: set[str]) -> int:
         if signature_name(s) not in theirs.get(vid, set())
     ]
     conn.remote.map(lambda item: conn.remote.write_signature(*item), sending)
+    if len(sending) > 1:  # what a clone reads in one request instead of one each
+        bundle: dict[str, list[str]] = {}
+        for vid, _, data in sending:
+            bundle.setdefault(vid, []).append(data.decode("ascii"))
+        body = json.dumps(bundle, sort_keys=True, separators=(",", ":")).encode()
+        if len(body) <= MAX_BUNDLE:
+            conn.remote.write_signature_bundle(blake3.blake3(body).hexdigest(), body)
     return len(sending)
+
+
+def _bundled(repo: Repo, conn: Connection, bundles: list[str]) -> dict[str, dict[str, bytes]]:
+    """{version id: {name: signature}} from the signature bundles not read before, each checked
+    to hash to its name and to be a JSON object of version ids and lists of signatures."""
+    seen_path = repo.dir / "remotes" / conn.name / "signature-bundles.json"
+    seen = set(json.loads(seen_path.read_text())) if conn.tracking is not None and seen_path.is_file() else set()
+    where, out = conn.remote.url, {}
+    todo = [b for b in bundles if b not in seen]
+    for bid, data in zip(todo, conn.remote.map(lambda b: _read_bundle(conn, b), todo), strict=True):
+        try:
+            value = json.loads(data) if blake3.blake3(data).hexdigest() == bid else None
+        except ValueError:
+            value = None
+        ok = isinstance(value, dict) and all(
+            OID_RE.match(k) and isinstance(v, list) and all(isinstance(x, str) for x in v) for k, v in value.items()
+        )
+        if not ok:
+            raise ReceivedError(f"signature bundle {bid[:12]} on {where} is malformed", where=where)
+        for vid, sigs in value.items():
+            out.setdefault(vid, {}).update({signature_name(x.encode()): x.encode() for x in sigs})
+    return out
+
+
+def _read_bundle(conn: Connection, bid: str) -> bytes:
+    try:
+        return conn.remote.read_signature_bundle(bid, limit=MAX_BUNDLE)
+    except RemoteTooLargeError:
+        where = conn.remote.url
+        raise ReceivedError(f"signature bundle {bid[:12]} on {where} is too large", where=where) from None
+
+
+def remember_bundles(repo: Repo, conn: Connection, bundles: list[str]) -> None:
+    """The bundles a fetch read (after what it brought was kept): not read again."""
+    if conn.tracking is None or not bundles:
+        return
+    path = repo.dir / "remotes" / conn.name / "signature-bundles.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = set(json.loads(path.read_text())) if path.is_file() else set()
+    write_atomic(path, [json.dumps(sorted(old | set(bundles))).encode()])
 
 
 def _wanted_level(repo: Repo, conn: Connection) -> str | None:
     return policy.required(repo.config, conn.name) if getattr(conn, "verify", True) else None
 
 
-def fetch_signatures(repo: Repo, conn: Connection, versions: Iterable[str]) -> Arrived:
-    """The remote's signatures of `versions` that are not here, read and each checked to sign
-    its version; a ReceivedError names the first that does not."""
+def fetch_signatures(repo: Repo, conn: Connection, versions: Iterable[str]) -> tuple[Arrived, list[str]]:
+    """The remote's signatures of `versions` (and of versions here) that are not here, from
+    its bundles and files, each checked to sign its version (a ReceivedError names the first
+    that does not); and the bundles read."""
     if _wanted_level(repo, conn) is None:
         try:
             import cryptography  # noqa: F401
         except ImportError:  # nothing demands them and nothing here can check them: left there
-            return {}
+            return {}, []
     where = conn.remote.url
-    listed = conn.remote.signature_names()
+    listed, bundles = conn.remote.signature_names()
+    bundled = _bundled(repo, conn, bundles)
+    for vid, sigs in bundled.items():
+        listed.setdefault(vid, set()).update(sigs)
     wanted = set(versions) | {v for v in listed if repo.catalog.has_version(v)}  # signed since last fetched
     todo = []
     for vid in sorted(wanted & set(listed)):
@@ -68,6 +125,8 @@ def fetch_signatures(repo: Repo, conn: Connection, versions: Iterable[str]) -> A
         todo += [(vid, n) for n in names]
 
     def read(item: tuple[str, str]) -> bytes:
+        if item[1] in bundled.get(item[0], {}):
+            return bundled[item[0]][item[1]]
         try:
             return conn.remote.read_signature(*item, limit=MAX_ARMORED)
         except RemoteTooLargeError:
@@ -87,7 +146,7 @@ def fetch_signatures(repo: Repo, conn: Connection, versions: Iterable[str]) -> A
                 f"signature {name[:12]} of version {vid[:12]} on {where}: {exc.message}", where=where
             ) from None
         found.setdefault(vid, []).append(sig)
-    return found
+    return found, bundles
 
 
 def enforce_policy(repo: Repo, conn: Connection, store: ObjectStore, versions: list[str], arrived: Arrived) -> None:
