@@ -185,8 +185,8 @@ def measure(source: Path, work: Path, runs: int) -> str:
             f"| clone + checkout of {deep_name} (signed: verify.require trusted) | {median(full_u)} | "
             f"{median(full_s)} | {full_extra:+.1%} (target < {TARGET:.0%}: {ok}) |",
             "",
-            "The signed clones read every signature (one listing of signatures/, then one read each) and",
-            "verify each against its version id and the allowed signers before anything is kept.",
+            "The signed clones list signatures/ once, read the push's bundle of signatures (one request),",
+            "and verify each signature against its version id and the allowed signers before anything is kept.",
             END,
         ]
     )
