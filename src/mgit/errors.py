@@ -632,3 +632,33 @@ class TokenRequiredError(MgitError):
             f"serving on {host} needs a token", hint="Give --token, or let mgit serve make one (it prints it once)"
         )
         self.host = host
+
+
+class SignatureError(MgitError):
+    """A signature that does not parse (truncated, malformed, oversized) or does not verify:
+    the message says which and why; a hint says what to check."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint or "See: mgit verify --help")
+
+
+class SigningKeyError(MgitError):
+    """A signing key that cannot be read or used (missing, encrypted, a kind not supported,
+    an agent that refuses), or a file of allowed signers that does not parse."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint or "See: mgit config signing.key; mgit config verify.allowed-signers")
+
+
+class UnverifiedVersionError(MgitError):
+    """A version the policy (`verify.require signed|trusted`) refuses: unsigned, or signed by
+    no allowed signer. Names the version and the signer(s) found."""
+
+    def __init__(self, label: str, why: str, *, kept: bool = True) -> None:
+        tail = "" if kept else f"; {UNCHANGED}"
+        super().__init__(
+            f"version {label} {why}{tail}",
+            hint="Check verify.allowed-signers, or override once with --no-verify",
+        )
+        self.label = label
+        self.why = why

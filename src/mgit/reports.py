@@ -102,6 +102,7 @@ class AddResult(Report):
     lossless_reason: str | None = None  # why a lossy add was stored losslessly instead
     gate: dict[str, dict[str, float]] | None = None  # gate metrics: original and reconstruction
     auto_parent: ParentSuggestion | None = None  # what auto_parent=True found, whether it was taken or not
+    signed_by: str | None = None  # the fingerprint of the key that signed it (add --sign, signing.always)
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,7 @@ def _parse_params(params: tuple[str, ...]) -> dict[str, object]:
     is_flag=True,
     help="Without --parent, infer the parent and relation from the weights (see: mgit lineage suggest).",
 )
+@click.option("--sign", is_flag=True, help="Sign the version with signing.key (see: mgit sign).")
 @jobs_option
 @json_option
 @click.pass_context
@@ -229,6 +230,7 @@ def add(
     num_gpus: float | None,
     model_card: bool,
     auto_parent: bool,
+    sign: bool,
     jobs: int | None,
     as_json: bool,
 ) -> None:
@@ -273,6 +275,7 @@ def add(
             params=_parse_params(params),
             auto_parent=auto_parent,
             resources={"num_cpus": num_cpus, "num_gpus": num_gpus},
+            sign=sign,
         )
         result = repo.add_with(path, options)
     if as_json:
@@ -297,6 +300,7 @@ def add(
         )
         + (f"; parents: {parents_text(result.parents)}" if result.parents else "")
         + (f"; lossy: {lossy_bound(result.lossy)}" if result.lossy else "")
+        + (f"; signed by {result.signed_by}" if result.signed_by else "")
     )
 
 
@@ -333,6 +337,7 @@ def add(
     help="Then sign the folder with signing.key (an ECDSA OpenSSH key) in OpenSSF model-signing's format; "
     "model_signing verify key checks it. Inside the folder, name it model.sig.",
 )
+@click.option("--no-verify", is_flag=True, help="Check out even a version verify.require refuses (said so).")
 @jobs_option
 @json_option
 @click.pass_context
@@ -344,6 +349,7 @@ def checkout(
     clean: bool,
     model_card: bool,
     model_signature: str | None,
+    no_verify: bool,
     jobs: int | None,
     as_json: bool,
 ) -> None:
@@ -359,17 +365,11 @@ def checkout(
     repo = _repo(ctx)
     if output is None:
         output = repo.model_of(repo.resolve(ref)).rpartition("/")[2]
+    if no_verify:
+        err.print("note: --no-verify: the signature policy (verify.require) is not checked")
     with progress_bar(f"Checking out {ref}", enabled=not as_json) as bar:
-        result = repo.checkout(
-            ref,
-            output,
-            force=force,
-            clean=clean,
-            jobs=jobs,
-            progress=bar,
-            model_card=model_card,
-            model_signature=model_signature,
-        )
+        options = {"force": force, "clean": clean, "jobs": jobs, "model_card": model_card, "verify": not no_verify}
+        result = repo.checkout(ref, output, progress=bar, model_signature=model_signature, **options)
     if as_json:
         print_json(result.to_json())
         return

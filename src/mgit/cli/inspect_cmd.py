@@ -21,6 +21,7 @@ from mgit.cli.output import (
     print_json,
     run_text,
     short,
+    signatures_text,
     size,
     sparkline,
     table,
@@ -131,6 +132,9 @@ def adapter_line(a: dict[str, Any]) -> str:
     default=None,
     help="A training run's metric at each checkpoint, oldest first: a table and a sparkline.",
 )
+@click.option(
+    "--show-signature", is_flag=True, help="Who signed each version, and what does not verify (see: mgit verify)."
+)
 @json_option
 @click.pass_context
 def log(
@@ -142,6 +146,7 @@ def log(
     tag: str | None,
     relation: str | None,
     metric: str | None,
+    show_signature: bool,
     as_json: bool,
 ) -> None:
     """Show the versions of a model, newest first; without a model, every version of every
@@ -153,10 +158,12 @@ def log(
       mgit log --oneline -n 10
       mgit log --since 2026-11-30 --tag task=sst2
       mgit log ft-sst2 --metric eval_loss
+      mgit log bert-sst2 --show-signature
     """
     from mgit.store.objects import tag_matches
 
-    versions = ctx.obj.repo().log(ref)
+    repo = ctx.obj.repo()
+    versions = repo.log(ref)
     if since is not None:
         versions = [v for v in versions if v.time >= since]
     if tag is not None:
@@ -167,16 +174,26 @@ def log(
     if metric is not None:
         _metric(versions, metric, as_json)
         return
+    signed = {v.id: _signatures(repo, v.id) for v in versions} if show_signature else {}
     if as_json:
-        print_json([v.to_json() for v in versions])
+        extra = lambda v: {"signatures": [c.to_dict() for c in signed[v.id]]} if show_signature else {}  # noqa: E731
+        print_json([{**v.to_json(), **extra(v)} for v in versions])
         return
     if oneline:
         for v in versions:
             first = v.message.splitlines()[0] if v.message else ""
             step = f" [step {v.run['step']}]" if v.run and v.run["step"] is not None else ""
-            out.print(f"{v.ref}{' [removed]' if v.removed else ''}{step} {short(v.id)} {v.time[:10]} {first}".rstrip())
+            line = f"{v.ref}{' [removed]' if v.removed else ''}{step} {short(v.id)} {v.time[:10]} {first}".rstrip()
+            out.print(line + (f" [{signatures_text(signed[v.id])}]" if show_signature else ""))
         return
-    out.print("\n\n".join(_version_line(v) for v in versions))
+    sig_line = lambda v: f"\n  signatures: {signatures_text(signed[v.id])}" if show_signature else ""  # noqa: E731
+    out.print("\n\n".join(_version_line(v) + sig_line(v) for v in versions))
+
+
+def _signatures(repo: Repo, vid: str) -> list[Any]:
+    from mgit.repo.signatures import signature_checks
+
+    return signature_checks(repo.signatures, repo.config, vid)
 
 
 def _metric(versions: list[VersionInfo], name: str, as_json: bool) -> None:
@@ -239,8 +256,10 @@ def show(ctx: click.Context, ref: str, with_sha256: bool, with_tensors: bool, as
     sums = _sha256_of_files(repo, result.version.id) if with_sha256 else None
     vid = result.version.id
     rows = version_tensors(repo.store, repo.catalog, vid, repo.manifest(vid)) if with_tensors else None
+    checks = _signatures(repo, vid)
     if as_json:
         extra = {"sha256": sums} if sums is not None else {}
+        extra["signatures"] = [c.to_dict() for c in checks]
         print_json(
             {**result.to_json(), **extra, **({"tensors": [t.to_json() for t in rows]} if rows is not None else {})}
         )
@@ -253,6 +272,7 @@ def show(ctx: click.Context, ref: str, with_sha256: bool, with_tensors: bool, as
         f"({result.shared_objects} objects shared with other versions)"
     )
     out.print(f"  tensors: {_tensor_storage(result.tensor_storage)}")
+    out.print(f"  signatures: {signatures_text(checks)}")
     if result.quantization:
         out.print(f"  quantization: {result.quantization['label']}")
     if result.adapter:

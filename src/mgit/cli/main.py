@@ -36,6 +36,7 @@ COMMANDS = {
     "status": "mgit.cli.status_cmd:status",
     "lineage": "mgit.cli.lineage_cmd:lineage",
     "tag": "mgit.cli.refs_cmd:tag",
+    **{name: f"mgit.cli.sign_cmd:{name}" for name in ("sign", "verify", "config")},
     "rename": "mgit.cli.refs_cmd:rename",
     "prune-run": "mgit.cli.run_cmd:prune_run",
     "graph": "mgit.cli.graph_cmd:graph",

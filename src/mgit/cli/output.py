@@ -80,6 +80,18 @@ def short(oid: str | None) -> str:
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
 
+def signatures_text(checks: list[Any]) -> str:
+    """A version's signatures (mgit.signing.policy.SignatureCheck) in one line: who signed,
+    and what does not verify or is not trusted, said as such."""
+    if not checks:
+        return "not signed"
+    return "; ".join(
+        f"{'signed' if c.trusted else 'NOT TRUSTED'} by {c.signer} ({c.key_type} {c.fingerprint})"
+        + ("" if c.trusted else f": {c.status}")
+        for c in checks
+    )
+
+
 def parents_text(parents: list[ParentInfo]) -> str:
     return ", ".join(f"{p.label} ({p.relation})" for p in parents) or "-"
 

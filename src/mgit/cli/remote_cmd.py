@@ -238,6 +238,16 @@ def _print_fetch(result: FetchResult) -> None:
         err.print(f"note: test {name} differs on {result.remote}; the one here is kept")
 
 
+no_verify_option = click.option(
+    "--no-verify", is_flag=True, help="Do not apply the signature policy (verify.require) to what arrives; said so."
+)
+
+
+def _say_no_verify(no_verify: bool) -> None:
+    if no_verify:
+        err.print("note: --no-verify: the signature policy (verify.require) is not applied to what arrives")
+
+
 @click.command()
 @click.argument("args", nargs=-1, metavar="[REMOTE] | --objects REF...")
 @click.option("--models", metavar="GLOB", help="Only the models matching GLOB.")
@@ -248,10 +258,17 @@ def _print_fetch(result: FetchResult) -> None:
     help="In a lazy clone: bring every object of the REFs here now, for work offline.",
 )
 @click.option("--prune", is_flag=True, help="Drop REMOTE/NAME of the models the remote no longer has.")
+@no_verify_option
 @json_option
 @click.pass_context
 def fetch(
-    ctx: click.Context, args: tuple[str, ...], models: str | None, objects: bool, prune: bool, as_json: bool
+    ctx: click.Context,
+    args: tuple[str, ...],
+    models: str | None,
+    objects: bool,
+    prune: bool,
+    no_verify: bool,
+    as_json: bool,
 ) -> None:
     """Bring a remote's new versions here (verified) and record its heads as REMOTE/NAME;
     local heads are not moved (mgit pull does that).
@@ -275,8 +292,10 @@ def fetch(
         return
     if len(args) > 1:
         raise click.UsageError("give one REMOTE (refs only with --objects)")
+    _say_no_verify(no_verify)
     with progress_bar("Fetching", enabled=not as_json) as bar:
-        result = sync.fetch(repo, args[0] if args else sync.DEFAULT_REMOTE, models=models, progress=bar, prune=prune)
+        remote = args[0] if args else sync.DEFAULT_REMOTE
+        result = sync.fetch(repo, remote, models=models, progress=bar, prune=prune, verify=not no_verify)
     if as_json:
         print_json(result.to_json())
     else:
@@ -286,9 +305,10 @@ def fetch(
 @click.command()
 @click.argument("remote", default=sync.DEFAULT_REMOTE)
 @click.option("--ff-only", is_flag=True, help="Refuse instead of replaying local versions after the remote's.")
+@no_verify_option
 @json_option
 @click.pass_context
-def pull(ctx: click.Context, remote: str, ff_only: bool, as_json: bool) -> None:
+def pull(ctx: click.Context, remote: str, ff_only: bool, no_verify: bool, as_json: bool) -> None:
     """Fetch, then bring local heads up to the remote's. Where both sides added versions to
     a model, yours are replayed after the remote's (same content, new numbers).
 
@@ -297,8 +317,9 @@ def pull(ctx: click.Context, remote: str, ff_only: bool, as_json: bool) -> None:
       mgit pull
       mgit pull origin --ff-only
     """
+    _say_no_verify(no_verify)
     with progress_bar("Pulling", enabled=not as_json) as bar:
-        result = sync.pull(ctx.obj.repo(), remote, ff_only=ff_only, progress=bar)
+        result = sync.pull(ctx.obj.repo(), remote, ff_only=ff_only, progress=bar, verify=not no_verify)
     if as_json:
         print_json(result.to_json())
         return
@@ -319,6 +340,14 @@ def pull(ctx: click.Context, remote: str, ff_only: bool, as_json: bool) -> None:
     "(remote-only: show and checkout fetch what they read).",
 )
 @click.option("--lazy", is_flag=True, help="Records only: objects are fetched when something reads them.")
+@click.option(
+    "--verify",
+    "require",
+    type=click.Choice(["signed", "trusted"]),
+    help="Set verify.require in the new repository first: every version must be signed (by an allowed signer).",
+)
+@click.option("--allowed-signers", metavar="PATH", help="Set verify.allowed-signers in the new repository first.")
+@no_verify_option
 @endpoint_option
 @region_option
 @profile_option
@@ -328,6 +357,9 @@ def clone(
     directory: str | None,
     models: str | None,
     lazy: bool,
+    require: str | None,
+    allowed_signers: str | None,
+    no_verify: bool,
     endpoint_url: str | None,
     region: str | None,
     profile: str | None,
@@ -339,7 +371,10 @@ def clone(
     Examples:
       mgit clone s3://team-models/bert bert
       mgit clone /mnt/models/bert.mgit --lazy --models 'bert-sst2*'
+      mgit clone s3://team-models/bert --verify trusted --allowed-signers ~/.config/mgit/allowed_signers
     """
+    settings = {"verify.require": require, "verify.allowed-signers": allowed_signers}
+    _say_no_verify(no_verify)
     with progress_bar("Cloning", enabled=not as_json) as bar:
         result = sync.clone(
             url,
@@ -350,6 +385,8 @@ def clone(
             region=region,
             profile=profile,
             progress=bar,
+            verify=not no_verify,
+            settings={k: v for k, v in settings.items() if v is not None},
         )
     if as_json:
         print_json(result.to_json())

@@ -36,9 +36,11 @@ from mgit.errors import (
 from mgit.execution import CheckJob, RecipeJob, RecipeRun
 from mgit.remotes.config import remote_of, remotes_of
 from mgit.repo.repository import Repo
+from mgit.signing.policy import signs_always
 from mgit.sync.connection import DEFAULT_REMOTE, connect
 from mgit.sync.fetch import fetch_versions
 from mgit.sync.push import move_head, publish_to, push
+from mgit.sync.signatures import push_signatures
 from mgit.usercode import RunOutcome, resources_of
 
 MAX_RETRIES = 3  # of a task whose worker process or node died (Ray's own retry)
@@ -195,7 +197,10 @@ class RayExecutor:
         notes = list(ran.notes)
         with self._lock:
             try:
-                fetch_versions(self.repo, self.conn, [vid])
+                fetch_versions(self.repo, self.conn, [vid], verify=False)  # made by this run: signed here
+                if signs_always(self.repo.config):  # on the driver: no key is ever shipped to a node
+                    self.repo.sign(vid)
+                    push_signatures(self.repo, self.conn, {vid})
                 self.repo.refs.update(job.model, vid, expected=job.head)
             except RefConflictError:
                 return RecipeRun(

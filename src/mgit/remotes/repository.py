@@ -6,6 +6,8 @@
                              deleted by one (`push --delete`, through a tombstone)
     refs/tags/<id>           tags set later on a version (mgit.sync.tags); compare-and-swap too
     packs/<id>.mgpack        metadata packs: what a clone reads in one request (mgit.remotes.pack)
+    signatures/<id>/<sha256>.sig  SSH signatures of a version (mgit.sync.signatures); written once
+    signatures/bundles/<id>.json  the signatures one push sent, in one file (a clone reads it in one request)
     checks/tests/<name>.json test registrations; checks/results/<id>.json recorded results
 
 Everything read here is checked before it is used: ref names and values, the config's
@@ -15,6 +17,7 @@ ids by whoever keeps them).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +42,7 @@ REMOTE_FORMAT = 1
 MAX_SMALL = 1 << 20  # a config, a ref, a registration: far smaller than this
 REFS = "refs/models/"
 TOMBSTONE = b"deleted\n"  # a ref between the two steps of `delete_head`
+SIGNATURES = "signatures/"
 WORKERS = 16  # requests in flight: S3 latency, not bandwidth, bounds small transfers
 
 
@@ -46,6 +50,13 @@ def object_key(oid: str) -> str:
     if not OID_RE.match(oid):
         raise RemoteError(f"not an object id: {oid!r}")
     return f"objects/{oid[:2]}/{oid[2:]}"
+
+
+def signature_key(vid: str, name: str) -> str:
+    """`signatures/<version id>/<sha256>.sig`, or `signatures/bundles/<blake3>.json` (vid "bundles")."""
+    if not ((OID_RE.match(vid) or vid == "bundles") and OID_RE.match(name)):
+        raise RemoteError(f"not a signature of a version: {vid[:20]!r}/{name[:20]!r}")
+    return f"{SIGNATURES}{vid}/{name}.{'json' if vid == 'bundles' else 'sig'}"
 
 
 class RemoteRepository:
@@ -220,6 +231,36 @@ class RemoteRepository:
 
     def write_pack(self, pid: str, data: bytes) -> None:
         self.backend.write(f"packs/{pid}.mgpack", data)
+
+    # --- signatures ----------------------------------------------------------------------------
+    def signature_names(self) -> tuple[dict[str, set[str]], list[str]]:
+        """({version id: names of its signatures}, the ids of the signature bundles), from one
+        listing of signatures/; keys that read as neither `signatures/<id>/<sha256>.sig` nor
+        `signatures/bundles/<id>.json` are not signatures and are left alone."""
+        out: dict[str, set[str]] = {}
+        bundles = []
+        for key in self.backend.list(SIGNATURES):
+            vid, _, name = key[len(SIGNATURES) :].partition("/")
+            if OID_RE.match(vid) and name.endswith(".sig") and OID_RE.match(name[:-4]):
+                out.setdefault(vid, set()).add(name[:-4])
+            elif vid == "bundles" and name.endswith(".json") and OID_RE.match(name[:-5]):
+                bundles.append(name[:-5])
+        return out, sorted(bundles)
+
+    def read_signature_bundle(self, bid: str, *, limit: int) -> bytes:
+        return self.backend.read(signature_key("bundles", bid), limit=limit)
+
+    def write_signature_bundle(self, bid: str, data: bytes) -> None:
+        with contextlib.suppress(RemoteConflictError):
+            self.backend.write_if(signature_key("bundles", bid), data, token=None)
+
+    def read_signature(self, vid: str, name: str, *, limit: int) -> bytes:
+        return self.backend.read(signature_key(vid, name), limit=limit)
+
+    def write_signature(self, vid: str, name: str, data: bytes) -> None:
+        """Write once: a signature already there (named by its content) is left as it is."""
+        with contextlib.suppress(RemoteConflictError):
+            self.backend.write_if(signature_key(vid, name), data, token=None)
 
     # --- checks -------------------------------------------------------------------------------
     def read_json(self, key: str) -> tuple[Any, str | None]:

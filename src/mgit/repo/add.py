@@ -80,6 +80,7 @@ class AddOptions:
     auto_parent: bool = False  # without parents: inferred from the weights
     expected_head: str | None = None  # commit only if the model's latest version is still this one
     run: Mapping[str, Any] | None = None  # a training run's checkpoint (mgit.repo.checkpoints): the record's `run`
+    sign: bool = False  # sign the version with signing.key (signing.always signs every add anyway)
     # Set by merges (mgit.merging) and their re-runs, never by users: by tensor name, the codec
     # chains that predict a tensor from stored ones, tried beside the usual encodings (`derived`),
     # or that made it, stored as they are (`exact`; see `mgit.repo.ingest.DeltaPlan`).

@@ -34,6 +34,7 @@ from mgit.remotes.config import held_by_remotes
 from mgit.repo.inspect import disk_usage, every_version, list_models, show_version, version_info, version_storage
 from mgit.repo.location import create, locate, open_store, read_config
 from mgit.repo.references import resolve_ref, unknown_model
+from mgit.repo.signatures import SignResult, sign_version, verify_lineage
 from mgit.reports import (
     AddResult,
     CheckoutResult,
@@ -50,6 +51,8 @@ from mgit.reports import (
     VersionInfo,
     VersionStorage,
 )
+from mgit.signing import policy
+from mgit.signing.store import SignatureStore
 from mgit.store.cache import CHECKOUT_BASES, SESSION_CACHE_BYTES, DecodedCache
 from mgit.store.local import LocalStore
 from mgit.store.lossy_policy import DEFAULT_GUARD, LossyPolicy
@@ -80,6 +83,7 @@ class Repo:
         self.store: LocalStore = open_store(self.dir, self.config, index=self.catalog)
         self.refs = RefStore(self.dir, fsync=fsync)
         self.tags = TagStore(self.dir, fsync=fsync)
+        self.signatures = SignatureStore(self.dir, fsync=fsync)
         self._session: DecodedCache | None = None
         self.sync_catalog()
 
@@ -303,7 +307,7 @@ class Repo:
         recipe = None
         if options.recipe is not None:
             recipe = self.recipe_record(options.recipe, options.params, resources=options.resources)
-        return add_version(
+        result = add_version(
             self.store,
             self.refs,
             self.retired,
@@ -315,6 +319,8 @@ class Repo:
             max_depth=self.max_depth,
             reuse=self._session,
         )
+        signed = options.sign or policy.signs_always(self.config)
+        return replace(result, signed_by=self.sign(result.version).fingerprint) if signed else result
 
     def recipe_record(
         self,
@@ -421,6 +427,16 @@ class Repo:
             self.store, self.catalog, source, limit=limit, min_confidence=min_confidence, exclude=exclude
         )
 
+    # --- signatures (mgit.repo.signatures) -----------------------------------------------------
+    def sign(self, ref: str, *, key: str | None = None) -> SignResult:
+        """Sign a version with `key` (a path) or the `signing.key` setting; several may sign one."""
+        return sign_version(self.signatures, self.catalog, self.config, self._row(self.resolve(ref)).id, key)
+
+    def verify(self, ref: str, *, lineage: bool = False, level: str | None = None, objects: bool = False) -> Any:
+        """Content against id, signatures against allowed signers (`lineage`: every ancestor)."""
+        vid, cat = self.resolve(ref), self.catalog
+        return verify_lineage(self.store, self.signatures, cat, self.config, vid, level, lineage, objects)
+
     # --- checkout and reading ---------------------------------------------------------------
     def checkout(
         self,
@@ -433,6 +449,7 @@ class Repo:
         progress: StartProgress | None = None,
         model_card: bool = False,
         model_signature: str | os.PathLike[str] | None = None,
+        verify: bool = True,
     ) -> CheckoutResult:
         """Rebuild the files of a version in `out_dir`, byte for byte, verifying each file.
         `force` writes into a folder that is not empty, refusing one that holds files the version
@@ -441,11 +458,14 @@ class Repo:
         `model_card=True` then writes the version's lineage parents into README.md's front
         matter (`base_model`, `base_model_relation`), the one file that then differs from
         what was added. `model_signature=FILE` then signs the folder with `signing.key` in
-        model-signing's format (`mgit.repo.model_signature`), the key checked before anything is written."""
+        model-signing's format (`mgit.repo.model_signature`), the key checked before anything is
+        written. `verify=False` skips the policy of `verify.require` (--no-verify)."""
         from mgit.repo.checkout import checkout_version
         from mgit.repo.model_signature import load_signing_key, sign_folder
 
         vid = self.resolve(ref)
+        if verify and (level := policy.required(self.config)):
+            self.verify(vid, level=level).raise_if_refused()
         key = load_signing_key(self.config, self.root) if model_signature is not None else None
         with self.catalog.explained():
             row = self._row(vid)

@@ -23,6 +23,7 @@ class Connection:
     tracking: RefStore | None  # remote-tracking refs of a named remote
     leases: list[str] = field(default_factory=list)  # written by this push (mgit.remotes.leases)
     gc_ran: bool = False  # a gc has run on the remote (seen after this push's lease)
+    verify: bool = True  # False: --no-verify, the signature policy is not applied to what arrives
 
     def close(self) -> None:
         self.remote.close()

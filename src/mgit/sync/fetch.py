@@ -27,6 +27,7 @@ from mgit.errors import (
     RemoteNotFoundError,
     RemoteUnavailableError,
     StorageFullError,
+    UnverifiedVersionError,
 )
 from mgit.index.catalog import ObjectRow
 from mgit.index.refs import RefStore
@@ -36,6 +37,7 @@ from mgit.remotes.pack import MAX_PACK, PackSpool
 from mgit.remotes.repository import RemoteRepository
 from mgit.repo.location import REPO_DIR
 from mgit.repo.repository import Repo
+from mgit.signing.policy import SETTINGS_KEY, check_setting
 from mgit.store.base import ObjectStore
 from mgit.store.lazy import LazyStore
 from mgit.store.objectformat import Expected, expected_by
@@ -45,6 +47,7 @@ from mgit.sync.check_results import pull_checks
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, add_remote, connect
 from mgit.sync.renames import learn_numbers, remote_retired, renamed_away, renames_of
 from mgit.sync.reports import ChecksTravel, CloneResult, FetchResult, ModelUpdate
+from mgit.sync.signatures import enforce_policy, fetch_signatures, keep_signatures, remember_bundles
 from mgit.sync.tags import pull_tags
 from mgit.util.atomicfile import write_atomic
 from mgit.util.faults import crash_point
@@ -58,10 +61,13 @@ def fetch(
     models: str | None = None,
     progress: StartProgress | None = None,
     prune: bool = False,
+    verify: bool = True,
 ) -> FetchResult:
     """Fetch a remote's models (those matching the glob `models`, default all); see above.
-    `prune` drops the remote-tracking refs of models the remote no longer has."""
+    `prune` drops the remote-tracking refs of models the remote no longer has; `verify=False`
+    does not apply the signature policy (mgit.sync.signatures) to them."""
     conn = connect(repo, remote)
+    conn.verify = verify
     try:
         return fetch_from(repo, conn, models=models, progress=progress, prune=prune)
     finally:
@@ -125,14 +131,19 @@ def _heads(remote: RemoteRepository) -> dict[str, tuple[str, str | None]]:
         raise ReceivedError(exc.message, where=remote.url) from None
 
 
-def fetch_versions(repo: Repo, conn: Connection, vids: list[str]) -> TransferStats:
+def fetch_versions(repo: Repo, conn: Connection, vids: list[str], *, verify: bool = True) -> TransferStats:
     """Bring these versions by id (whether or not a ref on the remote names them: a cluster
     task's output before the driver moves its ref) with what they need, as a fetch does:
     verified, and in a lazy clone records only; indexed, so that their ids resolve. No ref
-    moves."""
+    moves. `verify=False`: the signature policy does not apply (a cluster task's own output,
+    which the driver signs)."""
     received = TransferStats()
-    with repo.store.lock(), Incoming(repo.store) as incoming:
-        _arrive(repo, conn, incoming, {v: None for v in vids}, received, None, every_model=False)
+    was, conn.verify = conn.verify, verify and conn.verify
+    try:
+        with repo.store.lock(), Incoming(repo.store) as incoming:
+            _arrive(repo, conn, incoming, {v: None for v in vids}, received, None, every_model=False)
+    finally:
+        conn.verify = was
     repo.catalog.index(repo.store, *vids)
     return received
 
@@ -158,6 +169,8 @@ def _arrive(
     with incoming.refusing(where), _packs(repo, conn, incoming, received) as (spool, read):
         versions = fetch_records(conn, incoming, heads, received, packed=spool)
         check_histories(incoming.overlay, named, versions, where=where, renames=renames)
+        signed, bundles = fetch_signatures(repo, conn, versions)
+        enforce_policy(repo, conn, incoming.overlay, versions, signed)
         # A lazy clone takes records and a recipe's source only: tensors and files come when
         # read. A clone of some models (`partial`, their glob) takes theirs whole, and of their
         # lineage ancestors' models the records only.
@@ -175,6 +188,8 @@ def _arrive(
         incoming.verify(arrived, jobs=os.cpu_count() or 2)
     incoming.promote()
     crash_point("fetch-after-promote")
+    keep_signatures(repo, signed)
+    remember_bundles(repo, conn, bundles)
     if lazy:
         _describe_objects(repo, versions, [ObjectRow(*r) for r in rows.values()])
     for vid, data in sketches.items():
@@ -386,12 +401,16 @@ def clone(
     region: str | None = None,
     profile: str | None = None,
     progress: StartProgress | None = None,
+    verify: bool = True,
+    settings: dict[str, str] | None = None,
 ) -> CloneResult:
     """A new repository in `directory` with `url` as its remote `origin`, every model (or
     those matching `models`) fetched and checked in as local heads. `lazy` fetches records
     only; objects come when something reads them. With `models` the other models' versions
     that are lineage ancestors of those come as records (remote-only: `show` and `checkout`
-    fetch what they read, as in a lazy clone)."""
+    fetch what they read, as in a lazy clone). `settings` (mgit config's, such as
+    verify.require and verify.allowed-signers) are set in the new repository before anything
+    is fetched; `verify=False` skips the signature policy."""
     target = Path(directory) if directory is not None else Path(url.rstrip("/").rpartition("/")[2] or "models")
     made = not target.exists()
     made_repo = not (target / REPO_DIR).exists()
@@ -402,10 +421,17 @@ def clone(
         # Some models: theirs come whole, their lineage ancestors' as records fetched when read.
         partial = None if lazy else models
         update_config(repo.dir, lambda config: config.update({"lazy": DEFAULT_REMOTE, "partial": partial}))
+    if settings:
+        values = {k: check_setting(k, v) for k, v in settings.items()}
+        update_config(repo.dir, lambda config: config.setdefault(SETTINGS_KEY, {}).update(values))
     repo = Repo(repo.dir)
     try:
-        result = fetch(repo, DEFAULT_REMOTE, models=models, progress=progress)
-    except (ReceivedError, StorageFullError):  # nothing of the remote was kept: neither is the repository made for it
+        result = fetch(repo, DEFAULT_REMOTE, models=models, progress=progress, verify=verify)
+    except (
+        ReceivedError,
+        StorageFullError,
+        UnverifiedVersionError,
+    ):  # nothing of the remote was kept: neither is the repository made for it
         if made_repo:
             repo.catalog.close()
             shutil.rmtree(target if made else target / REPO_DIR, ignore_errors=True)

@@ -17,6 +17,7 @@ from dataclasses import replace
 from mgit.checks import Checks
 from mgit.errors import DivergedError, RemoteError
 from mgit.repo.repository import Repo
+from mgit.signing.policy import signs_always
 from mgit.store.objects import Parent
 from mgit.store.transfer import history
 from mgit.sync.connection import DEFAULT_REMOTE, connect
@@ -28,9 +29,15 @@ from mgit.util.parallel import StartProgress
 
 
 def pull(
-    repo: Repo, remote: str = DEFAULT_REMOTE, *, ff_only: bool = False, progress: StartProgress | None = None
+    repo: Repo,
+    remote: str = DEFAULT_REMOTE,
+    *,
+    ff_only: bool = False,
+    progress: StartProgress | None = None,
+    verify: bool = True,
 ) -> PullResult:
     conn = connect(repo, remote)
+    conn.verify = verify
     try:
         fetched = fetch_from(repo, conn, progress=progress)
     finally:
@@ -77,6 +84,9 @@ def pull(
     if renamed and (repo.dir / "checks.sqlite").exists():
         Checks(repo).copy_results(renamed)
     copy_tags(repo, renamed)
+    if signs_always(repo.config):  # replayed versions are new versions: signed as any made here
+        for new in renamed.values():
+            repo.sign(new)
     conn = connect(repo, remote)
     try:
         tags = pull_tags(repo, conn)

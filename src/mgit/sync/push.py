@@ -38,6 +38,7 @@ from mgit.sync.check_results import push_checks
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, connect
 from mgit.sync.renames import push_retired
 from mgit.sync.reports import ModelUpdate, PushResult
+from mgit.sync.signatures import push_signatures
 from mgit.sync.tags import push_tags
 from mgit.util.faults import crash_point
 from mgit.util.parallel import StartProgress
@@ -123,6 +124,7 @@ def _push(
             raise RemoteConflictError(conn.name, "a model moved during this push (run it again)")
     checks = push_checks(repo, conn, known | set(versions))
     tags = push_tags(repo, conn, known | set(versions))
+    push_signatures(repo, conn, known | set(versions))  # before the heads: a policy finds them with the versions
     others = remote.heads() if repo.retired.dir.is_dir() else {}  # names removed or renamed here
     notes = push_retired(repo, conn, chosen, {n: h for n, (h, _) in others.items()})
     crash_point("push-before-refs")

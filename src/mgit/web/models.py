@@ -13,6 +13,7 @@ from typing import Any
 
 from mgit.checks import Checks
 from mgit.errors import UnknownRefError
+from mgit.repo.signatures import signature_checks
 from mgit.repo.tensors import version_tensors
 from mgit.reports import json_safe
 from mgit.store.objects import RELATIONS, tag_matches
@@ -142,6 +143,7 @@ def model_page(view: RepoView, name: str, query: Mapping[str, str]) -> dict[str,
         "children": [e.to_json() for e in lineage.children(name)],
         "card": card.to_json() if card else None,
         "run": run_chart(log, query),
+        "signatures": [c.to_dict() for c in signature_checks(repo.signatures, repo.config, vid)],
         "tensors": {"items": tensors.items, **tensors.meta()},
         "tests": {
             "names": tests,

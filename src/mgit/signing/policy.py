@@ -1,0 +1,154 @@
+"""The signing settings (`mgit config`, kept under "settings" in config.json) and what a
+version's signatures amount to under them.
+
+    signing.key             PATH: a private key file, or a public key the ssh-agent holds
+    signing.always          true: every version committed here is signed (add, merge,
+                            cascade, import-hf, a cluster run's outputs on the driver)
+    verify.allowed-signers  PATH: whose signatures are trusted (mgit.signing.allowed)
+    verify.revoked          PATH: keys no longer trusted, one public key a line
+    verify.require          signed | trusted: what fetch, pull, clone and checkout demand
+    remote.NAME.verify      signed | trusted | none: the same for one remote, over verify.require
+
+`signed` asks for a signature that verifies over the version id (whoever's key); `trusted`
+for one by an allowed signer, in its time window, not revoked.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mgit.errors import InvalidOptionError, SignatureError
+from mgit.signing.allowed import AllowedSigners
+from mgit.signing.sshsig import VERSION_NAMESPACE, SshSignature
+from mgit.signing.store import check_signature
+
+SETTINGS_KEY = "settings"
+PATHS = ("signing.key", "verify.allowed-signers", "verify.revoked")
+LEVELS = ("signed", "trusted")
+REMOTE_VERIFY = re.compile(r"^remote\.([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.verify\Z")
+
+
+def check_setting(key: str, value: str) -> str | bool:
+    """A setting's value as stored, or InvalidOptionError naming what is accepted."""
+    if key in PATHS:
+        return str(Path(value).expanduser().resolve())
+    if key == "signing.always":
+        if value.lower() not in ("true", "false"):
+            raise InvalidOptionError(f"signing.always is true or false, not {value!r}")
+        return value.lower() == "true"
+    if key == "verify.require" or REMOTE_VERIFY.match(key):
+        allowed = (*LEVELS, "none")
+        if value not in allowed:
+            raise InvalidOptionError(f"{key} is one of {', '.join(allowed)}, not {value!r}")
+        return value
+    raise InvalidOptionError(
+        f"unknown setting {key!r}",
+        hint="Settings: signing.key, signing.always, verify.allowed-signers, verify.revoked, "
+        "verify.require, remote.NAME.verify",
+    )
+
+
+def settings(config: dict[str, Any]) -> dict[str, Any]:
+    found = config.get(SETTINGS_KEY)
+    return dict(found) if isinstance(found, dict) else {}
+
+
+def required(config: dict[str, Any], remote: str | None = None) -> str | None:
+    """What the policy demands of versions (from `remote`, when given): signed, trusted or None."""
+    values = settings(config)
+    level = values.get(f"remote.{remote}.verify") if remote else None
+    level = level or values.get("verify.require")
+    return level if level in LEVELS else None
+
+
+def signs_always(config: dict[str, Any]) -> bool:
+    return settings(config).get("signing.always") is True
+
+
+def allowed_signers(config: dict[str, Any]) -> AllowedSigners:
+    values = settings(config)
+    return AllowedSigners.load(values.get("verify.allowed-signers"), values.get("verify.revoked"))
+
+
+@dataclass(frozen=True)
+class SignatureCheck:
+    """One signature of a version as judged here: its key, who the allowed signers say it
+    is, and `status`: trusted, or why not (bad signature, unknown key, expired, revoked,
+    not yet valid, not allowed for NAMESPACE)."""
+
+    fingerprint: str
+    key_type: str
+    principals: tuple[str, ...]
+    status: str
+
+    @property
+    def trusted(self) -> bool:
+        return self.status == "trusted"
+
+    @property
+    def valid(self) -> bool:
+        """The signature itself verifies over the version (whoever's key it is)."""
+        return self.status != "bad signature" and not self.status.startswith("signed for")
+
+    @property
+    def signer(self) -> str:
+        return ",".join(self.principals) or self.fingerprint
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "fingerprint": self.fingerprint,
+            "key_type": self.key_type,
+            "principals": list(self.principals),
+            "status": self.status,
+            "trusted": self.trusted,
+        }
+
+
+def judge(vid: str, signatures: list[bytes | SshSignature], allowed: AllowedSigners) -> list[SignatureCheck]:
+    """Each of a version's signatures: does it sign this version, and whose key is it."""
+    out = []
+    for armored in signatures:
+        try:
+            parsed = armored if isinstance(armored, SshSignature) else SshSignature.parse(armored)
+        except SignatureError:
+            out.append(SignatureCheck("?", "?", (), "bad signature"))
+            continue
+        key = parsed.public
+        try:
+            sig = check_signature(vid, parsed)
+        except SignatureError:
+            wrong = parsed.namespace != VERSION_NAMESPACE
+            status = f"signed for {parsed.namespace!r}, not {VERSION_NAMESPACE}" if wrong else "bad signature"
+            out.append(SignatureCheck(key.fingerprint, key.kind, allowed.judge(parsed).principals, status))
+            continue
+        judged = allowed.judge(sig)
+        out.append(SignatureCheck(key.fingerprint, key.kind, judged.principals, judged.status))
+    return out
+
+
+def refusal(checks: list[SignatureCheck], level: str | None) -> str | None:
+    """Why the policy `level` refuses a version with these signatures (None: it does not)."""
+    if level is None:
+        return None
+    if not checks:
+        return "is not signed"
+    if level == "signed" and any(c.valid for c in checks):
+        return None
+    if level == "trusted" and any(c.trusted for c in checks):
+        return None
+    said = "; ".join(f"{c.signer}: {c.status}" for c in checks)
+    return f"is signed by no allowed signer ({said})" if level == "trusted" else f"has no valid signature ({said})"
+
+
+def configured_signer(config: dict[str, Any], key: str | None = None):  # noqa: ANN201 - a Signer
+    """The Signer `key` (a path) or the `signing.key` setting names."""
+    from mgit.errors import SigningKeyError
+    from mgit.signing.keys import load_signing_key
+
+    path = key or settings(config).get("signing.key")
+    if not path:
+        raise SigningKeyError("no signing key is set", hint="Set one with: mgit config signing.key ~/.ssh/id_ed25519")
+    return load_signing_key(path)
