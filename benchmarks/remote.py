@@ -293,7 +293,7 @@ def _latency_steps(s3: S3, proxy: Any, label: str, repo: Repo, ft: str) -> dict[
         start, started = len(proxy.seen), time.perf_counter()
         action()
         seconds = time.perf_counter() - started
-        steps[name] = (seconds, _kinds(proxy.seen[start:]))
+        steps[name] = (seconds, proxy.kinds(start))
         print(f"  {label} {name}: {seconds:.2f} s, {steps[name][1]}", flush=True)
 
     url = s3.url()
@@ -319,15 +319,6 @@ def _latency_steps(s3: S3, proxy: Any, label: str, repo: Repo, ft: str) -> dict[
     steps["stored"] = stored_bytes(repo)
     steps["objects"] = len(files)
     return steps
-
-
-def _kinds(seen: list[Any]) -> dict[str, int]:
-    """Requests by kind: PUT, GET, HEAD, LIST (a GET of a listing), POST (multipart)."""
-    kinds: dict[str, int] = {}
-    for r in seen:
-        kind = "LIST" if r.method == "GET" and ("list-type=" in r.target or "?uploads" in r.target) else r.method
-        kinds[kind] = kinds.get(kind, 0) + 1
-    return kinds
 
 
 def a_fine_tune(repo: Repo) -> str:

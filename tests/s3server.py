@@ -364,6 +364,17 @@ class FaultProxy:
         with self._lock:
             return len(self.seen)
 
+    def kinds(self, since: int = 0) -> dict[str, int]:
+        """The requests from the `since`-th on, by kind: PUT, GET, HEAD, POST (multipart) and
+        LIST (a GET of a listing)."""
+        with self._lock:
+            seen = self.seen[since:]
+        out: dict[str, int] = {}
+        for r in seen:
+            kind = "LIST" if r.method == "GET" and ("list-type=" in r.target or "?uploads" in r.target) else r.method
+            out[kind] = out.get(kind, 0) + 1
+        return out
+
     @property
     def open_connections(self) -> int:
         """Client connections still being relayed (their threads have not ended)."""

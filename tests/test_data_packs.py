@@ -241,6 +241,24 @@ def test_a_reader_whose_index_went_stale_by_a_repack_finds_the_object_in_the_new
     assert got == repo.store.path_of(oid).read_bytes()
 
 
+def test_many_new_names_are_checked_against_one_listing_of_the_refs(tmp_path):
+    from mgit.errors import ModelNameConflictError
+
+    remote = tmp_path / "remote.mgit"
+    assert cli("init", "--bare", str(remote))[0] == 0
+    handle = RemoteRepository(FolderBackend(remote))
+    for name in ("org/a", "solo"):
+        handle.backend.write(f"refs/models/{name}", b"0" * 64 + b"\n")
+    fine = [f"model{i:03d}" for i in range(80)]
+    handle.check_new_names(fine)  # more than LIST_ABOVE names: one listing, no conflict
+    for clash, other in (("org", "org/a"), ("solo/x", "solo")):
+        with pytest.raises(ModelNameConflictError) as refused:
+            handle.check_new_names([*fine, clash])
+        assert other in str(refused.value)
+        with pytest.raises(ModelNameConflictError):  # and the same with a name or two: a request each
+            handle.check_new_names([clash])
+
+
 # --- hostile remotes ----------------------------------------------------------------------------
 
 

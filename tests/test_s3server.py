@@ -183,6 +183,8 @@ def test_a_latency_proxy_delays_each_request_and_is_bounded(s3_bucket):
         assert time.monotonic() - started >= 3 * 0.2  # each request waited (a lower bound only)
         assert s3.get_object(Bucket=s3_bucket.name, Key="k1")["Body"].read() == b"x"
         assert [r.method for r in proxy.seen] == ["PUT", "PUT", "PUT", "GET"]
+        s3.list_objects_v2(Bucket=s3_bucket.name)
+        assert proxy.kinds() == {"PUT": 3, "GET": 1, "LIST": 1} and proxy.kinds(3) == {"GET": 1, "LIST": 1}
 
 
 def test_proxy_round_trip_is_byte_exact_and_counted(s3_bucket):

@@ -17,6 +17,7 @@ ids by whoever keeps them).
 
 from __future__ import annotations
 
+import bisect
 import json
 import tempfile
 import threading
@@ -126,13 +127,21 @@ class RemoteRepository:
         return names
 
     def check_new_names(self, names: Iterable[str]) -> None:
-        """Refuse to create models whose names are above or under a model on the remote."""
+        """Refuse to create models whose names are above or under a model on the remote (a
+        request or two per name; for many names, one listing of the refs instead)."""
+        names = [validate_model_name(n) for n in names]
+        listed = sorted(k[len(REFS) :] for k in self.backend.list(REFS)) if len(names) > LIST_ABOVE else None
         for name in names:
-            parts = validate_model_name(name).split("/")
+            parts = name.split("/")
             for above in ("/".join(parts[:i]) for i in range(1, len(parts))):
-                if self.backend.exists(REFS + above):
+                found = above in listed if listed is not None else self.backend.exists(REFS + above)
+                if found:
                     raise ModelNameConflictError(name, above, where=self.url)
-            under = next(iter(self.backend.list(f"{REFS}{name}/")), None)
+            if listed is not None:
+                at = bisect.bisect_left(listed, f"{name}/")
+                under = REFS + listed[at] if at < len(listed) and listed[at].startswith(f"{name}/") else None
+            else:
+                under = next(iter(self.backend.list(f"{REFS}{name}/")), None)
             if under is not None:
                 raise ModelNameConflictError(name, under[len(REFS) :], where=self.url)
 
