@@ -135,12 +135,9 @@ class S3:
         return f"s3://{self.bucket()}/models"
 
     def client_upload(self, files: list[tuple[str, Path]], bucket: str, endpoint: str | None = None) -> None:
-        self._each(lambda c, cfg, kp: c.upload_file(str(kp[1]), bucket, kp[0], Config=cfg), files, endpoint)
+        self.each(lambda c, cfg, kp: c.upload_file(str(kp[1]), bucket, kp[0], Config=cfg), files, endpoint)
 
-    def client_download(self, files: list[tuple[str, Path]], bucket: str, endpoint: str | None = None) -> None:
-        self._each(lambda c, cfg, kp: c.download_file(bucket, kp[0], str(kp[1]), Config=cfg), files, endpoint)
-
-    def _each(self, one: Callable[..., Any], files: list[tuple[str, Path]], endpoint: str | None) -> None:
+    def each(self, one: Callable[..., Any], files: list[tuple[str, Path]], endpoint: str | None) -> None:
         """`one(client, config, (key, path))` over the files, 16 at a time (MGit's WORKERS)."""
         from botocore.config import Config
         from s3server import s3_client
@@ -268,18 +265,16 @@ def lazy_scale(s3: S3 | None, runs: int) -> dict[str, Any]:
     return out
 
 
-def at_latency(s3: S3, datasets: dict[str, tuple[Repo, str]], latency: float) -> dict[str, Any]:
+def at_latency(s3: S3, label: str, repo: Repo, ft: str, latency: float) -> dict[str, Any]:
     """Through a proxy adding `latency` to every request: each step's (seconds, requests by
-    kind) for each data set ({label: (repository, a fine-tune)})."""
+    kind) for `repo` and its fine-tune `ft`."""
     from s3server import FaultProxy
 
     proxy = FaultProxy(s3.server.endpoint, latency=latency)
     saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")}
     os.environ.update(dict.fromkeys(saved, proxy.endpoint))
     try:
-        return {
-            label: _latency_steps(s3, proxy, f"{latency * 1000:.0f} ms {label}", *d) for label, d in datasets.items()
-        }
+        return _latency_steps(s3, proxy, f"{latency * 1000:.0f} ms {label}", repo, ft)
     finally:
         proxy.stop()
         for k, v in saved.items():
@@ -315,7 +310,8 @@ def _latency_steps(s3: S3, proxy: Any, label: str, repo: Repo, ft: str) -> dict[
     down = fresh(WORK / "lat-plain")
     down.mkdir()
     back = [(k, down / k.replace("/", "-")) for k, _ in files]
-    step("client_download", lambda: s3.client_download(back, bucket, proxy.endpoint))
+    down_one = lambda c, cfg, kp: c.download_file(bucket, kp[0], str(kp[1]), Config=cfg)  # noqa: E731
+    step("client_download", lambda: s3.each(down_one, back, proxy.endpoint))
     steps["stored"] = stored_bytes(repo)
     steps["objects"] = len(files)
     return steps
@@ -331,33 +327,32 @@ def a_fine_tune(repo: Repo) -> str:
 
 def latency_report(results: dict[float, dict[str, Any]]) -> list[str]:
     t = LATENCY_TARGETS
+    columns = [(ms, label, steps) for ms, by_data in results.items() for label, steps in by_data.items()]
     lines = [
         LATENCY_BEGIN,
         "## Remotes at a bucket's latency (`benchmarks/remote.py --latency-only`)",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} on {machine()}, load {os.getloadavg()[0]:.1f}, "
-        f"commit {_commit()}; one run.",
+        f"Measured {time.strftime('%Y-%m-%d')} on {machine()}, load {os.getloadavg()[0]:.1f} at the end; "
+        "one run. Every request goes through a proxy that delays it by 20 or 50 ms "
+        "before moto sees it (tests/s3server.py's FaultProxy; requests on separate connections wait in "
+        "parallel, as on a network; MGit and the plain client both keep 16 in flight). Seconds, then "
+        f"requests by kind. Targets at 20 ms: a first push of 1,000 x 5 under {t['push_vs_client']:.0f}x "
+        f"the plain client's upload of the same object files; a no-op push and a lazy clone under "
+        f"{t['noop_push_s']:.0f} s.",
         "",
-        "Every request through a proxy that delays it by 20 ms or 50 ms before moto sees it "
-        "(tests/s3server.py's FaultProxy; requests on separate connections wait in parallel, as on a "
-        "network; MGit and the plain client both keep 16 requests in flight). Seconds, and requests by "
-        f"kind. Targets at 20 ms: a first push of 1,000 x 5 under {t['push_vs_client']:.0f}x the plain "
-        f"client's upload of the same object files; a no-op push and a lazy clone under {t['noop_push_s']:.0f} s.",
-        "",
-        "| data | latency | " + " | ".join(LATENCY_STEPS.values()) + " |",
-        "| --- | --- | " + " | ".join("---" for _ in LATENCY_STEPS) + " |",
+        "| step | " + " | ".join(f"{label}, {ms * 1000:.0f} ms" for ms, label, _ in columns) + " |",
+        "| --- | " + " | ".join("---" for _ in columns) + " |",
+        "| data | "
+        + " | ".join(f"{st['objects']:,} objects, {st['stored'] / MB:,.0f} MB" for *_, st in columns)
+        + " |",
     ]
-    for latency, by_data in results.items():
-        for label, steps in by_data.items():
-            cells = []
-            for key in LATENCY_STEPS:
-                seconds, kinds = steps[key]
-                detail = ", ".join(f"{k} {n:,}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
-                cells.append(f"{seconds:.2f} s; {sum(kinds.values()):,} ({detail})")
-            lines.append(
-                f"| {label} ({steps['objects']:,} objects, {steps['stored'] / MB:,.0f} MB) "
-                f"| {latency * 1000:.0f} ms | " + " | ".join(cells) + " |"
-            )
+    for key, step in LATENCY_STEPS.items():
+        cells = []
+        for *_, steps in columns:
+            seconds, kinds = steps[key]
+            detail = ", ".join(f"{k} {n:,}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+            cells.append(f"{seconds:.2f} s; {sum(kinds.values()):,} ({detail})")
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
     return [*lines, "", LATENCY_END]
 
 
@@ -492,21 +487,27 @@ def main() -> None:
 
 
 def latency_main(args: argparse.Namespace) -> None:
-    """The MiniLM family and 1,000 x 5 at each latency; the section between its own markers."""
+    """The MiniLM family, then 1,000 x 5, at each latency; the section between its own markers."""
     from lineage_scale import FORMAT, build
 
-    datasets = {f"MiniLM family ({args.preset})": (minilm_repo(args.preset), "minilm-sentiment")}
+    def scale() -> tuple[Repo, str]:
+        path = CACHE / f"lineage-1000x5-s4-f{FORMAT}"
+        while path.exists() and not (path / ".built").exists():  # another run is building it
+            time.sleep(5)
+        if not (path / ".built").exists():
+            (path / ".built").write_text(f"{build(path, 1000, 5, 4):.1f}\n")
+        return Repo(path), a_fine_tune(Repo(path))
+
+    datasets = {f"MiniLM family ({args.preset})": lambda: (minilm_repo(args.preset), "minilm-sentiment")}
     if not args.skip_lazy:
-        scale_path = CACHE / f"lineage-1000x5-s4-f{FORMAT}"
-        if not (scale_path / ".built").exists():
-            (scale_path / ".built").write_text(f"{build(scale_path, 1000, 5, 4):.1f}\n")
-        scale = Repo(scale_path)
-        datasets["1,000 models x 5"] = (scale, a_fine_tune(scale))
+        datasets["1,000 models x 5"] = scale
     s3 = S3()
-    results = {}
+    results: dict[float, dict[str, Any]] = {}
     try:
-        for ms in (float(x) for x in args.latencies.split(",")):
-            results[ms / 1000] = at_latency(s3, datasets, ms / 1000)
+        for label, make in datasets.items():
+            repo, ft = make()
+            for ms in (float(x) for x in args.latencies.split(",")):
+                results.setdefault(ms / 1000, {})[label] = at_latency(s3, label, repo, ft, ms / 1000)
     finally:
         s3.stop()
     section = "\n".join(latency_report(results))
