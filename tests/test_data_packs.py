@@ -241,6 +241,15 @@ def test_a_reader_whose_index_went_stale_by_a_repack_finds_the_object_in_the_new
     assert got == repo.store.path_of(oid).read_bytes()
 
 
+def test_fsck_of_a_packed_remote_reads_every_object_out_of_its_pack_and_finds_a_damaged_one(tmp_path):
+    remote, alice = packed_remote(tmp_path)
+    report = sync.fsck_remote(str(remote))
+    assert report.ok and report.objects_checked == len(list(Repo(alice).store.ids()))
+    rewrite_index(remote, "pack-bytes")  # one byte of one object changed inside the pack
+    damaged = sync.fsck_remote(str(remote))
+    assert not damaged.ok and len({p.object for p in damaged.problems}) >= 1
+
+
 def test_many_new_names_are_checked_against_one_listing_of_the_refs(tmp_path):
     from mgit.errors import ModelNameConflictError
 
