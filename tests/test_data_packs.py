@@ -268,6 +268,20 @@ def test_many_new_names_are_checked_against_one_listing_of_the_refs(tmp_path):
             handle.check_new_names([clash])
 
 
+def test_a_reader_that_read_the_indexes_before_a_push_finds_what_the_push_packed(tmp_path):
+    remote, alice = packed_remote(tmp_path)
+    reader = RemoteRepository(FolderBackend(remote))
+    reader.packed()  # read before the push below
+    repo = Repo(alice)
+    repo.add(make_model(tmp_path / "m4", seed=4), name="ft", parent="base")
+    sync.push(repo)
+    new = sorted(set(RemoteRepository(FolderBackend(remote)).packed()) - set(reader.packed()))
+    assert new
+    got = reader.read_objects_into({o: (tmp_path / o, 1 << 30) for o in new})
+    assert got == {o: repo.store.stored_size(o) for o in new}
+    assert all((tmp_path / o).read_bytes() == repo.store.path_of(o).read_bytes() for o in new)
+
+
 # --- hostile remotes ----------------------------------------------------------------------------
 
 

@@ -257,9 +257,14 @@ class RemoteRepository:
 
         self.map(lambda job: job(), [lambda o=o: one(o) for o in loose])
         self.map(lambda job: job(), [lambda p=p: span(p) for p in datapack.spans(inside)])
-        if gone:
-            self.packed(refresh=True)
-            sizes.update(self.read_objects_into({o: wanted[o] for o in gone}, progress=progress, again=False))
+        # A pack gone since the indexes were read (a repack), or an object not found loose that
+        # a push since may have packed: the indexes are listed again, and those read once more.
+        missing = [o for o in loose if sizes[o] is None]
+        if again and (gone or missing):
+            packed = self.packed(refresh=True)
+            retry = gone + [o for o in missing if o in packed]
+            if retry:
+                sizes.update(self.read_objects_into({o: wanted[o] for o in retry}, progress=progress, again=False))
         return sizes
 
     def _read_span(self, span: datapack.Span, limits: Mapping[str, int]) -> bytes:
