@@ -13,11 +13,10 @@ moto's server process on 127.0.0.1 (tests/s3server.py), reached over HTTP as a b
 Baselines in the same run: `cp -r` of the repository's .mgit folder, and the S3 client's own
 parallel upload (boto3/s3transfer, the settings MGit uses) of the same object files.
 
-At real latency: a proxy (tests/s3server.py's FaultProxy with `latency`) in front of the S3
-server delays every request by 20 ms, then 50 ms, and counts them; through it, the first push
-(with data packs, the default for a bucket, and without), a no-op push, a clone, a lazy clone
-and a lazy checkout of one fine-tune, of the MiniLM family and of 1,000 models x 5 versions,
-beside the plain client's own upload and download of the same object files as files.
+At real latency: a proxy (tests/s3server.py's FaultProxy with `latency`) before the S3 server
+delays every request by 20 ms, then 50 ms, and counts them; through it, the first push (with
+data packs, a bucket's default, and without), a no-op push, a clone, a lazy clone and a lazy
+checkout of a fine-tune, of the MiniLM family and of 1,000 models x 5, beside the plain client.
 """
 
 from __future__ import annotations
@@ -121,7 +120,7 @@ class S3:
     objects in memory), with the AWS_* variables set here."""
 
     def __init__(self) -> None:
-        self.server = S3Server()
+        self.server = S3Server(startup_timeout=180)
         os.environ.update(aws_env(self.server.endpoint))
         self.last: str | None = None
 
@@ -349,9 +348,9 @@ def latency_report(results: dict[float, dict[str, Any]]) -> list[str]:
     for key, step in LATENCY_STEPS.items():
         cells = []
         for *_, steps in columns:
-            seconds, kinds = steps[key]
+            seconds, kinds = steps.get(key, (None, {}))  # (a step a run did not reach: "-")
             detail = ", ".join(f"{k} {n:,}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
-            cells.append(f"{seconds:.2f} s; {sum(kinds.values()):,} ({detail})")
+            cells.append("-" if seconds is None else f"{seconds:.2f} s; {sum(kinds.values()):,} ({detail})")
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
     return [*lines, "", LATENCY_END]
 
