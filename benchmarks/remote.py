@@ -4,6 +4,7 @@ checkout fetches.
 
     python benchmarks/remote.py                 # everything; writes docs/benchmarks.md (remote section)
     python benchmarks/remote.py --runs 1 --no-doc --skip-lazy
+    python benchmarks/remote.py --latency-only --preset demo   # only the section at 20 and 50 ms a request
 
 Data: the MiniLM family of `minilm_family.py` (full preset, cached under .cache/family-full/)
 and the generated LLM-shaped bf16 base and fine-tune of `llm_family.py` (1.08 GB each),
@@ -11,6 +12,11 @@ each added to a repository once (cached under .cache/bench/remote/). The S3 serv
 moto's server process on 127.0.0.1 (tests/s3server.py), reached over HTTP as a bucket is.
 Baselines in the same run: `cp -r` of the repository's .mgit folder, and the S3 client's own
 parallel upload (boto3/s3transfer, the settings MGit uses) of the same object files.
+
+At real latency: a proxy (tests/s3server.py's FaultProxy with `latency`) before the S3 server
+delays every request by 20 ms, then 50 ms, and counts them; through it, the first push (with
+data packs, a bucket's default, and without), a no-op push, a clone, a lazy clone and a lazy
+checkout of a fine-tune, of the MiniLM family and of 1,000 models x 5, beside the plain client.
 """
 
 from __future__ import annotations
@@ -41,8 +47,21 @@ from mgit.index.refs import RefStore  # noqa: E402
 CACHE = ROOT / ".cache" / "bench"
 WORK = CACHE / "remote"
 BEGIN, END = "<!-- remote:begin -->", "<!-- remote:end -->"
+LATENCY_BEGIN, LATENCY_END = "<!-- remote-latency:begin -->", "<!-- remote-latency:end -->"
 MB = 1e6
 TARGETS = {"folder": 300.0, "s3_ratio": 1.5, "lazy_clone_s": 10.0}
+LATENCIES = (0.020, 0.050)  # seconds a request costs a bucket over what it costs on loopback
+LATENCY_TARGETS = {"push_vs_client": 10.0, "noop_push_s": 2.0, "lazy_clone_s": 2.0}  # at 20 ms
+LATENCY_STEPS = {
+    "push": "first push",
+    "push_loose": "first push, no packs",
+    "noop_push": "no-op push",
+    "clone": "clone",
+    "lazy_clone": "lazy clone",
+    "lazy_checkout": "lazy checkout of a fine-tune",
+    "client_upload": "plain client: upload",
+    "client_download": "plain client: download",
+}
 
 
 def median_time(runs: int, prepare: Callable[[], Any], action: Callable[[Any], Any]) -> tuple[float, Any]:
@@ -65,13 +84,13 @@ def stored_bytes(repo: Repo) -> int:
     return sum(repo.store.stored_size(o) for o in repo.store.ids())
 
 
-def minilm_repo() -> Repo:
+def minilm_repo(preset: str = "full") -> Repo:
     from minilm_family import build_family
 
-    path = WORK / "minilm"
+    path = WORK / ("minilm" if preset == "full" else f"minilm-{preset}")
     if (path / ".built").exists():
         return Repo(path)
-    members = build_family(CACHE.parent / "family-full", preset="full", progress=lambda _: None)
+    members = build_family(CACHE.parent / f"family-{preset}", preset=preset, progress=lambda _: None)
     repo = Repo.init(fresh(path))
     for m in members:
         repo.add(
@@ -101,7 +120,7 @@ class S3:
     objects in memory), with the AWS_* variables set here."""
 
     def __init__(self) -> None:
-        self.server = S3Server()
+        self.server = S3Server(startup_timeout=180)
         os.environ.update(aws_env(self.server.endpoint))
         self.last: str | None = None
 
@@ -114,13 +133,20 @@ class S3:
     def url(self) -> str:
         return f"s3://{self.bucket()}/models"
 
-    def client_upload(self, files: list[tuple[str, Path]], bucket: str) -> None:
+    def client_upload(self, files: list[tuple[str, Path]], bucket: str, endpoint: str | None = None) -> None:
+        self.each(lambda c, cfg, kp: c.upload_file(str(kp[1]), bucket, kp[0], Config=cfg), files, endpoint)
+
+    def each(self, one: Callable[..., Any], files: list[tuple[str, Path]], endpoint: str | None) -> None:
+        """`one(client, config, (key, path))` over the files, 16 at a time (MGit's WORKERS)."""
+        from botocore.config import Config
+        from s3server import s3_client
+
         from mgit.remotes.s3 import transfer_config
 
-        client = self.server.client()
+        client = s3_client(endpoint or self.server.endpoint, Config(max_pool_connections=32))
         config = transfer_config(max_workers=16)
         with ThreadPoolExecutor(max_workers=16) as pool:
-            list(pool.map(lambda kp: client.upload_file(str(kp[1]), bucket, kp[0], Config=config), files))
+            list(pool.map(lambda kp: one(client, config, kp), files))
 
     def stop(self) -> None:
         self.server.stop()
@@ -238,6 +264,97 @@ def lazy_scale(s3: S3 | None, runs: int) -> dict[str, Any]:
     return out
 
 
+def at_latency(s3: S3, label: str, repo: Repo, ft: str, latency: float) -> dict[str, Any]:
+    """Through a proxy adding `latency` to every request: each step's (seconds, requests by
+    kind) for `repo` and its fine-tune `ft`."""
+    from s3server import FaultProxy
+
+    proxy = FaultProxy(s3.server.endpoint, latency=latency)
+    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")}
+    os.environ.update(dict.fromkeys(saved, proxy.endpoint))
+    try:
+        return _latency_steps(s3, proxy, f"{latency * 1000:.0f} ms {label}", repo, ft)
+    finally:
+        proxy.stop()
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+def _latency_steps(s3: S3, proxy: Any, label: str, repo: Repo, ft: str) -> dict[str, Any]:
+    steps: dict[str, Any] = {}
+
+    def step(name: str, action: Callable[[], Any]) -> None:
+        start, started = len(proxy.seen), time.perf_counter()
+        action()
+        seconds = time.perf_counter() - started
+        steps[name] = (seconds, proxy.kinds(start))
+        print(f"  {label} {name}: {seconds:.2f} s, {steps[name][1]}", flush=True)
+
+    url = s3.url()
+    sync.init_bare(url)  # a bucket: data packs
+    _set_url(repo, "bench", url)
+    step("push", lambda: sync.push(repo, "bench"))
+    step("noop_push", lambda: sync.push(repo, "bench"))
+    step("clone", lambda: sync.clone(url, fresh(WORK / "lat-clone")))
+    step("lazy_clone", lambda: sync.clone(url, fresh(WORK / "lat-lazy"), lazy=True))
+    lazy = Repo(WORK / "lat-lazy")
+    step("lazy_checkout", lambda: lazy.checkout(ft, fresh(WORK / "lat-out")))
+    loose = s3.url()
+    sync.init_bare(loose, packs=False)
+    _set_url(repo, "bench", loose)
+    step("push_loose", lambda: sync.push(repo, "bench"))
+    bucket = loose.removeprefix("s3://").split("/")[0]
+    files = [(f"plain/{o[:2]}/{o[2:]}", repo.store.path_of(o)) for o in repo.store.ids()]
+    step("client_upload", lambda: s3.client_upload(files, bucket, proxy.endpoint))
+    down = fresh(WORK / "lat-plain")
+    down.mkdir()
+    back = [(k, down / k.replace("/", "-")) for k, _ in files]
+    down_one = lambda c, cfg, kp: c.download_file(bucket, kp[0], str(kp[1]), Config=cfg)  # noqa: E731
+    step("client_download", lambda: s3.each(down_one, back, proxy.endpoint))
+    steps["stored"] = stored_bytes(repo)
+    steps["objects"] = len(files)
+    return steps
+
+
+def a_fine_tune(repo: Repo) -> str:
+    """The first model (by name) whose head is a fine-tune of another."""
+    for name, vid in sorted(repo.refs.all().items()):
+        if any(p.relation == "finetune" for p in repo.store.get_version(vid).parents):
+            return name
+    raise SystemExit("no fine-tune in the repository")
+
+
+def latency_report(results: dict[float, dict[str, Any]]) -> list[str]:
+    t = LATENCY_TARGETS
+    columns = [(ms, label, steps) for ms, by_data in results.items() for label, steps in by_data.items()]
+    lines = [
+        LATENCY_BEGIN,
+        "## Remotes at a bucket's latency (`benchmarks/remote.py --latency-only`)",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d')} on {machine()}, load {os.getloadavg()[0]:.1f} at the end; "
+        "one run. Every request goes through a proxy that delays it by 20 or 50 ms "
+        "before moto sees it (tests/s3server.py's FaultProxy; requests on separate connections wait in "
+        "parallel, as on a network; MGit and the plain client both keep 16 in flight). Seconds, then "
+        f"requests by kind. Targets at 20 ms: a first push of 1,000 x 5 under {t['push_vs_client']:.0f}x "
+        f"the plain client's upload of the same object files; a no-op push and a lazy clone under "
+        f"{t['noop_push_s']:.0f} s.",
+        "",
+        "| step | " + " | ".join(f"{label}, {ms * 1000:.0f} ms" for ms, label, _ in columns) + " |",
+        "| --- | " + " | ".join("---" for _ in columns) + " |",
+        "| data | "
+        + " | ".join(f"{st['objects']:,} objects, {st['stored'] / MB:,.0f} MB" for *_, st in columns)
+        + " |",
+    ]
+    for key, step in LATENCY_STEPS.items():
+        cells = []
+        for *_, steps in columns:
+            seconds, kinds = steps.get(key, (None, {}))  # (a step a run did not reach: "-")
+            detail = ", ".join(f"{k} {n:,}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+            cells.append("-" if seconds is None else f"{seconds:.2f} s; {sum(kinds.values()):,} ({detail})")
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return [*lines, "", LATENCY_END]
+
+
 def rate(nbytes: int, seconds: float) -> str:
     return f"{nbytes / MB / seconds:,.0f} MB/s" if seconds else "-"
 
@@ -329,12 +446,21 @@ def main() -> None:
     parser.add_argument("--skip-s3", action="store_true")
     parser.add_argument("--skip-lazy", action="store_true", help="skip the 1,000-model lazy clone")
     parser.add_argument("--only", choices=["minilm", "llm"], help="one data set")
+    parser.add_argument("--preset", choices=["full", "demo"], default="full", help="the MiniLM family's preset")
+    parser.add_argument("--latency-only", action="store_true", help="only the section at a bucket's latency")
+    parser.add_argument("--latencies", default="20,50", help="milliseconds a request, comma-separated")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
+    if args.latency_only:
+        latency_main(args)
+        return
     s3 = None if args.skip_s3 else S3()
     results: dict[str, Any] = {"throughput": {}, "fine_tune": {}, "lazy_checkout": {}}
     try:
-        sets = {"minilm": (minilm_repo, "minilm-base", "minilm-sentiment"), "llm": (llm_repo, "llm-base", "llm-ft")}
+        sets = {
+            "minilm": (lambda: minilm_repo(args.preset), "minilm-base", "minilm-sentiment"),
+            "llm": (llm_repo, "llm-base", "llm-ft"),
+        }
         for label, (make, base, ft) in sets.items():
             if args.only and label != args.only:
                 continue
@@ -357,6 +483,36 @@ def main() -> None:
     print(section)
     if not args.no_doc:
         write_doc(section, BEGIN, END)
+
+
+def latency_main(args: argparse.Namespace) -> None:
+    """The MiniLM family, then 1,000 x 5, at each latency; the section between its own markers."""
+    from lineage_scale import FORMAT, build
+
+    def scale() -> tuple[Repo, str]:
+        path = CACHE / f"lineage-1000x5-s4-f{FORMAT}"
+        while path.exists() and not (path / ".built").exists():  # another run is building it
+            time.sleep(5)
+        if not (path / ".built").exists():
+            (path / ".built").write_text(f"{build(path, 1000, 5, 4):.1f}\n")
+        return Repo(path), a_fine_tune(Repo(path))
+
+    datasets = {f"MiniLM family ({args.preset})": lambda: (minilm_repo(args.preset), "minilm-sentiment")}
+    if not args.skip_lazy:
+        datasets["1,000 models x 5"] = scale
+    s3 = S3()
+    results: dict[float, dict[str, Any]] = {}
+    try:
+        for label, make in datasets.items():
+            repo, ft = make()
+            for ms in (float(x) for x in args.latencies.split(",")):
+                results.setdefault(ms / 1000, {})[label] = at_latency(s3, label, repo, ft, ms / 1000)
+    finally:
+        s3.stop()
+    section = "\n".join(latency_report(results))
+    print(section)
+    if not args.no_doc:
+        write_doc(section, LATENCY_BEGIN, LATENCY_END)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from conftest import MGIT, make_model, run_cli
 
 from mgit.remotes.pack import MetadataPack
 from mgit.store.memory import MemoryStore
+from mgit.store.objectformat import parse_record
 from mgit.store.objects import Version
 
 # A helper process that runs `mgit ARGS` as its child and prints the child's peak RSS (KiB).
@@ -105,3 +106,64 @@ def holdings(root: Path) -> dict[str, Any]:
     )
     code, out, _ = cli("-C", str(root), "ls", "--json")
     return {"files": files, "ls": json.loads(out) if code == 0 else None}
+
+
+def packed_remote(tmp: Path) -> tuple[Path, Path]:
+    """As `pushed_remote`, to a folder remote laid out with `--packs`: every object of these
+    small models travels in one data pack with its index."""
+    remote, alice = tmp / "remote.mgit", tmp / "alice"
+    for args in (("init", "--bare", "--packs", str(remote)), ("init", str(alice))):
+        assert cli(*args)[0] == 0
+    run = lambda *a: cli("-C", str(alice), *a)  # noqa: E731
+    assert run("add", str(make_model(tmp / "m1", seed=1)), "--name", "base", "-m", "one")[0] == 0
+    assert run("add", str(make_model(tmp / "m2", seed=2)), "--name", "base", "-m", "two")[0] == 0
+    assert run("add", str(make_model(tmp / "m3", seed=3)), "--name", "ft", "--parent", "base")[0] == 0
+    assert run("remote", "add", "origin", str(remote))[0] == 0
+    code, out, err = run("push")
+    assert code == 0, err
+    return remote, alice
+
+
+def rewrite_index(remote: Path, how: str) -> None:
+    """Make the remote's (single) data pack or its index lie, `how`: "shift" (every offset one
+    byte on: each entry's bytes are another's), "overlap" (the second entry starts inside the
+    first), "huge" (an entry far past the pack's end), "past-limit" (a pack and index that
+    give an object more bytes than it may take, consistently), "other-pack" (the index names
+    another pack), "not-json", or "pack-bytes" (the pack's bytes changed, its name kept)."""
+    (idx,) = (remote / "packs").glob("*.objidx")
+    pid = idx.name.removesuffix(".objidx")
+    pack = remote / "packs" / f"{pid}.objpack"
+    body = json.loads(idx.read_bytes())
+    rows = body["objects"]
+    if how == "shift":
+        body["size"] += 1
+        pack.chmod(0o644)
+        pack.write_bytes(b"\0" + pack.read_bytes())
+        rows[:] = [[o, off, n] for o, off, n in rows]  # offsets kept: each now one byte early
+    elif how == "overlap":
+        rows[1][1] = rows[0][1] + 1
+    elif how == "huge":
+        rows[-1][2] = 1 << 40
+    elif how == "past-limit":
+        # A tensor (at most its manifest's size) given 200 MB, the entries after it moved on:
+        # the index is consistent, only that length lies.
+        data = pack.read_bytes()
+        tensor = next(
+            i for i, (o, off, n) in enumerate(rows) if parse_record(o, data[off : off + n])[0].kind == "tensor"
+        )
+        rows[tensor][2] = 200 << 20
+        ends = 0
+        for row in rows:
+            row[1] = max(row[1], ends)
+            ends = row[1] + row[2]
+        body["size"] = ends
+    elif how == "other-pack":
+        body["pack"] = "0" * 64
+    elif how == "pack-bytes":
+        pack.chmod(0o644)
+        data = bytearray(pack.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        pack.write_bytes(bytes(data))
+        return
+    idx.chmod(0o644)
+    idx.write_bytes(b"{not json" if how == "not-json" else json.dumps(body).encode())

@@ -8,6 +8,9 @@ retries, streaming bodies, ETags and conditional writes behave as they do agains
     s3_bucket                       function fixture: a fresh bucket and AWS_* variables naming it
     FaultProxy(endpoint, every=3, mode="503")
                                     forwards byte for byte, but drops or fails every 3rd request
+    FaultProxy(endpoint, latency=0.02)
+                                    forwards every request 20 ms late (a bucket's latency, on
+                                    loopback; benchmarks/remote.py) and counts them
 
 Use the fixtures by importing them into a test module or a conftest (ruff then also wants
 `# ruff: noqa: F811` in a test module, whose arguments shadow the imported names):
@@ -266,6 +269,7 @@ _S3_ERRORS = {  # mode -> (status, reason, S3 error code, message), as S3 itself
     "503": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
 }
 _MAX_HEAD_BYTES = 64 * 1024
+MAX_LATENCY = 1.0  # seconds a proxied request may be delayed: a bound, not a hang
 _MAX_CHUNKS = 1 << 20
 _MAX_TRAILER_LINES = 100
 _MAX_REQUESTS_PER_CONNECTION = 100_000
@@ -297,7 +301,10 @@ class FaultProxy:
     `methods` and the regex `path` (searched in the request target, query included), every
     `every`-th one is not forwarded: "drop" closes the connection, "500" and "503" answer with
     S3's InternalError or SlowDown XML and close. `every=0` never faults; `max_faults` caps
-    the number of faults. `set_faults` changes the plan while running and restarts the count."""
+    the number of faults. `set_faults` changes the plan while running and restarts the count.
+    `latency`: seconds each forwarded request waits before it goes on (at most MAX_LATENCY):
+    what a request to a real bucket costs beyond loopback's. Requests on separate connections
+    wait in parallel, as they would on a network."""
 
     def __init__(
         self,
@@ -309,7 +316,11 @@ class FaultProxy:
         path: str | None = None,
         max_faults: int | None = None,
         timeout: float = 30.0,
+        latency: float = 0.0,
     ) -> None:
+        if not 0.0 <= latency <= MAX_LATENCY:
+            raise ValueError(f"latency must be between 0 and {MAX_LATENCY} s, not {latency}")
+        self.latency = latency
         host, _, port = upstream.removeprefix("http://").rstrip("/").partition(":")
         self._upstream = (host, int(port or 80))
         self._timeout = timeout
@@ -352,6 +363,17 @@ class FaultProxy:
         """How many requests arrived, forwarded or faulted."""
         with self._lock:
             return len(self.seen)
+
+    def kinds(self, since: int = 0) -> dict[str, int]:
+        """The requests from the `since`-th on, by kind: PUT, GET, HEAD, POST (multipart) and
+        LIST (a GET of a listing)."""
+        with self._lock:
+            seen = self.seen[since:]
+        out: dict[str, int] = {}
+        for r in seen:
+            kind = "LIST" if r.method == "GET" and ("list-type=" in r.target or "?uploads" in r.target) else r.method
+            out[kind] = out.get(kind, 0) + 1
+        return out
 
     @property
     def open_connections(self) -> int:
@@ -415,6 +437,8 @@ class FaultProxy:
                     break
                 fault = self._admit(head)
                 if fault is None:
+                    if self.latency:
+                        time.sleep(self.latency)
                     upstream.sendall(head.raw)
                     _copy_body(rfile, head, upstream.sendall)
                     continue

@@ -121,6 +121,17 @@ class BackendContract:
         assert sha256(out) == sha256(source)
         assert hashlib.sha256(backend.read("objects/ab/file", limit=size)).hexdigest() == sha256(source)
 
+    def test_read_range_gives_exactly_the_bytes_asked_for(self, backend):
+        data = os.urandom(3 * MiB + 11)
+        backend.write("packs/p.objpack", data)
+        for start, length in ((0, 1), (17, 4096), (MiB - 3, MiB + 9), (len(data) - 5, 5), (0, len(data))):
+            assert backend.read_range("packs/p.objpack", start, length) == data[start : start + length]
+        with pytest.raises(RemoteError) as past:  # a key that ends before the range: never a short answer
+            backend.read_range("packs/p.objpack", len(data) - 2, 10)
+        one_line(past.value)
+        with pytest.raises(MissingKeyError):
+            backend.read_range("packs/absent.objpack", 0, 10)
+
     def test_a_missing_key_is_missing_key_error(self, backend, tmp_path):
         with pytest.raises(MissingKeyError) as failed:
             backend.read("objects/00/absent", limit=10)

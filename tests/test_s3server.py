@@ -15,6 +15,7 @@ import io
 import os
 import socket
 import threading
+import time
 import zlib
 
 import boto3
@@ -169,6 +170,21 @@ def test_complete_multipart_honours_if_none_match_but_ignores_if_match(s3_bucket
 
 
 # --- the fault proxy --------------------------------------------------------------------------
+
+
+def test_a_latency_proxy_delays_each_request_and_is_bounded(s3_bucket):
+    with pytest.raises(ValueError):
+        FaultProxy(s3_bucket.endpoint, latency=5.0)  # beyond MAX_LATENCY: a hang, not a latency
+    with FaultProxy(s3_bucket.endpoint, latency=0.2) as proxy:
+        s3 = s3_client(proxy.endpoint)
+        started = time.monotonic()
+        for i in range(3):
+            s3.put_object(Bucket=s3_bucket.name, Key=f"k{i}", Body=b"x")
+        assert time.monotonic() - started >= 3 * 0.2  # each request waited (a lower bound only)
+        assert s3.get_object(Bucket=s3_bucket.name, Key="k1")["Body"].read() == b"x"
+        assert [r.method for r in proxy.seen] == ["PUT", "PUT", "PUT", "GET"]
+        s3.list_objects_v2(Bucket=s3_bucket.name)
+        assert proxy.kinds() == {"PUT": 3, "GET": 1, "LIST": 1} and proxy.kinds(3) == {"GET": 1, "LIST": 1}
 
 
 def test_proxy_round_trip_is_byte_exact_and_counted(s3_bucket):

@@ -34,7 +34,9 @@ from s3server import FaultProxy, S3Bucket, s3_bucket, s3_server  # noqa: F401
 from mgit import Repo, sync
 from mgit.checks import Checks, Condition
 from mgit.errors import RemoteConflictError
+from mgit.remotes import RemoteSpec, open_backend
 from mgit.remotes.base import Backend
+from mgit.remotes.repository import RemoteRepository
 from mgit.store.base import ObjectStore
 
 
@@ -382,16 +384,28 @@ class SharingContract:
         add_family(alice, tmp_path)
         sync.push(alice)
         victim = next(t.object for t in alice.manifest("ft").tensors())
-        fn = (lambda b: b[:-1] + bytes([b[-1] ^ 0xFF])) if damage == "flip" else (lambda b: b[: len(b) // 2])
-        self.damage(url, f"objects/{victim[:2]}/{victim[2:]}", fn)
+        said = f"object {victim[:16]} from {url} is corrupt"
+        remote = RemoteRepository(open_backend(RemoteSpec(url)))
+        where = remote.packed().get(victim)
+        remote.close()
+        if where is None:  # a loose object
+            fn = (lambda b: b[:-1] + bytes([b[-1] ^ 0xFF])) if damage == "flip" else (lambda b: b[: len(b) // 2])
+            self.damage(url, f"objects/{victim[:2]}/{victim[2:]}", fn)
+        elif damage == "flip":  # in a data pack: its last byte, taken out of the pack by a ranged read
+            end = where[1] + where[2]
+            self.damage(url, f"packs/{where[0]}.objpack", lambda b: b[: end - 1] + bytes([b[end - 1] ^ 0xFF]) + b[end:])
+        else:  # its index entry cut to half its length: what comes out is the object truncated
+            index = lambda b: json.dumps(  # noqa: E731
+                {
+                    **json.loads(b),
+                    "objects": [[o, at, n // 2 if o == victim else n] for o, at, n in json.loads(b)["objects"]],
+                }
+            ).encode()
+            self.damage(url, f"packs/{where[0]}.objidx", index)
         bob = Repo.init(tmp_path / "bob")
         sync.add_remote(bob, "origin", url)
         before = objects_and_refs(bob)
-        one_line_error(
-            mgit_cli(bob.root, "fetch"),
-            f"object {victim[:16]} from {url} is corrupt",
-            "nothing was kept, the local repository is unchanged",
-        )
+        one_line_error(mgit_cli(bob.root, "fetch"), said, "nothing was kept, the local repository is unchanged")
         assert objects_and_refs(bob) == before
         assert not (bob.dir / "incoming").exists() or not any((bob.dir / "incoming").iterdir())
 

@@ -52,9 +52,20 @@ def _repo(ctx: click.Context) -> Repo:
 )
 @click.option("--region", metavar="REGION", help="With --bare s3://...: the S3 region.")
 @click.option("--profile", metavar="NAME", help="With --bare s3://...: a profile of the AWS shared config files.")
+@click.option(
+    "--packs/--no-packs",
+    default=None,
+    help="With --bare: send small objects in data packs (the default for s3://, gs://, az://; not for a folder).",
+)
 @json_option
 def init(
-    directory: str, bare: bool, endpoint_url: str | None, region: str | None, profile: str | None, as_json: bool
+    directory: str,
+    bare: bool,
+    endpoint_url: str | None,
+    region: str | None,
+    profile: str | None,
+    packs: bool | None,
+    as_json: bool,
 ) -> None:
     """Create an empty repository (DIR/.mgit), or with --bare an empty remote.
 
@@ -63,11 +74,12 @@ def init(
       mgit init models/
       mgit init --bare /mnt/shared/bert.mgit
       mgit init --bare s3://team-models/bert     (the bucket must exist)
+      mgit init --bare --packs /mnt/shared/bert.mgit
     """
     if bare:
         from mgit.sync import init_bare
 
-        info = init_bare(directory, endpoint_url=endpoint_url, region=region, profile=profile)
+        info = init_bare(directory, endpoint_url=endpoint_url, region=region, profile=profile, packs=packs)
         path = info.url
     else:
         if directory.startswith(OBJECT_STORE_SCHEMES):

@@ -64,6 +64,12 @@ class Backend:
         return its size. Nothing past `limit` bytes is written."""
         raise NotImplementedError
 
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        """Exactly `length` bytes of `key` from `start` (one ranged GET, a seek in a folder): how
+        a reader takes one object out of a data pack. MissingKeyError if absent; a key that
+        ends before the range does is a RemoteError, never a short answer."""
+        raise NotImplementedError
+
     def write(self, key: str, data: bytes | Path) -> None:
         """Store bytes (or a file's bytes) under `key`, atomically: a reader sees the old
         value or the new one, never a part. Large files go in parallel parts."""

@@ -181,6 +181,17 @@ class GCSBackend(Backend):
             raise RemoteUnavailableError(self.url, f"reading {key}: {len(data)} of {end - start} bytes arrived")
         return data
 
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        if start < 0 or length <= 0:
+            raise RemoteError(f"{self.url}: no range {start}+{length} of {key}")
+        with self._translated(key):
+            data = self._blob(key).download_as_bytes(
+                start=start, end=start + length - 1, timeout=TIMEOUT, retry=self.retry
+            )
+        if len(data) != length:
+            raise RemoteError(f"{key} on {self.url} answered {len(data)} bytes for a range of {length}")
+        return data
+
     def read(self, key: str, *, limit: int) -> bytes:
         data, _ = self.read_versioned(key, limit=limit)
         if data is None:

@@ -259,6 +259,15 @@ class ObjectStoreBackend(Backend):
             raise RemoteUnavailableError(self.url, f"reading {key}: {copied} of {got.meta['size']} bytes arrived")
         return sink.getvalue(), got.meta.get("e_tag")
 
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        if start < 0 or length <= 0:
+            raise RemoteError(f"{self.url}: no range {start}+{length} of {key}")
+        with self._translated(key):
+            data = obstore.get(self.store, check_key(key), options={"range": (start, start + length)}).bytes()
+        if len(data) != length:
+            raise RemoteError(f"{key} on {self.url} answered {len(data)} bytes for a range of {length}")
+        return bytes(data)
+
     def read_into(self, key: str, path: Path, *, limit: int) -> int:
         with self._translated(key):
             head = obstore.head(self.store, check_key(key))

@@ -8,6 +8,9 @@
     packs/<id>.mgpack        metadata packs: what a clone reads in one request (mgit.remotes.pack)
     signatures/<id>/<sha256>.sig  SSH signatures of a version (mgit.sync.signatures); written once
     signatures/bundles/<id>.json  the signatures one push sent, in one file (a clone reads it in one request)
+    packs/<id>.objpack       data packs: small objects, many in one (mgit.remotes.datapack),
+    packs/<id>.objidx        each with its index; written by pushes to a remote whose config
+                             says "pack_threshold" (objects stored smaller travel in packs)
     checks/tests/<name>.json test registrations; checks/results/<id>.json recorded results
 
 Everything read here is checked before it is used: ref names and values, the config's
@@ -17,9 +20,12 @@ ids by whoever keeps them).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
-from collections.abc import Iterable, Mapping
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -28,12 +34,14 @@ from mgit.errors import (
     InvalidNameError,
     MissingKeyError,
     ModelNameConflictError,
+    ReceivedError,
     RemoteConflictError,
     RemoteError,
     RemoteNotFoundError,
     RepoExistsError,
 )
 from mgit.index.refs import validate_model_name
+from mgit.remotes import datapack
 from mgit.remotes.base import Backend
 from mgit.store.objects import OID_RE, utc_now
 from mgit.util.faults import crash_point
@@ -44,6 +52,7 @@ REFS = "refs/models/"
 TOMBSTONE = b"deleted\n"  # a ref between the two steps of `delete_head`
 SIGNATURES = "signatures/"
 WORKERS = 16  # requests in flight: S3 latency, not bandwidth, bounds small transfers
+LIST_ABOVE = 64  # more loose objects to look for than this: one listing, not a HEAD each
 
 
 def object_key(oid: str) -> str:
@@ -64,6 +73,11 @@ class RemoteRepository:
         self.backend = backend
         self.url = backend.url
         self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="mgit-remote")
+        self.pack_threshold = 0  # from the config (`check`): objects stored smaller go in data packs
+        self._packed: dict[str, datapack.Location] = {}  # the data packs' indexes read so far
+        self._indexes: dict[str, datapack.PackIndex] = {}
+        self._listed = False
+        self._index_lock = threading.Lock()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -73,10 +87,12 @@ class RemoteRepository:
         return list(self._pool.map(fn, items))
 
     # --- the remote itself ----------------------------------------------------------------
-    def init_bare(self) -> None:
+    def init_bare(self, *, pack_threshold: int = datapack.PACK_THRESHOLD) -> None:
         """Lay out an empty remote: its config.json, written only if none is there."""
         self.backend.check()
         config = {"format": REMOTE_FORMAT, "bare": True, "created": utc_now()}
+        if pack_threshold:
+            config["pack_threshold"] = pack_threshold
         try:
             self.backend.write_if("config.json", json.dumps(config, indent=2).encode() + b"\n", token=None)
         except RemoteConflictError:
@@ -101,6 +117,10 @@ class RemoteRepository:
             raise RemoteError(
                 f"{self.url} has format {fmt!r}; this mgit reads format {REMOTE_FORMAT}", hint="Upgrade mgit"
             )
+        threshold = config.get("pack_threshold", 0)
+        if not isinstance(threshold, int) or isinstance(threshold, bool) or not 0 <= threshold <= datapack.PACK_TARGET:
+            raise RemoteError(f"{self.url}: config.json has a bad pack_threshold {str(threshold)[:20]!r}")
+        self.pack_threshold = threshold
         return config
 
     # --- refs -------------------------------------------------------------------------------
@@ -121,13 +141,21 @@ class RemoteRepository:
         return names
 
     def check_new_names(self, names: Iterable[str]) -> None:
-        """Refuse to create models whose names are above or under a model on the remote."""
+        """Refuse to create models whose names are above or under a model on the remote (a
+        request or two per name; for many names, one listing of the refs instead)."""
+        names = [validate_model_name(n) for n in names]
+        listed = sorted(k[len(REFS) :] for k in self.backend.list(REFS)) if len(names) > LIST_ABOVE else None
         for name in names:
-            parts = validate_model_name(name).split("/")
+            parts = name.split("/")
             for above in ("/".join(parts[:i]) for i in range(1, len(parts))):
-                if self.backend.exists(REFS + above):
+                found = above in listed if listed is not None else self.backend.exists(REFS + above)
+                if found:
                     raise ModelNameConflictError(name, above, where=self.url)
-            under = next(iter(self.backend.list(f"{REFS}{name}/")), None)
+            if listed is not None:
+                at = bisect.bisect_left(listed, f"{name}/")
+                under = REFS + listed[at] if at < len(listed) and listed[at].startswith(f"{name}/") else None
+            else:
+                under = next(iter(self.backend.list(f"{REFS}{name}/")), None)
             if under is not None:
                 raise ModelNameConflictError(name, under[len(REFS) :], where=self.url)
 
@@ -181,25 +209,141 @@ class RemoteRepository:
 
     # --- objects ----------------------------------------------------------------------------
     def has_object(self, oid: str) -> bool:
-        return self.backend.exists(object_key(oid))
+        return oid in self.packed() or self.backend.exists(object_key(oid))
 
     def has_objects(self, sizes: Mapping[str, int | None]) -> set[str]:
         """Which of these objects ({id: its stored size, or None where not known}) the remote
-        holds, as files of that size (one request each, in parallel): an object a full disk
-        cut short, or anything else under its name, is not there, and is sent again."""
-        wanted = sorted(sizes)
-        found = self.map(lambda o: self.backend.size(object_key(o)), wanted)
-        return {
+        holds, as files of that size: in a data pack (the indexes, read afresh), or loose (a
+        HEAD each, in parallel, after one listing when there are many to look for). An object
+        a full disk cut short, or anything else under its name, is not there, and is sent again."""
+        packed = self.packed(refresh=True)
+        found = {o for o, n in sizes.items() if o in packed and (n is None or packed[o][2] == n)}
+        wanted = sorted(set(sizes) - found)
+        if len(wanted) > LIST_ABOVE:
+            listed = set(self.backend.list("objects/"))
+            wanted = [o for o in wanted if object_key(o) in listed]
+        loose = self.map(lambda o: self.backend.size(object_key(o)), wanted)
+        return found | {
             o
-            for o, size in zip(wanted, found, strict=True)
+            for o, size in zip(wanted, loose, strict=True)
             if size is not None and (sizes[o] is None or size == sizes[o])
         }
 
     def read_object(self, oid: str, *, limit: int) -> bytes:
-        return self.backend.read(object_key(oid), limit=limit)
+        where = self.packed().get(oid)
+        if where is None:
+            return self.backend.read(object_key(oid), limit=limit)
+        span = datapack.spans({oid: where})[0]
+        try:
+            return bytes(next(datapack.slices(span, self._read_span(span, {oid: limit})))[1])
+        except MissingKeyError:  # a repack since the indexes were read: looked for again
+            if self.packed(refresh=True).get(oid) == where:
+                raise
+            return self.read_object(oid, limit=limit)
 
     def read_object_into(self, oid: str, path: Path, *, limit: int) -> int:
-        return self.backend.read_into(object_key(oid), path, limit=limit)
+        size = self.read_objects_into({oid: (path, limit)})[oid]
+        if size is None:
+            raise MissingKeyError(self.url, object_key(oid))
+        return size
+
+    def read_objects_into(
+        self,
+        wanted: Mapping[str, tuple[Path, int]],
+        *,
+        progress: Callable[[int], Any] | None = None,
+        again: bool = True,
+    ) -> dict[str, int | None]:
+        """Download these objects ({id: (a new file, the most bytes it may take)}), those in
+        data packs by ranged reads (neighbours in one range), the rest one by one, in parallel;
+        {id: its size, or None if the remote has it neither loose nor packed}. An index that
+        gives an object more bytes than its limit is refused before anything is asked for."""
+        packed = self.packed()
+        inside = {o: packed[o] for o in wanted if o in packed}
+        loose = sorted(set(wanted) - set(inside))
+        sizes: dict[str, int | None] = {}
+        gone: list[str] = []
+
+        def one(oid: str) -> None:
+            path, limit = wanted[oid]
+            try:
+                sizes[oid] = self.backend.read_into(object_key(oid), path, limit=limit)
+            except MissingKeyError:
+                sizes[oid] = None
+                return
+            if progress:
+                progress(sizes[oid] or 0)
+
+        def span(piece: datapack.Span) -> None:
+            try:
+                data = self._read_span(piece, {o: wanted[o][1] for o, _, _ in piece.entries})
+            except MissingKeyError:  # a repack since the indexes were read: looked for again
+                if not again:
+                    raise
+                gone.extend(o for o, _, _ in piece.entries)
+                return
+            for oid, view in datapack.slices(piece, data):
+                with open(wanted[oid][0], "xb") as out:
+                    out.write(view)
+                sizes[oid] = len(view)
+            if progress:
+                progress(piece.end - piece.start)
+
+        self.map(lambda job: job(), [lambda o=o: one(o) for o in loose])
+        self.map(lambda job: job(), [lambda p=p: span(p) for p in datapack.spans(inside)])
+        # A pack gone since the indexes were read (a repack), or an object not found loose that
+        # a push since may have packed: the indexes are listed again, and those read once more.
+        missing = [o for o in loose if sizes[o] is None]
+        if again and (gone or missing):
+            packed = self.packed(refresh=True)
+            retry = gone + [o for o in missing if o in packed]
+            if retry:
+                sizes.update(self.read_objects_into({o: wanted[o] for o in retry}, progress=progress, again=False))
+        return sizes
+
+    def _read_span(self, span: datapack.Span, limits: Mapping[str, int]) -> bytes:
+        """The bytes of one span of a pack: a ranged read, or the whole pack (then checked
+        against its name). Each entry's length is checked against its object's limit first."""
+        for oid, _, length in span.entries:
+            if length > limits[oid]:
+                raise ReceivedError(
+                    f"the index of data pack {span.pid[:16]} on {self.url} gives {oid[:16]} {length} bytes, "
+                    f"more than the {limits[oid]} it may take",
+                    where=self.url,
+                )
+        index = self._indexes.get(span.pid)
+        whole = index.size if index else -1
+        if span.start == 0 and span.end == whole:
+            data = self.backend.read(datapack.pack_key(span.pid), limit=whole)
+            datapack.check_hash(span.pid, data, where=self.url)
+            return data
+        return self.backend.read_range(datapack.pack_key(span.pid), span.start, span.end - span.start)
+
+    def packed(self, *, refresh: bool = False) -> dict[str, datapack.Location]:
+        """{object id: (pack, offset, length)} from the data packs' indexes: listed and read on
+        the first call, and with `refresh` listed again (indexes new since are read, those gone,
+        removed by a repack, dropped)."""
+        with self._index_lock:
+            if self._listed and not refresh:
+                return self._packed
+            pids = {p for k in self.backend.list("packs/") if (p := datapack.pack_of_index(k))}
+            new = sorted(pids - set(self._indexes))
+            read = self.map(lambda p: self.backend.read(datapack.index_key(p), limit=datapack.MAX_INDEX), new)
+            for pid, data in zip(new, read, strict=True):
+                self._indexes[pid] = datapack.PackIndex.parse(pid, data, where=self.url)
+            self._indexes = {p: i for p, i in self._indexes.items() if p in pids}
+            self._packed = {
+                oid: (pid, offset, length)
+                for pid, index in sorted(self._indexes.items(), reverse=True)
+                for oid, offset, length in index.entries
+            }
+            self._listed = True
+            return self._packed
+
+    def pack_indexes(self) -> dict[str, datapack.PackIndex]:
+        """The data packs' indexes read so far, by pack id (what a repack reads)."""
+        with self._index_lock:
+            return dict(self._indexes)
 
     def abort_unfinished(self, oids: Iterable[str]) -> int:
         """Before sending these objects: abort their uploads that a killed push left."""
@@ -208,14 +352,36 @@ class RemoteRepository:
     def write_object(self, oid: str, data: bytes | Path) -> None:
         self.backend.write(object_key(oid), data)
 
+    def write_packed(self, files: list[tuple[str, Path, int]], *, progress: Callable[[int], Any] | None = None) -> int:
+        """Send these object files ({id, its file, its stored size}) in data packs of about
+        PACK_TARGET bytes, in parallel: each pack, then its index. How many packs."""
+        if not files:
+            return 0
+        paths = {o: p for o, p, _ in files}
+        with tempfile.TemporaryDirectory(prefix="mgit-packs-") as tmp:
+
+            def send(group: list[str]) -> None:
+                index, path = datapack.build([(o, paths[o]) for o in group], Path(tmp))
+                try:
+                    self.backend.write(datapack.pack_key(index.pid), path)
+                    self.backend.write(datapack.index_key(index.pid), index.to_bytes())
+                finally:
+                    path.unlink(missing_ok=True)
+                if progress:
+                    progress(index.size)
+
+            groups = datapack.groups((o, n) for o, _, n in files)
+            self.map(send, groups)
+        return len(groups)
+
     def object_ids(self) -> list[str]:
-        """Every object on the remote (a listing: used by fsck, not by transfers)."""
-        out = []
+        """Every object on the remote, loose or packed (a listing: used by fsck, not by transfers)."""
+        out = set(self.packed(refresh=True))
         for key in self.backend.list("objects/"):
             oid = key.replace("objects/", "", 1).replace("/", "")
             if OID_RE.match(oid) and key == object_key(oid):
-                out.append(oid)
-        return out
+                out.add(oid)
+        return sorted(out)
 
     # --- metadata packs -----------------------------------------------------------------------
     def pack_ids(self) -> list[str]:

@@ -290,6 +290,36 @@ class S3Backend(Backend):
             except transfer_errors.RetriesExceededError as exc:  # a body that kept breaking off
                 raise RemoteUnavailableError(self.url, f"reading {key}: {_line(exc.last_exception)}") from exc
 
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        if start < 0 or length <= 0:
+            raise RemoteError(f"{self.url}: no range {start}+{length} of {key}")
+        reason = ""
+        for attempt in range(1, self.attempts + 1):
+            with self._translated(key):
+                try:
+                    got = self.client.get_object(
+                        Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{start + length - 1}"
+                    )
+                except boto_errors.ClientError as exc:
+                    if exc.response.get("Error", {}).get("Code") == "InvalidRange":
+                        raise RemoteError(f"{key} on {self.url} ends before the range {start}+{length}") from None
+                    raise
+            body, size = got["Body"], got.get("ContentLength")
+            try:
+                if size is not None and size != length:  # a server that ignored the range, or a short key
+                    raise RemoteError(f"{key} on {self.url} answered {size} bytes for a range of {length}")
+                sink = io.BytesIO()
+                if _copy(body, sink, length + 1) == length:
+                    return sink.getvalue()
+                reason = f"{sink.tell()} of {length} bytes arrived"
+            except (boto_errors.HTTPClientError, boto_errors.IncompleteReadError) as exc:
+                reason = _line(exc)
+            finally:
+                body.close()
+            if attempt < self.attempts:
+                time.sleep(random.random() * min(0.1 * 2**attempt, 20))
+        raise RemoteUnavailableError(self.url, f"reading {key}: {reason} ({self.attempts} attempts)")
+
     def write(self, key: str, data: bytes | Path) -> None:
         with self._translated(key):
             if isinstance(data, bytes):

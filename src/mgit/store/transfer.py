@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from mgit.errors import MissingKeyError, ReceivedCorruptError, ReceivedMissingError
+from mgit.errors import ReceivedCorruptError, ReceivedMissingError
 from mgit.reports import Report
 from mgit.store.base import ObjectStore
 from mgit.store.local import LocalStore
@@ -116,21 +116,24 @@ def present_on(remote: RemoteObjects, store: ObjectStore, oids: Iterable[str]) -
 def upload(
     remote: RemoteObjects, store: LocalStore, oids: Iterable[str], *, progress: Progress | None = None
 ) -> TransferStats:
-    """Send these object files as they are stored (the caller knows the remote lacks them),
-    first aborting what a killed push left of their uploads."""
+    """Send these object files as they are stored (the caller knows the remote lacks them):
+    those smaller than the remote's pack threshold in data packs, the rest one by one, first
+    aborting what a killed push left of their uploads."""
     wanted = sorted(set(oids))
-    if wanted:
-        remote.abort_unfinished(wanted)
+    sizes = {o: store.stored_size(o) for o in wanted}
+    small = [o for o in wanted if sizes[o] < remote.pack_threshold]
+    large = [o for o in wanted if sizes[o] >= remote.pack_threshold]
+    if large:
+        remote.abort_unfinished(large)
 
-    def send(oid: str) -> int:
-        size = store.stored_size(oid)
+    def send(oid: str) -> None:
         remote.write_object(oid, store.path_of(oid))
         if progress:
-            progress(size)
-        return size
+            progress(sizes[oid])
 
-    sizes = remote.map(send, wanted)
-    return TransferStats(objects=len(sizes), bytes=sum(sizes))
+    remote.write_packed([(o, store.path_of(o), sizes[o]) for o in small], progress=progress)
+    remote.map(send, large)
+    return TransferStats(objects=len(wanted), bytes=sum(sizes.values()))
 
 
 # --- receiving -----------------------------------------------------------------------------------
@@ -155,19 +158,12 @@ def receive(
         if not pending:
             return stats
 
-        def fetch(item: tuple[str, int]) -> int:
-            oid, limit = item
-            try:
-                size = remote.read_object_into(oid, incoming.path_for(oid), limit=limit)
-            except MissingKeyError:
-                raise ReceivedMissingError(oid, where=remote.url, used_by=used_by(oid) if used_by else None) from None
-            if progress:
-                progress(size)
-            return size
-
-        sizes = remote.map(fetch, sorted(pending.items()))
-        stats.objects += len(sizes)
-        stats.bytes += sum(sizes)
+        got = remote.read_objects_into({o: (incoming.path_for(o), n) for o, n in pending.items()}, progress=progress)
+        absent = sorted(o for o, size in got.items() if size is None)
+        if absent:
+            raise ReceivedMissingError(absent[0], where=remote.url, used_by=used_by(absent[0]) if used_by else None)
+        stats.objects += len(got)
+        stats.bytes += sum(size or 0 for size in got.values())
         following: dict[str, int] = {}
         for oid, limit in pending.items():
             header = incoming.quarantine.header(oid)  # checked: magic, lengths, kind, sizes

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from mgit.errors import InvalidOptionError
 from mgit.remotes import RemoteSpec, normalize_url, open_backend
+from mgit.remotes.config import update_config
+from mgit.remotes.datapack import PACK_THRESHOLD
 from mgit.remotes.repository import RemoteRepository
 from mgit.repo.fsck import check_references, verify_objects, walk
 from mgit.repo.repository import Repo
@@ -61,20 +63,30 @@ def _show(repo: Repo, conn: Connection) -> RemoteShow:
 
 
 def init_bare(
-    url: str, *, endpoint_url: str | None = None, region: str | None = None, profile: str | None = None
+    url: str,
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    profile: str | None = None,
+    packs: bool | None = None,
 ) -> RemoteInfo:
     """An empty remote: a bare repository in a folder, or the layout of one under an S3
-    prefix of a bucket that exists (a missing bucket is an error, never created)."""
+    prefix of a bucket that exists (a missing bucket is an error, never created). `packs`:
+    whether pushes send small objects in data packs (by default, in a bucket or container,
+    where each request costs tens of milliseconds, and not in a folder)."""
     spec = RemoteSpec(normalize_url(url), endpoint_url, region, profile)
+    threshold = PACK_THRESHOLD if (spec.kind != "folder" if packs is None else packs) else 0
     if spec.kind == "folder":
         folder = Path(spec.url)
         if folder.exists() and any(folder.iterdir()):
             raise InvalidOptionError(f"{folder} exists and is not empty", hint="Lay a remote out in a new folder")
         Repo.init(folder, bare=True)
+        if threshold:
+            update_config(folder, lambda config: config.__setitem__("pack_threshold", threshold))
     else:
         remote = RemoteRepository(open_backend(spec))
         try:
-            remote.init_bare()
+            remote.init_bare(pack_threshold=threshold)
         finally:
             remote.close()
     return RemoteInfo("", spec.url, endpoint_url, region, profile)
