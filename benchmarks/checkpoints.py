@@ -44,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from core import CACHE, machine, minilm_model, table, write_doc  # noqa: E402
-from formats import files_of, folder_bytes, xet_store_bytes, xet_upload, zstd_bytes  # noqa: E402
+from formats import files_of, folder_bytes, xet_upload, zstd_bytes  # noqa: E402
 from llm_scale import fresh  # noqa: E402
 
 from mgit import Repo  # noqa: E402
@@ -136,7 +136,11 @@ def llama_run(work: Path, checkpoints: int, every: int, layers: int, lossy_rel: 
     xet_store = fresh(work / "xet")
     xet_store.mkdir(parents=True)
     folder = work / "save"
-    result = RunResult("loop", f"Llama-shaped, {layers} layers, {sum(p.numel() for p in params.values()) / 1e6:.1f}M params, bf16 + fp32 masters, AdamW")
+    result = RunResult(
+        "loop",
+        f"Llama-shaped, {layers} layers, {sum(p.numel() for p in params.values()) / 1e6:.1f}M params, "
+        "bf16 + fp32 masters, AdamW",
+    )
     seen: set[str] = set()
     seen_lossy: set[str] = set()
     policy = LossyPolicy.from_options(None, lossy_rel, DEFAULT_GUARD)
