@@ -362,13 +362,16 @@ def run_lines(r: RunResult) -> list[str]:
     return lines
 
 
-def report(results: list[RunResult], load: tuple[float, float], every: int, lossy_rel: float) -> str:
+def report(
+    results: list[RunResult], load: tuple[float, float], every: int, lossy_rel: float, begin: str, end: str
+) -> str:
     import torch
     import transformers
 
     lines = [
-        BEGIN,
-        "## Training runs: checkpoints with optimizer state (`benchmarks/checkpoints.py`, issue 28)",
+        begin,
+        f"## Training runs ({', '.join(r.name for r in results)}): checkpoints with optimizer state "
+        "(`benchmarks/checkpoints.py`, issue 28)",
         "",
         f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {machine()}; torch {torch.__version__}, "
         f"transformers {transformers.__version__}. One-minute load average {load[0]:.2f} at the start, "
@@ -381,7 +384,7 @@ def report(results: list[RunResult], load: tuple[float, float], every: int, loss
     ]
     for r in results:
         lines += run_lines(r)
-    lines.append(END)
+    lines.append(end)
     return "\n".join(lines)
 
 
@@ -400,10 +403,15 @@ def main() -> None:
         results.append(trainer_run(WORK / "trainer", a.checkpoints, a.every))
     if "loop" in a.runs:
         results.append(llama_run(WORK / "loop", a.checkpoints, a.every, a.layers, a.lossy_rel))
-    text = report(results, (load, os.getloadavg()[0]), a.every, a.lossy_rel)
+    # one section per set of runs, so that the two runs may be measured apart
+    begin, end = (
+        BEGIN.replace("checkpoints", f"checkpoints-{a.runs}"),
+        END.replace("checkpoints", f"checkpoints-{a.runs}"),
+    )
+    text = report(results, (load, os.getloadavg()[0]), a.every, a.lossy_rel, begin, end)
     print(text)
     if not a.no_doc:
-        write_doc(text, BEGIN, END)
+        write_doc(text, begin, end)
 
 
 if __name__ == "__main__":
