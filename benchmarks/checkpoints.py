@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import statistics
@@ -76,6 +77,18 @@ class RunResult:
     rows: list[Row] = field(default_factory=list)
 
 
+def new_repo(path: Path, depth: int | None) -> Repo:
+    """A fresh repository; `depth` sets its `delta_max_depth` (chain_depth.py's way)."""
+    repo = Repo.init(fresh(path))
+    if depth is None:
+        return repo
+    config = json.loads((repo.dir / "config.json").read_text())
+    config["delta_max_depth"] = depth
+    (repo.dir / "config.json").chmod(0o644)
+    (repo.dir / "config.json").write_text(json.dumps(config))
+    return Repo(repo.dir)
+
+
 def weights_stored(repo: Repo, result, weights_file: str, earlier: set[str]) -> int:
     """Stored bytes of the new objects of the version's weights file (objects no earlier
     version of the run holds); `earlier` collects every object seen."""
@@ -108,7 +121,9 @@ def xet_add(store: Path, folder: Path) -> int | None:
 # --- (b) a Llama-shaped model in a plain loop -------------------------------------------------------
 
 
-def llama_run(work: Path, checkpoints: int, every: int, layers: int, lossy_rel: float) -> RunResult:
+def llama_run(
+    work: Path, checkpoints: int, every: int, layers: int, lossy_rel: float, depth: int | None = None
+) -> RunResult:
     import torch
     from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -132,14 +147,14 @@ def llama_run(work: Path, checkpoints: int, every: int, layers: int, lossy_rel: 
     params = dict(model.named_parameters())
     master = {n: p.detach().float().clone().requires_grad_(True) for n, p in params.items()}
     opt = torch.optim.AdamW(master.values(), lr=1e-3, weight_decay=0.01)
-    repo, lossy_repo = Repo.init(fresh(work / "repo")), Repo.init(fresh(work / "repo-lossy"))
+    repo, lossy_repo = new_repo(work / "repo", depth), new_repo(work / "repo-lossy", depth)
     xet_store = fresh(work / "xet")
     xet_store.mkdir(parents=True)
     folder = work / "save"
     result = RunResult(
         "loop",
         f"Llama-shaped, {layers} layers, {sum(p.numel() for p in params.values()) / 1e6:.1f}M params, "
-        "bf16 + fp32 masters, AdamW",
+        "bf16 + fp32 masters, AdamW" + (f", delta_max_depth {depth}" if depth is not None else ""),
     )
     seen: set[str] = set()
     seen_lossy: set[str] = set()
@@ -395,6 +410,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--lossy-rel", type=float, default=0.05)
     parser.add_argument("--runs", default="trainer,loop")
+    parser.add_argument("--max-depth", type=int, help="the loop's repositories' delta_max_depth (default: MGit's)")
     parser.add_argument("--no-doc", action="store_true")
     a = parser.parse_args()
     load = os.getloadavg()[0]
@@ -402,7 +418,8 @@ def main() -> None:
     if "trainer" in a.runs:
         results.append(trainer_run(WORK / "trainer", a.checkpoints, a.every))
     if "loop" in a.runs:
-        results.append(llama_run(WORK / "loop", a.checkpoints, a.every, a.layers, a.lossy_rel))
+        work = WORK / ("loop" if a.max_depth is None else f"loop-depth{a.max_depth}")
+        results.append(llama_run(work, a.checkpoints, a.every, a.layers, a.lossy_rel, a.max_depth))
     # one section per set of runs, so that the two runs may be measured apart
     begin, end = (
         BEGIN.replace("checkpoints", f"checkpoints-{a.runs}"),
