@@ -423,10 +423,8 @@ def main() -> None:
         work = WORK / ("loop" if a.max_depth is None else f"loop-depth{a.max_depth}")
         results.append(llama_run(work, a.checkpoints, a.every, a.layers, a.lossy_rel, a.max_depth))
     # one section per set of runs, so that the two runs may be measured apart
-    begin, end = (
-        BEGIN.replace("checkpoints", f"checkpoints-{a.runs}"),
-        END.replace("checkpoints", f"checkpoints-{a.runs}"),
-    )
+    tag = f"checkpoints-{a.runs}" + (f"-depth{a.max_depth}" if a.max_depth is not None else "")
+    begin, end = BEGIN.replace("checkpoints", tag), END.replace("checkpoints", tag)
     text = report(results, (load, os.getloadavg()[0]), a.every, a.lossy_rel, begin, end)
     print(text)
     if not a.no_doc:
