@@ -7,7 +7,7 @@ import click
 
 from mgit import sync
 from mgit.cli.main import SuggestingGroup
-from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size, table
+from mgit.cli.output import err, out, plural, print_json, short, size, table, transfer_bar
 from mgit.store.transfer import TransferStats
 from mgit.sync.reports import FetchResult, ModelUpdate, TagsTravel
 
@@ -168,7 +168,7 @@ def push(ctx: click.Context, remote: str, targets: tuple[str, ...], force: bool,
       mgit push origin 'bert-*'
       mgit push origin bert-sst2 --force
     """
-    with progress_bar(f"Pushing to {remote}", enabled=not as_json) as bar:
+    with transfer_bar(f"Pushing to {remote}", enabled=not as_json) as bar:
         result = sync.push(ctx.obj.repo(), remote, list(targets) or None, force=force, progress=bar)
     if as_json:
         print_json(result.to_json())
@@ -243,7 +243,7 @@ def fetch(ctx: click.Context, args: tuple[str, ...], models: str | None, objects
         return
     if len(args) > 1:
         raise click.UsageError("give one REMOTE (refs only with --objects)")
-    with progress_bar("Fetching", enabled=not as_json) as bar:
+    with transfer_bar("Fetching", enabled=not as_json) as bar:
         result = sync.fetch(repo, args[0] if args else sync.DEFAULT_REMOTE, models=models, progress=bar)
     if as_json:
         print_json(result.to_json())
@@ -265,7 +265,7 @@ def pull(ctx: click.Context, remote: str, ff_only: bool, as_json: bool) -> None:
       mgit pull
       mgit pull origin --ff-only
     """
-    with progress_bar("Pulling", enabled=not as_json) as bar:
+    with transfer_bar("Pulling", enabled=not as_json) as bar:
         result = sync.pull(ctx.obj.repo(), remote, ff_only=ff_only, progress=bar)
     if as_json:
         print_json(result.to_json())
@@ -308,7 +308,7 @@ def clone(
       mgit clone s3://team-models/bert bert
       mgit clone /mnt/models/bert.mgit --lazy --models 'bert-sst2*'
     """
-    with progress_bar("Cloning", enabled=not as_json) as bar:
+    with transfer_bar("Cloning", enabled=not as_json) as bar:
         result = sync.clone(
             url,
             directory,

@@ -98,6 +98,7 @@ class GCSBackend(Backend):
         self.prefix = parts.path.strip("/") + "/" if parts.path.strip("/") else ""
         self.max_workers = max_workers
         self.part_size = PART
+        self.ranged_from = 2 * PART  # from there, a fetch resumes by ranges (mgit.remotes.partial)
         seconds = retry_seconds_from_env()
         self.retry = DEFAULT_RETRY.with_deadline(seconds) if seconds else None
         self.client = self._connect(endpoint_url)
@@ -180,6 +181,12 @@ class GCSBackend(Backend):
         if len(data) != end - start:
             raise RemoteUnavailableError(self.url, f"reading {key}: {len(data)} of {end - start} bytes arrived")
         return data
+
+    def read_range(self, key: str, start: int, size: int) -> bytes:
+        meta = self._meta(key)
+        if meta is None:
+            raise MissingKeyError(self.url, key)
+        return self._range(key, start, start + size, meta[1])
 
     def read(self, key: str, *, limit: int) -> bytes:
         data, _ = self.read_versioned(key, limit=limit)

@@ -138,6 +138,7 @@ class ObjectStoreBackend(Backend):
         self.hint = hint
         self.max_workers = max_workers
         self.part_size = PART
+        self.ranged_from = 2 * PART  # from there, a fetch resumes by ranges (mgit.remotes.partial)
 
     @classmethod
     def azure(cls, url: str, *, endpoint_url: str | None = None, max_workers: int = WORKERS) -> ObjectStoreBackend:
@@ -280,6 +281,13 @@ class ObjectStoreBackend(Backend):
                 path.unlink(missing_ok=True)
                 raise
         return size
+
+    def read_range(self, key: str, start: int, size: int) -> bytes:
+        with self._translated(key):
+            data = obstore.get(self.store, check_key(key), options={"range": (start, start + size)}).bytes()
+        if len(data) != size:
+            raise RemoteUnavailableError(self.url, f"reading {key}: {len(data)} of {size} bytes arrived")
+        return bytes(data)
 
     def _download(self, key: str, fh: BinaryIO, size: int, etag: str) -> None:
         """Parallel ranged GETs, each If-Match the ETag: parts of two versions never mix."""

@@ -30,7 +30,9 @@ from mgit.errors import (
     RepoExistsError,
 )
 from mgit.index.refs import validate_model_name
+from mgit.remotes import partial
 from mgit.remotes.base import Backend
+from mgit.remotes.journal import TransferJournal
 from mgit.store.objects import OID_RE, utc_now
 
 REMOTE_FORMAT = 1
@@ -46,8 +48,13 @@ def object_key(oid: str) -> str:
 
 
 class RemoteRepository:
-    def __init__(self, backend: Backend) -> None:
+    """`journal`: where a repository keeps its large transfers under way (its `transfers/`
+    folder), so that a killed or cut-off push or fetch resumes inside an object."""
+
+    def __init__(self, backend: Backend, *, journal: TransferJournal | None = None) -> None:
         self.backend = backend
+        if journal is not None:
+            backend.journal = journal
         self.url = backend.url
         self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="mgit-remote")
 
@@ -164,15 +171,29 @@ class RemoteRepository:
     def read_object(self, oid: str, *, limit: int) -> bytes:
         return self.backend.read(object_key(oid), limit=limit)
 
-    def read_object_into(self, oid: str, path: Path, *, limit: int) -> int:
-        return self.backend.read_into(object_key(oid), path, limit=limit)
+    def read_object_into(self, oid: str, path: Path, *, limit: int, progress: Any = None) -> int:
+        """Download an object into the new file `path` (in ranges a re-run resumes, if it may
+        be large); `progress` is called with bytes as they arrive."""
+        if partial.ranged(self.backend, limit):
+            return partial.download(self.backend, object_key(oid), path, limit=limit, progress=progress)
+        size = self.backend.read_into(object_key(oid), path, limit=limit)
+        if progress:
+            progress(size)
+        return size
 
     def abort_unfinished(self, oids: Iterable[str]) -> int:
         """Before sending these objects: abort their uploads that a killed push left."""
         return self.backend.abort_unfinished([object_key(o) for o in oids])
 
-    def write_object(self, oid: str, data: bytes | Path) -> None:
+    def write_object(self, oid: str, data: bytes | Path, *, progress: Any = None) -> None:
+        """Send an object; `progress` is called with bytes as they go (a file's, part by part
+        where the backend sends parts, resuming with the journal what a killed push began)."""
+        if isinstance(data, Path):
+            self.backend.write_file(object_key(oid), data, progress=progress)
+            return
         self.backend.write(object_key(oid), data)
+        if progress:
+            progress(len(data))
 
     def object_ids(self) -> list[str]:
         """Every object on the remote (a listing: used by fsck, not by transfers)."""

@@ -16,7 +16,8 @@ limit. Every body has a deadline, `MGIT_TRANSFER_GRACE` seconds plus its size at
 `MGIT_TRANSFER_MIN_RATE` bytes a second (botocore's timeout bounds each socket read, so a
 server sending a byte a second would otherwise hold a clone forever); one that misses it is
 fetched again, then reported. A push first aborts the multipart uploads a killed push left
-unfinished for the keys it is about to send (their parts are kept, and billed, until then).
+for the keys it sends (billed until then) but those its transfer journal resumes
+(mgit.remotes.multipart). MGIT_S3_PART_SIZE: the part size (5 MiB or more; parts from twice it).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ from mgit.errors import (
     RemoteUnavailableError,
 )
 from mgit.remotes.base import KEY_RE, Backend, check_key
+from mgit.remotes.journal import UPLOADS
+from mgit.remotes.multipart import ResumableUpload
 from mgit.util.atomicfile import disk_full_as_error
 
 try:
@@ -58,6 +61,7 @@ except ImportError as exc:  # boto3 is the optional extra mgit-models[s3]
     raise MissingDependencyError("boto3", "An S3 remote", "s3") from exc
 
 MiB = 1 << 20
+MIN_PART = 5 * MiB  # S3's least part (but the last)
 MULTIPART_THRESHOLD = 64 * MiB  # from here on, files go up and come down in parallel parts
 PART_SIZE = 16 * MiB  # s3transfer enlarges it to stay under S3's 10,000 parts
 ATTEMPTS = 8  # per request, with botocore's jittered exponential backoff; MGIT_S3_ATTEMPTS overrides
@@ -118,6 +122,16 @@ def pace_from_env() -> tuple[float, float]:
     return pace[0], pace[1]
 
 
+def part_size_from_env() -> int | None:
+    """MGIT_S3_PART_SIZE in bytes (at least 5 MiB, S3's least part), or None: the defaults."""
+    raw = os.environ.get("MGIT_S3_PART_SIZE")
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 12) or not MIN_PART <= int(raw) <= 5 << 30:
+        raise InvalidOptionError(f"MGIT_S3_PART_SIZE={raw!r} is not a part size", hint="Use 5242880 (5 MiB) to 5 GiB")
+    return int(raw)
+
+
 def transfer_config(
     *, max_workers: int = 16, threshold: int = MULTIPART_THRESHOLD, part_size: int = PART_SIZE
 ) -> TransferConfig:
@@ -154,7 +168,11 @@ class S3Backend(Backend):
         self.prefix = parts.path.strip("/") + "/" if parts.path.strip("/") else ""
         self.attempts = attempts_from_env()
         self.grace, self.min_rate = pace_from_env()
-        self.transfer = transfer_config(max_workers=max_workers)
+        part = part_size_from_env()
+        self.transfer = transfer_config(
+            max_workers=max_workers, **({"threshold": 2 * part, "part_size": part} if part else {})
+        )
+        self.ranged_from = self.transfer.multipart_threshold
         self.client = self._connect(endpoint_url, region, profile, max_workers)
         # Every body (ours, and s3transfer's ranged parts) is read against its deadline.
         self.client.meta.events.register("after-call.s3.GetObject", self._pace)
@@ -232,7 +250,7 @@ class S3Backend(Backend):
         checked before the body is read; a body that breaks off is fetched again."""
         reason = ""
         for attempt in range(1, self.attempts + 1):
-            with self._translated(key, conditional=bool(condition)):
+            with self._translated(key, conditional="IfMatch" in condition):
                 got = self.client.get_object(Bucket=self.bucket, Key=self._key(key), **condition)
             body, size = got["Body"], got.get("ContentLength")  # (no size said: read up to the limit)
             try:
@@ -290,6 +308,27 @@ class S3Backend(Backend):
             except transfer_errors.RetriesExceededError as exc:  # a body that kept breaking off
                 raise RemoteUnavailableError(self.url, f"reading {key}: {_line(exc.last_exception)}") from exc
 
+    def read_range(self, key: str, start: int, size: int) -> bytes:
+        sink = io.BytesIO()  # (a short answer is fetched again by _fetch, then reported)
+        self._fetch(key, sink, size, Range=f"bytes={start}-{start + size - 1}")
+        return sink.getvalue()
+
+    def write_file(self, key: str, path: Path, *, progress: Any = None) -> None:
+        size = path.stat().st_size
+        if self.journal is None or size < self.transfer.multipart_threshold:
+            return super().write_file(key, path, progress=progress)
+        with self.journal.claim(UPLOADS, self.url, key) as mine:
+            if not mine:  # another process of this repository sends it: not through the journal
+                return super().write_file(key, path, progress=progress)
+            part, workers = self.transfer.multipart_chunksize, self.transfer.max_request_concurrency
+            upload = ResumableUpload(self.client, self.bucket, self._key(key), url=self.url, key=key)
+            upload.configure(part_size=part, workers=workers, journal=self.journal, translated=self._translated)
+            try:
+                upload.run(path, progress=progress)
+            except MissingKeyError:  # NoSuchUpload: another push took it for a killed one's and aborted it
+                self.journal.drop(UPLOADS, self.url, key)
+                upload.run(path, progress=progress)
+
     def write(self, key: str, data: bytes | Path) -> None:
         with self._translated(key):
             if isinstance(data, bytes):
@@ -309,7 +348,9 @@ class S3Backend(Backend):
                             raise
 
     def abort_unfinished(self, keys: Iterable[str]) -> int:
-        wanted = {self._key(k) for k in keys}
+        keys = set(keys)
+        resumed, unneeded = self.journal.sort_uploads(self.url, keys, self.exists) if self.journal else (set(), [])
+        wanted = {self._key(k) for k in keys | set(unneeded)}
         if not wanted:
             return 0
         found = []
@@ -320,7 +361,11 @@ class S3Backend(Backend):
             for number, page in enumerate(pages):
                 if number >= MAX_LIST_PAGES:
                     raise RemoteError(f"{self.url}: listing its uploads did not end after {number} pages")
-                found += [(u["Key"], u["UploadId"]) for u in page.get("Uploads", ()) if u.get("Key") in wanted]
+                found += [
+                    (u["Key"], u["UploadId"])
+                    for u in page.get("Uploads", ())
+                    if u.get("Key") in wanted and u.get("UploadId") not in resumed
+                ]
         for full, upload in found:
             try:
                 with self._translated(full):

@@ -22,7 +22,7 @@ from mgit.store.objectformat import MAX_DEPTH_LIMIT, MAX_HEADER, MAX_RECORD, PRE
 from mgit.store.objects import Manifest, Version, ancestors_first
 from mgit.store.quarantine import Incoming
 from mgit.store.remote import RemoteObjects
-from mgit.util.parallel import Progress
+from mgit.util.parallel import TransferProgress
 
 SLACK = PREFIX + MAX_HEADER  # what an object file holds besides its payload, at most
 RECORD_LIMIT = MAX_RECORD + SLACK
@@ -114,7 +114,7 @@ def present_on(remote: RemoteObjects, store: ObjectStore, oids: Iterable[str]) -
 
 
 def upload(
-    remote: RemoteObjects, store: LocalStore, oids: Iterable[str], *, progress: Progress | None = None
+    remote: RemoteObjects, store: LocalStore, oids: Iterable[str], *, progress: TransferProgress | None = None
 ) -> TransferStats:
     """Send these object files as they are stored (the caller knows the remote lacks them),
     first aborting what a killed push left of their uploads."""
@@ -124,9 +124,9 @@ def upload(
 
     def send(oid: str) -> int:
         size = store.stored_size(oid)
-        remote.write_object(oid, store.path_of(oid))
+        remote.write_object(oid, store.path_of(oid), progress=progress)
         if progress:
-            progress(size)
+            progress(0, 1)
         return size
 
     sizes = remote.map(send, wanted)
@@ -139,7 +139,7 @@ def receive(
     incoming: Incoming,
     wanted: Mapping[str, int],
     *,
-    progress: Progress | None = None,
+    progress: TransferProgress | None = None,
     used_by: Callable[[str], list[str]] | None = None,
 ) -> TransferStats:
     """Download `wanted` objects ({id: most bytes it may take}) that the repository lacks
@@ -158,11 +158,11 @@ def receive(
         def fetch(item: tuple[str, int]) -> int:
             oid, limit = item
             try:
-                size = remote.read_object_into(oid, incoming.path_for(oid), limit=limit)
+                size = remote.read_object_into(oid, incoming.path_for(oid), limit=limit, progress=progress)
             except MissingKeyError:
                 raise ReceivedMissingError(oid, where=remote.url, used_by=used_by(oid) if used_by else None) from None
             if progress:
-                progress(size)
+                progress(0, 1)
             return size
 
         sizes = remote.map(fetch, sorted(pending.items()))
@@ -187,7 +187,7 @@ def fetch_objects(
     wanted: Mapping[str, int],
     *,
     jobs: int,
-    progress: Progress | None = None,
+    progress: TransferProgress | None = None,
     expect: Mapping[str, Expected] | None = None,
 ) -> TransferStats:
     """Download, verify and keep objects (with their bases): all of them, or none (then the error

@@ -48,11 +48,11 @@ from mgit.sync.reports import ChecksTravel, CloneResult, FetchResult, ModelUpdat
 from mgit.sync.tags import pull_tags
 from mgit.util.atomicfile import write_atomic
 from mgit.util.faults import crash_point
-from mgit.util.parallel import StartProgress
+from mgit.util.parallel import StartTransfer
 
 
 def fetch(
-    repo: Repo, remote: str = DEFAULT_REMOTE, *, models: str | None = None, progress: StartProgress | None = None
+    repo: Repo, remote: str = DEFAULT_REMOTE, *, models: str | None = None, progress: StartTransfer | None = None
 ) -> FetchResult:
     """Fetch a remote's models (those matching the glob `models`, default all); see above."""
     conn = connect(repo, remote)
@@ -63,7 +63,7 @@ def fetch(
 
 
 def fetch_from(
-    repo: Repo, conn: Connection, *, models: str | None = None, progress: StartProgress | None = None
+    repo: Repo, conn: Connection, *, models: str | None = None, progress: StartTransfer | None = None
 ) -> FetchResult:
     remote, lazy = conn.remote, isinstance(repo.store, LazyStore)
     remote.check()
@@ -126,7 +126,7 @@ def _arrive(
     incoming: Incoming,
     tips: dict[str, str | None] | dict[str, str],
     received: TransferStats,
-    progress: StartProgress | None,
+    progress: StartTransfer | None,
     *,
     every_model: bool,
     renames: dict[str, tuple[str, str]] | None = None,
@@ -151,7 +151,8 @@ def _arrive(
         hold_packed(incoming, spool, wanted, received)
         rows = {} if spool is None else _rows(spool, _described(incoming.overlay, versions))
         sketches = {} if spool is None else _sketches(incoming.overlay, spool.sketches(versions))
-        tick = progress(sum(rows[o][3] if o in rows else n - SLACK for o, n in wanted.items())) if progress else None
+        total = sum(rows[o][3] if o in rows else n - SLACK for o, n in wanted.items())
+        tick = progress(total, len(wanted)) if progress else None
         received.add(receive(conn.remote, incoming, wanted, progress=tick))
         arrived = list(dict.fromkeys(incoming.arrived))
         crash_point("fetch-after-download")
@@ -368,7 +369,7 @@ def clone(
     endpoint_url: str | None = None,
     region: str | None = None,
     profile: str | None = None,
-    progress: StartProgress | None = None,
+    progress: StartTransfer | None = None,
 ) -> CloneResult:
     """A new repository in `directory` with `url` as its remote `origin`, every model (or
     those matching `models`) fetched and checked in as local heads. `lazy` fetches records

@@ -24,11 +24,11 @@ from mgit.sync.fetch import fetch_from
 from mgit.sync.push import number_of
 from mgit.sync.reports import ModelUpdate, PullResult, Renumbered
 from mgit.sync.tags import copy_tags, pull_tags
-from mgit.util.parallel import StartProgress
+from mgit.util.parallel import StartTransfer
 
 
 def pull(
-    repo: Repo, remote: str = DEFAULT_REMOTE, *, ff_only: bool = False, progress: StartProgress | None = None
+    repo: Repo, remote: str = DEFAULT_REMOTE, *, ff_only: bool = False, progress: StartTransfer | None = None
 ) -> PullResult:
     conn = connect(repo, remote)
     try:

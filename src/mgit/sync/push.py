@@ -37,7 +37,7 @@ from mgit.sync.renames import push_retired
 from mgit.sync.reports import ModelUpdate, PushResult
 from mgit.sync.tags import push_tags
 from mgit.util.faults import crash_point
-from mgit.util.parallel import StartProgress
+from mgit.util.parallel import StartTransfer
 
 MAX_WALK = 10_000  # remote records read to number a head this repository does not have
 
@@ -66,7 +66,7 @@ def push(
     targets: list[str] | None = None,
     *,
     force: bool = False,
-    progress: StartProgress | None = None,
+    progress: StartTransfer | None = None,
 ) -> PushResult:
     """Send models (every one by default) to a remote; see the module docstring."""
     conn = connect(repo, remote)
@@ -77,7 +77,7 @@ def push(
 
 
 def _push(
-    repo: Repo, conn: Connection, chosen: dict[str, str], *, force: bool, progress: StartProgress | None
+    repo: Repo, conn: Connection, chosen: dict[str, str], *, force: bool, progress: StartTransfer | None
 ) -> PushResult:
     remote = conn.remote
     remote.check()
@@ -138,7 +138,7 @@ def move_head(conn: Connection, name: str, vid: str, *, expected: str | None, to
 
 
 def publish_to(
-    repo: Repo, conn: Connection, tips: list[str], known_tips: list[str], *, progress: StartProgress | None = None
+    repo: Repo, conn: Connection, tips: list[str], known_tips: list[str], *, progress: StartTransfer | None = None
 ) -> tuple[set[str], list[str], TransferStats]:
     """Send the versions reachable from `tips` that the remote lacks, with every object they
     need that it lacks, and a metadata pack describing them; move no ref. `known_tips` are
@@ -156,7 +156,7 @@ def publish_to(
         missing = candidates - present
         if isinstance(store, LazyStore):  # a lazy clone sends elsewhere what it has not fetched yet
             store.fetch([o for o in missing if not store.has(o)])
-        tick = progress(sum(store.stored_size(o) for o in missing)) if progress else None
+        tick = progress(sum(store.stored_size(o) for o in missing), len(missing)) if progress else None
         sent = upload(conn.remote, store, missing, progress=tick)
         crash_point("push-after-objects")
         sent.skipped = len(needed) - len(missing)
