@@ -222,3 +222,82 @@ def test_the_transfer_bar_shows_bytes_and_objects_each_with_a_rate() -> None:
     assert "12.0/12.0 MiB" in text
     assert re.search(r"2/3 objects, \d+\.\d/s", text), text
     assert re.search(r"MiB/s|MB/s|kB/s", text), text
+
+
+def journalled_upload(alice: Repo, client, bucket: str, url: str, oid: str, **changes) -> tuple[str, str]:
+    """An upload of `oid` begun as a killed push begins one, its journal entry written: (key, id)."""
+    from mgit.remotes.journal import UPLOADS, TransferJournal
+
+    key = f"objects/{oid[:2]}/{oid[2:]}"
+    upload = client.create_multipart_upload(Bucket=bucket, Key=f"team/{key}")["UploadId"]
+    path = alice.store.path_of(oid)
+    entry = {"size": path.stat().st_size, "mtime_ns": path.stat().st_mtime_ns, "part_size": PART, "file": str(path)}
+    TransferJournal(alice.dir / "transfers").save(UPLOADS, url, key, {**entry, "upload_id": upload, **changes})
+    return f"team/{key}", upload
+
+
+def test_a_resumed_upload_sends_again_a_part_that_is_not_the_files_bytes(
+    s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MGIT_S3_PART_SIZE", str(PART))
+    url = f"{s3_bucket.url}/team"
+    sync.init_bare(url)
+    src = big_model(tmp_path)
+    alice = Repo.init(tmp_path / "alice")
+    alice.add(src, name="m")
+    sync.add_remote(alice, "origin", url)
+    big = max(alice.store.ids(), key=alice.store.stored_size)
+    client = s3_bucket.client()
+    key, upload = journalled_upload(alice, client, s3_bucket.name, url, big)
+    data = alice.store.path_of(big).read_bytes()
+    client.upload_part(Bucket=s3_bucket.name, Key=key, UploadId=upload, PartNumber=1, Body=os.urandom(PART))
+    client.upload_part(Bucket=s3_bucket.name, Key=key, UploadId=upload, PartNumber=2, Body=data[PART : 2 * PART])
+
+    sync.push(alice)
+
+    got = client.get_object(Bucket=s3_bucket.name, Key=key)["Body"].read()
+    assert got == data  # part 1 (not the file's bytes) went again; part 2 was kept
+    assert client.list_multipart_uploads(Bucket=s3_bucket.name).get("Uploads", []) == []
+    sync.clone(url, tmp_path / "bob")
+    Repo(tmp_path / "bob").checkout("m", tmp_path / "out")
+    assert sha256_tree(tmp_path / "out") == sha256_tree(src)
+
+
+@pytest.mark.parametrize("change", ["file", "stale"])
+def test_an_upload_the_journal_no_longer_needs_is_aborted(
+    s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    monkeypatch.setenv("MGIT_S3_PART_SIZE", str(PART))
+    url = f"{s3_bucket.url}/team"
+    sync.init_bare(url)
+    alice = Repo.init(tmp_path / "alice")
+    alice.add(big_model(tmp_path), name="m")
+    sync.add_remote(alice, "origin", url)
+    big = max(alice.store.ids(), key=alice.store.stored_size)
+    client = s3_bucket.client()
+    # "file": the entry names a file of another size (its parts are of no use); "stale": an
+    # entry for an object the push does not send, not resumed for weeks.
+    other = "ab" + "c" * 62
+    oid = big if change == "file" else other
+    key, upload = journalled_upload(alice, client, s3_bucket.name, url, oid if change == "file" else big)
+    if change == "stale":
+        from mgit.remotes.journal import UPLOADS, TransferJournal
+
+        journal = TransferJournal(alice.dir / "transfers")
+        entry = journal.load(UPLOADS, url, key.removeprefix("team/"))
+        journal.drop(UPLOADS, url, key.removeprefix("team/"))
+        stale_key = f"objects/{other[:2]}/{other[2:]}"
+        upload = client.create_multipart_upload(Bucket=s3_bucket.name, Key=f"team/{stale_key}")["UploadId"]
+        journal.save(UPLOADS, url, stale_key, {**entry, "upload_id": upload})
+        path = journal.path(UPLOADS, url, stale_key, ".json")
+        path.write_text(json.dumps({**json.loads(path.read_text()), "updated": time.time() - 30 * 86400}))
+    else:
+        journal_path = next((alice.dir / "transfers" / "uploads").glob("*.json"))
+        journal_path.write_text(json.dumps({**json.loads(journal_path.read_text()), "size": 1}))
+
+    sync.push(alice)
+
+    assert client.list_multipart_uploads(Bucket=s3_bucket.name).get("Uploads", []) == []
+    assert list((alice.dir / "transfers" / "uploads").glob("*.json")) == []
+    size = alice.store.stored_size(big)
+    assert client.head_object(Bucket=s3_bucket.name, Key=f"team/objects/{big[:2]}/{big[2:]}")["ContentLength"] == size
