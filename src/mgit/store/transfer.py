@@ -32,7 +32,8 @@ BASE_FACTOR = 8  # a base is at most this many times its child (an int8 copy's f
 @dataclass
 class TransferStats(Report):
     """Objects and bytes (stored, as they travel) sent or received, and those skipped
-    because the other side had them."""
+    because the other side had them (for a fetch: this side, in the repository or received
+    whole by a killed run of the fetch, in its quarantine)."""
 
     objects: int = 0
     bytes: int = 0
@@ -155,8 +156,13 @@ def receive(
         if not pending:
             return stats
 
-        def fetch(item: tuple[str, int]) -> int:
+        def fetch(item: tuple[str, int]) -> int | None:
             oid, limit = item
+            salvaged = incoming.salvage(oid, limit=limit)
+            if salvaged is not None:
+                if progress:
+                    progress(salvaged, 1)
+                return None
             try:
                 size = remote.read_object_into(oid, incoming.path_for(oid), limit=limit, progress=progress)
             except MissingKeyError:
@@ -165,9 +171,11 @@ def receive(
                 progress(0, 1)
             return size
 
-        sizes = remote.map(fetch, sorted(pending.items()))
+        got = remote.map(fetch, sorted(pending.items()))
+        sizes = [n for n in got if n is not None]
         stats.objects += len(sizes)
         stats.bytes += sum(sizes)
+        stats.skipped += len(got) - len(sizes)
         following: dict[str, int] = {}
         for oid, limit in pending.items():
             header = incoming.quarantine.header(oid)  # checked: magic, lengths, kind, sizes
