@@ -351,3 +351,28 @@ def test_a_clone_killed_takes_up_the_objects_that_had_arrived_whole(
     assert client.list_objects_v2(Bucket=s3_bucket.name)["KeyCount"] > 0
     Repo(bob).checkout("m", tmp_path / "out")
     assert sha256_tree(tmp_path / "out") == sha256_tree(src)
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_a_download_cut_off_leaves_nothing_under_the_objects_name(tmp_path: Path, large: bool) -> None:
+    """What a killed fetch leaves in its quarantine is taken up by the next one: so a download
+    (whole, or of an object that may be large but is not) is renamed into place only once
+    complete. Here the backend's read is cut off after half the bytes."""
+    from mgit.errors import RemoteUnavailableError
+    from mgit.remotes import partial
+    from mgit.remotes.folder import FolderBackend
+    from mgit.remotes.journal import TransferJournal
+
+    class CutOff(FolderBackend):
+        def read_into(self, key: str, path: Path, *, limit: int) -> int:
+            path.write_bytes(b"\0" * 500)  # half of it, then the connection drops
+            raise RemoteUnavailableError(self.url, "the connection dropped")
+
+    backend = CutOff(tmp_path / "remote")
+    backend.write("objects/ab/cd", os.urandom(1000))
+    if large:  # may be large (its limit), is not (its size): fetched whole, as a small one is
+        backend.journal, backend.ranged_from = TransferJournal(tmp_path / "transfers"), 2000
+    (tmp_path / "q").mkdir()
+    with pytest.raises(RemoteUnavailableError):
+        partial.download(backend, "objects/ab/cd", tmp_path / "q" / "cd", limit=4000)
+    assert list((tmp_path / "q").iterdir()) == []

@@ -27,7 +27,7 @@ import blake3
 from mgit.errors import MissingKeyError, RemoteError, RemoteTooLargeError, RemoteUnavailableError
 from mgit.remotes.base import Backend
 from mgit.remotes.journal import DOWNLOADS, TransferJournal
-from mgit.util.atomicfile import disk_full_as_error
+from mgit.util.atomicfile import disk_full_as_error, temporary_sibling
 
 HASH_RE = re.compile(r"^[0-9a-f]{64}\Z")
 WORKERS = 8  # ranges of one object in flight
@@ -51,10 +51,10 @@ def download(
         raise RemoteTooLargeError(backend.url, key, size, limit)
     journal = backend.journal
     if journal is None or backend.ranged_from is None or size < backend.ranged_from:
-        return _whole(backend, key, path, limit, progress)
+        return whole(backend, key, path, limit=limit, progress=progress)
     with journal.claim(DOWNLOADS, backend.url, key) as mine:
         if not mine:  # another fetch of this repository is at it: not through the journal
-            return _whole(backend, key, path, limit, progress)
+            return whole(backend, key, path, limit=limit, progress=progress)
         chunk = max(1, backend.ranged_from // 2)
         for _attempt in range(ATTEMPTS):
             hashes = _fill(backend, journal, key, size, chunk, progress)
@@ -71,8 +71,16 @@ def download(
     return size
 
 
-def _whole(backend: Backend, key: str, path: Path, limit: int, progress: Callable[[int], None] | None) -> int:
-    size = backend.read_into(key, path, limit=limit)
+def whole(backend: Backend, key: str, path: Path, *, limit: int, progress: Callable[[int], None] | None = None) -> int:
+    """Fetch `key` whole into the new file `path`, renamed into place once complete: a file
+    under an object's name is never a part of it (the next fetch takes up what a killed one
+    left whole, mgit.store.quarantine)."""
+    tmp = temporary_sibling(path)
+    try:
+        size = backend.read_into(key, tmp, limit=limit)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     if progress:
         progress(size)
     return size

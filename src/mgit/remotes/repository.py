@@ -15,7 +15,6 @@ ids by whoever keeps them).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,7 +34,6 @@ from mgit.remotes import partial
 from mgit.remotes.base import Backend
 from mgit.remotes.journal import TransferJournal
 from mgit.store.objects import OID_RE, utc_now
-from mgit.util.atomicfile import temporary_sibling
 
 REMOTE_FORMAT = 1
 MAX_SMALL = 1 << 20  # a config, a ref, a registration: far smaller than this
@@ -178,16 +176,7 @@ class RemoteRepository:
         be large); `progress` is called with bytes as they arrive."""
         if partial.ranged(self.backend, limit):
             return partial.download(self.backend, object_key(oid), path, limit=limit, progress=progress)
-        # Renamed into place whole: a file under an object's name is never a part of it.
-        tmp = temporary_sibling(path)
-        try:
-            size = self.backend.read_into(object_key(oid), tmp, limit=limit)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        if progress:
-            progress(size)
-        return size
+        return partial.whole(self.backend, object_key(oid), path, limit=limit, progress=progress)
 
     def abort_unfinished(self, oids: Iterable[str]) -> int:
         """Before sending these objects: abort their uploads that a killed push left."""
