@@ -303,7 +303,8 @@ class FaultProxy:
     S3's InternalError or SlowDown XML and close, "stall" holds it unanswered until the proxy
     stops. `every=0` never faults; the first `after` matching requests are never faulted;
     `max_faults` caps the number of faults. `set_faults` changes the plan while running and
-    restarts the count."""
+    restarts the count. `seen` logs every request (with its Range header); `bytes_up` and
+    `bytes_down` count the bytes relayed each way."""
 
     def __init__(
         self,
