@@ -332,13 +332,17 @@ def test_a_clone_killed_takes_up_the_objects_that_had_arrived_whole(
         def whole_in_quarantine() -> list[Path]:
             return [p for p in bob.glob(".mgit/incoming/*/??/*") if not p.name.startswith(".")]
 
-        try:
-            wait_for(lambda: len(whole_in_quarantine()) >= 3 and any(r.fault for r in proxy.seen))
+        def downloaded_whole() -> set[str]:
+            whole = {p.parent.name + p.name for p in whole_in_quarantine()}
+            return {key_of(r.target) for r in proxy.seen if r.method == "GET" and r.fault is None} & whole
+
+        try:  # the three objects let through have arrived whole, the next is held
+            wait_for(lambda: len(downloaded_whole()) == 3 and any(r.fault for r in proxy.seen))
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.communicate(timeout=WAIT)
         arrived = {p.parent.name + p.name for p in whole_in_quarantine()}
-        downloaded = {key_of(r.target) for r in proxy.seen if r.method == "GET" and r.fault is None} & arrived
+        downloaded = downloaded_whole()
         assert len(downloaded) == 3  # (the others in the quarantine are records a metadata pack held)
         proxy.set_faults(every=0)
         before = len(proxy.seen)
