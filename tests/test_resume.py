@@ -380,3 +380,40 @@ def test_a_download_cut_off_leaves_nothing_under_the_objects_name(tmp_path: Path
     with pytest.raises(RemoteUnavailableError):
         partial.download(backend, "objects/ab/cd", tmp_path / "q" / "cd", limit=4000)
     assert list((tmp_path / "q").iterdir()) == []
+
+
+def test_progress_counts_every_object_whether_packed_or_loose(
+    s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A push and a clone to a bucket with data packs (small objects many to a pack, the large
+    one on its own, in parts): the progress reports each object once, and the bytes of each."""
+    monkeypatch.setenv("MGIT_S3_PART_SIZE", str(PART))
+    url = f"{s3_bucket.url}/team"
+    sync.init_bare(url)  # packs: a bucket's default
+    alice = Repo.init(tmp_path / "alice")
+    alice.add(big_model(tmp_path), name="m")
+    sync.add_remote(alice, "origin", url)
+    calls: list[tuple[str, int, int]] = []
+
+    def start(label: str):
+        def factory(total: int, objects: int):
+            calls.append((label + " total", total, objects))
+            return lambda nbytes, objects=0: calls.append((label, nbytes, objects))
+
+        return factory
+
+    sync.push(alice, progress=start("push"))
+    ids = list(alice.store.ids())
+    sizes = sorted(alice.store.stored_size(o) for o in ids)
+    assert sizes[0] < 4 << 20 < sizes[-1]  # some objects in packs, one loose
+    for label in ("push", "clone"):
+        if label == "clone":
+            sync.clone(url, tmp_path / "bob", progress=start("clone"))
+        _, total_bytes, total_objects = next(c for c in calls if c[0] == label + " total")
+        moved = [c for c in calls if c[0] == label]
+        # A clone's version record and manifest came before, in the metadata pack: not counted.
+        expected = len(ids) - (2 if label == "clone" else 0)
+        assert (total_objects, sum(c[2] for c in moved)) == (expected, expected), label
+        assert 0.9 * total_bytes <= sum(c[1] for c in moved) <= 1.1 * total_bytes  # (packs: their framing)
+    Repo(tmp_path / "bob").checkout("m", tmp_path / "out")
+    assert sha256_tree(tmp_path / "out") == sha256_tree(tmp_path / "src")

@@ -181,8 +181,9 @@ def _arrive(
         hold_packed(incoming, spool, wanted, received)
         rows = {} if spool is None else _rows(spool, _described(incoming.overlay, versions))
         sketches = {} if spool is None else _sketches(incoming.overlay, spool.sketches(versions))
-        total = sum(rows[o][3] if o in rows else n - SLACK for o, n in wanted.items())
-        tick = progress(total, len(wanted)) if progress else None
+        coming = {o: n for o, n in wanted.items() if not incoming.overlay.has(o)}  # (records: in the pack)
+        total = sum(rows[o][3] if o in rows else n - SLACK for o, n in coming.items())
+        tick = progress(total, len(coming)) if progress else None
         received.add(receive(conn.remote, incoming, wanted, progress=tick))
         arrived = list(dict.fromkeys(incoming.arrived))
         crash_point("fetch-after-download")
