@@ -11,6 +11,9 @@ retries, streaming bodies, ETags and conditional writes behave as they do agains
     FaultProxy(endpoint, latency=0.02)
                                     forwards every request 20 ms late (a bucket's latency, on
                                     loopback; benchmarks/remote.py) and counts them
+    FaultProxy(endpoint, every=1, after=2, mode="stall", path="partNumber=")
+                                    lets two parts through, then holds every other one unanswered
+                                    (until the proxy stops): a process to kill mid-upload
 
 Use the fixtures by importing them into a test module or a conftest (ruff then also wants
 `# ruff: noqa: F811` in a test module, whose arguments shadow the imported names):
@@ -263,7 +266,7 @@ def s3_bucket(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 # ---------------------------------------------------------------------------------------------
 # Fault injection
 
-FAULT_MODES = ("drop", "500", "503")
+FAULT_MODES = ("drop", "500", "503", "stall")
 _S3_ERRORS = {  # mode -> (status, reason, S3 error code, message), as S3 itself words them
     "500": (500, "Internal Server Error", "InternalError", "We encountered an internal error. Please try again."),
     "503": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
@@ -283,6 +286,7 @@ class ProxiedRequest:
     method: str
     target: str
     fault: str | None
+    range: str | None = None  # the Range header of a ranged GET
 
 
 @dataclass(frozen=True)
@@ -300,11 +304,14 @@ class FaultProxy:
     Expect: 100-continue); responses are relayed as raw bytes. Of the requests that match
     `methods` and the regex `path` (searched in the request target, query included), every
     `every`-th one is not forwarded: "drop" closes the connection, "500" and "503" answer with
-    S3's InternalError or SlowDown XML and close. `every=0` never faults; `max_faults` caps
-    the number of faults. `set_faults` changes the plan while running and restarts the count.
-    `latency`: seconds each forwarded request waits before it goes on (at most MAX_LATENCY):
-    what a request to a real bucket costs beyond loopback's. Requests on separate connections
-    wait in parallel, as they would on a network."""
+    S3's InternalError or SlowDown XML and close, "stall" holds it unanswered until the proxy
+    stops. `every=0` never faults; the first `after` matching requests are never faulted;
+    `max_faults` caps the number of faults. `set_faults` changes the plan while running and
+    restarts the count. `latency`: seconds each forwarded request waits before it goes on (at
+    most MAX_LATENCY): what a request to a real bucket costs beyond loopback's. Requests on
+    separate connections wait in parallel, as they would on a network. `seen` logs every
+    request (with its Range header); `bytes_up` and `bytes_down` count the bytes relayed each
+    way."""
 
     def __init__(
         self,
@@ -315,6 +322,7 @@ class FaultProxy:
         methods: Iterable[str] | None = None,
         path: str | None = None,
         max_faults: int | None = None,
+        after: int = 0,
         timeout: float = 30.0,
         latency: float = 0.0,
     ) -> None:
@@ -330,7 +338,9 @@ class FaultProxy:
         self._threads: list[threading.Thread] = []
         self.seen: list[ProxiedRequest] = []
         self.faults = 0
-        self.set_faults(every=every, mode=mode, methods=methods, path=path, max_faults=max_faults)
+        self.bytes_up = 0  # request bytes forwarded (heads and bodies), and response bytes relayed
+        self.bytes_down = 0
+        self.set_faults(every=every, mode=mode, methods=methods, path=path, max_faults=max_faults, after=after)
         self._listener = socket.create_server((HOST, 0))
         self._listener.settimeout(0.1)  # how quickly the accept loop notices stop()
         self.endpoint = f"http://{HOST}:{self._listener.getsockname()[1]}"
@@ -345,6 +355,7 @@ class FaultProxy:
         methods: Iterable[str] | None = None,
         path: str | None = None,
         max_faults: int | None = None,
+        after: int = 0,
     ) -> None:
         """Replace the fault plan; the every-N count starts again from zero."""
         if mode not in FAULT_MODES:
@@ -352,7 +363,7 @@ class FaultProxy:
         if every < 0:
             raise ValueError(f"every must be 0 (never) or positive, not {every}")
         with self._lock:
-            self._every, self._mode, self._max_faults = every, mode, max_faults
+            self._every, self._mode, self._max_faults, self._after = every, mode, max_faults, after
             self._methods = {m.upper() for m in methods} if methods is not None else None
             self._path = re.compile(path) if path is not None else None
             self._matched = 0
@@ -391,11 +402,11 @@ class FaultProxy:
             if self._every and wanted:
                 self._matched += 1
                 capped = self._max_faults is not None and self._faults_in_plan >= self._max_faults
-                if self._matched % self._every == 0 and not capped:
+                if self._matched > self._after and (self._matched - self._after) % self._every == 0 and not capped:
                     fault = self._mode
                     self._faults_in_plan += 1
                     self.faults += 1
-            self.seen.append(ProxiedRequest(head.method, head.target, fault))
+            self.seen.append(ProxiedRequest(head.method, head.target, fault, head.headers.get("range")))
             return fault
 
     def _accept_loop(self) -> None:
@@ -425,7 +436,7 @@ class FaultProxy:
                 return
             self._sockets |= {client, upstream}
         send_lock = threading.Lock()
-        pump = threading.Thread(target=_pump, args=(upstream, client, send_lock), daemon=True)
+        pump = threading.Thread(target=_pump, args=(upstream, client, send_lock, self._count_down), daemon=True)
         pump.start()
         rfile = client.makefile("rb")
         try:
@@ -440,9 +451,12 @@ class FaultProxy:
                     if self.latency:
                         time.sleep(self.latency)
                     upstream.sendall(head.raw)
-                    _copy_body(rfile, head, upstream.sendall)
+                    _copy_body(rfile, head, lambda data: self._count_up(upstream, data))
+                    self._count_up(None, head.raw)
                     continue
-                if fault != "drop":
+                if fault == "stall":
+                    self._stopping.wait()
+                elif fault != "drop":
                     _answer_with_error(fault, head, rfile, client, send_lock)
                 break
         except (OSError, ValueError):
@@ -453,6 +467,16 @@ class FaultProxy:
             pump.join(self._timeout)
             with self._lock:
                 self._sockets -= {client, upstream}
+
+    def _count_up(self, upstream: socket.socket | None, data: bytes) -> None:
+        if upstream is not None:
+            upstream.sendall(data)
+        with self._lock:
+            self.bytes_up += len(data)
+
+    def _count_down(self, data: bytes) -> None:
+        with self._lock:
+            self.bytes_down += len(data)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop accepting, cut every open connection, and wait for the relay threads."""
@@ -560,12 +584,15 @@ def _answer_with_error(
         client.sendall(response if head.method == "HEAD" else response + body)
 
 
-def _pump(source: socket.socket, dest: socket.socket, send_lock: threading.Lock) -> None:
+def _pump(
+    source: socket.socket, dest: socket.socket, send_lock: threading.Lock, count: Callable[[bytes], None]
+) -> None:
     """Copy raw bytes from `source` to `dest` until either ends or stays idle past its timeout."""
     try:
         while data := source.recv(_BLOCK):
             with send_lock:
                 dest.sendall(data)
+            count(data)
     except OSError:
         pass
     finally:

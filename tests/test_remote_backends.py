@@ -132,6 +132,38 @@ class BackendContract:
         with pytest.raises(MissingKeyError):
             backend.read_range("packs/absent.objpack", 0, 10)
 
+    def test_a_ranged_download_cut_off_resumes_with_the_ranges_that_had_not_arrived(self, backend, tmp_path):
+        if backend.ranged_from is None:
+            pytest.skip("this backend reads whole objects only (a local copy has nothing to resume)")
+        from mgit.remotes import partial
+        from mgit.remotes.journal import TransferJournal
+
+        data = os.urandom(5 * 1000 + 17)
+        backend.write("objects/ab/big", data)
+        backend.journal, backend.ranged_from = TransferJournal(tmp_path / "transfers"), 2000  # 1,000-byte chunks
+        asked: list[int] = []
+        real = backend.read_range
+
+        def cut_off_after_two(key: str, start: int, size: int) -> bytes:
+            asked.append(start)
+            if len(asked) > 2:
+                raise RemoteUnavailableError(backend.url, "the connection dropped")
+            return real(key, start, size)
+
+        backend.read_range = cut_off_after_two
+        with pytest.raises(RemoteUnavailableError):
+            partial.download(backend, "objects/ab/big", tmp_path / "out", limit=len(data))
+        assert not (tmp_path / "out").exists()
+        arrived = {s for s in asked[:2]}
+        backend.read_range = lambda key, start, size: asked.append(start) or real(key, start, size)
+        del asked[:]
+        assert partial.download(backend, "objects/ab/big", tmp_path / "out", limit=len(data)) == len(data)
+        assert (tmp_path / "out").read_bytes() == data
+        assert sorted(asked) == sorted(set(range(0, len(data), 1000)) - arrived)  # only what had not arrived
+        assert [p.name for p in (tmp_path / "transfers" / "downloads").iterdir()] == []
+        with pytest.raises(RemoteTooLargeError):
+            partial.download(backend, "objects/ab/big", tmp_path / "again", limit=len(data) - 1)
+
     def test_a_missing_key_is_missing_key_error(self, backend, tmp_path):
         with pytest.raises(MissingKeyError) as failed:
             backend.read("objects/00/absent", limit=10)

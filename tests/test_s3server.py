@@ -354,6 +354,21 @@ def test_fault_filter_and_cap_pick_which_requests_fail(s3_bucket):
         assert proxy.faults == 2
 
 
+def test_stall_holds_requests_after_the_first_ones_and_bytes_are_counted(s3_bucket):
+    with FaultProxy(s3_bucket.endpoint, every=1, after=1, mode="stall", methods={"PUT"}) as proxy:
+        s3 = s3_client(proxy.endpoint, Config(retries={"total_max_attempts": 1}, read_timeout=1, connect_timeout=1))
+        s3.put_object(Bucket=s3_bucket.name, Key="first", Body=b"x" * 1000)
+        with pytest.raises(HTTPClientError):  # held unanswered: the client's read times out
+            s3.put_object(Bucket=s3_bucket.name, Key="second", Body=b"y" * 1000)
+        assert [(r.method, r.fault) for r in proxy.seen] == [("PUT", None), ("PUT", "stall")]
+        assert proxy.bytes_up > 1000 and proxy.bytes_down > 0
+        up = proxy.bytes_up
+        got = s3.get_object(Bucket=s3_bucket.name, Key="first", Range="bytes=10-19")
+        assert got["Body"].read() == b"x" * 10
+        assert proxy.seen[-1].range == "bytes=10-19" and proxy.bytes_up > up
+    assert [o["Key"] for o in s3_bucket.client().list_objects_v2(Bucket=s3_bucket.name)["Contents"]] == ["first"]
+
+
 def test_proxy_stop_closes_open_connections_promptly(s3_bucket):
     import contextlib
     import socket

@@ -16,6 +16,7 @@ import errno
 import fcntl
 import os
 import re
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from mgit.repo.repository import Repo
 from mgit.reports import Report
 from mgit.store.objects import Version
 from mgit.sync import fetch
+from mgit.sync.connection import TRANSFERS
 from mgit.util.atomicfile import TMP_PREFIX
 
 TMP_NAME = re.compile(
@@ -198,11 +200,12 @@ def _leftovers(repo: Repo, reachable: set[str], here: set[str]) -> list[Leftover
                 len(quarantines),
                 sum(_size(f) for q in quarantines for f in q.rglob("*")),
                 [_rel(repo, q) for q in quarantines],
-                "what a killed fetch received; none of it was kept",
-                "mgit fetch again, and mgit gc to remove them",
+                "what a killed fetch received; none of it was kept yet",
+                "mgit fetch again (it takes up what arrived whole), or mgit gc to remove them",
             )
         )
     found += _killed_checkouts(repo)
+    found += _interrupted_transfers(repo)
     if held:
         found.append(
             Leftover(
@@ -215,6 +218,29 @@ def _leftovers(repo: Repo, reachable: set[str], here: set[str]) -> list[Leftover
             )
         )
     return found
+
+
+def _interrupted_transfers(repo: Repo) -> list[Leftover]:
+    """What the transfer journal holds: large objects a killed or cut-off push or fetch was
+    sending or fetching (bytes: what arrived of the downloads, their partial files' blocks)."""
+    root = repo.dir / TRANSFERS
+    entries = sorted(root.glob("*/*.json")) if root.is_dir() else []
+    if not entries:
+        return []
+    arrived = 0
+    for part in root.glob("downloads/*.part"):
+        with suppress(OSError):
+            arrived += part.lstat().st_blocks * 512  # (sparse: only the chunks written hold blocks)
+    return [
+        Leftover(
+            "interrupted transfer",
+            len(entries),
+            arrived,
+            [_rel(repo, p) for p in entries],
+            "large objects a killed or cut-off push or fetch was sending or fetching",
+            "run the push or fetch again: each resumes where it stopped",
+        )
+    ]
 
 
 def _killed_checkouts(repo: Repo) -> list[Leftover]:

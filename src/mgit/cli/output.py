@@ -16,7 +16,7 @@ from mgit.reports import human_size, json_safe
 
 if TYPE_CHECKING:
     from mgit.reports import ParentInfo
-    from mgit.util.parallel import Progress, StartProgress
+    from mgit.util.parallel import Progress, StartProgress, StartTransfer, TransferProgress
 
 # What a terminal would act on rather than show: C0 controls but newline and tab, DEL, C1
 # (ESC and CSI among them), and the bidirectional overrides that reorder what is shown.
@@ -225,3 +225,41 @@ def run_text(run: dict[str, Any]) -> str:
     metrics = ", ".join(f"{k} {'-' if v is None else f'{v:.6g}'}" for k, v in sorted(run["metrics"].items()))
     step = "-" if run["step"] is None else run["step"]
     return f"{step}{f'  {metrics}' if metrics else ''}  (run {run['id']})"
+
+
+@contextmanager
+def transfer_bar(label: str, *, enabled: bool = True, console: Any = None) -> Iterator[StartTransfer | None]:
+    """A push's or a fetch's bar: bytes and objects, each with its rate (rich's speed column
+    shows bytes a second; the objects' rate is counted here). None when stderr is not a
+    terminal (or `console`, a rich Console, is given). Yields a factory
+    `(total bytes, total objects) -> advance(nbytes, objects=0)`."""
+    if not enabled or (console is None and not err.is_terminal):
+        yield None
+        return
+    import time
+
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+    from rich.progress import Progress as Bars
+
+    console = console or Console(stderr=True, soft_wrap=True, highlight=False, markup=False)
+    columns: list[Any] = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True)]
+    columns += [TransferSpeedColumn(), TextColumn("{task.fields[objects]}"), TimeRemainingColumn()]
+    with Bars(*columns, console=console, transient=True) as bars:
+
+        def factory(total: int, objects: int = 0) -> TransferProgress:
+            start, done = time.monotonic(), [0]
+
+            def counted() -> str:
+                rate = done[0] / max(time.monotonic() - start, 1e-3)
+                return f"{done[0]}/{objects} objects, {rate:.1f}/s"
+
+            task = bars.add_task(printable(label), total=total, objects=counted())
+
+            def advance(nbytes: int, objects_done: int = 0) -> None:
+                done[0] += objects_done
+                bars.update(task, advance=nbytes, objects=counted())
+
+            return advance
+
+        yield factory

@@ -7,7 +7,7 @@ import click
 
 from mgit import sync
 from mgit.cli.main import SuggestingGroup
-from mgit.cli.output import err, out, plural, print_json, progress_bar, short, size, table
+from mgit.cli.output import err, out, plural, print_json, short, size, table, transfer_bar
 from mgit.repo.repository import Repo
 from mgit.store.transfer import TransferStats
 from mgit.sync.reports import FetchResult, ModelUpdate, TagsTravel
@@ -195,7 +195,7 @@ def push(
             return
         _updates(deleted, "on " + remote)
         return
-    with progress_bar(f"Pushing to {remote}", enabled=not as_json) as bar:
+    with transfer_bar(f"Pushing to {remote}", enabled=not as_json) as bar:
         result = sync.push(repo, remote, list(targets) or None, force=force, progress=bar)
     deleted = sync.delete_remote_models(repo, remote, prune=True) if prune else []
     if as_json:
@@ -293,7 +293,7 @@ def fetch(
     if len(args) > 1:
         raise click.UsageError("give one REMOTE (refs only with --objects)")
     _say_no_verify(no_verify)
-    with progress_bar("Fetching", enabled=not as_json) as bar:
+    with transfer_bar("Fetching", enabled=not as_json) as bar:
         remote = args[0] if args else sync.DEFAULT_REMOTE
         result = sync.fetch(repo, remote, models=models, progress=bar, prune=prune, verify=not no_verify)
     if as_json:
@@ -318,7 +318,7 @@ def pull(ctx: click.Context, remote: str, ff_only: bool, no_verify: bool, as_jso
       mgit pull origin --ff-only
     """
     _say_no_verify(no_verify)
-    with progress_bar("Pulling", enabled=not as_json) as bar:
+    with transfer_bar("Pulling", enabled=not as_json) as bar:
         result = sync.pull(ctx.obj.repo(), remote, ff_only=ff_only, progress=bar, verify=not no_verify)
     if as_json:
         print_json(result.to_json())
@@ -375,7 +375,7 @@ def clone(
     """
     settings = {"verify.require": require, "verify.allowed-signers": allowed_signers}
     _say_no_verify(no_verify)
-    with progress_bar("Cloning", enabled=not as_json) as bar:
+    with transfer_bar("Cloning", enabled=not as_json) as bar:
         result = sync.clone(
             url,
             directory,

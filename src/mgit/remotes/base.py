@@ -14,11 +14,14 @@ Every read takes a `limit`: nothing read from a remote is trusted, its size incl
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from mgit.errors import RemoteError
+
+if TYPE_CHECKING:
+    from mgit.remotes.journal import TransferJournal
 
 KEY_RE = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*\Z")
 
@@ -50,6 +53,12 @@ class Backend:
     and prefix). Safe to call from several threads at once."""
 
     url: str  # as the user wrote it (never with credentials)
+    # Where large transfers keep what they have done (a repository's transfers/ folder), so
+    # that a re-run resumes inside an object; None: no journal, a re-run sends objects whole.
+    journal: TransferJournal | None = None
+    # An object at least this large is fetched in ranges (`read_range`) that a re-run resumes;
+    # None: the backend reads whole objects only.
+    ranged_from: int | None = None
 
     def check(self) -> None:
         """Raise RemoteNotFoundError unless the remote's root exists (a folder, a bucket)."""
@@ -66,14 +75,22 @@ class Backend:
 
     def read_range(self, key: str, start: int, length: int) -> bytes:
         """Exactly `length` bytes of `key` from `start` (one ranged GET, a seek in a folder): how
-        a reader takes one object out of a data pack. MissingKeyError if absent; a key that
-        ends before the range does is a RemoteError, never a short answer."""
+        a reader takes one object out of a data pack, and how a fetch takes a large object in
+        chunks it can resume (`ranged_from`, mgit.remotes.partial). MissingKeyError if absent;
+        a key that ends before the range does is a RemoteError, never a short answer."""
         raise NotImplementedError
 
     def write(self, key: str, data: bytes | Path) -> None:
         """Store bytes (or a file's bytes) under `key`, atomically: a reader sees the old
         value or the new one, never a part. Large files go in parallel parts."""
         raise NotImplementedError
+
+    def write_file(self, key: str, path: Path, *, progress: Callable[[int], None] | None = None) -> None:
+        """`write` of a file, calling `progress` with the bytes sent as they go (here: all of
+        them at the end; a backend that sends parts reports each, and resumes with its journal)."""
+        self.write(key, path)
+        if progress:
+            progress(path.stat().st_size)
 
     def exists(self, key: str) -> bool:
         return self.size(key) is not None

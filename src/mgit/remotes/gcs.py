@@ -98,6 +98,7 @@ class GCSBackend(Backend):
         self.prefix = parts.path.strip("/") + "/" if parts.path.strip("/") else ""
         self.max_workers = max_workers
         self.part_size = PART
+        self.ranged_from = 2 * PART  # from there, a fetch resumes by ranges (mgit.remotes.partial)
         seconds = retry_seconds_from_env()
         self.retry = DEFAULT_RETRY.with_deadline(seconds) if seconds else None
         self.client = self._connect(endpoint_url)

@@ -138,6 +138,7 @@ class ObjectStoreBackend(Backend):
         self.hint = hint
         self.max_workers = max_workers
         self.part_size = PART
+        self.ranged_from = 2 * PART  # from there, a fetch resumes by ranges (mgit.remotes.partial)
 
     @classmethod
     def azure(cls, url: str, *, endpoint_url: str | None = None, max_workers: int = WORKERS) -> ObjectStoreBackend:

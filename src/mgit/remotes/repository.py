@@ -25,7 +25,7 @@ import contextlib
 import json
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -41,10 +41,13 @@ from mgit.errors import (
     RepoExistsError,
 )
 from mgit.index.refs import validate_model_name
-from mgit.remotes import datapack
+from mgit.remotes import datapack, partial
 from mgit.remotes.base import Backend
+from mgit.remotes.journal import TransferJournal
 from mgit.store.objects import OID_RE, utc_now
+from mgit.util.atomicfile import write_atomic
 from mgit.util.faults import crash_point
+from mgit.util.parallel import TransferProgress
 
 REMOTE_FORMAT = 1
 MAX_SMALL = 1 << 20  # a config, a ref, a registration: far smaller than this
@@ -69,8 +72,13 @@ def signature_key(vid: str, name: str) -> str:
 
 
 class RemoteRepository:
-    def __init__(self, backend: Backend) -> None:
+    """`journal`: where a repository keeps its large transfers under way (its `transfers/`
+    folder), so that a killed or cut-off push or fetch resumes inside an object."""
+
+    def __init__(self, backend: Backend, *, journal: TransferJournal | None = None) -> None:
         self.backend = backend
+        if journal is not None:
+            backend.journal = journal
         self.url = backend.url
         self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="mgit-remote")
         self.pack_threshold = 0  # from the config (`check`): objects stored smaller go in data packs
@@ -241,8 +249,8 @@ class RemoteRepository:
                 raise
             return self.read_object(oid, limit=limit)
 
-    def read_object_into(self, oid: str, path: Path, *, limit: int) -> int:
-        size = self.read_objects_into({oid: (path, limit)})[oid]
+    def read_object_into(self, oid: str, path: Path, *, limit: int, progress: TransferProgress | None = None) -> int:
+        size = self.read_objects_into({oid: (path, limit)}, progress=progress)[oid]
         if size is None:
             raise MissingKeyError(self.url, object_key(oid))
         return size
@@ -251,13 +259,16 @@ class RemoteRepository:
         self,
         wanted: Mapping[str, tuple[Path, int]],
         *,
-        progress: Callable[[int], Any] | None = None,
+        progress: TransferProgress | None = None,
         again: bool = True,
     ) -> dict[str, int | None]:
         """Download these objects ({id: (a new file, the most bytes it may take)}), those in
-        data packs by ranged reads (neighbours in one range), the rest one by one, in parallel;
-        {id: its size, or None if the remote has it neither loose nor packed}. An index that
-        gives an object more bytes than its limit is refused before anything is asked for."""
+        data packs by ranged reads (neighbours in one range), the rest one by one (in ranges a
+        re-run resumes, if it may be large), in parallel; {id: its size, or None if the remote
+        has it neither loose nor packed}. An index that gives an object more bytes than its
+        limit is refused before anything is asked for. Each file is renamed into place once
+        whole (a killed fetch's quarantine is taken up by the next one). `progress` gets bytes
+        as they arrive and each object as it is done."""
         packed = self.packed()
         inside = {o: packed[o] for o in wanted if o in packed}
         loose = sorted(set(wanted) - set(inside))
@@ -266,13 +277,17 @@ class RemoteRepository:
 
         def one(oid: str) -> None:
             path, limit = wanted[oid]
+            key = object_key(oid)
             try:
-                sizes[oid] = self.backend.read_into(object_key(oid), path, limit=limit)
+                if partial.ranged(self.backend, limit):
+                    sizes[oid] = partial.download(self.backend, key, path, limit=limit, progress=progress)
+                else:
+                    sizes[oid] = partial.whole(self.backend, key, path, limit=limit, progress=progress)
             except MissingKeyError:
                 sizes[oid] = None
                 return
             if progress:
-                progress(sizes[oid] or 0)
+                progress(0, 1)
 
         def span(piece: datapack.Span) -> None:
             try:
@@ -283,11 +298,10 @@ class RemoteRepository:
                 gone.extend(o for o, _, _ in piece.entries)
                 return
             for oid, view in datapack.slices(piece, data):
-                with open(wanted[oid][0], "xb") as out:
-                    out.write(view)
+                write_atomic(wanted[oid][0], [view], fsync=False, sync_dir=False)
                 sizes[oid] = len(view)
             if progress:
-                progress(piece.end - piece.start)
+                progress(piece.end - piece.start, len(piece.entries))
 
         self.map(lambda job: job(), [lambda o=o: one(o) for o in loose])
         self.map(lambda job: job(), [lambda p=p: span(p) for p in datapack.spans(inside)])
@@ -349,10 +363,17 @@ class RemoteRepository:
         """Before sending these objects: abort their uploads that a killed push left."""
         return self.backend.abort_unfinished([object_key(o) for o in oids])
 
-    def write_object(self, oid: str, data: bytes | Path) -> None:
+    def write_object(self, oid: str, data: bytes | Path, *, progress: TransferProgress | None = None) -> None:
+        """Send an object; `progress` is called with bytes as they go (a file's, part by part
+        where the backend sends parts, resuming with the journal what a killed push began)."""
+        if isinstance(data, Path):
+            self.backend.write_file(object_key(oid), data, progress=progress)
+            return
         self.backend.write(object_key(oid), data)
+        if progress:
+            progress(len(data))
 
-    def write_packed(self, files: list[tuple[str, Path, int]], *, progress: Callable[[int], Any] | None = None) -> int:
+    def write_packed(self, files: list[tuple[str, Path, int]], *, progress: TransferProgress | None = None) -> int:
         """Send these object files ({id, its file, its stored size}) in data packs of about
         PACK_TARGET bytes, in parallel: each pack, then its index. How many packs."""
         if not files:
@@ -368,7 +389,7 @@ class RemoteRepository:
                 finally:
                     path.unlink(missing_ok=True)
                 if progress:
-                    progress(index.size)
+                    progress(index.size, len(group))
 
             groups = datapack.groups((o, n) for o, _, n in files)
             self.map(send, groups)

@@ -16,7 +16,8 @@ limit. Every body has a deadline, `MGIT_TRANSFER_GRACE` seconds plus its size at
 `MGIT_TRANSFER_MIN_RATE` bytes a second (botocore's timeout bounds each socket read, so a
 server sending a byte a second would otherwise hold a clone forever); one that misses it is
 fetched again, then reported. A push first aborts the multipart uploads a killed push left
-unfinished for the keys it is about to send (their parts are kept, and billed, until then).
+for the keys it sends (billed until then) but those its transfer journal resumes
+(mgit.remotes.multipart). MGIT_S3_PART_SIZE: the part size (5 MiB or more; parts from twice it).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from mgit.errors import (
     RemoteTooLargeError,
     RemoteUnavailableError,
 )
+from mgit.remotes import multipart
 from mgit.remotes.base import KEY_RE, Backend, KeyInfo, check_key
 from mgit.util.atomicfile import disk_full_as_error
 
@@ -58,6 +60,7 @@ except ImportError as exc:  # boto3 is the optional extra mgit-models[s3]
     raise MissingDependencyError("boto3", "An S3 remote", "s3") from exc
 
 MiB = 1 << 20
+MIN_PART = 5 * MiB  # S3's least part (but the last)
 MULTIPART_THRESHOLD = 64 * MiB  # from here on, files go up and come down in parallel parts
 PART_SIZE = 16 * MiB  # s3transfer enlarges it to stay under S3's 10,000 parts
 ATTEMPTS = 8  # per request, with botocore's jittered exponential backoff; MGIT_S3_ATTEMPTS overrides
@@ -118,6 +121,16 @@ def pace_from_env() -> tuple[float, float]:
     return pace[0], pace[1]
 
 
+def part_size_from_env() -> int | None:
+    """MGIT_S3_PART_SIZE in bytes (at least 5 MiB, S3's least part), or None: the defaults."""
+    raw = os.environ.get("MGIT_S3_PART_SIZE")
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 12) or not MIN_PART <= int(raw) <= 5 << 30:
+        raise InvalidOptionError(f"MGIT_S3_PART_SIZE={raw!r} is not a part size", hint="Use 5242880 (5 MiB) to 5 GiB")
+    return int(raw)
+
+
 def transfer_config(
     *, max_workers: int = 16, threshold: int = MULTIPART_THRESHOLD, part_size: int = PART_SIZE
 ) -> TransferConfig:
@@ -154,7 +167,11 @@ class S3Backend(Backend):
         self.prefix = parts.path.strip("/") + "/" if parts.path.strip("/") else ""
         self.attempts = attempts_from_env()
         self.grace, self.min_rate = pace_from_env()
-        self.transfer = transfer_config(max_workers=max_workers)
+        part = part_size_from_env()
+        self.transfer = transfer_config(
+            max_workers=max_workers, **({"threshold": 2 * part, "part_size": part} if part else {})
+        )
+        self.ranged_from = self.transfer.multipart_threshold
         self.client = self._connect(endpoint_url, region, profile, max_workers)
         # Every body (ours, and s3transfer's ranged parts) is read against its deadline.
         self.client.meta.events.register("after-call.s3.GetObject", self._pace)
@@ -232,7 +249,7 @@ class S3Backend(Backend):
         checked before the body is read; a body that breaks off is fetched again."""
         reason = ""
         for attempt in range(1, self.attempts + 1):
-            with self._translated(key, conditional=bool(condition)):
+            with self._translated(key, conditional="IfMatch" in condition):
                 got = self.client.get_object(Bucket=self.bucket, Key=self._key(key), **condition)
             body, size = got["Body"], got.get("ContentLength")  # (no size said: read up to the limit)
             try:
@@ -320,6 +337,11 @@ class S3Backend(Backend):
                 time.sleep(random.random() * min(0.1 * 2**attempt, 20))
         raise RemoteUnavailableError(self.url, f"reading {key}: {reason} ({self.attempts} attempts)")
 
+    def write_file(self, key: str, path: Path, *, progress: Any = None) -> None:
+        large = self.journal is not None and path.stat().st_size >= self.transfer.multipart_threshold
+        if not (large and multipart.write_journalled(self, key, path, progress)):
+            super().write_file(key, path, progress=progress)
+
     def write(self, key: str, data: bytes | Path) -> None:
         with self._translated(key):
             if isinstance(data, bytes):
@@ -339,25 +361,7 @@ class S3Backend(Backend):
                             raise
 
     def abort_unfinished(self, keys: Iterable[str]) -> int:
-        wanted = {self._key(k) for k in keys}
-        if not wanted:
-            return 0
-        found = []
-        pages = self.client.get_paginator("list_multipart_uploads").paginate(
-            Bucket=self.bucket, Prefix=os.path.commonprefix(sorted(wanted))
-        )
-        with self._translated():
-            for number, page in enumerate(pages):
-                if number >= MAX_LIST_PAGES:
-                    raise RemoteError(f"{self.url}: listing its uploads did not end after {number} pages")
-                found += [(u["Key"], u["UploadId"]) for u in page.get("Uploads", ()) if u.get("Key") in wanted]
-        for full, upload in found:
-            try:
-                with self._translated(full):
-                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload)
-            except MissingKeyError:  # NoSuchUpload: completed or aborted meanwhile
-                pass
-        return len(found)
+        return multipart.abort_unfinished(self, set(keys))
 
     def size(self, key: str) -> int | None:
         try:

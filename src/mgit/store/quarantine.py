@@ -5,7 +5,9 @@ receive quarantine does), reads it through `overlay` (the quarantine first, then
 repository, so a delta's base may be on either side), decodes and re-hashes every object,
 and only then moves the files into `objects/`. A damaged or forged object therefore never
 enters the repository, and a fetch that fails or is killed leaves only the quarantine
-folder, which the next fetch or gc removes.
+folder, which gc removes. A file appears in a quarantine only whole (downloads and held
+records are renamed into place), so the next fetch takes up the objects a killed one had
+received (`salvage`) rather than download them again: they are verified like the rest.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -31,7 +34,7 @@ from mgit.store.cache import CHECKOUT_BASES, DecodedCache
 from mgit.store.local import LocalStore
 from mgit.store.objectformat import Expected, base_expected, expected_by
 from mgit.store.overlay import OverlayStore
-from mgit.util.atomicfile import sync_files
+from mgit.util.atomicfile import sync_files, write_atomic
 from mgit.util.parallel import Progress
 
 INCOMING = "incoming"
@@ -46,6 +49,7 @@ class Incoming:
         self.quarantine = LocalStore(self.dir, fsync=False)
         self.overlay = OverlayStore(self.quarantine, store)
         self.arrived: list[str] = []
+        self._dead: list[Path] | None = None
 
     def path_for(self, oid: str) -> Path:
         """Where a download of `oid` goes (its folder created)."""
@@ -58,7 +62,25 @@ class Incoming:
         """Records that arrived in a metadata pack: written to the quarantine, to be read,
         verified and kept like any object that arrives."""
         for oid, raw in records.items():  # small files: threads would only contend for the GIL
-            self.path_for(oid).write_bytes(raw)
+            write_atomic(self.path_for(oid), [raw], fsync=False, sync_dir=False)
+
+    def salvage(self, oid: str, *, limit: int) -> int | None:
+        """Take `oid` from the quarantine of a fetch that was killed (its process gone), if
+        one holds it in at most `limit` bytes: moved here, to be verified with the rest. Its
+        size, or None (then it is downloaded)."""
+        if self._dead is None:
+            self._dead = dead_quarantines(self.dir.parent, mine=self.dir)
+        for folder in self._dead:
+            source = folder / oid[:2] / oid[2:]
+            try:
+                info = source.lstat()
+                if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+                    continue
+                os.replace(source, self.path_for(oid))
+            except FileNotFoundError:  # (another fetch took it first)
+                continue
+            return info.st_size
+        return None
 
     @contextmanager
     def refusing(self, where: str) -> Iterator[None]:
@@ -142,3 +164,19 @@ class Incoming:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.discard()
+
+
+def dead_quarantines(folder: Path, *, mine: Path | None = None) -> list[Path]:
+    """The quarantines under `folder` (`<pid>-<random>`) whose fetch no longer runs."""
+    dead = []
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        pid = path.name.partition("-")[0]
+        if path == mine or not path.is_dir() or path.is_symlink() or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            dead.append(path)
+        except (PermissionError, OverflowError, ValueError):
+            continue
+    return dead

@@ -4,7 +4,7 @@ reads): every read downloads the object, bounded by the largest object there can
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -13,6 +13,8 @@ from mgit.store.base import ObjectStore
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from mgit.util.parallel import TransferProgress
 
 MAX_OBJECT = 1 << 40  # fsck reads whatever objects a remote holds; the largest tensor it could be
 
@@ -30,15 +32,15 @@ class RemoteObjects(Protocol):
     def has_object(self, oid: str) -> bool: ...
     def has_objects(self, sizes: Mapping[str, int | None]) -> set[str]: ...
     def read_object(self, oid: str, *, limit: int) -> bytes: ...
-    def read_object_into(self, oid: str, path: Path, *, limit: int) -> int: ...
+    def read_object_into(
+        self, oid: str, path: Path, *, limit: int, progress: TransferProgress | None = None
+    ) -> int: ...
     def read_objects_into(
-        self, wanted: Mapping[str, tuple[Path, int]], *, progress: Callable[[int], Any] | None = None
+        self, wanted: Mapping[str, tuple[Path, int]], *, progress: TransferProgress | None = None
     ) -> dict[str, int | None]: ...
     def abort_unfinished(self, oids: Iterable[str]) -> int: ...
-    def write_object(self, oid: str, data: bytes | Path) -> None: ...
-    def write_packed(
-        self, files: list[tuple[str, Path, int]], *, progress: Callable[[int], Any] | None = None
-    ) -> int: ...
+    def write_object(self, oid: str, data: bytes | Path, *, progress: TransferProgress | None = None) -> None: ...
+    def write_packed(self, files: list[tuple[str, Path, int]], *, progress: TransferProgress | None = None) -> int: ...
     def object_ids(self) -> list[str]: ...
 
 

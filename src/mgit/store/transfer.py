@@ -22,7 +22,7 @@ from mgit.store.objectformat import MAX_DEPTH_LIMIT, MAX_HEADER, MAX_RECORD, PRE
 from mgit.store.objects import Manifest, Version, ancestors_first
 from mgit.store.quarantine import Incoming
 from mgit.store.remote import RemoteObjects
-from mgit.util.parallel import Progress
+from mgit.util.parallel import TransferProgress
 
 SLACK = PREFIX + MAX_HEADER  # what an object file holds besides its payload, at most
 RECORD_LIMIT = MAX_RECORD + SLACK
@@ -32,7 +32,8 @@ BASE_FACTOR = 8  # a base is at most this many times its child (an int8 copy's f
 @dataclass
 class TransferStats(Report):
     """Objects and bytes (stored, as they travel) sent or received, and those skipped
-    because the other side had them."""
+    because the other side had them (for a fetch: this side, in the repository or received
+    whole by a killed run of the fetch, in its quarantine)."""
 
     objects: int = 0
     bytes: int = 0
@@ -114,7 +115,7 @@ def present_on(remote: RemoteObjects, store: ObjectStore, oids: Iterable[str]) -
 
 
 def upload(
-    remote: RemoteObjects, store: LocalStore, oids: Iterable[str], *, progress: Progress | None = None
+    remote: RemoteObjects, store: LocalStore, oids: Iterable[str], *, progress: TransferProgress | None = None
 ) -> TransferStats:
     """Send these object files as they are stored (the caller knows the remote lacks them):
     those smaller than the remote's pack threshold in data packs, the rest one by one, first
@@ -127,9 +128,9 @@ def upload(
         remote.abort_unfinished(large)
 
     def send(oid: str) -> None:
-        remote.write_object(oid, store.path_of(oid))
+        remote.write_object(oid, store.path_of(oid), progress=progress)
         if progress:
-            progress(sizes[oid])
+            progress(0, 1)
 
     remote.write_packed([(o, store.path_of(o), sizes[o]) for o in small], progress=progress)
     remote.map(send, large)
@@ -142,7 +143,7 @@ def receive(
     incoming: Incoming,
     wanted: Mapping[str, int],
     *,
-    progress: Progress | None = None,
+    progress: TransferProgress | None = None,
     used_by: Callable[[str], list[str]] | None = None,
 ) -> TransferStats:
     """Download `wanted` objects ({id: most bytes it may take}) that the repository lacks
@@ -158,7 +159,16 @@ def receive(
         if not pending:
             return stats
 
-        got = remote.read_objects_into({o: (incoming.path_for(o), n) for o, n in pending.items()}, progress=progress)
+        fresh: dict[str, int] = {}
+        for oid, limit in sorted(pending.items()):  # what a killed run of this fetch received whole
+            salvaged = incoming.salvage(oid, limit=limit)
+            if salvaged is None:
+                fresh[oid] = limit
+                continue
+            stats.skipped += 1
+            if progress:
+                progress(salvaged, 1)
+        got = remote.read_objects_into({o: (incoming.path_for(o), n) for o, n in fresh.items()}, progress=progress)
         absent = sorted(o for o, size in got.items() if size is None)
         if absent:
             raise ReceivedMissingError(absent[0], where=remote.url, used_by=used_by(absent[0]) if used_by else None)
@@ -183,7 +193,7 @@ def fetch_objects(
     wanted: Mapping[str, int],
     *,
     jobs: int,
-    progress: Progress | None = None,
+    progress: TransferProgress | None = None,
     expect: Mapping[str, Expected] | None = None,
 ) -> TransferStats:
     """Download, verify and keep objects (with their bases): all of them, or none (then the error

@@ -9,11 +9,13 @@ from mgit.errors import InvalidOptionError
 from mgit.index.refs import RefStore
 from mgit.remotes import RemoteSpec, normalize_url, open_backend
 from mgit.remotes.config import remote_of, remotes_of, update_config, validate_remote_name
+from mgit.remotes.journal import TransferJournal
 from mgit.remotes.repository import RemoteRepository
 from mgit.repo.repository import Repo
 from mgit.sync.reports import RemoteInfo
 
 DEFAULT_REMOTE = "origin"
+TRANSFERS = "transfers"  # the transfer journal's folder in a repository (mgit.remotes.journal)
 
 
 @dataclass
@@ -37,10 +39,15 @@ def connect(repo: Repo, remote: str) -> Connection:
     """A named remote of `repo`, or a URL (then no remote-tracking refs are kept)."""
     if looks_like_url(remote) and remote not in remotes_of(repo.config):
         spec = RemoteSpec(normalize_url(remote))
-        return Connection(spec.url, RemoteRepository(open_backend(spec)), None)
+        return Connection(spec.url, RemoteRepository(open_backend(spec), journal=journal_of(repo)), None)
     spec = remote_of(repo.config, remote)
     tracking = RefStore(repo.dir, fsync=bool(repo.config.get("fsync", True)), namespace=f"remotes/{remote}")
-    return Connection(remote, RemoteRepository(open_backend(spec)), tracking)
+    return Connection(remote, RemoteRepository(open_backend(spec), journal=journal_of(repo)), tracking)
+
+
+def journal_of(repo: Repo) -> TransferJournal:
+    """Where the repository keeps its large transfers under way (docs/format.md)."""
+    return TransferJournal(repo.dir / TRANSFERS)
 
 
 def add_remote(

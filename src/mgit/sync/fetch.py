@@ -51,7 +51,7 @@ from mgit.sync.signatures import enforce_policy, fetch_signatures, keep_signatur
 from mgit.sync.tags import pull_tags
 from mgit.util.atomicfile import write_atomic
 from mgit.util.faults import crash_point
-from mgit.util.parallel import StartProgress
+from mgit.util.parallel import StartTransfer
 
 
 def fetch(
@@ -59,7 +59,7 @@ def fetch(
     remote: str = DEFAULT_REMOTE,
     *,
     models: str | None = None,
-    progress: StartProgress | None = None,
+    progress: StartTransfer | None = None,
     prune: bool = False,
     verify: bool = True,
 ) -> FetchResult:
@@ -79,7 +79,7 @@ def fetch_from(
     conn: Connection,
     *,
     models: str | None = None,
-    progress: StartProgress | None = None,
+    progress: StartTransfer | None = None,
     prune: bool = False,
 ) -> FetchResult:
     remote, lazy = conn.remote, isinstance(repo.store, LazyStore)
@@ -154,7 +154,7 @@ def _arrive(
     incoming: Incoming,
     tips: dict[str, str | None] | dict[str, str],
     received: TransferStats,
-    progress: StartProgress | None,
+    progress: StartTransfer | None,
     *,
     every_model: bool,
     renames: dict[str, tuple[str, str]] | None = None,
@@ -181,7 +181,9 @@ def _arrive(
         hold_packed(incoming, spool, wanted, received)
         rows = {} if spool is None else _rows(spool, _described(incoming.overlay, versions))
         sketches = {} if spool is None else _sketches(incoming.overlay, spool.sketches(versions))
-        tick = progress(sum(rows[o][3] if o in rows else n - SLACK for o, n in wanted.items())) if progress else None
+        coming = {o: n for o, n in wanted.items() if not incoming.overlay.has(o)}  # (records: in the pack)
+        total = sum(rows[o][3] if o in rows else n - SLACK for o, n in coming.items())
+        tick = progress(total, len(coming)) if progress else None
         received.add(receive(conn.remote, incoming, wanted, progress=tick))
         arrived = list(dict.fromkeys(incoming.arrived))
         crash_point("fetch-after-download")
@@ -400,7 +402,7 @@ def clone(
     endpoint_url: str | None = None,
     region: str | None = None,
     profile: str | None = None,
-    progress: StartProgress | None = None,
+    progress: StartTransfer | None = None,
     verify: bool = True,
     settings: dict[str, str] | None = None,
 ) -> CloneResult:

@@ -25,7 +25,7 @@ from mgit.sync.fetch import fetch_from
 from mgit.sync.push import number_of
 from mgit.sync.reports import ModelUpdate, PullResult, Renumbered
 from mgit.sync.tags import copy_tags, pull_tags
-from mgit.util.parallel import StartProgress
+from mgit.util.parallel import StartTransfer
 
 
 def pull(
@@ -33,7 +33,7 @@ def pull(
     remote: str = DEFAULT_REMOTE,
     *,
     ff_only: bool = False,
-    progress: StartProgress | None = None,
+    progress: StartTransfer | None = None,
     verify: bool = True,
 ) -> PullResult:
     conn = connect(repo, remote)

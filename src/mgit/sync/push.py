@@ -41,7 +41,7 @@ from mgit.sync.reports import ModelUpdate, PushResult
 from mgit.sync.signatures import push_signatures
 from mgit.sync.tags import push_tags
 from mgit.util.faults import crash_point
-from mgit.util.parallel import StartProgress
+from mgit.util.parallel import StartTransfer
 
 MAX_WALK = 10_000  # remote records read to number a head this repository does not have
 
@@ -70,7 +70,7 @@ def push(
     targets: list[str] | None = None,
     *,
     force: bool = False,
-    progress: StartProgress | None = None,
+    progress: StartTransfer | None = None,
 ) -> PushResult:
     """Send models (every one by default) to a remote; see the module docstring."""
     conn = connect(repo, remote)
@@ -83,7 +83,7 @@ def push(
 
 
 def _push(
-    repo: Repo, conn: Connection, chosen: dict[str, str], *, force: bool, progress: StartProgress | None
+    repo: Repo, conn: Connection, chosen: dict[str, str], *, force: bool, progress: StartTransfer | None
 ) -> PushResult:
     remote = conn.remote
     remote.check()
@@ -155,7 +155,7 @@ def publish_to(
     tips: list[str],
     known_tips: list[str],
     *,
-    progress: StartProgress | None = None,
+    progress: StartTransfer | None = None,
     remembered: list[str] | None = None,
 ) -> tuple[set[str], list[str], TransferStats]:
     """Send the versions reachable from `tips` that the remote lacks, with every object they
@@ -183,7 +183,7 @@ def publish_to(
         missing = candidates - present
         if isinstance(store, LazyStore):  # a lazy clone sends elsewhere what it has not fetched yet
             store.fetch([o for o in missing if not store.has(o)])
-        tick = progress(sum(store.stored_size(o) for o in missing)) if progress else None
+        tick = progress(sum(store.stored_size(o) for o in missing), len(missing)) if progress else None
         sent = upload(conn.remote, store, missing, progress=tick)
         crash_point("push-after-objects")
         sent.skipped = len(needed) - len(missing)

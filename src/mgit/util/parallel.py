@@ -8,7 +8,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, suppress
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:  # (concurrent.futures loads logging: a command that runs no pool does without it)
     from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,6 +19,18 @@ Progress = Callable[[int], None]  # called with the units (bytes, objects) just 
 # Progress to call as they are done, or None.
 StartProgress = Callable[[int], Progress | None]
 READ_AHEAD_BYTES = 64 << 20
+
+
+class TransferProgress(Protocol):
+    """A transfer's progress (push, fetch): called with the bytes just moved, and with
+    `objects=1` as each object is done (a large object reports its bytes part by part)."""
+
+    def __call__(self, nbytes: int, objects: int = 0) -> None: ...
+
+
+# What push and fetch take as `progress=`: called once with the total bytes and objects, it
+# returns the TransferProgress to call as they move, or None.
+StartTransfer = Callable[[int, int], TransferProgress | None]
 
 
 def default_jobs() -> int:
