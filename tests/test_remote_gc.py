@@ -281,6 +281,28 @@ class RemoteGcContract:
         assert_whole(url, tmp_path, folders, "bob")
 
 
+def test_a_gc_of_a_remote_with_data_packs_keeps_every_pack_and_the_remote_whole(
+    s3_bucket: S3Bucket, tmp_path: Path
+) -> None:
+    """Data packs are not collected yet (a pack is kept whole while any object in it may be
+    needed): a gc there removes no pack, and every model left checks out after it."""
+    url = f"{s3_bucket.url}/team/packed"
+    sync.init_bare(url)  # a bucket: small objects travel in data packs
+    alice = Repo.init(tmp_path / "alice")
+    sync.add_remote(alice, "origin", url)
+    folders = family(alice, tmp_path)
+    sync.push(alice)
+    packs = {k for k in remote_of(url).backend.list("packs/") if k.endswith((".objpack", ".objidx"))}
+    assert any(k.endswith(".objpack") for k in packs)
+    alice.rm("solo")
+    sync.delete_remote_models(alice, "origin", ["solo"])
+    done = gc_json(alice, "--expire", "now")
+    assert not packs - set(remote_of(url).backend.list("packs/"))
+    assert not set(done["removed"]) & needs(alice, "base", "ft")
+    del folders["solo"]
+    assert_whole(url, tmp_path, folders, "bob")
+
+
 class TestFolderRemoteGc(RemoteGcContract):
     @pytest.fixture
     def url(self, tmp_path: Path) -> str:
@@ -296,7 +318,7 @@ class TestS3RemoteGc(RemoteGcContract):
     @pytest.fixture
     def url(self, s3_bucket: S3Bucket) -> str:
         url = f"{s3_bucket.url}/team/models"
-        sync.init_bare(url)
+        sync.init_bare(url, packs=False)  # gc collects loose objects (data packs: see the test below)
         return url
 
     @pytest.fixture
@@ -309,7 +331,7 @@ class TestAzureRemoteGc(RemoteGcContract):
     @pytest.fixture
     def url(self, azure_container: AzureContainer) -> str:
         url = f"{azure_container.url}/team/models"
-        sync.init_bare(url)
+        sync.init_bare(url, packs=False)
         return url
 
     @pytest.fixture
@@ -321,7 +343,7 @@ class TestGCSRemoteGc(RemoteGcContract):
     @pytest.fixture
     def url(self, gcs_bucket: GCSBucket) -> str:
         url = f"{gcs_bucket.url}/team/models"
-        sync.init_bare(url)
+        sync.init_bare(url, packs=False)
         return url
 
     @pytest.fixture

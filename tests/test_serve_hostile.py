@@ -317,7 +317,7 @@ def forge_catalog(folder: Path, head: str) -> None:
     a script in its name, and a third version of `m` that does not exist either."""
     Repo(folder).catalog.close()  # made as mgit makes it
     fake, evil = "ab" * 32, "cd" * 32
-    row = "(?, ?, ?, ?, NULL, ?, 'mallory', '2030-01-01T00:00:00Z', '{}', 0, 0, 0, 0, 0, 0, NULL, NULL, 0)"
+    row = "(?, ?, ?, ?, NULL, ?, 'mallory', '2030-01-01T00:00:00Z', '{}', 0, 0, 0, 0, 0, 0, NULL, NULL, 0, NULL)"
     with sqlite3.connect(folder / "catalog.sqlite") as db:
         db.execute("UPDATE versions SET message = 'forged', tags = '{\"stage\": \"prod\"}' WHERE id = ?", (head,))
         db.execute(f"INSERT INTO versions VALUES {row}", (evil, HOSTILE_NAME, 1, evil, "forged"))

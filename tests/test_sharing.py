@@ -405,7 +405,11 @@ class SharingContract:
         bob = Repo.init(tmp_path / "bob")
         sync.add_remote(bob, "origin", url)
         before = objects_and_refs(bob)
-        one_line_error(mgit_cli(bob.root, "fetch"), said, "nothing was kept, the local repository is unchanged")
+        if where is None or damage != "flip":
+            one_line_error(mgit_cli(bob.root, "fetch"), said, "nothing was kept, the local repository is unchanged")
+        else:  # a range that covers the whole pack is checked against the pack's name first
+            err = one_line_error(mgit_cli(bob.root, "fetch"), "nothing was kept, the local repository is unchanged")
+            assert said in err or (where[0][:16] in err and url in err), err
         assert objects_and_refs(bob) == before
         assert not (bob.dir / "incoming").exists() or not any((bob.dir / "incoming").iterdir())
 
