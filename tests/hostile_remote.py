@@ -108,16 +108,17 @@ def holdings(root: Path) -> dict[str, Any]:
     return {"files": files, "ls": json.loads(out) if code == 0 else None}
 
 
-def packed_remote(tmp: Path) -> tuple[Path, Path]:
+def packed_remote(tmp: Path, seed: int = 0) -> tuple[Path, Path]:
     """As `pushed_remote`, to a folder remote laid out with `--packs`: every object of these
-    small models travels in one data pack with its index."""
+    small models travels in one data pack with its index. `seed` makes a pack of other bytes
+    (a pack is named by its bytes, and a process may hold a verified copy of one it read)."""
     remote, alice = tmp / "remote.mgit", tmp / "alice"
     for args in (("init", "--bare", "--packs", str(remote)), ("init", str(alice))):
         assert cli(*args)[0] == 0
     run = lambda *a: cli("-C", str(alice), *a)  # noqa: E731
-    assert run("add", str(make_model(tmp / "m1", seed=1)), "--name", "base", "-m", "one")[0] == 0
-    assert run("add", str(make_model(tmp / "m2", seed=2)), "--name", "base", "-m", "two")[0] == 0
-    assert run("add", str(make_model(tmp / "m3", seed=3)), "--name", "ft", "--parent", "base")[0] == 0
+    assert run("add", str(make_model(tmp / "m1", seed=1 + seed)), "--name", "base", "-m", "one")[0] == 0
+    assert run("add", str(make_model(tmp / "m2", seed=2 + seed)), "--name", "base", "-m", "two")[0] == 0
+    assert run("add", str(make_model(tmp / "m3", seed=3 + seed)), "--name", "ft", "--parent", "base")[0] == 0
     assert run("remote", "add", "origin", str(remote))[0] == 0
     code, out, err = run("push")
     assert code == 0, err
