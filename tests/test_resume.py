@@ -2,7 +2,8 @@
 a `mgit push` SIGKILLed in the middle of a multipart upload sends, when run again, only the
 parts the bucket lacks (the proxy's log says which went); a clone whose connection drops in
 the middle of a large object fetches, when run again, only the byte ranges that had not
-arrived; a partial file damaged meanwhile is refused by its final check and fetched again.
+arrived; a partial file damaged meanwhile makes an object refused by its id check, fetched
+again whole by the next run.
 
 Sizes are kept small with MGIT_S3_PART_SIZE at S3's least part (5 MiB; moto enforces it too):
 one ~20 MB object goes in four parts, and comes back in four ranges.
@@ -159,7 +160,7 @@ def test_a_clone_cut_off_mid_object_fetches_only_the_missing_ranges(
         arrived = set(ranges_of(first, key))
         assert len(arrived) == 2
         entries = [json.loads(p.read_text()) for p in (bob / ".mgit" / "transfers" / "downloads").glob("*.json")]
-        assert [len(e["hashes"]) for e in entries] == [2]
+        assert [len(e["chunks"]) for e in entries] == [2]
         left = json.loads(run_mgit("status", "--json", cwd=bob).stdout)["leftovers"]
         (transfer,) = [x for x in left if x["kind"] == "interrupted transfer"]
         assert transfer["count"] == 1 and 2 * PART <= transfer["bytes"] < 3 * PART  # what arrived, not the file's size
@@ -183,9 +184,10 @@ def test_a_partial_file_damaged_since_is_refused_and_fetched_again(pushed, s3_bu
     with FaultProxy(s3_bucket.endpoint, every=1, after=2, mode="drop", methods=["GET"], path=key) as proxy:
         cut = run_mgit("clone", url, str(bob), cwd=tmp_path, env=env_through(proxy, s3_bucket, MGIT_S3_ATTEMPTS="1"))
         assert cut.returncode == 1, cut.stderr
-        (part,) = (bob / ".mgit" / "transfers" / "downloads").glob("*.part")
+        downloads = bob / ".mgit" / "transfers" / "downloads"
+        (part,) = downloads.glob("*.part")
         (entry,) = [json.loads(p.read_text()) for p in part.parent.glob("*.json")]
-        first = min(int(i) for i in entry["hashes"])
+        first = min(entry["chunks"])
         with open(part, "r+b") as fh:  # one byte of a chunk the journal says arrived
             fh.seek(first * PART + 1000)
             byte = fh.read(1)
@@ -194,13 +196,22 @@ def test_a_partial_file_damaged_since_is_refused_and_fetched_again(pushed, s3_bu
 
         proxy.set_faults(every=0)
         before = len(proxy.seen)
+        # The missing ranges arrive; the object they make fails its check against its id: a
+        # one-line error naming it, nothing kept, and nothing left in the journal.
+        refused = run_mgit("clone", url, str(bob), cwd=tmp_path, env=env_through(proxy, s3_bucket))
+        assert refused.returncode == 1, refused.stderr
+        assert refused.stderr.startswith("Error: ") and len(refused.stderr.strip().splitlines()) <= 2
+        assert f"object {key.replace('/', '')[:16]} from {url} is corrupt" in refused.stderr, refused.stderr
+        assert len(ranges_of(proxy.seen[before:], key)) == count - 2
+        assert list(downloads.iterdir()) == []
+        assert not (bob / ".mgit" / "objects" / key).exists()
+
+        before = len(proxy.seen)
         again = run_mgit("clone", url, str(bob), cwd=tmp_path, env=env_through(proxy, s3_bucket))
         assert again.returncode == 0, again.stderr
         resumed = ranges_of(proxy.seen[before:], key)
 
-    # The missing ranges, then, the final check having refused the file, every range again.
-    assert len(resumed) == count - 2 + count
-    assert len(set(resumed)) == count
+    assert len(resumed) == len(set(resumed)) == count  # every range again, from the first byte
     Repo(bob).checkout("m", tmp_path / "out")
     assert sha256_tree(tmp_path / "out") == sha256_tree(src)
 
