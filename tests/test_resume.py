@@ -39,6 +39,19 @@ def big_model(tmp_path: Path, seed: int = 3) -> Path:
     return make_model(tmp_path / "src", state=state)
 
 
+def alice_with_big_model(s3_bucket: S3Bucket, tmp_path: Path) -> tuple[str, Path, Repo, str]:
+    """A bare remote in the bucket, and a repository whose origin it is holding one model with
+    a large object, nothing pushed: (the remote's URL, the model's folder, the repository, the
+    large object's id)."""
+    url = f"{s3_bucket.url}/team"
+    sync.init_bare(url)
+    src = big_model(tmp_path)
+    alice = Repo.init(tmp_path / "alice")
+    alice.add(src, name="m")
+    sync.add_remote(alice, "origin", url)
+    return url, src, alice, max(alice.store.ids(), key=alice.store.stored_size)
+
+
 def env_through(proxy: FaultProxy, s3_bucket: S3Bucket, **extra: str) -> dict[str, str]:
     return {
         **s3_bucket.env,
@@ -61,13 +74,7 @@ def part_numbers(requests) -> list[int]:
 
 
 def test_a_push_killed_mid_upload_sends_only_the_missing_parts(s3_bucket: S3Bucket, tmp_path: Path) -> None:
-    url = f"{s3_bucket.url}/team"
-    sync.init_bare(url)
-    src = big_model(tmp_path)
-    alice = Repo.init(tmp_path / "alice")
-    alice.add(src, name="m")
-    sync.add_remote(alice, "origin", url)
-    big = max(alice.store.ids(), key=alice.store.stored_size)
+    url, src, alice, big = alice_with_big_model(s3_bucket, tmp_path)
     size = alice.store.stored_size(big)
     parts = -(-size // PART)
     assert parts == 4
@@ -128,14 +135,8 @@ def test_a_push_killed_mid_upload_sends_only_the_missing_parts(s3_bucket: S3Buck
 def pushed(s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path, str, int]:
     """A remote holding a model with one large object: (url, its source, the object's key, its size)."""
     monkeypatch.setenv("MGIT_S3_PART_SIZE", str(PART))
-    url = f"{s3_bucket.url}/team"
-    sync.init_bare(url)
-    src = big_model(tmp_path)
-    alice = Repo.init(tmp_path / "alice")
-    alice.add(src, name="m")
-    sync.add_remote(alice, "origin", url)
+    url, src, alice, big = alice_with_big_model(s3_bucket, tmp_path)
     sync.push(alice)
-    big = max(alice.store.ids(), key=alice.store.stored_size)
     return url, src, f"{big[:2]}/{big[2:]}", alice.store.stored_size(big)
 
 
@@ -254,13 +255,7 @@ def test_a_resumed_upload_sends_again_a_part_that_is_not_the_files_bytes(
     s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MGIT_S3_PART_SIZE", str(PART))
-    url = f"{s3_bucket.url}/team"
-    sync.init_bare(url)
-    src = big_model(tmp_path)
-    alice = Repo.init(tmp_path / "alice")
-    alice.add(src, name="m")
-    sync.add_remote(alice, "origin", url)
-    big = max(alice.store.ids(), key=alice.store.stored_size)
+    url, src, alice, big = alice_with_big_model(s3_bucket, tmp_path)
     client = s3_bucket.client()
     key, upload = journalled_upload(alice, client, s3_bucket.name, url, big)
     data = alice.store.path_of(big).read_bytes()
@@ -282,12 +277,7 @@ def test_an_upload_the_journal_no_longer_needs_is_aborted(
     s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
 ) -> None:
     monkeypatch.setenv("MGIT_S3_PART_SIZE", str(PART))
-    url = f"{s3_bucket.url}/team"
-    sync.init_bare(url)
-    alice = Repo.init(tmp_path / "alice")
-    alice.add(big_model(tmp_path), name="m")
-    sync.add_remote(alice, "origin", url)
-    big = max(alice.store.ids(), key=alice.store.stored_size)
+    url, _, alice, big = alice_with_big_model(s3_bucket, tmp_path)
     client = s3_bucket.client()
     # "file": the entry names a file of another size (its parts are of no use); "stale": an
     # entry for an object the push does not send, not resumed for weeks.
@@ -399,11 +389,7 @@ def test_progress_counts_every_object_whether_packed_or_loose(
     """A push and a clone to a bucket with data packs (small objects many to a pack, the large
     one on its own, in parts): the progress reports each object once, and the bytes of each."""
     monkeypatch.setenv("MGIT_S3_PART_SIZE", str(PART))
-    url = f"{s3_bucket.url}/team"
-    sync.init_bare(url)  # packs: a bucket's default
-    alice = Repo.init(tmp_path / "alice")
-    alice.add(big_model(tmp_path), name="m")
-    sync.add_remote(alice, "origin", url)
+    url, src, alice, _ = alice_with_big_model(s3_bucket, tmp_path)  # packs: a bucket's default
     calls: list[tuple[str, int, int]] = []
 
     def start(label: str):
@@ -427,4 +413,4 @@ def test_progress_counts_every_object_whether_packed_or_loose(
         assert (total_objects, sum(c[2] for c in moved)) == (expected, expected), label
         assert 0.9 * total_bytes <= sum(c[1] for c in moved) <= 1.1 * total_bytes  # (packs: their framing)
     Repo(tmp_path / "bob").checkout("m", tmp_path / "out")
-    assert sha256_tree(tmp_path / "out") == sha256_tree(tmp_path / "src")
+    assert sha256_tree(tmp_path / "out") == sha256_tree(src)
