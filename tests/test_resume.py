@@ -2,7 +2,8 @@
 a `mgit push` SIGKILLed in the middle of a multipart upload sends, when run again, only the
 parts the bucket lacks (the proxy's log says which went); a clone whose connection drops in
 the middle of a large object fetches, when run again, only the byte ranges that had not
-arrived; a partial file damaged meanwhile is refused by its final check and fetched again.
+arrived; a partial file damaged meanwhile makes an object refused by its id check, fetched
+again whole by the next run.
 
 Sizes are kept small with MGIT_S3_PART_SIZE at S3's least part (5 MiB; moto enforces it too):
 one ~20 MB object goes in four parts, and comes back in four ranges.
@@ -38,6 +39,19 @@ def big_model(tmp_path: Path, seed: int = 3) -> Path:
     return make_model(tmp_path / "src", state=state)
 
 
+def alice_with_big_model(s3_bucket: S3Bucket, tmp_path: Path) -> tuple[str, Path, Repo, str]:
+    """A bare remote in the bucket, and a repository whose origin it is holding one model with
+    a large object, nothing pushed: (the remote's URL, the model's folder, the repository, the
+    large object's id)."""
+    url = f"{s3_bucket.url}/team"
+    sync.init_bare(url)
+    src = big_model(tmp_path)
+    alice = Repo.init(tmp_path / "alice")
+    alice.add(src, name="m")
+    sync.add_remote(alice, "origin", url)
+    return url, src, alice, max(alice.store.ids(), key=alice.store.stored_size)
+
+
 def env_through(proxy: FaultProxy, s3_bucket: S3Bucket, **extra: str) -> dict[str, str]:
     return {
         **s3_bucket.env,
@@ -60,13 +74,7 @@ def part_numbers(requests) -> list[int]:
 
 
 def test_a_push_killed_mid_upload_sends_only_the_missing_parts(s3_bucket: S3Bucket, tmp_path: Path) -> None:
-    url = f"{s3_bucket.url}/team"
-    sync.init_bare(url)
-    src = big_model(tmp_path)
-    alice = Repo.init(tmp_path / "alice")
-    alice.add(src, name="m")
-    sync.add_remote(alice, "origin", url)
-    big = max(alice.store.ids(), key=alice.store.stored_size)
+    url, src, alice, big = alice_with_big_model(s3_bucket, tmp_path)
     size = alice.store.stored_size(big)
     parts = -(-size // PART)
     assert parts == 4
@@ -127,14 +135,8 @@ def test_a_push_killed_mid_upload_sends_only_the_missing_parts(s3_bucket: S3Buck
 def pushed(s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path, str, int]:
     """A remote holding a model with one large object: (url, its source, the object's key, its size)."""
     monkeypatch.setenv("MGIT_S3_PART_SIZE", str(PART))
-    url = f"{s3_bucket.url}/team"
-    sync.init_bare(url)
-    src = big_model(tmp_path)
-    alice = Repo.init(tmp_path / "alice")
-    alice.add(src, name="m")
-    sync.add_remote(alice, "origin", url)
+    url, src, alice, big = alice_with_big_model(s3_bucket, tmp_path)
     sync.push(alice)
-    big = max(alice.store.ids(), key=alice.store.stored_size)
     return url, src, f"{big[:2]}/{big[2:]}", alice.store.stored_size(big)
 
 
@@ -159,7 +161,7 @@ def test_a_clone_cut_off_mid_object_fetches_only_the_missing_ranges(
         arrived = set(ranges_of(first, key))
         assert len(arrived) == 2
         entries = [json.loads(p.read_text()) for p in (bob / ".mgit" / "transfers" / "downloads").glob("*.json")]
-        assert [len(e["hashes"]) for e in entries] == [2]
+        assert [len(e["chunks"]) for e in entries] == [2]
         left = json.loads(run_mgit("status", "--json", cwd=bob).stdout)["leftovers"]
         (transfer,) = [x for x in left if x["kind"] == "interrupted transfer"]
         assert transfer["count"] == 1 and 2 * PART <= transfer["bytes"] < 3 * PART  # what arrived, not the file's size
@@ -183,9 +185,10 @@ def test_a_partial_file_damaged_since_is_refused_and_fetched_again(pushed, s3_bu
     with FaultProxy(s3_bucket.endpoint, every=1, after=2, mode="drop", methods=["GET"], path=key) as proxy:
         cut = run_mgit("clone", url, str(bob), cwd=tmp_path, env=env_through(proxy, s3_bucket, MGIT_S3_ATTEMPTS="1"))
         assert cut.returncode == 1, cut.stderr
-        (part,) = (bob / ".mgit" / "transfers" / "downloads").glob("*.part")
+        downloads = bob / ".mgit" / "transfers" / "downloads"
+        (part,) = downloads.glob("*.part")
         (entry,) = [json.loads(p.read_text()) for p in part.parent.glob("*.json")]
-        first = min(int(i) for i in entry["hashes"])
+        first = min(entry["chunks"])
         with open(part, "r+b") as fh:  # one byte of a chunk the journal says arrived
             fh.seek(first * PART + 1000)
             byte = fh.read(1)
@@ -194,13 +197,22 @@ def test_a_partial_file_damaged_since_is_refused_and_fetched_again(pushed, s3_bu
 
         proxy.set_faults(every=0)
         before = len(proxy.seen)
+        # The missing ranges arrive; the object they make fails its check against its id: a
+        # one-line error naming it, nothing kept, and nothing left in the journal.
+        refused = run_mgit("clone", url, str(bob), cwd=tmp_path, env=env_through(proxy, s3_bucket))
+        assert refused.returncode == 1, refused.stderr
+        assert refused.stderr.startswith("Error: ") and len(refused.stderr.strip().splitlines()) <= 2
+        assert f"object {key.replace('/', '')[:16]} from {url} is corrupt" in refused.stderr, refused.stderr
+        assert len(ranges_of(proxy.seen[before:], key)) == count - 2
+        assert list(downloads.iterdir()) == []
+        assert not (bob / ".mgit" / "objects" / key).exists()
+
+        before = len(proxy.seen)
         again = run_mgit("clone", url, str(bob), cwd=tmp_path, env=env_through(proxy, s3_bucket))
         assert again.returncode == 0, again.stderr
         resumed = ranges_of(proxy.seen[before:], key)
 
-    # The missing ranges, then, the final check having refused the file, every range again.
-    assert len(resumed) == count - 2 + count
-    assert len(set(resumed)) == count
+    assert len(resumed) == len(set(resumed)) == count  # every range again, from the first byte
     Repo(bob).checkout("m", tmp_path / "out")
     assert sha256_tree(tmp_path / "out") == sha256_tree(src)
 
@@ -243,13 +255,7 @@ def test_a_resumed_upload_sends_again_a_part_that_is_not_the_files_bytes(
     s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MGIT_S3_PART_SIZE", str(PART))
-    url = f"{s3_bucket.url}/team"
-    sync.init_bare(url)
-    src = big_model(tmp_path)
-    alice = Repo.init(tmp_path / "alice")
-    alice.add(src, name="m")
-    sync.add_remote(alice, "origin", url)
-    big = max(alice.store.ids(), key=alice.store.stored_size)
+    url, src, alice, big = alice_with_big_model(s3_bucket, tmp_path)
     client = s3_bucket.client()
     key, upload = journalled_upload(alice, client, s3_bucket.name, url, big)
     data = alice.store.path_of(big).read_bytes()
@@ -271,12 +277,7 @@ def test_an_upload_the_journal_no_longer_needs_is_aborted(
     s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
 ) -> None:
     monkeypatch.setenv("MGIT_S3_PART_SIZE", str(PART))
-    url = f"{s3_bucket.url}/team"
-    sync.init_bare(url)
-    alice = Repo.init(tmp_path / "alice")
-    alice.add(big_model(tmp_path), name="m")
-    sync.add_remote(alice, "origin", url)
-    big = max(alice.store.ids(), key=alice.store.stored_size)
+    url, _, alice, big = alice_with_big_model(s3_bucket, tmp_path)
     client = s3_bucket.client()
     # "file": the entry names a file of another size (its parts are of no use); "stale": an
     # entry for an object the push does not send, not resumed for weeks.
@@ -388,11 +389,7 @@ def test_progress_counts_every_object_whether_packed_or_loose(
     """A push and a clone to a bucket with data packs (small objects many to a pack, the large
     one on its own, in parts): the progress reports each object once, and the bytes of each."""
     monkeypatch.setenv("MGIT_S3_PART_SIZE", str(PART))
-    url = f"{s3_bucket.url}/team"
-    sync.init_bare(url)  # packs: a bucket's default
-    alice = Repo.init(tmp_path / "alice")
-    alice.add(big_model(tmp_path), name="m")
-    sync.add_remote(alice, "origin", url)
+    url, src, alice, _ = alice_with_big_model(s3_bucket, tmp_path)  # packs: a bucket's default
     calls: list[tuple[str, int, int]] = []
 
     def start(label: str):
@@ -416,4 +413,4 @@ def test_progress_counts_every_object_whether_packed_or_loose(
         assert (total_objects, sum(c[2] for c in moved)) == (expected, expected), label
         assert 0.9 * total_bytes <= sum(c[1] for c in moved) <= 1.1 * total_bytes  # (packs: their framing)
     Repo(tmp_path / "bob").checkout("m", tmp_path / "out")
-    assert sha256_tree(tmp_path / "out") == sha256_tree(tmp_path / "src")
+    assert sha256_tree(tmp_path / "out") == sha256_tree(src)

@@ -247,7 +247,7 @@ def transfer_bar(label: str, *, enabled: bool = True, console: Any = None) -> It
     columns += [TransferSpeedColumn(), TextColumn("{task.fields[objects]}"), TimeRemainingColumn()]
     with Bars(*columns, console=console, transient=True) as bars:
 
-        def factory(total: int, objects: int = 0) -> TransferProgress:
+        def factory(total: int, objects: int) -> TransferProgress:
             start, done = time.monotonic(), [0]
 
             def counted() -> str:

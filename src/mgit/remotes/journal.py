@@ -7,14 +7,14 @@ too (docs/format.md, "The transfer journal"):
                                             and mtime of the local file being sent
     .mgit/transfers/downloads/<name>.part   an object's bytes arrived so far, at their offsets
     .mgit/transfers/downloads/<name>.json   the remote's URL, the key, its size, the chunk size,
-                                            and the blake3 of each chunk written so far
+                                            and the chunks written so far
     .mgit/transfers/<kind>/<name>.lock      held by the one process working on that transfer
 
 `<name>` is a hash of the URL and the key. An entry is a hint and nothing more: a resumed
 upload checks the parts the server lists against the file's own bytes, a resumed download
-checks every chunk against its hash once all have arrived (and the object is then verified
-against its id like any other), and an entry that does not fit is dropped and its transfer
-starts again. Entries are small JSON files written atomically, without fsync: a machine that
+makes an object that is verified against its id like any other (one that fails is refused,
+and fetched from its first byte by the next run), and an entry that does not fit is dropped
+and its transfer starts again. Entries are small JSON files written atomically, without fsync: a machine that
 crashes may lose one, which costs a re-send, never a wrong byte.
 """
 
@@ -34,7 +34,7 @@ from mgit.util.atomicfile import write_atomic
 from mgit.util.locks import FileLock
 
 UPLOADS, DOWNLOADS = "uploads", "downloads"
-MAX_ENTRY = 1 << 20  # an entry is a few kilobytes: 64 hashes per GiB at 16 MiB chunks
+MAX_ENTRY = 1 << 20  # an entry is a few kilobytes: 64 chunks per GiB at 16 MiB chunks
 STALE_DAYS = 7.0  # an upload not resumed for this long is aborted (its parts are billed until then)
 
 

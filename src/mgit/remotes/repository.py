@@ -249,12 +249,6 @@ class RemoteRepository:
                 raise
             return self.read_object(oid, limit=limit)
 
-    def read_object_into(self, oid: str, path: Path, *, limit: int, progress: TransferProgress | None = None) -> int:
-        size = self.read_objects_into({oid: (path, limit)}, progress=progress)[oid]
-        if size is None:
-            raise MissingKeyError(self.url, object_key(oid))
-        return size
-
     def read_objects_into(
         self,
         wanted: Mapping[str, tuple[Path, int]],

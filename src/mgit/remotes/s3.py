@@ -27,10 +27,10 @@ import os
 import random
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 from urllib.parse import urlsplit
 
 from mgit.errors import (
@@ -67,6 +67,7 @@ ATTEMPTS = 8  # per request, with botocore's jittered exponential backoff; MGIT_
 CONNECT_TIMEOUT, READ_TIMEOUT = 10, 60  # seconds
 GRACE, MIN_RATE = 60.0, 32 * 1024  # a body has GRACE s plus its size at MIN_RATE B/s (MGIT_TRANSFER_*)
 CHUNK = 8 * MiB
+T = TypeVar("T")
 MAX_LIST_PAGES = 100_000  # 10^8 keys: a listing that never ends comes from a broken server
 AWS_HOST = re.compile(r"(^|\.)amazonaws\.com(\.cn)?$")
 AUTH_CODES = {
@@ -244,32 +245,48 @@ class S3Backend(Backend):
         with self._translated():
             self.client.head_bucket(Bucket=self.bucket)
 
-    def _fetch(self, key: str, sink: BinaryIO, limit: int, **condition: str) -> str:
-        """GET `key` into `sink` (from its start) and return its ETag. The announced length is
-        checked before the body is read; a body that breaks off is fetched again."""
+    def _get(self, key: str, take: Callable[[Any], T], *, conditional: bool = False, **params: str) -> T:
+        """GET `key` (`params`: a Range, an If-Match) and give the answer to `take`; again, at
+        botocore's pace, while its body breaks off (`take` raises EOFError, or botocore a read error)."""
         reason = ""
         for attempt in range(1, self.attempts + 1):
-            with self._translated(key, conditional="IfMatch" in condition):
-                got = self.client.get_object(Bucket=self.bucket, Key=self._key(key), **condition)
-            body, size = got["Body"], got.get("ContentLength")  # (no size said: read up to the limit)
+            with self._translated(key, conditional=conditional):
+                try:
+                    got = self.client.get_object(Bucket=self.bucket, Key=self._key(key), **params)
+                except boto_errors.ClientError as exc:
+                    if "Range" in params and exc.response.get("Error", {}).get("Code") == "InvalidRange":
+                        raise RemoteError(f"{key} on {self.url} ends before the range {params['Range']}") from None
+                    raise
             try:
-                if size is not None and size > limit:
-                    raise RemoteTooLargeError(self.url, key, size, limit)
-                sink.seek(0)
-                sink.truncate()
-                copied = _copy(body, sink, limit + 1)
-                if copied > limit:  # it said less than it sent
-                    raise RemoteTooLargeError(self.url, key, copied, limit)
-                if size is None or copied == size:
-                    return str(got.get("ETag", ""))
-                reason = f"{copied} of {size} bytes arrived"
+                return take(got)
+            except EOFError as exc:
+                reason = str(exc)
             except (boto_errors.HTTPClientError, boto_errors.IncompleteReadError) as exc:
                 reason = _line(exc)
             finally:
-                body.close()
+                got["Body"].close()
             if attempt < self.attempts:
-                time.sleep(random.random() * min(0.1 * 2**attempt, 20))  # botocore's pace for a drop
+                time.sleep(random.random() * min(0.1 * 2**attempt, 20))
         raise RemoteUnavailableError(self.url, f"reading {key}: {reason} ({self.attempts} attempts)")
+
+    def _fetch(self, key: str, sink: BinaryIO, limit: int, **condition: str) -> str:
+        """GET `key` into `sink` (from its start) and return its ETag. The announced length is
+        checked before the body is read; a body that breaks off is fetched again."""
+
+        def take(got: Any) -> str:
+            size = got.get("ContentLength")  # (no size said: read up to the limit)
+            if size is not None and size > limit:
+                raise RemoteTooLargeError(self.url, key, size, limit)
+            sink.seek(0)
+            sink.truncate()
+            copied = _copy(got["Body"], sink, limit + 1)
+            if copied > limit:  # it said less than it sent
+                raise RemoteTooLargeError(self.url, key, copied, limit)
+            if size is not None and copied != size:
+                raise EOFError(f"{copied} of {size} bytes arrived")
+            return str(got.get("ETag", ""))
+
+        return self._get(key, take, conditional="IfMatch" in condition, **condition)
 
     def read(self, key: str, *, limit: int) -> bytes:
         sink = io.BytesIO()
@@ -310,34 +327,19 @@ class S3Backend(Backend):
     def read_range(self, key: str, start: int, length: int) -> bytes:
         if start < 0 or length <= 0:
             raise RemoteError(f"{self.url}: no range {start}+{length} of {key}")
-        reason = ""
-        for attempt in range(1, self.attempts + 1):
-            with self._translated(key):
-                try:
-                    got = self.client.get_object(
-                        Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{start + length - 1}"
-                    )
-                except boto_errors.ClientError as exc:
-                    if exc.response.get("Error", {}).get("Code") == "InvalidRange":
-                        raise RemoteError(f"{key} on {self.url} ends before the range {start}+{length}") from None
-                    raise
-            body, size = got["Body"], got.get("ContentLength")
-            try:
-                if size is not None and size != length:  # a server that ignored the range, or a short key
-                    raise RemoteError(f"{key} on {self.url} answered {size} bytes for a range of {length}")
-                sink = io.BytesIO()
-                if _copy(body, sink, length + 1) == length:
-                    return sink.getvalue()
-                reason = f"{sink.tell()} of {length} bytes arrived"
-            except (boto_errors.HTTPClientError, boto_errors.IncompleteReadError) as exc:
-                reason = _line(exc)
-            finally:
-                body.close()
-            if attempt < self.attempts:
-                time.sleep(random.random() * min(0.1 * 2**attempt, 20))
-        raise RemoteUnavailableError(self.url, f"reading {key}: {reason} ({self.attempts} attempts)")
 
-    def write_file(self, key: str, path: Path, *, progress: Any = None) -> None:
+        def take(got: Any) -> bytes:
+            size = got.get("ContentLength")
+            if size is not None and size != length:  # a server that ignored the range, or a short key
+                raise RemoteError(f"{key} on {self.url} answered {size} bytes for a range of {length}")
+            sink = io.BytesIO()
+            if _copy(got["Body"], sink, length + 1) != length:
+                raise EOFError(f"{sink.tell()} of {length} bytes arrived")
+            return sink.getvalue()
+
+        return self._get(key, take, Range=f"bytes={start}-{start + length - 1}")
+
+    def write_file(self, key: str, path: Path, *, progress: Callable[[int], None] | None = None) -> None:
         large = self.journal is not None and path.stat().st_size >= self.transfer.multipart_threshold
         if not (large and multipart.write_journalled(self, key, path, progress)):
             super().write_file(key, path, progress=progress)
