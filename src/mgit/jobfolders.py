@@ -26,8 +26,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from mgit.reports import AddResult
 from mgit.repo.repository import Repo
+from mgit.reports import AddResult
 
 Signature = dict[str, tuple[int, int, int, int]]  # path -> (size, mtime_ns, inode, mode)
 
