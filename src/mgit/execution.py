@@ -215,7 +215,7 @@ def run_recipe_in(
                 return RecipeRun(
                     False, error="the recipe wrote nothing into its output folder", output=run.output, where=where
                 )
-            read = signature(out)  # the add's digests are the folder's while this holds
+            read = signature(out) if folders is not None else {}  # the add's digests are the folder's while it holds
             added = repo.add_with(
                 out,
                 AddOptions(
