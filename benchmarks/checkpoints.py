@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import shutil
 import statistics
@@ -49,6 +48,7 @@ from formats import files_of, folder_bytes, xet_upload, zstd_bytes  # noqa: E402
 from llm_scale import fresh  # noqa: E402
 
 from mgit import Repo  # noqa: E402
+from mgit.remotes.config import update_config  # noqa: E402
 
 BEGIN, END = "<!-- checkpoints:begin -->", "<!-- checkpoints:end -->"
 MB = 1e6
@@ -78,14 +78,11 @@ class RunResult:
 
 
 def new_repo(path: Path, depth: int | None) -> Repo:
-    """A fresh repository; `depth` sets its `delta_max_depth` (chain_depth.py's way)."""
+    """A fresh repository; `depth` sets its `delta_max_depth` (as `mgit config` writes a setting)."""
     repo = Repo.init(fresh(path))
     if depth is None:
         return repo
-    config = json.loads((repo.dir / "config.json").read_text())
-    config["delta_max_depth"] = depth
-    (repo.dir / "config.json").chmod(0o644)
-    (repo.dir / "config.json").write_text(json.dumps(config))
+    update_config(repo.dir, lambda config: config.update(delta_max_depth=depth))
     return Repo(repo.dir)
 
 

@@ -138,6 +138,10 @@ def test_off_every_job_starts_a_fresh_interpreter(code: Path, monkeypatch: pytes
     monkeypatch.setenv(forkserver.VARIABLE, "0")
     run = _call(code, "where")
     assert run.ok and run.value["ppid"] == os.getpid() and not _servers()
+    pidfile = code / "hang.pid"  # a fresh interpreter is ended at its limit as a warm child is
+    hung = _call(code, "hang", str(pidfile), timeout=2)
+    assert not hung.ok and hung.error == "did not finish within 2 s" and "about to hang" in hung.output
+    assert not _wait_gone([int(pidfile.read_text())], within=5) and not _servers()
 
 
 def test_a_job_dies_with_its_server(code: Path) -> None:

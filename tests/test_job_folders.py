@@ -6,6 +6,8 @@ folder is checked out anew for the next."""
 from __future__ import annotations
 
 import os
+import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from conftest import make_model, sha256_tree
 
 from mgit import Repo
 from mgit.execution import CheckJob, LocalExecutor, RecipeJob
-from mgit.jobfolders import JobFolders, holds_exactly
+from mgit.jobfolders import JobFolders, holds_exactly, signature
 
 USER_CODE = """
 import os, pathlib, shutil
@@ -128,14 +130,16 @@ def test_a_shared_folder_is_read_only_and_a_job_that_changes_it_fails(work: Repo
 
 
 def test_an_output_is_adopted_only_when_it_holds_exactly_what_was_stored(work: Repo, tmp_path: Path) -> None:
-    vid = work.resolve("base")
+    base = tmp_path / "base"
     folders = JobFolders(work)
-    for change in ("extra", "byte", "missing", "link", None):
+    for change in ("extra", "byte", "missing", "link", "lossy", None):
         out = tmp_path / f"out-{change}"
-        work.checkout(vid, out)
+        shutil.copytree(base, out)
+        read = signature(out)  # what the add reads
+        added = work.add(out, name="copy")
         if change == "extra":
             (out / "more.txt").write_text("x")
-        elif change == "byte":
+        elif change == "byte":  # rewritten after the add read it: the same size, other bytes
             data = bytearray((out / "config.json").read_bytes())
             data[0] ^= 1
             (out / "config.json").write_bytes(bytes(data))
@@ -144,9 +148,11 @@ def test_an_output_is_adopted_only_when_it_holds_exactly_what_was_stored(work: R
         elif change == "link":  # the same bytes, but not a file a checkout writes
             (out / "config.json").unlink()
             (out / "config.json").symlink_to(tmp_path / "out-extra" / "config.json")
-        assert holds_exactly(work, vid, out) is (change is None)
-        assert folders.adopt(vid, out) is (change is None)
+        elif change == "lossy":  # stored otherwise than the folder holds it
+            added = replace(added, lossy={"max_abs_error": 0.1})
+        assert holds_exactly(work, added.version, out, read) is (change in (None, "lossy"))
+        assert folders.adopt(added, out, read) is (change is None)
         assert out.exists() is (change is not None)  # adopted: moved in
-    work.checkout(vid, tmp_path / "fresh")
-    assert sha256_tree(folders.folder(vid)) == sha256_tree(tmp_path / "fresh")
+    work.checkout(added.version, tmp_path / "fresh")
+    assert sha256_tree(folders.folder(added.version)) == sha256_tree(tmp_path / "fresh")
     folders.close()

@@ -138,6 +138,16 @@ def test_log_shows_each_checkpoints_step_and_draws_a_metric(run: Repo) -> None:
     one_line_error(run_cli("log", "ft", "--metric", "accuracy", cwd=run.root), "no checkpoint here logged metric")
 
 
+def test_a_metric_that_diverged_at_every_checkpoint_is_listed_not_drawn(repo: Repo) -> None:
+    for step in (1, 2):
+        repo.commit_checkpoint(weights(step), model="div", step=step, metrics={"loss": float("nan"), "lr": 0.1})
+    code, out, err = run_cli("log", "div", "--metric", "loss", cwd=repo.root)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[1].split() == ["div@1", "1", "-"] and lines[2].split() == ["div@2", "2", "-"]
+    assert lines[-1] == "loss: no finite value at any checkpoint"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["object-written:2", "object-written:5"])
 def test_a_prune_killed_midway_leaves_every_version_readable_and_can_run_again(

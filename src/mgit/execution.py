@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from mgit import usercode
 from mgit.errors import InvalidJobError, InvalidOptionError, MgitError, RefConflictError
 from mgit.index.refs import is_model_name
-from mgit.jobfolders import JobFolders
+from mgit.jobfolders import JobFolders, signature
 from mgit.repo.add import AddOptions
 from mgit.repo.repository import Repo
 from mgit.reports import Report
@@ -215,6 +215,7 @@ def run_recipe_in(
                 return RecipeRun(
                     False, error="the recipe wrote nothing into its output folder", output=run.output, where=where
                 )
+            read = signature(out) if folders is not None else {}  # the add's digests are the folder's while it holds
             added = repo.add_with(
                 out,
                 AddOptions(
@@ -230,7 +231,7 @@ def run_recipe_in(
                 ),
             )
             if folders is not None:
-                folders.adopt(added.version, out)  # its tests and children read it as it is
+                folders.adopt(added, out, read)  # its tests and children read it as it is
     except RefConflictError:
         return RecipeRun(False, error=f"{job.model} got another version during the cascade; run it again", where=where)
     except (MgitError, OSError) as exc:

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -308,11 +309,11 @@ def _wait(pid: int, timeout: float, sock: socket.socket) -> tuple[int | None, bo
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
     poller.register(sock.fileno(), select.POLLIN | select.POLLHUP)
-    deadline = _now() + timeout
+    deadline = time.monotonic() + timeout
     timed_out = False
     try:
         while True:
-            left = deadline - _now()
+            left = deadline - time.monotonic()
             if left <= 0:
                 os.kill(pid, signal.SIGKILL)
                 timed_out = True
@@ -328,12 +329,6 @@ def _wait(pid: int, timeout: float, sock: socket.socket) -> tuple[int | None, bo
         os.close(pidfd)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status), timed_out
-
-
-def _now() -> float:
-    import time
-
-    return time.monotonic()
 
 
 def _child(request: dict[str, Any], fds: list[int], sock: socket.socket, base: list[str]) -> None:

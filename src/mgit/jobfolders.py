@@ -5,9 +5,12 @@ A cascade's step used to check out its parents into a temporary folder, run the 
 its output, then check the new version out again for each of its tests; its children checked
 it out once more. Here a version is checked out once per executor (a cascade, a test run), the
 parents of every step and the folders tests run on alike, and a recipe's output becomes the new
-version's folder without a second checkout when the add stored exactly its bytes: every file's
-blake3, read back from the folder, is the digest the add recorded in the manifest (which a
-checkout would verify), and the folder holds no file the manifest does not.
+version's folder without a second checkout when the add stored exactly its bytes. The add
+hashed every file as it read it and recorded the digests in the manifest (which a checkout
+verifies), so the folder needs no second read: it holds what the add stored when it holds the
+manifest's paths and sizes and nothing more, no file was converted nor the version stored
+lossily, and no file changed while the add read it (its signature, below, taken before the add,
+is the same after it; the recipe's process has ended by then).
 
 A shared folder is sealed (files 0444, folders 0555) and its files' sizes, times and inodes
 are checked after each job that read it: a job that changed it anyway (after a chmod) is told
@@ -23,9 +26,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-import blake3
-
 from mgit.repo.repository import Repo
+from mgit.reports import AddResult
 
 Signature = dict[str, tuple[int, int, int, int]]  # path -> (size, mtime_ns, inode, mode)
 
@@ -52,11 +54,13 @@ class JobFolders:
             self._folders[vid] = (folder, seal(folder))
             return folder
 
-    def adopt(self, vid: str, folder: Path) -> bool:
-        """Make `folder` (a recipe's output, just added as `vid`) the folder of `vid` if it
-        holds exactly the bytes the add stored (see the module's docstring); it is moved here.
-        False (and `folder` left where it is) when it does not."""
-        if not holds_exactly(self.repo, vid, folder):
+    def adopt(self, added: AddResult, folder: Path, read: Signature) -> bool:
+        """Make `folder` (a recipe's output, just added as `added`) the new version's folder if
+        it holds exactly the bytes the add stored; `read` is its signature taken before the add
+        (see the module's docstring). It is moved here. False (and `folder` left where it is)
+        when it does not."""
+        vid = added.version
+        if added.lossy is not None or not holds_exactly(self.repo, vid, folder, read):
             return False
         with self._lock_of(vid):
             if vid in self._folders:
@@ -95,25 +99,20 @@ class JobFolders:
             return self._locks.setdefault(vid, threading.Lock())
 
 
-def holds_exactly(repo: Repo, vid: str, folder: Path) -> bool:
-    """Whether `folder` holds exactly the files of version `vid` as a checkout writes them: the
-    same paths, sizes and blake3 digests as its manifest records, nothing more."""
+def holds_exactly(repo: Repo, vid: str, folder: Path, read: Signature) -> bool:
+    """Whether `folder`, whose signature was `read` when the add of version `vid` read it,
+    still holds exactly the files the add stored: the same paths and sizes as the manifest
+    records, none converted, nothing more. The digests are the add's own (it hashed the bytes
+    as it read them), so no file is read again; an unchanged signature vouches for the bytes."""
     try:
         files = {f.path: f for f in repo.manifest(vid).files}
         if any(f.converted_from for f in files.values()):
             return False  # stored in another form than it was written
-        found = {p: v for p, v in signature(folder).items() if not p.endswith("/")}
+        now = signature(folder)
     except OSError:
         return False
-    if set(found) != set(files) or any(found[p][0] != f.size for p, f in files.items()):
-        return False
-    for path, entry in files.items():
-        hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-        if entry.size:
-            hasher.update_mmap(folder / path)
-        if hasher.hexdigest() != entry.digest:
-            return False
-    return True
+    found = {p: v for p, v in now.items() if not p.endswith("/")}
+    return now == read and set(found) == set(files) and all(found[p][0] == f.size for p, f in files.items())
 
 
 def signature(folder: Path) -> Signature:

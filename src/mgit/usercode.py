@@ -30,10 +30,13 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mgit.errors import InvalidOptionError, UserCodeError
 from mgit.reports import json_safe
+
+if TYPE_CHECKING:
+    from mgit.forkserver import Finished
 
 DEFAULT_TIMEOUT = 600.0  # seconds a test or gate run may take unless told otherwise
 RESULT_MARK = "MGIT-RESULT "
@@ -233,7 +236,6 @@ def run(
     interpreter. With `source`, the function's file is that recorded source instead of the
     file `spec` names (which may not be on this machine): it is written to a temporary
     folder, always under the same name (`SOURCE_FILE`), and run from there."""
-    import subprocess
     import tempfile
 
     from mgit import forkserver
@@ -249,30 +251,12 @@ def run(
     here = str(Path(cwd or Path.cwd()))
     env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     argv = [mode, spec, *args]
-    warm = forkserver.run_module("mgit.usercode", argv, cwd=here, env=env, timeout=timeout)
-    if warm is not None:
-        proc = subprocess.CompletedProcess(argv, warm.returncode, warm.stdout, warm.stderr)
-        if warm.timed_out:
-            output = warm.stdout + warm.stderr
-            return RunOutcome(
-                False, None, f"did not finish within {timeout:g} s", _tail(output), time.monotonic() - start
-            )
-    else:
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "mgit.usercode", *argv],
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=timeout,
-                cwd=here,
-                env=env,
-            )
-        except subprocess.TimeoutExpired as exc:
-            output = _text(exc.stdout) + _text(exc.stderr)
-            return RunOutcome(
-                False, None, f"did not finish within {timeout:g} s", _tail(output), time.monotonic() - start
-            )
+    proc = forkserver.run_module("mgit.usercode", argv, cwd=here, env=env, timeout=timeout)
+    if proc is None:
+        proc = _cold(argv, cwd=here, env=env, timeout=timeout)
+    if proc.timed_out:
+        output = proc.stdout + proc.stderr
+        return RunOutcome(False, None, f"did not finish within {timeout:g} s", _tail(output), time.monotonic() - start)
     seconds = time.monotonic() - start
     marked = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARK)]
     raised = [ln for ln in proc.stdout.splitlines() if ln.startswith(ERROR_MARK)]
@@ -327,6 +311,21 @@ def load_function(spec: str) -> Any:
     else:
         module = importlib.import_module(target)
     return getattr(module, name)
+
+
+def _cold(argv: list[str], *, cwd: str, env: dict[str, str], timeout: float) -> Finished:
+    """`python -m mgit.usercode ARGV` in a fresh interpreter, ended the way a warm server
+    reports its child's end (mgit.forkserver.Finished)."""
+    import subprocess
+
+    from mgit.forkserver import Finished
+
+    cmd = [sys.executable, "-m", "mgit.usercode", *argv]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout, cwd=cwd, env=env)
+    except subprocess.TimeoutExpired as exc:
+        return Finished(-9, _text(exc.stdout), _text(exc.stderr), timed_out=True)  # run killed it (SIGKILL)
+    return Finished(proc.returncode, proc.stdout, proc.stderr, timed_out=False)
 
 
 def _text(value: bytes | str | None) -> str:

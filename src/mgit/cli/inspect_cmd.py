@@ -215,6 +215,9 @@ def _metric(versions: list[VersionInfo], name: str, as_json: bool) -> None:
         t.add_row(p["ref"], "-" if p["step"] is None else p["step"], "-" if p["value"] is None else f"{p['value']:.6g}")
     out.print(t)
     known = [p for p in points if p["value"] is not None]
+    if not known:  # a loss that diverged at every checkpoint is recorded as null
+        out.print(f"{name}: no finite value at any checkpoint")
+        return
     low, high = min(known, key=lambda p: p["value"]), max(known, key=lambda p: p["value"])
     out.print(
         f"{name}  {sparkline([p['value'] for p in points])}  "

@@ -28,14 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from mgit.errors import CorruptObjectError, InputError, InvalidOptionError
-from mgit.formats.folder import ModelSource, from_tensors, scan_path
+from mgit.formats.folder import ModelSource, from_tensors, scan_path, scan_state_dict
 from mgit.formats.tensors import is_torch_tensor, raw_tensors
 from mgit.store.base import ObjectStore
 from mgit.store.objects import Manifest, Version
 from mgit.store.reader import as_array, as_torch
 from mgit.store.run_record import RunFieldError, checked_run, decode_state, encode_state, public_args
 
-WEIGHTS, OPTIMIZER, MASTER = "model.safetensors", "optimizer.safetensors", "master.safetensors"
+WEIGHTS, OPTIMIZER, MASTER = (
+    "model.safetensors",
+    "optimizer.safetensors",
+    "master.safetensors",
+)  # WEIGHTS: scan_state_dict's
 OPTIMIZER_PREFIX, MASTER_PREFIX = "optimizer.", "master."
 
 
@@ -72,7 +76,7 @@ def checkpoint_source(
     files named in `leave_out` are not kept (a trainer's pickled arguments, which hold its
     credentials)."""
     if isinstance(weights, Mapping):
-        src = ModelSource([from_tensors(raw_tensors(weights, "weights"), WEIGHTS, converted_from="state dict")])
+        src = scan_state_dict(weights)  # as `add` reads one: its tensors into WEIGHTS
     else:
         src = scan_path(Path(weights))
         src = ModelSource([f for f in src.files if f.path not in leave_out], src.notes)

@@ -12,8 +12,9 @@ module: `mgit.checks`, `mgit.bisect`, `mgit.cascade`, `mgit.sync`.
 Modules that load numpy and the codecs are imported in the verbs that use them, so that
 `mgit ls`, `log`, `show` and `lineage` start in milliseconds.
 
-Over 500 lines and not split: a facade, each verb a few lines over the module that does its
-work; splitting it would scatter the one list of what a repository can do.
+Two groups of verbs are `Repo`'s too, written beside it: training runs (commit_checkpoint,
+load_checkpoint, prune_run) in mgit.repo.runs, maintenance (rm, rename, fsck, gc) in
+mgit.repo.maintenance.
 """
 
 from __future__ import annotations
@@ -33,19 +34,16 @@ from mgit.index.tags import TagStore
 from mgit.remotes.config import held_by_remotes
 from mgit.repo.inspect import disk_usage, every_version, list_models, show_version, version_info, version_storage
 from mgit.repo.location import create, locate, open_store, read_config
+from mgit.repo.maintenance import Maintenance
 from mgit.repo.references import resolve_ref, unknown_model
+from mgit.repo.runs import TrainingRuns
 from mgit.repo.signatures import SignResult, sign_version, verify_lineage
 from mgit.reports import (
     AddResult,
     CheckoutResult,
     DuResult,
-    FsckResult,
-    GcResult,
     ModelSummary,
     ParentSuggestion,
-    PruneResult,
-    RemoveResult,
-    RenameResult,
     ShowResult,
     TagsResult,
     VersionInfo,
@@ -66,11 +64,10 @@ if TYPE_CHECKING:
     from mgit.formats.folder import ModelSource
     from mgit.lineage.graph import Lineage
     from mgit.repo.add import AddOptions
-    from mgit.repo.checkpoints import Checkpoint
     from mgit.store.reader import ModelReader
 
 
-class Repo:
+class Repo(TrainingRuns, Maintenance):
     """A repository. `Repo()` finds one from the current folder upwards; `Repo.init(path)`
     creates one."""
 
@@ -335,79 +332,6 @@ class Repo:
 
         return recipe_record(self.store, self.dir, self.root, recipe, params, resources=resources, recorded=recorded)
 
-    # --- training runs --------------------------------------------------------------------
-    def commit_checkpoint(
-        self,
-        weights: str | os.PathLike[str] | Mapping[str, Any],
-        *,
-        model: str,
-        parent: str | None = None,
-        step: int | None = None,
-        metrics: Mapping[str, Any] | None = None,
-        optimizer: Mapping[str, Any] | None = None,
-        master: Mapping[str, Any] | None = None,
-        run: str | None = None,
-        args: Mapping[str, Any] | None = None,
-        message: str | None = None,
-        recipe: str | Mapping[str, Any] | None = None,
-        params: Mapping[str, Any] | None = None,
-        leave_out: Collection[str] = (),
-        jobs: int | None = None,
-    ) -> AddResult:
-        """Store a checkpoint of a training run as the next version of `model`, from a state
-        dict in memory (or the folder a trainer saved), durable when this returns; see
-        mgit.repo.checkpoints. `optimizer` is an `optimizer.state_dict()` (its tensors stored
-        as tensors, its scalars in the record), `master` fp32 master weights of a bf16 model,
-        `args` the training arguments (credentials left out). `parent` is the run's base, needed
-        on the first checkpoint only; `run` defaults to the run of the model's latest version;
-        `leave_out` names files of a folder not to keep."""
-        from mgit.repo.add import AddOptions
-        from mgit.repo.checkpoints import checkpoint_source, new_run_id, run_record
-
-        head = self.refs.get(model)
-        previous = (self.store.get_version(head).run or {}) if head else {}
-        source, state = checkpoint_source(weights, optimizer=optimizer, master=master, leave_out=leave_out)
-        options = AddOptions(
-            name=model,
-            parents=(parent,) if parent else (),
-            message=f"step {step}" if message is None else message,
-            jobs=jobs,
-            model_card=False,
-            recipe=recipe,
-            params=params,
-            run=run_record(run or previous.get("id") or new_run_id(), step, metrics, args, state),
-        )
-        return self.add_with(source, options)
-
-    def load_checkpoint(self, ref: str, *, framework: str = "pt") -> Checkpoint:
-        """A checkpoint's weights, optimizer state dict (for `optimizer.load_state_dict`),
-        master weights, step and metrics (mgit.repo.checkpoints.Checkpoint)."""
-        from mgit.repo.checkpoints import read_checkpoint
-
-        vid = self.resolve(ref)
-        with self.catalog.explained():
-            version = self.store.get_version(vid)
-            return read_checkpoint(self.store, vid, version, self.store.get_manifest(version.manifest), framework)
-
-    def prune_run(
-        self,
-        model: str,
-        *,
-        keep_last: int = 0,
-        keep_every: int | None = None,
-        keep_best: str | None = None,
-        maximize: bool = False,
-        dry_run: bool = False,
-    ) -> PruneResult:
-        """Remove the checkpoints of `model`'s history that no rule keeps; `gc` then frees
-        their objects (see mgit.repo.retention for what is always kept and how the kept
-        versions are linked again)."""
-        from mgit.repo.retention import RetentionPolicy, prune_run
-
-        policy = RetentionPolicy(keep_last, keep_every, keep_best, maximize)
-        with self.store.lock():
-            return prune_run(self.store, self.refs, self.catalog, self.tags, model, policy, dry_run=dry_run)
-
     # --- parent inference ---------------------------------------------------------------------
     def suggest_parents(
         self,
@@ -575,36 +499,3 @@ class Repo:
 
     def du(self) -> DuResult:
         return disk_usage(self.catalog, self.store, self.lineage, self.chain)
-
-    # --- maintenance --------------------------------------------------------------------
-    def rm(self, ref: str, *, force: bool = False) -> RemoveResult:
-        """Remove a model (`NAME`: its ref) or one version (`NAME@N`); objects go at the next gc
-        unless other versions use them. What others were built on is removed only with
-        `force` (RemoveRefusedError lists them); see mgit.repo.remove."""
-        from mgit.repo.remove import remove_model, remove_version
-
-        names = self.refs, self.retired, self.catalog
-        if "@" not in ref:
-            return remove_model(*names, ref, force=force, chain=self.chain, unknown=self._unknown_model)
-        vid = self.resolve(ref)
-        return remove_version(*names, self.model_of(vid), vid, force=force, chain=self.chain)
-
-    def rename(self, old: str, new: str) -> RenameResult:
-        """Give model `old` the name `new`, its versions and numbers kept; `old` is refused
-        afterwards until a model is added under it (see mgit.repo.renaming)."""
-        from mgit.repo.renaming import rename_model
-
-        return rename_model(self.refs, self.retired, self.catalog, old, new, unknown=self._unknown_model)
-
-    def fsck(self, *, jobs: int | None = None, progress: StartProgress | None = None) -> FsckResult:
-        """Re-hash every object and check every reference; problems are listed, not raised."""
-        from mgit.repo.fsck import fsck
-
-        return fsck(self.store, self.refs, self.catalog, jobs=jobs or default_jobs(), progress=progress)
-
-    def gc(self, *, dry_run: bool = False) -> GcResult:
-        """Delete objects that no ref reaches, and leftovers of interrupted writes."""
-        from mgit.repo.gc import gc
-
-        with self.store.lock(exclusive=True):
-            return gc(self.store, self.refs, self.catalog, self.tags, dry_run=dry_run)
