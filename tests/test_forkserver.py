@@ -55,6 +55,7 @@ USER_CODE = textwrap.dedent(
 def code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv(forkserver.VARIABLE, raising=False)
     forkserver.shutdown()  # servers that earlier tests in this process left warm are not this test's
+    monkeypatch.setattr(forkserver, "_USED", set())  # nor what their jobs taught this process to preload
     (tmp_path / "jobs.py").write_text(USER_CODE)
     yield tmp_path
     forkserver.shutdown()
