@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import zstandard
 
 from mgit.errors import MissingKeyError, RemoteConflictError, RemoteError, RemoteTooLargeError
+from mgit.remotes.pack import decoded_limit
 from mgit.remotes.repository import RemoteRepository
 from mgit.store.objects import OID_RE
 
@@ -72,12 +73,15 @@ def read_lease(remote: RemoteRepository, key: str) -> tuple[set[str], set[str]]:
     then stops rather than guess)."""
     try:
         raw = remote.backend.read(key, limit=MAX_LEASE_WIRE)
-        body = zstandard.ZstdDecompressor().stream_reader(raw).read(MAX_LEASE + 1)  # no bomb
+        # No bomb: a lease's ids (random hex) compress about 2 to 1, so it is held to the
+        # ratio a metadata pack is held to, and decompression stops one byte past it.
+        limit = min(MAX_LEASE, decoded_limit(len(raw)))
+        body = zstandard.ZstdDecompressor().stream_reader(raw).read(limit + 1)
     except MissingKeyError:
         return set(), set()  # its push ended meanwhile: its refs moved, and those are read after
     except (zstandard.ZstdError, RemoteTooLargeError):
         raise RemoteError(f"{key} on {remote.url} is not a readable lease", hint="Delete it by hand") from None
-    if len(body) > MAX_LEASE:
+    if len(body) > limit:
         raise RemoteError(f"{key} on {remote.url} is larger than a lease can be")
     try:
         value = json.loads(body)
