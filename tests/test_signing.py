@@ -100,6 +100,23 @@ def test_verify_lineage_reports_the_first_link_that_is_not_trusted(signed: dict[
     assert code == 1 and err.count("\n") == 1 and "version base@1 is not signed" in err
 
 
+def test_verify_lineage_names_an_ancestor_whose_record_is_damaged(signed: dict[str, Path]) -> None:
+    """The walk follows each record as it is verified: a damaged ancestor is the link that
+    breaks the chain (reported, exit 1), not an error before anything is verified."""
+    root = signed["root"]
+    assert run_cli("-C", str(root), "sign", "ft")[0] == 0
+    base = vid_of(root, "base")
+    record = root / ".mgit" / "objects" / base[:2] / base[2:]
+    data = bytearray(record.read_bytes())
+    data[-1] ^= 1
+    record.chmod(0o644)
+    record.write_bytes(bytes(data))
+    code, report = verify_json(root, "ft", "--lineage")
+    assert code == 1 and [v["ref"] for v in report["versions"]] == ["ft@1", "base@1"]
+    assert report["versions"][0]["content_ok"] and not report["first_bad"]["content_ok"]
+    assert report["first_bad"]["refused"].startswith("content does not match its id")
+
+
 def test_checkout_under_verify_require_refuses_an_untrusted_version(signed: dict[str, Path]) -> None:
     root, out_dir = signed["root"], signed["tmp"] / "out"
     configure(root, verify_require="trusted")
