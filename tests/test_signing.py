@@ -258,7 +258,14 @@ def test_config_lists_and_reads_settings(signed: dict[str, Path]) -> None:
 def test_log_show_and_serve_say_who_signed_and_flag_what_is_not_trusted(signed: dict[str, Path]) -> None:
     root = signed["root"]
     assert run_cli("-C", str(root), "sign", "ft", "--key", str(signed["mallory"]))[0] == 0
-    code, out, _ = run_cli("-C", str(root), "log", "--show-signature", "--json")
+    reads = []
+    with pytest.MonkeyPatch.context() as patch:  # the allowed signers are read once for the whole log
+        from mgit.signing.allowed import AllowedSigners
+
+        load = AllowedSigners.load
+        patch.setattr(AllowedSigners, "load", lambda *a: reads.append(a) or load(*a))
+        code, out, _ = run_cli("-C", str(root), "log", "--show-signature", "--json")
+    assert code == 0 and len(reads) == 1
     by_ref = {f"{v['model']}@{v['seq']}": v["signatures"] for v in json.loads(out)}
     assert [s["principals"] for s in by_ref["base@1"]] == [["alice@example.com"]]
     assert [(s["status"], s["trusted"]) for s in by_ref["ft@1"]] == [("unknown key", False)]

@@ -12,6 +12,7 @@ the level asked for (`trusted` unless told) refuses.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,8 +159,12 @@ def verify_lineage(
     return VerifyResult(level, out)
 
 
-def signature_checks(signatures: SignatureStore, config: dict[str, Any], vid: str) -> list[SignatureCheck]:
-    """A version's signatures as judged here (show, log --show-signature, serve): [] without
-    any, and then nothing of the signing stack (cryptography) is loaded."""
-    found = signatures.get(vid)
-    return judge(vid, found, allowed_signers(config)) if found else []
+def signature_checks(
+    signatures: SignatureStore, config: dict[str, Any], vids: Iterable[str]
+) -> dict[str, list[SignatureCheck]]:
+    """Versions' signatures as judged here (show, log --show-signature, serve), by id: [] for
+    one without any. The allowed signers are read once for them all, and not at all (nor the
+    signing stack, cryptography) when none is signed."""
+    found = {vid: signatures.get(vid) for vid in vids}
+    allowed = allowed_signers(config) if any(found.values()) else None
+    return {vid: judge(vid, sigs, allowed) if sigs and allowed is not None else [] for vid, sigs in found.items()}
