@@ -87,6 +87,24 @@ def test_signing_always_signs_every_add(signed: dict[str, Path]) -> None:
     assert verify_json(root, "ft")[0] == 0
 
 
+def test_signing_always_reads_the_key_once_for_many_versions(
+    signed: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cascade, a pull's replays and signing.always sign many versions through one Repo:
+    the key file is read once, and each version still carries its own signature."""
+    from mgit import Repo
+    from mgit.signing import keys
+
+    root = signed["root"]
+    configure(root, signing_always="true")
+    loads, load = [], keys.load_signing_key
+    monkeypatch.setattr(keys, "load_signing_key", lambda path: loads.append(path) or load(path))
+    repo = Repo(root)
+    added = [repo.add(make_model(signed["tmp"] / f"s{i}", seed=10 + i), name="ft").version for i in range(3)]
+    assert loads == [str(signed["alice"])]
+    assert all(verify_json(root, vid)[0] == 0 for vid in added)
+
+
 def test_verify_lineage_reports_the_first_link_that_is_not_trusted(signed: dict[str, Path]) -> None:
     root = signed["root"]
     assert run_cli("-C", str(root), "sign", "ft")[0] == 0

@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from mgit.lineage.graph import Lineage
     from mgit.repo.add import AddOptions
     from mgit.repo.checkpoints import Checkpoint
+    from mgit.signing.keys import Signer
     from mgit.store.reader import ModelReader
 
 
@@ -85,6 +86,7 @@ class Repo:
         self.tags = TagStore(self.dir, fsync=fsync)
         self.signatures = SignatureStore(self.dir, fsync=fsync)
         self._session: DecodedCache | None = None
+        self._signers: dict[str | None, Signer] = {}  # key path (None: signing.key) -> loaded once
         self.sync_catalog()
 
     @classmethod
@@ -430,7 +432,14 @@ class Repo:
     # --- signatures (mgit.repo.signatures) -----------------------------------------------------
     def sign(self, ref: str, *, key: str | None = None) -> SignResult:
         """Sign a version with `key` (a path) or the `signing.key` setting; several may sign one."""
-        return sign_version(self.signatures, self.catalog, self.config, self._row(self.resolve(ref)).id, key)
+        return sign_version(self.signatures, self.catalog, self.signer(key), self._row(self.resolve(ref)).id)
+
+    def signer(self, key: str | None = None) -> Signer:
+        """The key `key` (a path) or `signing.key` names, read once for this Repo: a cascade,
+        a pull's replays and signing.always sign many versions with one load of the key."""
+        if key not in self._signers:
+            self._signers[key] = policy.configured_signer(self.config, key)
+        return self._signers[key]
 
     def verify(self, ref: str, *, lineage: bool = False, level: str | None = None, objects: bool = False) -> Any:
         """Content against id, signatures against allowed signers (`lineage`: every ancestor)."""

@@ -19,7 +19,8 @@ from typing import Any
 from mgit.errors import CorruptObjectError, MissingObjectError, UnverifiedVersionError
 from mgit.index.catalog import Catalog
 from mgit.signing.allowed import AllowedSigners
-from mgit.signing.policy import SignatureCheck, allowed_signers, configured_signer, judge, refusal
+from mgit.signing.keys import Signer
+from mgit.signing.policy import SignatureCheck, allowed_signers, judge, refusal
 from mgit.signing.sshsig import sign, version_message
 from mgit.signing.store import SignatureStore
 from mgit.store.base import ObjectStore
@@ -90,11 +91,8 @@ def label(catalog: Catalog, vid: str) -> str:
     return f"{row.model}@{row.seq}" if row else vid[:12]
 
 
-def sign_version(
-    signatures: SignatureStore, catalog: Catalog, config: dict[str, Any], vid: str, key: str | None = None
-) -> SignResult:
-    """Sign version `vid` with `key` (a path) or signing.key, and keep the signature beside it."""
-    signer = configured_signer(config, key)
+def sign_version(signatures: SignatureStore, catalog: Catalog, signer: Signer, vid: str) -> SignResult:
+    """Sign version `vid` with `signer` and keep the signature beside it."""
     sig = sign(signer, version_message(vid))
     added = signatures.add(vid, sig.armored)
     return SignResult(vid, label(catalog, vid), signer.public.fingerprint, added)
