@@ -124,9 +124,9 @@ def ms_verify(folder: Path, key: dict[str, Path], signature: Path) -> subprocess
 def fingerprint(key: dict[str, Path]) -> str:
     """The key's fingerprint as OpenSSH's ssh-keygen -l prints it."""
     if shutil.which("ssh-keygen") is None:
-        from mgit.repo.model_signature import _describe
+        from mgit.signing.keys import PublicKey
 
-        return _describe(serialization.load_ssh_public_key(key["pub"].read_bytes()), None).fingerprint
+        return PublicKey.from_line(key["pub"].read_text()).fingerprint
     out = subprocess.run(["ssh-keygen", "-l", "-f", str(key["pub"])], capture_output=True, text=True, check=True)
     return out.stdout.split()[1]
 
@@ -255,10 +255,11 @@ def test_checkout_refuses_a_key_model_signing_cannot_verify(signed_repo: tuple[P
     ed["pem"].write_text("not a key\n")
     configure(root, **{"signing.key": str(ed["pem"])})
     one_line_error(
-        run_cli("checkout", "m", "-o", "out", "--model-signature", "s", cwd=root), "not an unencrypted OpenSSH"
+        run_cli("checkout", "m", "-o", "out", "--model-signature", "s", cwd=root),
+        "is not an ed25519 or ecdsa private key",
     )
     unset(root, "signing.key")
-    one_line_error(run_cli("checkout", "m", "-o", "out", "--model-signature", "s", cwd=root), "no signing.key")
+    one_line_error(run_cli("checkout", "m", "-o", "out", "--model-signature", "s", cwd=root), "no signing key is set")
     assert not (root / "out").exists() and not (root / "s").exists()
 
 
@@ -408,10 +409,15 @@ def test_a_key_not_allowed(attack: tuple[Path, Path, dict[str, Path]]) -> None:
     mallory = ssh_key(root.parent / "keys", "mallory")
     ms_sign(folder, mallory)
     refused(root, folder, "is signed by a key that", "allowed_signers does not allow")
-    # allowed, but expired (valid-before in the past), or not yet valid, or only as a CA
-    for options in ('valid-before="20200101"', 'valid-after="29990101"', "cert-authority"):
+    # allowed, but expired (valid-before in the past), not yet valid, or revoked: the allowed
+    # signers read as for versions (mgit.signing.allowed), saying why
+    for options, why in (('valid-before="20200101"', "expired"), ('valid-after="29990101"', "not yet valid")):
         allow(root, signer_line("mallory", mallory, options))
-        refused(root, folder, "does not allow")
+        refused(root, folder, "does not allow", why)
+    allow(root, signer_line("mallory", mallory), "@revoked " + mallory["pub"].read_text().strip())
+    refused(root, folder, "does not allow", "revoked")
+    allow(root, signer_line("mallory", mallory, "cert-authority"))  # SSH certificates: refused by name
+    refused(root, folder, "line 1: cert-authority keys", "are not supported")
     allow(root)  # an allowed-signers file that names nobody
     refused(root, folder, "does not allow")
 

@@ -78,6 +78,7 @@ class Repo:
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self.dir = locate(Path(path) if path is not None else None)
         self.config = read_config(self.dir)
+        self.config = policy.anchored(self.config, self.root)  # path settings as every reader takes them
         fsync = bool(self.config.get("fsync", True))
         self.retired = RetiredNames(self.dir, fsync=fsync)
         self.catalog = Catalog(self.dir / "catalog.sqlite", removed=self.retired.removed, remote=self._held)
@@ -304,7 +305,7 @@ class Repo:
         from mgit.repo.model_signature import verify_folder
 
         if isinstance(source, str | os.PathLike):  # a model.sig in the folder: checked, its signer recorded
-            options = replace(options, signer=verify_folder(Path(source), self.config, self.root))
+            options = replace(options, signer=verify_folder(Path(source), self.config))
         parents = [self.resolve(p) for p in options.parents]
         recipe = None
         if options.recipe is not None:
@@ -470,12 +471,12 @@ class Repo:
         model-signing's format (`mgit.repo.model_signature`), the key checked before anything is
         written. `verify=False` skips the policy of `verify.require` (--no-verify)."""
         from mgit.repo.checkout import checkout_version
-        from mgit.repo.model_signature import load_signing_key, sign_folder
+        from mgit.repo.model_signature import model_signer, sign_folder
 
         vid = self.resolve(ref)
         if verify and (level := policy.required(self.config)):
             self.verify(vid, level=level).raise_if_refused()
-        key = load_signing_key(self.config, self.root) if model_signature is not None else None
+        key = model_signer(self.signer()) if model_signature is not None else None
         with self.catalog.explained():
             row = self._row(vid)
             result = checkout_version(
