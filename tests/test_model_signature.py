@@ -232,6 +232,25 @@ def test_a_key_made_by_ssh_keygen(tmp_path: Path) -> None:
     ms_verify_api(root / "out", {"pem_pub": tmp_path / "bob.pub.pem"}, root / "out" / "model.sig")
 
 
+@pytest.mark.skipif(shutil.which("ssh-agent") is None, reason="needs OpenSSH's ssh-agent")
+def test_a_key_the_ssh_agent_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """signing.key naming a public key: the ssh-agent signs (as for versions), and the SSH
+    ecdsa signature it returns becomes the DSSE one model_signing verifies."""
+    from signers import ssh_agent
+
+    root = tmp_path / "work"
+    repo = Repo.init(root)
+    key = ssh_key(tmp_path / "keys", "agent-held")
+    configure(root, **{"signing.key": str(key["pub"])})
+    repo.add(make_model(tmp_path / "m"), name="m")
+    with ssh_agent(tmp_path / "agent.sock") as sock:
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        subprocess.run(["ssh-add", "-q", str(key["ssh"])], check=True, capture_output=True)
+        result = Repo(root).checkout("m", root / "out", model_signature=root / "out" / "model.sig")
+    assert result.signer == f"ecdsa-sha2-nistp256 {fingerprint(key)}"
+    ms_verify_api(root / "out", key, root / "out" / "model.sig")
+
+
 @pytest.mark.parametrize("curve", [ec.SECP384R1(), ec.SECP521R1()], ids=["p384", "p521"])
 def test_larger_curves(tmp_path: Path, curve: ec.EllipticCurve) -> None:
     root = tmp_path / "work"
