@@ -143,15 +143,22 @@ def written(root: Path) -> list[str]:
     )
 
 
-@pytest.fixture
-def signed_repo(tmp_path: Path) -> tuple[Path, dict[str, Path]]:
-    """A repository whose signing.key is an OpenSSH ECDSA key that its allowed signers trust."""
+def signing_repo(
+    tmp_path: Path, principal: str = "alice@example.com", curve: ec.EllipticCurve | None = None
+) -> tuple[Path, dict[str, Path]]:
+    """`tmp_path/work`, a repository whose signing.key is a new OpenSSH ECDSA key that its
+    allowed signers trust as `principal`; and the key."""
     root = tmp_path / "work"
     Repo.init(root)
-    key = ssh_key(tmp_path / "keys", "alice")
+    key = ssh_key(tmp_path / "keys", "signer", curve)
     configure(root, **{"signing.key": str(key["ssh"])})
-    allow(root, signer_line("alice@example.com", key))
+    allow(root, signer_line(principal, key))
     return root, key
+
+
+@pytest.fixture
+def signed_repo(tmp_path: Path) -> tuple[Path, dict[str, Path]]:
+    return signing_repo(tmp_path)
 
 
 # --- mgit writes, model_signing verifies ----------------------------------------------------------
@@ -253,10 +260,7 @@ def test_a_key_the_ssh_agent_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.parametrize("curve", [ec.SECP384R1(), ec.SECP521R1()], ids=["p384", "p521"])
 def test_larger_curves(tmp_path: Path, curve: ec.EllipticCurve) -> None:
-    root = tmp_path / "work"
-    repo = Repo.init(root)
-    key = ssh_key(tmp_path / "keys", "k", curve)
-    configure(root, **{"signing.key": str(key["ssh"])})
+    root, key = signing_repo(tmp_path, curve=curve)
     repo = Repo(root)
     repo.add(make_model(tmp_path / "m"), name="m")
     repo.checkout("m", root / "out", model_signature=root / "out" / "model.sig")
@@ -336,11 +340,7 @@ def test_real_minilm_save_pretrained_folder(tmp_path: Path) -> None:
     AutoModel.from_pretrained(source).save_pretrained(folder)
     for name in (".gitattributes", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "README.md"):
         shutil.copy(source / name, folder / name)
-    root = tmp_path / "work"
-    Repo.init(root)
-    key = ssh_key(tmp_path / "keys", "k")
-    configure(root, **{"signing.key": str(key["ssh"])})
-    allow(root, signer_line("ci@example.com", key))
+    root, key = signing_repo(tmp_path, "ci@example.com")
     ms_sign(folder, key)
     code, _, err = run_cli("add", str(folder), "--name", "minilm", cwd=root)
     assert code == 0, err
@@ -361,11 +361,7 @@ def test_sharded_family_member(tmp_path: Path) -> None:
     family = build_family(tmp_path / "family")
     folder = family["ft2-sharded"][0]
     assert len(list(folder.glob("model-*.safetensors"))) >= 2
-    root = tmp_path / "work"
-    Repo.init(root)
-    key = ssh_key(tmp_path / "keys", "k")
-    configure(root, **{"signing.key": str(key["ssh"])})
-    allow(root, signer_line("ci", key))
+    root, key = signing_repo(tmp_path, "ci")
     ms_sign(folder, key)
     Repo(root).add(folder, name="ft2")
     Repo(root).checkout("ft2", root / "out", model_signature=root / "out" / "model.sig")
