@@ -102,7 +102,7 @@ def test_revoked_keys_are_refused_here_and_by_ssh_keygen(tmp_path: Path) -> None
     sig = sign(load_signing_key(key), version_message(VID))
     line = key.with_suffix(".pub").read_text()
     (tmp_path / "signers").write_text(f"dave {line}erin {other.with_suffix('.pub').read_text()}")
-    (tmp_path / "revoked").write_text(line)
+    (tmp_path / "revoked").write_text(f"# dave's old laptop\n\n{line}")  # comments and blanks, as ssh-keygen reads it
     assert AllowedSigners.load(tmp_path / "signers").judge(sig).trusted
     assert AllowedSigners.load(tmp_path / "signers", tmp_path / "revoked").judge(sig).status == "revoked"
     assert ssh_verify(tmp_path, sig.armored, f"dave {line}", "dave", revoked=str(tmp_path / "revoked")).returncode != 0

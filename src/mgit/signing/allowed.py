@@ -167,10 +167,10 @@ class AllowedSigners:
             if file is None:
                 continue
             for number, line in enumerate(_read(Path(file).expanduser()), 1):
+                if is_revoked_list and (not line.strip() or line.lstrip().startswith("#")):
+                    continue
                 try:
-                    entry = PublicKey.from_line(line) if is_revoked_list and line.strip() else parse_line(line)
-                    if is_revoked_list and line.strip().startswith("#"):
-                        entry = None
+                    entry = PublicKey.from_line(line) if is_revoked_list else parse_line(line)
                 except (LineError, ValueError, SignatureError) as exc:
                     what = exc.message if isinstance(exc, SignatureError) else str(exc)
                     raise SigningKeyError(f"{file}, line {number}: {what}") from None
@@ -207,20 +207,6 @@ class AllowedSigners:
 
     def _principals(self, key: PublicKey) -> tuple[str, ...]:
         return tuple(p for k in self.keys if k.key.blob == key.blob for p in k.principals)
-
-    def allows(self, principal: str, sig: SshSignature, *, now: datetime | None = None) -> bool:
-        """As `ssh-keygen -Y verify -I principal`: trusted, and for that principal."""
-        judged = self.judge(sig, now=now)
-        if not judged.trusted:
-            return False
-        return any(
-            _matches(k.principals, principal)
-            for k in self.keys
-            if k.key.blob == sig.public.blob and self.judge_entry(k, sig, now)
-        )
-
-    def judge_entry(self, entry: AllowedKey, sig: SshSignature, now: datetime | None) -> bool:
-        return AllowedSigners([entry], self.revoked).judge(sig, now=now).trusted
 
 
 def _read(path: Path) -> list[str]:
