@@ -3,7 +3,12 @@ allowed-signers file naming them, and a repository configured to sign with one."
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from conftest import run_cli
@@ -39,3 +44,18 @@ def configure(root: Path, **settings: str | Path) -> None:
     for key, value in settings.items():
         code, _, err = run_cli("-C", str(root), "config", names.get(key, key), str(value))
         assert code == 0, err
+
+
+@contextmanager
+def ssh_agent(sock: Path) -> Iterator[Path]:
+    """A real ssh-agent on the socket `sock`, of its own, stopped by its pid."""
+    proc = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    for _ in range(100):
+        if sock.exists():
+            break
+        time.sleep(0.05)
+    try:
+        yield sock
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)

@@ -124,9 +124,9 @@ def ms_verify(folder: Path, key: dict[str, Path], signature: Path) -> subprocess
 def fingerprint(key: dict[str, Path]) -> str:
     """The key's fingerprint as OpenSSH's ssh-keygen -l prints it."""
     if shutil.which("ssh-keygen") is None:
-        from mgit.repo.model_signature import _describe
+        from mgit.signing.keys import PublicKey
 
-        return _describe(serialization.load_ssh_public_key(key["pub"].read_bytes()), None).fingerprint
+        return PublicKey.from_line(key["pub"].read_text()).fingerprint
     out = subprocess.run(["ssh-keygen", "-l", "-f", str(key["pub"])], capture_output=True, text=True, check=True)
     return out.stdout.split()[1]
 
@@ -143,15 +143,22 @@ def written(root: Path) -> list[str]:
     )
 
 
-@pytest.fixture
-def signed_repo(tmp_path: Path) -> tuple[Path, dict[str, Path]]:
-    """A repository whose signing.key is an OpenSSH ECDSA key that its allowed signers trust."""
+def signing_repo(
+    tmp_path: Path, principal: str = "alice@example.com", curve: ec.EllipticCurve | None = None
+) -> tuple[Path, dict[str, Path]]:
+    """`tmp_path/work`, a repository whose signing.key is a new OpenSSH ECDSA key that its
+    allowed signers trust as `principal`; and the key."""
     root = tmp_path / "work"
     Repo.init(root)
-    key = ssh_key(tmp_path / "keys", "alice")
+    key = ssh_key(tmp_path / "keys", "signer", curve)
     configure(root, **{"signing.key": str(key["ssh"])})
-    allow(root, signer_line("alice@example.com", key))
+    allow(root, signer_line(principal, key))
     return root, key
+
+
+@pytest.fixture
+def signed_repo(tmp_path: Path) -> tuple[Path, dict[str, Path]]:
+    return signing_repo(tmp_path)
 
 
 # --- mgit writes, model_signing verifies ----------------------------------------------------------
@@ -232,12 +239,28 @@ def test_a_key_made_by_ssh_keygen(tmp_path: Path) -> None:
     ms_verify_api(root / "out", {"pem_pub": tmp_path / "bob.pub.pem"}, root / "out" / "model.sig")
 
 
-@pytest.mark.parametrize("curve", [ec.SECP384R1(), ec.SECP521R1()], ids=["p384", "p521"])
-def test_larger_curves(tmp_path: Path, curve: ec.EllipticCurve) -> None:
+@pytest.mark.skipif(shutil.which("ssh-agent") is None, reason="needs OpenSSH's ssh-agent")
+def test_a_key_the_ssh_agent_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """signing.key naming a public key: the ssh-agent signs (as for versions), and the SSH
+    ecdsa signature it returns becomes the DSSE one model_signing verifies."""
+    from signers import ssh_agent
+
     root = tmp_path / "work"
     repo = Repo.init(root)
-    key = ssh_key(tmp_path / "keys", "k", curve)
-    configure(root, **{"signing.key": str(key["ssh"])})
+    key = ssh_key(tmp_path / "keys", "agent-held")
+    configure(root, **{"signing.key": str(key["pub"])})
+    repo.add(make_model(tmp_path / "m"), name="m")
+    with ssh_agent(tmp_path / "agent.sock") as sock:
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        subprocess.run(["ssh-add", "-q", str(key["ssh"])], check=True, capture_output=True)
+        result = Repo(root).checkout("m", root / "out", model_signature=root / "out" / "model.sig")
+    assert result.signer == f"ecdsa-sha2-nistp256 {fingerprint(key)}"
+    ms_verify_api(root / "out", key, root / "out" / "model.sig")
+
+
+@pytest.mark.parametrize("curve", [ec.SECP384R1(), ec.SECP521R1()], ids=["p384", "p521"])
+def test_larger_curves(tmp_path: Path, curve: ec.EllipticCurve) -> None:
+    root, key = signing_repo(tmp_path, curve=curve)
     repo = Repo(root)
     repo.add(make_model(tmp_path / "m"), name="m")
     repo.checkout("m", root / "out", model_signature=root / "out" / "model.sig")
@@ -255,10 +278,11 @@ def test_checkout_refuses_a_key_model_signing_cannot_verify(signed_repo: tuple[P
     ed["pem"].write_text("not a key\n")
     configure(root, **{"signing.key": str(ed["pem"])})
     one_line_error(
-        run_cli("checkout", "m", "-o", "out", "--model-signature", "s", cwd=root), "not an unencrypted OpenSSH"
+        run_cli("checkout", "m", "-o", "out", "--model-signature", "s", cwd=root),
+        "is not an ed25519 or ecdsa private key",
     )
     unset(root, "signing.key")
-    one_line_error(run_cli("checkout", "m", "-o", "out", "--model-signature", "s", cwd=root), "no signing.key")
+    one_line_error(run_cli("checkout", "m", "-o", "out", "--model-signature", "s", cwd=root), "no signing key is set")
     assert not (root / "out").exists() and not (root / "s").exists()
 
 
@@ -316,11 +340,7 @@ def test_real_minilm_save_pretrained_folder(tmp_path: Path) -> None:
     AutoModel.from_pretrained(source).save_pretrained(folder)
     for name in (".gitattributes", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "README.md"):
         shutil.copy(source / name, folder / name)
-    root = tmp_path / "work"
-    Repo.init(root)
-    key = ssh_key(tmp_path / "keys", "k")
-    configure(root, **{"signing.key": str(key["ssh"])})
-    allow(root, signer_line("ci@example.com", key))
+    root, key = signing_repo(tmp_path, "ci@example.com")
     ms_sign(folder, key)
     code, _, err = run_cli("add", str(folder), "--name", "minilm", cwd=root)
     assert code == 0, err
@@ -341,11 +361,7 @@ def test_sharded_family_member(tmp_path: Path) -> None:
     family = build_family(tmp_path / "family")
     folder = family["ft2-sharded"][0]
     assert len(list(folder.glob("model-*.safetensors"))) >= 2
-    root = tmp_path / "work"
-    Repo.init(root)
-    key = ssh_key(tmp_path / "keys", "k")
-    configure(root, **{"signing.key": str(key["ssh"])})
-    allow(root, signer_line("ci", key))
+    root, key = signing_repo(tmp_path, "ci")
     ms_sign(folder, key)
     Repo(root).add(folder, name="ft2")
     Repo(root).checkout("ft2", root / "out", model_signature=root / "out" / "model.sig")
@@ -408,10 +424,15 @@ def test_a_key_not_allowed(attack: tuple[Path, Path, dict[str, Path]]) -> None:
     mallory = ssh_key(root.parent / "keys", "mallory")
     ms_sign(folder, mallory)
     refused(root, folder, "is signed by a key that", "allowed_signers does not allow")
-    # allowed, but expired (valid-before in the past), or not yet valid, or only as a CA
-    for options in ('valid-before="20200101"', 'valid-after="29990101"', "cert-authority"):
+    # allowed, but expired (valid-before in the past), not yet valid, or revoked: the allowed
+    # signers read as for versions (mgit.signing.allowed), saying why
+    for options, why in (('valid-before="20200101"', "expired"), ('valid-after="29990101"', "not yet valid")):
         allow(root, signer_line("mallory", mallory, options))
-        refused(root, folder, "does not allow")
+        refused(root, folder, "does not allow", why)
+    allow(root, signer_line("mallory", mallory), "@revoked " + mallory["pub"].read_text().strip())
+    refused(root, folder, "does not allow", "revoked")
+    allow(root, signer_line("mallory", mallory, "cert-authority"))  # SSH certificates: refused by name
+    refused(root, folder, "line 1: cert-authority keys", "are not supported")
     allow(root)  # an allowed-signers file that names nobody
     refused(root, folder, "does not allow")
 

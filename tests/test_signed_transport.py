@@ -84,6 +84,14 @@ def test_a_signature_made_after_the_push_travels_with_the_next_push_and_fetch(sh
     assert run_cli("-C", str(alice), "sign", "base", "--key", str(reviewer))[0] == 0
     assert run_cli("-C", str(alice), "push")[0] == 0
     assert len(remote_sigs(shared["remote"], vid)) == 2
+    read = []  # a push after that reads no signature file: the remote has them all, by name
+    with pytest.MonkeyPatch.context() as patch:
+        from mgit.signing.store import SignatureStore
+
+        get = SignatureStore.get
+        patch.setattr(SignatureStore, "get", lambda self, v: read.append(v) or get(self, v))
+        assert run_cli("-C", str(alice), "push")[0] == 0
+    assert read == []
     assert run_cli("-C", str(target), "fetch")[0] == 0
     assert len(list((target / ".mgit" / "signatures" / vid).glob("*.sig"))) == 2
 

@@ -87,6 +87,24 @@ def test_signing_always_signs_every_add(signed: dict[str, Path]) -> None:
     assert verify_json(root, "ft")[0] == 0
 
 
+def test_signing_always_reads_the_key_once_for_many_versions(
+    signed: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cascade, a pull's replays and signing.always sign many versions through one Repo:
+    the key file is read once, and each version still carries its own signature."""
+    from mgit import Repo
+    from mgit.signing import keys
+
+    root = signed["root"]
+    configure(root, signing_always="true")
+    loads, load = [], keys.load_signing_key
+    monkeypatch.setattr(keys, "load_signing_key", lambda path: loads.append(path) or load(path))
+    repo = Repo(root)
+    added = [repo.add(make_model(signed["tmp"] / f"s{i}", seed=10 + i), name="ft").version for i in range(3)]
+    assert loads == [str(signed["alice"])]
+    assert all(verify_json(root, vid)[0] == 0 for vid in added)
+
+
 def test_verify_lineage_reports_the_first_link_that_is_not_trusted(signed: dict[str, Path]) -> None:
     root = signed["root"]
     assert run_cli("-C", str(root), "sign", "ft")[0] == 0
@@ -98,6 +116,23 @@ def test_verify_lineage_reports_the_first_link_that_is_not_trusted(signed: dict[
     assert code == 1 and report["first_bad"]["ref"] == "base@1" and report["first_bad"]["refused"] == "is not signed"
     code, out, err = run_cli("-C", str(root), "verify", "ft", "--lineage")
     assert code == 1 and err.count("\n") == 1 and "version base@1 is not signed" in err
+
+
+def test_verify_lineage_names_an_ancestor_whose_record_is_damaged(signed: dict[str, Path]) -> None:
+    """The walk follows each record as it is verified: a damaged ancestor is the link that
+    breaks the chain (reported, exit 1), not an error before anything is verified."""
+    root = signed["root"]
+    assert run_cli("-C", str(root), "sign", "ft")[0] == 0
+    base = vid_of(root, "base")
+    record = root / ".mgit" / "objects" / base[:2] / base[2:]
+    data = bytearray(record.read_bytes())
+    data[-1] ^= 1
+    record.chmod(0o644)
+    record.write_bytes(bytes(data))
+    code, report = verify_json(root, "ft", "--lineage")
+    assert code == 1 and [v["ref"] for v in report["versions"]] == ["ft@1", "base@1"]
+    assert report["versions"][0]["content_ok"] and not report["first_bad"]["content_ok"]
+    assert report["first_bad"]["refused"].startswith("content does not match its id")
 
 
 def test_checkout_under_verify_require_refuses_an_untrusted_version(signed: dict[str, Path]) -> None:
@@ -241,7 +276,14 @@ def test_config_lists_and_reads_settings(signed: dict[str, Path]) -> None:
 def test_log_show_and_serve_say_who_signed_and_flag_what_is_not_trusted(signed: dict[str, Path]) -> None:
     root = signed["root"]
     assert run_cli("-C", str(root), "sign", "ft", "--key", str(signed["mallory"]))[0] == 0
-    code, out, _ = run_cli("-C", str(root), "log", "--show-signature", "--json")
+    reads = []
+    with pytest.MonkeyPatch.context() as patch:  # the allowed signers are read once for the whole log
+        from mgit.signing.allowed import AllowedSigners
+
+        load = AllowedSigners.load
+        patch.setattr(AllowedSigners, "load", lambda *a: reads.append(a) or load(*a))
+        code, out, _ = run_cli("-C", str(root), "log", "--show-signature", "--json")
+    assert code == 0 and len(reads) == 1
     by_ref = {f"{v['model']}@{v['seq']}": v["signatures"] for v in json.loads(out)}
     assert [s["principals"] for s in by_ref["base@1"]] == [["alice@example.com"]]
     assert [(s["status"], s["trusted"]) for s in by_ref["ft@1"]] == [("unknown key", False)]

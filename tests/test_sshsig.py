@@ -5,14 +5,13 @@ malformed signatures are refused saying why."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from signers import KEYGEN, keygen
+from signers import KEYGEN, keygen, ssh_agent
 
 from mgit.errors import SignatureError, SigningKeyError
 from mgit.signing.agent import agent_signer
@@ -103,7 +102,7 @@ def test_revoked_keys_are_refused_here_and_by_ssh_keygen(tmp_path: Path) -> None
     sig = sign(load_signing_key(key), version_message(VID))
     line = key.with_suffix(".pub").read_text()
     (tmp_path / "signers").write_text(f"dave {line}erin {other.with_suffix('.pub').read_text()}")
-    (tmp_path / "revoked").write_text(line)
+    (tmp_path / "revoked").write_text(f"# dave's old laptop\n\n{line}")  # comments and blanks, as ssh-keygen reads it
     assert AllowedSigners.load(tmp_path / "signers").judge(sig).trusted
     assert AllowedSigners.load(tmp_path / "signers", tmp_path / "revoked").judge(sig).status == "revoked"
     assert ssh_verify(tmp_path, sig.armored, f"dave {line}", "dave", revoked=str(tmp_path / "revoked")).returncode != 0
@@ -165,19 +164,9 @@ def test_signing_keys_that_cannot_sign_are_refused(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def agent(tmp_path: Path):
-    """A real ssh-agent on a socket of its own, stopped by its pid."""
-    sock = tmp_path / "agent.sock"
-    proc = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
-    for _ in range(100):
-        if sock.exists():
-            break
-        time.sleep(0.05)
-    try:
+def agent(tmp_path: Path) -> Iterator[Path]:
+    with ssh_agent(tmp_path / "agent.sock") as sock:
         yield sock
-    finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
 
 
 def test_the_ssh_agent_signs_for_a_public_key(tmp_path: Path, agent: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -174,7 +174,7 @@ def log(
     if metric is not None:
         _metric(versions, metric, as_json)
         return
-    signed = {v.id: _signatures(repo, v.id) for v in versions} if show_signature else {}
+    signed = _signatures(repo, [v.id for v in versions]) if show_signature else {}
     if as_json:
         extra = lambda v: {"signatures": [c.to_dict() for c in signed[v.id]]} if show_signature else {}  # noqa: E731
         print_json([{**v.to_json(), **extra(v)} for v in versions])
@@ -190,10 +190,10 @@ def log(
     out.print("\n\n".join(_version_line(v) + sig_line(v) for v in versions))
 
 
-def _signatures(repo: Repo, vid: str) -> list[Any]:
+def _signatures(repo: Repo, vids: list[str]) -> dict[str, list[Any]]:
     from mgit.repo.signatures import signature_checks
 
-    return signature_checks(repo.signatures, repo.config, vid)
+    return signature_checks(repo.signatures, repo.config, vids)
 
 
 def _metric(versions: list[VersionInfo], name: str, as_json: bool) -> None:
@@ -259,7 +259,7 @@ def show(ctx: click.Context, ref: str, with_sha256: bool, with_tensors: bool, as
     sums = _sha256_of_files(repo, result.version.id) if with_sha256 else None
     vid = result.version.id
     rows = version_tensors(repo.store, repo.catalog, vid, repo.manifest(vid)) if with_tensors else None
-    checks = _signatures(repo, vid)
+    checks = _signatures(repo, [vid])[vid]
     if as_json:
         extra = {"sha256": sums} if sums is not None else {}
         extra["signatures"] = [c.to_dict() for c in checks]

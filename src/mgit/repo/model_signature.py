@@ -8,8 +8,10 @@ itself, which model-signing ignores too), and in its subject the sha256 over tho
 order. The envelope is signed with an ECDSA key; the bundle carries no key, only a hint (the
 sha256 of the public key in PEM). So `model_signing verify key --public_key PUB DIR` accepts a
 folder mgit signed, and mgit checks a folder model-signing signed against the keys of the
-`verify.allowed-signers` file (OpenSSH's format, as `git` uses it): the key whose hint matches
-is the signer, and its principal is recorded on the version (`SIGNER_TAG`).
+`verify.allowed-signers` file (OpenSSH's format, as `git` uses it, read by
+mgit.signing.allowed with its time windows and revoked keys): the key whose hint matches is
+the signer, and its principal is recorded on the version (`SIGNER_TAG`). The key that signs
+is the one versions are signed with (`signing.key`, mgit.signing.keys), if it is ECDSA.
 
 Writing needs only `cryptography`; checking uses model-signing's own verifier (imported when a
 folder carries a signature), so what mgit accepts is what model-signing accepts.
@@ -22,32 +24,28 @@ import binascii
 import hashlib
 import json
 import os
-import shlex
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from mgit.errors import MissingDependencyError, ModelSignatureError
 from mgit.formats.paths import SIGNATURE_FILE
+from mgit.signing import policy
+from mgit.signing.keys import CURVES, PublicKey, Signer, Wire
 from mgit.util.atomicfile import write_atomic
 
 SIGNER_TAG = "model-signing.signer"  # set on a version only by a verified SIGNATURE_FILE
-KEY_SETTING = "signing.key"  # in config.json's settings: an OpenSSH private key file
-ALLOWED_SETTING = "verify.allowed-signers"  # in config.json's settings: an OpenSSH allowed-signers file
+ALLOWED_SETTING = "verify.allowed-signers"  # the keys a folder's signature may be by
 # model-signing's ignore_git_paths: never part of a signature, at the top of the folder
 GIT_PATHS = (".git", ".gitattributes", ".github", ".gitignore")  # (.git first: mgit skips it too)
 MAX_SIGNATURE_BYTES = 32 << 20  # ~150 bytes per file: far more files than any model has
-MAX_ALLOWED_SIGNERS_BYTES = 4 << 20
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"
-# model-signing's key method: ECDSA on these curves, hashed as the curve's size asks
-CURVES = {"secp256r1": ("nistp256", "sha256"), "secp384r1": ("nistp384", "sha384"), "secp521r1": ("nistp521", "sha512")}
 CHUNK = 1 << 20
 
 
@@ -73,64 +71,35 @@ class ModelSigner:
         return f"{self.principal} {self.key}"
 
 
-def setting_path(config: dict[str, Any], key: str, root: Path) -> Path | None:
-    """A path setting of config.json (`~` expanded, relative to the work folder), or None: under
-    "settings", as `mgit config` keeps it, else a top-level key of that name."""
-    found = config.get("settings")
-    value = found[key] if isinstance(found, dict) and key in found else config.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise ModelSignatureError("config.json", f"{key} is not a path")
-    return root / Path(value).expanduser()
-
-
-def _crypto() -> Any:
-    try:
-        from cryptography.hazmat.primitives import serialization
-    except ImportError:
-        raise MissingDependencyError("cryptography", "an OpenSSF model signature", "signing") from None
-    return serialization
-
-
-def load_signing_key(config: dict[str, Any], root: Path) -> Any:
-    """The repository's `signing.key` (an OpenSSH private key file, unencrypted), checked to be
-    a key model-signing's key method verifies: ECDSA on P-256, P-384 or P-521."""
-    path = setting_path(config, KEY_SETTING, root)
-    if path is None:
+def model_signer(signer: Signer) -> Signer:
+    """`signer` (Repo.signer: the key `signing.key` names), checked to be one model-signing's
+    key method verifies: ECDSA on P-256, P-384 or P-521 (its hash is the one SSH uses too)."""
+    if signer.public.kind not in CURVES:
         raise ModelSignatureError(
-            "config.json", f"no {KEY_SETTING} to sign with", hint=f"Set {KEY_SETTING} to an OpenSSH ECDSA private key"
-        )
-    serialization = _crypto()
-    try:
-        key = serialization.load_ssh_private_key(path.read_bytes(), password=None)
-    except OSError as exc:
-        raise ModelSignatureError(str(path), f"cannot read the signing key ({exc.strerror or exc})") from None
-    except (ValueError, TypeError) as exc:
-        raise ModelSignatureError(str(path), f"not an unencrypted OpenSSH private key ({exc})") from None
-    curve = getattr(getattr(key, "curve", None), "name", None)
-    if curve not in CURVES:
-        raise ModelSignatureError(
-            str(path),
-            f"a {type(key).__name__.removeprefix('_').replace('PrivateKey', '')} key: model-signing's key method "
-            "verifies ECDSA keys only (P-256, P-384, P-521)",
+            signer.where,
+            f"an {signer.public.kind} key: model-signing's key method verifies ECDSA keys only (P-256, P-384, P-521)",
             hint="Make one with: ssh-keygen -t ecdsa -b 256",
         )
-    return key
+    return signer
 
 
-def key_hint(public_key: Any) -> str:
+def key_hint(key: PublicKey) -> str:
     """What a bundle names its key by: the sha256 of the public key in PEM (SubjectPublicKeyInfo)."""
-    serialization = _crypto()
-    pem = public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    from cryptography.hazmat.primitives import serialization
+
+    pem = key.crypto().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     return hashlib.sha256(pem).hexdigest()
 
 
-def _describe(public_key: Any, principal: str | None) -> ModelSigner:
-    serialization = _crypto()
-    line = public_key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).split()
-    digest = base64.b64encode(hashlib.sha256(base64.b64decode(line[1])).digest()).decode().rstrip("=")
-    return ModelSigner(principal, line[0].decode(), f"SHA256:{digest}")
+def _der(ssh_signature: bytes) -> bytes:
+    """An SSH ecdsa signature (string type, string (mpint r, mpint s)) as DSSE carries it: DER."""
+    from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+
+    wire = Wire(ssh_signature, "an ecdsa signature")
+    wire.text()
+    inner = Wire(wire.string(), "an ecdsa signature")
+    r, s = (int.from_bytes(inner.string(), "big") for _ in range(2))
+    return encode_dss_signature(r, s)
 
 
 def _signed_files(folder: Path, ignored: list[str]) -> list[str]:
@@ -189,21 +158,17 @@ def pae(payload: bytes) -> bytes:
     return b"DSSEv1 %d %s %d %s" % (len(PAYLOAD_TYPE), PAYLOAD_TYPE.encode(), len(payload), payload)
 
 
-def sign_folder(folder: Path, signature: Path, key: Any, *, jobs: int = 4) -> ModelSigner:
-    """Write `signature`, a model-signing bundle over the files of `folder` signed with `key`
-    (from `load_signing_key`); a signature inside the folder leaves itself out."""
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec
-
+def sign_folder(folder: Path, signature: Path, signer: Signer, *, jobs: int = 4) -> ModelSigner:
+    """Write `signature`, a model-signing bundle over the files of `folder` signed by
+    `signer` (from `model_signer`); a signature inside the folder leaves itself out."""
     ignored = list(GIT_PATHS)
     with suppress(ValueError):  # (a signature outside the folder)
         ignored.append(signature.resolve().relative_to(folder.resolve()).as_posix())
     payload = json.dumps(statement(folder, ignored, jobs=jobs), indent=2).encode()
-    algorithm = getattr(hashes, CURVES[key.curve.name][1].upper())()
-    sig = key.sign(pae(payload), ec.ECDSA(algorithm))
+    sig = _der(model_signer(signer).sign(pae(payload)))
     bundle = {
         "mediaType": BUNDLE_MEDIA_TYPE,
-        "verificationMaterial": {"publicKey": {"hint": key_hint(key.public_key())}, "tlogEntries": []},
+        "verificationMaterial": {"publicKey": {"hint": key_hint(signer.public)}, "tlogEntries": []},
         "dsseEnvelope": {
             "payload": base64.b64encode(payload).decode(),
             "payloadType": PAYLOAD_TYPE,
@@ -211,46 +176,7 @@ def sign_folder(folder: Path, signature: Path, key: Any, *, jobs: int = 4) -> Mo
         },
     }
     write_atomic(signature, [json.dumps(bundle).encode()])
-    return _describe(key.public_key(), None)
-
-
-def allowed_signers(path: Path) -> list[tuple[str, Any]]:
-    """The (principals, public key) pairs of an OpenSSH allowed-signers file that can sign now:
-    ECDSA keys, not certificate authorities, inside their `valid-after`/`valid-before`."""
-    serialization = _crypto()
-    try:
-        if path.stat().st_size > MAX_ALLOWED_SIGNERS_BYTES:
-            raise ModelSignatureError(str(path), "is too large for an allowed-signers file")
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelSignatureError(str(path), f"cannot read the allowed-signers file ({exc})") from None
-    now = datetime.now(UTC).strftime("%Y%m%d%H%M%S")
-    found = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        try:
-            fields = shlex.split(line, comments=False)
-        except ValueError:
-            raise ModelSignatureError(str(path), f"line {number} is not an allowed signer") from None
-        at = next((i for i, f in enumerate(fields) if f.startswith(("ecdsa-sha2-", "ssh-", "sk-"))), None)
-        if at is None or at == 0 or at + 1 >= len(fields):
-            raise ModelSignatureError(str(path), f"line {number} names no key")
-        principals = fields[0]
-        if not principals.isprintable() or len(principals) > 256:
-            raise ModelSignatureError(str(path), f"line {number}'s principals are not printable text")
-        options = dict(o.partition("=")[::2] for f in fields[1:at] for o in f.split(","))
-        if "cert-authority" in options or not fields[at].startswith("ecdsa-sha2-"):
-            continue
-        after, before = (options.get(o, "").rstrip("Zz") for o in ("valid-after", "valid-before"))
-        if (after and after.ljust(14, "0") > now) or (before and before.ljust(14, "0") <= now):
-            continue
-        try:
-            key = serialization.load_ssh_public_key(f"{fields[at]} {fields[at + 1]}".encode())
-        except (ValueError, binascii.Error, TypeError):
-            raise ModelSignatureError(str(path), f"line {number}'s key is not a valid {fields[at]} key") from None
-        found.append((principals, key))
-    return found
+    return ModelSigner(None, signer.public.kind, signer.public.fingerprint)
 
 
 def _bundle(path: Path) -> tuple[str, dict[str, Any]]:
@@ -304,10 +230,10 @@ def _hashing(statement: dict[str, Any]) -> Any:
     return config.set_ignored_paths(paths=[SIGNATURE_FILE], ignore_git_paths=True)
 
 
-def verify_folder(folder: Path, config: dict[str, Any], root: Path) -> ModelSigner | None:
+def verify_folder(folder: Path, config: dict[str, Any]) -> ModelSigner | None:
     """Check the `model.sig` at the top of `folder` with model-signing's verifier against the
-    keys of `verify.allowed-signers`; None when there is none. Every file must match, none be
-    missing or extra (but what model-signing ignores: git's files, said in the notes)."""
+    allowed signers of `config` (Repo.config); None when there is none. Every file must match,
+    none be missing or extra (but what model-signing ignores: git's files, said in the notes)."""
     signature = folder / SIGNATURE_FILE
     if not os.path.lexists(signature) or not folder.is_dir():
         return None
@@ -316,20 +242,24 @@ def verify_folder(folder: Path, config: dict[str, Any], root: Path) -> ModelSign
     except ImportError:
         raise MissingDependencyError("model-signing", f"checking {signature}", "signing") from None
     hint, payload = _bundle(signature)
-    allowed = setting_path(config, ALLOWED_SETTING, root)
-    if allowed is None:
+    allowed_file = policy.path_setting(config, ALLOWED_SETTING)
+    if allowed_file is None:
         raise ModelSignatureError(
             str(signature),
             f"cannot be checked: no {ALLOWED_SETTING} names the keys to trust",
             hint=f"Set {ALLOWED_SETTING} to an OpenSSH allowed-signers file, or move {SIGNATURE_FILE} out",
         )
-    match = next(((p, k) for p, k in allowed_signers(allowed) if key_hint(k) == hint), None)
-    if match is None:
+    allowed = policy.allowed_signers(config)
+    key = next((k.key for k in allowed.keys if k.key.kind in CURVES and key_hint(k.key) == hint), None)
+    judged = allowed.judge_key(key, None) if key is not None else None
+    if key is None or judged is None or not judged.trusted:
+        why = f": {judged.status}" if judged is not None else ""
         raise ModelSignatureError(
-            str(signature), f"is signed by a key that {allowed} does not allow (key hint {hint[:16]})"
+            str(signature), f"is signed by a key that {allowed_file} does not allow (key hint {hint[:16]}{why})"
         )
-    serialization = _crypto()
-    pem = match[1].public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    from cryptography.hazmat.primitives import serialization
+
+    pem = key.crypto().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     with tempfile.TemporaryDirectory(prefix="mgit-model-sig-") as tmp:
         (Path(tmp) / "key.pub").write_bytes(pem)
         try:
@@ -344,10 +274,11 @@ def verify_folder(folder: Path, config: dict[str, Any], root: Path) -> ModelSign
             raise ModelSignatureError(str(signature), f"does not verify: {why}") from None
     signed = {r.get("name") for r in payload["predicate"].get("resources", []) if isinstance(r, dict)}
     unsigned = [n for n in GIT_PATHS[1:] if n not in signed and os.path.lexists(folder / n)]
-    notes = [f"{SIGNATURE_FILE} verified: signed by {match[0]}; the signature itself is not stored"]
+    principal = ",".join(judged.principals)
+    notes = [f"{SIGNATURE_FILE} verified: signed by {principal}; the signature itself is not stored"]
     if unsigned:
         notes.append(f"{SIGNATURE_FILE} does not cover {', '.join(unsigned)}: model-signing leaves git's files out")
-    return replace(_describe(match[1], match[0]), notes=tuple(notes))
+    return ModelSigner(principal, key.kind, key.fingerprint, tuple(notes))
 
 
 def _mismatch(folder: Path, statement: dict[str, Any]) -> str | None:

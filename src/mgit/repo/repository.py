@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from mgit.formats.folder import ModelSource
     from mgit.lineage.graph import Lineage
     from mgit.repo.add import AddOptions
+    from mgit.signing.keys import Signer
     from mgit.store.reader import ModelReader
 
 
@@ -74,6 +75,7 @@ class Repo(TrainingRuns, Maintenance):
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self.dir = locate(Path(path) if path is not None else None)
         self.config = read_config(self.dir)
+        self.config = policy.anchored(self.config, self.root)  # path settings as every reader takes them
         fsync = bool(self.config.get("fsync", True))
         self.retired = RetiredNames(self.dir, fsync=fsync)
         self.catalog = Catalog(self.dir / "catalog.sqlite", removed=self.retired.removed, remote=self._held)
@@ -82,6 +84,7 @@ class Repo(TrainingRuns, Maintenance):
         self.tags = TagStore(self.dir, fsync=fsync)
         self.signatures = SignatureStore(self.dir, fsync=fsync)
         self._session: DecodedCache | None = None
+        self._signers: dict[str | None, Signer] = {}  # key path (None: signing.key) -> loaded once
         self.sync_catalog()
 
     @classmethod
@@ -299,7 +302,7 @@ class Repo(TrainingRuns, Maintenance):
         from mgit.repo.model_signature import verify_folder
 
         if isinstance(source, str | os.PathLike):  # a model.sig in the folder: checked, its signer recorded
-            options = replace(options, signer=verify_folder(Path(source), self.config, self.root))
+            options = replace(options, signer=verify_folder(Path(source), self.config))
         parents = [self.resolve(p) for p in options.parents]
         recipe = None
         if options.recipe is not None:
@@ -354,7 +357,14 @@ class Repo(TrainingRuns, Maintenance):
     # --- signatures (mgit.repo.signatures) -----------------------------------------------------
     def sign(self, ref: str, *, key: str | None = None) -> SignResult:
         """Sign a version with `key` (a path) or the `signing.key` setting; several may sign one."""
-        return sign_version(self.signatures, self.catalog, self.config, self._row(self.resolve(ref)).id, key)
+        return sign_version(self.signatures, self.catalog, self.signer(key), self._row(self.resolve(ref)).id)
+
+    def signer(self, key: str | None = None) -> Signer:
+        """The key `key` (a path) or `signing.key` names, read once for this Repo: a cascade,
+        a pull's replays and signing.always sign many versions with one load of the key."""
+        if key not in self._signers:
+            self._signers[key] = policy.configured_signer(self.config, key)
+        return self._signers[key]
 
     def verify(self, ref: str, *, lineage: bool = False, level: str | None = None, objects: bool = False) -> Any:
         """Content against id, signatures against allowed signers (`lineage`: every ancestor)."""
@@ -385,12 +395,12 @@ class Repo(TrainingRuns, Maintenance):
         model-signing's format (`mgit.repo.model_signature`), the key checked before anything is
         written. `verify=False` skips the policy of `verify.require` (--no-verify)."""
         from mgit.repo.checkout import checkout_version
-        from mgit.repo.model_signature import load_signing_key, sign_folder
+        from mgit.repo.model_signature import model_signer, sign_folder
 
         vid = self.resolve(ref)
         if verify and (level := policy.required(self.config)):
             self.verify(vid, level=level).raise_if_refused()
-        key = load_signing_key(self.config, self.root) if model_signature is not None else None
+        key = model_signer(self.signer()) if model_signature is not None else None
         with self.catalog.explained():
             row = self._row(vid)
             result = checkout_version(

@@ -11,16 +11,20 @@ the level asked for (`trusted` unless told) refuses.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from mgit.errors import CorruptObjectError, MissingObjectError, UnverifiedVersionError
 from mgit.index.catalog import Catalog
 from mgit.signing.allowed import AllowedSigners
-from mgit.signing.policy import SignatureCheck, allowed_signers, configured_signer, judge, refusal
+from mgit.signing.keys import Signer
+from mgit.signing.policy import SignatureCheck, allowed_signers, judge, refusal
 from mgit.signing.sshsig import sign, version_message
 from mgit.signing.store import SignatureStore
 from mgit.store.base import ObjectStore
+from mgit.store.objects import Version
 
 
 @dataclass(frozen=True)
@@ -87,11 +91,8 @@ def label(catalog: Catalog, vid: str) -> str:
     return f"{row.model}@{row.seq}" if row else vid[:12]
 
 
-def sign_version(
-    signatures: SignatureStore, catalog: Catalog, config: dict[str, Any], vid: str, key: str | None = None
-) -> SignResult:
-    """Sign version `vid` with `key` (a path) or signing.key, and keep the signature beside it."""
-    signer = configured_signer(config, key)
+def sign_version(signatures: SignatureStore, catalog: Catalog, signer: Signer, vid: str) -> SignResult:
+    """Sign version `vid` with `signer` and keep the signature beside it."""
     sig = sign(signer, version_message(vid))
     added = signatures.add(vid, sig.armored)
     return SignResult(vid, label(catalog, vid), signer.public.fingerprint, added)
@@ -110,8 +111,10 @@ def verify_version(
     level: str,
     *,
     objects: bool = False,
-) -> VersionVerdict:
-    problem = None
+) -> tuple[VersionVerdict, Version | None]:
+    """One version verified, and its record (read again and re-hashed here; None when it did
+    not read), whose links a lineage walk follows without reading it once more."""
+    problem, version = None, None
     try:
         version = store.get_version(vid, fresh=True)
         manifest = store.get_manifest(version.manifest, fresh=True)
@@ -122,32 +125,7 @@ def verify_version(
         problem = exc.message
     checks = checks_of(signatures, vid, allowed)
     why = f"content does not match its id ({problem})" if problem else refusal(checks, level)
-    return VersionVerdict(vid, ref, problem is None, checks, why, problem)
-
-
-def ancestors(store: ObjectStore, vid: str) -> list[str]:
-    """`vid` and every version it derives from (predecessors and lineage parents), nearest
-    first (breadth first), each once."""
-    order, seen, frontier = [], {vid}, [vid]
-    while frontier:
-        following = []
-        for v in frontier:
-            order.append(v)
-            for linked in store.get_version(v).linked_versions():
-                if linked not in seen:
-                    seen.add(linked)
-                    following.append(linked)
-        frontier = following
-    return order
-
-
-def enforce(
-    signatures: SignatureStore, vid: str, label: str, allowed: AllowedSigners, level: str | None, *, kept: bool = True
-) -> None:
-    """Raise UnverifiedVersionError when the policy `level` refuses version `vid`."""
-    why = refusal(checks_of(signatures, vid, allowed), level)
-    if why is not None:
-        raise UnverifiedVersionError(label, why, kept=kept)
+    return VersionVerdict(vid, ref, problem is None, checks, why, problem), version
 
 
 def verify_lineage(
@@ -161,19 +139,30 @@ def verify_lineage(
     objects: bool = False,
 ) -> VerifyResult:
     """`vid` verified under `level` (default trusted) against the configured allowed signers
-    (with `lineage`, and every ancestor, nearest first, stopping at the first one refused:
-    the link that breaks the chain)."""
+    (with `lineage`, and every version it derives from, predecessors and lineage parents,
+    nearest first, each once, stopping at the first one refused: the link that breaks the
+    chain). The walk follows the records as they are verified, so each is read once."""
     out, level, allowed = [], level or "trusted", allowed_signers(config)
-    for v in ancestors(store, vid) if lineage else [vid]:
-        verdict = verify_version(store, signatures, v, label(catalog, v), allowed, level, objects=objects)
+    seen, queue = {vid}, deque([vid])
+    while queue:
+        v = queue.popleft()
+        verdict, version = verify_version(store, signatures, v, label(catalog, v), allowed, level, objects=objects)
         out.append(verdict)
         if verdict.refused is not None:
             return VerifyResult(level, out, verdict)
+        if lineage and version is not None:
+            following = [linked for linked in version.linked_versions() if linked not in seen]
+            seen.update(following)
+            queue.extend(following)
     return VerifyResult(level, out)
 
 
-def signature_checks(signatures: SignatureStore, config: dict[str, Any], vid: str) -> list[SignatureCheck]:
-    """A version's signatures as judged here (show, log --show-signature, serve): [] without
-    any, and then nothing of the signing stack (cryptography) is loaded."""
-    found = signatures.get(vid)
-    return judge(vid, found, allowed_signers(config)) if found else []
+def signature_checks(
+    signatures: SignatureStore, config: dict[str, Any], vids: Iterable[str]
+) -> dict[str, list[SignatureCheck]]:
+    """Versions' signatures as judged here (show, log --show-signature, serve), by id: [] for
+    one without any. The allowed signers are read once for them all, and not at all (nor the
+    signing stack, cryptography) when none is signed."""
+    found = {vid: signatures.get(vid) for vid in vids}
+    allowed = allowed_signers(config) if any(found.values()) else None
+    return {vid: judge(vid, sigs, allowed) if sigs and allowed is not None else [] for vid, sigs in found.items()}

@@ -167,10 +167,10 @@ class AllowedSigners:
             if file is None:
                 continue
             for number, line in enumerate(_read(Path(file).expanduser()), 1):
+                if is_revoked_list and (not line.strip() or line.lstrip().startswith("#")):
+                    continue
                 try:
-                    entry = PublicKey.from_line(line) if is_revoked_list and line.strip() else parse_line(line)
-                    if is_revoked_list and line.strip().startswith("#"):
-                        entry = None
+                    entry = PublicKey.from_line(line) if is_revoked_list else parse_line(line)
                 except (LineError, ValueError, SignatureError) as exc:
                     what = exc.message if isinstance(exc, SignatureError) else str(exc)
                     raise SigningKeyError(f"{file}, line {number}: {what}") from None
@@ -182,40 +182,31 @@ class AllowedSigners:
 
     def judge(self, sig: SshSignature, *, now: datetime | None = None) -> Judgement:
         """What this signature's key is here, for its namespace, now."""
+        return self.judge_key(sig.public, sig.namespace, now=now)
+
+    def judge_key(self, key: PublicKey, namespace: str | None, *, now: datetime | None = None) -> Judgement:
+        """What `key` is here now, for signing in `namespace` (None: a format with no
+        namespace, such as an OpenSSF model signature, where `namespaces=` does not apply)."""
         now = now or datetime.now(UTC)
-        if sig.public.blob in self.revoked:
-            return Judgement("revoked", self._principals(sig.public))
-        mine = [k for k in self.keys if k.key.blob == sig.public.blob]
+        if key.blob in self.revoked:
+            return Judgement("revoked", self._principals(key))
+        mine = [k for k in self.keys if k.key.blob == key.blob]
         if not mine:
             return Judgement("unknown key")
         why = "unknown key"
         for entry in mine:
-            if entry.namespaces is not None and not _matches(entry.namespaces, sig.namespace):
-                why = f"not allowed for {sig.namespace}"
+            if namespace is not None and entry.namespaces is not None and not _matches(entry.namespaces, namespace):
+                why = f"not allowed for {namespace}"
             elif entry.valid_after is not None and now < entry.valid_after:
                 why = "not yet valid"
             elif entry.valid_before is not None and now >= entry.valid_before:
                 why = "expired"
             else:
                 return Judgement("trusted", entry.principals)
-        return Judgement(why, self._principals(sig.public))
+        return Judgement(why, self._principals(key))
 
     def _principals(self, key: PublicKey) -> tuple[str, ...]:
         return tuple(p for k in self.keys if k.key.blob == key.blob for p in k.principals)
-
-    def allows(self, principal: str, sig: SshSignature, *, now: datetime | None = None) -> bool:
-        """As `ssh-keygen -Y verify -I principal`: trusted, and for that principal."""
-        judged = self.judge(sig, now=now)
-        if not judged.trusted:
-            return False
-        return any(
-            _matches(k.principals, principal)
-            for k in self.keys
-            if k.key.blob == sig.public.blob and self.judge_entry(k, sig, now)
-        )
-
-    def judge_entry(self, entry: AllowedKey, sig: SshSignature, now: datetime | None) -> bool:
-        return AllowedSigners([entry], self.revoked).judge(sig, now=now).trusted
 
 
 def _read(path: Path) -> list[str]:

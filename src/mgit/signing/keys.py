@@ -13,6 +13,7 @@ import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from mgit.errors import MissingDependencyError, SignatureError, SigningKeyError
@@ -126,6 +127,12 @@ class PublicKey:
         return "SHA256:" + base64.b64encode(hashlib.sha256(self.blob).digest()).decode().rstrip("=")
 
     def crypto(self):  # noqa: ANN201 - a cryptography public key
+        """The key as `cryptography` holds it (parsed once: from_blob checks the point with
+        it, every signature it verifies then uses it)."""
+        return self._crypto
+
+    @cached_property
+    def _crypto(self):  # noqa: ANN202
         need_cryptography()
         from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 

@@ -56,6 +56,29 @@ def settings(config: dict[str, Any]) -> dict[str, Any]:
     return dict(found) if isinstance(found, dict) else {}
 
 
+def anchored(config: dict[str, Any], root: Path) -> dict[str, Any]:
+    """`config` as every reader of the settings sees it (Repo applies it once, on opening):
+    a path setting with `~` expanded and a relative one taken from the work folder `root`
+    (docs/format.md), read under "settings" also when config.json has it as a top-level key
+    (as hand-written files do). A value that is not a text is left for `path_setting` to refuse."""
+    values = settings(config)
+    for key in PATHS:
+        value = values.get(key, config.get(key))
+        if isinstance(value, str) and value:
+            values[key] = str(root / Path(value).expanduser())
+        elif value is not None:
+            values[key] = value
+    return {**config, SETTINGS_KEY: values} if values else config
+
+
+def path_setting(config: dict[str, Any], key: str) -> str | None:
+    """The path a setting names, or None when it is not set."""
+    value = settings(config).get(key)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise InvalidOptionError(f"the setting {key} in config.json is not a path")
+    return value
+
+
 def required(config: dict[str, Any], remote: str | None = None) -> str | None:
     """What the policy demands of versions (from `remote`, when given): signed, trusted or None."""
     values = settings(config)
@@ -69,8 +92,7 @@ def signs_always(config: dict[str, Any]) -> bool:
 
 
 def allowed_signers(config: dict[str, Any]) -> AllowedSigners:
-    values = settings(config)
-    return AllowedSigners.load(values.get("verify.allowed-signers"), values.get("verify.revoked"))
+    return AllowedSigners.load(path_setting(config, "verify.allowed-signers"), path_setting(config, "verify.revoked"))
 
 
 @dataclass(frozen=True)
@@ -148,7 +170,7 @@ def configured_signer(config: dict[str, Any], key: str | None = None):  # noqa: 
     from mgit.errors import SigningKeyError
     from mgit.signing.keys import load_signing_key
 
-    path = key or settings(config).get("signing.key")
+    path = key or path_setting(config, "signing.key")
     if not path:
         raise SigningKeyError("no signing key is set", hint="Set one with: mgit config signing.key ~/.ssh/id_ed25519")
     return load_signing_key(path)

@@ -40,12 +40,12 @@ def push_signatures(repo: Repo, conn: Connection, on_remote: set[str]) -> int:
     if not mine:
         return 0
     theirs, _ = conn.remote.signature_names()
-    sending = [
-        (vid, signature_name(s), s)
-        for vid in mine
-        for s in repo.signatures.get(vid)
-        if signature_name(s) not in theirs.get(vid, set())
-    ]
+    sending = []
+    for vid in mine:  # a signature file is named by its content: only those the remote lacks are read
+        if repo.signatures.names(vid) - theirs.get(vid, set()):
+            sending += [
+                (vid, n, s) for s in repo.signatures.get(vid) if (n := signature_name(s)) not in theirs.get(vid, set())
+            ]
     conn.remote.map(lambda item: conn.remote.write_signature(*item), sending)
     if len(sending) > 1:  # what a clone reads in one request instead of one each
         bundle: dict[str, list[str]] = {}

@@ -143,7 +143,7 @@ def model_page(view: RepoView, name: str, query: Mapping[str, str]) -> dict[str,
         "children": [e.to_json() for e in lineage.children(name)],
         "card": card.to_json() if card else None,
         "run": run_chart(log, query),
-        "signatures": [c.to_dict() for c in signature_checks(repo.signatures, repo.config, vid)],
+        "signatures": [c.to_dict() for c in signature_checks(repo.signatures, repo.config, [vid])[vid]],
         "tensors": {"items": tensors.items, **tensors.meta()},
         "tests": {
             "names": tests,
