@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from azurite import OnAzure, azure_container, azurite_server, requires_azurite  # noqa: F401
 from conftest import MGIT, OnFolder, make_model, run_cli, sha256_tree, tensors
-from gcsemulator import NO_PRECONDITIONS, OnGCS, gcs_bucket, gcs_emulator  # noqa: F401
+from gcsemulator import OnGCS, gcs_bucket, gcs_emulator  # noqa: F401
 from s3server import OnS3, S3Bucket, s3_bucket, s3_server  # noqa: F401
 
 from mgit import Repo, sync
@@ -317,10 +317,6 @@ class TestAzureRemoteGc(OnAzure, RemoteGcContract):
 
 class TestGCSRemoteGc(OnGCS, RemoteGcContract):
     packs = False
-
-    @pytest.mark.skip(reason=NO_PRECONDITIONS + " (this is the swap of a delete)")
-    def test_a_delete_swaps_the_ref_only_from_the_token_it_read(self, alice, url, tmp_path) -> None:
-        pass
 
 
 def test_a_grace_period_or_options_that_make_no_sense_are_refused(tmp_path: Path) -> None:
