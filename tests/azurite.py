@@ -5,6 +5,8 @@ az:// remotes: only its blob service, in memory, on 127.0.0.1 and a free port, t
     azurite_server                  session fixture: one server per pytest worker
     azure_container                 function fixture: a fresh container and the environment
                                     (AZURE_STORAGE_CONNECTION_STRING) that names it
+    OnAzure                         mixin for a contract class: its `url` (a fresh remote,
+                                    azure_container.remote()) and `env` fixtures on Azurite
 
 `make venv` installs Azurite with `npm install --prefix .venv/node azurite`; it is looked for
 there (beside this checkout's or the running interpreter's venv), then as MGIT_AZURITE, then
@@ -34,11 +36,11 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from s3server import HOST, ServerProcess
+from s3server import HOST, EmulatedBucket, OnRemote, ServerProcess
 
 ACCOUNT = "devstoreaccount1"
 # Azurite's published development key (the same in every install; not a secret).
@@ -139,16 +141,22 @@ def _open(request: urllib.request.Request) -> None:
 
 
 @dataclass(frozen=True)
-class AzureContainer:
+class AzureContainer(EmulatedBucket):
     """A fresh container on the emulator and the variables that point Azure's chain at it."""
 
-    endpoint: str
-    name: str
-    env: dict[str, str] = field(repr=False)
+    scheme = "az"
 
-    @property
-    def url(self) -> str:
-        return f"az://{self.name}"
+
+class OnAzure(OnRemote):
+    """`url`: a fresh remote under az://<fresh container>/team/models; `env`: for child processes."""
+
+    @pytest.fixture
+    def url(self, azure_container: AzureContainer) -> str:
+        return azure_container.remote(packs=self.packs)
+
+    @pytest.fixture
+    def env(self, azure_container: AzureContainer) -> dict[str, str]:
+        return azure_container.child_env()
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ history(root, "m")        `mgit log m --json`, checked to be one chain
 one_line_error(result, "what")  a command failed with one line "Error: ..." naming what; the line
 st_bytes(header, data)    a safetensors file's bytes, its header length given or forged
 needs_torch               a marker: the test is skipped without torch (an optional extra)
+OnFolder                  mixin for a contract class: `url` (a fresh folder remote) and `env`
 web_family                the family the web pages show, hostile text in every field (module scope)
 HOSTILE, CARD             user text (and a model card) that would run script where it is not escaped
 """
@@ -220,6 +221,22 @@ def st_bytes(header: dict[str, Any] | bytes, data: bytes = b"", *, length: int |
 @pytest.fixture
 def repo(tmp_path: Path) -> Repo:
     return Repo.init(tmp_path / "repo")
+
+
+class OnFolder:
+    """Mixin for a contract class run against a folder remote (the folder twin of
+    s3server.OnS3): `url`, a fresh bare repository in tmp_path; `env`, for child processes."""
+
+    @pytest.fixture
+    def url(self, tmp_path: Path) -> str:
+        from mgit import sync
+
+        sync.init_bare(str(tmp_path / "remote.mgit"))
+        return str(tmp_path / "remote.mgit")
+
+    @pytest.fixture
+    def env(self) -> dict[str, str]:
+        return dict(os.environ)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,8 @@ memory, on 127.0.0.1 and a free port.
     gcs_emulator                    session fixture: one emulator per pytest worker
     gcs_bucket                      function fixture: a fresh bucket, and STORAGE_EMULATOR_HOST
                                     (the variable every Google client library reads) naming it
+    OnGCS                           mixin for a contract class: its `url` (a fresh remote,
+                                    gcs_bucket.remote()) and `env` fixtures on the emulator
 
 What the emulator does with preconditions (checked by test_remote_backends.py): nothing. It
 serves GCS's JSON API, but ignores `ifGenerationMatch` on uploads and downloads alike, so a
@@ -22,10 +24,10 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
-from s3server import HOST, ServerProcess
+from s3server import HOST, EmulatedBucket, OnRemote, ServerProcess
 
 GOOGLE_VARIABLES = (
     "STORAGE_EMULATOR_HOST",
@@ -77,16 +79,22 @@ def _open(request: urllib.request.Request) -> None:
 
 
 @dataclass(frozen=True)
-class GCSBucket:
+class GCSBucket(EmulatedBucket):
     """A fresh bucket on the emulator and the variables that point Google's client at it."""
 
-    endpoint: str
-    name: str
-    env: dict[str, str] = field(repr=False)
+    scheme = "gs"
 
-    @property
-    def url(self) -> str:
-        return f"gs://{self.name}"
+
+class OnGCS(OnRemote):
+    """`url`: a fresh remote under gs://<fresh bucket>/team/models; `env`: for child processes."""
+
+    @pytest.fixture
+    def url(self, gcs_bucket: GCSBucket) -> str:
+        return gcs_bucket.remote(packs=self.packs)
+
+    @pytest.fixture
+    def env(self, gcs_bucket: GCSBucket) -> dict[str, str]:
+        return gcs_bucket.child_env()
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,8 @@ retries, streaming bodies, ETags and conditional writes behave as they do agains
     S3Server()                      moto's server (`python -m moto.server`) as a child process
     s3_server                       session fixture: one server per pytest worker
     s3_bucket                       function fixture: a fresh bucket and AWS_* variables naming it
+    s3_bucket.remote(packs=False)   a fresh remote under s3://<bucket>/team/models, its URL
+    OnS3                            mixin for a contract class: its `url` and `env` fixtures on S3
     FaultProxy(endpoint, every=3, mode="503")
                                     forwards byte for byte, but drops or fails every 3rd request
     FaultProxy(endpoint, latency=0.02)
@@ -52,7 +54,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 import pytest
 
@@ -226,21 +228,64 @@ class S3Server(ServerProcess):
 
 
 @dataclass(frozen=True)
-class S3Bucket:
-    """A fresh bucket on the test server and the AWS_* variables that point at it."""
+class EmulatedBucket:
+    """A fresh bucket (or container) on an emulator and the variables that point a client
+    library's standard chain at it: what S3Bucket, azurite.AzureContainer and
+    gcsemulator.GCSBucket share."""
 
+    scheme: ClassVar[str]
     endpoint: str
     name: str
     env: dict[str, str] = field(repr=False)
 
     @property
     def url(self) -> str:
-        """The bucket as a remote URL, s3://<name>."""
-        return f"s3://{self.name}"
+        """The bucket as a remote URL, <scheme>://<name>."""
+        return f"{self.scheme}://{self.name}"
+
+    def remote(self, prefix: str = "team/models", *, packs: bool | None = None) -> str:
+        """A fresh empty remote (`mgit init --bare`) under `prefix`, and its URL. `packs`: as
+        `sync.init_bare` takes it (None: the default for a bucket, data packs)."""
+        from mgit import sync
+
+        url = f"{self.url}/{prefix}"
+        sync.init_bare(url, packs=packs)
+        return url
+
+    def child_env(self) -> dict[str, str]:
+        """The environment for an mgit child process that is to reach this bucket."""
+        return {**os.environ, **self.env}
+
+
+@dataclass(frozen=True)
+class S3Bucket(EmulatedBucket):
+    """A fresh bucket on the test server and the AWS_* variables that point at it."""
+
+    scheme = "s3"
 
     def client(self, config: Any = None) -> Any:
         """A boto3 S3 client for the bucket's server (see `s3_client`)."""
         return s3_client(self.endpoint, config)
+
+
+class OnRemote:
+    """Base of the fixture mixins OnS3, azurite.OnAzure, gcsemulator.OnGCS: a contract class
+    that takes `url` (a fresh remote) and `env` (for its child processes) gets both from a
+    mixin, `class TestS3Thing(OnS3, ThingContract)`. `packs` is passed to `remote()`."""
+
+    packs: bool | None = None
+
+
+class OnS3(OnRemote):
+    """`url`: a fresh remote under s3://<fresh bucket>/team/models; `env`: for child processes."""
+
+    @pytest.fixture
+    def url(self, s3_bucket: S3Bucket) -> str:
+        return s3_bucket.remote(packs=self.packs)
+
+    @pytest.fixture
+    def env(self, s3_bucket: S3Bucket) -> dict[str, str]:
+        return s3_bucket.child_env()
 
 
 @pytest.fixture(scope="session")

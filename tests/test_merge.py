@@ -356,7 +356,9 @@ def test_the_kth_largest_magnitude_by_bit_patterns(scan: int, monkeypatch: pytes
             assert _kth_largest(values, k) == ordered[k - 1]
 
 
-@pytest.mark.parametrize("sampled", [16, 1 << 14])
+# 20,000 values: a sample is taken only when SAMPLED < 20,000 / 4, so the largest sample
+# tried is 4,999 (every 4th value); the default, 1 << 14, would skip the bracket altogether.
+@pytest.mark.parametrize("sampled", [16, 4_999])
 def test_the_sampled_bracket_finds_the_exact_kth_largest(sampled: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The sample only brackets the k-th largest: whatever the order of the values (sorted
     either way, NaNs among them, most of them equal as in a bfloat16 task vector), the
@@ -376,6 +378,7 @@ def test_the_sampled_bracket_finds_the_exact_kth_largest(sampled: int, monkeypat
     nans[::50] = np.nan
     misleading = normal.copy()
     misleading[:: 20_000 // sampled] = 1e9  # the sampled positions: the bracket misses, the histograms decide
+    assert 4 * sampled < 20_000 and misleading[:: 20_000 // sampled].min() == 1e9 > np.nanmax(normal)
     cases = [
         normal,
         np.sort(normal),

@@ -13,17 +13,16 @@ hash). Every remote is compared by what it holds before and after, never by coun
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from azurite import AzureContainer, azure_container, azurite_server, requires_azurite  # noqa: F401
-from conftest import MGIT, make_model, run_cli, sha256_tree, tensors
-from gcsemulator import NO_PRECONDITIONS, GCSBucket, gcs_bucket, gcs_emulator  # noqa: F401
-from s3server import S3Bucket, s3_bucket, s3_server  # noqa: F401
+from azurite import OnAzure, azure_container, azurite_server, requires_azurite  # noqa: F401
+from conftest import MGIT, OnFolder, make_model, run_cli, sha256_tree, tensors
+from gcsemulator import OnGCS, gcs_bucket, gcs_emulator  # noqa: F401
+from s3server import OnS3, S3Bucket, s3_bucket, s3_server  # noqa: F401
 
 from mgit import Repo, sync
 from mgit.errors import RemoteConflictError
@@ -303,56 +302,21 @@ def test_a_gc_of_a_remote_with_data_packs_keeps_every_pack_and_the_remote_whole(
     assert_whole(url, tmp_path, folders, "bob")
 
 
-class TestFolderRemoteGc(RemoteGcContract):
-    @pytest.fixture
-    def url(self, tmp_path: Path) -> str:
-        sync.init_bare(str(tmp_path / "remote.mgit"))
-        return str(tmp_path / "remote.mgit")
-
-    @pytest.fixture
-    def env(self) -> dict[str, str]:
-        return dict(os.environ)
+class TestFolderRemoteGc(OnFolder, RemoteGcContract):
+    pass
 
 
-class TestS3RemoteGc(RemoteGcContract):
-    @pytest.fixture
-    def url(self, s3_bucket: S3Bucket) -> str:
-        url = f"{s3_bucket.url}/team/models"
-        sync.init_bare(url, packs=False)  # gc collects loose objects (data packs: see the test below)
-        return url
-
-    @pytest.fixture
-    def env(self, s3_bucket: S3Bucket) -> dict[str, str]:
-        return {**os.environ, **s3_bucket.env}
+class TestS3RemoteGc(OnS3, RemoteGcContract):
+    packs = False  # gc collects loose objects (data packs: see the test above)
 
 
 @requires_azurite
-class TestAzureRemoteGc(RemoteGcContract):
-    @pytest.fixture
-    def url(self, azure_container: AzureContainer) -> str:
-        url = f"{azure_container.url}/team/models"
-        sync.init_bare(url, packs=False)
-        return url
-
-    @pytest.fixture
-    def env(self, azure_container: AzureContainer) -> dict[str, str]:
-        return {**os.environ, **azure_container.env}
+class TestAzureRemoteGc(OnAzure, RemoteGcContract):
+    packs = False
 
 
-class TestGCSRemoteGc(RemoteGcContract):
-    @pytest.fixture
-    def url(self, gcs_bucket: GCSBucket) -> str:
-        url = f"{gcs_bucket.url}/team/models"
-        sync.init_bare(url, packs=False)
-        return url
-
-    @pytest.fixture
-    def env(self, gcs_bucket: GCSBucket) -> dict[str, str]:
-        return {**os.environ, **gcs_bucket.env}
-
-    @pytest.mark.skip(reason=NO_PRECONDITIONS + " (this is the swap of a delete)")
-    def test_a_delete_swaps_the_ref_only_from_the_token_it_read(self, alice, url, tmp_path) -> None:
-        pass
+class TestGCSRemoteGc(OnGCS, RemoteGcContract):
+    packs = False
 
 
 def test_a_grace_period_or_options_that_make_no_sense_are_refused(tmp_path: Path) -> None:

@@ -43,7 +43,8 @@ def test_the_model_page_draws_the_metric_over_the_run(client: TestClient) -> Non
     assert titles == ["@1 step 100: eval_loss 0.9", "@2 step 200: eval_loss 0.5", "@4 step 400: eval_loss 0.4"]
     cy = [float(y) for y in re.findall(r'<circle cx="[\d.]+" cy="([\d.]+)"', html)]
     assert cy[0] < cy[1] and cy[2] == max(cy)  # the highest value is drawn highest (smallest y)
-    assert 'id="checkpoint"' in html and "step 400" in html
+    # the head's own line (the chart's titles say "step 400" too, so the line is matched whole)
+    assert '<p id="checkpoint">checkpoint of run <span class="mono">&lt;b&gt;r&lt;/b&gt;</span> at step 400 ' in html
 
     api = client.get("/api/models/ft").json()["run"]
     assert api["metric"] == "eval_loss" and api["metrics"] == ["eval_loss", "loss"]

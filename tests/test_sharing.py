@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from azurite import AzureContainer, azure_container, azurite_server, requires_azurite  # noqa: F401
-from conftest import MGIT, copy_user_code, make_model, run_cli, sha256_tree, tensors
-from gcsemulator import NO_PRECONDITIONS, GCSBucket, gcs_bucket, gcs_emulator  # noqa: F401
-from s3server import FaultProxy, S3Bucket, s3_bucket, s3_server  # noqa: F401
+from azurite import AzureContainer, OnAzure, azure_container, azurite_server, requires_azurite  # noqa: F401
+from conftest import MGIT, OnFolder, copy_user_code, make_model, run_cli, sha256_tree, tensors
+from gcsemulator import NO_PRECONDITIONS, GCSBucket, OnGCS, gcs_bucket, gcs_emulator  # noqa: F401
+from s3server import FaultProxy, OnS3, S3Bucket, s3_bucket, s3_server  # noqa: F401
 
 from mgit import Repo, sync
 from mgit.checks import Checks, Condition
@@ -556,16 +556,7 @@ def _evals(repo: Repo) -> str:
     return "evals.py:size"
 
 
-class TestFolderRemote(SharingContract):
-    @pytest.fixture
-    def url(self, tmp_path: Path) -> str:
-        sync.init_bare(str(tmp_path / "remote.mgit"))
-        return str(tmp_path / "remote.mgit")
-
-    @pytest.fixture
-    def env(self) -> dict[str, str]:
-        return dict(os.environ)
-
+class TestFolderRemote(OnFolder, SharingContract):
     def damage(self, url: str, key: str, fn: Any) -> None:
         path = Path(url) / key
         data = path.read_bytes()
@@ -651,17 +642,7 @@ class _moved_away:
         shutil.move(self.aside, self.folder)
 
 
-class TestS3Remote(SharingContract):
-    @pytest.fixture
-    def url(self, s3_bucket: S3Bucket) -> str:
-        url = f"{s3_bucket.url}/team/models"
-        sync.init_bare(url)
-        return url
-
-    @pytest.fixture
-    def env(self, s3_bucket: S3Bucket) -> dict[str, str]:
-        return {**os.environ, **s3_bucket.env}
-
+class TestS3Remote(OnS3, SharingContract):
     @pytest.fixture(autouse=True)
     def _bucket(self, s3_bucket: S3Bucket) -> None:
         self.bucket = s3_bucket
@@ -708,17 +689,7 @@ class TestS3Remote(SharingContract):
 
 
 @requires_azurite
-class TestAzureRemote(SharingContract):
-    @pytest.fixture
-    def url(self, azure_container: AzureContainer) -> str:
-        url = f"{azure_container.url}/team/models"
-        sync.init_bare(url)
-        return url
-
-    @pytest.fixture
-    def env(self, azure_container: AzureContainer) -> dict[str, str]:
-        return {**os.environ, **azure_container.env}
-
+class TestAzureRemote(OnAzure, SharingContract):
     def damage(self, url: str, key: str, fn: Any) -> None:
         from mgit.remotes.objectstore import ObjectStoreBackend
 
@@ -739,17 +710,7 @@ class TestAzureRemote(SharingContract):
     not (importlib.util.find_spec("google.cloud.storage") and importlib.util.find_spec("gcp_storage_emulator")),
     reason="needs the gcs extra (google-cloud-storage) and gcp-storage-emulator",
 )
-class TestGCSRemote(SharingContract):
-    @pytest.fixture
-    def url(self, gcs_bucket: GCSBucket) -> str:
-        url = f"{gcs_bucket.url}/team/models"
-        sync.init_bare(url)
-        return url
-
-    @pytest.fixture
-    def env(self, gcs_bucket: GCSBucket) -> dict[str, str]:
-        return {**os.environ, **gcs_bucket.env}
-
+class TestGCSRemote(OnGCS, SharingContract):
     def damage(self, url: str, key: str, fn: Any) -> None:
         from mgit.remotes.gcs import GCSBackend
 

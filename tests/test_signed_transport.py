@@ -118,8 +118,10 @@ def test_the_policy_of_one_remote_holds_over_the_repository_default(shared: dict
     vid = add_unsigned(shared)
     configure(target, verify_require="none", **{"remote.origin.verify": "signed"})
     one_line_error(run_cli("-C", str(target), "fetch"), f"{vid[:12]}", "not signed")
-    configure(target, **{"remote.origin.verify": "none"})
+    # and the other way: the remote's "none" holds over a repository default that would refuse
+    configure(target, verify_require="signed", **{"remote.origin.verify": "none"})
     assert run_cli("-C", str(target), "fetch")[0] == 0
+    assert (target / ".mgit" / "refs" / "remotes" / "origin" / "ft").read_text().strip() == vid
 
 
 @pytest.mark.parametrize("lazy", [False, True])
