@@ -281,26 +281,55 @@ class RemoteGcContract:
         assert_whole(url, tmp_path, folders, "bob")
 
 
-def test_a_gc_of_a_remote_with_data_packs_keeps_every_pack_and_the_remote_whole(
+def packed_objects(url: str) -> dict[str, set[str]]:
+    """{data pack id: the objects its index names} (indexes read afresh)."""
+    remote = remote_of(url)
+    try:
+        remote.packed(refresh=True)
+        return {pid: {o for o, _, _ in index.entries} for pid, index in remote.pack_indexes().items()}
+    finally:
+        remote.close()
+
+
+def test_a_gc_repacks_a_data_pack_without_its_garbage_and_deletes_a_pack_all_garbage(
     s3_bucket: S3Bucket, tmp_path: Path
 ) -> None:
-    """Data packs are not collected yet (a pack is kept whole while any object in it may be
-    needed): a gc there removes no pack, and every model left checks out after it."""
+    """A pack holding garbage and objects still needed is replaced by one holding only the
+    latter; a pack all garbage goes whole; `--dry-run` counts packed garbage and its bytes."""
     url = f"{s3_bucket.url}/team/packed"
     sync.init_bare(url)  # a bucket: small objects travel in data packs
     alice = Repo.init(tmp_path / "alice")
     sync.add_remote(alice, "origin", url)
     folders = family(alice, tmp_path)
     sync.push(alice)
-    packs = {k for k in remote_of(url).backend.list("packs/") if k.endswith((".objpack", ".objidx"))}
-    assert any(k.endswith(".objpack") for k in packs)
-    alice.rm("solo")
-    sync.delete_remote_models(alice, "origin", ["solo"])
+    alice.add(make_model(tmp_path / "src-late", state=tensors(77, width=20)), name="late")
+    sync.push(alice)  # a second pack, of late's objects only
+    first, late_pack = sorted(packed_objects(url).items(), key=lambda p: len(p[1]), reverse=True)
+    assert not list(remote_of(url).backend.list("objects/"))  # every object travelled in a pack
+    kept = needs(alice, "base", "ft")
+    only_solo, only_late = needs(alice, "solo") - kept, late_pack[1]
+    assert only_solo < first[1] and kept <= first[1]
+    for name in ("solo", "late"):
+        alice.rm(name)
+    sync.delete_remote_models(alice, "origin", ["solo", "late"])
+
+    would = gc_json(alice, "--dry-run", "--expire", "now")
+    sizes = {o: alice.store.stored_size(o) for o in only_solo | only_late}  # stored bytes, as packed
+    assert set(would["removed"]) == set(sizes) and would["removed_bytes"] == sum(sizes.values())
+    assert packed_objects(url) == dict([first, late_pack])  # a dry run touches nothing
+
     done = gc_json(alice, "--expire", "now")
-    assert not packs - set(remote_of(url).backend.list("packs/"))
-    assert not set(done["removed"]) & needs(alice, "base", "ft")
+    assert set(done["removed"]) == set(sizes) and done["kept"] == len(kept)
+    after = packed_objects(url)
+    assert list(after.values()) == [kept] and first[0] not in after and late_pack[0] not in after
+    left = set(remote_of(url).backend.list("packs/"))
+    assert not {k for k in left if k.endswith((".objpack", ".objidx"))} - {
+        f"packs/{p}.{x}" for p in after for x in ("objpack", "objidx")
+    }
     del folders["solo"]
     assert_whole(url, tmp_path, folders, "bob")
+    assert gc_json(alice, "--expire", "now")["removed"] == []  # nothing left; the new pack stays
+    assert packed_objects(url) == after
 
 
 class TestFolderRemoteGc(RemoteGcContract):
@@ -318,7 +347,7 @@ class TestS3RemoteGc(RemoteGcContract):
     @pytest.fixture
     def url(self, s3_bucket: S3Bucket) -> str:
         url = f"{s3_bucket.url}/team/models"
-        sync.init_bare(url, packs=False)  # gc collects loose objects (data packs: see the test below)
+        sync.init_bare(url)  # a bucket: small objects travel in data packs
         return url
 
     @pytest.fixture
@@ -331,7 +360,7 @@ class TestAzureRemoteGc(RemoteGcContract):
     @pytest.fixture
     def url(self, azure_container: AzureContainer) -> str:
         url = f"{azure_container.url}/team/models"
-        sync.init_bare(url, packs=False)
+        sync.init_bare(url)
         return url
 
     @pytest.fixture
@@ -343,7 +372,7 @@ class TestGCSRemoteGc(RemoteGcContract):
     @pytest.fixture
     def url(self, gcs_bucket: GCSBucket) -> str:
         url = f"{gcs_bucket.url}/team/models"
-        sync.init_bare(url, packs=False)
+        sync.init_bare(url)
         return url
 
     @pytest.fixture
