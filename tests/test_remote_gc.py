@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from azurite import AzureContainer, azure_container, azurite_server, requires_azurite  # noqa: F401
-from conftest import MGIT, make_model, run_cli, sha256_tree, tensors
-from gcsemulator import NO_PRECONDITIONS, GCSBucket, gcs_bucket, gcs_emulator  # noqa: F401
+from azurite import azure_container, azurite_server, requires_azurite  # noqa: F401
+from conftest import MGIT, make_model, one_line_error, run_cli, sha256_tree, tensors
+from gcsemulator import NO_PRECONDITIONS, gcs_bucket, gcs_emulator  # noqa: F401
 from s3server import S3Bucket, s3_bucket, s3_server  # noqa: F401
 
 from mgit import Repo, sync
@@ -45,15 +45,6 @@ def remote_objects(url: str) -> set[str]:
         return set(remote.object_ids())
     finally:
         remote.close()
-
-
-def one_line_error(result: tuple[int, str, str], *fragments: str) -> str:
-    code, out, err = result
-    assert code == 1 and out == "", (code, out, err)
-    assert err.startswith("Error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    for f in fragments:
-        assert f in err, (f, err)
-    return err
 
 
 def cli(repo: Repo, *args: str) -> tuple[int, str, str]:
@@ -343,41 +334,34 @@ class TestFolderRemoteGc(RemoteGcContract):
         return dict(os.environ)
 
 
-class TestS3RemoteGc(RemoteGcContract):
+class BucketRemoteGc(RemoteGcContract):
+    """The contract on a bucket laid out as `mgit init --bare` does (small objects in data
+    packs); subclasses name the fixture of their bucket (or container)."""
+
+    bucket = ""
+
     @pytest.fixture
-    def url(self, s3_bucket: S3Bucket) -> str:
-        url = f"{s3_bucket.url}/team/models"
-        sync.init_bare(url)  # a bucket: small objects travel in data packs
+    def url(self, request: pytest.FixtureRequest) -> str:
+        url = f"{request.getfixturevalue(self.bucket).url}/team/models"
+        sync.init_bare(url)
         return url
 
     @pytest.fixture
-    def env(self, s3_bucket: S3Bucket) -> dict[str, str]:
-        return {**os.environ, **s3_bucket.env}
+    def env(self, request: pytest.FixtureRequest) -> dict[str, str]:
+        return {**os.environ, **request.getfixturevalue(self.bucket).env}
+
+
+class TestS3RemoteGc(BucketRemoteGc):
+    bucket = "s3_bucket"
 
 
 @requires_azurite
-class TestAzureRemoteGc(RemoteGcContract):
-    @pytest.fixture
-    def url(self, azure_container: AzureContainer) -> str:
-        url = f"{azure_container.url}/team/models"
-        sync.init_bare(url)
-        return url
-
-    @pytest.fixture
-    def env(self, azure_container: AzureContainer) -> dict[str, str]:
-        return {**os.environ, **azure_container.env}
+class TestAzureRemoteGc(BucketRemoteGc):
+    bucket = "azure_container"
 
 
-class TestGCSRemoteGc(RemoteGcContract):
-    @pytest.fixture
-    def url(self, gcs_bucket: GCSBucket) -> str:
-        url = f"{gcs_bucket.url}/team/models"
-        sync.init_bare(url)
-        return url
-
-    @pytest.fixture
-    def env(self, gcs_bucket: GCSBucket) -> dict[str, str]:
-        return {**os.environ, **gcs_bucket.env}
+class TestGCSRemoteGc(BucketRemoteGc):
+    bucket = "gcs_bucket"
 
     @pytest.mark.skip(reason=NO_PRECONDITIONS + " (this is the swap of a delete)")
     def test_a_delete_swaps_the_ref_only_from_the_token_it_read(self, alice, url, tmp_path) -> None:
