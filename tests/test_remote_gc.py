@@ -28,8 +28,9 @@ from s3server import S3Bucket, s3_bucket, s3_server  # noqa: F401
 from mgit import Repo, sync
 from mgit.errors import RemoteConflictError
 from mgit.remotes import RemoteSpec, normalize_url, open_backend
+from mgit.remotes.folder import FolderBackend
 from mgit.remotes.leases import GC_LOCK, GC_STALE, LEASES
-from mgit.remotes.repository import REFS, TOMBSTONE, RemoteRepository
+from mgit.remotes.repository import REFS, TOMBSTONE, RemoteRepository, object_key
 from mgit.store.transfer import closure
 from mgit.sync.connection import connect
 from mgit.sync.mirror import open_mirror
@@ -321,6 +322,41 @@ def test_a_gc_repacks_a_data_pack_without_its_garbage_and_deletes_a_pack_all_gar
     assert_whole(url, tmp_path, folders, "bob")
     assert gc_json(alice, "--expire", "now")["removed"] == []  # nothing left; the new pack stays
     assert packed_objects(url) == after
+
+
+def test_a_gc_learns_delta_bases_from_headers_read_by_range(tmp_path: Path, monkeypatch) -> None:
+    """A loose tensor's payload is never downloaded by a gc: its header comes by ranged reads,
+    and the delta bases it names are kept."""
+    url = str(tmp_path / "remote.mgit")
+    sync.init_bare(url)  # a folder: every object loose
+    alice = Repo.init(tmp_path / "alice")
+    sync.add_remote(alice, "origin", url)
+    folders = family(alice, tmp_path)
+    sync.push(alice)
+    versions = [alice.store.get_version(alice.refs.get(n)) for n in ("base", "ft")]
+    tensor_ids = {t.object for v in versions for t in alice.store.get_manifest(v.manifest).tensors()}
+    deltas = {o for o in tensor_ids if alice.store.header(o).bases}
+    assert deltas  # ft is stored against base
+    whole: list[str] = []
+    ranged: set[str] = set()
+    real_read, real_range = FolderBackend.read, FolderBackend.read_range
+
+    def read(self, key, *, limit):
+        whole.append(key)
+        return real_read(self, key, limit=limit)
+
+    def read_range(self, key, start, length):
+        ranged.add(key)
+        return real_range(self, key, start, length)
+
+    monkeypatch.setattr(FolderBackend, "read", read)
+    monkeypatch.setattr(FolderBackend, "read_range", read_range)
+    done = sync.gc_remote(alice, expire=0.0)
+    assert done.removed == [] and done.kept == len(needs(alice, "base", "ft", "solo"))
+    assert not {object_key(o) for o in tensor_ids} & set(whole)
+    assert {object_key(o) for o in deltas} <= ranged
+    monkeypatch.undo()
+    assert_whole(url, tmp_path, folders, "bob")
 
 
 class TestFolderRemoteGc(RemoteGcContract):

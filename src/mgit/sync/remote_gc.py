@@ -24,10 +24,11 @@ import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from mgit.errors import GcRefusedError, InvalidOptionError
+from mgit.errors import GcRefusedError, InvalidOptionError, MissingKeyError, MissingObjectError
 from mgit.remotes import datapack
 from mgit.remotes.leases import GcLock, live_leases
 from mgit.remotes.repack import repack
@@ -76,16 +77,27 @@ class Plan:
 
 
 class _RemoteRecords(RemoteStore):
-    """A remote's objects for a walk: each read once (a header is two reads of a record)."""
+    """A remote's objects for a walk. A tensor's delta bases are in its header: a loose object
+    (large, on a remote with packs) gives it by two ranged reads, not its whole payload; a
+    packed one (small) is read whole, once (a header is two reads of a record)."""
 
     def __init__(self, remote: RemoteRepository) -> None:
         super().__init__(remote)
+        self._repo = remote
         self._last: tuple[str, np.ndarray] | None = None
 
     def read_record(self, oid: str) -> np.ndarray:
         if self._last is None or self._last[0] != oid:
             self._last = (oid, super().read_record(oid))
         return self._last[1]
+
+    def read_range(self, oid: str, offset: int, length: int) -> Any:
+        if oid in self._repo.packed():
+            return super().read_range(oid, offset, length)
+        try:
+            return self._repo.backend.read_range(object_key(oid), offset, length)
+        except MissingKeyError:
+            raise MissingObjectError(oid) from None
 
 
 def _other_roots(remote: RemoteRepository) -> dict[str, str]:
