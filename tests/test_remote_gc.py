@@ -32,6 +32,7 @@ from mgit.remotes.folder import FolderBackend
 from mgit.remotes.leases import GC_LOCK, GC_STALE, LEASES
 from mgit.remotes.repository import REFS, TOMBSTONE, RemoteRepository, object_key
 from mgit.store.transfer import closure
+from mgit.sync import remote_gc
 from mgit.sync.connection import connect
 from mgit.sync.mirror import open_mirror
 
@@ -322,6 +323,27 @@ def test_a_gc_repacks_a_data_pack_without_its_garbage_and_deletes_a_pack_all_gar
     assert_whole(url, tmp_path, folders, "bob")
     assert gc_json(alice, "--expire", "now")["removed"] == []  # nothing left; the new pack stays
     assert packed_objects(url) == after
+
+
+def test_garbage_in_a_pack_too_large_to_rewrite_is_kept_and_not_reported(tmp_path: Path, monkeypatch) -> None:
+    """A pack is rewritten only when small (repack's SMALL): a gc that may not rewrite the one
+    pack holding garbage and kept objects removes nothing and says so; one that may, does."""
+    url = str(tmp_path / "remote.mgit")
+    sync.init_bare(url, packs=True)
+    alice = Repo.init(tmp_path / "alice")
+    sync.add_remote(alice, "origin", url)
+    family(alice, tmp_path)
+    sync.push(alice)
+    only_solo = needs(alice, "solo") - needs(alice, "base", "ft")
+    sync.delete_remote_models(alice, "origin", ["solo"])
+    before = packed_objects(url)
+    assert len(before) == 1 and only_solo < next(iter(before.values()))
+    monkeypatch.setattr(remote_gc, "SMALL", 0)  # every pack counts as large
+    assert sync.gc_remote(alice, expire=0.0).removed == []
+    assert packed_objects(url) == before
+    monkeypatch.undo()
+    assert set(sync.gc_remote(alice, expire=0.0).removed) == only_solo
+    assert remote_objects(url) == needs(alice, "base", "ft")
 
 
 def test_a_gc_learns_delta_bases_from_headers_read_by_range(tmp_path: Path, monkeypatch) -> None:

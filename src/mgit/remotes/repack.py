@@ -28,6 +28,8 @@ from mgit.remotes.repository import RemoteRepository
 from mgit.reports import Report
 from mgit.store.objectformat import parse_record
 
+SMALL = datapack.PACK_TARGET // 2  # packs smaller than this are rewritten, larger ones left as they are
+
 
 @dataclass
 class RepackResult(Report):
@@ -47,7 +49,7 @@ def repack(
     remote: RemoteRepository,
     *,
     keep: Callable[[str], bool] | None = None,
-    small: int = datapack.PACK_TARGET // 2,
+    small: int = SMALL,
     target: int = datapack.PACK_TARGET,
 ) -> RepackResult:
     """Consolidate the remote's data packs under `small` bytes; see the module docstring. Two

@@ -31,7 +31,7 @@ import numpy as np
 from mgit.errors import GcRefusedError, InvalidOptionError, MissingKeyError, MissingObjectError
 from mgit.remotes import datapack
 from mgit.remotes.leases import GcLock, live_leases
-from mgit.remotes.repack import repack
+from mgit.remotes.repack import SMALL, repack
 from mgit.remotes.repository import REFS, TOMBSTONE, RemoteRepository, object_key
 from mgit.repo.fsck import walk
 from mgit.repo.repository import Repo
@@ -163,6 +163,10 @@ def plan(remote: RemoteRepository, *, expire: float, now: float) -> Plan:
                 judge(oid, info.modified, length)
     for oid in held:
         result.garbage.pop(oid, None)
+    for index in indexes.values():  # a large pack is not rewritten: its garbage stays while it holds more
+        if index.size >= SMALL and not all(o in result.garbage for o, _, _ in index.entries):
+            for oid, _, _ in index.entries:
+                result.garbage.pop(oid, None)
     for pid, index in sorted(indexes.items()):
         dropped = [o in result.garbage for o, _, _ in index.entries]
         if all(dropped):
