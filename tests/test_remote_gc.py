@@ -342,8 +342,19 @@ def test_garbage_in_a_pack_too_large_to_rewrite_is_kept_and_not_reported(tmp_pat
     assert sync.gc_remote(alice, expire=0.0).removed == []
     assert packed_objects(url) == before
     monkeypatch.undo()
+    deleted: list[str] = []
+    real_delete = FolderBackend.delete
+    monkeypatch.setattr(FolderBackend, "delete", lambda self, key: deleted.append(key) or real_delete(self, key))
     assert set(sync.gc_remote(alice, expire=0.0).removed) == only_solo
     assert remote_objects(url) == needs(alice, "base", "ft")
+    sync.delete_remote_models(alice, "origin", ["base", "ft"])
+    assert set(sync.gc_remote(alice, expire=0.0).removed) == needs(alice, "base", "ft")
+    assert packed_objects(url) == {} and remote_objects(url) == set()
+    gone = [k for k in deleted if k.endswith((".objidx", ".objpack"))]
+    assert len(gone) == 4  # the repacked pack and its index, then the new one, all garbage
+    for key in gone:  # every index before its pack
+        if key.endswith(".objpack"):
+            assert gone.index(key.replace(".objpack", ".objidx")) < gone.index(key)
 
 
 def test_a_gc_learns_delta_bases_from_headers_read_by_range(tmp_path: Path, monkeypatch) -> None:

@@ -217,16 +217,19 @@ def gc_remote(
 
 
 def _delete_packs(remote: RemoteRepository, lock: GcLock, decided: Plan) -> None:
-    """Packs all garbage, indexes first; packs part garbage consolidated without it (their
-    superseded indexes, then packs, deleted); packs no index names."""
+    """Packs all garbage (before the repack, which need not read them); packs part garbage
+    consolidated without it, and the keys the new packs supersede; packs no index names.
+    Indexes go before their packs in separate batches (a batch is deleted in parallel), so
+    no index ever names a pack that is not there."""
     dead = decided.dead_packs
-    _delete(remote, lock, [datapack.index_key(p) for p in dead] + [datapack.pack_key(p) for p in dead])
+    _delete(remote, lock, [datapack.index_key(p) for p in dead])
+    _delete(remote, lock, [datapack.pack_key(p) for p in dead])
     if decided.mixed_packs:
         lock.renew()
         garbage = decided.garbage
-        done = repack(remote, keep=lambda o: o not in garbage)
-        indexes = [k for k in done.superseded if k.endswith(".objidx")]
-        _delete(remote, lock, indexes + [k for k in done.superseded if k not in indexes])
+        superseded = repack(remote, keep=lambda o: o not in garbage).superseded
+        _delete(remote, lock, [k for k in superseded if k.endswith(".objidx")])
+        _delete(remote, lock, [k for k in superseded if not k.endswith(".objidx")])
     _delete(remote, lock, decided.orphans)
 
 
