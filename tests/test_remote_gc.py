@@ -29,7 +29,7 @@ from mgit import Repo, sync
 from mgit.errors import RemoteConflictError
 from mgit.remotes import RemoteSpec, normalize_url, open_backend
 from mgit.remotes.folder import FolderBackend
-from mgit.remotes.leases import GC_LOCK, GC_STALE, LEASES
+from mgit.remotes.leases import GC_LOCK, GC_STALE, LEASE_TTL, LEASES
 from mgit.remotes.repository import REFS, TOMBSTONE, RemoteRepository, object_key
 from mgit.store.transfer import closure
 from mgit.sync import remote_gc
@@ -355,6 +355,23 @@ def test_garbage_in_a_pack_too_large_to_rewrite_is_kept_and_not_reported(tmp_pat
     for key in gone:  # every index before its pack
         if key.endswith(".objpack"):
             assert gone.index(key.replace(".objpack", ".objidx")) < gone.index(key)
+
+
+def test_a_pack_no_index_names_goes_only_once_older_than_a_lease_lives(tmp_path: Path) -> None:
+    url = str(tmp_path / "remote.mgit")
+    sync.init_bare(url, packs=True)
+    alice = Repo.init(tmp_path / "alice")
+    sync.add_remote(alice, "origin", url)
+    family(alice, tmp_path)
+    sync.push(alice)
+    before = packed_objects(url)
+    old, new = (tmp_path / "remote.mgit" / "packs" / f"{c * 64}.objpack" for c in "ab")
+    for pack in (old, new):
+        pack.write_bytes(b"a push killed before its index")
+    os.utime(old, (time.time() - LEASE_TTL - 60,) * 2)
+    os.utime(new, (time.time() - LEASE_TTL + 600,) * 2)  # a push may still be writing its index
+    assert sync.gc_remote(alice, expire=0.0).removed == []
+    assert not old.exists() and new.exists() and packed_objects(url) == before
 
 
 def test_a_gc_learns_delta_bases_from_headers_read_by_range(tmp_path: Path, monkeypatch) -> None:

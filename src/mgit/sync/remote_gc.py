@@ -15,7 +15,8 @@ its objects and its own time of writing: one whose objects are all garbage goes 
 index first, then the pack, so no index ever names missing bytes); one with some garbage is
 consolidated with the other small packs by `repack(keep=...)`, under the lock, and the keys
 it supersedes are deleted (indexes first). A pack no index names (a push killed between the
-two) goes once it is older than the grace period.
+two, or a running one between the two) goes once older than the grace period and a lease's
+life (24 hours).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import numpy as np
 
 from mgit.errors import GcRefusedError, InvalidOptionError, MissingKeyError, MissingObjectError
 from mgit.remotes import datapack
-from mgit.remotes.leases import GcLock, live_leases
+from mgit.remotes.leases import LEASE_TTL, GcLock, live_leases
 from mgit.remotes.repack import SMALL, repack
 from mgit.remotes.repository import REFS, TOMBSTONE, RemoteRepository, object_key
 from mgit.repo.fsck import walk
@@ -72,7 +73,7 @@ class Plan:
     tombstones: list[str] = field(default_factory=list)
     dead_packs: list[str] = field(default_factory=list)  # packs whose objects are all garbage
     mixed_packs: list[str] = field(default_factory=list)  # packs holding garbage and objects kept
-    orphans: list[str] = field(default_factory=list)  # pack keys no index names, past the grace period
+    orphans: list[str] = field(default_factory=list)  # pack keys no index names, older than a lease lives
     loose: set[str] = field(default_factory=set)  # the objects listed under objects/
 
 
@@ -155,7 +156,8 @@ def plan(remote: RemoteRepository, *, expire: float, now: float) -> Plan:
         if info.key != datapack.pack_key(pid) or not OID_RE.match(pid):
             continue  # (metadata packs; indexes are judged with their pack)
         if pid not in indexes:
-            if now - info.modified >= expire:
+            # A killed push's, or a running push's before its index: kept as long as a lease lives.
+            if now - info.modified >= max(expire, LEASE_TTL):
                 result.orphans.append(info.key)
             continue
         for oid, _, length in indexes[pid].entries:
