@@ -8,9 +8,9 @@ The contract, which keeps every reader safe without a lock:
 - The objects of those packs that `keep` accepts (all, by default) are written once each into
   new packs of about `target` bytes, each pack before its index, as a push writes them.
 - Nothing is deleted: the result names the keys (the old packs and their indexes) that the
-  new packs supersede. The caller deletes them, indexes first, after its grace period, so a
-  reader that listed the indexes just before still finds its bytes meanwhile (and a reader
-  whose pack went away lists the indexes again and finds the object in the new pack).
+  new packs supersede. The caller deletes them, indexes first (remote gc does so at once,
+  under its lock): a reader whose pack went away lists the indexes again and finds the
+  object in the new pack.
 - A repack killed midway leaves new packs whose objects are also in the old ones: harmless
   duplicates, found in either; the next repack folds them together.
 """
@@ -27,6 +27,8 @@ from mgit.remotes import datapack
 from mgit.remotes.repository import RemoteRepository
 from mgit.reports import Report
 from mgit.store.objectformat import parse_record
+
+SMALL = datapack.PACK_TARGET // 2  # packs smaller than this are rewritten, larger ones left as they are
 
 
 @dataclass
@@ -47,7 +49,7 @@ def repack(
     remote: RemoteRepository,
     *,
     keep: Callable[[str], bool] | None = None,
-    small: int = datapack.PACK_TARGET // 2,
+    small: int = SMALL,
     target: int = datapack.PACK_TARGET,
 ) -> RepackResult:
     """Consolidate the remote's data packs under `small` bytes; see the module docstring. Two
