@@ -118,6 +118,20 @@ def test_a_changed_environment_gets_a_server_of_its_own(code: Path, monkeypatch:
     assert one.value["ppid"] != two.value["ppid"] and len(_servers()) == 2
 
 
+def test_servers_of_environments_no_longer_used_are_stopped(code: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle servers are bounded across environments: the least recently used are stopped."""
+    monkeypatch.setattr(forkserver, "MAX_IDLE", 2)
+    parents = []
+    for value in ("one", "two", "three", "two"):
+        monkeypatch.setenv("MGIT_TEST_VAR", value)
+        run = _call(code, "where")
+        assert run.ok and run.value["var"] == value
+        parents.append(run.value["ppid"])
+    assert parents[3] == parents[1]  # "two" was kept warm: used more recently than "one"
+    assert sorted(_servers()) == sorted(parents[1:3])
+    assert not _wait_gone([parents[0]])  # "one"'s server was stopped, not only forgotten
+
+
 def test_a_job_that_crashes_hangs_exits_or_segfaults_ends_alone(code: Path) -> None:
     assert _call(code, "where").ok
     (server,) = _servers()

@@ -46,7 +46,7 @@ PRELOAD = ("numpy", "safetensors.numpy")
 # Libraries a server imports once a job of this process has imported them (torch takes seconds
 # to import: a server imports it only for callers whose jobs use it). Never user code.
 LEARNED = ("torch", "safetensors.torch", "transformers", "peft", "scipy", "sklearn", "pandas", "mgit.repo")
-MAX_IDLE = 8  # servers kept waiting per environment
+MAX_IDLE = 8  # servers kept waiting, all environments together (the least recently used go first)
 START_WAIT = 300.0  # seconds a job waits for its server's imports and its fork
 GRACE = 30.0  # beyond a job's time limit before the caller gives up on the server too
 MAX_REQUEST = 16 << 20  # bytes of one job's request (its arguments and environment)
@@ -96,8 +96,17 @@ def shutdown() -> None:
     with _LOCK:
         servers = [s for idle in _IDLE.values() for s in idle]
         _IDLE.clear()
+    _close_all(servers)
+
+
+def _close_all(servers: list[_Server]) -> None:
+    """Close servers together: each is told at once, then all get one shared wait (a server
+    still importing torch may take seconds to see it, and N of them must not take N waits)."""
     for server in servers:
-        server.close()
+        server.sock.close()
+    deadline = time.monotonic() + 2
+    for server in servers:
+        server.close(wait=max(0.0, deadline - time.monotonic()))
 
 
 # --- the caller's side -----------------------------------------------------------------------
@@ -170,10 +179,10 @@ class _Server:
             self.sock.sendall(len(request).to_bytes(4, "big") + request)
             self.preloaded.update(wanted)
 
-    def close(self) -> None:
+    def close(self, wait: float = 2) -> None:
         self.sock.close()  # the server sees the end of its socket and exits
         try:
-            self.proc.wait(timeout=2)
+            self.proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -211,8 +220,11 @@ def _take(module: str) -> _Server | None:
 
 def _give_back(server: _Server, module: str) -> None:
     key = _key(module)
+    evicted: list[_Server] = []
     with _LOCK:
-        idle = _IDLE.setdefault(key, [])
+        idle = _IDLE.pop(key, [])
+        _IDLE[key] = idle  # the most recently used environment last
+        kept = False
         if len(idle) < MAX_IDLE and server.alive():
             try:
                 server.preload()
@@ -220,8 +232,15 @@ def _give_back(server: _Server, module: str) -> None:
                 pass
             else:
                 idle.append(server)
-                return
-    server.close()
+                kept = True
+        # A process whose environment changed (a test suite, a long-lived caller) must not keep a
+        # server, and its memory, for every environment it ever had.
+        while sum(len(v) for v in _IDLE.values()) > MAX_IDLE:
+            oldest = next(iter(_IDLE))
+            evicted += _IDLE.pop(oldest) if oldest != key else [idle.pop(0)]
+    if not kept:
+        evicted.append(server)
+    _close_all(evicted)
 
 
 atexit.register(shutdown)
