@@ -510,7 +510,8 @@ def test_a_cascade_on_ray_under_signing_always_is_signed_on_the_driver_and_the_k
         first = shown["versions"][0]
         assert first["id"] == r["new"] and first["content_ok"]
         assert [(s["principals"], s["status"]) for s in first["signatures"]] == [(["driver@cluster"], "trusted")]
-    # Each recipe ran on a node, where the key's path held nothing and no variable named it.
+    # Each recipe ran on a node, where the key's path held nothing and no variable named it
+    # or held a private key.
     assert {p["seen"] for p in peeks.values()} == {"FileNotFoundError"}, peeks
     assert all(p["node"] != "local" and p["env"] == [] for p in peeks.values()), peeks
     # What the tasks received: every job of the cascade, and nothing of the key.
