@@ -97,6 +97,10 @@ class RayCluster:
     def folder(self, name: str) -> Path:
         return self.root / name
 
+    def disks(self) -> list[Path]:
+        """Every folder the nodes write: their own (caches, TMPDIR) and Ray's session folders."""
+        return [self.root, *self._sessions]
+
     def add_node(self, name: str) -> None:
         self._start(name, [f"--address={self.address}"])
 

@@ -5,7 +5,8 @@ One family of ten models made by recipes, pushed to S3 and cloned twice: one clo
 each cascade with the local executor, the other with `--executor ray`; the versions the
 two produce must hold the same files and tensors (the same manifest ids). Then the faults:
 a node killed while it runs a recipe, the driver killed after a commit, a push racing the
-cascade.
+cascade. Last, signing.always: the driver signs what the cluster makes, with a key that
+exists only in the driver's own mount namespace.
 """
 
 # ruff: noqa: F811
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -25,6 +27,7 @@ import pytest
 from conftest import MGIT, copy_user_code, load_recipes, make_model
 from raycluster import RayCluster, can_make_netns, loopback_only
 from s3server import S3Server, aws_env
+from signers import KEYGEN, allowed_file, configure, keygen
 
 from mgit import Repo
 from mgit.checks import Checks
@@ -378,3 +381,146 @@ def test_a_task_lost_past_its_retries_fails_its_model_and_blocks_the_models_belo
     local = cascade_json(setup, "local")
     assert {r["status"] for r in local["results"]} == {"updated"}
     assert manifests(Repo(setup.root / "ray")) == manifests(Repo(setup.root / "local"))
+
+
+# A driver whose recipe tasks each keep what they received (the driver's payload) before they
+# run: `recording_recipe_task` is defined in __main__, so Ray ships it to the nodes by value.
+RECORDING_DRIVER = """
+import os
+import pickle
+import sys
+import uuid
+from pathlib import Path
+
+from mgit.cli.main import main
+from mgit.cluster import node
+
+
+def recording_recipe_task(remote, job):
+    from mgit.cluster import node as here  # on a node: mgit's own task
+
+    received = pickle.dumps((remote, job))
+    (Path(os.environ["MGIT_TEST_HOLD"]) / f"payload-{uuid.uuid4().hex}.pickle").write_bytes(received)
+    return here.recipe_task(remote, job)
+
+
+node.recipe_task = recording_recipe_task
+sys.exit(main())
+"""
+# The driver's namespace: a tmpfs over the key's folder, seen by no other process, the key
+# written into it from stdin; then the driver.
+IN_DRIVER_NAMESPACE = 'mount -t tmpfs -o mode=0700,size=1m tmpfs "$0" && (umask 077 && cat > "$0/driver") && exec "$@"'
+
+
+def sign_lineage(repo: Repo, key: Path) -> int:
+    """Sign every version the heads of `repo` derive from (what verify --lineage walks)."""
+    todo, seen = list(repo.refs.all().values()), set()
+    while todo:
+        vid = todo.pop()
+        if vid not in seen:
+            seen.add(vid)
+            repo.sign(vid, key=str(key))
+            todo += repo.version(vid).linked_versions()
+    return len(seen)
+
+
+def secrets_of(key: Path) -> list[bytes]:
+    """What shipping the key would carry: its file, each line of its base64 body, its raw
+    private bytes, its path."""
+    from cryptography.hazmat.primitives import serialization
+
+    data = key.read_bytes()
+    private = serialization.load_ssh_private_key(data, password=None)
+    raw = private.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    body = [line for line in data.splitlines() if line and not line.startswith(b"-----")]
+    return [data, raw, *body, str(key).encode()]
+
+
+def files_holding(folders: list[Path], needles: list[bytes]) -> list[str]:
+    found = []
+    for folder in folders:
+        for dirpath, _, names in os.walk(folder):
+            for name in names:
+                path = Path(dirpath) / name
+                if path.is_file() and not path.is_symlink():
+                    data = path.read_bytes()
+                    found += [str(path) for needle in needles if needle in data][:1]
+    return found
+
+
+@pytest.mark.skipif(not Path(KEYGEN).exists(), reason="openssh-client's ssh-keygen is not installed")
+def test_a_cascade_on_ray_under_signing_always_is_signed_on_the_driver_and_the_key_never_leaves_it(
+    setup: Setup,
+) -> None:
+    """Every version the cluster commits is signed by the driver's key and verifies with its
+    whole lineage. The key is on a tmpfs mounted in the driver's own mount namespace: a
+    recipe that reads its path on a node finds nothing; what each task received holds none of
+    its bytes nor its path, and neither does anything the nodes wrote."""
+    ray_root = setup.root / "ray"
+    new_base(setup, seed=60)
+    keys = setup.root / "driver-key"
+    key = keygen(keys, "driver")
+    allowed = allowed_file(setup.root / "allowed-signers", ("driver@cluster", key))
+    repo = Repo(ray_root)
+    assert sign_lineage(repo, key) >= len(FAMILY) + 2  # what the cascade builds on, signed by the same key
+    secret, needles = key.read_bytes(), secrets_of(key)
+    key.unlink()  # from now on the private key is in the driver's namespace alone
+    configure(ray_root, signing_key=key, signing_always="true", verify_allowed_signers=allowed)
+    (setup.hold / "peek").write_text(str(key))
+    (setup.root / "recording_driver.py").write_text(RECORDING_DRIVER)
+    try:
+        run = subprocess.run(
+            [
+                "unshare",
+                "--mount",
+                "sh",
+                "-c",
+                IN_DRIVER_NAMESPACE,
+                str(keys),
+                sys.executable,
+                str(setup.root / "recording_driver.py"),
+                "cascade",
+                "base",
+                "--json",
+                "--executor",
+                "ray",
+                "--trust-remote-code",
+            ],
+            cwd=ray_root,
+            env={**setup.env, "RAY_ADDRESS": setup.cluster.address},
+            input=secret,
+            capture_output=True,
+            timeout=600,
+        )
+        assert run.returncode == 0, run.stderr.decode(errors="replace")
+        results = json.loads(run.stdout)["results"]
+        peeks = {m: json.loads((setup.hold / f"{m}.peek").read_text()) for m, *_ in FAMILY}
+        payloads = [p.read_bytes() for p in sorted(setup.hold.glob("payload-*.pickle"))]
+    finally:
+        for leftover in [setup.hold / "peek", *setup.hold.glob("*.peek"), *setup.hold.glob("payload-*.pickle")]:
+            leftover.unlink(missing_ok=True)
+        configure(ray_root, signing_always="false")
+    assert [r["status"] for r in results] == ["updated"] * 9
+    assert all(r["where"] != "local" for r in results)
+    for r in results:  # each new version: signed by the driver's key, its lineage trusted to the root
+        shown = json.loads(setup.mgit(ray_root, "verify", r["new"], "--lineage", "--json").stdout)
+        assert shown["ok"] and len(shown["versions"]) > 2
+        first = shown["versions"][0]
+        assert first["id"] == r["new"] and first["content_ok"]
+        assert [(s["principals"], s["status"]) for s in first["signatures"]] == [(["driver@cluster"], "trusted")]
+    # Each recipe ran on a node, where the key's path held nothing and no variable named it
+    # or held a private key.
+    assert {p["seen"] for p in peeks.values()} == {"FileNotFoundError"}, peeks
+    assert all(p["node"] != "local" and p["env"] == [] for p in peeks.values()), peeks
+    # What the tasks received: every job of the cascade, and nothing of the key.
+    received = [pickle.loads(p) for p in payloads]  # written by this test's own driver, just now
+    assert {job.model for _, job in received} == {m for m, *_ in FAMILY}
+    assert [i for i, p in enumerate(payloads) if any(n in p for n in needles)] == []
+    assert files_holding(setup.cluster.disks(), needles) == []
+    # The signatures went to the remote with the versions: a clone that trusts only this
+    # key takes the whole repository.
+    url = repo.config["remotes"]["origin"]["url"]
+    setup.mgit(setup.root, "clone", url, "trusting", "--lazy", "--verify", "trusted", "--allowed-signers", str(allowed))
+    setup.mgit(setup.root / "trusting", "verify", "merge-ab", "--lineage")

@@ -25,8 +25,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before huggingface_hub reads its
 
 import numpy as np
 import pytest
-from conftest import MGIT, run_cli, run_mgit, sha256_tree
+from conftest import MGIT, one_line_error, run_cli, run_mgit, sha256_tree
 from safetensors.numpy import load_file, save_file
+from signers import KEYGEN, allowed_file, configure, keygen
 
 from mgit import Repo
 from mgit.errors import UnsafePathError
@@ -532,3 +533,72 @@ def test_a_snapshot_link_outside_the_repository_blobs_is_not_imported(cache: tup
         "acme/planted revision" in s and "notes.txt links outside the repository's blobs" in s for s in result.skipped
     ), result.skipped
     assert len(result.imported) == 3  # the rest of the cache as ever
+
+
+# --- signed imports -----------------------------------------------------------------------------
+@pytest.mark.skipif(not Path(KEYGEN).exists(), reason="openssh-client's ssh-keygen is not installed")
+def test_an_import_under_signing_always_is_signed_and_a_trusting_clone_takes_it(cache: tuple, tmp_path: Path) -> None:
+    """import-hf adds through Repo.add, so signing.always signs every version it imports:
+    each verifies (its lineage too), log and serve name the signer, and a clone that requires
+    trusted signers takes the import byte for byte. The same cache imported unsigned is
+    refused under that policy, by a clone and by a fetch into the trusting clone, keeping
+    nothing of it."""
+    root, revisions = cache
+    keys = tmp_path / "keys"
+    key = keygen(keys, "importer")
+    allowed = allowed_file(keys / "allowed", ("importer@example.com", key))
+    signed, unsigned = tmp_path / "signed", tmp_path / "unsigned"
+    for work in (signed, unsigned):
+        assert run_cli("init", str(work))[0] == 0
+    configure(signed, signing_key=key, signing_always="true", verify_allowed_signers=allowed)
+    ids = {}
+    for work in (signed, unsigned):
+        code, out, err = run_cli("-C", str(work), "import-hf", str(root), "--json")
+        assert code == 0, err
+        ids[work] = {f"{r['model']}@{r['seq']}": r["version"] for r in json.loads(out)["imported"]}
+    refs = [f"{BASE}@1", f"{BASE}@2", f"{TUNED}@1"]
+    assert list(ids[signed]) == list(ids[unsigned]) == refs
+    for ref, vid in ids[signed].items():
+        code, out, _ = run_cli("-C", str(signed), "verify", vid, "--json")
+        (verdict,) = json.loads(out)["versions"]
+        assert code == 0 and verdict["ref"] == ref and verdict["content_ok"], out
+        assert [(s["principals"], s["status"]) for s in verdict["signatures"]] == [
+            (["importer@example.com"], "trusted")
+        ]
+    code, out, _ = run_cli("-C", str(signed), "verify", TUNED, "--lineage", "--json")
+    assert code == 0 and [v["ref"] for v in json.loads(out)["versions"]] == refs[::-1]
+    assert run_cli("-C", str(unsigned), "verify", TUNED)[0] == 1  # the control: unsigned, refused
+    for model in (BASE, TUNED):
+        code, out, _ = run_cli("-C", str(signed), "log", model, "--oneline", "--show-signature")
+        assert code == 0 and all("signed by importer@example.com" in line for line in out.splitlines()), out
+    # Shared through a folder remote each, and cloned by someone who trusts only the importer.
+    for work, name in ((signed, "signed.mgit"), (unsigned, "unsigned.mgit")):
+        assert run_cli("init", "--bare", str(tmp_path / name))[0] == 0
+        assert run_cli("-C", str(work), "remote", "add", "origin", str(tmp_path / name))[0] == 0
+        code, _, err = run_cli("-C", str(work), "push")
+        assert code == 0, err
+    trusting = ("--verify", "trusted", "--allowed-signers", str(allowed))
+    code, _, err = run_cli("clone", str(tmp_path / "signed.mgit"), str(tmp_path / "bob"), *trusting)
+    assert code == 0, err
+    bob = tmp_path / "bob"
+    assert run_cli("-C", str(bob), "verify", TUNED, "--lineage")[0] == 0
+    assert run_cli("-C", str(bob), "checkout", TUNED, "-o", str(tmp_path / "out"))[0] == 0
+    assert sha256_tree(tmp_path / "out") == {k: hashlib.sha256(v).hexdigest() for k, v in revisions[C].items()}
+    refused = run_cli("clone", str(tmp_path / "unsigned.mgit"), str(tmp_path / "carol"), *trusting)
+    line = one_line_error(refused, "is not signed")
+    assert any(vid[:12] in line for vid in ids[unsigned].values()), line
+    assert not (tmp_path / "carol").exists()
+    assert run_cli("-C", str(bob), "remote", "add", "unsigned", str(tmp_path / "unsigned.mgit"))[0] == 0
+    one_line_error(run_cli("-C", str(bob), "fetch", "unsigned"), "is not signed")
+    for vid in ids[unsigned].values():
+        assert not (bob / ".mgit" / "objects" / vid[:2] / vid[2:]).exists()
+    assert Repo(bob).refs.all() == Repo(signed).refs.all()
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from mgit.web.app import create_app
+
+    with TestClient(create_app(Repo(bob)), base_url="http://127.0.0.1:8808") as client:
+        page = client.get(f"/api/models/{TUNED}").json()
+        assert [(s["principals"], s["trusted"]) for s in page["signatures"]] == [(["importer@example.com"], True)]
+        assert "signed by importer@example.com" in client.get(f"/models/{BASE}").text

@@ -338,3 +338,20 @@ def test_signing_always_signs_what_a_cascade_commits(signed: dict[str, Path]) ->
     code, report = verify_json(root, "tuned")
     assert code == 0 and report["versions"][0]["ref"] == "tuned@2"
     assert report["versions"][0]["signatures"][0]["principals"] == ["alice@example.com"]
+
+
+def test_a_cascade_whose_key_does_not_load_stops_before_any_recipe_runs(signed: dict[str, Path]) -> None:
+    """signing.always with a key that cannot be read: the cascade says so in one line before
+    it runs a recipe, instead of committing a version it then cannot sign."""
+    from conftest import copy_user_code, tensors
+
+    root, tmp = signed["root"], signed["tmp"]
+    copy_user_code(root, "tune", "recipes.py")
+    run = lambda *a: run_cli("-C", str(root), *a)  # noqa: E731
+    ft_dir = make_model(tmp / "t1", state=tensors(5))
+    assert run("add", str(ft_dir), "--name", "tuned", "--parent", "base", "--recipe", "recipes.py:tune")[0] == 0
+    assert run("add", str(make_model(tmp / "b2", seed=7)), "--name", "base")[0] == 0
+    configure(root, signing_always="true", signing_key=tmp / "no-such-key")
+    before = json.loads(run("log", "tuned", "--json")[1])
+    one_line_error(run("cascade", "base"), "cannot read the signing key", "no-such-key")
+    assert json.loads(run("log", "tuned", "--json")[1]) == before  # nothing committed, signed or not

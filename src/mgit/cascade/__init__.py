@@ -20,7 +20,9 @@ parents it waits for are done.
 A recipe recorded with a version that came from a remote, and a test pulled from one, are
 another person's code: a cascade that would run any of it not trusted here stops before it
 runs anything, naming it, unless `trust_remote_code` (mgit.checks.Checks.require_trust);
-recipes recorded here are trusted (mgit.repo.location).
+recipes recorded here are trusted (mgit.repo.location). Under `signing.always` the cascade
+loads the signing key first, the same way (`require_signer`), and signs each version it
+commits; on a cluster the driver signs (mgit.cluster.driver).
 """
 
 from mgit.cascade.plan import CascadePlan, CascadeStep, PlannedParent, plan_cascade
@@ -32,6 +34,7 @@ from mgit.cascade.rebuild import (
     ModelResult,
     cascade,
     execute,
+    require_signer,
     require_trust,
     tests_summary,
 )
@@ -48,6 +51,7 @@ __all__ = [
     "cascade",
     "execute",
     "plan_cascade",
+    "require_signer",
     "require_trust",
     "tests_summary",
 ]

@@ -18,6 +18,7 @@ from mgit.execution import Executor, LocalExecutor, RecipeJob, RecipeRun, resour
 from mgit.repo.location import trusted_code
 from mgit.repo.repository import Repo
 from mgit.reports import Report
+from mgit.signing.policy import signs_always
 from mgit.util.faults import crash_point
 
 RECIPE_TIMEOUT = 3600.0  # per recipe run: a fine-tune can take a while
@@ -139,6 +140,7 @@ def execute(
     if dry_run:
         return CascadeReport(plan, True, [])
     require_trust(repo, plan, trust_remote_code=trust_remote_code)
+    require_signer(repo, plan)
     own = executor is None
     executor = executor or LocalExecutor(repo)
     try:
@@ -148,6 +150,15 @@ def execute(
     finally:
         if own:
             executor.close()  # the versions its jobs shared
+
+
+def require_signer(repo: Repo, plan: CascadePlan) -> None:
+    """Under signing.always, load the signing key before a plan that commits runs anything
+    (SigningKeyError): a key that cannot sign stops the cascade before its first recipe, not
+    after its first commit. Loaded once, it signs every version the cascade commits, here or
+    (on the driver) for the cluster."""
+    if plan.count("recipe") and signs_always(repo.config):
+        repo.signer()
 
 
 def require_trust(repo: Repo, plan: CascadePlan, *, trust_remote_code: bool = False) -> None:

@@ -14,6 +14,7 @@ from mgit.cascade import (
     CheckLine,
     execute,
     plan_cascade,
+    require_signer,
     require_trust,
     tests_summary,
 )
@@ -98,8 +99,9 @@ def cascade(
     repo = ctx.obj.repo()
     plan = plan_cascade(repo, name, only=only, recorded_source=recorded_source, ignore_tests=ignore_tests)
     trust = cluster.pop("trust_remote_code")
-    if not dry_run:  # before anything is printed or connected: code from a remote needs the flag
+    if not dry_run:  # before anything is printed or connected: code from a remote needs the flag, signing a key
         require_trust(repo, plan, trust_remote_code=trust)
+        require_signer(repo, plan)
     if not as_json:
         _print_plan(plan)
     progress = None if as_json else (lambda model, text: err.print(f"{model}: {text}"))

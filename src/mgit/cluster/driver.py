@@ -13,6 +13,10 @@ A worker process or node that dies mid-task is Ray's to retry (`max_retries`); a
 last retry the job fails as a failing recipe does and blocks the models below it. A driver
 killed mid-cascade leaves every model at its old version or its new one, here and on the
 remote, and the next run resumes.
+
+With `signing.always` the driver signs each version it adopts, before its ref moves, and
+sends the signature to the remote with it: the key stays on the driver (a task gets its job
+and the remote's address, nothing of the key), and a node's versions are never signed there.
 """
 
 from __future__ import annotations
@@ -196,18 +200,22 @@ class RayExecutor:
         assert vid is not None
         notes = list(ran.notes)
         with self._lock:
+            step = f"fetching {vid[:12]} from {self.remote_name}"
             try:
                 fetch_versions(self.repo, self.conn, [vid], verify=False)  # made by this run: signed here
                 if signs_always(self.repo.config):  # on the driver: no key is ever shipped to a node
+                    step = f"signing {vid[:12]}"
                     self.repo.sign(vid)
+                    step = f"sending the signature of {vid[:12]} to {self.remote_name}"
                     push_signatures(self.repo, self.conn, {vid})
+                step = f"moving {job.model} to {vid[:12]}"
                 self.repo.refs.update(job.model, vid, expected=job.head)
             except RefConflictError:
                 return RecipeRun(
                     False, error=f"{job.model} got another version during the cascade; run it again", where=ran.where
                 )
             except MgitError as exc:
-                return RecipeRun(False, error=f"fetching {vid[:12]} from {self.remote_name}: {exc}", where=ran.where)
+                return RecipeRun(False, error=f"{step}: {exc}", where=ran.where)
             self.repo.catalog.set_head(job.model, lambda: self.repo.refs.get(job.model))  # (indexed by the fetch)
             theirs, token = self.conn.remote.heads([job.model]).get(job.model, (None, None))
             try:
