@@ -19,7 +19,7 @@ from typing import Any
 import blake3
 import numpy as np
 
-from mgit.codecs import Codec
+from mgit.codecs import Codec, byte_array
 from mgit.formats.folder import ModelSource, SourceFile
 from mgit.formats.gguf import GgufLayout
 from mgit.formats.pairing import tensor_names
@@ -47,6 +47,22 @@ class SnapshotStats:
     def record(self, result: PutResult) -> None:
         if result.new:
             self.new_objects.append(result)
+
+
+HASH_PIECE = 1 << 20  # bytes hashed by one hasher, then the next, while they are in cache
+
+
+def _hash_pieces(data: np.ndarray, *hashers: Any) -> None:
+    """Feed `data` to each hasher (None: skipped) piece by piece: one read of memory for all."""
+    live = [h for h in hashers if h is not None]
+    if len(live) == 1:
+        live[0].update(data)
+        return
+    flat = byte_array(data)
+    for start in range(0, flat.nbytes, HASH_PIECE):
+        piece = flat[start : start + HASH_PIECE]
+        for hasher in live:
+            hasher.update(piece)
 
 
 def _digest(chunks: Iterable[Any]) -> str:
@@ -268,12 +284,15 @@ class _SnapshotWriter:
         assert queue.writer is not None
         return queue.writer.result()
 
-    def prepare(self, kind: str, meta: dict[str, Any], data: np.ndarray, name: str) -> _Prepared | PutResult:
+    def prepare(
+        self, kind: str, meta: dict[str, Any], data: np.ndarray, name: str, digest: Any = None
+    ) -> _Prepared | PutResult:
         """For an object over a block, in file order: the stored object if it exists, else its
-        id and encoding; one to be coded in blocks gets its writer started."""
+        id and encoding; one to be coded in blocks gets its writer started. `digest`, the file
+        digest's hasher, takes the same bytes in the same pass."""
         store, plan = self.store, self.plan
         hasher = object_hasher(kind, meta)
-        hasher.update(data)
+        _hash_pieces(data, hasher, digest)
         oid = hasher.hexdigest()
         found = store.existing(oid, kind, data.nbytes)
         if found is not None:
@@ -317,13 +336,18 @@ class _SnapshotWriter:
         digest = blake3.blake3()
         hashed = [0, 0]  # bytes of the file and of the skeleton hashed so far
 
-        def hash_tensor(span: TensorSpan, data: np.ndarray) -> None:
+        def hash_gap(span: TensorSpan, nbytes: int) -> Any:
+            """The skeleton's bytes before this tensor into the digest; the tensor's are next."""
             gap = data_start + span.start - hashed[0]
             digest.update(skeleton[hashed[1] : hashed[1] + gap])
-            digest.update(data)
-            hashed[0] += gap + data.nbytes
+            hashed[0] += gap + nbytes
             hashed[1] += gap
+            return digest
 
+        # What the digest covers is the source's bytes, taken as the tensors are read (with
+        # the object ids of large ones, in one pass), unless a lossy add stores others: then
+        # the reconstruction, as each comes back.
+        early = self.plan.lossy is None
         started: list[ChunkQueue] = []  # of blocked tensors whose writers wait for blocks
         written: list[Future[PutResult]] = []  # their writers, all blocks given
         entries = []
@@ -331,18 +355,17 @@ class _SnapshotWriter:
             for done in ordered_map(
                 self.pool,
                 self.run,
-                ((item,) for item in self.tensor_work(f, started)),
+                ((item,) for item in self.tensor_work(f, started, hash_gap if early else None)),
                 jobs=self.jobs,
                 size=lambda item: item[0].nbytes,
             ):
                 if isinstance(done, _CodedBlock):
-                    if done.block.k == 0:
-                        hash_tensor(done.block.span, done.block.data)
                     if not self.hand_over(done, started, written):
                         continue
                     span, lossy, oid = done.block.span, None, done.block.job.oid
                 else:
-                    hash_tensor(done.span, done.data)
+                    if not early:
+                        hash_gap(done.span, done.data.nbytes).update(done.data)
                     self.stats.tensors_new += done.result.new
                     self.stats.record(done.result)
                     span, lossy, oid = done.span, done.lossy, done.result.oid
@@ -392,13 +415,18 @@ class _SnapshotWriter:
         written.append(queue.writer)
         return True
 
-    def tensor_work(self, f: SourceFile, started: list[ChunkQueue]) -> Iterator[_WholeTensor | _TensorBlock]:
+    def tensor_work(
+        self, f: SourceFile, started: list[ChunkQueue], hash_gap: Callable[[TensorSpan, int], Any] | None
+    ) -> Iterator[_WholeTensor | _TensorBlock]:
         """What the pool does, in file order: a tensor to put, one known already or coded
-        already (to write), or each block of one coded in blocks (whose writer joins `started`)."""
+        already (to write), or each block of one coded in blocks (whose writer joins `started`).
+        With `hash_gap`, each tensor's bytes go into the file digest it returns, here."""
         for span, data in f.tensor_data():
-            found = None
+            found, digest = None, hash_gap(span, data.nbytes) if hash_gap is not None else None
             if self.plan.lossy is None and data.nbytes > self.store.block_bytes:
-                found = self.prepare("tensor", tensor_meta(span.dtype, span.shape), data, span.name)
+                found = self.prepare("tensor", tensor_meta(span.dtype, span.shape), data, span.name, digest)
+            elif digest is not None:
+                digest.update(data)
             if isinstance(found, _Prepared) and found.queue is not None:
                 started.append(found.queue)
                 count = found.block_count(data)
