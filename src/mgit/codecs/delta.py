@@ -80,10 +80,10 @@ class SubDeltaCodec(Codec):
 
     def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
         src = byte_array(data)
-        out, base, n = self._views(scratch(src.size), _base(self, ctx))
+        out, base, n = self._views(np.empty(src.size, np.uint8), _base(self, ctx))
         values = src.view(out.dtype)  # (the source is read once: the difference is written to `out`)
         out[n:] = values[n:]
-        signs = scratch(min(n, BLOCK) * self.itemsize).view(f"<i{self.itemsize}")
+        signs = np.empty(min(n, BLOCK), f"<i{self.itemsize}")
         # Difference and zig-zag block by block: the temporaries stay small and in cache
         # (fresh pages for whole-tensor temporaries cost more than the arithmetic).
         for lo in range(0, n, BLOCK):
