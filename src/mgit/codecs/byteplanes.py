@@ -40,7 +40,8 @@ class ByteplanesCodec(Codec):
             return u8
         if u8.size % self.itemsize:
             raise CodecError(f"{u8.size} bytes is not a whole number of {self.itemsize}-byte items")
-        planes = scratch(u8.size).reshape(self.itemsize, u8.size // self.itemsize)
+        # (its own array, not a reused decode buffer: see SubDeltaCodec.encode)
+        planes = np.empty((self.itemsize, u8.size // self.itemsize), np.uint8)
         if self.itemsize in SPLIT_BY_SHIFTS:
             words = u8.view(f"<u{self.itemsize}")
             np.copyto(planes[0], words, casting="unsafe")  # (an unsigned cast keeps the low byte)

@@ -80,6 +80,8 @@ class SubDeltaCodec(Codec):
 
     def encode(self, data: Buffer, ctx: CodecContext) -> Buffer:
         src = byte_array(data)
+        # Its own arrays, not mgit.codecs.buffers' reused ones: during an add those are held by
+        # decoded bases, and each encode faulted in fresh pages (0.6 s more system time on 1 GB).
         out, base, n = self._views(np.empty(src.size, np.uint8), _base(self, ctx))
         values = src.view(out.dtype)  # (the source is read once: the difference is written to `out`)
         out[n:] = values[n:]
