@@ -176,6 +176,33 @@ class _Prepared:
         return -(-data.nbytes // self.encoding.blocks)
 
 
+class _FileDigest:
+    """A tensor file's digest in file order (the skeleton's bytes between the tensors'). A tensor
+    is taken as it is read when all before it are in and that touches no page early (one over a
+    block, in one pass with its id; a SMALL one), else as it comes back (always in a lossy add:
+    the digest covers its reconstruction)."""
+
+    SMALL = 64 << 10
+
+    def __init__(self, skeleton: bytes, data_start: int) -> None:
+        self.hasher = blake3.blake3()
+        self.skeleton, self.data_start = skeleton, data_start
+        self.count = 0  # tensors taken
+        self.at = self.taken = 0  # bytes of the file and of the skeleton taken
+
+    def early(self, index: int, data: np.ndarray, large: bool) -> bool:
+        return self.count == index and (large or data.nbytes <= self.SMALL)
+
+    def take(self, span: TensorSpan, nbytes: int) -> Any:
+        """The skeleton's bytes before this tensor in; the hasher returned takes the tensor's next."""
+        gap = self.data_start + span.start - self.at
+        self.hasher.update(self.skeleton[self.taken : self.taken + gap])
+        self.at += gap + nbytes
+        self.taken += gap
+        self.count += 1
+        return self.hasher
+
+
 # What the pool is given for a safetensors file, in file order: a whole tensor, or each block of
 # one coded in blocks; and what it gives back for each.
 
@@ -333,21 +360,7 @@ class _SnapshotWriter:
         self.stats.record(header)
         if self.progress:
             self.progress(len(skeleton))  # (so that the bar ends at the files' size)
-        digest = blake3.blake3()
-        hashed = [0, 0]  # bytes of the file and of the skeleton hashed so far
-
-        def hash_gap(span: TensorSpan, nbytes: int) -> Any:
-            """The skeleton's bytes before this tensor into the digest; the tensor's are next."""
-            gap = data_start + span.start - hashed[0]
-            digest.update(skeleton[hashed[1] : hashed[1] + gap])
-            hashed[0] += gap + nbytes
-            hashed[1] += gap
-            return digest
-
-        # What the digest covers is the source's bytes, taken as the tensors are read (with
-        # the object ids of large ones, in one pass), unless a lossy add stores others: then
-        # the reconstruction, as each comes back.
-        early = self.plan.lossy is None
+        digest = _FileDigest(skeleton, data_start)
         started: list[ChunkQueue] = []  # of blocked tensors whose writers wait for blocks
         written: list[Future[PutResult]] = []  # their writers, all blocks given
         entries = []
@@ -355,17 +368,19 @@ class _SnapshotWriter:
             for done in ordered_map(
                 self.pool,
                 self.run,
-                ((item,) for item in self.tensor_work(f, started, hash_gap if early else None)),
+                ((item,) for item in self.tensor_work(f, started, digest)),
                 jobs=self.jobs,
                 size=lambda item: item[0].nbytes,
             ):
                 if isinstance(done, _CodedBlock):
+                    if done.block.k == 0 and digest.count == len(entries):  # (not taken as it was read)
+                        digest.take(done.block.span, done.block.data.nbytes).update(done.block.data)
                     if not self.hand_over(done, started, written):
                         continue
                     span, lossy, oid = done.block.span, None, done.block.job.oid
                 else:
-                    if not early:
-                        hash_gap(done.span, done.data.nbytes).update(done.data)
+                    if digest.count == len(entries):
+                        digest.take(done.span, done.data.nbytes).update(done.data)
                     self.stats.tensors_new += done.result.new
                     self.stats.record(done.result)
                     span, lossy, oid = done.span, done.lossy, done.result.oid
@@ -383,14 +398,14 @@ class _SnapshotWriter:
             for queue in started:  # writers still waiting for blocks stop, dropping their files
                 queue.fail(exc)
             raise
-        digest.update(skeleton[hashed[1] :])
+        digest.hasher.update(skeleton[digest.taken :])
         if isinstance(f.layout, TorchZipLayout | GgufLayout):  # (its spans are offsets in the file)
             offsets = tuple(s.start for s in f.layout.tensors)
             return FileEntry(
                 f.path,
                 f.kind,
                 f.size,
-                digest.hexdigest(),
+                digest.hasher.hexdigest(),
                 header.oid,
                 tuple(entries),
                 None,
@@ -398,7 +413,7 @@ class _SnapshotWriter:
                 f.layout.views,
             )
         return FileEntry(
-            f.path, "safetensors", f.size, digest.hexdigest(), header.oid, tuple(entries), f.converted_from
+            f.path, "safetensors", f.size, digest.hasher.hexdigest(), header.oid, tuple(entries), f.converted_from
         )
 
     @staticmethod
@@ -416,17 +431,22 @@ class _SnapshotWriter:
         return True
 
     def tensor_work(
-        self, f: SourceFile, started: list[ChunkQueue], hash_gap: Callable[[TensorSpan, int], Any] | None
+        self, f: SourceFile, started: list[ChunkQueue], digest: _FileDigest
     ) -> Iterator[_WholeTensor | _TensorBlock]:
         """What the pool does, in file order: a tensor to put, one known already or coded
         already (to write), or each block of one coded in blocks (whose writer joins `started`).
-        With `hash_gap`, each tensor's bytes go into the file digest it returns, here."""
-        for span, data in f.tensor_data():
-            found, digest = None, hash_gap(span, data.nbytes) if hash_gap is not None else None
-            if self.plan.lossy is None and data.nbytes > self.store.block_bytes:
-                found = self.prepare("tensor", tensor_meta(span.dtype, span.shape), data, span.name, digest)
-            elif digest is not None:
-                digest.update(data)
+        A tensor whose bytes the file digest may take as it is read (`_FileDigest.early`) gives
+        them to it here, a large one in the same pass as its id."""
+        for i, (span, data) in enumerate(f.tensor_data()):
+            large = self.plan.lossy is None and data.nbytes > self.store.block_bytes
+            hasher = None
+            if self.plan.lossy is None and digest.early(i, data, large):
+                hasher = digest.take(span, data.nbytes)
+            found = None
+            if large:
+                found = self.prepare("tensor", tensor_meta(span.dtype, span.shape), data, span.name, hasher)
+            elif hasher is not None:
+                hasher.update(data)
             if isinstance(found, _Prepared) and found.queue is not None:
                 started.append(found.queue)
                 count = found.block_count(data)
