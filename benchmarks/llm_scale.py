@@ -103,17 +103,18 @@ class Row:
         return statistics.median(r.cpu for r in self.runs)
 
 
-def timed(cmd: list[str]) -> Run:
-    """Run `cmd` as its own process under GNU time: wall seconds, its CPU seconds and its peak
-    RSS. (wait4's figure would not do: a child started by vfork reports the benchmark's own
-    resident set as its peak, the kernel carrying the parent's mark over the exec.)"""
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> Run:
+    """Run `cmd` as its own process under GNU time (in `env`, by default a user's shell's):
+    wall seconds, its CPU seconds and its peak RSS. (wait4's figure would not do: a child
+    started by vfork reports the benchmark's own resident set as its peak, the kernel
+    carrying the parent's mark over the exec.)"""
     with tempfile.NamedTemporaryFile("w+") as figures, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
         done = subprocess.run(
             [TIME, "-q", "-f", "%M %U %S", "-o", figures.name, *cmd],
             stdout=subprocess.DEVNULL,
             stderr=err,
-            env=child_env(),
+            env=env or child_env(),
             check=False,
         )
         seconds = time.perf_counter() - started

@@ -142,6 +142,20 @@ def test_byteplanes_groups_bytes_by_position() -> None:
     assert bytes(planes.reshape(-1)) == bytes([1, 5, 2, 6, 3, 7, 4, 8])
 
 
+@pytest.mark.parametrize("itemsize", [2, 3, 4, 8])
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("items", [1, 999, 300_001])  # 300,001 x 2 bytes and more: a pooled buffer
+def test_byteplanes_split_and_join_as_defined(itemsize: int, offset: int, items: int) -> None:
+    """The word-shift paths (2 and 4 bytes) give the planes of the definition, byte k of every
+    item in plane k, from a buffer at an odd address too (a tensor at an odd file offset)."""
+    raw = np.random.default_rng(items).integers(0, 256, items * itemsize + offset, dtype=np.uint8)[offset:]
+    codec = ByteplanesCodec(itemsize=itemsize)
+    defined = raw.reshape(-1, itemsize).T.copy()
+    planes = codec.encode(raw, CodecContext(size=raw.nbytes))
+    assert bytes(np.asarray(planes).reshape(-1)) == defined.tobytes()
+    assert bytes(codec.decode(defined.reshape(-1), CodecContext(size=raw.nbytes))) == raw.tobytes()
+
+
 def test_byteplanes_rejects_partial_items() -> None:
     with pytest.raises(CodecError, match="whole number"):
         ByteplanesCodec(itemsize=4).decode(b"\x00" * 7, CodecContext(size=7))

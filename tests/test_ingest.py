@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import blake3
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
@@ -103,6 +104,30 @@ def test_a_family_is_stored_as_pinned(tmp_path: Path) -> None:
     assert lossy.lossy is not None and lossy.lossy["tensors"] == 3 and lossy.lossless_reason is None
     found = {name: (repo.version(name).manifest, chains(repo, name)) for name in ("base", "ft", "lossy")}
     assert found == PINNED
+
+
+@pytest.mark.parametrize("small", [1 << 10, 64 << 10])
+@pytest.mark.parametrize("lossy", [None, 1e-3])
+def test_each_file_digest_is_its_bytes_blake3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lossy, small) -> None:
+    """The digest a version records of each file is blake3 of the bytes its checkout gives
+    back, however each tensor's bytes went into it: as it was read (a blocked one in the same
+    pass as its id, in pieces smaller than it here), or as it came back (one too large to read
+    early, the tensors after it until the digest caught up, every one of a lossy add)."""
+    monkeypatch.setattr("mgit.repo.ingest.HASH_PIECE", 4096)
+    monkeypatch.setattr("mgit.repo.ingest._FileDigest.SMALL", small)
+    mid = np.linspace(-1, 1, 8192, dtype=np.float32)  # 32 KiB, first in the file: early only when small is 64 KiB
+    repo = Repo.init(tmp_path / "work")
+    repo.add(folder(tmp_path / "base", {**weights(), "a.mid": mid}), name="base")
+    src = folder(tmp_path / "ft", {**weights(1e-2, seed=2), "a.mid": mid * 1.01})
+    repo.add(src, name="ft", parent="base", lossy=lossy)
+    out = tmp_path / "out"
+    repo.checkout("ft", out)
+    for entry in repo.manifest("ft").files:
+        assert entry.digest == blake3.blake3((out / entry.path).read_bytes()).hexdigest()
+        same = (out / entry.path).read_bytes() == (src / entry.path).read_bytes()
+        assert same or (lossy and entry.path == "model.safetensors")
+    for entry in repo.manifest("base").files:
+        assert entry.digest == blake3.blake3((tmp_path / "base" / entry.path).read_bytes()).hexdigest()
 
 
 @pytest.mark.parametrize("jobs", [1, 3])

@@ -19,7 +19,7 @@ from typing import Any
 import blake3
 import numpy as np
 
-from mgit.codecs import Codec
+from mgit.codecs import Codec, byte_array
 from mgit.formats.folder import ModelSource, SourceFile
 from mgit.formats.gguf import GgufLayout
 from mgit.formats.pairing import tensor_names
@@ -47,6 +47,22 @@ class SnapshotStats:
     def record(self, result: PutResult) -> None:
         if result.new:
             self.new_objects.append(result)
+
+
+HASH_PIECE = 1 << 20  # bytes hashed by one hasher, then the next, while they are in cache
+
+
+def _hash_pieces(data: np.ndarray, *hashers: Any) -> None:
+    """Feed `data` to each hasher (None: skipped) piece by piece: one read of memory for all."""
+    live = [h for h in hashers if h is not None]
+    if len(live) == 1:
+        live[0].update(data)
+        return
+    flat = byte_array(data)
+    for start in range(0, flat.nbytes, HASH_PIECE):
+        piece = flat[start : start + HASH_PIECE]
+        for hasher in live:
+            hasher.update(piece)
 
 
 def _digest(chunks: Iterable[Any]) -> str:
@@ -160,6 +176,33 @@ class _Prepared:
         return -(-data.nbytes // self.encoding.blocks)
 
 
+class _FileDigest:
+    """A tensor file's digest in file order (the skeleton's bytes between the tensors'). A tensor
+    is taken as it is read when all before it are in and that touches no page early (one over a
+    block, in one pass with its id; a SMALL one), else as it comes back (always in a lossy add:
+    the digest covers its reconstruction)."""
+
+    SMALL = 64 << 10
+
+    def __init__(self, skeleton: bytes, data_start: int) -> None:
+        self.hasher = blake3.blake3()
+        self.skeleton, self.data_start = skeleton, data_start
+        self.count = 0  # tensors taken
+        self.at = self.taken = 0  # bytes of the file and of the skeleton taken
+
+    def early(self, index: int, data: np.ndarray, large: bool) -> bool:
+        return self.count == index and (large or data.nbytes <= self.SMALL)
+
+    def take(self, span: TensorSpan, nbytes: int) -> Any:
+        """The skeleton's bytes before this tensor in; the hasher returned takes the tensor's next."""
+        gap = self.data_start + span.start - self.at
+        self.hasher.update(self.skeleton[self.taken : self.taken + gap])
+        self.at += gap + nbytes
+        self.taken += gap
+        self.count += 1
+        return self.hasher
+
+
 # What the pool is given for a safetensors file, in file order: a whole tensor, or each block of
 # one coded in blocks; and what it gives back for each.
 
@@ -268,12 +311,15 @@ class _SnapshotWriter:
         assert queue.writer is not None
         return queue.writer.result()
 
-    def prepare(self, kind: str, meta: dict[str, Any], data: np.ndarray, name: str) -> _Prepared | PutResult:
+    def prepare(
+        self, kind: str, meta: dict[str, Any], data: np.ndarray, name: str, digest: Any = None
+    ) -> _Prepared | PutResult:
         """For an object over a block, in file order: the stored object if it exists, else its
-        id and encoding; one to be coded in blocks gets its writer started."""
+        id and encoding; one to be coded in blocks gets its writer started. `digest`, the file
+        digest's hasher, takes the same bytes in the same pass."""
         store, plan = self.store, self.plan
         hasher = object_hasher(kind, meta)
-        hasher.update(data)
+        _hash_pieces(data, hasher, digest)
         oid = hasher.hexdigest()
         found = store.existing(oid, kind, data.nbytes)
         if found is not None:
@@ -314,16 +360,7 @@ class _SnapshotWriter:
         self.stats.record(header)
         if self.progress:
             self.progress(len(skeleton))  # (so that the bar ends at the files' size)
-        digest = blake3.blake3()
-        hashed = [0, 0]  # bytes of the file and of the skeleton hashed so far
-
-        def hash_tensor(span: TensorSpan, data: np.ndarray) -> None:
-            gap = data_start + span.start - hashed[0]
-            digest.update(skeleton[hashed[1] : hashed[1] + gap])
-            digest.update(data)
-            hashed[0] += gap + data.nbytes
-            hashed[1] += gap
-
+        digest = _FileDigest(skeleton, data_start)
         started: list[ChunkQueue] = []  # of blocked tensors whose writers wait for blocks
         written: list[Future[PutResult]] = []  # their writers, all blocks given
         entries = []
@@ -331,18 +368,19 @@ class _SnapshotWriter:
             for done in ordered_map(
                 self.pool,
                 self.run,
-                ((item,) for item in self.tensor_work(f, started)),
+                ((item,) for item in self.tensor_work(f, started, digest)),
                 jobs=self.jobs,
                 size=lambda item: item[0].nbytes,
             ):
                 if isinstance(done, _CodedBlock):
-                    if done.block.k == 0:
-                        hash_tensor(done.block.span, done.block.data)
+                    if done.block.k == 0 and digest.count == len(entries):  # (not taken as it was read)
+                        digest.take(done.block.span, done.block.data.nbytes).update(done.block.data)
                     if not self.hand_over(done, started, written):
                         continue
                     span, lossy, oid = done.block.span, None, done.block.job.oid
                 else:
-                    hash_tensor(done.span, done.data)
+                    if digest.count == len(entries):
+                        digest.take(done.span, done.data.nbytes).update(done.data)
                     self.stats.tensors_new += done.result.new
                     self.stats.record(done.result)
                     span, lossy, oid = done.span, done.lossy, done.result.oid
@@ -360,14 +398,14 @@ class _SnapshotWriter:
             for queue in started:  # writers still waiting for blocks stop, dropping their files
                 queue.fail(exc)
             raise
-        digest.update(skeleton[hashed[1] :])
+        digest.hasher.update(skeleton[digest.taken :])
         if isinstance(f.layout, TorchZipLayout | GgufLayout):  # (its spans are offsets in the file)
             offsets = tuple(s.start for s in f.layout.tensors)
             return FileEntry(
                 f.path,
                 f.kind,
                 f.size,
-                digest.hexdigest(),
+                digest.hasher.hexdigest(),
                 header.oid,
                 tuple(entries),
                 None,
@@ -375,7 +413,7 @@ class _SnapshotWriter:
                 f.layout.views,
             )
         return FileEntry(
-            f.path, "safetensors", f.size, digest.hexdigest(), header.oid, tuple(entries), f.converted_from
+            f.path, "safetensors", f.size, digest.hasher.hexdigest(), header.oid, tuple(entries), f.converted_from
         )
 
     @staticmethod
@@ -392,13 +430,23 @@ class _SnapshotWriter:
         written.append(queue.writer)
         return True
 
-    def tensor_work(self, f: SourceFile, started: list[ChunkQueue]) -> Iterator[_WholeTensor | _TensorBlock]:
+    def tensor_work(
+        self, f: SourceFile, started: list[ChunkQueue], digest: _FileDigest
+    ) -> Iterator[_WholeTensor | _TensorBlock]:
         """What the pool does, in file order: a tensor to put, one known already or coded
-        already (to write), or each block of one coded in blocks (whose writer joins `started`)."""
-        for span, data in f.tensor_data():
+        already (to write), or each block of one coded in blocks (whose writer joins `started`).
+        A tensor whose bytes the file digest may take as it is read (`_FileDigest.early`) gives
+        them to it here, a large one in the same pass as its id."""
+        for i, (span, data) in enumerate(f.tensor_data()):
+            large = self.plan.lossy is None and data.nbytes > self.store.block_bytes
+            hasher = None
+            if self.plan.lossy is None and digest.early(i, data, large):
+                hasher = digest.take(span, data.nbytes)
             found = None
-            if self.plan.lossy is None and data.nbytes > self.store.block_bytes:
-                found = self.prepare("tensor", tensor_meta(span.dtype, span.shape), data, span.name)
+            if large:
+                found = self.prepare("tensor", tensor_meta(span.dtype, span.shape), data, span.name, hasher)
+            elif hasher is not None:
+                hasher.update(data)
             if isinstance(found, _Prepared) and found.queue is not None:
                 started.append(found.queue)
                 count = found.block_count(data)

@@ -29,6 +29,7 @@ class LocalStore(ObjectStore):
         self._dirty: set[Path] = set()
         self._lock = threading.Lock()
         self._fanout: dict[str, Path] = {}
+        self._root = os.fspath(root)
 
     def path_of(self, oid: str) -> Path:
         """The file that holds (or would hold) an object."""
@@ -96,8 +97,10 @@ class LocalStore(ObjectStore):
     def read_range(self, oid: str, offset: int, length: int) -> Any:
         from mgit.codecs.buffers import POOLED_MIN, scratch  # (only readers of blocks come here)
 
-        try:
-            fd = os.open(self.path_of(oid), os.O_RDONLY)
+        if not OID_RE.match(oid):
+            raise MissingObjectError(oid)
+        try:  # (a string path: a checkout reads a few blocks per object, and pathlib costs more than the read)
+            fd = os.open(f"{self._root}/{oid[:2]}/{oid[2:]}", os.O_RDONLY)
         except FileNotFoundError:
             raise MissingObjectError(oid) from None
         try:
