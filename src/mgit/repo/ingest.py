@@ -397,7 +397,7 @@ class _SnapshotWriter:
         already (to write), or each block of one coded in blocks (whose writer joins `started`)."""
         for span, data in f.tensor_data():
             found = None
-            if self.plan.lossy is None and data.nbytes > self.store.block_bytes:
+            if not self.lossy(span.name) and data.nbytes > self.store.block_bytes:
                 found = self.prepare("tensor", tensor_meta(span.dtype, span.shape), data, span.name)
             if isinstance(found, _Prepared) and found.queue is not None:
                 started.append(found.queue)
@@ -405,6 +405,10 @@ class _SnapshotWriter:
                 yield from (_TensorBlock(span, data, found, found.queue, k, count) for k in range(count))
             else:
                 yield _WholeTensor(span, data, found)
+
+    def lossy(self, name: str) -> bool:
+        """Whether the tensor of this name may be stored lossily (within the policy's scope)."""
+        return self.plan.lossy is not None and self.plan.lossy.covers(name)
 
     def run(self, item: _WholeTensor | _TensorBlock) -> _StoredTensor | _CodedBlock:
         """One item of `tensor_work`, in a worker."""
@@ -422,7 +426,7 @@ class _SnapshotWriter:
         store, plan, bases = self.store, self.plan, self.plan.candidates(span.name)
         meta = tensor_meta(span.dtype, span.shape)
         lossy, encoding = None, None
-        if plan.lossy is not None:
+        if plan.lossy is not None and self.lossy(span.name):
             lossy = encode_lossy(store, span.dtype, span.shape, data, bases, plan.lossy, plan.max_depth, self.reuse)
         if lossy is not None and lossy.chain is not None:
             data, lossy, encoding = self.lossy_or_exact(meta, data, lossy, bases)
