@@ -32,6 +32,7 @@ from mgit.reports import AddResult, CheckoutResult
 
 PREFIX = "checkpoint"  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR
 LEFT_OUT = ("training_args.bin",)
+OPTIMIZER = "optimizer.pt"  # the Trainer's optimizer state (transformers.trainer.OPTIMIZER_NAME)
 
 
 class MgitCallback(TrainerCallback):
@@ -44,18 +45,28 @@ class MgitCallback(TrainerCallback):
     files and returns, training goes on, and the next save waits only for a commit still
     running; `on_train_end` waits for the last, and an error of a background commit is raised
     there or at the next save. A checkpoint is durable once its commit has finished.
-    `wait=True` commits in `on_save` itself, durable when it returns. `lossy_optimizer` is
-    not offered here: the Trainer's optimizer state is its `optimizer.pt`, kept byte for byte.
+    `wait=True` commits in `on_save` itself, durable when it returns. `lossy_optimizer=R`
+    stores the optimizer's moments bounded-lossy (`Repo.commit_checkpoint`): they are taken
+    from the Trainer's optimizer in memory instead of its `optimizer.pt`, which
+    `checkpoint_folder` then writes from them (the rest of the folder stays byte for byte).
     `commits` lists what each save added (waiting for the commits still running)."""
 
     def __init__(
-        self, repo: Repo, *, model: str, parent: str | None = None, run: str | None = None, wait: bool = False
+        self,
+        repo: Repo,
+        *,
+        model: str,
+        parent: str | None = None,
+        run: str | None = None,
+        wait: bool = False,
+        lossy_optimizer: float | None = None,
     ) -> None:
         self.repo = repo
         self.model = model
         self.parent = parent
         self.run = run
         self.wait = wait
+        self.lossy_optimizer = lossy_optimizer
         self.pending: list[PendingCommit[AddResult] | AddResult] = []
 
     @property
@@ -67,16 +78,19 @@ class MgitCallback(TrainerCallback):
             return
         folder = Path(args.output_dir) / f"{PREFIX}-{state.global_step}"
         first = not self.pending and self.repo.refs.get(self.model) is None
+        lossy = self.lossy_optimizer is not None and kwargs.get("optimizer") is not None
         self.pending.append(
             self.repo.commit_checkpoint(
                 folder,
+                optimizer=kwargs["optimizer"].state_dict() if lossy else None,
+                lossy_optimizer=self.lossy_optimizer if lossy else None,
                 model=self.model,
                 parent=self.parent if first else None,
                 step=state.global_step,
                 metrics=logged_metrics(state.log_history, state.global_step),
                 run=self.run,  # None: the run of the model's latest checkpoint (of this callback's first save)
                 args=args.to_dict(),
-                leave_out=LEFT_OUT,
+                leave_out=LEFT_OUT + (OPTIMIZER,) if lossy else LEFT_OUT,
                 wait=self.wait,
             )
         )
@@ -108,4 +122,9 @@ def checkpoint_folder(repo: Repo, ref: str, out_dir: str | os.PathLike[str], *, 
     an earlier checkout of it) and return the path to give `trainer.train(resume_from_checkpoint=...)`:
     weights, optimizer, scheduler and RNG state byte for byte as the Trainer saved them."""
     result: CheckoutResult = repo.checkout(ref, out_dir, force=force)
+    out = Path(result.out_dir)
+    if not (out / OPTIMIZER).exists() and "optimizer" in (repo.version(ref).run or {}):
+        import torch  # (a lossy-moment checkpoint: its optimizer state as the Trainer reads it)
+
+        torch.save(repo.load_checkpoint(ref).optimizer, out / OPTIMIZER)
     return result.out_dir

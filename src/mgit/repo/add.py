@@ -183,13 +183,12 @@ def add_version(
         src.notes.append(f"auto-parent: {'chose ' if auto.parents else 'no parent: '}{auto.verdict}")
     tick = options.progress(src.logical_bytes) if options.progress else None
     with catalog.explained():
-        previous, depth = checkpoint_base(store, catalog, refs.get(name), options.run, options.run_bases, max_depth)
-        plan = _delta_plan(store, previous, lineage, depth, src)
-        plan = replace(
-            plan,
-            derived={**plan.derived, **options.derived},
-            exact=dict(options.exact),
+        # the versions whose tensors are delta bases: the model's latest (a checkpoint: its run's) and the parents
+        previous, depth, alone = checkpoint_base(
+            store, catalog, refs.get(name), options.run, options.run_bases, max_depth
         )
+        plan = _delta_plan(store, previous, () if alone else lineage, depth, src)
+        plan = replace(plan, derived={**plan.derived, **options.derived}, exact=dict(options.exact))
     crash_point("after-scan")
     with store.lock():
         snapshot = _snapshot(store, src, source, plan, options, jobs, tick, reuse)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -32,6 +33,7 @@ class PendingCommit(Generic[T]):
         self._value: T | None = None
         self._error: BaseException | None = None
         self.collected = False  # its error was raised to someone
+        self.seconds: float | None = None  # how long the commit itself took, once done
 
     def done(self) -> bool:
         return self._done.is_set()
@@ -45,12 +47,14 @@ class PendingCommit(Generic[T]):
         return self._value  # type: ignore[return-value]
 
     def run(self, work: Callable[[], T]) -> None:
+        start = time.perf_counter()
         try:
             self._value = work()
         except BaseException as exc:  # handed to whoever waits next, never lost
             exc.add_note(f"(raised by the background commit of {self.what})")
             self._error = exc
         finally:
+            self.seconds = time.perf_counter() - start
             self._done.set()
 
 

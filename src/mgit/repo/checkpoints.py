@@ -129,13 +129,17 @@ def checkpoint_base(
     run: Mapping[str, Any] | None,
     scheme: str,
     max_depth: int,
-) -> tuple[str | None, int]:
-    """The version whose tensors a new version is coded against, and the delta depth allowed:
-    the model's head and `max_depth`, but for a checkpoint (its record's `run`) its run's
-    base by `scheme` (`run_base`) and depths up to RUN_MAX_DEPTH."""
+) -> tuple[str | None, int, bool]:
+    """The version whose tensors a new version is coded against, the delta depth allowed, and
+    whether that version alone is (not the lineage parents too): the model's head and
+    `max_depth`, but for a checkpoint (its record's `run`) its run's base by `scheme`
+    (`run_base`) and depths up to RUN_MAX_DEPTH, alone once the run has a checkpoint (an
+    earlier checkpoint is always closer than the run's base model; trying both doubled the
+    encodings a commit sampled)."""
     if run is None or scheme == "chain":
-        return head, max_depth
-    return run_base(run_history(store, catalog, head, run["id"]), scheme) or head, max(max_depth, RUN_MAX_DEPTH)
+        return head, max_depth, False
+    base = run_base(run_history(store, catalog, head, run["id"]), scheme)
+    return base or head, max(max_depth, RUN_MAX_DEPTH), base is not None
 
 
 def optimizer_policy(rel: float | None) -> LossyPolicy | None:
