@@ -78,6 +78,31 @@ def test_a_background_commit_stores_the_state_at_the_call_as_a_synchronous_one_d
     fsck_ok(background.root)
 
 
+def test_the_copy_a_background_commit_takes_is_equal_and_apart() -> None:
+    from mgit.repo.checkpoints import snapshot_state
+
+    wide = torch.randn(6, 8)
+    state = {
+        "bf16": torch.randn(5, 7).to(torch.bfloat16),
+        "scalar": torch.tensor(3.0),
+        "ints": torch.arange(10),
+        "mask": torch.rand(9) > 0.5,
+        "empty": torch.zeros(0, 4),
+        "strided": wide[:, ::2],
+        "nested": {"groups": [{"lr": 0.1, "params": [0, 1]}], "betas": (0.9, 0.99)},
+    }
+    copy = snapshot_state(state)
+    for name in ("bf16", "scalar", "ints", "mask", "empty", "strided"):
+        a, b = state[name], copy[name]
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), name
+        if a.numel():
+            assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr(), name
+    assert copy["nested"] == state["nested"] and copy["nested"]["groups"][0] is not state["nested"]["groups"][0]
+    assert isinstance(copy["nested"]["betas"], tuple)
+    state["scalar"].add_(1)  # the loop changes its tensors in place: the copy stays
+    assert float(copy["scalar"]) == 3.0
+
+
 def test_an_error_in_a_background_commit_is_raised_by_the_next_call_once_and_writes_nothing(repo: Repo) -> None:
     state = {"w": torch.ones(8, 8)}
     first = repo.commit_checkpoint(state, model="ft", step=1, run="r", wait=False)

@@ -156,7 +156,10 @@ def snapshot_state(value: Any) -> Any:
     dict and list made anew, other values (numbers, strings) kept. What a background commit
     stores, taken while the loop waits."""
     if is_torch_tensor(value):
-        return value.detach().to("cpu", copy=True)
+        value = value.detach()
+        if value.device.type != "cpu":
+            return value.to("cpu")  # (a copy already)
+        return _copied(value)
     if type(value).__module__ == "numpy" and hasattr(value, "copy"):
         return value.copy()
     if isinstance(value, Mapping):
@@ -164,6 +167,18 @@ def snapshot_state(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return type(value)(snapshot_state(v) for v in value)
     return value
+
+
+def _copied(tensor: Any) -> Any:
+    """A copy of a CPU tensor in memory numpy allocates: numpy asks for huge pages, torch does
+    not, and on a machine under load the page faults of torch's own copy (`clone`) made it 2-10x
+    slower (0.4-2.6 s against 4.9-5.8 s for 430 MB, measured)."""
+    import torch
+
+    if tensor.numel() == 0:
+        return tensor.clone()
+    data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().copy()
+    return torch.from_numpy(data).view(tensor.dtype).reshape(tensor.shape)
 
 
 def snapshot_folder(folder: Path, leave_out: Collection[str] = ()) -> Path:
