@@ -28,8 +28,8 @@ the commit stored (`AddResult.new_bytes`), and of those the weights' (`model.saf
 *zstd -3*, each file compressed on its own; *Xet*, what the checkpoint's files added to one
 `local://` Xet store holding every earlier checkpoint (one upload commit per file, formats.py's
 helpers). Every MGit checkpoint is read back and compared by hash with what the trainer wrote.
-`--bases` sets `checkpoint_bases` (skip, key, chain); `--quick` measures the loop's stored bytes
-only (no save, zstd or Xet; files are then the tensors' bytes).
+`--bases` sets `checkpoint_bases` (skip, key, chain); `--quick` measures the loop's lossless
+stored bytes only (no save, zstd, Xet or lossy repository; files are then the tensors' bytes).
 """
 
 from __future__ import annotations
@@ -201,9 +201,11 @@ def llama_run(
         )  # fmt: skip
         commit = time.perf_counter() - start
         # (after the timed call, and waited for: only the measured commit runs in the background)
-        lossy = lossy_repo.commit_checkpoint(
-            state, model="llama", step=step, optimizer=opt.state_dict(), master=masters, lossy_optimizer=lossy_rel
-        )
+        lossy = None
+        if not quick:
+            lossy = lossy_repo.commit_checkpoint(
+                state, model="llama", step=step, optimizer=opt.state_dict(), master=masters, lossy_optimizer=lossy_rel
+            )
         digests.append((tensor_digest(state), tensor_digest(masters)))
         pending.append((added, lossy))
         row = Row(
@@ -226,8 +228,9 @@ def llama_run(
         done, done_lossy = added.result(), lossy
         row.stored, row.background = done.new_bytes, added.seconds
         row.stored_weights = weights_stored(repo, done, "model.safetensors", seen)
-        row.lossy = done_lossy.new_bytes
-        row.lossy_weights = weights_stored(lossy_repo, done_lossy, "model.safetensors", seen_lossy)
+        if done_lossy is not None:
+            row.lossy = done_lossy.new_bytes
+            row.lossy_weights = weights_stored(lossy_repo, done_lossy, "model.safetensors", seen_lossy)
         if quick:
             row.files, row.weights_files = logical_bytes(repo, done), logical_bytes(repo, done, WEIGHTS)
             continue
