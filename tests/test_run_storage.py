@@ -124,6 +124,11 @@ def test_lossy_moments_stay_within_their_recorded_bound_and_resume_to_the_same_l
         ck = lossy.load_checkpoint(b.version)
         for name, t in state.items():  # the weights exact
             assert torch.equal(ck.weights[name], t), name
+        for k, s in optimizer["state"].items():  # and the step counts, which bias correction reads
+            assert torch.equal(ck.optimizer["state"][k]["step"], s["step"]), k
+        for t in lossy.manifest(b.version).tensors():
+            quantized = "quantized_delta" in lossy.store.header(t.object).codec_names
+            assert not quantized or t.name.startswith("optimizer.") and t.name.endswith(("exp_avg", "exp_avg_sq"))
         base_index = i & (i - 1)
         base = moments(lossy.load_checkpoint(lossy.log("ft")[-1 - base_index].id).optimizer)
         for name, t in moments(optimizer).items():

@@ -20,6 +20,7 @@ import blake3
 import numpy as np
 
 from mgit.codecs import Codec
+from mgit.formats.dtypes import element_count
 from mgit.formats.folder import ModelSource, SourceFile
 from mgit.formats.gguf import GgufLayout
 from mgit.formats.pairing import tensor_names
@@ -397,7 +398,7 @@ class _SnapshotWriter:
         already (to write), or each block of one coded in blocks (whose writer joins `started`)."""
         for span, data in f.tensor_data():
             found = None
-            if not self.lossy(span.name) and data.nbytes > self.store.block_bytes:
+            if not self.lossy(span) and data.nbytes > self.store.block_bytes:
                 found = self.prepare("tensor", tensor_meta(span.dtype, span.shape), data, span.name)
             if isinstance(found, _Prepared) and found.queue is not None:
                 started.append(found.queue)
@@ -406,9 +407,14 @@ class _SnapshotWriter:
             else:
                 yield _WholeTensor(span, data, found)
 
-    def lossy(self, name: str) -> bool:
-        """Whether the tensor of this name may be stored lossily (within the policy's scope)."""
-        return self.plan.lossy is not None and self.plan.lossy.covers(name)
+    def lossy(self, span: TensorSpan) -> bool:
+        """Whether a tensor may be stored lossily: within the policy's scope, and for a scoped
+        policy never a one-element tensor (an optimizer's step count, which Adam's bias
+        correction reads exactly)."""
+        policy = self.plan.lossy
+        if policy is None or not policy.covers(span.name):
+            return False
+        return policy.scope is None or element_count(span.shape) > 1
 
     def run(self, item: _WholeTensor | _TensorBlock) -> _StoredTensor | _CodedBlock:
         """One item of `tensor_work`, in a worker."""
@@ -426,7 +432,7 @@ class _SnapshotWriter:
         store, plan, bases = self.store, self.plan, self.plan.candidates(span.name)
         meta = tensor_meta(span.dtype, span.shape)
         lossy, encoding = None, None
-        if plan.lossy is not None and self.lossy(span.name):
+        if plan.lossy is not None and self.lossy(span):
             lossy = encode_lossy(store, span.dtype, span.shape, data, bases, plan.lossy, plan.max_depth, self.reuse)
         if lossy is not None and lossy.chain is not None:
             data, lossy, encoding = self.lossy_or_exact(meta, data, lossy, bases)
