@@ -113,8 +113,8 @@ def test_each_file_digest_is_its_bytes_blake3(tmp_path: Path, monkeypatch: pytes
     back, however each tensor's bytes went into it: as it was read (a blocked one in the same
     pass as its id, in pieces smaller than it here), or as it came back (one too large to read
     early, the tensors after it until the digest caught up, every one of a lossy add)."""
-    monkeypatch.setattr("mgit.repo.ingest.HASH_PIECE", 4096)
-    monkeypatch.setattr("mgit.repo.ingest._FileDigest.SMALL", small)
+    monkeypatch.setattr("mgit.repo.file_digest.HASH_PIECE", 4096)
+    monkeypatch.setattr("mgit.repo.file_digest.FileDigest.SMALL", small)
     mid = np.linspace(-1, 1, 8192, dtype=np.float32)  # 32 KiB, first in the file: early only when small is 64 KiB
     repo = Repo.init(tmp_path / "work")
     repo.add(folder(tmp_path / "base", {**weights(), "a.mid": mid}), name="base")

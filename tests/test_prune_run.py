@@ -33,6 +33,20 @@ def optimizer(step: int) -> dict:
 
 @pytest.fixture
 def run(repo: Repo) -> Repo:
+    return make_run(repo)
+
+
+@pytest.fixture
+def chained_run(repo: Repo) -> Repo:
+    """The run with each checkpoint coded against the one before (`checkpoint_bases: chain`),
+    so that keeping the last two codes their tensors again."""
+    from mgit.remotes.config import update_config
+
+    update_config(repo.dir, lambda config: config.update(checkpoint_bases="chain"))
+    return make_run(Repo(repo.dir))
+
+
+def make_run(repo: Repo) -> Repo:
     repo.add(weights(0), name="base")
     for step in STEPS:
         repo.commit_checkpoint(
@@ -151,17 +165,17 @@ def test_a_metric_that_diverged_at_every_checkpoint_is_listed_not_drawn(repo: Re
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["object-written:2", "object-written:5"])
 def test_a_prune_killed_midway_leaves_every_version_readable_and_can_run_again(
-    run: Repo, tmp_path: Path, point: str
+    chained_run: Repo, tmp_path: Path, point: str
 ) -> None:
     import signal
 
     from conftest import run_mgit
 
     everything = [f"ft@{n}" for n in range(1, 11)]
-    before = trees(run, tmp_path, everything, "before")
-    killed = run_mgit("prune-run", "ft", "--keep-last", "2", cwd=run.root, env={"MGIT_CRASH_AT": point})
+    before = trees(chained_run, tmp_path, everything, "before")
+    killed = run_mgit("prune-run", "ft", "--keep-last", "2", cwd=chained_run.root, env={"MGIT_CRASH_AT": point})
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    repo = Repo(run.root)
+    repo = Repo(chained_run.root)
     fsck_ok(repo.root)
     assert trees(repo, tmp_path, everything, "after-kill") == before  # the history as it was, every byte
     result = repo.prune_run("ft", keep_last=2)

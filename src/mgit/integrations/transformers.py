@@ -14,7 +14,8 @@ tensors, delta-coded against the checkpoint before, and rebuilt byte for byte), 
 record the step, the metrics logged at that step and the `TrainingArguments` (`mgit show`
 prints them). `training_args.bin` is not kept: it is a pickle of those arguments, hub token
 included; a resume does not read it. The callback runs in the training process after the
-Trainer's save and returns when the checkpoint is durable.
+Trainer's save; by default it hands the checkpoint to a background commit and returns (see
+`MgitCallback`), with `wait=True` when the checkpoint is durable.
 """
 
 from __future__ import annotations
@@ -25,42 +26,79 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from mgit.repo.background import PendingCommit
 from mgit.repo.repository import Repo
 from mgit.reports import AddResult, CheckoutResult
 
 PREFIX = "checkpoint"  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR
 LEFT_OUT = ("training_args.bin",)
+OPTIMIZER = "optimizer.pt"  # the Trainer's optimizer state (transformers.trainer.OPTIMIZER_NAME)
 
 
 class MgitCallback(TrainerCallback):
     """Commit each checkpoint a Trainer saves to `repo` as the next version of `model`; the
     first one's lineage parent is `parent` (the model the run starts from, a ref). `run` names
-    the run (default: the run of the model's latest version, else a new id). `commits` lists
-    what each save added."""
+    the run (default: the run of the model's latest version, else a new id).
 
-    def __init__(self, repo: Repo, *, model: str, parent: str | None = None, run: str | None = None) -> None:
+    By default (`wait=False`) a save's commit runs in the background
+    (`Repo.commit_checkpoint(..., wait=False)`): `on_save` takes hard links to the folder's
+    files and returns, training goes on, and the next save waits only for a commit still
+    running; `on_train_end` waits for the last, and an error of a background commit is raised
+    there or at the next save. A checkpoint is durable once its commit has finished.
+    `wait=True` commits in `on_save` itself, durable when it returns. `lossy_optimizer=R`
+    stores the optimizer's moments bounded-lossy (`Repo.commit_checkpoint`): they are taken
+    from the Trainer's optimizer in memory instead of its `optimizer.pt`, which
+    `checkpoint_folder` then writes from them (the rest of the folder stays byte for byte).
+    `commits` lists what each save added (waiting for the commits still running)."""
+
+    def __init__(
+        self,
+        repo: Repo,
+        *,
+        model: str,
+        parent: str | None = None,
+        run: str | None = None,
+        wait: bool = False,
+        lossy_optimizer: float | None = None,
+    ) -> None:
         self.repo = repo
         self.model = model
         self.parent = parent
         self.run = run
-        self.commits: list[AddResult] = []
+        self.wait = wait
+        self.lossy_optimizer = lossy_optimizer
+        self.pending: list[PendingCommit[AddResult] | AddResult] = []
+
+    @property
+    def commits(self) -> list[AddResult]:
+        return [p if isinstance(p, AddResult) else p.result() for p in self.pending]
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
             return
         folder = Path(args.output_dir) / f"{PREFIX}-{state.global_step}"
-        result = self.repo.commit_checkpoint(
-            folder,
-            model=self.model,
-            parent=self.parent if self.repo.refs.get(self.model) is None else None,
-            step=state.global_step,
-            metrics=logged_metrics(state.log_history, state.global_step),
-            run=self.run,
-            args=args.to_dict(),
-            leave_out=LEFT_OUT,
+        first = not self.pending and self.repo.refs.get(self.model) is None
+        lossy = self.lossy_optimizer is not None and kwargs.get("optimizer") is not None
+        self.pending.append(
+            self.repo.commit_checkpoint(
+                folder,
+                optimizer=kwargs["optimizer"].state_dict() if lossy else None,
+                lossy_optimizer=self.lossy_optimizer if lossy else None,
+                model=self.model,
+                parent=self.parent if first else None,
+                step=state.global_step,
+                metrics=logged_metrics(state.log_history, state.global_step),
+                run=self.run,  # None: the run of the model's latest checkpoint (of this callback's first save)
+                args=args.to_dict(),
+                leave_out=LEFT_OUT + (OPTIMIZER,) if lossy else LEFT_OUT,
+                wait=self.wait,
+            )
         )
-        self.run = self.repo.version(result.version).run["id"]  # the same run for every save
-        self.commits.append(result)
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.repo.wait_checkpoints()
 
 
 def logged_metrics(history: list[dict[str, Any]], step: int) -> dict[str, float]:
@@ -84,4 +122,9 @@ def checkpoint_folder(repo: Repo, ref: str, out_dir: str | os.PathLike[str], *, 
     an earlier checkout of it) and return the path to give `trainer.train(resume_from_checkpoint=...)`:
     weights, optimizer, scheduler and RNG state byte for byte as the Trainer saved them."""
     result: CheckoutResult = repo.checkout(ref, out_dir, force=force)
+    out = Path(result.out_dir)
+    if not (out / OPTIMIZER).exists() and "optimizer" in (repo.version(ref).run or {}):
+        import torch  # (a lossy-moment checkpoint: its optimizer state as the Trainer reads it)
+
+        torch.save(repo.load_checkpoint(ref).optimizer, out / OPTIMIZER)
     return result.out_dir

@@ -32,6 +32,7 @@ from mgit.lineage.inference import DEFAULT_MIN_CONFIDENCE, suggest
 from mgit.lineage.sketch import Sketch, sketch_added, sketch_source, stored_sketches
 from mgit.repo.adapters import RELATION, adapter_parents, merged_chains
 from mgit.repo.checkout import restore_manifest
+from mgit.repo.checkpoints import check_run_bases, checkpoint_base
 from mgit.repo.declared import declared_parents
 from mgit.repo.gate import Gate, GateResult
 from mgit.repo.ingest import DeltaPlan, SnapshotStats, write_snapshot
@@ -80,6 +81,7 @@ class AddOptions:
     auto_parent: bool = False  # without parents: inferred from the weights
     expected_head: str | None = None  # commit only if the model's latest version is still this one
     run: Mapping[str, Any] | None = None  # a training run's checkpoint (mgit.repo.checkpoints): the record's `run`
+    run_bases: str = "skip"  # a checkpoint's delta base among the run's (mgit.repo.checkpoints.run_base)
     sign: bool = False  # sign the version with signing.key (signing.always signs every add anyway)
     # Set by merges (mgit.merging) and their re-runs, never by users: by tensor name, the codec
     # chains that predict a tensor from stored ones, tried beside the usual encodings (`derived`),
@@ -97,6 +99,7 @@ class AddOptions:
                 "auto_parent infers the parent; it cannot be combined with a given parent",
                 hint="Drop --parent or --auto-parent",
             )
+        check_run_bases(self.run_bases)
         if self.gate is not None and self.lossy is None:
             raise InvalidOptionError("a gate only checks lossy storage", hint="Add --lossy EPS or --lossy-rel R")
 
@@ -180,12 +183,12 @@ def add_version(
         src.notes.append(f"auto-parent: {'chose ' if auto.parents else 'no parent: '}{auto.verdict}")
     tick = options.progress(src.logical_bytes) if options.progress else None
     with catalog.explained():
-        plan = _delta_plan(store, refs, name, lineage, max_depth, src)
-        plan = replace(
-            plan,
-            derived={**plan.derived, **options.derived},
-            exact=dict(options.exact),
+        # the versions whose tensors are delta bases: the model's latest (a checkpoint: its run's) and the parents
+        previous, depth, alone = checkpoint_base(
+            store, catalog, refs.get(name), options.run, options.run_bases, max_depth
         )
+        plan = _delta_plan(store, previous, () if alone else lineage, depth, src)
+        plan = replace(plan, derived={**plan.derived, **options.derived}, exact=dict(options.exact))
     crash_point("after-scan")
     with store.lock():
         snapshot = _snapshot(store, src, source, plan, options, jobs, tick, reuse)
@@ -434,12 +437,13 @@ def _run_gate(
 
 
 def _delta_plan(
-    store: ObjectStore, refs: RefStore, name: str, parents: tuple[Parent, ...], max_depth: int, src: ModelSource
+    store: ObjectStore, previous: str | None, parents: tuple[Parent, ...], max_depth: int, src: ModelSource
 ) -> DeltaPlan:
-    """Tensors of the previous version of `name` and of the lineage parents, as delta bases,
-    paired with the source's tensors by name across a wrapper prefix. Only a hint for
-    compression: a head that moves meanwhile costs space, never correctness."""
-    related = [v for v in [refs.get(name), *(p.version for p in parents)] if v]
+    """Tensors of the previous version of the model (its head; for a checkpoint, the one its
+    run codes it against) and of the lineage parents, as delta bases, paired with the source's
+    tensors by name across a wrapper prefix. Only a hint for compression: a head that moves
+    meanwhile costs space, never correctness."""
+    related = [v for v in [previous, *(p.version for p in parents)] if v]
     if not related and not parents:
         return DeltaPlan(max_depth=max_depth)
     by_version = {v: store.get_manifest(store.get_version(v).manifest) for v in dict.fromkeys(related)}

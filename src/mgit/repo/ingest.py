@@ -19,12 +19,14 @@ from typing import Any
 import blake3
 import numpy as np
 
-from mgit.codecs import Codec, byte_array
+from mgit.codecs import Codec
+from mgit.formats.dtypes import element_count
 from mgit.formats.folder import ModelSource, SourceFile
 from mgit.formats.gguf import GgufLayout
 from mgit.formats.pairing import tensor_names
 from mgit.formats.safetensors import TensorSpan
 from mgit.formats.torch_zip import TorchZipLayout
+from mgit.repo.file_digest import FileDigest, hash_pieces
 from mgit.store.base import ObjectStore, PutResult
 from mgit.store.cache import CHECKOUT_BASES, DecodedCache
 from mgit.store.codec_policy import Encoding, exact_encoding
@@ -47,22 +49,6 @@ class SnapshotStats:
     def record(self, result: PutResult) -> None:
         if result.new:
             self.new_objects.append(result)
-
-
-HASH_PIECE = 1 << 20  # bytes hashed by one hasher, then the next, while they are in cache
-
-
-def _hash_pieces(data: np.ndarray, *hashers: Any) -> None:
-    """Feed `data` to each hasher (None: skipped) piece by piece: one read of memory for all."""
-    live = [h for h in hashers if h is not None]
-    if len(live) == 1:
-        live[0].update(data)
-        return
-    flat = byte_array(data)
-    for start in range(0, flat.nbytes, HASH_PIECE):
-        piece = flat[start : start + HASH_PIECE]
-        for hasher in live:
-            hasher.update(piece)
 
 
 def _digest(chunks: Iterable[Any]) -> str:
@@ -174,33 +160,6 @@ class _Prepared:
 
     def block_count(self, data: np.ndarray) -> int:
         return -(-data.nbytes // self.encoding.blocks)
-
-
-class _FileDigest:
-    """A tensor file's digest in file order (the skeleton's bytes between the tensors'). A tensor
-    is taken as it is read when all before it are in and that touches no page early (one over a
-    block, in one pass with its id; a SMALL one), else as it comes back (always in a lossy add:
-    the digest covers its reconstruction)."""
-
-    SMALL = 64 << 10
-
-    def __init__(self, skeleton: bytes, data_start: int) -> None:
-        self.hasher = blake3.blake3()
-        self.skeleton, self.data_start = skeleton, data_start
-        self.count = 0  # tensors taken
-        self.at = self.taken = 0  # bytes of the file and of the skeleton taken
-
-    def early(self, index: int, data: np.ndarray, large: bool) -> bool:
-        return self.count == index and (large or data.nbytes <= self.SMALL)
-
-    def take(self, span: TensorSpan, nbytes: int) -> Any:
-        """The skeleton's bytes before this tensor in; the hasher returned takes the tensor's next."""
-        gap = self.data_start + span.start - self.at
-        self.hasher.update(self.skeleton[self.taken : self.taken + gap])
-        self.at += gap + nbytes
-        self.taken += gap
-        self.count += 1
-        return self.hasher
 
 
 # What the pool is given for a safetensors file, in file order: a whole tensor, or each block of
@@ -319,7 +278,7 @@ class _SnapshotWriter:
         digest's hasher, takes the same bytes in the same pass."""
         store, plan = self.store, self.plan
         hasher = object_hasher(kind, meta)
-        _hash_pieces(data, hasher, digest)
+        hash_pieces(data, hasher, digest)
         oid = hasher.hexdigest()
         found = store.existing(oid, kind, data.nbytes)
         if found is not None:
@@ -360,7 +319,7 @@ class _SnapshotWriter:
         self.stats.record(header)
         if self.progress:
             self.progress(len(skeleton))  # (so that the bar ends at the files' size)
-        digest = _FileDigest(skeleton, data_start)
+        digest = FileDigest(skeleton, data_start)
         started: list[ChunkQueue] = []  # of blocked tensors whose writers wait for blocks
         written: list[Future[PutResult]] = []  # their writers, all blocks given
         entries = []
@@ -431,16 +390,17 @@ class _SnapshotWriter:
         return True
 
     def tensor_work(
-        self, f: SourceFile, started: list[ChunkQueue], digest: _FileDigest
+        self, f: SourceFile, started: list[ChunkQueue], digest: FileDigest
     ) -> Iterator[_WholeTensor | _TensorBlock]:
         """What the pool does, in file order: a tensor to put, one known already or coded
         already (to write), or each block of one coded in blocks (whose writer joins `started`).
-        A tensor whose bytes the file digest may take as it is read (`_FileDigest.early`) gives
+        A tensor whose bytes the file digest may take as it is read (`FileDigest.early`) gives
         them to it here, a large one in the same pass as its id."""
         for i, (span, data) in enumerate(f.tensor_data()):
-            large = self.plan.lossy is None and data.nbytes > self.store.block_bytes
+            exact = not self.lossy(span)
+            large = exact and data.nbytes > self.store.block_bytes
             hasher = None
-            if self.plan.lossy is None and digest.early(i, data, large):
+            if exact and digest.early(i, data, large):
                 hasher = digest.take(span, data.nbytes)
             found = None
             if large:
@@ -453,6 +413,15 @@ class _SnapshotWriter:
                 yield from (_TensorBlock(span, data, found, found.queue, k, count) for k in range(count))
             else:
                 yield _WholeTensor(span, data, found)
+
+    def lossy(self, span: TensorSpan) -> bool:
+        """Whether a tensor may be stored lossily: within the policy's scope, and for a scoped
+        policy never a one-element tensor (an optimizer's step count, which Adam's bias
+        correction reads exactly)."""
+        policy = self.plan.lossy
+        if policy is None or not policy.covers(span.name):
+            return False
+        return policy.scope is None or element_count(span.shape) > 1
 
     def run(self, item: _WholeTensor | _TensorBlock) -> _StoredTensor | _CodedBlock:
         """One item of `tensor_work`, in a worker."""
@@ -470,7 +439,7 @@ class _SnapshotWriter:
         store, plan, bases = self.store, self.plan, self.plan.candidates(span.name)
         meta = tensor_meta(span.dtype, span.shape)
         lossy, encoding = None, None
-        if plan.lossy is not None:
+        if plan.lossy is not None and self.lossy(span):
             lossy = encode_lossy(store, span.dtype, span.shape, data, bases, plan.lossy, plan.max_depth, self.reuse)
         if lossy is not None and lossy.chain is not None:
             data, lossy, encoding = self.lossy_or_exact(meta, data, lossy, bases)

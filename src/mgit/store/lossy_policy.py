@@ -22,8 +22,11 @@ class LossyPolicy:
     eps: float | None  # absolute bound
     guard: float = DEFAULT_GUARD
     rel: float | None = None  # bound relative to the rms of each tensor's change
+    scope: str | None = None  # only tensors whose name starts with this (a checkpoint's "optimizer."); None: all
 
     def __post_init__(self) -> None:
+        if self.scope is not None and not (isinstance(self.scope, str) and self.scope.isprintable() and self.scope):
+            raise InvalidOptionError(f"a lossy scope is a tensor-name prefix, not {self.scope!r}")
         if self.eps is None and self.rel is None:
             raise InvalidOptionError("a lossy policy needs a bound", hint="Give --lossy EPS or --lossy-rel R")
         checks = [("lossy bound", self.eps), ("relative lossy bound", self.rel), ("guard threshold", self.guard)]
@@ -42,6 +45,10 @@ class LossyPolicy:
         """The policy that an add's `lossy=EPS`, `lossy_rel=R` and `guard` ask for; None (lossless)
         when neither bound is given."""
         return cls(eps, guard, rel) if eps is not None or rel is not None else None
+
+    def covers(self, name: str) -> bool:
+        """Whether the tensor of this name may be stored lossily (the others stay exact)."""
+        return self.scope is None or name.startswith(self.scope)
 
     @property
     def mode(self) -> str:
@@ -67,7 +74,8 @@ def describe(record: dict[str, Any]) -> str:
         parts.append(f"{record['eps']:g}")
     if record.get("rel") is not None:
         parts.append(f"{record['rel']:g} x rms(change)")
-    return "|error| <= " + " and <= ".join(parts)
+    scope = f" ({record['scope']}* only)" if record.get("scope") else ""
+    return "|error| <= " + " and <= ".join(parts) + scope
 
 
 @dataclass
@@ -119,4 +127,6 @@ def verdict(
     }
     if policy.rel is not None:
         record["rel"] = float(policy.rel)
+    if policy.scope is not None:
+        record["scope"] = policy.scope
     return record, None

@@ -50,6 +50,7 @@ RECIPE_NEEDS = {"fn", "params", "source_sha256"}
 RECIPE_KEYS = RECIPE_NEEDS | {"source", "resources"}
 RESOURCES, MAX_RESOURCE = ("num_cpus", "num_gpus"), 1024.0
 LOSSY_NEEDS = {"eps", "mode", "max_error", "tensors", "guard"}
+LOSSY_MAY = {"rel", "scope"}
 
 
 class RecordError(ValueError):
@@ -245,9 +246,12 @@ def _lossy(value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
     _check(
-        isinstance(value, dict) and LOSSY_NEEDS <= set(value) <= LOSSY_NEEDS | {"rel"},
-        f"lossy is not an object of {', '.join(sorted(LOSSY_NEEDS | {'rel'}))}",
+        isinstance(value, dict) and LOSSY_NEEDS <= set(value) <= LOSSY_NEEDS | LOSSY_MAY,
+        f"lossy is not an object of {', '.join(sorted(LOSSY_NEEDS | LOSSY_MAY))}",
     )
+    if "scope" in value:  # only the tensors named so were stored lossily (a checkpoint's optimizer state)
+        scope = value["scope"]
+        _check(isinstance(scope, str) and 0 < len(scope) <= 256 and scope.isprintable(), "lossy scope is not a prefix")
     _check(value["mode"] in ("abs", "rel", "abs+rel"), "lossy mode is not abs, rel or abs+rel")
     for key in ("eps", "rel"):
         if value.get(key) is not None:

@@ -11,8 +11,8 @@ push-between-refs, push-after-objects; fetch-after-download, fetch-after-promote
 clone-before-heads; cascade-after-commit; rename-after-retired, rename-after-new-ref;
 delete-after-tombstone (`push --delete`), remote-gc-deleted (a remote gc's deletion).
 
-`MGIT_STALL_AT=<name>` with `MGIT_STALL_FILE=<path>` makes the process pause at that point
-instead: it creates `<path>.reached` and waits (at most STALL_WAIT seconds) until `<path>`
+`MGIT_STALL_AT=<name>[:<n>]` with `MGIT_STALL_FILE=<path>` makes the process pause at that point
+(the n-th time) instead: it creates `<path>.reached` and waits (at most STALL_WAIT seconds) until `<path>`
 exists, so that a test can run another process in between (a gc while a push is between
 its objects and its refs).
 """
@@ -32,18 +32,26 @@ _counting = threading.Lock()
 def crash_point(name: str) -> None:
     """SIGKILL this process here when `MGIT_CRASH_AT` names this point (and this is the n-th
     time this process reaches it, with `:<n>`)."""
-    if os.environ.get("MGIT_STALL_AT") == name:
+    stall = os.environ.get("MGIT_STALL_AT")
+    if stall == name or stall and ":" in stall and _nth_time("MGIT_STALL_AT", name):  # (no count: every time)
         _stall(os.environ.get("MGIT_STALL_FILE", ""))
-    wanted = os.environ.get("MGIT_CRASH_AT")
+    if _nth_time("MGIT_CRASH_AT", name):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _nth_time(variable: str, name: str) -> bool:
+    """Whether the variable names this point and this is the time it asks for (each variable
+    counts its own passes)."""
+    wanted = os.environ.get(variable)
     if not wanted:
-        return
+        return False
     point, _, nth = wanted.partition(":")
     if point != name:
-        return
+        return False
     with _counting:
-        _reached[name] = _reached.get(name, 0) + 1
-        if _reached[name] == (int(nth) if nth.isdigit() else 1):
-            os.kill(os.getpid(), signal.SIGKILL)
+        key = f"{variable}:{name}"
+        _reached[key] = _reached.get(key, 0) + 1
+        return _reached[key] == (int(nth) if nth.isdigit() else 1)
 
 
 def _stall(path: str) -> None:
