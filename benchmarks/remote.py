@@ -5,6 +5,7 @@ checkout fetches.
     python benchmarks/remote.py                 # everything; writes docs/benchmarks.md (remote section)
     python benchmarks/remote.py --runs 1 --no-doc --skip-lazy
     python benchmarks/remote.py --latency-only --preset demo   # only the section at 20 and 50 ms a request
+    python benchmarks/remote.py --scale-only --latencies 20,50   # only 1,000 x 5's no-op push and lazy clone
 
 Data: the MiniLM family of `minilm_family.py` (full preset, cached under .cache/family-full/)
 and the generated LLM-shaped bf16 base and fine-tune of `llm_family.py` (1.08 GB each),
@@ -61,6 +62,7 @@ LATENCY_STEPS = {
     "lazy_checkout": "lazy checkout of a fine-tune",
     "client_upload": "plain client: upload",
     "client_download": "plain client: download",
+    "client_refs": "plain client: GET of every ref",
 }
 
 
@@ -449,8 +451,14 @@ def main() -> None:
     parser.add_argument("--preset", choices=["full", "demo"], default="full", help="the MiniLM family's preset")
     parser.add_argument("--latency-only", action="store_true", help="only the section at a bucket's latency")
     parser.add_argument("--latencies", default="20,50", help="milliseconds a request, comma-separated")
+    parser.add_argument(
+        "--scale-only", action="store_true", help="at latency, only 1,000 x 5's no-op push and lazy clone"
+    )
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
+    if args.scale_only:
+        scale_main(args)
+        return
     if args.latency_only:
         latency_main(args)
         return
@@ -513,6 +521,59 @@ def latency_main(args: argparse.Namespace) -> None:
     print(section)
     if not args.no_doc:
         write_doc(section, LATENCY_BEGIN, LATENCY_END)
+
+
+def scale_main(args: argparse.Namespace) -> None:
+    """1,000 models x 5 pushed to moto directly, then through the proxy at each latency: a no-op
+    push and a lazy clone (the requests they make, by kind), beside the plain client's GET of
+    every ref (what reading the heads cost before the heads index)."""
+    from lineage_scale import FORMAT, build
+    from s3server import FaultProxy
+
+    path = CACHE / f"lineage-1000x5-s4-f{FORMAT}"
+    if not (path / ".built").exists():
+        (path / ".built").write_text(f"{build(path, 1000, 5, 4):.1f}\n")
+    repo, label = Repo(path), "1,000 models x 5"
+    s3 = S3()
+    results: dict[float, dict[str, Any]] = {}
+    try:
+        url = s3.url()
+        sync.init_bare(url)
+        _set_url(repo, "bench", url)
+        started = time.perf_counter()
+        sync.push(repo, "bench")
+        print(f"  first push, no proxy: {time.perf_counter() - started:.1f} s", flush=True)
+        bucket = url.removeprefix("s3://").split("/")[0]
+        refs = [(f"models/refs/models/{n}", WORK / "lat-refs" / n) for n in sorted(repo.refs.all())]
+        for ms in (float(x) for x in args.latencies.split(",")):
+            proxy = FaultProxy(s3.server.endpoint, latency=ms / 1000)
+            saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")}
+            os.environ.update(dict.fromkeys(saved, proxy.endpoint))
+            steps: dict[str, Any] = {"stored": stored_bytes(repo), "objects": len(list(repo.store.ids()))}
+            try:
+                for name, action in (
+                    ("noop_push", lambda: sync.push(repo, "bench")),
+                    ("lazy_clone", lambda: sync.clone(url, fresh(WORK / "lat-lazy"), lazy=True)),
+                    ("client_refs", lambda p=proxy: _get_all(s3, bucket, refs, p.endpoint)),
+                ):
+                    start, began = len(proxy.seen), time.perf_counter()
+                    action()
+                    steps[name] = (time.perf_counter() - began, proxy.kinds(start))
+                    print(f"  {ms:.0f} ms {name}: {steps[name][0]:.2f} s, {steps[name][1]}", flush=True)
+            finally:
+                proxy.stop()
+                for k, v in saved.items():
+                    os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+            results.setdefault(ms / 1000, {})[label] = steps
+    finally:
+        s3.stop()
+    section = "\n".join(latency_report(results))
+    print(section)
+
+
+def _get_all(s3: S3, bucket: str, keys: list[tuple[str, Path]], endpoint: str) -> None:
+    fresh(WORK / "lat-refs").mkdir(parents=True)
+    s3.each(lambda c, cfg, kp: c.download_file(bucket, kp[0], str(kp[1]), Config=cfg), keys, endpoint)
 
 
 if __name__ == "__main__":

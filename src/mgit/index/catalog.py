@@ -414,6 +414,14 @@ class Catalog(UsageQueries):
     def heads(self) -> dict[str, str]:
         return dict(self.db.execute("SELECT name, head FROM models ORDER BY name"))
 
+    def links(self) -> dict[str, list[str]]:
+        """{version: what it links to, its predecessor first, then its lineage parents} of every
+        indexed version: a walk of many histories reads these rows, not thousands of records."""
+        out = {v: [p] if p else [] for v, p in self.db.execute("SELECT id, predecessor FROM versions")}
+        for child, parent in self.db.execute("SELECT child, parent FROM edges ORDER BY child, position"):
+            out.setdefault(child, []).append(parent)
+        return out
+
     def has_version(self, vid: str) -> bool:
         return self.db.execute("SELECT 1 FROM versions WHERE id = ?", (vid,)).fetchone() is not None
 

@@ -136,7 +136,8 @@ class Incoming:
             header = self.overlay.header(oid)
             if header.kind == "version":
                 manifest = self.overlay.get_manifest(self.overlay.get_version(oid).manifest)
-                out = {**expected_by(manifest), **out}
+                for named, want in expected_by(manifest).items():  # (the first version's holds)
+                    out.setdefault(named, want)
             for base in header.bases:
                 bases.setdefault(base, base_expected(oid, header))
         return {**bases, **out}
