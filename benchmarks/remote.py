@@ -49,6 +49,7 @@ CACHE = ROOT / ".cache" / "bench"
 WORK = CACHE / "remote"
 BEGIN, END = "<!-- remote:begin -->", "<!-- remote:end -->"
 LATENCY_BEGIN, LATENCY_END = "<!-- remote-latency:begin -->", "<!-- remote-latency:end -->"
+SCALE_BEGIN, SCALE_END = "<!-- remote-scale:begin -->", "<!-- remote-scale:end -->"
 MB = 1e6
 TARGETS = {"folder": 300.0, "s3_ratio": 1.5, "lazy_clone_s": 10.0}
 LATENCIES = (0.020, 0.050)  # seconds a request costs a bucket over what it costs on loopback
@@ -63,6 +64,7 @@ LATENCY_STEPS = {
     "client_upload": "plain client: upload",
     "client_download": "plain client: download",
     "client_refs": "plain client: GET of every ref",
+    "client_heads": "plain client: a no-op push's requests",
 }
 
 
@@ -326,14 +328,19 @@ def a_fine_tune(repo: Repo) -> str:
     raise SystemExit("no fine-tune in the repository")
 
 
-def latency_report(results: dict[float, dict[str, Any]]) -> list[str]:
+def latency_report(
+    results: dict[float, dict[str, Any]],
+    markers: tuple[str, str] = (LATENCY_BEGIN, LATENCY_END),
+    title: str = "Remotes at a bucket's latency (`benchmarks/remote.py --latency-only`)",
+) -> list[str]:
     t = LATENCY_TARGETS
     columns = [(ms, label, steps) for ms, by_data in results.items() for label, steps in by_data.items()]
     lines = [
-        LATENCY_BEGIN,
-        "## Remotes at a bucket's latency (`benchmarks/remote.py --latency-only`)",
+        markers[0],
+        f"## {title}",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} on {machine()}, load {os.getloadavg()[0]:.1f} at the end; "
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {machine()}, commit {_commit()}, "
+        f"load {os.getloadavg()[0]:.1f} at the end; "
         "one run. Every request goes through a proxy that delays it by 20 or 50 ms "
         "before moto sees it (tests/s3server.py's FaultProxy; requests on separate connections wait in "
         "parallel, as on a network; MGit and the plain client both keep 16 in flight). Seconds, then "
@@ -348,13 +355,15 @@ def latency_report(results: dict[float, dict[str, Any]]) -> list[str]:
         + " |",
     ]
     for key, step in LATENCY_STEPS.items():
+        if not any(key in steps for *_, steps in columns):
+            continue
         cells = []
         for *_, steps in columns:
             seconds, kinds = steps.get(key, (None, {}))  # (a step a run did not reach: "-")
             detail = ", ".join(f"{k} {n:,}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
             cells.append("-" if seconds is None else f"{seconds:.2f} s; {sum(kinds.values()):,} ({detail})")
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
-    return [*lines, "", LATENCY_END]
+    return [*lines, "", markers[1]]
 
 
 def rate(nbytes: int, seconds: float) -> str:
@@ -555,6 +564,7 @@ def scale_main(args: argparse.Namespace) -> None:
                     ("noop_push", lambda: sync.push(repo, "bench")),
                     ("lazy_clone", lambda: sync.clone(url, fresh(WORK / "lat-lazy"), lazy=True)),
                     ("client_refs", lambda p=proxy: _get_all(s3, bucket, refs, p.endpoint)),
+                    ("client_heads", lambda p=proxy: _noop_requests(bucket, p.endpoint)),
                 ):
                     start, began = len(proxy.seen), time.perf_counter()
                     action()
@@ -567,8 +577,24 @@ def scale_main(args: argparse.Namespace) -> None:
             results.setdefault(ms / 1000, {})[label] = steps
     finally:
         s3.stop()
-    section = "\n".join(latency_report(results))
+    title = "Remotes at a bucket's latency, 1,000 models x 5 (`benchmarks/remote.py --scale-only`)"
+    section = "\n".join(latency_report(results, (SCALE_BEGIN, SCALE_END), title))
     print(section)
+    if not args.no_doc:
+        write_doc(section, SCALE_BEGIN, SCALE_END)
+
+
+def _noop_requests(bucket: str, endpoint: str) -> None:
+    """The requests of a no-op push with the heads index, by a new plain boto3 client: the floor
+    under MGit's (HEAD of the bucket, GET config.json, LIST the refs, GET the index)."""
+    from s3server import s3_client
+
+    client = s3_client(endpoint)
+    client.head_bucket(Bucket=bucket)
+    client.get_object(Bucket=bucket, Key="models/config.json")["Body"].read()
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="models/refs/models/"):
+        list(page.get("Contents", ()))
+    client.get_object(Bucket=bucket, Key="models/refs/heads.json")["Body"].read()
 
 
 def _get_all(s3: S3, bucket: str, keys: list[tuple[str, Path]], endpoint: str) -> None:

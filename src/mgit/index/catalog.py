@@ -324,9 +324,13 @@ class Catalog(UsageQueries):
             )
         return out
 
-    def put_sketch(self, vid: str, data: bytes) -> None:
+    def put_sketch(self, vid: str, data: bytes, *, keep: bool = False) -> None:
+        self.put_sketches({vid: data}, keep=keep)
+
+    def put_sketches(self, sketches: Mapping[str, bytes], *, keep: bool = False) -> None:
+        """Store sketches by version, in one transaction; `keep`: leave those already there."""
         with self.atomic() as tx:
-            tx.execute("INSERT OR REPLACE INTO sketches VALUES (?, ?)", (vid, data))
+            tx.executemany(f"INSERT OR {'IGNORE' if keep else 'REPLACE'} INTO sketches VALUES (?, ?)", sketches.items())
 
     def set_head(self, name: str, read_head: Callable[[], str | None]) -> None:
         """Mirror one model's ref after its writer moved it. `read_head` is called inside the
