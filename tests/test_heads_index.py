@@ -299,3 +299,26 @@ def test_a_writer_that_loses_the_race_for_the_index_merges_into_the_winners(
     writes = []
     monkeypatch.setattr(FolderBackend, "write_if", lambda self, key, data, *, token: writes.append(key))
     assert remote.refresh_heads({}) and writes == []  # right already: nothing written
+
+
+def test_a_few_heads_of_a_remote_of_very_many_are_read_ref_by_ref(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fewer names than the listing would take pages (the index says how many models there
+    are): a GET each, no listing; more: one listing and the index."""
+    from mgit.remotes.folder import FolderBackend
+    from mgit.remotes.repository import LIST_PAGE
+
+    (tmp_path / "r").mkdir()
+    backend = FolderBackend(tmp_path / "r", url=str(tmp_path / "r"))
+    remote = RemoteRepository(backend)
+    real = {f"m{i}": f"{i:x}".rjust(64, "a") for i in range(6)}
+    known = {n: (v, backend.write_if(f"refs/models/{n}", f"{v}\n".encode(), token=None)) for n, v in real.items()}
+    many = {f"x{i}": ("b" * 64, "t") for i in range(6 * LIST_PAGE)}  # (a lying count: refs not there)
+    backend.write_if(heads.HEADS_KEY, heads.to_bytes({**known, **many}), token=None)
+    seen = Requests(monkeypatch)
+    assert {n: v for n, (v, _) in remote.heads(list(real)).items()} == real
+    assert seen.of("list_tokens") == 0 and seen.of("read_versioned", under="refs/models") == 6
+    backend.write_if(heads.HEADS_KEY, heads.to_bytes(known), token=heads.read_index(backend)[1])
+    assert {n: v for n, (v, _) in remote.heads(list(real)).items()} == real
+    assert seen.of("list_tokens") == 1 and seen.of("read_versioned", under="refs/models") == 6

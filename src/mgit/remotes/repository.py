@@ -60,6 +60,7 @@ SIGNATURES = "signatures/"
 WORKERS = 16  # requests in flight: S3 latency, not bandwidth, bounds small transfers
 LIST_ABOVE = 64  # more loose objects to look for than this: one listing, not a HEAD each
 READ_EACH = 4  # this many heads or fewer: read ref by ref, not a listing and the heads index
+LIST_PAGE = 1000  # keys a listing request gives (S3's, GCS's and Azure's most)
 
 
 def object_key(oid: str) -> str:
@@ -194,14 +195,17 @@ class RemoteRepository:
         """{model: (head, token)} for these models (default: every model on the remote). Many
         (or all) are taken from one listing of the refs and the heads index where its entries
         hold (mgit.remotes.heads), the rest read; a few named, or `exact` (a remote gc, which
-        takes no hint), are read ref by ref."""
+        takes no hint), are read ref by ref, and so are fewer than the listing would take pages
+        (some models of a remote of very many)."""
         chosen = None if names is None else list(names)
-        if exact or (chosen is not None and len(chosen) <= READ_EACH):
+        index: heads_index.Heads = {}
+        if not exact and not (chosen is not None and len(chosen) <= READ_EACH):
+            index = heads_index.read_index(self.backend)[0]
+        if exact or (chosen is not None and len(chosen) <= max(READ_EACH, len(index) // LIST_PAGE)):
             chosen = self.model_names() if chosen is None else chosen
             found = self.map(self.head, chosen)
             return {n: (vid, tok) for n, (vid, tok) in zip(chosen, found, strict=True) if vid is not None}
         listed = self.listed_refs()
-        index = heads_index.read_index(self.backend)[0] if listed else {}
         return dict(heads_index.resolve(listed, index, chosen or listed, lambda ns: self.map(self.head, ns)))
 
     def refresh_heads(self, known: Mapping[str, tuple[str, str | None]]) -> bool:
