@@ -254,6 +254,23 @@ def test_a_damaged_index_is_read_as_none() -> None:
     ):
         assert heads.parse(bad) == {}
     assert heads.parse(good.replace(vid.encode(), b"not-a-version")) == {}
+    two = heads.to_bytes({"m": (vid, "t"), "n": (vid, "u")})
+    assert heads.parse(two.replace(b'"u"', b"7")) == {}  # one bad entry: no index at all
+
+
+def test_an_index_past_its_bound_is_not_read_and_the_refs_are(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mgit.remotes.folder import FolderBackend
+
+    (tmp_path / "r").mkdir()
+    backend = FolderBackend(tmp_path / "r", url=str(tmp_path / "r"))
+    remote = RemoteRepository(backend)
+    vids = {f"m{i}": f"{i:x}".rjust(64, "c") for i in range(READ_EACH + 2)}
+    for name, vid in vids.items():
+        backend.write_if(f"refs/models/{name}", f"{vid}\n".encode(), token=None)
+    backend.write_if(heads.HEADS_KEY, heads.to_bytes({n: ("d" * 64, "x") for n in vids}) + b" " * 4096, token=None)
+    monkeypatch.setattr(heads, "MAX_HEADS", 2048)
+    assert heads.read_index(backend) == ({}, None)
+    assert {n: v for n, (v, _) in remote.heads().items()} == vids
 
 
 class TestFolderHeadsIndex(OnFolder, HeadsIndexContract):

@@ -21,7 +21,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping
 
-from mgit.errors import InvalidNameError, RemoteConflictError
+from mgit.errors import InvalidNameError, RemoteConflictError, RemoteTooLargeError
 from mgit.index.refs import validate_model_name
 from mgit.remotes.base import Backend
 from mgit.store.objects import OID_RE
@@ -46,8 +46,9 @@ def parse(data: bytes | None) -> Heads:
         out: Heads = {}
         for name, entry in doc["heads"].items():
             vid, token = entry
-            if isinstance(vid, str) and OID_RE.match(vid) and isinstance(token, str) and token:
-                out[validate_model_name(name)] = (vid, token)
+            if not (isinstance(vid, str) and OID_RE.match(vid) and isinstance(token, str) and token):
+                return {}
+            out[validate_model_name(name)] = (vid, token)
         return out
     except (ValueError, TypeError, AttributeError, InvalidNameError):
         return {}
@@ -65,8 +66,12 @@ def matches(vid: str, token: str, listed: tuple[str, str | None]) -> bool:
 
 
 def read_index(backend: Backend) -> tuple[Heads, str | None]:
-    """The index's entries and its token (({}, None) when there is none)."""
-    data, token = backend.read_versioned(HEADS_KEY, limit=MAX_HEADS)
+    """The index's entries and its token (({}, None) when there is none, or one past
+    MAX_HEADS: a hint that large is not read, and not replaced either)."""
+    try:
+        data, token = backend.read_versioned(HEADS_KEY, limit=MAX_HEADS)
+    except RemoteTooLargeError:
+        return {}, None
     return parse(data), token
 
 
