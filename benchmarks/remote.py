@@ -5,6 +5,7 @@ checkout fetches.
     python benchmarks/remote.py                 # everything; writes docs/benchmarks.md (remote section)
     python benchmarks/remote.py --runs 1 --no-doc --skip-lazy
     python benchmarks/remote.py --latency-only --preset demo   # only the section at 20 and 50 ms a request
+    python benchmarks/remote.py --scale-only --latencies 20,50   # only 1,000 x 5's no-op push and lazy clone
 
 Data: the MiniLM family of `minilm_family.py` (full preset, cached under .cache/family-full/)
 and the generated LLM-shaped bf16 base and fine-tune of `llm_family.py` (1.08 GB each),
@@ -48,6 +49,7 @@ CACHE = ROOT / ".cache" / "bench"
 WORK = CACHE / "remote"
 BEGIN, END = "<!-- remote:begin -->", "<!-- remote:end -->"
 LATENCY_BEGIN, LATENCY_END = "<!-- remote-latency:begin -->", "<!-- remote-latency:end -->"
+SCALE_BEGIN, SCALE_END = "<!-- remote-scale:begin -->", "<!-- remote-scale:end -->"
 MB = 1e6
 TARGETS = {"folder": 300.0, "s3_ratio": 1.5, "lazy_clone_s": 10.0}
 LATENCIES = (0.020, 0.050)  # seconds a request costs a bucket over what it costs on loopback
@@ -61,6 +63,8 @@ LATENCY_STEPS = {
     "lazy_checkout": "lazy checkout of a fine-tune",
     "client_upload": "plain client: upload",
     "client_download": "plain client: download",
+    "client_refs": "plain client: GET of every ref",
+    "client_heads": "plain client: a no-op push's requests",
 }
 
 
@@ -324,15 +328,21 @@ def a_fine_tune(repo: Repo) -> str:
     raise SystemExit("no fine-tune in the repository")
 
 
-def latency_report(results: dict[float, dict[str, Any]]) -> list[str]:
+def latency_report(
+    results: dict[float, dict[str, Any]],
+    markers: tuple[str, str] = (LATENCY_BEGIN, LATENCY_END),
+    title: str = "Remotes at a bucket's latency (`benchmarks/remote.py --latency-only`)",
+    runs: str = "one run",
+) -> list[str]:
     t = LATENCY_TARGETS
     columns = [(ms, label, steps) for ms, by_data in results.items() for label, steps in by_data.items()]
     lines = [
-        LATENCY_BEGIN,
-        "## Remotes at a bucket's latency (`benchmarks/remote.py --latency-only`)",
+        markers[0],
+        f"## {title}",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} on {machine()}, load {os.getloadavg()[0]:.1f} at the end; "
-        "one run. Every request goes through a proxy that delays it by 20 or 50 ms "
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {machine()}, "
+        f"load {os.getloadavg()[0]:.1f} at the end; "
+        f"{runs}. Every request goes through a proxy that delays it by 20 or 50 ms "
         "before moto sees it (tests/s3server.py's FaultProxy; requests on separate connections wait in "
         "parallel, as on a network; MGit and the plain client both keep 16 in flight). Seconds, then "
         f"requests by kind. Targets at 20 ms: a first push of 1,000 x 5 under {t['push_vs_client']:.0f}x "
@@ -346,13 +356,15 @@ def latency_report(results: dict[float, dict[str, Any]]) -> list[str]:
         + " |",
     ]
     for key, step in LATENCY_STEPS.items():
+        if not any(key in steps for *_, steps in columns):
+            continue
         cells = []
         for *_, steps in columns:
             seconds, kinds = steps.get(key, (None, {}))  # (a step a run did not reach: "-")
             detail = ", ".join(f"{k} {n:,}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
             cells.append("-" if seconds is None else f"{seconds:.2f} s; {sum(kinds.values()):,} ({detail})")
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
-    return [*lines, "", LATENCY_END]
+    return [*lines, "", markers[1]]
 
 
 def rate(nbytes: int, seconds: float) -> str:
@@ -449,8 +461,14 @@ def main() -> None:
     parser.add_argument("--preset", choices=["full", "demo"], default="full", help="the MiniLM family's preset")
     parser.add_argument("--latency-only", action="store_true", help="only the section at a bucket's latency")
     parser.add_argument("--latencies", default="20,50", help="milliseconds a request, comma-separated")
+    parser.add_argument(
+        "--scale-only", action="store_true", help="at latency, only 1,000 x 5's no-op push and lazy clone"
+    )
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
+    if args.scale_only:
+        scale_main(args)
+        return
     if args.latency_only:
         latency_main(args)
         return
@@ -513,6 +531,81 @@ def latency_main(args: argparse.Namespace) -> None:
     print(section)
     if not args.no_doc:
         write_doc(section, LATENCY_BEGIN, LATENCY_END)
+
+
+def scale_main(args: argparse.Namespace) -> None:
+    """1,000 models x 5 pushed to moto directly, then through the proxy at each latency: a no-op
+    push and a lazy clone (the requests they make, by kind), beside the plain client's GET of
+    every ref (what reading the heads cost before the heads index) and its own run of a no-op
+    push's requests (the floor). Each step but the lazy clone is the median of --runs."""
+    from lineage_scale import FORMAT, build
+    from s3server import FaultProxy
+
+    path = CACHE / f"lineage-1000x5-s4-f{FORMAT}"
+    if not (path / ".built").exists():
+        (path / ".built").write_text(f"{build(path, 1000, 5, 4):.1f}\n")
+    repo, label = Repo(path), "1,000 models x 5"
+    s3 = S3()
+    results: dict[float, dict[str, Any]] = {}
+    try:
+        url = s3.url()
+        sync.init_bare(url)
+        _set_url(repo, "bench", url)
+        started = time.perf_counter()
+        sync.push(repo, "bench")
+        print(f"  first push, no proxy: {time.perf_counter() - started:.1f} s", flush=True)
+        bucket = url.removeprefix("s3://").split("/")[0]
+        refs = [(f"models/refs/models/{n}", WORK / "lat-refs" / n) for n in sorted(repo.refs.all())]
+        for ms in (float(x) for x in args.latencies.split(",")):
+            proxy = FaultProxy(s3.server.endpoint, latency=ms / 1000)
+            saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")}
+            os.environ.update(dict.fromkeys(saved, proxy.endpoint))
+            steps: dict[str, Any] = {"stored": stored_bytes(repo), "objects": len(list(repo.store.ids()))}
+            try:
+                for name, action in (
+                    ("noop_push", lambda: sync.push(repo, "bench")),
+                    ("lazy_clone", lambda: sync.clone(url, fresh(WORK / "lat-lazy"), lazy=True)),
+                    ("client_refs", lambda p=proxy: _get_all(s3, bucket, refs, p.endpoint)),
+                    ("client_heads", lambda p=proxy: _noop_requests(bucket, p.endpoint)),
+                ):
+                    times = []
+                    for _ in range(1 if name == "lazy_clone" else args.runs):  # (quick ones: the median)
+                        start, began = len(proxy.seen), time.perf_counter()
+                        action()
+                        times.append(time.perf_counter() - began)
+                    steps[name] = (statistics.median(times), proxy.kinds(start))
+                    print(f"  {ms:.0f} ms {name}: {times} s, {steps[name][1]}", flush=True)
+            finally:
+                proxy.stop()
+                for k, v in saved.items():
+                    os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+            results.setdefault(ms / 1000, {})[label] = steps
+    finally:
+        s3.stop()
+    title = "Remotes at a bucket's latency, 1,000 models x 5 (`benchmarks/remote.py --scale-only`)"
+    runs = f"each step the median of {args.runs} runs, the lazy clone one run"
+    section = "\n".join(latency_report(results, (SCALE_BEGIN, SCALE_END), title, runs))
+    print(section)
+    if not args.no_doc:
+        write_doc(section, SCALE_BEGIN, SCALE_END)
+
+
+def _noop_requests(bucket: str, endpoint: str) -> None:
+    """The requests of a no-op push with the heads index, by a new plain boto3 client: the floor
+    under MGit's (HEAD of the bucket, GET config.json, LIST the refs, GET the index)."""
+    from s3server import s3_client
+
+    client = s3_client(endpoint)
+    client.head_bucket(Bucket=bucket)
+    client.get_object(Bucket=bucket, Key="models/config.json")["Body"].read()
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="models/refs/models/"):
+        list(page.get("Contents", ()))
+    client.get_object(Bucket=bucket, Key="models/refs/heads.json")["Body"].read()
+
+
+def _get_all(s3: S3, bucket: str, keys: list[tuple[str, Path]], endpoint: str) -> None:
+    fresh(WORK / "lat-refs").mkdir(parents=True)
+    s3.each(lambda c, cfg, kp: c.download_file(bucket, kp[0], str(kp[1]), Config=cfg), keys, endpoint)
 
 
 if __name__ == "__main__":

@@ -81,3 +81,15 @@ def test_a_lineage_version_node_holds_each_column_in_its_own_field(tmp_path: Pat
     catalog, expected = indexed(tmp_path)
     node = Lineage.load(catalog).versions("m")[0]
     assert {f.name: getattr(node, f.name) for f in fields(node)} == {f.name: expected[f.name] for f in fields(node)}
+
+
+def test_links_are_what_each_indexed_record_links_to_and_sketches_go_in_one_batch(tmp_path: Path) -> None:
+    """The rows a push walks histories by instead of parsing records: predecessor first, then
+    lineage parents, as Version.linked_versions gives them."""
+    catalog, expected = indexed(tmp_path)
+    links = catalog.links()
+    base = expected["parents"][0][0]
+    assert links == {base: [], expected["predecessor"]: [], expected["id"]: [expected["predecessor"], base]}
+    catalog.put_sketches({base: b"one", expected["id"]: b"two"})
+    catalog.put_sketches({base: b"kept?", expected["predecessor"]: b"three"}, keep=True)
+    assert [catalog.sketch(v) for v in (base, expected["id"], expected["predecessor"])] == [b"one", b"two", b"three"]

@@ -117,3 +117,20 @@ def test_a_ref_value_that_is_no_version_id_is_an_mgit_error(tmp_path: Path) -> N
     with pytest.raises(MgitError, match="must name a version id"):
         refs.update("m", "not-a-version", expected=None)
     assert refs.get("m") is None
+
+
+def test_many_new_refs_are_refused_when_one_is_above_or_under_another(tmp_path: Path) -> None:
+    """`update_many` (a clone's thousand refs) checks names above and under each other by
+    bisection: each way round, and against refs already there."""
+    from mgit.errors import ModelNameConflictError
+
+    refs = RefStore(tmp_path)
+    names = {f"m{i:04d}": (A, None) for i in range(300)}
+    refs.update_many({**names, "team/solo": (B, None)})
+    assert len(refs.all()) == 301
+    for clash, other in (("m0007/x", "m0007"), ("team", "team/solo")):
+        with pytest.raises(ModelNameConflictError, match=other):
+            refs.update_many({clash: (C, None)})
+    with pytest.raises(ModelNameConflictError, match="'new' has models under it \\('new/a'"):
+        refs.update_many({"new": (A, None), "new/a": (B, None), "new/b": (B, None), "zz": (C, None)})
+    assert "new" not in refs.all() and "zz" not in refs.all()

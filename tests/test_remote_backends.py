@@ -280,6 +280,28 @@ class BackendContract:
         backend.write_if(key, b"v3", token=second)
         assert backend.read(key, limit=100) == b"v3"
 
+    def test_write_if_returns_the_token_and_a_listing_gives_each_refs_token_and_md5(self, backend):
+        """What the heads index (mgit.remotes.heads) is checked against: each key's token, as
+        `read_versioned` gives it, and the MD5 of its bytes where the listing has it."""
+        written = {"refs/models/a": b"v1\n", "refs/models/b/c": b"v2\n"}
+        returned = {key: backend.write_if(key, data, token=None) for key, data in written.items()}
+        backend.write("refs/other", b"not under the prefix")
+        listed = backend.list_tokens("refs/models/")
+        assert sorted(listed) == sorted(written)
+        for key, data in written.items():
+            token, md5 = listed[key]
+            assert (data, token) == backend.read_versioned(key, limit=100)
+            assert returned[key] in (None, token)  # (None: the backend's answer did not say)
+            assert md5 is None or md5 == hashlib.md5(data).hexdigest()
+        _, before = backend.read_versioned("refs/models/a", limit=100)
+        after = backend.write_if("refs/models/a", b"v3\n", token=before)
+        assert (
+            backend.list_tokens("refs/models/")["refs/models/a"][0]
+            == backend.read_versioned("refs/models/a", limit=100)[1]
+        )
+        assert after in (None, backend.read_versioned("refs/models/a", limit=100)[1]) and after != before
+        assert backend.list_tokens("nothing/") == {}
+
     def test_write_if_with_a_token_on_a_missing_key_conflicts(self, backend):
         backend.write_if("refs/models/a", b"v", token=None)
         _, token = backend.read_versioned("refs/models/a", limit=100)

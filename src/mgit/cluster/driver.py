@@ -221,7 +221,8 @@ class RayExecutor:
             try:
                 if theirs != job.head:
                     raise RemoteConflictError(self.remote_name, job.model)
-                move_head(self.conn, job.model, vid, expected=theirs, token=token)
+                new = move_head(self.conn, job.model, vid, expected=theirs, token=token)
+                self.conn.remote.refresh_heads({job.model: (vid, new)})  # the heads index follows
             except RemoteConflictError:
                 notes.append(
                     f"{job.model} on {self.remote_name} got another version meanwhile and stays there; "

@@ -324,9 +324,13 @@ class Catalog(UsageQueries):
             )
         return out
 
-    def put_sketch(self, vid: str, data: bytes) -> None:
+    def put_sketch(self, vid: str, data: bytes, *, keep: bool = False) -> None:
+        self.put_sketches({vid: data}, keep=keep)
+
+    def put_sketches(self, sketches: Mapping[str, bytes], *, keep: bool = False) -> None:
+        """Store sketches by version, in one transaction; `keep`: leave those already there."""
         with self.atomic() as tx:
-            tx.execute("INSERT OR REPLACE INTO sketches VALUES (?, ?)", (vid, data))
+            tx.executemany(f"INSERT OR {'IGNORE' if keep else 'REPLACE'} INTO sketches VALUES (?, ?)", sketches.items())
 
     def set_head(self, name: str, read_head: Callable[[], str | None]) -> None:
         """Mirror one model's ref after its writer moved it. `read_head` is called inside the
@@ -413,6 +417,14 @@ class Catalog(UsageQueries):
     # --- reading ------------------------------------------------------------------------
     def heads(self) -> dict[str, str]:
         return dict(self.db.execute("SELECT name, head FROM models ORDER BY name"))
+
+    def links(self) -> dict[str, list[str]]:
+        """{version: what it links to, its predecessor first, then its lineage parents} of every
+        indexed version: a walk of many histories reads these rows, not thousands of records."""
+        out = {v: [p] if p else [] for v, p in self.db.execute("SELECT id, predecessor FROM versions")}
+        for child, parent in self.db.execute("SELECT child, parent FROM edges ORDER BY child, position"):
+            out.setdefault(child, []).append(parent)
+        return out
 
     def has_version(self, vid: str) -> bool:
         return self.db.execute("SELECT 1 FROM versions WHERE id = ?", (vid,)).fetchone() is not None

@@ -7,9 +7,10 @@ rename. A killed writer leaves the old head in place.
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from mgit.errors import (
@@ -102,9 +103,8 @@ class RefStore:
             above = "/".join(parts[:i])
             if above in also or (self.dir / above).is_file():
                 return above
-        under = [o for o in also if o.startswith(f"{name}/")]
-        if under:
-            return under[0]
+        if under := _first_under(name, also):
+            return under
         if (self.dir / name).is_dir():
             for dirpath, _dirs, files in os.walk(self.dir / name):
                 for f in sorted(files):
@@ -151,11 +151,12 @@ class RefStore:
         then each ref is compared and renamed into place (a clone of a thousand models)."""
         staged: dict[str, tuple[Path | None, str | None]] = {}
         created = {name for name, (new, expected) in changes.items() if new is not None and expected is None}
+        also = _SortedNames(created)  # (a thousand new names: each looked for by bisection)
         for name, (new, expected) in changes.items():
             if new is not None and not OID_RE.match(new):
                 raise InvalidOptionError(f"a ref must name a version id, not {new!r}")
             if name in created:
-                self._check_new(name, also=created - {name})
+                self._check_new(name, also=also)
             tmp = None
             if new is not None:
                 path = self._path(name)
@@ -197,3 +198,19 @@ class RefStore:
     def pins(self) -> set[str]:
         folder = self.root / "refs" / "pins"
         return {p.name for p in folder.iterdir() if OID_RE.match(p.name)} if folder.is_dir() else set()
+
+
+class _SortedNames(frozenset):
+    """Names, with the sorted list that finds those under a name by bisection."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.ordered = sorted(self)
+
+
+def _first_under(name: str, names: Collection[str]) -> str | None:
+    """The first of `names` under `name` (`name/...`), if any."""
+    prefix = f"{name}/"
+    if isinstance(names, _SortedNames):
+        at = bisect.bisect_left(names.ordered, prefix)
+        return names.ordered[at] if at < len(names.ordered) and names.ordered[at].startswith(prefix) else None
+    return next((o for o in sorted(names) if o.startswith(prefix)), None)

@@ -13,6 +13,7 @@ Every read takes a `limit`: nothing read from a remote is trusted, its size incl
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -37,6 +38,11 @@ def check_key(key: str) -> str:
     ):
         raise RemoteError(f"not a remote key: {key!r}")
     return key
+
+
+def listed(key: str) -> bool:
+    """A key a bucket's `list` shows: valid, with no hidden part (as a folder shows files)."""
+    return bool(KEY_RE.match(key)) and not any(p.startswith(".") for p in key.split("/"))
 
 
 class KeyInfo(NamedTuple):
@@ -125,7 +131,20 @@ class Backend:
         writing the same bytes again keeps it, which a compare-and-swap allows."""
         raise NotImplementedError
 
-    def write_if(self, key: str, data: bytes, *, token: str | None) -> None:
+    def write_if(self, key: str, data: bytes, *, token: str | None) -> str | None:
         """Write `key` only if it is still at version `token` (from `read_versioned`), or,
-        with `token=None`, only if it does not exist; else RemoteConflictError."""
+        with `token=None`, only if it does not exist; else RemoteConflictError. Returns the
+        token of what it wrote, where the answer gives it (else None)."""
         raise NotImplementedError
+
+    def list_tokens(self, prefix: str) -> dict[str, tuple[str, str | None]]:
+        """{key: (its token as `read_versioned` gives it, the MD5 hex of its bytes or None)}
+        of every key under `prefix`: what the heads index is checked against
+        (mgit.remotes.heads). Here by reading each key (a folder's are local files); a
+        bucket's backend takes both from its listing."""
+        out = {}
+        for key in self.list(prefix):
+            data, token = self.read_versioned(key, limit=1 << 20)
+            if data is not None and token is not None:
+                out[key] = (token, hashlib.md5(data, usedforsecurity=False).hexdigest())
+        return out

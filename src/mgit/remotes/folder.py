@@ -297,7 +297,7 @@ class FolderBackend(Backend):
             return None, None
         return data, blake3.blake3(data).hexdigest()
 
-    def write_if(self, key: str, data: bytes, *, token: str | None) -> None:
+    def write_if(self, key: str, data: bytes, *, token: str | None) -> str | None:
         with self._lock(key):
             try:
                 _, current = self.read_versioned(key, limit=max(len(data), 64 << 20))
@@ -306,3 +306,4 @@ class FolderBackend(Backend):
             if current != token:
                 raise RemoteConflictError(self.url, key)
             self.write(key, data)
+        return blake3.blake3(data).hexdigest()

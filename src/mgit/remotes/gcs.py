@@ -23,6 +23,7 @@ MGIT_REMOTE_RETRY_SECONDS; listings are bounded in pages.
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +43,7 @@ from mgit.errors import (
     RemoteTooLargeError,
     RemoteUnavailableError,
 )
-from mgit.remotes.base import KEY_RE, Backend, KeyInfo, check_key
+from mgit.remotes.base import Backend, KeyInfo, check_key, listed
 from mgit.util.atomicfile import disk_full_as_error
 
 try:
@@ -254,20 +255,28 @@ class GCSBackend(Backend):
         meta = self._meta(key)
         return None if meta is None else meta[0]
 
-    def list_info(self, prefix: str) -> Iterator[KeyInfo]:
+    def _listing(self, prefix: str) -> list[Any]:
+        """The blobs under `prefix` (a key `list` would not show left out), sorted by key."""
         if top := prefix.rpartition("/")[0]:
             check_key(top)
-        keys: list[KeyInfo] = []
+        blobs: list[Any] = []
         with self._translated(bucket=True):
             for number, page in enumerate(self._pages(self.prefix + prefix)):
                 if number >= MAX_LIST_PAGES:
                     raise RemoteError(f"{self.url}: listing {prefix!r} did not end after {number} pages")
-                keys += [
-                    KeyInfo(b.name[len(self.prefix) :], int(b.size or 0), b.updated.timestamp() if b.updated else 0.0)
-                    for b in page
-                    if b.name.startswith(self.prefix + prefix)
-                ]
-        yield from sorted(k for k in keys if _listed(k.key))
+                blobs += [b for b in page if b.name.startswith(self.prefix + prefix)]
+        return sorted((b for b in blobs if listed(b.name[len(self.prefix) :])), key=lambda b: b.name)
+
+    def list_info(self, prefix: str) -> Iterator[KeyInfo]:
+        for b in self._listing(prefix):
+            yield KeyInfo(b.name[len(self.prefix) :], int(b.size or 0), b.updated.timestamp() if b.updated else 0.0)
+
+    def list_tokens(self, prefix: str) -> dict[str, tuple[str, str | None]]:
+        return {
+            b.name[len(self.prefix) :]: (str(b.generation), base64.b64decode(b.md5_hash).hex() if b.md5_hash else None)
+            for b in self._listing(prefix)
+            if b.generation
+        }
 
     def delete(self, key: str) -> None:
         try:
@@ -276,20 +285,17 @@ class GCSBackend(Backend):
         except MissingKeyError:
             pass
 
-    def write_if(self, key: str, data: bytes, *, token: str | None) -> None:
+    def write_if(self, key: str, data: bytes, *, token: str | None) -> str | None:
         if token is not None and not (token.isascii() and token.isdigit()):
             raise RemoteConflictError(self.url, key)  # not a generation of ours: never a match
+        blob = self._blob(key)
         with self._translated(key, conditional=True, bucket=True):
-            self._blob(key).upload_from_string(
+            blob.upload_from_string(
                 data, if_generation_match=0 if token is None else int(token), timeout=TIMEOUT, retry=self.retry
             )
+        return str(blob.generation) if blob.generation else None
 
 
 def _line(what: object) -> str:
     """The first line of a message, short."""
     return (str(what).strip().splitlines() or [""])[0][:300]
-
-
-def _listed(key: str) -> bool:
-    """A key `list` shows: valid, with no hidden part (as the folder backend shows files)."""
-    return bool(KEY_RE.match(key)) and not any(p.startswith(".") for p in key.split("/"))

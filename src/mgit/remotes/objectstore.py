@@ -45,7 +45,7 @@ from mgit.errors import (
     RemoteUnavailableError,
 )
 from mgit.remotes import AZURE_CONTAINER_RE
-from mgit.remotes.base import KEY_RE, Backend, KeyInfo, check_key
+from mgit.remotes.base import Backend, KeyInfo, check_key, listed
 from mgit.util.atomicfile import disk_full_as_error
 
 try:
@@ -326,22 +326,27 @@ class ObjectStoreBackend(Backend):
         except MissingKeyError:
             return None
 
-    def list_info(self, prefix: str) -> Iterator[KeyInfo]:
-        # obstore lists whole path segments: ask for the folder, keep what starts with `prefix`.
+    def _listing(self, prefix: str) -> list[dict[str, Any]]:
+        """obstore's entries of the keys under `prefix` (a key `list` would not show left out),
+        sorted. It lists whole path segments: the folder is asked for, what starts with `prefix` kept."""
         folder = prefix.rpartition("/")[0]
         if folder:
             check_key(folder)
-        keys: list[KeyInfo] = []
+        keys: list[dict[str, Any]] = []
         with self._translated():
             for number, page in enumerate(obstore.list(self.store, folder or None, chunk_size=LIST_PAGE)):
                 if number >= MAX_LIST_PAGES:
                     raise RemoteError(f"{self.url}: listing {prefix!r} did not end after {number} pages")
-                keys += [
-                    KeyInfo(m["path"], int(m["size"]), m["last_modified"].timestamp())
-                    for m in page
-                    if m["path"].startswith(prefix)
-                ]
-        yield from sorted(k for k in keys if _listed(k.key))
+                keys += [m for m in page if m["path"].startswith(prefix) and listed(m["path"])]
+        return sorted(keys, key=lambda m: m["path"])
+
+    def list_info(self, prefix: str) -> Iterator[KeyInfo]:
+        for m in self._listing(prefix):
+            yield KeyInfo(m["path"], int(m["size"]), m["last_modified"].timestamp())
+
+    def list_tokens(self, prefix: str) -> dict[str, tuple[str, str | None]]:
+        # (Azure's listing, through obstore, carries no MD5 of a blob's bytes: tokens only.)
+        return {m["path"]: (_quoted(m["e_tag"]), None) for m in self._listing(prefix) if m.get("e_tag")}
 
     def delete(self, key: str) -> None:
         try:
@@ -356,10 +361,16 @@ class ObjectStoreBackend(Backend):
         except MissingKeyError:
             return None, None
 
-    def write_if(self, key: str, data: bytes, *, token: str | None) -> None:
+    def write_if(self, key: str, data: bytes, *, token: str | None) -> str | None:
         mode: Any = "create" if token is None else {"e_tag": token}
         with self._translated(key, conditional=True):
-            obstore.put(self.store, check_key(key), data, mode=mode, use_multipart=False)
+            done = obstore.put(self.store, check_key(key), data, mode=mode, use_multipart=False)
+        return _quoted(done["e_tag"]) if done.get("e_tag") else None
+
+
+def _quoted(etag: str) -> str:
+    """An ETag as a GET's answer gives it, quoted (a listing gives Azure's bare)."""
+    return etag if etag.startswith(('"', 'W/"')) else f'"{etag}"'
 
 
 def _retries() -> dict[str, Any]:
@@ -374,8 +385,3 @@ def _line(what: object) -> str:
 
 def _container_missing(exc: Exception) -> bool:
     return any(code in str(exc) for code in ("ContainerNotFound", "NoSuchBucket"))
-
-
-def _listed(key: str) -> bool:
-    """A key `list` shows: valid, with no hidden part (as the folder backend shows files)."""
-    return bool(KEY_RE.match(key)) and not any(p.startswith(".") for p in key.split("/"))

@@ -4,6 +4,8 @@
     objects/ab/cdef...       object files, byte for byte as in a repository (immutable)
     refs/models/<name>       a version id and a newline; moved only by compare-and-swap, and
                              deleted by one (`push --delete`, through a tombstone)
+    refs/heads.json          every model's head and its ref's token: a hint, checked against a
+                             listing of the refs (mgit.remotes.heads)
     refs/tags/<id>           tags set later on a version (mgit.sync.tags); compare-and-swap too
     packs/<id>.mgpack        metadata packs: what a clone reads in one request (mgit.remotes.pack)
     signatures/<id>/<sha256>.sig  SSH signatures of a version (mgit.sync.signatures); written once
@@ -42,6 +44,7 @@ from mgit.errors import (
 )
 from mgit.index.refs import validate_model_name
 from mgit.remotes import datapack, partial
+from mgit.remotes import heads as heads_index
 from mgit.remotes.base import Backend
 from mgit.remotes.journal import TransferJournal
 from mgit.store.objects import OID_RE, utc_now
@@ -56,6 +59,8 @@ TOMBSTONE = b"deleted\n"  # a ref between the two steps of `delete_head`
 SIGNATURES = "signatures/"
 WORKERS = 16  # requests in flight: S3 latency, not bandwidth, bounds small transfers
 LIST_ABOVE = 64  # more loose objects to look for than this: one listing, not a HEAD each
+READ_EACH = 4  # this many heads or fewer: read ref by ref, not a listing and the heads index
+LIST_PAGE = 1000  # keys a listing request gives (S3's, GCS's and Azure's most)
 
 
 def object_key(oid: str) -> str:
@@ -133,8 +138,11 @@ class RemoteRepository:
 
     # --- refs -------------------------------------------------------------------------------
     def model_names(self) -> list[str]:
+        return self._names(self.backend.list(REFS))
+
+    def _names(self, keys: Iterable[str]) -> list[str]:
         names = []
-        for key in self.backend.list(REFS):
+        for key in keys:
             name = key[len(REFS) :]
             try:
                 names.append(validate_model_name(name))
@@ -147,6 +155,11 @@ class RemoteRepository:
                 if above in found:
                     raise ModelNameConflictError(name, above, where=self.url)
         return names
+
+    def listed_refs(self) -> dict[str, tuple[str, str | None]]:
+        """{model: (its ref's token, the MD5 of its bytes or None)}, from one listing of the refs."""
+        listed = self.backend.list_tokens(REFS)
+        return {n: listed[REFS + n] for n in self._names(sorted(listed))}
 
     def check_new_names(self, names: Iterable[str]) -> None:
         """Refuse to create models whose names are above or under a model on the remote (a
@@ -178,15 +191,32 @@ class RemoteRepository:
             raise RemoteError(f"the head of {name!r} on {self.url} is damaged ({value[:20]!r})")
         return value, token
 
-    def heads(self, names: Iterable[str] | None = None) -> dict[str, tuple[str, str | None]]:
-        """{model: (head, token)} for these models (default: every model on the remote)."""
-        chosen = self.model_names() if names is None else list(names)
-        found = self.map(self.head, chosen)
-        return {n: (vid, tok) for n, (vid, tok) in zip(chosen, found, strict=True) if vid is not None}
+    def heads(self, names: Iterable[str] | None = None, *, exact: bool = False) -> dict[str, tuple[str, str | None]]:
+        """{model: (head, token)} for these models (default: every model on the remote). Many
+        (or all) are taken from one listing of the refs and the heads index where its entries
+        hold (mgit.remotes.heads), the rest read; a few named, or `exact` (a remote gc, which
+        takes no hint), are read ref by ref, and so are fewer than the listing would take pages
+        (some models of a remote of very many)."""
+        chosen = None if names is None else list(names)
+        index: heads_index.Heads = {}
+        if not exact and not (chosen is not None and len(chosen) <= READ_EACH):
+            index = heads_index.read_index(self.backend)[0]
+        if exact or (chosen is not None and len(chosen) <= max(READ_EACH, len(index) // LIST_PAGE)):
+            chosen = self.model_names() if chosen is None else chosen
+            found = self.map(self.head, chosen)
+            return {n: (vid, tok) for n, (vid, tok) in zip(chosen, found, strict=True) if vid is not None}
+        listed = self.listed_refs()
+        return dict(heads_index.resolve(listed, index, chosen or listed, lambda ns: self.map(self.head, ns)))
 
-    def move_head(self, name: str, new: str, *, expected: str | None, token: str | None) -> None:
+    def refresh_heads(self, known: Mapping[str, tuple[str, str | None]]) -> bool:
+        """Rewrite the heads index after refs moved (`known`: heads with their tokens, read or
+        written by this process); False if racing writers kept it from being written."""
+        return heads_index.refresh(self.backend, self.listed_refs, known)
+
+    def move_head(self, name: str, new: str, *, expected: str | None, token: str | None) -> str | None:
         """Compare-and-swap: move `name` to `new` only if it is still at `expected` (whose
-        version token is `token`; None for a model new to the remote)."""
+        version token is `token`; None for a model new to the remote). The ref's new token,
+        where the backend's answer gives it."""
         if not OID_RE.match(new):
             raise RemoteError(f"a ref must name a version id, not {new!r}")
         if (expected is None) != (token is None):
@@ -195,12 +225,12 @@ class RemoteRepository:
             self.check_new_names([name])
         key = REFS + validate_model_name(name)
         try:
-            self.backend.write_if(key, f"{new}\n".encode(), token=token)
+            return self.backend.write_if(key, f"{new}\n".encode(), token=token)
         except RemoteConflictError:
             if expected is not None or self.backend.read_versioned(key, limit=MAX_SMALL)[0] != TOMBSTONE:
                 raise
             self.backend.delete(key)  # a delete killed between its steps: finish it (no one swaps from one)
-            self.backend.write_if(key, f"{new}\n".encode(), token=None)
+            return self.backend.write_if(key, f"{new}\n".encode(), token=None)
 
     def delete_head(self, name: str, *, expected: str, token: str) -> None:
         """Compare-and-swap the ref of `name` away from `expected` (read with `token`):

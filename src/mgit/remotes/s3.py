@@ -45,7 +45,7 @@ from mgit.errors import (
     RemoteUnavailableError,
 )
 from mgit.remotes import multipart
-from mgit.remotes.base import KEY_RE, Backend, KeyInfo, check_key
+from mgit.remotes.base import Backend, KeyInfo, check_key, listed
 from mgit.util.atomicfile import disk_full_as_error
 
 try:
@@ -69,6 +69,7 @@ GRACE, MIN_RATE = 60.0, 32 * 1024  # a body has GRACE s plus its size at MIN_RAT
 CHUNK = 8 * MiB
 T = TypeVar("T")
 MAX_LIST_PAGES = 100_000  # 10^8 keys: a listing that never ends comes from a broken server
+MD5_ETAG = re.compile(r'^"[0-9a-f]{32}"\Z')
 AWS_HOST = re.compile(r"(^|\.)amazonaws\.com(\.cn)?$")
 AUTH_CODES = {
     "AccessDenied",
@@ -179,10 +180,7 @@ class S3Backend(Backend):
 
     def _pace(self, parsed: dict[str, Any], **kwargs: Any) -> None:
         if "Body" in parsed:
-            size = parsed.get("ContentLength")
-            parsed["Body"] = _PacedBody(
-                parsed["Body"], size if isinstance(size, int) else None, self.grace, self.min_rate
-            )
+            parsed["Body"] = _PacedBody(parsed["Body"], parsed.get("ContentLength"), self.grace, self.min_rate)
 
     def _connect(self, endpoint_url: str | None, region: str | None, profile: str | None, workers: int) -> Any:
         config = Config(
@@ -374,7 +372,8 @@ class S3Backend(Backend):
         size = head.get("ContentLength")
         return size if isinstance(size, int) and size >= 0 else None  # (a server that says no size: sent again)
 
-    def list_info(self, prefix: str) -> Iterator[KeyInfo]:
+    def _listing(self, prefix: str) -> list[tuple[str, dict[str, Any]]]:
+        """(key, ListObjectsV2's entry) of every key under `prefix`, sorted."""
         if top := prefix.rpartition("/")[0]:
             check_key(top)
         start, keys = self.prefix + prefix, []
@@ -384,11 +383,16 @@ class S3Backend(Backend):
                 if number >= MAX_LIST_PAGES:
                     raise RemoteError(f"{self.url}: listing {prefix!r} did not end after {number} pages")
                 keys += [
-                    KeyInfo(o["Key"][len(self.prefix) :], int(o.get("Size", 0)), o["LastModified"].timestamp())
-                    for o in page.get("Contents", ())
-                    if o["Key"].startswith(start)
+                    (o["Key"][len(self.prefix) :], o) for o in page.get("Contents", ()) if o["Key"].startswith(start)
                 ]
-        yield from sorted(k for k in keys if _listed(k.key))
+        return sorted(((k, o) for k, o in keys if listed(k)), key=lambda ko: ko[0])
+
+    def list_info(self, prefix: str) -> Iterator[KeyInfo]:
+        return (KeyInfo(k, int(o.get("Size", 0)), o["LastModified"].timestamp()) for k, o in self._listing(prefix))
+
+    def list_tokens(self, prefix: str) -> dict[str, tuple[str, str | None]]:
+        etags = {k: str(o["ETag"]) for k, o in self._listing(prefix) if o.get("ETag")}
+        return {k: (e, e.strip('"') if MD5_ETAG.match(e) else None) for k, e in etags.items()}  # (SSE-KMS: no MD5)
 
     def delete(self, key: str) -> None:
         with self._translated(key):
@@ -402,16 +406,17 @@ class S3Backend(Backend):
             return None, None
         return sink.getvalue(), etag
 
-    def write_if(self, key: str, data: bytes, *, token: str | None) -> None:
+    def write_if(self, key: str, data: bytes, *, token: str | None) -> str | None:
         condition = {"IfNoneMatch": "*"} if token is None else {"IfMatch": token}
         with self._translated(key, conditional=True):
             try:
-                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **condition)
+                put = self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **condition)
+                return str(put["ETag"]) if put.get("ETag") else None
             except boto_errors.ClientError as exc:
-                # A retried put refused as a conflict may be refused because its first try
-                # landed and only the answer was lost: then the key holds exactly our bytes.
+                # A retried put refused as a conflict: its first try may have landed, the answer lost.
                 if not (exc.response.get("ResponseMetadata", {}).get("RetryAttempts") and self._holds(key, data)):
-                    raise
+                    raise  # (else the key holds exactly our bytes; the ETag went with the lost answer)
+        return None
 
     def _holds(self, key: str, data: bytes) -> bool:
         try:
@@ -433,11 +438,6 @@ def _copy(body: Any, sink: BinaryIO, most: int) -> int:
     return copied
 
 
-def _listed(key: str) -> bool:
-    """A key `list` shows: valid, with no hidden part (as the folder backend shows files)."""
-    return bool(KEY_RE.match(key)) and not any(p.startswith(".") for p in key.split("/"))
-
-
 class _TooSlow(boto_errors.ReadTimeoutError):
     """A body that missed its deadline (a ReadTimeoutError, so that s3transfer's ranged parts
     are retried like any read that timed out)."""
@@ -451,8 +451,9 @@ class _PacedBody:
     socket read brings (urllib3's read1), so the deadline is looked at between bytes that
     trickle in, not only when a whole chunk has come."""
 
-    def __init__(self, body: Any, size: int | None, grace: float, rate: float) -> None:
-        self._body, self._size, self._grace, self._rate = body, size, grace, rate
+    def __init__(self, body: Any, size: Any, grace: float, rate: float) -> None:  # (size: None if not said)
+        self._body, self._grace, self._rate = body, grace, rate
+        self._size: int | None = size if isinstance(size, int) else None
         self._start, self._received = time.monotonic(), 0
         raw = getattr(body, "_raw_stream", None)
         self._read1 = getattr(raw, "read1", None)

@@ -12,7 +12,9 @@ import numpy as np
 from mgit.errors import MissingObjectError
 from mgit.store.base import ObjectStore
 from mgit.store.local import LocalStore
-from mgit.store.objectformat import ObjectHeader
+from mgit.store.objectformat import ObjectHeader, parse_record
+
+HELD_BYTES = 256 << 20  # records kept in memory as they arrive in packs; past this, read back from their files
 
 
 class OverlayStore(ObjectStore):
@@ -23,12 +25,23 @@ class OverlayStore(ObjectStore):
         self.quarantine = quarantine
         self.store = store
         self.decoded: set[str] = set()  # every object read to be decoded (and so re-hashed)
+        self._held: dict[str, bytes] = {}  # the bytes of records just written to the quarantine
+        self._held_bytes = 0
+
+    def hold(self, oid: str, raw: bytes) -> None:
+        """Keep the bytes just written to the quarantine as `oid` (a record from a metadata
+        pack), up to HELD_BYTES in all, so that reading, verifying and parsing it opens no file."""
+        if self._held_bytes + len(raw) <= HELD_BYTES:
+            self._held[oid] = raw
+            self._held_bytes += len(raw)
 
     def has(self, oid: str) -> bool:
-        return self.quarantine.has(oid) or self.store.has(oid)
+        return oid in self._held or self.quarantine.has(oid) or self.store.has(oid)
 
     def read_record(self, oid: str) -> bytes | np.ndarray:
         self.decoded.add(oid)
+        if oid in self._held:
+            return self._held[oid]
         try:
             return self.quarantine.read_record(oid)
         except MissingObjectError:
@@ -47,6 +60,8 @@ class OverlayStore(ObjectStore):
             return self.store.read_range(oid, offset, length)
 
     def header(self, oid: str) -> ObjectHeader:
+        if oid in self._held:
+            return parse_record(oid, self._held[oid])[0]
         try:
             return self.quarantine.header(oid)
         except MissingObjectError:

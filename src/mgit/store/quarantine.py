@@ -32,7 +32,7 @@ from mgit.errors import (
 )
 from mgit.store.cache import CHECKOUT_BASES, DecodedCache
 from mgit.store.local import LocalStore
-from mgit.store.objectformat import Expected, base_expected, expected_by
+from mgit.store.objectformat import Expected, ObjectHeader, base_expected, expected_by
 from mgit.store.overlay import OverlayStore
 from mgit.util.atomicfile import sync_files, write_atomic
 from mgit.util.parallel import Progress
@@ -50,11 +50,14 @@ class Incoming:
         self.overlay = OverlayStore(self.quarantine, store)
         self.arrived: list[str] = []
         self._dead: list[Path] | None = None
+        self._folders: set[Path] = set()
 
     def path_for(self, oid: str) -> Path:
         """Where a download of `oid` goes (its folder created)."""
         path = self.quarantine.path_of(oid)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.parent not in self._folders:  # (one mkdir per fan-out folder, not per object)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._folders.add(path.parent)
         self.arrived.append(oid)
         return path
 
@@ -63,6 +66,7 @@ class Incoming:
         verified and kept like any object that arrives."""
         for oid, raw in records.items():  # small files: threads would only contend for the GIL
             write_atomic(self.path_for(oid), [raw], fsync=False, sync_dir=False)
+            self.overlay.hold(oid, raw)  # (read, verified and parsed from memory, not read back)
 
     def salvage(self, oid: str, *, limit: int) -> int | None:
         """Take `oid` from the quarantine of a fetch that was killed (its process gone), if
@@ -112,7 +116,8 @@ class Incoming:
         manifest of a version that arrived with it (a base: its child, as it is decoded).
         Bases decoded on the way are kept for the objects that share them."""
         cache = DecodedCache(CHECKOUT_BASES)
-        expected = {**self.expectations(oids), **(expect or {})}
+        headers = {o: self.overlay.header(o) for o in oids}  # (read once: ten thousand records, ten thousand opens)
+        expected = {**self.expectations(oids, headers), **(expect or {})}
 
         def check(oid: str) -> None:
             if oid not in self.overlay.decoded:  # decoded already as another's base: verified
@@ -122,21 +127,22 @@ class Incoming:
 
         # The deepest first: decoding a delta decodes and re-hashes its bases (whole, or block
         # by block as they pass), so each object is decoded once, as a base or on its own.
-        order = sorted(oids, key=lambda o: self.overlay.header(o).depth, reverse=True)
+        order = sorted(oids, key=lambda o: headers[o].depth, reverse=True)
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-verify") as pool:
             for _ in pool.map(check, order):
                 pass
 
-    def expectations(self, oids: list[str]) -> dict[str, Expected]:
+    def expectations(self, oids: list[str], headers: Mapping[str, ObjectHeader]) -> dict[str, Expected]:
         """What the manifests of the versions among `oids` expect of the objects they name,
         and the deltas among them of their bases (a base may be verified before its child)."""
         out: dict[str, Expected] = {}
         bases: dict[str, Expected] = {}
         for oid in oids:
-            header = self.overlay.header(oid)
+            header = headers[oid]
             if header.kind == "version":
                 manifest = self.overlay.get_manifest(self.overlay.get_version(oid).manifest)
-                out = {**expected_by(manifest), **out}
+                for named, want in expected_by(manifest).items():  # (the first version's holds)
+                    out.setdefault(named, want)
             for base in header.bases:
                 bases.setdefault(base, base_expected(oid, header))
         return {**bases, **out}

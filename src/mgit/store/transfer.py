@@ -53,10 +53,18 @@ def history(
     tips: Iterable[str],
     *,
     stop: Callable[[str], bool] = lambda v: False,
+    links: Mapping[str, list[str]] | None = None,
 ) -> list[str]:
     """Versions reachable from `tips` through predecessors and lineage parents, ancestors
-    first, not walking past a version for which `stop` is true (the other side has it)."""
-    return ancestors_first(tips, lambda vid: store.get_version(vid).linked_versions(), stop=stop)
+    first, not walking past a version for which `stop` is true (the other side has it).
+    `links` ({version: what it links to}, a catalog's rows) spares reading those records."""
+    links = links or {}
+
+    def linked(vid: str) -> list[str]:
+        found = links.get(vid)
+        return found if found is not None else store.get_version(vid).linked_versions()
+
+    return ancestors_first(tips, linked, stop=stop)
 
 
 def version_objects(store: ObjectStore, vid: str) -> tuple[Version, Manifest, set[str]]:

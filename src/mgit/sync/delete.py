@@ -33,7 +33,10 @@ def delete_remote_models(
             retired = repo.retired.all()
             there = conn.remote.model_names()
             chosen += [n for n in there if n in retired and repo.refs.get(n) is None and n not in chosen]
-        return [_delete(repo, conn, name) for name in chosen]
+        deleted = [_delete(repo, conn, name) for name in chosen]
+        if deleted:
+            conn.remote.refresh_heads({})  # the heads index (a hint) follows the refs
+        return deleted
     finally:
         conn.close()
 

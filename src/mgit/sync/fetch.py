@@ -194,9 +194,7 @@ def _arrive(
     remember_bundles(repo, conn, bundles)
     if lazy:
         _describe_objects(repo, versions, [ObjectRow(*r) for r in rows.values()])
-    for vid, data in sketches.items():
-        if repo.catalog.sketch(vid) is None:
-            repo.catalog.put_sketch(vid, data)
+    repo.catalog.put_sketches(sketches, keep=True)  # (one transaction for thousands)
     if every_model:  # a fetch of some models may want the rest of these packs later
         _remember_packs(repo, conn, read)
     return versions

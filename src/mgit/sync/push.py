@@ -88,6 +88,13 @@ def _push(
     remote = conn.remote
     remote.check()
     theirs = remote.heads(chosen)
+    # A ref that moves is judged, and swapped, from the ref itself, never from the heads index.
+    moves = [n for n, vid in chosen.items() if n in theirs and theirs[n][0] != vid]
+    read = remote.heads(moves, exact=True) if moves else {}
+    for name in moves:
+        theirs.pop(name)
+        if name in read:
+            theirs[name] = read[name]
     updates, moving, refused = [], {}, []
     for name, vid in chosen.items():
         old, token = theirs.get(name, (None, None))
@@ -128,25 +135,30 @@ def _push(
     others = remote.heads() if repo.retired.dir.is_dir() else {}  # names removed or renamed here
     notes = push_retired(repo, conn, chosen, {n: h for n, (h, _) in others.items()})
     crash_point("push-before-refs")
-    conflicts = []
+    conflicts, moved = [], {}
     for i, (name, (vid, old, token)) in enumerate(moving.items()):
         if i:
             crash_point("push-between-refs")
         try:
-            move_head(conn, name, vid, expected=old, token=token)
+            moved[name] = (vid, move_head(conn, name, vid, expected=old, token=token))
         except RemoteConflictError:
             conflicts.append(name)
+    if moved:  # the heads index (a hint) follows the refs
+        crash_point("push-before-heads-index")
+        remote.refresh_heads({**theirs, **moved})
     if conflicts:
         raise RemoteConflictError(conn.name, f"{conflicts[0]} (another push landed first; run: mgit pull)")
     return PushResult(conn.name, remote.url, updates, len(versions), sent, checks, tags, notes)
 
 
-def move_head(conn: Connection, name: str, vid: str, *, expected: str | None, token: str | None) -> None:
+def move_head(conn: Connection, name: str, vid: str, *, expected: str | None, token: str | None) -> str | None:
     """Move the remote's head of `name` to `vid` by compare-and-swap from `expected` (read
-    with `token`), then the remote-tracking ref to match; RemoteConflictError if it moved."""
-    conn.remote.move_head(name, vid, expected=expected, token=token)
+    with `token`), then the remote-tracking ref to match; RemoteConflictError if it moved.
+    The ref's new token, where the backend gives it."""
+    new = conn.remote.move_head(name, vid, expected=expected, token=token)
     if conn.tracking is not None:
         conn.tracking.update(name, vid, expected=conn.tracking.get(name))
+    return new
 
 
 def publish_to(
@@ -167,8 +179,9 @@ def publish_to(
     store = repo.store
     ran = gc_has_run(conn.remote) if tips else False
     trusted = known_tips + ([] if ran else list(remembered or []))
-    known = set(history(store, [t for t in trusted if store.has(t)]))
-    versions = history(store, tips, stop=known.__contains__)
+    links = repo.catalog.links()  # (the catalog's rows, not thousands of records parsed)
+    known = set(history(store, [t for t in trusted if store.has(t)], links=links))
+    versions = history(store, tips, stop=known.__contains__, links=links)
     sent = TransferStats()
     if versions:
         needed = closure(store, versions)

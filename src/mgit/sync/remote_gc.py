@@ -119,7 +119,7 @@ def plan(remote: RemoteRepository, *, expire: float, now: float) -> Plan:
     leases = live_leases(remote, now)
     protected, result.leases, result.expired_leases = leases.objects, leases.live, leases.expired
     names = remote.model_names()
-    heads = {n: h for n, (h, _) in remote.heads(names).items()}
+    heads = {n: h for n, (h, _) in remote.heads(names, exact=True).items()}  # (no hint: a gc deletes)
     for name in set(names) - set(heads):
         data, _ = remote.backend.read_versioned(REFS + name, limit=4096)
         if data == TOMBSTONE:
