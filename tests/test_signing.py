@@ -355,3 +355,34 @@ def test_a_cascade_whose_key_does_not_load_stops_before_any_recipe_runs(signed: 
     before = json.loads(run("log", "tuned", "--json")[1])
     one_line_error(run("cascade", "base"), "cannot read the signing key", "no-such-key")
     assert json.loads(run("log", "tuned", "--json")[1]) == before  # nothing committed, signed or not
+
+
+def test_many_signatures_are_kept_together_checked_first_and_synced_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a clone of many signed versions keeps: every signature checked before any is
+    written (one that signs another version writes nothing), then all made durable together,
+    not an fsync of each file and folder."""
+    import os
+
+    from mgit.errors import SignatureError
+    from mgit.signing import keys, sshsig
+    from mgit.signing.store import SignatureStore, signature_name
+
+    signer = keys.load_signing_key(keygen(tmp_path / "keys", "alice"))
+    vids = [f"{i:064x}" for i in range(200)]
+    made = [(v, sshsig.sign(signer, sshsig.version_message(v))) for v in vids]
+    store = SignatureStore(tmp_path / "repo")
+    with pytest.raises(SignatureError, match="does not sign version"):
+        store.add_many([*made[:50], (vids[0], made[1][1])])  # a signature moved onto another version
+    assert store.versions() == [] and not store.temporary_files()
+
+    fsyncs: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: fsyncs.append(fd) or real(fd))
+    assert store.add_many([*made, made[0]]) == 200  # the same signature twice is kept once
+    assert len(fsyncs) < 10  # 200 files in 201 folders: a syncfs or a few, not 400 fsyncs
+    assert store.versions() == vids and not store.temporary_files()
+    for vid, sig in made:
+        assert store.get(vid) == [sig.armored] and store.names(vid) == {signature_name(sig.armored)}
+    assert store.add_many(made) == 0

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from mgit.errors import SignatureError
 from mgit.signing.sshsig import VERSION_NAMESPACE, SshSignature, version_message
 from mgit.store.objects import OID_RE
-from mgit.util.atomicfile import TMP_PREFIX, write_atomic
+from mgit.util.atomicfile import TMP_PREFIX, disk_full_as_error, sync_files, temporary_sibling, write_atomic
 
 MAX_PER_VERSION = 32  # signers of one version: an author, reviewers, a CI; far above any real count
 FOLDER = "signatures"
@@ -93,6 +94,41 @@ class SignatureStore:
         folder.mkdir(parents=True, exist_ok=True)
         write_atomic(path, [armored], fsync=self.fsync)
         return True
+
+    def add_many(self, signatures: Iterable[tuple[str, bytes | SshSignature]]) -> int:
+        """Keep many signatures at once (what a fetch or clone brought), each checked as `add`
+        checks it, all before any is written; their bytes are made durable together (one
+        syncfs for many, where an fsync of each file and folder cost a clone of thousands of
+        signed versions more than verifying them), then each is renamed into place. How many
+        were new."""
+        new: dict[Path, bytes] = {}
+        counts: dict[str, int] = {}
+        for vid, signature in signatures:
+            armored = check_signature(vid, signature).armored
+            path = self._folder(vid) / f"{signature_name(armored)}.sig"
+            if path in new or path.exists():
+                continue
+            counts[vid] = counts.get(vid, len(self._files(vid))) + 1
+            if counts[vid] > MAX_PER_VERSION:
+                raise SignatureError(f"version {vid[:12]} already has {MAX_PER_VERSION} signatures")
+            new[path] = armored
+        written: dict[Path, Path] = {}
+        try:
+            for path, armored in new.items():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                written[path] = temporary_sibling(path)
+                with disk_full_as_error(path), open(written[path], "xb") as f:
+                    f.write(armored)
+            if self.fsync:
+                sync_files(list(written.values()))
+            for path, tmp in written.items():
+                os.replace(tmp, path)
+        finally:
+            for tmp in written.values():
+                tmp.unlink(missing_ok=True)
+        if self.fsync and new:
+            sync_files(sorted({p.parent for p in new} | {self.dir}))  # the renames (folders are files too)
+        return len(new)
 
     def temporary_files(self) -> list[Path]:
         return list(self.dir.glob(f"*/{TMP_PREFIX}*")) if self.dir.is_dir() else []

@@ -166,4 +166,4 @@ def enforce_policy(repo: Repo, conn: Connection, store: ObjectStore, versions: l
 
 def keep_signatures(repo: Repo, arrived: Arrived) -> int:
     """Keep what a fetch brought (after its versions were kept)."""
-    return sum(repo.signatures.add(vid, s) for vid, sigs in arrived.items() for s in sigs)
+    return repo.signatures.add_many((vid, s) for vid, sigs in arrived.items() for s in sigs)
