@@ -186,3 +186,16 @@ def test_the_ssh_agent_signs_for_a_public_key(tmp_path: Path, agent: Path, monke
     monkeypatch.delenv("SSH_AUTH_SOCK")
     with pytest.raises(SigningKeyError, match="SSH_AUTH_SOCK"):
         agent_signer(PublicKey.from_line(pub.read_text()), where=str(pub))
+
+
+def test_a_public_key_seen_again_is_not_parsed_again_and_a_bad_one_is_not_remembered(tmp_path: Path) -> None:
+    from mgit.signing import keys
+
+    good = keys.PublicKey.from_line(keygen(tmp_path, "a").with_suffix(".pub").read_text())
+    again = keys.PublicKey.from_blob(bytes(good.blob))  # an equal blob, another bytes object
+    assert again is good and again.crypto() is good.crypto()
+    for blob in (good.blob[:-1], b"\x00\x00\x00\x07ssh-dss"):  # a key cut short; an unsupported type
+        for _ in range(2):  # refused each time: a refusal is not remembered as a key
+            with pytest.raises(SignatureError):
+                keys.PublicKey.from_blob(blob)
+        assert blob not in keys._PARSED

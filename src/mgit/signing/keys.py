@@ -74,6 +74,10 @@ def ssh_string(data: bytes | str) -> bytes:
     return struct.pack(">I", len(raw)) + raw
 
 
+MAX_PARSED = 1024  # distinct public keys remembered by one process
+_PARSED: dict[bytes, PublicKey] = {}  # blob -> the key parsed from it (valid: refused blobs are not kept)
+
+
 @dataclass(frozen=True)
 class PublicKey:
     """An SSH public key by its wire blob; `line` is how OpenSSH writes it."""
@@ -82,6 +86,11 @@ class PublicKey:
 
     @classmethod
     def from_blob(cls, blob: bytes) -> PublicKey:
+        """The key of an SSH wire blob, checked (a point on its curve); a blob seen before gives
+        the key parsed then (a clone meets its few signers' keys once per signed version)."""
+        known = _PARSED.get(blob)
+        if known is not None:
+            return known
         wire = Wire(blob, "a public key")
         kind = wire.text()
         if kind == ED25519:
@@ -96,6 +105,8 @@ class PublicKey:
         wire.end()
         key = cls(blob)
         key.crypto()  # the point is on its curve
+        if len(_PARSED) < MAX_PARSED:
+            _PARSED[blob] = key
         return key
 
     @classmethod
