@@ -325,15 +325,21 @@ def test_a_gc_repacks_a_data_pack_without_its_garbage_and_deletes_a_pack_all_gar
     assert packed_objects(url) == after
 
 
-def test_garbage_in_a_pack_too_large_to_rewrite_is_kept_and_not_reported(tmp_path: Path, monkeypatch) -> None:
-    """A pack is rewritten only when small (repack's SMALL): a gc that may not rewrite the one
-    pack holding garbage and kept objects removes nothing and says so; one that may, does."""
+def pushed_to_packs(tmp_path: Path) -> tuple[str, Repo]:
+    """A folder remote laid out with data packs, and alice, who pushed the family to it."""
     url = str(tmp_path / "remote.mgit")
     sync.init_bare(url, packs=True)
     alice = Repo.init(tmp_path / "alice")
     sync.add_remote(alice, "origin", url)
     family(alice, tmp_path)
     sync.push(alice)
+    return url, alice
+
+
+def test_garbage_in_a_pack_too_large_to_rewrite_is_kept_and_not_reported(tmp_path: Path, monkeypatch) -> None:
+    """A pack is rewritten only when small (repack's SMALL): a gc that may not rewrite the one
+    pack holding garbage and kept objects removes nothing and says so; one that may, does."""
+    url, alice = pushed_to_packs(tmp_path)
     only_solo = needs(alice, "solo") - needs(alice, "base", "ft")
     sync.delete_remote_models(alice, "origin", ["solo"])
     before = packed_objects(url)
@@ -358,12 +364,7 @@ def test_garbage_in_a_pack_too_large_to_rewrite_is_kept_and_not_reported(tmp_pat
 
 
 def test_a_pack_no_index_names_goes_only_once_older_than_a_lease_lives(tmp_path: Path) -> None:
-    url = str(tmp_path / "remote.mgit")
-    sync.init_bare(url, packs=True)
-    alice = Repo.init(tmp_path / "alice")
-    sync.add_remote(alice, "origin", url)
-    family(alice, tmp_path)
-    sync.push(alice)
+    url, alice = pushed_to_packs(tmp_path)
     before = packed_objects(url)
     old, new = (tmp_path / "remote.mgit" / "packs" / f"{c * 64}.objpack" for c in "ab")
     for pack in (old, new):
