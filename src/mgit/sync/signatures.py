@@ -11,12 +11,16 @@ kept: a signature that does not parse, or that signs another version, refuses th
 (those just read and those here already); a version it refuses refuses the whole fetch,
 naming the version and its signer, and nothing is kept. `--no-verify` skips the policy, and
 the command says so. Old remotes have no `signatures/`: their versions arrive unsigned.
+Verifying runs on every core (OpenSSL leaves the GIL); what arrives is kept in one bundle
+file here (mgit.signing.store).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import blake3
 
@@ -24,9 +28,8 @@ from mgit.errors import ReceivedError, RemoteTooLargeError, SignatureError, Unve
 from mgit.repo.repository import Repo
 from mgit.signing import policy
 from mgit.signing.sshsig import MAX_ARMORED, SshSignature
-from mgit.signing.store import MAX_PER_VERSION, check_signature, signature_name
+from mgit.signing.store import MAX_PER_VERSION, bundle_body, check_signature, parse_bundle, signature_name
 from mgit.store.base import ObjectStore
-from mgit.store.objects import OID_RE
 from mgit.sync.connection import Connection
 from mgit.util.atomicfile import write_atomic
 
@@ -48,10 +51,10 @@ def push_signatures(repo: Repo, conn: Connection, on_remote: set[str]) -> int:
             ]
     conn.remote.map(lambda item: conn.remote.write_signature(*item), sending)
     if len(sending) > 1:  # what a clone reads in one request instead of one each
-        bundle: dict[str, list[str]] = {}
+        bundle: dict[str, list[bytes]] = {}
         for vid, _, data in sending:
-            bundle.setdefault(vid, []).append(data.decode("ascii"))
-        body = json.dumps(bundle, sort_keys=True, separators=(",", ":")).encode()
+            bundle.setdefault(vid, []).append(data)
+        body = bundle_body(bundle)
         if len(body) <= MAX_BUNDLE:
             conn.remote.write_signature_bundle(blake3.blake3(body).hexdigest(), body)
     return len(sending)
@@ -65,17 +68,11 @@ def _bundled(repo: Repo, conn: Connection, bundles: list[str]) -> dict[str, dict
     where, out = conn.remote.url, {}
     todo = [b for b in bundles if b not in seen]
     for bid, data in zip(todo, conn.remote.map(lambda b: _read_bundle(conn, b), todo), strict=True):
-        try:
-            value = json.loads(data) if blake3.blake3(data).hexdigest() == bid else None
-        except ValueError:
-            value = None
-        ok = isinstance(value, dict) and all(
-            OID_RE.match(k) and isinstance(v, list) and all(isinstance(x, str) for x in v) for k, v in value.items()
-        )
-        if not ok:
+        value = parse_bundle(data, bid)
+        if value is None:
             raise ReceivedError(f"signature bundle {bid[:12]} on {where} is malformed", where=where)
         for vid, sigs in value.items():
-            out.setdefault(vid, {}).update({signature_name(x.encode()): x.encode() for x in sigs})
+            out.setdefault(vid, {}).update(sigs)
     return out
 
 
@@ -135,16 +132,22 @@ def fetch_signatures(repo: Repo, conn: Connection, versions: Iterable[str]) -> t
                 where=where,
             ) from None
 
-    found: Arrived = {}
-    for (vid, name), data in zip(todo, conn.remote.map(read, todo), strict=True):
+    def check(item: tuple[str, str], data: bytes) -> SshSignature | str:
+        if signature_name(data) != item[1]:
+            return "its content does not hash to its name"
         try:
-            if signature_name(data) != name:
-                raise SignatureError("its content does not hash to its name")
-            sig = check_signature(vid, data)
+            return check_signature(item[0], data)
         except SignatureError as exc:
-            raise ReceivedError(
-                f"signature {name[:12]} of version {vid[:12]} on {where}: {exc.message}", where=where
-            ) from None
+            return exc.message
+
+    found: Arrived = {}
+    datas = conn.remote.map(read, todo)
+    # Verifying runs outside the GIL (OpenSSL): thousands of signatures on every core.
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="mgit-verify") as pool:
+        checked = list(pool.map(check, todo, datas))
+    for (vid, name), sig in zip(todo, checked, strict=True):
+        if isinstance(sig, str):
+            raise ReceivedError(f"signature {name[:12]} of version {vid[:12]} on {where}: {sig}", where=where)
         found.setdefault(vid, []).append(sig)
     return found, bundles
 
