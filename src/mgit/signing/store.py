@@ -175,12 +175,17 @@ class SignatureStore:
         they are renamed into place; more, in one bundle file."""
         new: dict[tuple[str, str], bytes] = {}
         counts: dict[str, int] = {}
+        folders = set(os.listdir(self.dir)) if self.dir.is_dir() else set()  # (not a listing per version)
+        bundled = self._bundles()
+        known: dict[str, dict[str, bytes | None]] = {}
         for vid, signature in signatures:
             armored = check_signature(vid, signature).armored
             key = (vid, signature_name(armored))
-            if key in new or key[1] in self.names(vid):
+            if vid not in known:
+                known[vid] = self._all(vid) if vid in folders or vid in bundled else {}
+            if key in new or key[1] in known[vid]:
                 continue
-            counts[vid] = counts.get(vid, len(self._all(vid))) + 1
+            counts[vid] = counts.get(vid, len(known[vid])) + 1
             if counts[vid] > MAX_PER_VERSION:
                 raise SignatureError(f"version {vid[:12]} already has {MAX_PER_VERSION} signatures")
             new[key] = armored
