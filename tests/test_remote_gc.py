@@ -160,15 +160,7 @@ class RemoteGcContract:
             assert push.poll() is None and time.monotonic() < deadline, push.stderr.read()  # type: ignore[union-attr]
             time.sleep(0.05)
         assert sent <= remote_objects(url)  # uploaded, no ref names them yet
-        gc = subprocess.run(
-            [*MGIT, "-C", str(alice.root), "gc", "--remote", "origin", "--expire", "now", "--json"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-        )
-        assert gc.returncode == 0, gc.stderr
-        result = json.loads(gc.stdout)
+        result = gc_json(alice, "--expire", "now")  # from this process, while the push waits
         assert result["leases"] == 1 and result["leased"] >= len(sent) and not set(result["removed"]) & sent
         go.touch()
         assert push.wait(timeout=120) == 0, push.stderr.read()  # type: ignore[union-attr]

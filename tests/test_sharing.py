@@ -424,11 +424,9 @@ class SharingContract:
         assert killed.returncode == -signal.SIGKILL
         report = sync.fsck_remote(url)
         assert report.ok  # no ref names a missing object
-        again = subprocess.run(
-            [*MGIT, "-C", str(alice.root), "push", "--json"], capture_output=True, text=True, timeout=120, env=env
-        )
-        assert again.returncode == 0, again.stderr
-        result = json.loads(again.stdout)
+        code, out, err = mgit_cli(alice.root, "push", "--json")  # the next run (here: no process to start)
+        assert code == 0, err
+        result = json.loads(out)
         assert result["sent"]["objects"] == 0 or point == "push-after-objects" and result["sent"]["skipped"] > 0
         sync.clone(url, tmp_path / "bob")
         assert Repo(tmp_path / "bob").refs.all() == alice.refs.all()
@@ -452,15 +450,13 @@ class SharingContract:
         if point == "fetch-after-download":  # the quarantine is left, nothing of it kept; gc removes it
             assert any((target / ".mgit" / "incoming").iterdir())
             assert Repo(target).gc().leftovers == 1 and not any((target / ".mgit" / "incoming").iterdir())
-        again = subprocess.run(
-            [*MGIT, "clone", url, str(target), "--json"], capture_output=True, text=True, timeout=120, env=env
-        )
-        assert again.returncode == 0, again.stderr
+        code, out, err = run_cli("clone", url, str(target), "--json")  # the next run (here: no process to start)
+        assert code == 0, err
         bob = Repo(target)
         bob.checkout("ft", tmp_path / "out")
         assert sha256_tree(tmp_path / "out") == sha256_tree(folders["ft"]) and bob.fsck().ok
         if point == "fetch-after-promote":  # everything had arrived: nothing travels again
-            assert json.loads(again.stdout)["fetch"]["received"]["objects"] == 0
+            assert json.loads(out)["fetch"]["received"]["objects"] == 0
 
 
 def _evals(repo: Repo) -> str:
