@@ -157,12 +157,12 @@ def test_conditions_and_change_against_the_parent(work: Repo) -> None:
 def test_each_test_runs_isolated(work: Repo) -> None:
     work.add(train(None, 30, seed=0), name="m")
     for fn in ("accuracy", "crash", "hang", "exits", "nan", "verdict"):
-        Checks(work).attach("m", f"evals.py:{fn}", timeout=5 if fn == "hang" else None)
+        Checks(work).attach("m", f"evals.py:{fn}", timeout=2 if fn == "hang" else None)
     result = Checks(work).run(["m"])
     by = {o.test: o for o in result.outcomes}
     assert by["accuracy"].status == "pass"
     assert by["crash"].status == "error" and "RuntimeError: boom in the test" in by["crash"].reasons[0]
-    assert by["hang"].status == "error" and "did not finish within 5 s" in by["hang"].reasons[0]
+    assert by["hang"].status == "error" and "did not finish within 2 s" in by["hang"].reasons[0]
     assert by["exits"].status == "error" and "exit code 3" in by["exits"].reasons[0]
     assert by["nan"].status == "fail" and by["nan"].reasons == ["metric acc is not finite"]
     assert by["verdict"].status == "fail" and by["verdict"].reasons == ["the test returned passed: false"]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MGIT, copy_user_code, load_recipes, make_model
+from conftest import MGIT, copy_user_code, load_recipes, make_model, run_cli
 from raycluster import RayCluster, can_make_netns, loopback_only
 from s3server import S3Server, aws_env
 from signers import KEYGEN, allowed_file, configure, keygen
@@ -52,6 +52,9 @@ FAMILY = [
 ]
 
 
+IN_A_CHILD = ("cascade", "test")  # commands that run user code: each in a process of its own, as a user runs it
+
+
 class Setup:
     """The cluster, the S3 server, and the repositories of the scenario."""
 
@@ -63,10 +66,20 @@ class Setup:
     def mgit(
         self, cwd: Path, *args: str, ray_env: bool = False, extra: dict[str, str] | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
+        """`mgit ARGS` in `cwd`: a command that runs neither user code nor Ray (nor a crash
+        point) runs in this process, in the same environment, with no interpreter to start;
+        cascades and test runs, which start processes and connect to Ray, in a child."""
         env = {**self.env, **(extra or {})}
         if ray_env:
             env["RAY_ADDRESS"] = self.cluster.address
-        run = subprocess.run([*MGIT, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+        if not ray_env and not extra and args[0] not in IN_A_CHILD:
+            with pytest.MonkeyPatch.context() as here:  # this process's own AWS_* left out, as for a child
+                for name in [k for k in os.environ if k.startswith("AWS_") and k not in env]:
+                    here.delenv(name)
+                code, out, err = run_cli(*args, cwd=cwd, env=env)
+            run = subprocess.CompletedProcess([*MGIT, *args], code, out, err)
+        else:
+            run = subprocess.run([*MGIT, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
         if check and run.returncode != 0:
             raise AssertionError(f"mgit {' '.join(args)} exited {run.returncode}:\n{run.stdout}\n{run.stderr}")
         return run

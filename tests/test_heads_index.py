@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from azurite import OnAzure, azure_container, azurite_server  # noqa: F401
-from conftest import MGIT, OnFolder, tensors
+from conftest import MGIT, OnFolder, run_cli, tensors
 from gcsemulator import OnGCS, gcs_bucket, gcs_emulator  # noqa: F401
 from s3server import OnS3, s3_bucket, s3_server  # noqa: F401
 
@@ -223,9 +223,8 @@ class HeadsIndexContract:
         while not Path(f"{go}.reached").exists():
             assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()  # type: ignore[union-attr]
             time.sleep(0.05)
-        pushing = [*MGIT, "-C", str(bob.root), "push", "origin", *MODELS[1:]]  # (not m0: alice's)
-        second = subprocess.run(pushing, capture_output=True, text=True, env=env)
-        assert second.returncode == 0, second.stderr
+        code, _, err = run_cli("-C", str(bob.root), "push", "origin", *MODELS[1:])  # this process (not m0: alice's)
+        assert code == 0, err
         go.touch()
         assert first.wait(timeout=120) == 0, first.stderr.read()  # type: ignore[union-attr]
         truth = refs_on(url)

@@ -695,6 +695,16 @@ def test_an_unreachable_gcs_endpoint_is_unavailable_in_one_line_and_soon(gcs_buc
     assert one_line(failed.value).startswith(f"{gcs_bucket.url}/team did not answer")
 
 
+@requires_gcs
+@pytest.mark.parametrize("variable", ["MGIT_REMOTE_RETRY_SECONDS", "MGIT_REMOTE_RETRY_DELAY"])
+@pytest.mark.parametrize("value", ["soon", "-1", "3601", "nan"])
+def test_retry_seconds_and_delay_must_be_a_number_of_seconds(gcs_bucket, monkeypatch, variable, value):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(InvalidOptionError) as refused:
+        gcs_backend(f"{gcs_bucket.url}/team")
+    assert one_line(refused.value).startswith(f"{variable}={value!r} is not a number of seconds")
+
+
 def test_without_its_client_a_gcs_remote_asks_for_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "google.auth", None)  # (the first of its imports)
     monkeypatch.delitem(sys.modules, "mgit.remotes.gcs", raising=False)

@@ -93,7 +93,9 @@ def assert_whole(url: str, tmp: Path, folders: dict[str, Path], who: str) -> Non
 
 
 class RemoteGcContract:
-    """Subclasses supply `url` (a fresh remote) and `env` (for child processes)."""
+    """Subclasses supply `url` (a fresh remote) and `env` (for child processes). Every kind of
+    remote runs what its listing (sizes, times), deletes and conditional writes decide; what
+    the client alone decides runs once, in TestFolderRemoteGc."""
 
     cas = True  # whether the backend's conditional writes hold (the GCS emulator's do not)
 
@@ -158,15 +160,7 @@ class RemoteGcContract:
             assert push.poll() is None and time.monotonic() < deadline, push.stderr.read()  # type: ignore[union-attr]
             time.sleep(0.05)
         assert sent <= remote_objects(url)  # uploaded, no ref names them yet
-        gc = subprocess.run(
-            [*MGIT, "-C", str(alice.root), "gc", "--remote", "origin", "--expire", "now", "--json"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-        )
-        assert gc.returncode == 0, gc.stderr
-        result = json.loads(gc.stdout)
+        result = gc_json(alice, "--expire", "now")  # from this process, while the push waits
         assert result["leases"] == 1 and result["leased"] >= len(sent) and not set(result["removed"]) & sent
         go.touch()
         assert push.wait(timeout=120) == 0, push.stderr.read()  # type: ignore[union-attr]
@@ -218,23 +212,6 @@ class RemoteGcContract:
             remote.delete_head("ft", expected=head, token=token)
         assert remote.head("ft")[0] == alice.refs.get("ft")
 
-    def test_fetch_prune_and_a_mirror_drop_models_deleted_on_the_remote(self, alice, url, tmp_path) -> None:
-        family(alice, tmp_path)
-        sync.push(alice)
-        sync.clone(url, tmp_path / "bob")
-        bob = Repo(tmp_path / "bob")
-        mirror = open_mirror(url, root=tmp_path / "mirrors")
-        assert set(mirror.repo.refs.all()) == {"base", "ft", "solo"}
-        sync.delete_remote_models(alice, "origin", ["solo"])
-        tracking = connect(bob, "origin").tracking
-        assert sync.fetch(bob).models == [] and "solo" in tracking.all()  # without --prune: kept
-        code, out, err = cli(bob, "fetch", "--prune", "--json")
-        assert code == 0, err
-        assert [(m["model"], m["status"]) for m in json.loads(out)["models"]] == [("solo", "deleted")]
-        assert set(tracking.all()) == {"base", "ft"} and bob.refs.get("solo") is not None
-        again = open_mirror(url, root=tmp_path / "mirrors")
-        assert set(again.repo.refs.all()) == {"base", "ft"} and "solo" in again.moved
-
     def test_another_gc_holding_the_lock_is_refused_and_a_stale_lock_is_taken_over(self, alice, url, tmp_path):
         family(alice, tmp_path)
         sync.push(alice)
@@ -244,15 +221,6 @@ class RemoteGcContract:
         backend.write(GC_LOCK, json.dumps({"format": 1, "beat": time.time() - GC_STALE - 1}).encode())
         assert gc_json(alice, "--expire", "now")["removed"] == []
         assert not backend.exists(GC_LOCK)
-
-    def test_a_lease_that_is_not_one_stops_the_gc_before_it_deletes(self, alice, url, tmp_path) -> None:
-        family(alice, tmp_path)
-        sync.push(alice)
-        sync.delete_remote_models(alice, "origin", ["solo"])
-        before = remote_objects(url)
-        remote_of(url).backend.write(f"{LEASES}{'ab' * 16}", b"not zstd at all")
-        one_line_error(cli(alice, "gc", "--remote", "origin", "--expire", "now"), "not a readable lease")
-        assert remote_objects(url) == before and not remote_of(url).backend.exists(GC_LOCK)
 
     def test_a_delete_killed_after_its_tombstone_reads_as_deleted_and_is_finished_later(
         self, alice, url, tmp_path, env
@@ -411,7 +379,36 @@ def test_a_gc_learns_delta_bases_from_headers_read_by_range(tmp_path: Path, monk
 
 
 class TestFolderRemoteGc(OnFolder, RemoteGcContract):
-    pass
+    """The contract on a folder, and two tests the client alone decides, once: fetch --prune
+    and a mirror dropping what the remote's refs no longer name (refs are listed by every
+    backend's contract), and a lease that does not parse stopping the gc (any backend hands
+    back the same bytes)."""
+
+    def test_fetch_prune_and_a_mirror_drop_models_deleted_on_the_remote(self, alice, url, tmp_path) -> None:
+        family(alice, tmp_path)
+        sync.push(alice)
+        sync.clone(url, tmp_path / "bob")
+        bob = Repo(tmp_path / "bob")
+        mirror = open_mirror(url, root=tmp_path / "mirrors")
+        assert set(mirror.repo.refs.all()) == {"base", "ft", "solo"}
+        sync.delete_remote_models(alice, "origin", ["solo"])
+        tracking = connect(bob, "origin").tracking
+        assert sync.fetch(bob).models == [] and "solo" in tracking.all()  # without --prune: kept
+        code, out, err = cli(bob, "fetch", "--prune", "--json")
+        assert code == 0, err
+        assert [(m["model"], m["status"]) for m in json.loads(out)["models"]] == [("solo", "deleted")]
+        assert set(tracking.all()) == {"base", "ft"} and bob.refs.get("solo") is not None
+        again = open_mirror(url, root=tmp_path / "mirrors")
+        assert set(again.repo.refs.all()) == {"base", "ft"} and "solo" in again.moved
+
+    def test_a_lease_that_is_not_one_stops_the_gc_before_it_deletes(self, alice, url, tmp_path) -> None:
+        family(alice, tmp_path)
+        sync.push(alice)
+        sync.delete_remote_models(alice, "origin", ["solo"])
+        before = remote_objects(url)
+        remote_of(url).backend.write(f"{LEASES}{'ab' * 16}", b"not zstd at all")
+        one_line_error(cli(alice, "gc", "--remote", "origin", "--expire", "now"), "not a readable lease")
+        assert remote_objects(url) == before and not remote_of(url).backend.exists(GC_LOCK)
 
 
 class TestS3RemoteGc(OnS3, RemoteGcContract):

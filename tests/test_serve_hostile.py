@@ -363,23 +363,34 @@ def test_a_forged_catalog_of_a_folder_remote_is_not_served(remote: Path, tmp_pat
 def test_a_folder_remote_served_shows_what_is_pushed_to_it(remote: Path, tmp_path: Path) -> None:
     """Served from a mirror, the remote is fetched again every few seconds while pages are
     read: a version pushed meanwhile appears, as it did when the folder was read in place."""
-    from mgit.web.repoview import REFRESH_EVERY
-
-    proc, address = start(["serve", str(remote)])
+    refresh_every = 0.5  # (5 s unless told: the wait is what this test would spend)
+    proc, address = start(["serve", str(remote)], env={"MGIT_SERVE_REFRESH_EVERY": str(refresh_every)})
     try:
         assert [v[0] for v in served_versions(address)["m"]] == [2, 1]
         pusher = Repo(tmp_path / "pusher")
         pusher.add(tensors(3, scale=3), name="m", message="third")
         sync.push(pusher, "origin")
         seen = []
-        for _ in range(int(REFRESH_EVERY + 20) * 2):  # bounded: a refresh is due within REFRESH_EVERY
+        for _ in range(int((refresh_every + 20) * 10)):  # bounded: a refresh is due within refresh_every
             seen = [v[2] for v in served_versions(address)["m"]]
             if seen[0] == "third":
                 break
-            time.sleep(0.5)
+            time.sleep(0.1)
         assert seen == ["third", "second", "first"]
     finally:
         stop(proc)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "3601"])
+def test_a_refresh_interval_that_is_not_seconds_is_refused(
+    two_models: Repo, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    from mgit.errors import InvalidOptionError
+    from mgit.web.repoview import RepoView
+
+    monkeypatch.setenv("MGIT_SERVE_REFRESH_EVERY", value)
+    with pytest.raises(InvalidOptionError, match=f"MGIT_SERVE_REFRESH_EVERY={value!r} is not a number of seconds"):
+        RepoView(two_models, refresh=lambda: None)
 
 
 @pytest.mark.parametrize("kind", ["garbage", "fifo", "huge"])

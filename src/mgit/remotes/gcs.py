@@ -17,8 +17,8 @@ Nothing a bucket says is trusted: a size is checked against the caller's limit b
 is read, files come down in ranges of at most `part_size` bytes each checked for its length,
 every GET is conditional on the generation first seen (a key that changes on the way is a
 conflict, and leaves no file behind). Every request has a connect and a read timeout, and
-retries (Google's policy: 408, 429, 5xx and dropped connections, jittered backoff) stop after
-MGIT_REMOTE_RETRY_SECONDS; listings are bounded in pages.
+retries (Google's policy: 408, 429, 5xx and dropped connections, jittered backoff from
+MGIT_REMOTE_RETRY_DELAY seconds) stop after MGIT_REMOTE_RETRY_SECONDS; listings are bounded in pages.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ PART = 16 * MiB  # files come down in ranges of this size, in parallel; uploads 
 WORKERS = 16
 TIMEOUT = (10, 60)  # seconds: connect, and each read of a response
 RETRY_SECONDS = 120.0  # a request is retried until this many seconds have passed (MGIT_REMOTE_RETRY_SECONDS)
+RETRY_DELAY = 1.0  # seconds before the first retry, then twice as long each time up to 60 (MGIT_REMOTE_RETRY_DELAY)
 MAX_LIST_PAGES = 100_000
 LIST_PAGE = 1000
 SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
@@ -73,14 +74,15 @@ GCS_HINT = (
 )
 
 
-def retry_seconds_from_env() -> float:
-    raw = os.environ.get("MGIT_REMOTE_RETRY_SECONDS", str(RETRY_SECONDS))
+def retry_seconds_from_env(name: str = "MGIT_REMOTE_RETRY_SECONDS", default: float = RETRY_SECONDS) -> float:
+    """Seconds from the variable `name` (0 to 3600), or `default`."""
+    raw = os.environ.get(name, str(default))
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
     if not 0 <= value <= 3600:
-        raise InvalidOptionError(f"MGIT_REMOTE_RETRY_SECONDS={raw!r} is not a number of seconds", hint="Use 0 to 3600")
+        raise InvalidOptionError(f"{name}={raw!r} is not a number of seconds", hint="Use 0 to 3600")
     return value
 
 
@@ -101,7 +103,8 @@ class GCSBackend(Backend):
         self.part_size = PART
         self.ranged_from = 2 * PART  # from there, a fetch resumes by ranges (mgit.remotes.partial)
         seconds = retry_seconds_from_env()
-        self.retry = DEFAULT_RETRY.with_deadline(seconds) if seconds else None
+        delay = retry_seconds_from_env("MGIT_REMOTE_RETRY_DELAY", RETRY_DELAY)
+        self.retry = DEFAULT_RETRY.with_deadline(seconds).with_delay(initial=delay) if seconds else None
         self.client = self._connect(endpoint_url)
         self.bucket = self.client.bucket(self.bucket_name)
 

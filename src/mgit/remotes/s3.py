@@ -68,6 +68,7 @@ CONNECT_TIMEOUT, READ_TIMEOUT = 10, 60  # seconds
 GRACE, MIN_RATE = 60.0, 32 * 1024  # a body has GRACE s plus its size at MIN_RATE B/s (MGIT_TRANSFER_*)
 CHUNK = 8 * MiB
 T = TypeVar("T")
+_LOADERS: dict[str, Any] = {}  # one botocore data loader (~0.1 s of JSON a client otherwise)
 MAX_LIST_PAGES = 100_000  # 10^8 keys: a listing that never ends comes from a broken server
 MD5_ETAG = re.compile(r'^"[0-9a-f]{32}"\Z')
 AWS_HOST = re.compile(r"(^|\.)amazonaws\.com(\.cn)?$")
@@ -183,14 +184,12 @@ class S3Backend(Backend):
             parsed["Body"] = _PacedBody(parsed["Body"], parsed.get("ContentLength"), self.grace, self.min_rate)
 
     def _connect(self, endpoint_url: str | None, region: str | None, profile: str | None, workers: int) -> Any:
-        config = Config(
-            retries={"mode": "standard", "total_max_attempts": self.attempts},
-            connect_timeout=CONNECT_TIMEOUT,
-            read_timeout=READ_TIMEOUT,
-            max_pool_connections=workers + 4,
-        )
+        limits = {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT, "max_pool_connections": workers + 4}
+        config = Config(retries={"mode": "standard", "total_max_attempts": self.attempts}, **limits)
         try:
             session = boto3.session.Session(profile_name=profile, region_name=region)
+            core = session._session  # botocore's: its own credentials, but S3's model parsed once a process
+            core.register_component("data_loader", _LOADERS.setdefault("data", core.get_component("data_loader")))
             client = session.client("s3", endpoint_url=endpoint_url, config=config)
             if endpoint_url or not AWS_HOST.search(urlsplit(client.meta.endpoint_url).hostname or ""):
                 # An S3-compatible server, named here or by AWS_ENDPOINT_URL(_S3) or the AWS

@@ -4,28 +4,41 @@ graph, disk usage, graph pages), kept until a model's head moves.
 
 Writers keep the catalog up to date; the refs are read again at most every few seconds
 (`sync_catalog`) so that versions another process added appear too. A mirror of a remote is
-brought up to date (`refresh`) at most every REFRESH_EVERY seconds while pages are asked
-for, in the background: no request waits for the remote, and one that cannot be reached
-leaves the pages as they were.
+brought up to date (`refresh`) at most every REFRESH_EVERY seconds (MGIT_SERVE_REFRESH_EVERY)
+while pages are asked for, in the background: no request waits for the remote, and one that
+cannot be reached leaves the pages as they were.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from mgit.errors import MgitError
+from mgit.errors import InvalidOptionError, MgitError
 from mgit.lineage.graph import Lineage
 from mgit.repo.repository import Repo
 
 T = TypeVar("T")
 SYNC_EVERY = 2.0  # seconds between reads of the refs
-REFRESH_EVERY = 5.0  # seconds between fetches of a mirror's remote
+REFRESH_EVERY = 5.0  # seconds between fetches of a mirror's remote (MGIT_SERVE_REFRESH_EVERY)
 KEPT = 16  # derived values kept per state (pages of the graph around several models, ...)
+
+
+def refresh_every_from_env() -> float:
+    """REFRESH_EVERY, or the seconds MGIT_SERVE_REFRESH_EVERY says (more than 0, at most 3600)."""
+    raw = os.environ.get("MGIT_SERVE_REFRESH_EVERY", str(REFRESH_EVERY))
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise InvalidOptionError(f"MGIT_SERVE_REFRESH_EVERY={raw!r} is not a number of seconds", hint="Use 0.1 to 3600")
+    return value
 
 
 class RepoView:
@@ -36,11 +49,16 @@ class RepoView:
         self._heads: dict[str, str] | None = None
         self._values: OrderedDict[Any, Any] = OrderedDict()
         self._refresh, self._refreshed, self._refreshing = refresh, time.monotonic(), threading.Lock()
+        self._refresh_every = refresh_every_from_env() if refresh is not None else REFRESH_EVERY
 
     def state(self) -> dict[str, str]:
         """Every model's head now; what is kept is dropped when they change."""
         now = time.monotonic()
-        if self._refresh is not None and now - self._refreshed > REFRESH_EVERY and self._refreshing.acquire(False):
+        if (
+            self._refresh is not None
+            and now - self._refreshed > self._refresh_every
+            and self._refreshing.acquire(False)
+        ):
             self._refreshed = now
             threading.Thread(target=self._refresh_now, name="mgit-refresh", daemon=True).start()
         if now - self._synced > SYNC_EVERY:
