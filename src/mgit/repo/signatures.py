@@ -14,21 +14,24 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mgit.errors import CorruptObjectError, MissingObjectError, UnverifiedVersionError
 from mgit.index.catalog import Catalog
-from mgit.signing.allowed import AllowedSigners
-from mgit.signing.keys import Signer
 from mgit.signing.policy import SignatureCheck, allowed_signers, judge, refusal
-from mgit.signing.sshsig import sign, version_message
 from mgit.signing.store import SignatureStore
-from mgit.store.base import ObjectStore
 from mgit.store.objects import Version
+
+if TYPE_CHECKING:  # (show reads signatures through here: the keys are loaded only to sign or judge one)
+    from mgit.signing.allowed import AllowedSigners
+    from mgit.signing.keys import Signer
+    from mgit.store.base import ObjectStore
 
 
 @dataclass(frozen=True)
 class SignResult:
+    """A version signed: by which key, and whether that key had signed it already."""
+
     id: str
     ref: str
     fingerprint: str
@@ -63,6 +66,8 @@ class VersionVerdict:
 
 @dataclass(frozen=True)
 class VerifyResult:
+    """A version (or its lineage) verified under a level; `first_bad` the link that breaks it."""
+
     level: str
     versions: list[VersionVerdict] = field(default_factory=list)
     first_bad: VersionVerdict | None = None
@@ -93,6 +98,8 @@ def label(catalog: Catalog, vid: str) -> str:
 
 def sign_version(signatures: SignatureStore, catalog: Catalog, signer: Signer, vid: str) -> SignResult:
     """Sign version `vid` with `signer` and keep the signature beside it."""
+    from mgit.signing.sshsig import sign, version_message
+
     sig = sign(signer, version_message(vid))
     added = signatures.add(vid, sig.armored)
     return SignResult(vid, label(catalog, vid), signer.public.fingerprint, added)

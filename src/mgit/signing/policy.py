@@ -18,12 +18,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mgit.errors import InvalidOptionError, SignatureError
-from mgit.signing.allowed import AllowedSigners
-from mgit.signing.sshsig import VERSION_NAMESPACE, SshSignature
-from mgit.signing.store import check_signature
+
+if TYPE_CHECKING:  # (every Repo reads the settings; the signing stack is loaded by what judges a signature)
+    from mgit.signing.allowed import AllowedSigners
+    from mgit.signing.sshsig import SshSignature
 
 SETTINGS_KEY = "settings"
 PATHS = ("signing.key", "verify.allowed-signers", "verify.revoked")
@@ -92,6 +93,8 @@ def signs_always(config: dict[str, Any]) -> bool:
 
 
 def allowed_signers(config: dict[str, Any]) -> AllowedSigners:
+    from mgit.signing.allowed import AllowedSigners
+
     return AllowedSigners.load(path_setting(config, "verify.allowed-signers"), path_setting(config, "verify.revoked"))
 
 
@@ -131,6 +134,9 @@ class SignatureCheck:
 
 def judge(vid: str, signatures: list[bytes | SshSignature], allowed: AllowedSigners) -> list[SignatureCheck]:
     """Each of a version's signatures: does it sign this version, and whose key is it."""
+    from mgit.signing.sshsig import VERSION_NAMESPACE, SshSignature
+    from mgit.signing.store import check_signature
+
     out = []
     for armored in signatures:
         try:

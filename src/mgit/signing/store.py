@@ -12,27 +12,37 @@ folder and read as having no signatures.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mgit.errors import SignatureError
-from mgit.signing.sshsig import VERSION_NAMESPACE, SshSignature, version_message
 from mgit.store.objects import OID_RE
 from mgit.util.atomicfile import TMP_PREFIX, disk_full_as_error, sync_files, temporary_sibling, write_atomic
+
+if TYPE_CHECKING:
+    from mgit.signing.sshsig import SshSignature
 
 MAX_PER_VERSION = 32  # signers of one version: an author, reviewers, a CI; far above any real count
 FOLDER = "signatures"
 
 
 def signature_name(armored: bytes) -> str:
+    import hashlib  # (OpenSSL's start-up: show and log read signatures without naming them)
+
     return hashlib.sha256(armored).hexdigest()
 
 
 def check_signature(vid: str, armored: bytes | SshSignature) -> SshSignature:
     """`armored` (or a signature parsed already) verified as a signature of version `vid`;
     raises SignatureError."""
+    from mgit.signing.sshsig import (
+        VERSION_NAMESPACE,
+        SshSignature,
+        version_message,
+    )  # (reading signatures does without)
+
     sig = armored if isinstance(armored, SshSignature) else SshSignature.parse(armored)
     if sig.namespace != VERSION_NAMESPACE:
         raise SignatureError(
