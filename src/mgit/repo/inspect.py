@@ -7,6 +7,7 @@ Nothing here loads numpy or the codecs, so that these commands start in millisec
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -65,26 +66,19 @@ def file_infos(manifest: Manifest) -> list[FileInfo]:
 def list_models(catalog: Catalog, row_of: RowOf, *, tag: str | None = None) -> list[ModelSummary]:
     """Every model with its latest version (`ls`); with `tag`, those whose latest version has
     it (`KEY` or `KEY=VALUE`, as `log --tag`)."""
-    heads = catalog.heads()
-    rows = catalog.versions_of(list(heads.values()))
-    parents = catalog.versions_of(sorted({p for row in rows.values() for p, _ in row.parents}))
+    heads, parents = catalog.model_heads()
     out = []
-    for name, head in heads.items():
-        row = rows.get(head) or row_of(head)
-        if tag is not None and not tag_matches(tag, row.tags):
+    for name, head, seq, logical_bytes, time, lossy, tags in heads:
+        if seq is None:  # a head not indexed yet
+            row = row_of(head)
+            seq, logical_bytes, time, lossy, tags = row.seq, row.logical_bytes, row.time, row.lossy, row.tags
+            parents[name] = catalog.parent_infos(row.parents)
+        else:  # (the JSON columns as stored: tags decoded only to match them)
+            lossy = json.loads(lossy) if lossy else None
+            tags = json.loads(tags) if tag is not None else tags
+        if tag is not None and not tag_matches(tag, tags):
             continue
-        out.append(
-            ModelSummary(
-                name,
-                head,
-                row.seq,
-                row.seq,
-                catalog.parent_infos(row.parents, rows=parents),
-                row.logical_bytes,
-                row.time,
-                row.lossy,
-            )
-        )
+        out.append(ModelSummary(name, head, seq, seq, parents.get(name, []), logical_bytes, time, lossy))
     return out
 
 

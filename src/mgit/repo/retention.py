@@ -166,7 +166,7 @@ def _exclusive_sizes(catalog: Catalog, removed: list[str]) -> dict[str, int]:
     if not removed:
         return {}
     gone = set(removed)
-    others = [row["id"] for row in catalog.graph_rows()[0] if row["id"] not in gone]
+    others = [row[0] for row in catalog.graph_rows()[0] if row[0] not in gone]  # (GRAPH_COLUMNS: the id first)
     staying = set(catalog.object_sizes(others))
     out: dict[str, int] = {}
     counted: set[str] = set()
