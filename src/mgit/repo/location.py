@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mgit.errors import FormatVersionError, RepoConfigError, RepoExistsError, RepoNotFoundError
-from mgit.remotes.config import remote_of
 from mgit.store.local import LocalStore
 from mgit.store.objects import utc_now
 from mgit.util.atomicfile import write_atomic
@@ -99,6 +98,7 @@ def open_store(folder: Path, config: dict[str, Any], *, index: ObjectIndex) -> L
     lazy = config.get("lazy")
     if lazy:
         from mgit.remotes import open_backend
+        from mgit.remotes.config import remote_of
         from mgit.remotes.repository import RemoteRepository
         from mgit.store.lazy import LazyStore
 

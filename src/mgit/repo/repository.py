@@ -31,24 +31,12 @@ from mgit.index.catalog import Catalog, VersionRow
 from mgit.index.refs import RefStore
 from mgit.index.retired import RetiredNames
 from mgit.index.tags import TagStore
-from mgit.remotes.config import held_by_remotes
 from mgit.repo.inspect import disk_usage, every_version, list_models, show_version, version_info, version_storage
 from mgit.repo.location import create, locate, open_store, read_config
 from mgit.repo.maintenance import Maintenance
 from mgit.repo.references import resolve_ref, unknown_model
 from mgit.repo.runs import TrainingRuns
-from mgit.repo.signatures import SignResult, sign_version, verify_lineage
-from mgit.reports import (
-    AddResult,
-    CheckoutResult,
-    DuResult,
-    ModelSummary,
-    ParentSuggestion,
-    ShowResult,
-    TagsResult,
-    VersionInfo,
-    VersionStorage,
-)
+from mgit.reports import AddResult, DuResult, ModelSummary, ShowResult, VersionInfo, VersionStorage
 from mgit.signing import policy
 from mgit.signing.store import SignatureStore
 from mgit.store.cache import CHECKOUT_BASES, SESSION_CACHE_BYTES, DecodedCache
@@ -63,7 +51,11 @@ if TYPE_CHECKING:
     from mgit.diff import DiffResult
     from mgit.formats.folder import ModelSource
     from mgit.lineage.graph import Lineage
+    from mgit.lineage.inference import ParentSuggestion
     from mgit.repo.add import AddOptions
+    from mgit.repo.checkout import CheckoutResult
+    from mgit.repo.signatures import SignResult
+    from mgit.repo.tagging import TagsResult
     from mgit.signing.keys import Signer
     from mgit.store.reader import ModelReader
 
@@ -162,6 +154,8 @@ class Repo(TrainingRuns, Maintenance):
 
     def _held(self) -> Callable[[str], bool]:
         """Whether a remote holds a model that has no ref here (remote-only, not removed)."""
+        from mgit.remotes.config import held_by_remotes  # (asked only when the catalog marks histories)
+
         return held_by_remotes(self.dir, self.config)
 
     def _remote_head(self, name: str) -> str | None:
@@ -195,7 +189,7 @@ class Repo(TrainingRuns, Maintenance):
         """The lineage graph as it is now (a snapshot: read it again after a change)."""
         from mgit.lineage.graph import Lineage  # (ls, log and show do without it)
 
-        return Lineage.load(self.catalog, remote=held_by_remotes(self.dir, self.config))
+        return Lineage.load(self.catalog, remote=self._held())
 
     def version(self, ref: str) -> Version:
         with self.catalog.explained():
@@ -357,6 +351,8 @@ class Repo(TrainingRuns, Maintenance):
     # --- signatures (mgit.repo.signatures) -----------------------------------------------------
     def sign(self, ref: str, *, key: str | None = None) -> SignResult:
         """Sign a version with `key` (a path) or the `signing.key` setting; several may sign one."""
+        from mgit.repo.signatures import sign_version  # (the verbs that sign or verify load the signing stack)
+
         return sign_version(self.signatures, self.catalog, self.signer(key), self._row(self.resolve(ref)).id)
 
     def signer(self, key: str | None = None) -> Signer:
@@ -368,6 +364,8 @@ class Repo(TrainingRuns, Maintenance):
 
     def verify(self, ref: str, *, lineage: bool = False, level: str | None = None, objects: bool = False) -> Any:
         """Content against id, signatures against allowed signers (`lineage`: every ancestor)."""
+        from mgit.repo.signatures import verify_lineage
+
         vid, cat = self.resolve(ref), self.catalog
         return verify_lineage(self.store, self.signatures, cat, self.config, vid, level, lineage, objects)
 
