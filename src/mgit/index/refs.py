@@ -26,6 +26,7 @@ from mgit.util.locks import FileLock
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?\Z")
 MAX_NAME = 128
+MAX_REF_BYTES = 4096
 
 
 def validate_model_name(name: str) -> str:
@@ -56,7 +57,7 @@ def _read_head(path: str, name: str) -> str | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
-        data = b"".join(iter(lambda: os.read(fd, 1 << 16), b""))
+        data = os.read(fd, MAX_REF_BYTES)  # (one read: a ref is an id and a newline; more is damage)
     except IsADirectoryError:
         return None
     finally:
