@@ -191,7 +191,7 @@ def log(
 
 
 def _signatures(repo: Repo, vids: list[str]) -> dict[str, list[Any]]:
-    from mgit.repo.signatures import signature_checks
+    from mgit.signing.policy import signature_checks
 
     return signature_checks(repo.signatures, repo.config, vids)
 

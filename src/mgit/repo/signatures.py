@@ -12,7 +12,6 @@ the level asked for (`trusted` unless told) refuses.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -162,14 +161,3 @@ def verify_lineage(
             seen.update(following)
             queue.extend(following)
     return VerifyResult(level, out)
-
-
-def signature_checks(
-    signatures: SignatureStore, config: dict[str, Any], vids: Iterable[str]
-) -> dict[str, list[SignatureCheck]]:
-    """Versions' signatures as judged here (show, log --show-signature, serve), by id: [] for
-    one without any. The allowed signers are read once for them all, and not at all (nor the
-    signing stack, cryptography) when none is signed."""
-    found = {vid: signatures.get(vid) for vid in vids}
-    allowed = allowed_signers(config) if any(found.values()) else None
-    return {vid: judge(vid, sigs, allowed) if sigs and allowed is not None else [] for vid, sigs in found.items()}
