@@ -271,25 +271,25 @@ class Catalog(UsageQueries):
             for v, version in order:
                 self._index_version(tx, v, version, objects[v])
 
-    def sync(self, store: ObjectStore, refs: RefStore) -> None:
+    def sync(self, store: Callable[[], ObjectStore], refs: RefStore) -> None:
         """Index any head the catalog does not know (a writer killed after moving its ref,
-        versions that arrived from a remote) and mirror the refs."""
+        versions that arrived from a remote) and mirror the refs; `store()` only if one must be."""
         heads = refs.all()
         if heads == self.heads():
             return
-        self.index(store, *heads.values())
+        self.index(store(), *heads.values())
         self.set_heads(refs.all)
 
-    def sync_tags(self, store: ObjectStore, tags: TagStore) -> None:
+    def sync_tags(self, store: Callable[[], ObjectStore], tags: TagStore) -> None:
         """Give each indexed version the tags set on it later (its record's with `tags`'
-        overlay applied), where they changed since the last sync."""
+        overlay applied), where they changed since the last sync (`store()`: to read them)."""
         wanted = tags.all()
         known = {v: json.loads(o) for v, o in self.db.execute("SELECT version, overlay FROM tag_overlays")}
         changed = [v for v in sorted(set(wanted) | set(known)) if wanted.get(v, {}) != known.get(v, {})]
         changed = [v for v in changed if self.has_version(v)]  # the others when they are indexed
         if not changed:
             return
-        records = {v: store.get_version(v).tags for v in changed}
+        records = {v: store().get_version(v).tags for v in changed}
         with self.atomic() as tx:
             for v in changed:
                 overlay = wanted.get(v, {})

@@ -22,13 +22,12 @@ from mgit.reports import (
     VersionInfo,
     VersionStorage,
 )
-from mgit.store.base import ObjectStore
-from mgit.store.local import LocalStore
-from mgit.store.objectformat import file_expected
 from mgit.store.objects import Manifest, tag_matches
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (the store's modules: loaded by the commands that read an object)
     from mgit.lineage.graph import Lineage
+    from mgit.store.base import ObjectStore
+    from mgit.store.local import LocalStore
 
 RowOf = Callable[[str], VersionRow]  # a version's row, indexing it first if it is not yet
 ChainOf = Callable[[str], list[str]]  # a version and its predecessors, newest first
@@ -101,6 +100,7 @@ def quantization(store: ObjectStore, manifest: Manifest) -> dict[str, Any] | Non
     if config is None or config.size > CONFIG_BYTES or (store.lazy and not store.has(config.object)):
         return None  # show never fetches
     from mgit.formats.quant_config import scheme_from_bytes  # (show's alone: ls and log do without it)
+    from mgit.store.objectformat import file_expected
 
     try:
         scheme = scheme_from_bytes(store.get(config.object, expect=file_expected(config))[1].tobytes())

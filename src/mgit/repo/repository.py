@@ -9,17 +9,17 @@ the next `Repo()` notices the ref it does not know and indexes it.
 The verbs built from these (tests, bisect, cascades, remotes) are porcelain above this
 module: `mgit.checks`, `mgit.bisect`, `mgit.cascade`, `mgit.sync`.
 
-Modules that load numpy and the codecs are imported in the verbs that use them, so that
-`mgit ls`, `log`, `show` and `lineage` start in milliseconds.
-
-Two groups of verbs are `Repo`'s too, written beside it: training runs (commit_checkpoint,
-load_checkpoint, prune_run) in mgit.repo.runs, maintenance (rm, rename, fsck, gc) in
-mgit.repo.maintenance.
+Modules that load numpy and the codecs, the signing stack and the object store itself are
+imported (and the store opened) by the verbs that use them: `mgit ls`, `log`, `show` and
+`lineage` start in milliseconds. Training runs (commit_checkpoint, load_checkpoint,
+prune_run) and maintenance (rm, rename, fsck, gc) are `Repo`'s verbs too, written beside it
+in mgit.repo.runs and mgit.repo.maintenance.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
@@ -40,9 +40,7 @@ from mgit.reports import AddResult, DuResult, ModelSummary, ShowResult, VersionI
 from mgit.signing import policy
 from mgit.signing.store import SignatureStore
 from mgit.store.cache import CHECKOUT_BASES, SESSION_CACHE_BYTES, DecodedCache
-from mgit.store.local import LocalStore
 from mgit.store.lossy_policy import DEFAULT_GUARD, LossyPolicy
-from mgit.store.objectformat import DEFAULT_MAX_DEPTH
 from mgit.store.objects import Manifest, Version, walk_history
 from mgit.usercode import DEFAULT_TIMEOUT
 from mgit.util.parallel import StartProgress, default_jobs
@@ -57,6 +55,7 @@ if TYPE_CHECKING:
     from mgit.repo.signatures import SignResult
     from mgit.repo.tagging import TagsResult
     from mgit.signing.keys import Signer
+    from mgit.store.local import LocalStore
     from mgit.store.reader import ModelReader
 
 
@@ -71,7 +70,8 @@ class Repo(TrainingRuns, Maintenance):
         fsync = bool(self.config.get("fsync", True))
         self.retired = RetiredNames(self.dir, fsync=fsync)
         self.catalog = Catalog(self.dir / "catalog.sqlite", removed=self.retired.removed, remote=self._held)
-        self.store: LocalStore = open_store(self.dir, self.config, index=self.catalog)
+        self._store: LocalStore | None = None  # (opened on first use: ls, log and lineage read no object)
+        self._opening = threading.Lock()  # (one store per Repo: it tracks what its writes left to sync)
         self.refs = RefStore(self.dir, fsync=fsync)
         self.tags = TagStore(self.dir, fsync=fsync)
         self.signatures = SignatureStore(self.dir, fsync=fsync)
@@ -84,6 +84,15 @@ class Repo(TrainingRuns, Maintenance):
         """Create a repository in `path/.mgit`, or with `bare` in `path` itself: a folder
         remote that others push to and clone from (docs/format.md, "Remotes")."""
         return cls(create(Path(path), bare=bare))
+
+    @property
+    def store(self) -> LocalStore:
+        """The repository's objects (a lazy clone's fetch what they lack from its remote)."""
+        if self._store is None:
+            with self._opening:
+                if self._store is None:
+                    self._store = open_store(self.dir, self.config, index=self.catalog)
+        return self._store
 
     @property
     def root(self) -> Path:
@@ -102,14 +111,16 @@ class Repo(TrainingRuns, Maintenance):
 
     @property
     def max_depth(self) -> int:
+        from mgit.store.objectformat import DEFAULT_MAX_DEPTH
+
         return int(self.config.get("delta_max_depth", DEFAULT_MAX_DEPTH))
 
     # --- catalog upkeep -----------------------------------------------------------------
     def sync_catalog(self) -> None:
         """Index any head the catalog does not know (a writer killed after moving its ref),
         and tags set since (`mgit tag`, a pull)."""
-        self.catalog.sync(self.store, self.refs)
-        self.catalog.sync_tags(self.store, self.tags)
+        self.catalog.sync(lambda: self.store, self.refs)
+        self.catalog.sync_tags(lambda: self.store, self.tags)
 
     def rebuild_catalog(self) -> None:
         """Drop and rebuild the catalog from objects and refs."""
@@ -117,7 +128,7 @@ class Repo(TrainingRuns, Maintenance):
         for suffix in ("", "-wal", "-shm"):
             Path(f"{self.dir / 'catalog.sqlite'}{suffix}").unlink(missing_ok=True)
         self.catalog = Catalog(self.dir / "catalog.sqlite", removed=self.retired.removed, remote=self._held)
-        self.store = open_store(self.dir, self.config, index=self.catalog)  # (a lazy clone's reads the new one)
+        self._store = None  # (opened again on first use: a lazy clone's reads the new catalog)
         self.sync_catalog()
 
     @contextmanager

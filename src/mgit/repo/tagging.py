@@ -95,6 +95,6 @@ def change_tags(
         break
     else:
         raise TagConflictError(ref)
-    catalog.sync_tags(store, tags)
+    catalog.sync_tags(lambda: store, tags)
     result = tags_of(store, tags, vid, model, seq)
     return TagsResult(**{**result.__dict__, "changed": overlay != before})
