@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 import torch
 from conftest import fsck_ok, sha256_tree
 from safetensors.torch import load_file, save_file
+from trainer_script import trainer_script
 
 from mgit import Repo
 from mgit.errors import InvalidOptionError
@@ -150,36 +150,11 @@ def test_a_folder_the_trainer_removes_right_after_the_call_is_still_committed_wh
         repo.commit_checkpoint(tmp_path / "back", model="ft", lossy_optimizer=0.1)
 
 
-TRAINER = textwrap.dedent(
-    """
-    import hashlib, json, sys, torch
-    from mgit import Repo
-
-    def sha(state):
-        h = hashlib.sha256()
-        for name in sorted(state):
-            h.update(name.encode() + state[name].contiguous().view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
-
-    repo = Repo(sys.argv[1])
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for step in range(1, 8):
-        loss = model(torch.randn(8, 256)).pow(2).mean()
-        opt.zero_grad(); loss.backward(); opt.step()
-        repo.commit_checkpoint(model.state_dict(), model="ft", step=step, optimizer=opt.state_dict(),
-                               run="killed", wait=False)
-        print(json.dumps({"step": step, "sha": sha(model.state_dict())}), flush=True)
-    """
-)
-
-
 @pytest.mark.slow
 def test_a_trainer_killed_while_a_background_commit_is_in_flight_leaves_the_finished_ones(tmp_path: Path) -> None:
     Repo.init(tmp_path / "r")
     script = tmp_path / "train.py"
-    script.write_text(TRAINER)
+    script.write_text(trainer_script(8, wait=False))
     stall = tmp_path / "stall"  # the 4th commit pauses between its objects and its records
     env = {**os.environ, "MGIT_STALL_AT": "after-objects:4", "MGIT_STALL_FILE": str(stall)}
     proc = subprocess.Popen(

@@ -11,7 +11,6 @@ import json
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 import torch
 from conftest import fsck_ok
 from safetensors.torch import load_file
+from trainer_script import trainer_script
 
 from mgit import Repo
 from mgit.errors import InputError, InvalidOptionError
@@ -216,38 +216,12 @@ def test_a_forged_run_field_is_refused_when_the_record_is_read(run: dict[str, An
     assert Version.from_json({**record, "run": good}).run == good
 
 
-TRAINER = textwrap.dedent(
-    """
-    import hashlib, json, sys, torch
-    from mgit import Repo
-
-    def sha(state):
-        h = hashlib.sha256()
-        for name in sorted(state):
-            h.update(name.encode() + state[name].contiguous().view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
-
-    repo = Repo(sys.argv[1])
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for step in range(1, 1000):
-        x = torch.randn(8, 256)
-        loss = model(x).pow(2).mean()
-        opt.zero_grad(); loss.backward(); opt.step()
-        r = repo.commit_checkpoint(model.state_dict(), model="ft", step=step, metrics={"loss": float(loss)},
-                                   optimizer=opt.state_dict(), run="killed")
-        print(json.dumps({"step": step, "version": r.version, "sha": sha(model.state_dict())}), flush=True)
-    """
-)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["crash-point", "external"])
 def test_a_killed_trainer_leaves_every_checkpoint_it_completed(tmp_path: Path, how: str) -> None:
     Repo.init(tmp_path / "r")
     script = tmp_path / "train.py"
-    script.write_text(TRAINER)
+    script.write_text(trainer_script(1000, wait=True))
     env = None
     if how == "crash-point":  # killed between its third checkpoint's objects and its ref
         import os

@@ -61,8 +61,11 @@ def add_unsigned(shared: dict[str, Path], seed: int = 9) -> str:
 
 
 def nothing_kept(target: Path, vid: str) -> None:
+    from mgit.signing.store import SignatureStore
+
     assert not (target / ".mgit" / "objects" / vid[:2] / vid[2:]).exists()
     assert not (target / ".mgit" / "signatures" / vid).exists()
+    assert not SignatureStore(target / ".mgit").names(vid)  # nor in a bundle
 
 
 @pytest.mark.parametrize("lazy", [False, True])
@@ -122,6 +125,35 @@ def test_the_policy_of_one_remote_holds_over_the_repository_default(shared: dict
     configure(target, verify_require="signed", **{"remote.origin.verify": "none"})
     assert run_cli("-C", str(target), "fetch")[0] == 0
     assert (target / ".mgit" / "refs" / "remotes" / "origin" / "ft").read_text().strip() == vid
+
+
+def test_a_clone_keeps_what_arrives_in_one_bundle_and_passes_it_on(
+    shared: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Signatures a clone brings are kept in one bundle file (here from two on; thousands in
+    practice), read back by verify and sent on by a push to another remote, whose clones
+    verify them in turn."""
+    from mgit.signing import store
+
+    monkeypatch.setattr(store, "BUNDLE_FROM", 2)
+    (code, _, err), target = clone(shared, "bob", "--lazy")
+    assert code == 0, err
+    folder = target / ".mgit" / "signatures"
+    [bundle] = store.SignatureStore(target / ".mgit").bundle_files()
+    assert sorted(p.name for p in folder.iterdir()) == ["bundles"] and len(json.loads(bundle.read_bytes())) == 3
+    assert run_cli("-C", str(target), "verify", "ft", "--lineage")[0] == 0
+    onward = shared["tmp"] / "onward.mgit"
+    assert run_cli("init", "--bare", str(onward))[0] == 0
+    assert run_cli("-C", str(target), "remote", "add", "onward", str(onward))[0] == 0
+    code, _, err = run_cli("-C", str(target), "push", "onward")
+    assert code == 0, err
+    third = shared["tmp"] / "carol"
+    allowed = str(shared["allowed"])
+    code, _, err = run_cli("clone", str(onward), str(third), "--verify", "trusted", "--allowed-signers", allowed)
+    assert code == 0, err
+    for ref in ("base@1", "base@2", "ft"):
+        code, out, _ = run_cli("-C", str(third), "verify", ref, "--json")
+        assert code == 0 and json.loads(out)["versions"][0]["signatures"][0]["principals"] == ["alice@example.com"]
 
 
 @pytest.mark.parametrize("lazy", [False, True])

@@ -357,17 +357,18 @@ def test_a_cascade_whose_key_does_not_load_stops_before_any_recipe_runs(signed: 
     assert json.loads(run("log", "tuned", "--json")[1]) == before  # nothing committed, signed or not
 
 
-def test_many_signatures_are_kept_together_checked_first_and_synced_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_many_signatures_are_kept_in_one_bundle_checked_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What a clone of many signed versions keeps: every signature checked before any is
-    written (one that signs another version writes nothing), then all made durable together,
-    not an fsync of each file and folder."""
+    written (one that signs another version writes nothing), then all of them in one bundle
+    file named by its hash, made durable once; a few are files of their own, as ssh-keygen
+    reads them. A store opened afresh reads both alike."""
     import os
+
+    import blake3
 
     from mgit.errors import SignatureError
     from mgit.signing import keys, sshsig
-    from mgit.signing.store import SignatureStore, signature_name
+    from mgit.signing.store import BUNDLE_FROM, SignatureStore, signature_name
 
     signer = keys.load_signing_key(keygen(tmp_path / "keys", "alice"))
     vids = [f"{i:064x}" for i in range(200)]
@@ -375,14 +376,69 @@ def test_many_signatures_are_kept_together_checked_first_and_synced_once(
     store = SignatureStore(tmp_path / "repo")
     with pytest.raises(SignatureError, match="does not sign version"):
         store.add_many([*made[:50], (vids[0], made[1][1])])  # a signature moved onto another version
-    assert store.versions() == [] and not store.temporary_files()
+    assert store.versions() == [] and not store.temporary_files() and not store.bundle_files()
 
     fsyncs: list[int] = []
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: fsyncs.append(fd) or real(fd))
-    assert store.add_many([*made, made[0]]) == 200  # the same signature twice is kept once
-    assert len(fsyncs) < 10  # 200 files in 201 folders: a syncfs or a few, not 400 fsyncs
-    assert store.versions() == vids and not store.temporary_files()
-    for vid, sig in made:
-        assert store.get(vid) == [sig.armored] and store.names(vid) == {signature_name(sig.armored)}
-    assert store.add_many(made) == 0
+    assert store.add_many([*made[:150], made[0]]) == 150  # the same signature twice is kept once
+    assert len(fsyncs) < 5  # one file and its folders, not a file and a folder per signature
+    [bundle] = store.bundle_files()
+    body = bundle.read_bytes()
+    assert bundle.name == f"{blake3.blake3(body).hexdigest()}.json"
+    assert json.loads(body) == {v: [s.armored.decode()] for v, s in made[:150]}  # docs/format.md's shape
+    assert not [p for p in (tmp_path / "repo" / "signatures").iterdir() if p.name != "bundles"]
+    few = made[150 : 150 + BUNDLE_FROM - 1]
+    assert store.add_many(few) == len(few)  # too few for a bundle: a file each
+    assert [p.name for p in (tmp_path / "repo" / "signatures" / few[0][0]).iterdir()] == [
+        f"{signature_name(few[0][1].armored)}.sig"
+    ]
+    for reader in (store, SignatureStore(tmp_path / "repo")):
+        assert reader.versions() == sorted(v for v, _ in [*made[:150], *few]) and not reader.temporary_files()
+        for vid, sig in [*made[:150], *few]:
+            assert reader.get(vid) == [sig.armored] and reader.names(vid) == {signature_name(sig.armored)}
+        assert reader.add_many(made[:150]) == 0 and reader.add(*few[0]) is False
+    assert len(store.bundle_files()) == 1
+
+
+def test_a_damaged_bundle_reads_as_no_signature_fsck_names_it_and_gc_merges_bundles(signed: dict[str, Path]) -> None:
+    """A bundle (as a clone writes one) serves its signatures to verify; one whose bytes no
+    longer hash to its name is read as nothing (the version is unsigned, not trusted on
+    damaged bytes) and fsck names it; gc merges bundles into one and loses no signature."""
+    import blake3
+
+    from mgit.signing.store import SignatureStore, bundle_body, signature_name
+
+    root, base = signed["root"], vid_of(signed["root"], "base")
+    folder = root / ".mgit" / "signatures"
+    [alice_sig] = (folder / base).iterdir()
+    assert run_cli("-C", str(root), "sign", "base", "--key", str(signed["bob"]))[0] == 0
+    [bob_sig] = [p for p in (folder / base).iterdir() if p != alice_sig]
+    (folder / "bundles").mkdir()
+    bundles, texts = [], [alice_sig.read_text(), bob_sig.read_text()]
+    for sig in (alice_sig, bob_sig):  # each in a bundle of its own, as two fetches would leave them
+        body = bundle_body({base: [sig.read_bytes()]})
+        bundles.append(folder / "bundles" / f"{blake3.blake3(body).hexdigest()}.json")
+        bundles[-1].write_bytes(body)
+    shutil.rmtree(folder / base)
+    code, report = verify_json(root, "base")
+    assert code == 0 and sorted(p for s in report["versions"][0]["signatures"] for p in s["principals"]) == [
+        "alice@example.com",
+        "bob@example.com",
+    ]
+
+    good = bundles[1].read_bytes()
+    bundles[1].write_bytes(good.replace(b"-----END", b"-----end"))  # the bytes no longer hash to the name
+    code, report = verify_json(root, "base")
+    assert code == 0 and [s["principals"] for s in report["versions"][0]["signatures"]] == [["alice@example.com"]]
+    code, out, _ = run_cli("-C", str(root), "fsck")
+    assert code == 1 and f"signature bundle {bundles[1].name} is damaged" in out
+    bundles[1].write_bytes(good)
+
+    assert run_cli("-C", str(root), "gc")[0] == 0
+    [merged] = SignatureStore(root / ".mgit").bundle_files()
+    assert merged not in bundles
+    assert json.loads(merged.read_bytes()) == {base: sorted(texts, key=lambda t: signature_name(t.encode()))}
+    code, report = verify_json(root, "base")
+    assert code == 0 and len(report["versions"][0]["signatures"]) == 2
+    assert run_cli("-C", str(root), "fsck")[0] == 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mgit.errors import CorruptObjectError, MgitError, MissingObjectError
 from mgit.index.catalog import Catalog
@@ -21,6 +21,9 @@ from mgit.store.local import LocalStore
 from mgit.store.objectformat import file_objects_expected
 from mgit.store.objects import Manifest, Version
 from mgit.util.parallel import Progress, StartProgress
+
+if TYPE_CHECKING:
+    from mgit.signing.store import SignatureStore
 
 
 @dataclass(frozen=True)
@@ -176,9 +179,16 @@ def check_references(store: ObjectStore, seen: Reachable) -> list[Problem]:
 
 
 def fsck(
-    store: ObjectStore, refs: RefStore, catalog: Catalog, *, jobs: int, progress: StartProgress | None = None
+    store: ObjectStore,
+    refs: RefStore,
+    catalog: Catalog,
+    *,
+    jobs: int,
+    progress: StartProgress | None = None,
+    signatures: SignatureStore | None = None,
 ) -> FsckResult:
-    """Re-hash every object and check every reference; problems are listed, not raised."""
+    """Re-hash every object and check every reference (and that the signature bundles read);
+    problems are listed, not raised."""
     heads = root_heads(refs)
     seen = walk(store, heads, pins=refs.pins())
     oids = list(store.ids())
@@ -195,8 +205,12 @@ def fsck(
     stray = _stray_rows(store, catalog, seen)
     if stray is not None:
         problems.append(stray)
+    for path in signatures.damaged_bundles() if signatures is not None else []:
+        problems.append(
+            Problem(path.stem, "corrupt", f"signature bundle {path.name} is damaged: its signatures are not read")
+        )
     leftovers = len(store.temporary_files()) + len(refs.temporary_files())
-    leftovers += len(list(quarantine_folders(store)))
+    leftovers += len(list(quarantine_folders(store))) + len(signatures.temporary_files() if signatures else [])
     garbage = [o for o in oids if o not in seen.objects and o not in bad]
     return FsckResult(
         len(oids),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mgit.errors import CorruptObjectError, GcRefusedError, MissingObjectError
 from mgit.index.catalog import Catalog
@@ -17,6 +18,9 @@ from mgit.reports import Report
 from mgit.store.base import ObjectStore
 from mgit.util.atomicfile import remove_files
 from mgit.util.faults import crash_point
+
+if TYPE_CHECKING:
+    from mgit.signing.store import SignatureStore
 
 
 @dataclass(frozen=True)
@@ -30,9 +34,18 @@ class GcResult(Report):
     leftovers: int
 
 
-def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, tags: TagStore, *, dry_run: bool = False) -> GcResult:
+def gc(
+    store: ObjectStore,
+    refs: RefStore,
+    catalog: Catalog,
+    tags: TagStore,
+    *,
+    dry_run: bool = False,
+    signatures: SignatureStore | None = None,
+) -> GcResult:
     """Delete objects that no ref reaches, the tags set on deleted versions, and leftovers of
-    interrupted writes (the caller holds the repository's exclusive lock)."""
+    interrupted writes; merge the signature bundles into one (the caller holds the
+    repository's exclusive lock). Signatures themselves stay, as docs/format.md says."""
     seen = walk(store, root_heads(refs), pins=refs.pins())
     if seen.problems:
         raise GcRefusedError(seen.problems[0].object, seen.problems[0].kind)
@@ -52,6 +65,7 @@ def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, tags: TagStore, *, 
     garbage = [oid for oid in store.ids() if oid not in seen.objects]
     freed = sum(store.stored_size(oid) for oid in garbage)
     leftovers = store.temporary_files() + refs.temporary_files() + tags.temporary_files()
+    leftovers += signatures.temporary_files() if signatures is not None else []
     tagged = [vid for vid in tags.all() if vid not in seen.objects]  # a version that goes takes its tags
     quarantines = list(quarantine_folders(store))
     if not dry_run:
@@ -68,4 +82,6 @@ def gc(store: ObjectStore, refs: RefStore, catalog: Catalog, tags: TagStore, *, 
             tags.put(vid, {})
         for folder in quarantines:  # a killed fetch's: nothing in it was ever kept
             shutil.rmtree(folder, ignore_errors=True)
+        if signatures is not None:
+            signatures.consolidate()
     return GcResult(dry_run, garbage, freed, len(seen.objects), len(leftovers) + len(quarantines))

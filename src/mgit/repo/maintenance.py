@@ -63,11 +63,18 @@ class Maintenance:
         """Re-hash every object and check every reference; problems are listed, not raised."""
         from mgit.repo.fsck import fsck
 
-        return fsck(self.store, self.refs, self.catalog, jobs=jobs or default_jobs(), progress=progress)
+        return fsck(
+            self.store,
+            self.refs,
+            self.catalog,
+            jobs=jobs or default_jobs(),
+            progress=progress,
+            signatures=self.signatures,
+        )
 
     def gc(self, *, dry_run: bool = False) -> GcResult:
         """Delete objects that no ref reaches, and leftovers of interrupted writes."""
         from mgit.repo.gc import gc
 
         with self.store.lock(exclusive=True):
-            return gc(self.store, self.refs, self.catalog, self.tags, dry_run=dry_run)
+            return gc(self.store, self.refs, self.catalog, self.tags, dry_run=dry_run, signatures=self.signatures)

@@ -11,12 +11,16 @@ kept: a signature that does not parse, or that signs another version, refuses th
 (those just read and those here already); a version it refuses refuses the whole fetch,
 naming the version and its signer, and nothing is kept. `--no-verify` skips the policy, and
 the command says so. Old remotes have no `signatures/`: their versions arrive unsigned.
+Verifying runs on every core (OpenSSL leaves the GIL); what arrives is kept in one bundle
+file here (mgit.signing.store).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import blake3
 
@@ -24,9 +28,8 @@ from mgit.errors import ReceivedError, RemoteTooLargeError, SignatureError, Unve
 from mgit.repo.repository import Repo
 from mgit.signing import policy
 from mgit.signing.sshsig import MAX_ARMORED, SshSignature
-from mgit.signing.store import MAX_PER_VERSION, check_signature, signature_name
+from mgit.signing.store import MAX_PER_VERSION, bundle_body, check_signature, parse_bundle, signature_name
 from mgit.store.base import ObjectStore
-from mgit.store.objects import OID_RE
 from mgit.sync.connection import Connection
 from mgit.util.atomicfile import write_atomic
 
@@ -48,10 +51,10 @@ def push_signatures(repo: Repo, conn: Connection, on_remote: set[str]) -> int:
             ]
     conn.remote.map(lambda item: conn.remote.write_signature(*item), sending)
     if len(sending) > 1:  # what a clone reads in one request instead of one each
-        bundle: dict[str, list[str]] = {}
+        bundle: dict[str, list[bytes]] = {}
         for vid, _, data in sending:
-            bundle.setdefault(vid, []).append(data.decode("ascii"))
-        body = json.dumps(bundle, sort_keys=True, separators=(",", ":")).encode()
+            bundle.setdefault(vid, []).append(data)
+        body = bundle_body(bundle)
         if len(body) <= MAX_BUNDLE:
             conn.remote.write_signature_bundle(blake3.blake3(body).hexdigest(), body)
     return len(sending)
@@ -65,17 +68,11 @@ def _bundled(repo: Repo, conn: Connection, bundles: list[str]) -> dict[str, dict
     where, out = conn.remote.url, {}
     todo = [b for b in bundles if b not in seen]
     for bid, data in zip(todo, conn.remote.map(lambda b: _read_bundle(conn, b), todo), strict=True):
-        try:
-            value = json.loads(data) if blake3.blake3(data).hexdigest() == bid else None
-        except ValueError:
-            value = None
-        ok = isinstance(value, dict) and all(
-            OID_RE.match(k) and isinstance(v, list) and all(isinstance(x, str) for x in v) for k, v in value.items()
-        )
-        if not ok:
+        value = parse_bundle(data, bid)
+        if value is None:
             raise ReceivedError(f"signature bundle {bid[:12]} on {where} is malformed", where=where)
         for vid, sigs in value.items():
-            out.setdefault(vid, {}).update({signature_name(x.encode()): x.encode() for x in sigs})
+            out.setdefault(vid, {}).update(sigs)
     return out
 
 
@@ -101,52 +98,85 @@ def _wanted_level(repo: Repo, conn: Connection) -> str | None:
     return policy.required(repo.config, conn.name) if getattr(conn, "verify", True) else None
 
 
-def fetch_signatures(repo: Repo, conn: Connection, versions: Iterable[str]) -> tuple[Arrived, list[str]]:
-    """The remote's signatures of `versions` (and of versions here) that are not here, from
-    its bundles and files, each checked to sign its version (a ReceivedError names the first
-    that does not); and the bundles read."""
-    if _wanted_level(repo, conn) is None:
-        try:
-            import cryptography  # noqa: F401
-        except ImportError:  # nothing demands them and nothing here can check them: left there
-            return {}, []
-    where = conn.remote.url
-    listed, bundles = conn.remote.signature_names()
-    bundled = _bundled(repo, conn, bundles)
-    for vid, sigs in bundled.items():
-        listed.setdefault(vid, set()).update(sigs)
-    wanted = set(versions) | {v for v in listed if repo.catalog.has_version(v)}  # signed since last fetched
-    todo = []
-    for vid in sorted(wanted & set(listed)):
-        have = repo.signatures.names(vid)
-        names = sorted(listed[vid] - have)
-        if len(names) + len(have) > MAX_PER_VERSION:
-            raise ReceivedError(f"version {vid[:12]} has {len(listed[vid])} signatures on {where}", where=where)
-        todo += [(vid, n) for n in names]
+class SignatureFetch:
+    """`with SignatureFetch(repo, conn) as sigs:` the remote's signatures, read and checked
+    while a fetch's records arrive. Started first: signatures/ listed once, the bundles not
+    read before read, and each bundled signature checked in a thread per core (OpenSSL
+    verifies outside the GIL, so thousands of checks run beside the records' writes).
+    `finish(versions)`: the signatures of `versions` (and new ones of versions here) that are
+    not here, the rest read from their files, each checked to sign its version (a
+    ReceivedError names the first that does not); a bundled signature of a version that did
+    not arrive is not judged."""
 
-    def read(item: tuple[str, str]) -> bytes:
-        if item[1] in bundled.get(item[0], {}):
-            return bundled[item[0]][item[1]]
+    def __init__(self, repo: Repo, conn: Connection) -> None:
+        self.repo, self.conn, self.where = repo, conn, conn.remote.url
+        self.listed: dict[str, set[str]] = {}
+        self.bundles: list[str] = []
+        self.bundled: dict[str, dict[str, bytes]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._early: dict[tuple[str, str], Future[SshSignature | str]] = {}
+        if _wanted_level(repo, conn) is None:
+            try:
+                import cryptography  # noqa: F401
+            except ImportError:  # nothing demands them and nothing here can check them: left there
+                return
+        self.listed, self.bundles = conn.remote.signature_names()
+        self.bundled = _bundled(repo, conn, self.bundles)
+        self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="mgit-verify")
+        for vid, sigs in self.bundled.items():
+            self.listed.setdefault(vid, set()).update(sigs)
+            for name, data in sigs.items():
+                self._early[(vid, name)] = self._pool.submit(_check, vid, name, data)
+
+    def finish(self, versions: Iterable[str]) -> tuple[Arrived, list[str]]:
+        """(the signatures that arrived, checked, by version; the bundles read)."""
+        if self._pool is None:
+            return {}, []
+        listed, where, arriving = self.listed, self.where, set(versions)
+        here = {v for v in listed if v not in arriving and self.repo.catalog.has_version(v)}  # signed since
+        todo = []
+        for vid in sorted((arriving | here) & set(listed)):
+            have = self.repo.signatures.names(vid)
+            names = sorted(listed[vid] - have)
+            if len(names) + len(have) > MAX_PER_VERSION:
+                raise ReceivedError(f"version {vid[:12]} has {len(listed[vid])} signatures on {where}", where=where)
+            todo += [(vid, n) for n in names]
+        loose = [item for item in todo if item not in self._early]
+        for item, data in zip(loose, self.conn.remote.map(self._read, loose), strict=True):
+            self._early[item] = self._pool.submit(_check, *item, data)
+        found: Arrived = {}
+        for vid, name in todo:
+            sig = self._early[(vid, name)].result()
+            if isinstance(sig, str):
+                raise ReceivedError(f"signature {name[:12]} of version {vid[:12]} on {where}: {sig}", where=where)
+            found.setdefault(vid, []).append(sig)
+        return found, self.bundles
+
+    def _read(self, item: tuple[str, str]) -> bytes:
         try:
-            return conn.remote.read_signature(*item, limit=MAX_ARMORED)
+            return self.conn.remote.read_signature(*item, limit=MAX_ARMORED)
         except RemoteTooLargeError:
             raise ReceivedError(
-                f"signature {item[1][:12]} of version {item[0][:12]} on {where} is larger than any SSH signature",
-                where=where,
+                f"signature {item[1][:12]} of version {item[0][:12]} on {self.where} is larger than any SSH signature",
+                where=self.where,
             ) from None
 
-    found: Arrived = {}
-    for (vid, name), data in zip(todo, conn.remote.map(read, todo), strict=True):
-        try:
-            if signature_name(data) != name:
-                raise SignatureError("its content does not hash to its name")
-            sig = check_signature(vid, data)
-        except SignatureError as exc:
-            raise ReceivedError(
-                f"signature {name[:12]} of version {vid[:12]} on {where}: {exc.message}", where=where
-            ) from None
-        found.setdefault(vid, []).append(sig)
-    return found, bundles
+    def __enter__(self) -> SignatureFetch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _check(vid: str, name: str, data: bytes) -> SshSignature | str:
+    """A signature checked to be named by its content and to sign `vid`, or why not."""
+    if signature_name(data) != name:
+        return "its content does not hash to its name"
+    try:
+        return check_signature(vid, data)
+    except SignatureError as exc:
+        return exc.message
 
 
 def enforce_policy(repo: Repo, conn: Connection, store: ObjectStore, versions: list[str], arrived: Arrived) -> None:
