@@ -63,9 +63,8 @@ import torch  # noqa: E402
 from core import CACHE, ROOT, machine, table, write_doc  # noqa: E402
 
 from mgit import Repo  # noqa: E402
-from mgit.lineage.inference import DEFAULT_MIN_CONFIDENCE  # noqa: E402
+from mgit.lineage.inference import DEFAULT_MIN_CONFIDENCE, ParentSuggestion  # noqa: E402
 from mgit.lineage.sketch import stored_sketches  # noqa: E402
-from mgit.reports import ParentSuggestion  # noqa: E402
 
 BEGIN, END = "<!-- inference:begin -->", "<!-- inference:end -->"
 TARGETS = {"parent": 0.95, "relation": 0.90, "seconds": 2.0}

@@ -9,7 +9,7 @@ is left as it is):
 
 - sign and verify per version, in-process: an SSHSIG made with an ed25519 key (and an ecdsa
   P-256 one) over each version id and kept, then every signature judged against an
-  allowed-signers file (`mgit.repo.signatures.signature_checks`, what show and log
+  allowed-signers file (`mgit.signing.policy.signature_checks`, what show and log
   --show-signature run);
 - `mgit verify --lineage` (a subprocess, as a user runs it) on the model with the most
   ancestors, beside `mgit log` of it;
@@ -40,7 +40,7 @@ import lineage_scale  # noqa: E402
 from core import machine, write_doc  # noqa: E402
 
 from mgit import Repo  # noqa: E402
-from mgit.repo.signatures import signature_checks  # noqa: E402
+from mgit.signing.policy import signature_checks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "bench"

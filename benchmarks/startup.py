@@ -5,6 +5,7 @@ click'` timed in the same run.
     python benchmarks/startup.py                  # both repositories, 9 runs; writes the start-up section
     python benchmarks/startup.py --runs 5 --no-doc
     python benchmarks/startup.py --profile ls     # where `mgit ls` spends its imports (python -X importtime)
+    python benchmarks/startup.py --before ../main/src --no-doc   # and each command as another tree's src runs it
 
 Repositories (built once under .cache/bench/, with the library, tiny tensors): a family of 10
 models (a base, fine-tunes, an adapter, quantized, pruned and distilled children, a merge; the
@@ -68,12 +69,18 @@ FAMILY = [  # name, parents, relation
 ]
 
 
-def mgit_command() -> list[str]:
+def mgit_command(src: str | None = None) -> list[str]:
     """What the `mgit` console script runs, as this checkout's pyproject.toml declares it (an
-    installed script may have been generated from an older declaration)."""
+    installed script may have been generated from an older declaration); with `src`, the
+    package found there first (another checkout's `src`, to compare with)."""
     script = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["mgit"]
     module, _, function = script.partition(":")
-    return [sys.executable, "-c", f"import sys; sys.argv[0] = 'mgit'; from {module} import {function}; {function}()"]
+    first = f"sys.path.insert(0, {str(Path(src).resolve())!r}); " if src else ""
+    return [
+        sys.executable,
+        "-c",
+        f"import sys; {first}sys.argv[0] = 'mgit'; from {module} import {function}; {function}()",
+    ]
 
 
 def build_family(path: Path) -> Path:
@@ -112,10 +119,11 @@ def build_large() -> Path:
 Row = tuple[str, str, list[str], Path]  # repository, label, argv, the folder it runs in
 
 
-def commands(family: Path, large: Path) -> list[Row]:
+def commands(family: Path, large: Path, before: str | None = None) -> list[Row]:
     """Every timed command, the two floors first. Each runs in its repository's folder, as a
     user types it (with `-C`, click would import difflib: it tries a short option as a long one
-    first, and the miss it raises looks for close matches)."""
+    first, and the miss it raises looks for close matches). With `before` (a `src` folder),
+    each mgit command again as that tree runs it, labelled "(before)", in the same rounds."""
     python, mgit = sys.executable, mgit_command()
     rows = [
         ("-", "python -c pass", [python, "-c", "pass"], family),
@@ -125,6 +133,8 @@ def commands(family: Path, large: Path) -> list[Row]:
     for where, path, name in (("10 models", family, "ft-a"), ("1,000 x 5", large, "m0500")):
         for args in (["ls"], ["log", name], ["show", name], ["lineage"]):
             rows.append((where, f"mgit {' '.join(args)}", [*mgit, *args], path))
+            if before:
+                rows.append((where, f"mgit {' '.join(args)} (before)", [*mgit_command(before), *args], path))
     return rows
 
 
@@ -189,7 +199,7 @@ def report(rows: list[Row], times: list[list[tuple[float, float]]], runs: int, l
         walls = [w * 1000 for w, _ in times[i]]
         if label == "mgit --version":
             goal = verdict(cpu <= VERSION_RATIO * click_cpu, f"<= {VERSION_RATIO}x import click")
-        elif where in TARGET_MS:
+        elif where in TARGET_MS and not label.endswith("(before)"):
             ratio = TARGET_MS[where] / CLICK_MS_WHEN_SET
             goal = (
                 f"{verdict(wall < TARGET_MS[where], f'< {TARGET_MS[where]:.0f} ms')}; "
@@ -230,6 +240,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--no-doc", action="store_true", help="print the results, leave docs/ alone")
     parser.add_argument("--small-only", action="store_true", help="only the 10-model repository (no 75 s build)")
+    parser.add_argument("--before", metavar="SRC", help="also time each mgit command with the package in SRC")
     parser.add_argument(
         "--profile",
         nargs=argparse.REMAINDER,
@@ -240,14 +251,14 @@ def main() -> None:
     if args.profile is not None:
         profile(family, args.profile, args.runs)
         return
-    rows = commands(family, family if args.small_only else build_large())
+    rows = commands(family, family if args.small_only else build_large(), args.before)
     if args.small_only:
         rows = [r for r in rows if r[0] != "1,000 x 5"]
     load_start = os.getloadavg()[0]
     times = measure(rows, args.runs)
     section = report(rows, times, args.runs, (load_start, os.getloadavg()[0]))
     print(section)
-    if not args.no_doc:
+    if not args.no_doc and not args.before:  # (the section holds this tree's figures alone)
         write_doc(section, BEGIN, END)
 
 

@@ -238,6 +238,16 @@ def test_commands_that_touch_no_tensor_import_only_what_they_use(tmp_path: Path,
         assert ours == {"mgit", "mgit.cli", "mgit.cli.main", "mgit.errors"}
     if command in ("ls", "log m", "show m"):
         assert "mgit.lineage.graph" not in ours and "mgit.cli.commands" not in ours
+        assert not {m for m in ours if m.startswith("mgit.remotes")}  # (remote-tracking refs: lineage's alone)
+    if command in ("ls", "log m", "lineage"):  # (they read the catalog: the object store is not even opened)
+        assert not {"mgit.store.base", "mgit.store.local", "mgit.store.objectformat"} & ours
+    # what signs and judges signatures (keys, allowed signers, SSHSIG parsing), and the results of the
+    # verbs that write or check, each in its verb's module: none of them for a command that only reads
+    elsewhere = {"mgit.signing.keys", "mgit.signing.allowed", "mgit.signing.sshsig", "mgit.signing.agent"}
+    elsewhere |= {f"mgit.repo.{m}" for m in ("fsck", "gc", "remove", "renaming", "tagging", "retention", "checkout")}
+    elsewhere |= {"mgit.repo.add", "mgit.lineage.inference", "mgit.lineage.sketch", "mgit.store.reader"}
+    elsewhere |= {"mgit.repo.tensors", "mgit.repo.signatures"}  # (show --tensors'; sign and verify)
+    assert not elsewhere & ours, sorted(elsewhere & ours)
     if command != "show m":  # (what show says of adapters and quantization schemes)
         assert not {"mgit.formats.adapter", "mgit.formats.quant_config", "mgit.repo.adapters"} & ours
 

@@ -143,6 +143,27 @@ def test_parents_children_and_exact_versions(repo: Repo) -> None:
         lin.parents("nope")
 
 
+def test_the_graph_reads_each_version_as_the_catalog_indexes_it(repo: Repo) -> None:
+    from dataclasses import fields
+
+    from mgit.index.rows import GRAPH_COLUMNS
+
+    assert tuple(f.name for f in fields(VersionNode)) == GRAPH_COLUMNS  # (the graph's rows are read in order)
+    repo.add(tensors(1), name="base", tags={"stage": "dev"}, message="first")
+    repo.add(tensors(2), name="base", message="second")
+    repo.add(tensors(3), name="ft", parent="base", relation="finetune", lossy=1e-3)
+    repo.rm("base", force=True)  # (kept as ft's parent: its versions removed)
+    nodes = {v.id: v for name in ("base", "ft") for v in repo.lineage.versions(name)}
+    assert len(nodes) == 3 and [v.removed for v in nodes.values()] == [True, True, False]
+    assert all(type(v.removed) is bool and isinstance(v.tags, dict) for v in nodes.values())  # (decoded)
+    for vid, node in nodes.items():
+        row = repo.catalog.version(vid)
+        assert row is not None and node == VersionNode(
+            *(getattr(row, c) for c in ("id", "model", "seq", "predecessor", "time", "message", "tags")),
+            *(getattr(row, c) for c in ("params", "logical_bytes", "new_bytes", "lossy", "removed")),
+        )
+
+
 def test_select_by_glob_tag_and_relation(repo: Repo) -> None:
     add_lineage(repo, "bert", "bert-sst2 <- bert", "bert-int8 <- bert-sst2 : quantize", "gpt")
     repo.add(tensors(7, layers=1, width=4), name="bert-mnli", parent="bert", tags={"task": "nli"})

@@ -134,3 +134,34 @@ def test_many_new_refs_are_refused_when_one_is_above_or_under_another(tmp_path: 
     with pytest.raises(ModelNameConflictError, match="'new' has models under it \\('new/a'"):
         refs.update_many({"new": (A, None), "new/a": (B, None), "new/b": (B, None), "zz": (C, None)})
     assert "new" not in refs.all() and "zz" not in refs.all()
+
+
+def test_a_damaged_ref_or_a_fifo_among_the_refs_is_named_without_blocking(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    from mgit.errors import DamagedRefError
+
+    refs = RefStore(tmp_path)
+    refs.dir.mkdir(parents=True)
+    oid = "ab" * 32
+    (refs.dir / "good").write_text(oid + "\n")
+    assert refs.get("good") == oid and refs.all() == {"good": oid} and refs.get("absent") is None
+    (refs.dir / "cut").write_text(oid[:40])
+    with pytest.raises(DamagedRefError, match="cut"):
+        refs.all()
+    (refs.dir / "cut").unlink()
+    os.mkfifo(refs.dir / "pipe")  # no writer: a blocking open would wait for one forever
+    found: list[BaseException] = []
+
+    def read() -> None:
+        for ask in (lambda: refs.get("pipe"), refs.all):
+            try:
+                ask()
+            except DamagedRefError as exc:
+                found.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=20)
+    assert not reader.is_alive() and len(found) == 2 and all("pipe" in str(e) for e in found)

@@ -148,3 +148,12 @@ def test_a_message_printed_after_a_checkout_escapes_the_folder(repo: Repo, tmp_p
 def test_printable() -> None:
     assert printable("a\x1b[31mb\n\tc\x7f\x85\u202e\x00") == "a\\x1b[31mb\n\tc\\x7f\\x85\\u202e\\x00"
     assert printable("caf\u00e9 \u2603 \u4e2d") == "caf\u00e9 \u2603 \u4e2d"
+
+
+def test_printable_escapes_every_code_point_a_terminal_acts_on_alone_or_in_text() -> None:
+    from mgit.cli.output import UNPRINTABLE
+
+    acted_on = [c for c in map(chr, range(0x110000)) if UNPRINTABLE.match(c)]
+    assert len(acted_on) == 30 + 1 + 32 + 5 + 4  # C0 less newline and tab, DEL, C1, the bidi overrides
+    for c in acted_on:  # (text Python calls printable is taken as it is: none of these may be in it)
+        assert printable(c) != c and printable(f"name{c}") == f"name{printable(c)}"

@@ -1,12 +1,20 @@
 """The dataclasses that Repo verbs return. The CLI prints them as tables or, with `--json`,
-as `to_json()`: one code path for people and programs."""
+as `to_json()`: one code path for people and programs.
+
+Here: `Report`, and what the reading verbs (ls, log, show, du) and add return. The results of
+the other verbs live beside the verb that makes them (FsckResult in mgit.repo.fsck, TagsResult
+in mgit.repo.tagging, ParentSuggestion in mgit.lineage.inference, ...): every command imports
+this module, and making a frozen dataclass costs about a millisecond at import."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # (parent inference's result is its module's; an add only carries it)
+    from mgit.lineage.inference import ParentSuggestion
 
 
 def json_safe(value: Any) -> Any:
@@ -41,6 +49,8 @@ class Report:
 
 @dataclass(frozen=True)
 class ParentInfo(Report):
+    """A lineage parent as a report names it: version id, model, number, relation."""
+
     version: str
     model: str
     seq: int
@@ -59,6 +69,8 @@ class ParentInfo(Report):
 
 @dataclass(frozen=True)
 class VersionInfo(Report):
+    """One version as `log` lists it: model, number, parents, tags, recipe, sizes."""
+
     id: str
     model: str
     seq: int
@@ -86,6 +98,9 @@ class VersionInfo(Report):
 
 @dataclass(frozen=True)
 class AddResult(Report):
+    """What `add` stored: the version, its parents, new and reused bytes, what lossy and
+    auto_parent decided."""
+
     model: str
     version: str
     seq: int
@@ -107,25 +122,14 @@ class AddResult(Report):
 
 @dataclass(frozen=True)
 class FileInfo(Report):
+    """One file of a version: its path, type, size, blake3 digest, tensor count."""
+
     path: str
     type: str
     size: int
     digest: str
     tensors: int = 0
     converted_from: str | None = None
-
-
-@dataclass(frozen=True)
-class CheckoutResult(Report):
-    model: str
-    version: str
-    seq: int
-    out_dir: str
-    files: list[FileInfo]
-    bytes: int
-    notes: list[str] = field(default_factory=list)
-    model_signature: str | None = None  # the OpenSSF model signature written over the folder, if asked
-    signer: str | None = None  # its key: type and fingerprint (`ecdsa-sha2-nistp256 SHA256:...`)
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,8 @@ class StorageInfo(Report):
 
 @dataclass(frozen=True)
 class ShowResult(Report):
+    """One version as `show` describes it: files, parameters by dtype, storage, quantization, adapter."""
+
     version: VersionInfo
     files: list[FileInfo]
     dtypes: dict[str, int]  # dtype -> parameter count
@@ -163,6 +169,8 @@ class VersionStorage(Report):
 
 @dataclass(frozen=True)
 class ModelSummary(Report):
+    """One model as `ls` lists it: its latest version, that version's parents, size and time."""
+
     name: str
     head: str
     seq: int
@@ -175,6 +183,8 @@ class ModelSummary(Report):
 
 @dataclass(frozen=True)
 class ModelUsage(Report):
+    """One model's storage as `du` counts it."""
+
     name: str
     versions: int
     logical_bytes: int
@@ -192,6 +202,8 @@ class ModelUsage(Report):
 
 @dataclass(frozen=True)
 class DuResult(Report):
+    """`du`: each model's storage, and the repository's on disk."""
+
     models: list[ModelUsage]
     logical_bytes: int  # what every version would take as plain files
     stored_bytes: int  # objects that some model still uses
@@ -211,151 +223,3 @@ class DuResult(Report):
             "models": [m.to_json() for m in self.models],
             "reduction": round(self.reduction, 3),
         }
-
-
-@dataclass(frozen=True)
-class Problem(Report):
-    object: str
-    kind: str  # "corrupt", "missing", "ref", "catalog"
-    message: str
-    used_by: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class FsckResult(Report):
-    objects_checked: int
-    bytes_checked: int
-    refs_checked: int
-    versions_checked: int
-    problems: list[Problem]
-    leftovers: int  # temporary files of interrupted writes (harmless; gc removes them)
-    unreferenced: int = 0  # objects no ref reaches (an interrupted add's, a removed model's): gc removes them
-    unreferenced_bytes: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def to_json(self) -> dict[str, Any]:
-        return {**super().to_json(), "ok": self.ok}
-
-
-@dataclass(frozen=True)
-class GcResult(Report):
-    dry_run: bool
-    removed: list[str]
-    removed_bytes: int
-    kept: int
-    leftovers: int
-
-
-@dataclass(frozen=True)
-class RemoveResult(Report):
-    """What `rm` removed: a model (its head, how many versions), or one version of it
-    (`version`; `head` is then the model's head after, None if it had no other)."""
-
-    model: str
-    head: str | None
-    versions: int
-    version: str | None = None
-    seq: int | None = None
-    kept_by: list[str] = field(default_factory=list)  # what still builds on it (with --force)
-
-
-@dataclass(frozen=True)
-class RenameResult(Report):
-    """`rename`: the model's old and new names, its head and that head's number (kept)."""
-
-    old: str
-    new: str
-    head: str
-    seq: int
-    retargeted_tests: list[str] = field(default_factory=list)  # registered tests whose target followed
-
-
-@dataclass(frozen=True)
-class TagsResult(Report):
-    """A version's tags (`mgit tag`): what it has now, and what was set on it after it was
-    added (`null`: a tag of its record removed)."""
-
-    model: str
-    seq: int
-    version: str
-    tags: dict[str, str]
-    set_later: dict[str, str | None]
-    changed: bool = False
-
-    @property
-    def ref(self) -> str:
-        return f"{self.model}@{self.seq}"
-
-
-@dataclass(frozen=True)
-class ParentCandidate(Report):
-    """A stored version ranked as a parent of a model, with the evidence (see mgit.lineage.inference)."""
-
-    version: str
-    model: str
-    seq: int
-    score: float  # in [0, 1]: relatedness x proximity, halved if it looks derived from the query
-    confidence: float  # the score, discounted when an unexplained rival is nearly as good
-    relation: str  # how the model would derive from it: quantize, prune, adapter, merge, distill, finetune
-    direction: str  # "candidate -> query", "query -> candidate" (a child rather than a parent) or "unknown"
-    structure: float  # tensors with the same name and shape / all tensors of both
-    identical: float  # share of the model's float tensors that the candidate holds bit for bit
-    distance: float | None  # RMS relative distance of sampled values (unrelated: ~1.4); None if none compared
-    exact: float  # share of sampled values the candidate reproduces exactly (after a cast or requantization)
-    compared: int  # tensors compared value by value
-    merge_with: str | None = None  # the other parent when the model looks like a merge of the two
-    reasons: list[str] = field(default_factory=list)
-
-    @property
-    def ref(self) -> str:
-        return f"{self.model}@{self.seq}"
-
-
-@dataclass(frozen=True)
-class ParentSuggestion(Report):
-    """Candidate parents of a model, best first, and the choice `--auto-parent` makes of them."""
-
-    query: str
-    tensors: int
-    compared: int  # stored versions compared
-    seconds: float
-    candidates: list[ParentCandidate]
-    min_confidence: float
-    parents: list[str]  # the chosen parents' version ids; empty when none is confident enough
-    relation: str | None  # the chosen relation
-    verdict: str  # what was chosen and why, or why nothing was
-    notes: list[str] = field(default_factory=list)
-    # Versions (model@seq) holding every tensor of the model bit for bit: it is stored already as
-    # these, which are never its candidates (added under another name, it is a copy of the first).
-    stored_as: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class RunCheckpoint(Report):
-    """One checkpoint of a run as `prune-run` judged it: kept (and why) or removed."""
-
-    ref: str
-    version: str
-    step: int | None
-    kept: str | None  # why it stays (None: removed)
-    stored_bytes: int = 0  # of the objects it alone uses, freed by gc when it is removed
-
-
-@dataclass(frozen=True)
-class PruneResult(Report):
-    """What `prune-run` removed from a run (or, with `dry_run`, would remove)."""
-
-    model: str
-    dry_run: bool
-    checkpoints: list[RunCheckpoint]  # oldest first
-    freed_bytes: int  # stored bytes of the objects only removed checkpoints use: what gc frees
-    relinked: int = 0  # kept versions recorded again, their predecessor the kept one before
-    recoded: int = 0  # kept tensors coded again, against a kept base, so their old bases can go
-    head: str | None = None  # the model's latest version afterwards (its id changes when relinked)
-
-    @property
-    def removed(self) -> list[RunCheckpoint]:
-        return [c for c in self.checkpoints if c.kept is None]

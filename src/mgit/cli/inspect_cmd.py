@@ -191,7 +191,7 @@ def log(
 
 
 def _signatures(repo: Repo, vids: list[str]) -> dict[str, list[Any]]:
-    from mgit.repo.signatures import signature_checks
+    from mgit.signing.policy import signature_checks
 
     return signature_checks(repo.signatures, repo.config, vids)
 
@@ -252,13 +252,15 @@ def show(ctx: click.Context, ref: str, with_sha256: bool, with_tensors: bool, as
       mgit show bert-sst2 --sha256
       mgit show bert-sst2 --tensors --json
     """
-    from mgit.repo.tensors import version_tensors
-
     repo = ctx.obj.repo()
     result = repo.show(ref)
     sums = _sha256_of_files(repo, result.version.id) if with_sha256 else None
     vid = result.version.id
-    rows = version_tensors(repo.store, repo.catalog, vid, repo.manifest(vid)) if with_tensors else None
+    rows = None
+    if with_tensors:
+        from mgit.repo.tensors import version_tensors  # (--tensors alone reads the tensors' table)
+
+        rows = version_tensors(repo.store, repo.catalog, vid, repo.manifest(vid))
     checks = _signatures(repo, [vid])[vid]
     if as_json:
         extra = {"sha256": sums} if sums is not None else {}

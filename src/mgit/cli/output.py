@@ -27,6 +27,8 @@ def printable(text: str) -> str:
     """`text` with every character a terminal would act on written as an escape (`\\x1b`,
     `\\u202e`): names, messages, paths and file contents come from users and remotes, and
     must not move the cursor, retitle the window or hide what follows. Newlines and tabs stay."""
+    if text.isprintable():  # (checked in C: every character UNPRINTABLE matches is one it refuses)
+        return text
     return UNPRINTABLE.sub(_escape, text)
 
 

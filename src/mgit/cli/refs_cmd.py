@@ -3,10 +3,14 @@ and `mgit rename` (a model under another name)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from mgit.cli.output import out, print_json
-from mgit.reports import TagsResult
+
+if TYPE_CHECKING:
+    from mgit.repo.tagging import TagsResult
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 

@@ -3,10 +3,14 @@ judged from its weights (attached to the `lineage` group by cli/lineage_cmd.py).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from mgit.cli.output import out, print_json, short, table
-from mgit.reports import ParentCandidate, ParentSuggestion
+
+if TYPE_CHECKING:  # (`mgit lineage` attaches this command: parent inference loads when it runs)
+    from mgit.lineage.inference import ParentCandidate, ParentSuggestion
 
 
 def _distance(c: ParentCandidate) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mgit.errors import CatalogError, CorruptObjectError, MissingObjectError
-from mgit.index.rows import GRAPH_COLUMNS, VERSION_COLUMNS, ObjectRow, VersionRow, named_rows
+from mgit.index.rows import GRAPH_COLUMNS, VERSION_COLUMNS, ObjectRow, VersionRow, decoded_rows, named_rows
 from mgit.index.tags import effective
 from mgit.index.usage import IDS, UsageQueries, storage_class
 from mgit.reports import ParentInfo
@@ -91,6 +91,10 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
         ["ALTER TABLE versions ADD COLUMN run TEXT"],
     ),
 ]
+
+
+def _parent_info(vid: str, relation: str, model: str | None, seq: int | None, removed: int | None) -> ParentInfo:
+    return ParentInfo(vid, model or "?", seq or 0, relation, bool(removed))
 
 
 class Catalog(UsageQueries):
@@ -267,25 +271,25 @@ class Catalog(UsageQueries):
             for v, version in order:
                 self._index_version(tx, v, version, objects[v])
 
-    def sync(self, store: ObjectStore, refs: RefStore) -> None:
+    def sync(self, store: Callable[[], ObjectStore], refs: RefStore) -> None:
         """Index any head the catalog does not know (a writer killed after moving its ref,
-        versions that arrived from a remote) and mirror the refs."""
+        versions that arrived from a remote) and mirror the refs; `store()` only if one must be."""
         heads = refs.all()
         if heads == self.heads():
             return
-        self.index(store, *heads.values())
+        self.index(store(), *heads.values())
         self.set_heads(refs.all)
 
-    def sync_tags(self, store: ObjectStore, tags: TagStore) -> None:
+    def sync_tags(self, store: Callable[[], ObjectStore], tags: TagStore) -> None:
         """Give each indexed version the tags set on it later (its record's with `tags`'
-        overlay applied), where they changed since the last sync."""
+        overlay applied), where they changed since the last sync (`store()`: to read them)."""
         wanted = tags.all()
         known = {v: json.loads(o) for v, o in self.db.execute("SELECT version, overlay FROM tag_overlays")}
         changed = [v for v in sorted(set(wanted) | set(known)) if wanted.get(v, {}) != known.get(v, {})]
         changed = [v for v in changed if self.has_version(v)]  # the others when they are indexed
         if not changed:
             return
-        records = {v: store.get_version(v).tags for v in changed}
+        records = {v: store().get_version(v).tags for v in changed}
         with self.atomic() as tx:
             for v in changed:
                 overlay = wanted.get(v, {})
@@ -307,22 +311,25 @@ class Catalog(UsageQueries):
                     exc.name_users(users)
             raise
 
-    def parent_infos(
-        self, parents: Iterable[Parent] | Iterable[tuple[str, str]], *, rows: Mapping[str, VersionRow] | None = None
-    ) -> list[ParentInfo]:
-        """Lineage parents with their model names and sequence numbers; `rows` holds versions
-        already read (`ls` reads every model's parents in one query, then calls this per model)."""
+    def parent_infos(self, parents: Iterable[Parent] | Iterable[tuple[str, str]]) -> list[ParentInfo]:
+        """Lineage parents with their model names and sequence numbers (`?` and 0: not indexed)."""
         pairs = [(p.version, p.relation) if isinstance(p, Parent) else p for p in parents]
-        found = dict(rows or {})
-        if missing := [vid for vid, _ in pairs if vid not in found]:
-            found.update(self.versions_of(missing))
-        out = []
-        for vid, rel in pairs:
-            row = found.get(vid)
-            out.append(
-                ParentInfo(vid, row.model if row else "?", row.seq if row else 0, rel, bool(row and row.removed))
-            )
-        return out
+        query = f"SELECT id, model, seq, removed FROM versions WHERE id IN {IDS}"
+        found = {r[0]: r[1:] for r in self.db.execute(query, (json.dumps([v for v, _ in pairs]),))} if pairs else {}
+        return [_parent_info(vid, rel, *found.get(vid, (None, 0, 0))) for vid, rel in pairs]
+
+    def model_heads(self) -> tuple[list[tuple[Any, ...]], dict[str, list[ParentInfo]]]:
+        """What `ls` lists, in two queries: (name, head, seq, logical_bytes, time, lossy, tags) of
+        every model by name (JSON columns as stored; None past the head when it is not indexed),
+        and the lineage parents of each model's head."""
+        heads = self.db.execute("""SELECT m.name, m.head, v.seq, v.logical_bytes, v.time, v.lossy, v.tags
+            FROM models m LEFT JOIN versions v ON v.id = m.head ORDER BY m.name""")
+        parents: dict[str, list[ParentInfo]] = {}
+        for name, *parent in self.db.execute("""SELECT m.name, e.parent, e.relation, p.model, p.seq, p.removed
+            FROM models m JOIN edges e ON e.child = m.head LEFT JOIN versions p ON p.id = e.parent
+            ORDER BY m.name, e.position"""):
+            parents.setdefault(name, []).append(_parent_info(*parent))
+        return list(heads), parents
 
     def put_sketch(self, vid: str, data: bytes, *, keep: bool = False) -> None:
         self.put_sketches({vid: data}, keep=keep)
@@ -500,11 +507,10 @@ class Catalog(UsageQueries):
         )
         return [f"{m}@{s}" for m, s in rows]
 
-    def graph_rows(self) -> tuple[list[dict[str, Any]], list[tuple[str, int, str, str]]]:
-        """Every indexed version ({column: value} of GRAPH_COLUMNS) and every lineage edge
-        (child, position, parent, relation): the lineage graph in two queries, fast enough
-        for thousands of versions."""
-        columns = ", ".join(f"{c} AS {c}" for c in GRAPH_COLUMNS)
-        versions = list(named_rows(self.db.execute(f"SELECT {columns} FROM versions")))
+    def graph_rows(self) -> tuple[list[list[Any]], list[tuple[str, int, str, str]]]:
+        """Every indexed version (its GRAPH_COLUMNS, in order) and every lineage edge (child,
+        position, parent, relation): the lineage graph in two queries, fast enough for thousands
+        of versions."""
+        versions = list(decoded_rows(self.db.execute(f"SELECT {', '.join(GRAPH_COLUMNS)} FROM versions")))
         edges = list(self.db.execute("SELECT child, position, parent, relation FROM edges ORDER BY child, position"))
         return versions, edges

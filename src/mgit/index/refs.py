@@ -26,6 +26,7 @@ from mgit.util.locks import FileLock
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?\Z")
 MAX_NAME = 128
+MAX_REF_BYTES = 4096
 
 
 def validate_model_name(name: str) -> str:
@@ -46,6 +47,25 @@ def is_model_name(name: str) -> bool:
         return True
     except InvalidNameError:
         return False
+
+
+def _read_head(path: str, name: str) -> str | None:
+    """The version id a ref file holds; None if there is no such file (or `x/y` is asked under
+    a model `x`, or `x` above `x/y`); DamagedRefError if it holds anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # (a fifo put there reads as damaged, never blocks)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        data = os.read(fd, MAX_REF_BYTES)  # (one read: a ref is an id and a newline; more is damage)
+    except IsADirectoryError:
+        return None
+    finally:
+        os.close(fd)
+    value = data.decode(errors="replace").strip()
+    if not OID_RE.match(value):
+        raise DamagedRefError(name, value)
+    return value
 
 
 class RefStore:
@@ -70,13 +90,7 @@ class RefStore:
         return FileLock(self.lock_dir / f"{validate_model_name(name)}.lock", what=what)
 
     def get(self, name: str) -> str | None:
-        try:
-            value = self._path(name).read_text().strip()
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):  # (x/y under a model x; x above x/y)
-            return None
-        if not OID_RE.match(value):
-            raise DamagedRefError(name, value)
-        return value
+        return _read_head(str(self._path(name)), name)
 
     def all(self) -> dict[str, str]:
         """Every model and its head, by name."""
@@ -89,8 +103,8 @@ class RefStore:
             for f in files:
                 if f.startswith(TMP_PREFIX):
                     continue
-                name = f"{folder}/{f}" if folder else f
-                head = self.get(name)
+                name = validate_model_name(f"{folder}/{f}" if folder else f)
+                head = _read_head(os.path.join(dirpath, f), name)  # (a thousand refs: no Path, no text layer)
                 if head:
                     heads[name] = head
         return dict(sorted(heads.items()))

@@ -25,6 +25,8 @@ from mgit.util.atomicfile import write_atomic
 
 @dataclass(frozen=True)
 class Retired:
+    """What a removed or renamed name had: its highest number, its new name, versions removed."""
+
     last: int  # the highest version number the name has had
     renamed_to: str | None = None
     removed: tuple[str, ...] = ()  # versions removed from inside its history

@@ -53,23 +53,31 @@ GRAPH_COLUMNS = (
 JSON_COLUMNS = ("tags", "lossy", "recipe", "parents", "run")  # stored as JSON text (lossy and recipe may be NULL)
 
 
-def named_rows(cursor: sqlite3.Cursor) -> Iterator[dict[str, Any]]:
-    """A query's rows as {column: value}, its JSON columns decoded (and `removed` a bool)."""
+def decoded_rows(cursor: sqlite3.Cursor) -> Iterator[list[Any]]:
+    """A query's rows, column by column, its JSON columns decoded (and `removed` a bool)."""
     names = [d[0] for d in cursor.description]
-    as_json = [key for key in JSON_COLUMNS if key in names]  # (looked up once: `lineage` reads every version)
-    flag = "removed" in names
+    as_json = [i for i, name in enumerate(names) if name in JSON_COLUMNS]  # (once: `lineage` reads every version)
+    flags = [i for i, name in enumerate(names) if name == "removed"]
     decode = json.JSONDecoder().decode
     for values in cursor:
-        row = dict(zip(names, values, strict=True))
-        for key in as_json:
-            row[key] = decode(row[key]) if row[key] else None
-        if flag:
-            row["removed"] = bool(row["removed"])
+        row = list(values)
+        for i in as_json:
+            row[i] = decode(row[i]) if row[i] else None
+        for i in flags:
+            row[i] = bool(row[i])
         yield row
+
+
+def named_rows(cursor: sqlite3.Cursor) -> Iterator[dict[str, Any]]:
+    """A query's rows as {column: value}, decoded as `decoded_rows` decodes them."""
+    names = [d[0] for d in cursor.description]
+    return (dict(zip(names, row, strict=True)) for row in decoded_rows(cursor))
 
 
 @dataclass(frozen=True)
 class ObjectRow:
+    """An object as the catalog indexes it: kind, sizes, codec chain, delta bases."""
+
     id: str
     kind: str
     logical_size: int
@@ -91,6 +99,8 @@ class ObjectRow:
 
 @dataclass(frozen=True)
 class VersionRow:
+    """A version as the catalog indexes it: its record's fields and figures, its parents."""
+
     id: str
     model: str
     seq: int

@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from mgit.repo.background import PendingCommit
 from mgit.repo.repository import Repo
-from mgit.reports import AddResult, CheckoutResult
+from mgit.reports import AddResult
+
+if TYPE_CHECKING:
+    from mgit.repo.checkout import CheckoutResult
 
 PREFIX = "checkpoint"  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR
 LEFT_OUT = ("training_args.bin",)

@@ -41,6 +41,8 @@ class FlatReport(Report):
 
 @dataclass(frozen=True)
 class VersionNode(FlatReport):
+    """One version in the graph: model, number, predecessor, time, message, tags, figures."""
+
     id: str
     model: str
     seq: int
@@ -61,6 +63,8 @@ class VersionNode(FlatReport):
 
 @dataclass(frozen=True)
 class ModelNode(FlatReport):
+    """One model in the graph: its head, its latest version's figures, whether it is removed or remote only."""
+
     name: str
     head: str
     seq: int  # the latest version's number
@@ -75,6 +79,8 @@ class ModelNode(FlatReport):
 
 @dataclass(frozen=True)
 class LineageEdge(FlatReport):
+    """A lineage edge between two models' versions, with its relation."""
+
     child: str
     child_version: str
     child_seq: int
@@ -194,7 +200,7 @@ class Lineage:
         """The graph the catalog indexes; `remote` says whether a model without a ref here is
         held by a remote (shown remote-only rather than removed)."""
         rows, edges = catalog.graph_rows()
-        versions = {r["id"]: VersionNode(**r) for r in rows}
+        versions = {r[0]: VersionNode(*r) for r in rows}  # (GRAPH_COLUMNS are VersionNode's fields, in order)
         return cls(versions, catalog.heads(), edges, remote=remote)
 
     def _chain(self, vid: str) -> list[VersionNode]:

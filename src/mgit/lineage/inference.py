@@ -44,13 +44,56 @@ from mgit.lineage.evidence import (
     merge_fit,
 )
 from mgit.lineage.sketch import Sketch
-from mgit.reports import ParentCandidate, ParentSuggestion
+from mgit.reports import Report
 
 REFINE = 24  # candidates compared in detail
 MERGE_POOL = 5  # best candidates checked in pairs for a merge
 REVERSED_DIRECTION = 0.5  # score factor when the candidate looks derived from the query
 AMBIGUITY_POWER = 8  # how sharply a close runner-up lowers the confidence
 DEFAULT_MIN_CONFIDENCE = 0.5
+
+
+@dataclass(frozen=True)
+class ParentCandidate(Report):
+    """A stored version ranked as a parent of a model, with the evidence (see mgit.lineage.inference)."""
+
+    version: str
+    model: str
+    seq: int
+    score: float  # in [0, 1]: relatedness x proximity, halved if it looks derived from the query
+    confidence: float  # the score, discounted when an unexplained rival is nearly as good
+    relation: str  # how the model would derive from it: quantize, prune, adapter, merge, distill, finetune
+    direction: str  # "candidate -> query", "query -> candidate" (a child rather than a parent) or "unknown"
+    structure: float  # tensors with the same name and shape / all tensors of both
+    identical: float  # share of the model's float tensors that the candidate holds bit for bit
+    distance: float | None  # RMS relative distance of sampled values (unrelated: ~1.4); None if none compared
+    exact: float  # share of sampled values the candidate reproduces exactly (after a cast or requantization)
+    compared: int  # tensors compared value by value
+    merge_with: str | None = None  # the other parent when the model looks like a merge of the two
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.model}@{self.seq}"
+
+
+@dataclass(frozen=True)
+class ParentSuggestion(Report):
+    """Candidate parents of a model, best first, and the choice `--auto-parent` makes of them."""
+
+    query: str
+    tensors: int
+    compared: int  # stored versions compared
+    seconds: float
+    candidates: list[ParentCandidate]
+    min_confidence: float
+    parents: list[str]  # the chosen parents' version ids; empty when none is confident enough
+    relation: str | None  # the chosen relation
+    verdict: str  # what was chosen and why, or why nothing was
+    notes: list[str] = field(default_factory=list)
+    # Versions (model@seq) holding every tensor of the model bit for bit: it is stored already as
+    # these, which are never its candidates (added under another name, it is a copy of the first).
+    stored_as: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -13,7 +13,6 @@ Every read takes a `limit`: nothing read from a remote is trusted, its size incl
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -142,6 +141,8 @@ class Backend:
         of every key under `prefix`: what the heads index is checked against
         (mgit.remotes.heads). Here by reading each key (a folder's are local files); a
         bucket's backend takes both from its listing."""
+        import hashlib  # (OpenSSL's start-up: mgit lineage reads the remotes' settings, lists no key)
+
         out = {}
         for key in self.list(prefix):
             data, token = self.read_versioned(key, limit=1 << 20)

@@ -44,11 +44,19 @@ def tracked_models(repo_dir: Path, config: dict[str, Any]) -> dict[str, dict[str
 
 def held_by_remotes(repo_dir: Path, config: dict[str, Any]) -> Callable[[str], bool]:
     """Whether a remote holds a model that has no ref here: any, in a clone of some models
-    (`partial`: the others are on its remote), else those a remote-tracking ref names."""
+    (`partial`: the others are on its remote), else those a remote-tracking ref names (read
+    when first asked: the lineage graph asks only of models that have no ref here)."""
     if config.get("partial"):
         return lambda _name: True
-    tracked = {m for heads in tracked_models(repo_dir, config).values() for m in heads}
-    return tracked.__contains__
+    tracked: set[str] | None = None
+
+    def held(name: str) -> bool:
+        nonlocal tracked
+        if tracked is None:
+            tracked = {m for heads in tracked_models(repo_dir, config).values() for m in heads}
+        return name in tracked
+
+    return held
 
 
 def remote_of(config: dict[str, Any], name: str) -> RemoteSpec:

@@ -28,7 +28,7 @@ from mgit.formats.gguf import gguf_names
 from mgit.index.catalog import Catalog, ObjectRow
 from mgit.index.refs import RefStore, validate_model_name
 from mgit.index.retired import RetiredNames
-from mgit.lineage.inference import DEFAULT_MIN_CONFIDENCE, suggest
+from mgit.lineage.inference import DEFAULT_MIN_CONFIDENCE, ParentSuggestion, suggest
 from mgit.lineage.sketch import Sketch, sketch_added, sketch_source, stored_sketches
 from mgit.repo.adapters import RELATION, adapter_parents, merged_chains
 from mgit.repo.checkout import restore_manifest
@@ -39,7 +39,7 @@ from mgit.repo.ingest import DeltaPlan, SnapshotStats, write_snapshot
 from mgit.repo.location import trust_recipe
 from mgit.repo.model_signature import SIGNER_TAG, ModelSigner
 from mgit.repo.permuted import permuted_chains
-from mgit.reports import AddResult, ParentSuggestion
+from mgit.reports import AddResult
 from mgit.store.base import ObjectStore, PutResult
 from mgit.store.cache import DecodedCache
 from mgit.store.lossy_policy import LossyPolicy, verdict

@@ -9,13 +9,14 @@ import errno
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import blake3
 import numpy as np
 
 from mgit.errors import ChecksumMismatchError, InputError, OutputNotEmptyError, StrayFilesError, UnsafePathError
-from mgit.reports import CheckoutResult, FileInfo
+from mgit.reports import FileInfo, Report
 from mgit.store.base import ObjectStore
 from mgit.store.cache import CHECKOUT_BASES, DecodedCache
 from mgit.store.lossy_policy import describe
@@ -24,6 +25,21 @@ from mgit.store.objects import FileEntry, Manifest, Version, check_relative_path
 from mgit.util.atomicfile import TMP_PREFIX, atomic_writer, write_atomic
 from mgit.util.faults import crash_point
 from mgit.util.parallel import Progress, StartProgress, ordered_map
+
+
+@dataclass(frozen=True)
+class CheckoutResult(Report):
+    """A version written out by `checkout`: its files, their bytes, notes, and a model signature if asked."""
+
+    model: str
+    version: str
+    seq: int
+    out_dir: str
+    files: list[FileInfo]
+    bytes: int
+    notes: list[str] = field(default_factory=list)
+    model_signature: str | None = None  # the OpenSSF model signature written over the folder, if asked
+    signer: str | None = None  # its key: type and fingerprint (`ecdsa-sha2-nistp256 SHA256:...`)
 
 
 class _Mismatch(Exception):

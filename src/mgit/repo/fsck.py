@@ -10,12 +10,12 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mgit.errors import CorruptObjectError, MgitError, MissingObjectError
 from mgit.index.catalog import Catalog
 from mgit.index.refs import RefStore
-from mgit.reports import FsckResult, Problem
+from mgit.reports import Report
 from mgit.store.base import ObjectStore
 from mgit.store.local import LocalStore
 from mgit.store.objectformat import file_objects_expected
@@ -24,6 +24,37 @@ from mgit.util.parallel import Progress, StartProgress
 
 if TYPE_CHECKING:
     from mgit.signing.store import SignatureStore
+
+
+@dataclass(frozen=True)
+class Problem(Report):
+    """One thing fsck found wrong: the object (or ref), what kind of problem, the models using it."""
+
+    object: str
+    kind: str  # "corrupt", "missing", "ref", "catalog"
+    message: str
+    used_by: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FsckResult(Report):
+    """What `fsck` checked and found: problems (none: `ok`), leftovers, unreferenced objects."""
+
+    objects_checked: int
+    bytes_checked: int
+    refs_checked: int
+    versions_checked: int
+    problems: list[Problem]
+    leftovers: int  # temporary files of interrupted writes (harmless; gc removes them)
+    unreferenced: int = 0  # objects no ref reaches (an interrupted add's, a removed model's): gc removes them
+    unreferenced_bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "ok": self.ok}
 
 
 @dataclass

@@ -6,6 +6,7 @@ quarantines of killed fetches.
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mgit.errors import CorruptObjectError, GcRefusedError, MissingObjectError
@@ -13,13 +14,24 @@ from mgit.index.catalog import Catalog
 from mgit.index.refs import RefStore
 from mgit.index.tags import TagStore
 from mgit.repo.fsck import quarantine_folders, root_heads, walk
-from mgit.reports import GcResult
+from mgit.reports import Report
 from mgit.store.base import ObjectStore
 from mgit.util.atomicfile import remove_files
 from mgit.util.faults import crash_point
 
 if TYPE_CHECKING:
     from mgit.signing.store import SignatureStore
+
+
+@dataclass(frozen=True)
+class GcResult(Report):
+    """What `gc` removed (or, with `dry_run`, would remove) and what it kept."""
+
+    dry_run: bool
+    removed: list[str]
+    removed_bytes: int
+    kept: int
+    leftovers: int
 
 
 def gc(

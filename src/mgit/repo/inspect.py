@@ -7,6 +7,7 @@ Nothing here loads numpy or the codecs, so that these commands start in millisec
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -21,13 +22,12 @@ from mgit.reports import (
     VersionInfo,
     VersionStorage,
 )
-from mgit.store.base import ObjectStore
-from mgit.store.local import LocalStore
-from mgit.store.objectformat import file_expected
 from mgit.store.objects import Manifest, tag_matches
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (the store's modules: loaded by the commands that read an object)
     from mgit.lineage.graph import Lineage
+    from mgit.store.base import ObjectStore
+    from mgit.store.local import LocalStore
 
 RowOf = Callable[[str], VersionRow]  # a version's row, indexing it first if it is not yet
 ChainOf = Callable[[str], list[str]]  # a version and its predecessors, newest first
@@ -65,26 +65,19 @@ def file_infos(manifest: Manifest) -> list[FileInfo]:
 def list_models(catalog: Catalog, row_of: RowOf, *, tag: str | None = None) -> list[ModelSummary]:
     """Every model with its latest version (`ls`); with `tag`, those whose latest version has
     it (`KEY` or `KEY=VALUE`, as `log --tag`)."""
-    heads = catalog.heads()
-    rows = catalog.versions_of(list(heads.values()))
-    parents = catalog.versions_of(sorted({p for row in rows.values() for p, _ in row.parents}))
+    heads, parents = catalog.model_heads()
     out = []
-    for name, head in heads.items():
-        row = rows.get(head) or row_of(head)
-        if tag is not None and not tag_matches(tag, row.tags):
+    for name, head, seq, logical_bytes, time, lossy, tags in heads:
+        if seq is None:  # a head not indexed yet
+            row = row_of(head)
+            seq, logical_bytes, time, lossy, tags = row.seq, row.logical_bytes, row.time, row.lossy, row.tags
+            parents[name] = catalog.parent_infos(row.parents)
+        else:  # (the JSON columns as stored: tags decoded only to match them)
+            lossy = json.loads(lossy) if lossy else None
+            tags = json.loads(tags) if tag is not None else tags
+        if tag is not None and not tag_matches(tag, tags):
             continue
-        out.append(
-            ModelSummary(
-                name,
-                head,
-                row.seq,
-                row.seq,
-                catalog.parent_infos(row.parents, rows=parents),
-                row.logical_bytes,
-                row.time,
-                row.lossy,
-            )
-        )
+        out.append(ModelSummary(name, head, seq, seq, parents.get(name, []), logical_bytes, time, lossy))
     return out
 
 
@@ -107,6 +100,7 @@ def quantization(store: ObjectStore, manifest: Manifest) -> dict[str, Any] | Non
     if config is None or config.size > CONFIG_BYTES or (store.lazy and not store.has(config.object)):
         return None  # show never fetches
     from mgit.formats.quant_config import scheme_from_bytes  # (show's alone: ls and log do without it)
+    from mgit.store.objectformat import file_expected
 
     try:
         scheme = scheme_from_bytes(store.get(config.object, expect=file_expected(config))[1].tobytes())

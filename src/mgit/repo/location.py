@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mgit.errors import FormatVersionError, RepoConfigError, RepoExistsError, RepoNotFoundError
-from mgit.remotes.config import remote_of
-from mgit.store.local import LocalStore
 from mgit.store.objects import utc_now
 from mgit.util.atomicfile import write_atomic
 from mgit.util.locks import FileLock
@@ -24,6 +22,7 @@ from mgit.util.parallel import default_jobs
 
 if TYPE_CHECKING:
     from mgit.store.lazy import ObjectIndex
+    from mgit.store.local import LocalStore
 
 REPO_DIR = ".mgit"
 REPO_FORMAT = 1
@@ -94,11 +93,14 @@ def read_config(folder: Path) -> dict[str, Any]:
 def open_store(folder: Path, config: dict[str, Any], *, index: ObjectIndex) -> LocalStore:
     """The repository's objects; a lazy clone's store opens its remote on its first fetch
     and learns what the objects it lacks are from `index` (the repository's catalog)."""
+    from mgit.store.local import LocalStore  # (when the repository's objects are first read)
+
     fsync = bool(config.get("fsync", True))
     lock = folder / "locks" / "repo.lock"
     lazy = config.get("lazy")
     if lazy:
         from mgit.remotes import open_backend
+        from mgit.remotes.config import remote_of
         from mgit.remotes.repository import RemoteRepository
         from mgit.store.lazy import LazyStore
 

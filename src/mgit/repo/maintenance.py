@@ -6,15 +6,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mgit.reports import FsckResult, GcResult, RemoveResult, RenameResult
 from mgit.util.parallel import StartProgress, default_jobs
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (each result type is its verb's module's: loaded when the verb runs)
     from mgit.errors import UnknownRefError
     from mgit.index.catalog import Catalog
     from mgit.index.refs import RefStore
     from mgit.index.retired import RetiredNames
     from mgit.index.tags import TagStore
+    from mgit.repo.fsck import FsckResult
+    from mgit.repo.gc import GcResult
+    from mgit.repo.remove import RemoveResult
+    from mgit.repo.renaming import RenameResult
     from mgit.store.local import LocalStore
 
 

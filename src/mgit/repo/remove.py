@@ -12,13 +12,27 @@ version names as a lineage parent stays stored for that child too, as a removed 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from mgit.errors import RefConflictError, RemoveRefusedError, VersionRemoveRefusedError
 from mgit.index.catalog import Catalog
 from mgit.index.refs import RefStore
 from mgit.index.retired import RetiredNames
 from mgit.lineage.graph import Lineage
-from mgit.reports import RemoveResult
+from mgit.reports import Report
+
+
+@dataclass(frozen=True)
+class RemoveResult(Report):
+    """What `rm` removed: a model (its head, how many versions), or one version of it
+    (`version`; `head` is then the model's head after, None if it had no other)."""
+
+    model: str
+    head: str | None
+    versions: int
+    version: str | None = None
+    seq: int | None = None
+    kept_by: list[str] = field(default_factory=list)  # what still builds on it (with --force)
 
 
 def remove_model(

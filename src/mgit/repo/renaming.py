@@ -13,13 +13,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 
 from mgit.errors import InvalidOptionError
 from mgit.index.catalog import Catalog
 from mgit.index.refs import RefStore, validate_model_name
 from mgit.index.retired import RetiredNames
-from mgit.reports import RenameResult
+from mgit.reports import Report
 from mgit.util.faults import crash_point
+
+
+@dataclass(frozen=True)
+class RenameResult(Report):
+    """`rename`: the model's old and new names, its head and that head's number (kept)."""
+
+    old: str
+    new: str
+    head: str
+    seq: int
+    retargeted_tests: list[str] = field(default_factory=list)  # registered tests whose target followed
 
 
 def rename_model(

@@ -9,17 +9,17 @@ the next `Repo()` notices the ref it does not know and indexes it.
 The verbs built from these (tests, bisect, cascades, remotes) are porcelain above this
 module: `mgit.checks`, `mgit.bisect`, `mgit.cascade`, `mgit.sync`.
 
-Modules that load numpy and the codecs are imported in the verbs that use them, so that
-`mgit ls`, `log`, `show` and `lineage` start in milliseconds.
-
-Two groups of verbs are `Repo`'s too, written beside it: training runs (commit_checkpoint,
-load_checkpoint, prune_run) in mgit.repo.runs, maintenance (rm, rename, fsck, gc) in
-mgit.repo.maintenance.
+Modules that load numpy and the codecs, the signing stack and the object store itself are
+imported (and the store opened) by the verbs that use them: `mgit ls`, `log`, `show` and
+`lineage` start in milliseconds. Training runs (commit_checkpoint, load_checkpoint,
+prune_run) and maintenance (rm, rename, fsck, gc) are `Repo`'s verbs too, written beside it
+in mgit.repo.runs and mgit.repo.maintenance.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
@@ -31,30 +31,16 @@ from mgit.index.catalog import Catalog, VersionRow
 from mgit.index.refs import RefStore
 from mgit.index.retired import RetiredNames
 from mgit.index.tags import TagStore
-from mgit.remotes.config import held_by_remotes
 from mgit.repo.inspect import disk_usage, every_version, list_models, show_version, version_info, version_storage
 from mgit.repo.location import create, locate, open_store, read_config
 from mgit.repo.maintenance import Maintenance
 from mgit.repo.references import resolve_ref, unknown_model
 from mgit.repo.runs import TrainingRuns
-from mgit.repo.signatures import SignResult, sign_version, verify_lineage
-from mgit.reports import (
-    AddResult,
-    CheckoutResult,
-    DuResult,
-    ModelSummary,
-    ParentSuggestion,
-    ShowResult,
-    TagsResult,
-    VersionInfo,
-    VersionStorage,
-)
+from mgit.reports import AddResult, DuResult, ModelSummary, ShowResult, VersionInfo, VersionStorage
 from mgit.signing import policy
 from mgit.signing.store import SignatureStore
 from mgit.store.cache import CHECKOUT_BASES, SESSION_CACHE_BYTES, DecodedCache
-from mgit.store.local import LocalStore
 from mgit.store.lossy_policy import DEFAULT_GUARD, LossyPolicy
-from mgit.store.objectformat import DEFAULT_MAX_DEPTH
 from mgit.store.objects import Manifest, Version, walk_history
 from mgit.usercode import DEFAULT_TIMEOUT
 from mgit.util.parallel import StartProgress, default_jobs
@@ -63,8 +49,13 @@ if TYPE_CHECKING:
     from mgit.diff import DiffResult
     from mgit.formats.folder import ModelSource
     from mgit.lineage.graph import Lineage
+    from mgit.lineage.inference import ParentSuggestion
     from mgit.repo.add import AddOptions
+    from mgit.repo.checkout import CheckoutResult
+    from mgit.repo.signatures import SignResult
+    from mgit.repo.tagging import TagsResult
     from mgit.signing.keys import Signer
+    from mgit.store.local import LocalStore
     from mgit.store.reader import ModelReader
 
 
@@ -79,7 +70,8 @@ class Repo(TrainingRuns, Maintenance):
         fsync = bool(self.config.get("fsync", True))
         self.retired = RetiredNames(self.dir, fsync=fsync)
         self.catalog = Catalog(self.dir / "catalog.sqlite", removed=self.retired.removed, remote=self._held)
-        self.store: LocalStore = open_store(self.dir, self.config, index=self.catalog)
+        self._store: LocalStore | None = None  # (opened on first use: ls, log and lineage read no object)
+        self._opening = threading.Lock()  # (one store per Repo: it tracks what its writes left to sync)
         self.refs = RefStore(self.dir, fsync=fsync)
         self.tags = TagStore(self.dir, fsync=fsync)
         self.signatures = SignatureStore(self.dir, fsync=fsync)
@@ -92,6 +84,15 @@ class Repo(TrainingRuns, Maintenance):
         """Create a repository in `path/.mgit`, or with `bare` in `path` itself: a folder
         remote that others push to and clone from (docs/format.md, "Remotes")."""
         return cls(create(Path(path), bare=bare))
+
+    @property
+    def store(self) -> LocalStore:
+        """The repository's objects (a lazy clone's fetch what they lack from its remote)."""
+        if self._store is None:
+            with self._opening:
+                if self._store is None:
+                    self._store = open_store(self.dir, self.config, index=self.catalog)
+        return self._store
 
     @property
     def root(self) -> Path:
@@ -110,14 +111,16 @@ class Repo(TrainingRuns, Maintenance):
 
     @property
     def max_depth(self) -> int:
+        from mgit.store.objectformat import DEFAULT_MAX_DEPTH
+
         return int(self.config.get("delta_max_depth", DEFAULT_MAX_DEPTH))
 
     # --- catalog upkeep -----------------------------------------------------------------
     def sync_catalog(self) -> None:
         """Index any head the catalog does not know (a writer killed after moving its ref),
         and tags set since (`mgit tag`, a pull)."""
-        self.catalog.sync(self.store, self.refs)
-        self.catalog.sync_tags(self.store, self.tags)
+        self.catalog.sync(lambda: self.store, self.refs)
+        self.catalog.sync_tags(lambda: self.store, self.tags)
 
     def rebuild_catalog(self) -> None:
         """Drop and rebuild the catalog from objects and refs."""
@@ -125,7 +128,7 @@ class Repo(TrainingRuns, Maintenance):
         for suffix in ("", "-wal", "-shm"):
             Path(f"{self.dir / 'catalog.sqlite'}{suffix}").unlink(missing_ok=True)
         self.catalog = Catalog(self.dir / "catalog.sqlite", removed=self.retired.removed, remote=self._held)
-        self.store = open_store(self.dir, self.config, index=self.catalog)  # (a lazy clone's reads the new one)
+        self._store = None  # (opened again on first use: a lazy clone's reads the new catalog)
         self.sync_catalog()
 
     @contextmanager
@@ -162,6 +165,8 @@ class Repo(TrainingRuns, Maintenance):
 
     def _held(self) -> Callable[[str], bool]:
         """Whether a remote holds a model that has no ref here (remote-only, not removed)."""
+        from mgit.remotes.config import held_by_remotes  # (asked only when the catalog marks histories)
+
         return held_by_remotes(self.dir, self.config)
 
     def _remote_head(self, name: str) -> str | None:
@@ -195,7 +200,7 @@ class Repo(TrainingRuns, Maintenance):
         """The lineage graph as it is now (a snapshot: read it again after a change)."""
         from mgit.lineage.graph import Lineage  # (ls, log and show do without it)
 
-        return Lineage.load(self.catalog, remote=held_by_remotes(self.dir, self.config))
+        return Lineage.load(self.catalog, remote=self._held())
 
     def version(self, ref: str) -> Version:
         with self.catalog.explained():
@@ -357,6 +362,8 @@ class Repo(TrainingRuns, Maintenance):
     # --- signatures (mgit.repo.signatures) -----------------------------------------------------
     def sign(self, ref: str, *, key: str | None = None) -> SignResult:
         """Sign a version with `key` (a path) or the `signing.key` setting; several may sign one."""
+        from mgit.repo.signatures import sign_version  # (the verbs that sign or verify load the signing stack)
+
         return sign_version(self.signatures, self.catalog, self.signer(key), self._row(self.resolve(ref)).id)
 
     def signer(self, key: str | None = None) -> Signer:
@@ -368,6 +375,8 @@ class Repo(TrainingRuns, Maintenance):
 
     def verify(self, ref: str, *, lineage: bool = False, level: str | None = None, objects: bool = False) -> Any:
         """Content against id, signatures against allowed signers (`lineage`: every ancestor)."""
+        from mgit.repo.signatures import verify_lineage
+
         vid, cat = self.resolve(ref), self.catalog
         return verify_lineage(self.store, self.signatures, cat, self.config, vid, level, lineage, objects)
 

@@ -27,12 +27,40 @@ from mgit.errors import InvalidOptionError, RefConflictError, UnknownRefError
 from mgit.index.catalog import Catalog, ObjectRow
 from mgit.index.refs import RefStore
 from mgit.index.tags import TagStore, effective
-from mgit.reports import PruneResult, RunCheckpoint
+from mgit.reports import Report
 from mgit.store.base import ObjectStore, PutResult
 from mgit.store.cache import UNBOUNDED, DecodedCache
 from mgit.store.decoding import BaseReader
 from mgit.store.objects import Manifest, TensorEntry, Version, tensor_meta, walk_history
 from mgit.store.reader import tensor_bytes
+
+
+@dataclass(frozen=True)
+class RunCheckpoint(Report):
+    """One checkpoint of a run as `prune-run` judged it: kept (and why) or removed."""
+
+    ref: str
+    version: str
+    step: int | None
+    kept: str | None  # why it stays (None: removed)
+    stored_bytes: int = 0  # of the objects it alone uses, freed by gc when it is removed
+
+
+@dataclass(frozen=True)
+class PruneResult(Report):
+    """What `prune-run` removed from a run (or, with `dry_run`, would remove)."""
+
+    model: str
+    dry_run: bool
+    checkpoints: list[RunCheckpoint]  # oldest first
+    freed_bytes: int  # stored bytes of the objects only removed checkpoints use: what gc frees
+    relinked: int = 0  # kept versions recorded again, their predecessor the kept one before
+    recoded: int = 0  # kept tensors coded again, against a kept base, so their old bases can go
+    head: str | None = None  # the model's latest version afterwards (its id changes when relinked)
+
+    @property
+    def removed(self) -> list[RunCheckpoint]:
+        return [c for c in self.checkpoints if c.kept is None]
 
 
 @dataclass(frozen=True)
@@ -166,7 +194,7 @@ def _exclusive_sizes(catalog: Catalog, removed: list[str]) -> dict[str, int]:
     if not removed:
         return {}
     gone = set(removed)
-    others = [row["id"] for row in catalog.graph_rows()[0] if row["id"] not in gone]
+    others = [row[0] for row in catalog.graph_rows()[0] if row[0] not in gone]  # (GRAPH_COLUMNS: the id first)
     staying = set(catalog.object_sizes(others))
     out: dict[str, int] = {}
     counted: set[str] = set()

@@ -7,13 +7,12 @@ make `mgit ls` wait for it.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mgit.errors import InvalidOptionError
-from mgit.reports import AddResult, PruneResult
+from mgit.reports import AddResult
 
 if TYPE_CHECKING:
     from mgit.formats.folder import ModelSource
@@ -23,6 +22,7 @@ if TYPE_CHECKING:
     from mgit.repo.add import AddOptions
     from mgit.repo.background import BackgroundCommits
     from mgit.repo.checkpoints import Checkpoint
+    from mgit.repo.retention import PruneResult
     from mgit.store.local import LocalStore
 
 
@@ -114,6 +114,8 @@ class TrainingRuns:
                 )
             finally:
                 if copied is not None:
+                    import shutil  # (with zlib, bz2 and lzma: not for every command that makes a Repo)
+
                     shutil.rmtree(copied, ignore_errors=True)
 
         return background.submit(f"step {step} of {model}", commit)

@@ -12,23 +12,25 @@ the level asked for (`trusted` unless told) refuses.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mgit.errors import CorruptObjectError, MissingObjectError, UnverifiedVersionError
 from mgit.index.catalog import Catalog
-from mgit.signing.allowed import AllowedSigners
-from mgit.signing.keys import Signer
 from mgit.signing.policy import SignatureCheck, allowed_signers, judge, refusal
-from mgit.signing.sshsig import sign, version_message
 from mgit.signing.store import SignatureStore
-from mgit.store.base import ObjectStore
 from mgit.store.objects import Version
+
+if TYPE_CHECKING:  # (show reads signatures through here: the keys are loaded only to sign or judge one)
+    from mgit.signing.allowed import AllowedSigners
+    from mgit.signing.keys import Signer
+    from mgit.store.base import ObjectStore
 
 
 @dataclass(frozen=True)
 class SignResult:
+    """A version signed: by which key, and whether that key had signed it already."""
+
     id: str
     ref: str
     fingerprint: str
@@ -63,6 +65,8 @@ class VersionVerdict:
 
 @dataclass(frozen=True)
 class VerifyResult:
+    """A version (or its lineage) verified under a level; `first_bad` the link that breaks it."""
+
     level: str
     versions: list[VersionVerdict] = field(default_factory=list)
     first_bad: VersionVerdict | None = None
@@ -93,6 +97,8 @@ def label(catalog: Catalog, vid: str) -> str:
 
 def sign_version(signatures: SignatureStore, catalog: Catalog, signer: Signer, vid: str) -> SignResult:
     """Sign version `vid` with `signer` and keep the signature beside it."""
+    from mgit.signing.sshsig import sign, version_message
+
     sig = sign(signer, version_message(vid))
     added = signatures.add(vid, sig.armored)
     return SignResult(vid, label(catalog, vid), signer.public.fingerprint, added)
@@ -155,14 +161,3 @@ def verify_lineage(
             seen.update(following)
             queue.extend(following)
     return VerifyResult(level, out)
-
-
-def signature_checks(
-    signatures: SignatureStore, config: dict[str, Any], vids: Iterable[str]
-) -> dict[str, list[SignatureCheck]]:
-    """Versions' signatures as judged here (show, log --show-signature, serve), by id: [] for
-    one without any. The allowed signers are read once for them all, and not at all (nor the
-    signing stack, cryptography) when none is signed."""
-    found = {vid: signatures.get(vid) for vid in vids}
-    allowed = allowed_signers(config) if any(found.values()) else None
-    return {vid: judge(vid, sigs, allowed) if sigs and allowed is not None else [] for vid, sigs in found.items()}

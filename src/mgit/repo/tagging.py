@@ -9,16 +9,34 @@ does not move to ft@3 by itself).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
 from mgit.errors import InvalidOptionError, TagConflictError
 from mgit.index.catalog import Catalog
 from mgit.index.tags import TagStore, check_overlay, effective
 from mgit.repo.model_signature import SIGNER_TAG
-from mgit.reports import TagsResult
+from mgit.reports import Report
 from mgit.store.base import ObjectStore
 from mgit.store.objects import RecordError
 
 ATTEMPTS = 8  # compare-and-swap rounds against other writers before giving up
+
+
+@dataclass(frozen=True)
+class TagsResult(Report):
+    """A version's tags (`mgit tag`): what it has now, and what was set on it after it was
+    added (`null`: a tag of its record removed)."""
+
+    model: str
+    seq: int
+    version: str
+    tags: dict[str, str]
+    set_later: dict[str, str | None]
+    changed: bool = False
+
+    @property
+    def ref(self) -> str:
+        return f"{self.model}@{self.seq}"
 
 
 def tags_of(store: ObjectStore, tags: TagStore, vid: str, model: str, seq: int) -> TagsResult:
@@ -77,6 +95,6 @@ def change_tags(
         break
     else:
         raise TagConflictError(ref)
-    catalog.sync_tags(store, tags)
+    catalog.sync_tags(lambda: store, tags)
     result = tags_of(store, tags, vid, model, seq)
     return TagsResult(**{**result.__dict__, "changed": overlay != before})

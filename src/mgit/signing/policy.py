@@ -16,14 +16,17 @@ for one by an allowed signer, in its time window, not revoked.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mgit.errors import InvalidOptionError, SignatureError
-from mgit.signing.allowed import AllowedSigners
-from mgit.signing.sshsig import VERSION_NAMESPACE, SshSignature
-from mgit.signing.store import check_signature
+
+if TYPE_CHECKING:  # (every Repo reads the settings; the signing stack is loaded by what judges a signature)
+    from mgit.signing.allowed import AllowedSigners
+    from mgit.signing.sshsig import SshSignature
+    from mgit.signing.store import SignatureStore
 
 SETTINGS_KEY = "settings"
 PATHS = ("signing.key", "verify.allowed-signers", "verify.revoked")
@@ -92,6 +95,8 @@ def signs_always(config: dict[str, Any]) -> bool:
 
 
 def allowed_signers(config: dict[str, Any]) -> AllowedSigners:
+    from mgit.signing.allowed import AllowedSigners
+
     return AllowedSigners.load(path_setting(config, "verify.allowed-signers"), path_setting(config, "verify.revoked"))
 
 
@@ -131,6 +136,9 @@ class SignatureCheck:
 
 def judge(vid: str, signatures: list[bytes | SshSignature], allowed: AllowedSigners) -> list[SignatureCheck]:
     """Each of a version's signatures: does it sign this version, and whose key is it."""
+    from mgit.signing.sshsig import VERSION_NAMESPACE, SshSignature
+    from mgit.signing.store import check_signature
+
     out = []
     for armored in signatures:
         try:
@@ -174,3 +182,14 @@ def configured_signer(config: dict[str, Any], key: str | None = None):  # noqa: 
     if not path:
         raise SigningKeyError("no signing key is set", hint="Set one with: mgit config signing.key ~/.ssh/id_ed25519")
     return load_signing_key(path)
+
+
+def signature_checks(
+    signatures: SignatureStore, config: dict[str, Any], vids: Iterable[str]
+) -> dict[str, list[SignatureCheck]]:
+    """Versions' signatures as judged here (show, log --show-signature, serve), by id: [] for
+    one without any. The allowed signers are read once for them all, and not at all (nor the
+    signing stack, cryptography) when none is signed."""
+    found = {vid: signatures.get(vid) for vid in vids}
+    allowed = allowed_signers(config) if any(found.values()) else None
+    return {vid: judge(vid, sigs, allowed) if sigs and allowed is not None else [] for vid, sigs in found.items()}

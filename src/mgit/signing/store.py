@@ -18,18 +18,20 @@ one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import blake3
 
 from mgit.errors import SignatureError
-from mgit.signing.sshsig import VERSION_NAMESPACE, SshSignature, version_message
 from mgit.store.objects import OID_RE
 from mgit.util.atomicfile import TMP_PREFIX, disk_full_as_error, sync_files, temporary_sibling, write_atomic
+
+if TYPE_CHECKING:
+    from mgit.signing.sshsig import SshSignature
 
 MAX_PER_VERSION = 32  # signers of one version: an author, reviewers, a CI; far above any real count
 FOLDER = "signatures"
@@ -39,12 +41,20 @@ MAX_BUNDLE = 64 << 20  # a bundle larger than this is not read (about 100,000 si
 
 
 def signature_name(armored: bytes) -> str:
+    import hashlib  # (OpenSSL's start-up: show and log read signatures without naming them)
+
     return hashlib.sha256(armored).hexdigest()
 
 
 def check_signature(vid: str, armored: bytes | SshSignature) -> SshSignature:
     """`armored` (or a signature parsed already) verified as a signature of version `vid`;
     raises SignatureError."""
+    from mgit.signing.sshsig import (
+        VERSION_NAMESPACE,
+        SshSignature,
+        version_message,
+    )  # (reading signatures does without)
+
     sig = armored if isinstance(armored, SshSignature) else SshSignature.parse(armored)
     if sig.namespace != VERSION_NAMESPACE:
         raise SignatureError(

@@ -38,6 +38,8 @@ MAX_READ_DECODES = 4096  # and at most this many objects (each base once): 64 ba
 
 @dataclass(frozen=True)
 class ObjectHeader:
+    """A stored object's header: kind, metadata, logical size, codec chain, delta depth, block size."""
+
     kind: str
     meta: dict[str, Any]
     size: int

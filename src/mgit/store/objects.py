@@ -264,6 +264,8 @@ def _lossy(value: Any) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class TensorEntry:
+    """One tensor of a file: its name, dtype, shape and the object holding its data."""
+
     name: str
     dtype: str
     shape: tuple[int, ...]
@@ -363,6 +365,8 @@ class FileEntry:
 
 @dataclass(frozen=True)
 class Manifest:
+    """The files of a version, in order: enough to rebuild each byte for byte."""
+
     files: tuple[FileEntry, ...]
 
     def to_json(self) -> dict[str, Any]:

@@ -25,6 +25,8 @@ if TYPE_CHECKING:  # numpy and the codecs load when something is encoded, not be
 
 @dataclass(frozen=True)
 class PutResult:
+    """What a put wrote (or found stored): the id, kind, sizes, whether it is new, codec chain, bases."""
+
     oid: str
     kind: str
     stored_size: int

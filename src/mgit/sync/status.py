@@ -11,9 +11,8 @@ from mgit.remotes import RemoteSpec, normalize_url, open_backend
 from mgit.remotes.config import update_config
 from mgit.remotes.datapack import PACK_THRESHOLD
 from mgit.remotes.repository import RemoteRepository
-from mgit.repo.fsck import check_references, verify_objects, walk
+from mgit.repo.fsck import FsckResult, check_references, verify_objects, walk
 from mgit.repo.repository import Repo
-from mgit.reports import FsckResult
 from mgit.store.lazy import LazyStore
 from mgit.store.objects import Version, walk_history
 from mgit.store.quarantine import Incoming

@@ -105,7 +105,7 @@ def pull_tags(repo: Repo, conn: Connection) -> TagsTravel:
             conflicts.append(_label(repo, vid))  # the ones here are kept; theirs are now seen
         if seen is not None:
             seen.put(vid, theirs)
-    repo.catalog.sync_tags(repo.store, repo.tags)
+    repo.catalog.sync_tags(lambda: repo.store, repo.tags)
     return TagsTravel(0, taken, sorted(conflicts))
 
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from mgit.checks import Checks
 from mgit.errors import UnknownRefError
-from mgit.repo.signatures import signature_checks
 from mgit.repo.tensors import version_tensors
 from mgit.reports import json_safe
+from mgit.signing.policy import signature_checks
 from mgit.store.objects import RELATIONS, tag_matches
 from mgit.web.card import version_card
 from mgit.web.params import choice, number, paginate, text
