@@ -21,6 +21,7 @@ crashes may lose one, which costs a re-send, never a wrong byte.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -29,13 +30,30 @@ from typing import Any
 
 import blake3
 
-from mgit.errors import LockTimeoutError
+from mgit.errors import InvalidOptionError, LockTimeoutError
 from mgit.util.atomicfile import write_atomic
 from mgit.util.locks import FileLock
 
 UPLOADS, DOWNLOADS = "uploads", "downloads"
 MAX_ENTRY = 1 << 20  # an entry is a few kilobytes: 64 chunks per GiB at 16 MiB chunks
 STALE_DAYS = 7.0  # an upload not resumed for this long is aborted (its parts are billed until then)
+GRANULE = 256 << 10  # the part size of gs:// and az:// is a multiple of this (GCS wants it so)
+
+
+def part_size_from_env(default: int) -> int:
+    """The part size of a gs:// or az:// remote's large transfers: MGIT_REMOTE_PART_SIZE in
+    bytes (a multiple of 256 KiB up to 4000 MiB, Azure's largest block), or `default`. What a
+    killed push or fetch resumes from is a whole part."""
+    raw = os.environ.get("MGIT_REMOTE_PART_SIZE")
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 12) or not (
+        0 < int(raw) <= 4000 << 20 and int(raw) % GRANULE == 0
+    ):
+        raise InvalidOptionError(
+            f"MGIT_REMOTE_PART_SIZE={raw!r} is not a part size", hint="Use a multiple of 262144 (256 KiB)"
+        )
+    return int(raw)
 
 
 def entry_name(url: str, key: str) -> str:
