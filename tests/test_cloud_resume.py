@@ -1,10 +1,12 @@
-"""A push killed inside a large object resumes it on gs:// (mgit.remotes.gcsresumable), with
-real kills against gcp-storage-emulator on 127.0.0.1: `mgit push` SIGKILLed after some parts
-of the object's resumable upload session landed (MGIT_CRASH_AT=upload-part-sent:<n>) sends,
-when run again, only the parts the session lacks (counted on the wire by a recording proxy),
-the object on the remote is the local object byte for byte, and the journal is empty after;
-an object file changed between the runs, and a session the server does not know (or that is
-not on the remote's endpoint), start the object over.
+"""A push killed inside a large object resumes it on gs:// (mgit.remotes.gcsresumable, against
+gcp-storage-emulator) and on az:// (mgit.remotes.azureblocks, against Azurite), with real
+kills on 127.0.0.1: `mgit push` SIGKILLed after some parts of the object landed
+(MGIT_CRASH_AT=upload-part-sent:<n>: parts of the GCS resumable upload session, staged Azure
+blocks) sends, when run again, only the parts the server lacks (counted on the wire by a
+recording proxy), the object on the remote is the local object byte for byte, and the
+journal is empty after; an object file changed between the runs, and a session or blocks the
+server does not hold (expired, unknown, or a session not on the remote's endpoint), start the
+object over.
 
 Sizes are kept small with MGIT_REMOTE_PART_SIZE at 1 MiB: one ~6 MB object goes in six parts.
 """
@@ -21,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from azurite import ACCOUNT, AzureContainer, azure_container, azurite_server, connection_string  # noqa: F401
 from conftest import make_model, run_mgit, sha256_tree, tensors
 from gcsemulator import GCSBucket, gcs_bucket, gcs_emulator  # noqa: F401
-from s3server import FaultProxy
+from s3server import EmulatedBucket, FaultProxy
 
 from mgit import sync
 from mgit.errors import InvalidOptionError
@@ -34,7 +37,7 @@ PART = 1 << 20
 WAIT = 120
 
 
-def alice_with_big_model(bucket: GCSBucket, tmp_path: Path) -> tuple[str, Path, Repo, str]:
+def alice_with_big_model(bucket: EmulatedBucket, tmp_path: Path) -> tuple[str, Path, Repo, str]:
     """A bare remote in the bucket, and a repository whose origin it is holding one model with
     a large object (past the data packs' threshold), nothing pushed: (the remote's URL, the
     model's folder, the repository, the large object's id)."""
@@ -65,12 +68,13 @@ def new_sessions(requests) -> list:
     return [r for r in requests if r.method == "POST" and "uploadType=resumable" in r.target]
 
 
-def killed_push(alice: Repo, proxy: FaultProxy, bucket: GCSBucket, parts_before_kill: int) -> dict:
+def killed_push(alice: Repo, proxy: FaultProxy, bucket: EmulatedBucket, parts_before_kill: int) -> dict:
     """`mgit push` SIGKILLed right after the n-th part of the large object landed; its entry."""
+    through = env_through if isinstance(bucket, GCSBucket) else azure_through
     killed = run_mgit(
         "push",
         cwd=alice.root,
-        env=env_through(proxy, bucket, MGIT_CRASH_AT=f"upload-part-sent:{parts_before_kill}"),
+        env=through(proxy, bucket, MGIT_CRASH_AT=f"upload-part-sent:{parts_before_kill}"),
         timeout=WAIT,
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
@@ -174,3 +178,110 @@ def test_a_part_size_that_is_not_a_multiple_of_256_kib_is_refused(monkeypatch, r
         part_size_from_env(16 << 20)
     monkeypatch.setenv("MGIT_REMOTE_PART_SIZE", str(3 << 18))
     assert part_size_from_env(16 << 20) == 3 << 18
+
+
+# --- az:// -------------------------------------------------------------------------------------
+
+
+def azure_through(proxy: FaultProxy, container: AzureContainer, **extra: str) -> dict[str, str]:
+    return {
+        **container.env,
+        "AZURE_STORAGE_CONNECTION_STRING": connection_string(f"{proxy.endpoint}/{ACCOUNT}"),
+        "MGIT_REMOTE_PART_SIZE": str(PART),
+        **extra,
+    }
+
+
+def azurite_proxy(container: AzureContainer, **faults) -> FaultProxy:
+    return FaultProxy(container.endpoint.removesuffix(f"/{ACCOUNT}"), **faults)
+
+
+def blob_client(container: AzureContainer, key: str):
+    from azure.storage.blob import BlobServiceClient
+
+    service = BlobServiceClient.from_connection_string(container.env["AZURE_STORAGE_CONNECTION_STRING"])
+    return service.get_blob_client(container.name, key)
+
+
+def blocks_staged(requests) -> list:
+    return [r for r in requests if r.method == "PUT" and "comp=block" in r.target and "blocklist" not in r.target]
+
+
+def check_whole_on_azure(container: AzureContainer, alice: Repo, big: str, url: str, src: Path, tmp_path: Path) -> None:
+    local = alice.store.path_of(big).read_bytes()
+    remote = blob_client(container, f"team/objects/{big[:2]}/{big[2:]}").download_blob().readall()
+    assert hashlib.sha256(remote).digest() == hashlib.sha256(local).digest()
+    assert journal_entries(alice) == []
+    sync.clone(url, tmp_path / "bob")
+    Repo(tmp_path / "bob").checkout("m", tmp_path / "out")
+    assert sha256_tree(tmp_path / "out") == sha256_tree(src)
+
+
+def test_an_az_push_killed_mid_object_sends_only_the_missing_blocks(
+    azure_container: AzureContainer, tmp_path: Path
+) -> None:
+    url, src, alice, big = alice_with_big_model(azure_container, tmp_path)
+    parts = -(-alice.store.stored_size(big) // PART)
+    assert parts == 6
+    blob = blob_client(azure_container, f"team/objects/{big[:2]}/{big[2:]}")
+    # Blocks go several at once: two land, the others are held unanswered, and the push is
+    # killed when the second has landed.
+    staging = {"every": 1, "after": 2, "mode": "stall", "methods": ["PUT"], "path": "comp=block(?!list)"}
+    with azurite_proxy(azure_container, **staging) as proxy:
+        entry = killed_push(alice, proxy, azure_container, 2)
+        assert entry["key"] == f"objects/{big[:2]}/{big[2:]}" and len(entry["nonce"]) == 8
+        _, held = blob.get_block_list("uncommitted")
+        assert len(held) == 2
+
+        proxy.set_faults(every=0)
+        before = len(proxy.seen)
+        done = run_mgit("push", cwd=alice.root, env=azure_through(proxy, azure_container), timeout=WAIT)
+        assert done.returncode == 0, done.stderr
+        rerun = proxy.seen[before:]
+
+    # The blocks the blob lacked went, none of those it held; one Put Block List committed all.
+    assert len(blocks_staged(rerun)) == parts - len(held)
+    assert len([r for r in rerun if r.method == "PUT" and "comp=blocklist" in r.target]) == 1
+    committed, uncommitted = blob.get_block_list("all")
+    assert {b.id for b in held} <= {b.id for b in committed} and len(committed) == parts and not uncommitted
+    check_whole_on_azure(azure_container, alice, big, url, src, tmp_path)
+
+
+def test_an_az_object_file_changed_between_the_runs_starts_over(
+    azure_container: AzureContainer, tmp_path: Path
+) -> None:
+    url, src, alice, big = alice_with_big_model(azure_container, tmp_path)
+    parts = -(-alice.store.stored_size(big) // PART)
+    with azurite_proxy(azure_container) as proxy:
+        entry = killed_push(alice, proxy, azure_container, 2)
+        stat = alice.store.path_of(big).stat()
+        os.utime(alice.store.path_of(big), ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        before = len(proxy.seen)
+        done = run_mgit("push", cwd=alice.root, env=azure_through(proxy, azure_container), timeout=WAIT)
+        assert done.returncode == 0, done.stderr
+        rerun = proxy.seen[before:]
+
+    assert len(blocks_staged(rerun)) == parts  # under a new nonce: none of the old blocks is used
+    committed, _ = blob_client(azure_container, f"team/objects/{big[:2]}/{big[2:]}").get_block_list("all")
+    assert not any(base64.b64decode(b.id).decode().startswith(entry["nonce"]) for b in committed)
+    check_whole_on_azure(azure_container, alice, big, url, src, tmp_path)
+
+
+def test_az_blocks_the_service_no_longer_holds_are_sent_again(azure_container: AzureContainer, tmp_path: Path) -> None:
+    url, src, alice, big = alice_with_big_model(azure_container, tmp_path)
+    parts = -(-alice.store.stored_size(big) // PART)
+    blob = blob_client(azure_container, f"team/objects/{big[:2]}/{big[2:]}")
+    with azurite_proxy(azure_container) as proxy:
+        killed_push(alice, proxy, azure_container, 2)
+        # What a week without a resume does: the uncommitted blocks are gone (here: a commit
+        # over the blob discards them, and the blob is then deleted).
+        blob.upload_blob(b"x", overwrite=True)
+        blob.delete_blob()
+        before = len(proxy.seen)
+        done = run_mgit("push", cwd=alice.root, env=azure_through(proxy, azure_container), timeout=WAIT)
+        assert done.returncode == 0, done.stderr
+        rerun = proxy.seen[before:]
+
+    assert any(r.method == "GET" and "comp=blocklist" in r.target for r in rerun)  # it asked
+    assert len(blocks_staged(rerun)) == parts
+    check_whole_on_azure(azure_container, alice, big, url, src, tmp_path)
