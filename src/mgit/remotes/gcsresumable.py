@@ -10,8 +10,9 @@ on the client's own authorized transport. A re-run finds the entry, asks the ses
 bytes it holds (a PUT of `Content-Range: bytes */SIZE`, GCS's status query), and sends the
 rest from there; an entry whose file changed is dropped (its session cancelled), and one whose
 session the server no longer knows (expired after a week, cancelled, unknown: 404 or 410)
-too, and the object starts again. The finished object is checked: its size, and its md5Hash
-against the file's MD5. The journal entry goes last.
+or that refuses a part it said it lacked, too, and the object starts again. The finished
+object is checked: its size, and its md5Hash against the file's MD5. The journal entry goes
+last.
 
 Why not google-resumable-media's ResumableUpload: it keeps the session URI, the stream and
 the bytes sent in private fields, so it cannot take up a session another process opened
@@ -58,7 +59,8 @@ class ResumableSession:
         ident = {"size": size, "mtime_ns": stat.st_mtime_ns, "part_size": part_size, "file": str(path)}
         entry = self.journal.load(UPLOADS, self.url, self.key)
         session, offset, resource = None, 0, None
-        if entry is not None and all(entry.get(k) == v for k, v in ident.items()) and self._ours(entry.get("session")):
+        resumed = entry is not None and all(entry.get(k) == v for k, v in ident.items())
+        if resumed and entry is not None and self._ours(entry.get("session")):
             session = str(entry["session"])
             offset, resource = self._status(session, size)
             if offset is None and resource is None:  # the server no longer knows it
@@ -66,6 +68,7 @@ class ResumableSession:
         elif entry is not None and self._ours(entry.get("session")):  # the file changed: no use
             self.cancel(str(entry["session"]))
         if session is None:
+            resumed = False
             self.journal.drop(UPLOADS, self.url, self.key)
             with self.backend._translated(self.key, bucket=True):
                 session = self.backend._blob(self.key).create_resumable_upload_session(
@@ -77,10 +80,30 @@ class ResumableSession:
             offset = 0
         if progress and offset:
             progress(offset)
-        failures = 0
+        try:
+            if resource is None:
+                resource = self._send(session, path, offset or 0, size, progress)
+        except RemoteUnavailableError:
+            raise
+        except RemoteError:
+            if not resumed:
+                raise
+            # A session taken up that refuses what it said it lacked: never a push stuck on it
+            # for the week it lives; the object starts again, once, in a new session.
+            self.cancel(session)
+            self.journal.drop(UPLOADS, self.url, self.key)
+            return self.run(path, progress=progress)
+        self._check(resource, path, size)
+        self.journal.drop(UPLOADS, self.url, self.key)
+        return resource
+
+    def _send(
+        self, session: str, path: Path, offset: int, size: int, progress: Callable[[int], None] | None
+    ) -> dict[str, Any]:
+        """Send the file from `offset` on, part after part; the object's resource."""
+        part_size, failures, resource = self.backend.part_size, 0, None
         with open(path, "rb") as fh:
             while resource is None:
-                assert offset is not None
                 length = min(part_size, size - offset)
                 body = os.pread(fh.fileno(), length, offset)
                 try:
@@ -90,9 +113,10 @@ class ResumableSession:
                     if failures >= ATTEMPTS:
                         raise
                     time.sleep(min(8.0, 0.5 * 2**failures))
-                    offset, resource = self._status(session, size)
-                    if offset is None and resource is None:
+                    held, resource = self._status(session, size)
+                    if held is None and resource is None:
                         raise RemoteError(f"{self.url}: the upload session of {self.key} ended mid-way") from None
+                    offset = size if held is None else held
                     continue
                 self.parts_sent += 1
                 self.bytes_sent += length
@@ -105,8 +129,6 @@ class ResumableSession:
                 elif progress:
                     progress(offset - before)
                 crash_point("upload-part-sent")
-        self._check(resource, path, size)
-        self.journal.drop(UPLOADS, self.url, self.key)
         return resource
 
     def _ours(self, session: object) -> bool:
