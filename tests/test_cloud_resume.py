@@ -19,10 +19,12 @@ import hashlib
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from azure.core.exceptions import ResourceNotFoundError
 from azurite import ACCOUNT, AzureContainer, azure_container, azurite_server, connection_string  # noqa: F401
 from conftest import make_model, run_mgit, sha256_tree, tensors
 from gcsemulator import GCSBucket, gcs_bucket, gcs_emulator  # noqa: F401
@@ -192,8 +194,12 @@ def azure_through(proxy: FaultProxy, container: AzureContainer, **extra: str) ->
     }
 
 
-def azurite_proxy(container: AzureContainer, **faults) -> FaultProxy:
-    return FaultProxy(container.endpoint.removesuffix(f"/{ACCOUNT}"), **faults)
+def azurite_proxy(container: AzureContainer) -> FaultProxy:
+    """A recording proxy in front of Azurite that lets two Put Block requests through and holds
+    the others unanswered (blocks go several at once: without it, those in flight when the push
+    is killed could land after it); `set_faults(every=0)` before the re-run."""
+    staging = {"every": 1, "after": 2, "mode": "stall", "methods": ["PUT"], "path": "comp=block(?!list)"}
+    return FaultProxy(container.endpoint.removesuffix(f"/{ACCOUNT}"), **staging)
 
 
 def blob_client(container: AzureContainer, key: str):
@@ -224,10 +230,8 @@ def test_an_az_push_killed_mid_object_sends_only_the_missing_blocks(
     parts = -(-alice.store.stored_size(big) // PART)
     assert parts == 6
     blob = blob_client(azure_container, f"team/objects/{big[:2]}/{big[2:]}")
-    # Blocks go several at once: two land, the others are held unanswered, and the push is
-    # killed when the second has landed.
-    staging = {"every": 1, "after": 2, "mode": "stall", "methods": ["PUT"], "path": "comp=block(?!list)"}
-    with azurite_proxy(azure_container, **staging) as proxy:
+    # Two blocks land, the others are held unanswered; the push is killed when the second has landed.
+    with azurite_proxy(azure_container) as proxy:
         entry = killed_push(alice, proxy, azure_container, 2)
         assert entry["key"] == f"objects/{big[:2]}/{big[2:]}" and len(entry["nonce"]) == 8
         _, held = blob.get_block_list("uncommitted")
@@ -256,6 +260,7 @@ def test_an_az_object_file_changed_between_the_runs_starts_over(
         entry = killed_push(alice, proxy, azure_container, 2)
         stat = alice.store.path_of(big).stat()
         os.utime(alice.store.path_of(big), ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        proxy.set_faults(every=0)
         before = len(proxy.seen)
         done = run_mgit("push", cwd=alice.root, env=azure_through(proxy, azure_container), timeout=WAIT)
         assert done.returncode == 0, done.stderr
@@ -277,6 +282,9 @@ def test_az_blocks_the_service_no_longer_holds_are_sent_again(azure_container: A
         # over the blob discards them, and the blob is then deleted).
         blob.upload_blob(b"x", overwrite=True)
         blob.delete_blob()
+        with pytest.raises(ResourceNotFoundError):
+            blob.get_block_list("uncommitted")
+        proxy.set_faults(every=0)
         before = len(proxy.seen)
         done = run_mgit("push", cwd=alice.root, env=azure_through(proxy, azure_container), timeout=WAIT)
         assert done.returncode == 0, done.stderr
@@ -320,3 +328,48 @@ def test_a_gs_push_cut_off_before_its_first_part_resumes_its_session(gcs_bucket:
     rerun = cut_off_before_the_first_part(gcs_bucket, alice)
     assert new_sessions(rerun) == []
     assert len(session_puts(rerun)) == 1 + -(-alice.store.stored_size(big) // PART)
+
+
+def make_stale(alice: Repo) -> dict:
+    """Age the journal's one upload entry past the 7 days after which a push drops it."""
+    (path,) = (alice.dir / "transfers" / "uploads").glob("*.json")
+    entry = json.loads(path.read_text())
+    path.write_text(json.dumps({**entry, "updated": time.time() - 8 * 86400}))
+    return entry
+
+
+def test_a_stale_gs_entry_is_dropped_its_session_cancelled_and_the_object_sent_anew(
+    gcs_bucket: GCSBucket, tmp_path: Path
+) -> None:
+    url, src, alice, big = alice_with_big_model(gcs_bucket, tmp_path)
+    parts = -(-alice.store.stored_size(big) // PART)
+    with FaultProxy(gcs_bucket.endpoint) as proxy:
+        killed_push(alice, proxy, gcs_bucket, 2)
+        entry = make_stale(alice)
+        before = len(proxy.seen)
+        done = run_mgit("push", cwd=alice.root, env=env_through(proxy, gcs_bucket), timeout=WAIT)
+        assert done.returncode == 0, done.stderr
+        rerun = proxy.seen[before:]
+
+    old = entry["session"].removeprefix(proxy.endpoint)
+    assert [r.method for r in rerun if r.target == old] == ["DELETE"]
+    assert len(new_sessions(rerun)) == 1 and len(session_puts(rerun)) == parts
+    check_whole(gcs_bucket, alice, big, url, src, tmp_path)
+
+
+def test_a_stale_az_entry_is_dropped_and_the_object_sent_anew(azure_container: AzureContainer, tmp_path: Path) -> None:
+    url, src, alice, big = alice_with_big_model(azure_container, tmp_path)
+    parts = -(-alice.store.stored_size(big) // PART)
+    with azurite_proxy(azure_container) as proxy:
+        entry = killed_push(alice, proxy, azure_container, 2)
+        make_stale(alice)
+        proxy.set_faults(every=0)
+        before = len(proxy.seen)
+        done = run_mgit("push", cwd=alice.root, env=azure_through(proxy, azure_container), timeout=WAIT)
+        assert done.returncode == 0, done.stderr
+        rerun = proxy.seen[before:]
+
+    assert len(blocks_staged(rerun)) == parts
+    committed, _ = blob_client(azure_container, f"team/objects/{big[:2]}/{big[2:]}").get_block_list("all")
+    assert not any(base64.b64decode(b.id).decode().startswith(entry["nonce"]) for b in committed)
+    check_whole_on_azure(azure_container, alice, big, url, src, tmp_path)
