@@ -19,13 +19,17 @@ every GET is conditional on the generation first seen (a key that changes on the
 conflict, and leaves no file behind). Every request has a connect and a read timeout, and
 retries (Google's policy: 408, 429, 5xx and dropped connections, jittered backoff from
 MGIT_REMOTE_RETRY_DELAY seconds) stop after MGIT_REMOTE_RETRY_SECONDS; listings are bounded in pages.
+
+A large file pushed with the repository's transfer journal goes through a resumable upload
+session that a killed push's re-run takes up where the bucket's bytes end
+(mgit.remotes.gcsresumable); MGIT_REMOTE_PART_SIZE sets the part size.
 """
 
 from __future__ import annotations
 
 import base64
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,7 +47,9 @@ from mgit.errors import (
     RemoteTooLargeError,
     RemoteUnavailableError,
 )
+from mgit.remotes import gcsresumable
 from mgit.remotes.base import Backend, KeyInfo, check_key, listed
+from mgit.remotes.journal import part_size_from_env
 from mgit.util.atomicfile import disk_full_as_error
 
 try:
@@ -100,8 +106,11 @@ class GCSBackend(Backend):
         self.bucket_name = parts.netloc
         self.prefix = parts.path.strip("/") + "/" if parts.path.strip("/") else ""
         self.max_workers = max_workers
-        self.part_size = PART
-        self.ranged_from = 2 * PART  # from there, a fetch resumes by ranges (mgit.remotes.partial)
+        self.part_size = part_size_from_env(PART)  # MGIT_REMOTE_PART_SIZE
+        # From there, a fetch resumes by ranges (mgit.remotes.partial) and a push inside its
+        # resumable upload session (mgit.remotes.gcsresumable).
+        self.ranged_from = 2 * self.part_size
+        self.timeout = TIMEOUT
         seconds = retry_seconds_from_env()
         delay = retry_seconds_from_env("MGIT_REMOTE_RETRY_DELAY", RETRY_DELAY)
         self.retry = DEFAULT_RETRY.with_deadline(seconds).with_delay(initial=delay) if seconds else None
@@ -116,6 +125,7 @@ class GCSBackend(Backend):
             session = requests.Session()
             session.mount("http://", pool)
             session.mount("https://", pool)
+            self.http = session  # (a resumable upload's parts go on it: mgit.remotes.gcsresumable)
             return storage.Client(project="mgit", client_options=options, _http=session)
         try:
             credentials, project = google.auth.default(scopes=SCOPES)
@@ -123,6 +133,7 @@ class GCSBackend(Backend):
             raise RemoteAuthError(self.url, "no Google credentials found", hint=GCS_HINT) from None
         session = google.auth.transport.requests.AuthorizedSession(credentials)
         session.mount("https://", pool)
+        self.http = session
         return storage.Client(project=project or "_", credentials=credentials, client_options=options, _http=session)
 
     def _blob(self, key: str) -> Any:
@@ -253,6 +264,14 @@ class GCSBackend(Backend):
                 self._blob(key).upload_from_string(data, timeout=TIMEOUT, retry=self.retry)
             else:  # resumable in parts above part_size; the object appears when the last one lands
                 self._blob(key).upload_from_filename(str(data), timeout=TIMEOUT, retry=self.retry)
+
+    def write_file(self, key: str, path: Path, *, progress: Callable[[int], None] | None = None) -> None:
+        large = self.journal is not None and path.stat().st_size >= self.ranged_from
+        if not (large and gcsresumable.write_journalled(self, key, path, progress)):
+            super().write_file(key, path, progress=progress)
+
+    def abort_unfinished(self, keys: Iterable[str]) -> int:
+        return gcsresumable.forget_unneeded(self, set(keys))
 
     def size(self, key: str) -> int | None:
         meta = self._meta(key)

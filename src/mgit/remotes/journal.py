@@ -2,25 +2,30 @@
 or cut off sends or fetches, when run again, only what it had not done yet, inside an object
 too (docs/format.md, "The transfer journal"):
 
-    .mgit/transfers/uploads/<name>.json     a multipart upload in progress: the remote's URL,
-                                            the key, the upload id, the part size, and the size
-                                            and mtime of the local file being sent
+    .mgit/transfers/uploads/<name>.json     an upload in progress: the remote's URL, the key,
+                                            what names it on the server (S3's upload id, a GCS
+                                            session's URI, the nonce of Azure's block ids), the
+                                            part size, and the size and mtime of the local file
+                                            being sent
     .mgit/transfers/downloads/<name>.part   an object's bytes arrived so far, at their offsets
     .mgit/transfers/downloads/<name>.json   the remote's URL, the key, its size, the chunk size,
                                             and the chunks written so far
     .mgit/transfers/<kind>/<name>.lock      held by the one process working on that transfer
 
 `<name>` is a hash of the URL and the key. An entry is a hint and nothing more: a resumed
-upload checks the parts the server lists against the file's own bytes, a resumed download
-makes an object that is verified against its id like any other (one that fails is refused,
-and fetched from its first byte by the next run), and an entry that does not fit is dropped
-and its transfer starts again. Entries are small JSON files written atomically, without fsync: a machine that
-crashes may lose one, which costs a re-send, never a wrong byte.
+upload checks what the server holds against the file's own bytes (S3's part MD5s, Azure's
+block ids, which carry theirs) or takes the server's own count (a GCS session's), and checks
+the object it completes; a resumed download makes an object that is verified against its id
+like any other (one that fails is refused, and fetched from its first byte by the next run);
+an entry that does not fit is dropped and its transfer starts again. Entries are small JSON
+files written atomically, without fsync: a machine that crashes may lose one, which costs a
+re-send, never a wrong byte.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -29,13 +34,30 @@ from typing import Any
 
 import blake3
 
-from mgit.errors import LockTimeoutError
+from mgit.errors import InvalidOptionError, LockTimeoutError
 from mgit.util.atomicfile import write_atomic
 from mgit.util.locks import FileLock
 
 UPLOADS, DOWNLOADS = "uploads", "downloads"
 MAX_ENTRY = 1 << 20  # an entry is a few kilobytes: 64 chunks per GiB at 16 MiB chunks
 STALE_DAYS = 7.0  # an upload not resumed for this long is aborted (its parts are billed until then)
+GRANULE = 256 << 10  # the part size of gs:// and az:// is a multiple of this (GCS wants it so)
+
+
+def part_size_from_env(default: int) -> int:
+    """The part size of a gs:// or az:// remote's large transfers: MGIT_REMOTE_PART_SIZE in
+    bytes (a multiple of 256 KiB up to 4000 MiB, Azure's largest block), or `default`. What a
+    killed push or fetch resumes from is a whole part."""
+    raw = os.environ.get("MGIT_REMOTE_PART_SIZE")
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 12) or not (
+        0 < int(raw) <= 4000 << 20 and int(raw) % GRANULE == 0
+    ):
+        raise InvalidOptionError(
+            f"MGIT_REMOTE_PART_SIZE={raw!r} is not a part size", hint="Use a multiple of 262144 (256 KiB)"
+        )
+    return int(raw)
 
 
 def entry_name(url: str, key: str) -> str:

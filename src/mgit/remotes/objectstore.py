@@ -18,6 +18,10 @@ changes on the way (every ranged GET is If-Match the ETag first seen) leaves no 
 Every client has a connect timeout, a stall timeout on each read and a bound on the whole
 request; retries (obstore's, with jittered backoff on 5xx and dropped connections) are
 bounded in count and time, as listings are in pages.
+
+A large file pushed to Azure with the repository's transfer journal goes up in staged blocks
+that a killed push's re-run takes up (mgit.remotes.azureblocks, through azure-storage-blob);
+MGIT_REMOTE_PART_SIZE sets the part size.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import io
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
@@ -44,8 +48,9 @@ from mgit.errors import (
     RemoteTooLargeError,
     RemoteUnavailableError,
 )
-from mgit.remotes import AZURE_CONTAINER_RE
+from mgit.remotes import AZURE_CONTAINER_RE, azureblocks
 from mgit.remotes.base import Backend, KeyInfo, check_key, listed
+from mgit.remotes.journal import part_size_from_env
 from mgit.util.atomicfile import disk_full_as_error
 
 try:
@@ -137,8 +142,13 @@ class ObjectStoreBackend(Backend):
         self.container = container
         self.hint = hint
         self.max_workers = max_workers
-        self.part_size = PART
-        self.ranged_from = 2 * PART  # from there, a fetch resumes by ranges (mgit.remotes.partial)
+        self.part_size = part_size_from_env(PART)  # MGIT_REMOTE_PART_SIZE
+        # From there, a fetch resumes by ranges (mgit.remotes.partial), and a push to Azure
+        # inside the blob's staged blocks (mgit.remotes.azureblocks).
+        self.ranged_from = 2 * self.part_size
+        self.retries = retries_from_env()
+        # Azure's (container, prefix, credentials) for azure-storage-blob; None elsewhere.
+        self.azure_config: tuple[str, str, dict[str, str]] | None = None
 
     @classmethod
     def azure(cls, url: str, *, endpoint_url: str | None = None, max_workers: int = WORKERS) -> ObjectStoreBackend:
@@ -156,7 +166,9 @@ class ObjectStoreBackend(Backend):
             retry_config=_retries(),
             **config,  # type: ignore[arg-type]
         )
-        return cls(url, store, container=parts.netloc, hint=AZURE_HINT, max_workers=max_workers)
+        backend = cls(url, store, container=parts.netloc, hint=AZURE_HINT, max_workers=max_workers)
+        backend.azure_config = (parts.netloc, parts.path.strip("/"), config)
+        return backend
 
     @classmethod
     def s3(
@@ -318,6 +330,14 @@ class ObjectStoreBackend(Backend):
                 max_concurrency=self.max_workers,
                 use_multipart=isinstance(data, Path) and data.stat().st_size >= self.part_size,
             )
+
+    def write_file(self, key: str, path: Path, *, progress: Callable[[int], None] | None = None) -> None:
+        large = self.journal is not None and self.azure_config and path.stat().st_size >= self.ranged_from
+        if not (large and azureblocks.write_journalled(self, key, path, progress)):
+            super().write_file(key, path, progress=progress)
+
+    def abort_unfinished(self, keys: Iterable[str]) -> int:
+        return azureblocks.forget_unneeded(self, set(keys)) if self.azure_config else 0
 
     def size(self, key: str) -> int | None:
         try:

@@ -7,7 +7,8 @@ The points: in `add`, after-scan, after-objects, before-ref, after-ref, object-w
 object file in place) and block-written (a coded block of a large object handed to its
 file); in `checkout`, checkout-piece-written (a tensor, or a block of one, written into the
 file being rebuilt); in `gc`, gc-deleted (a garbage object removed); push-before-refs,
-push-between-refs, push-after-objects; fetch-after-download, fetch-after-promote,
+push-between-refs, push-after-objects, upload-part-sent (a part of a resumable upload landed);
+fetch-after-download, fetch-after-promote,
 clone-before-heads; cascade-after-commit; rename-after-retired, rename-after-new-ref;
 delete-after-tombstone (`push --delete`), remote-gc-deleted (a remote gc's deletion).
 
