@@ -118,6 +118,19 @@ def test_a_changed_environment_gets_a_server_of_its_own(code: Path, monkeypatch:
     assert one.value["ppid"] != two.value["ppid"] and len(_servers()) == 2
 
 
+def test_a_variable_that_names_the_running_test_does_not_start_another_server(
+    code: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pytest rewrites PYTEST_CURRENT_TEST at every test and phase: a suite's jobs must not
+    start a server each (any other change of the environment still does, above)."""
+    runs = []
+    for value in ("tests/a.py::one (call)", "tests/a.py::two (setup)"):
+        monkeypatch.setenv("PYTEST_CURRENT_TEST", value)
+        runs.append(_call(code, "where"))
+        assert runs[-1].ok
+    assert runs[0].value["ppid"] == runs[1].value["ppid"] and _servers() == [runs[0].value["ppid"]]
+
+
 def test_servers_of_environments_no_longer_used_are_stopped(code: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Idle servers are bounded across environments: the least recently used are stopped."""
     monkeypatch.setattr(forkserver, "MAX_IDLE", 2)

@@ -198,9 +198,16 @@ _USED: set[str] = set()  # of LEARNED, what jobs of this process imported
 _LOCK = threading.Lock()
 
 
+# Variables that change while a process runs and that no library reads at import: a server
+# started under another value serves as well (each job still runs in its own environment).
+# pytest names the test and phase under way in PYTEST_CURRENT_TEST, so a suite would otherwise
+# start a server for every test.
+VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
+
+
 def _key(module: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     # A server keeps the environment it started with (libraries read some of it at import).
-    return module, tuple(sorted(os.environ.items()))
+    return module, tuple(sorted((k, v) for k, v in os.environ.items() if k not in VOLATILE))
 
 
 def _take(module: str) -> _Server | None:
