@@ -11,8 +11,8 @@ kept: a signature that does not parse, or that signs another version, refuses th
 (those just read and those here already); a version it refuses refuses the whole fetch,
 naming the version and its signer, and nothing is kept. `--no-verify` skips the policy, and
 the command says so. Old remotes have no `signatures/`: their versions arrive unsigned.
-Verifying runs on every core (OpenSSL leaves the GIL); what arrives is kept in one bundle
-file here (mgit.signing.store).
+Verifying runs on every core (OpenSSL leaves the GIL) once the records are in; what arrives
+is kept in one bundle file here (mgit.signing.store).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import blake3
 
@@ -33,6 +33,7 @@ from mgit.store.base import ObjectStore
 from mgit.sync.connection import Connection
 from mgit.util.atomicfile import write_atomic
 
+CHECK_CHUNK = 256  # signatures checked per task (fewer handoffs between the threads)
 MAX_BUNDLE = 32 << 20  # about 50,000 signatures: a push of more writes them one by one only
 Arrived = dict[str, list[SshSignature]]  # version id -> signatures read from the remote, checked
 
@@ -98,75 +99,59 @@ def _wanted_level(repo: Repo, conn: Connection) -> str | None:
     return policy.required(repo.config, conn.name) if getattr(conn, "verify", True) else None
 
 
-class SignatureFetch:
-    """`with SignatureFetch(repo, conn) as sigs:` the remote's signatures, read and checked
-    while a fetch's records arrive. Started first: signatures/ listed once, the bundles not
-    read before read, and each bundled signature checked in a thread per core (OpenSSL
-    verifies outside the GIL, so thousands of checks run beside the records' writes).
-    `finish(versions)`: the signatures of `versions` (and new ones of versions here) that are
-    not here, the rest read from their files, each checked to sign its version (a
-    ReceivedError names the first that does not); a bundled signature of a version that did
-    not arrive is not judged."""
-
-    def __init__(self, repo: Repo, conn: Connection) -> None:
-        self.repo, self.conn, self.where = repo, conn, conn.remote.url
-        self.listed: dict[str, set[str]] = {}
-        self.bundles: list[str] = []
-        self.bundled: dict[str, dict[str, bytes]] = {}
-        self._pool: ThreadPoolExecutor | None = None
-        self._early: dict[tuple[str, str], Future[SshSignature | str]] = {}
-        if _wanted_level(repo, conn) is None:
-            try:
-                import cryptography  # noqa: F401
-            except ImportError:  # nothing demands them and nothing here can check them: left there
-                return
-        self.listed, self.bundles = conn.remote.signature_names()
-        self.bundled = _bundled(repo, conn, self.bundles)
-        self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="mgit-verify")
-        for vid, sigs in self.bundled.items():
-            self.listed.setdefault(vid, set()).update(sigs)
-            for name, data in sigs.items():
-                self._early[(vid, name)] = self._pool.submit(_check, vid, name, data)
-
-    def finish(self, versions: Iterable[str]) -> tuple[Arrived, list[str]]:
-        """(the signatures that arrived, checked, by version; the bundles read)."""
-        if self._pool is None:
-            return {}, []
-        listed, where, arriving = self.listed, self.where, set(versions)
-        here = {v for v in listed if v not in arriving and self.repo.catalog.has_version(v)}  # signed since
-        todo = []
-        for vid in sorted((arriving | here) & set(listed)):
-            have = self.repo.signatures.names(vid)
-            names = sorted(listed[vid] - have)
-            if len(names) + len(have) > MAX_PER_VERSION:
-                raise ReceivedError(f"version {vid[:12]} has {len(listed[vid])} signatures on {where}", where=where)
-            todo += [(vid, n) for n in names]
-        loose = [item for item in todo if item not in self._early]
-        for item, data in zip(loose, self.conn.remote.map(self._read, loose), strict=True):
-            self._early[item] = self._pool.submit(_check, *item, data)
-        found: Arrived = {}
-        for vid, name in todo:
-            sig = self._early[(vid, name)].result()
-            if isinstance(sig, str):
-                raise ReceivedError(f"signature {name[:12]} of version {vid[:12]} on {where}: {sig}", where=where)
-            found.setdefault(vid, []).append(sig)
-        return found, self.bundles
-
-    def _read(self, item: tuple[str, str]) -> bytes:
+def fetch_signatures(repo: Repo, conn: Connection, versions: Iterable[str]) -> tuple[Arrived, list[str]]:
+    """The remote's signatures of `versions` (and new ones of versions here) that are not
+    here, from its bundles and files, each checked to sign its version (a ReceivedError
+    names the first that does not); and the bundles read. The checks run once the records
+    are in, in chunks on a thread per core (OpenSSL verifies outside the GIL): run beside
+    the records' writes, they made each of those system calls wait for the GIL, and the
+    clone slower than checking afterwards."""
+    if _wanted_level(repo, conn) is None:
         try:
-            return self.conn.remote.read_signature(*item, limit=MAX_ARMORED)
+            import cryptography  # noqa: F401
+        except ImportError:  # nothing demands them and nothing here can check them: left there
+            return {}, []
+    where = conn.remote.url
+    listed, bundles = conn.remote.signature_names()
+    bundled = _bundled(repo, conn, bundles)
+    for vid, sigs in bundled.items():
+        listed.setdefault(vid, set()).update(sigs)
+    arriving = set(versions)
+    here = {v for v in listed if v not in arriving and repo.catalog.has_version(v)}  # signed since last fetched
+    todo = []
+    kept = set(repo.signatures.versions())  # (a clone has none: no lookup per version)
+    for vid in sorted((arriving | here) & set(listed)):
+        have = repo.signatures.names(vid) if vid in kept else set()
+        names = sorted(listed[vid] - have)
+        if len(names) + len(have) > MAX_PER_VERSION:
+            raise ReceivedError(f"version {vid[:12]} has {len(listed[vid])} signatures on {where}", where=where)
+        todo += [(vid, n) for n in names]
+
+    def read(item: tuple[str, str]) -> bytes:
+        if item[1] in bundled.get(item[0], {}):
+            return bundled[item[0]][item[1]]
+        try:
+            return conn.remote.read_signature(*item, limit=MAX_ARMORED)
         except RemoteTooLargeError:
             raise ReceivedError(
-                f"signature {item[1][:12]} of version {item[0][:12]} on {self.where} is larger than any SSH signature",
-                where=self.where,
+                f"signature {item[1][:12]} of version {item[0][:12]} on {where} is larger than any SSH signature",
+                where=where,
             ) from None
 
-    def __enter__(self) -> SignatureFetch:
-        return self
+    items = list(zip(todo, conn.remote.map(read, todo), strict=True))
+    chunks = [items[i : i + CHECK_CHUNK] for i in range(0, len(items), CHECK_CHUNK)]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="mgit-verify") as pool:
+        checked = [sig for chunk in pool.map(_check_all, chunks) for sig in chunk]
+    found: Arrived = {}
+    for ((vid, name), _), sig in zip(items, checked, strict=True):
+        if isinstance(sig, str):
+            raise ReceivedError(f"signature {name[:12]} of version {vid[:12]} on {where}: {sig}", where=where)
+        found.setdefault(vid, []).append(sig)
+    return found, bundles
 
-    def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+
+def _check_all(chunk: list[tuple[tuple[str, str], bytes]]) -> list[SshSignature | str]:
+    return [_check(vid, name, data) for (vid, name), data in chunk]
 
 
 def _check(vid: str, name: str, data: bytes) -> SshSignature | str:
@@ -186,8 +171,12 @@ def enforce_policy(repo: Repo, conn: Connection, store: ObjectStore, versions: l
     if level is None or not versions:
         return
     allowed = policy.allowed_signers(repo.config)
+    kept = set(repo.signatures.versions())
     for vid in versions:
-        signatures: list[bytes | SshSignature] = [*repo.signatures.get(vid), *arrived.get(vid, [])]
+        signatures: list[bytes | SshSignature] = [
+            *(repo.signatures.get(vid) if vid in kept else []),
+            *arrived.get(vid, []),
+        ]
         why = policy.refusal(policy.judge(vid, signatures, allowed), level)
         if why is not None:
             version = store.get_version(vid)
