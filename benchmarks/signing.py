@@ -19,7 +19,8 @@ is left as it is):
   verify.require trusted (clone and checkout both apply it). Target: verification adds < 5%.
 
 Each timed command is a fresh process; the runs of the two sides alternate, so a change of
-the machine's load falls on both; medians (min-max) are reported.
+the machine's load falls on both (each side first in every other run, and the disk's dirty
+pages written back before each clone); medians (min-max) are reported.
 """
 
 from __future__ import annotations
@@ -86,6 +87,13 @@ def ancestors(store, vid: str) -> list[str]:  # noqa: ANN001 - an ObjectStore
                 seen.add(linked)
                 order.append(linked)
     return order
+
+
+def settle() -> None:
+    """Write back what the commands before wrote (thousands of files each): a clone timed while
+    the disk flushes the previous one's pays for it."""
+    os.sync()
+    time.sleep(1)
 
 
 def median(values: list[float]) -> str:
@@ -155,14 +163,17 @@ def measure(source: Path, work: Path, runs: int) -> str:
     for i in range(runs):
         lineage_t.append(mgit("verify", deep_name, "--lineage", cwd=repo_dir))
         log_t.append(mgit("log", deep_name, cwd=repo_dir))
-        for remote, policy, lazy_out, full_out in (
+        sides = [
             (unsigned_remote, [], lazy_u, full_u),
             (signed_remote, ["--verify", "trusted", "--allowed-signers", str(allowed)], lazy_s, full_s),
-        ):
+        ]
+        for remote, policy, lazy_out, full_out in sides if i % 2 == 0 else sides[::-1]:  # each side first in turn
             target = work / f"lazy-{remote.stem}-{i}"
+            settle()
             lazy_out.append(mgit("clone", str(remote), str(target), "--lazy", *policy, cwd=work))
             shutil.rmtree(target)
             target = work / f"full-{remote.stem}-{i}"
+            settle()
             took = mgit("clone", str(remote), str(target), *policy, cwd=work)
             took += mgit("checkout", deep_name, "-o", str(work / f"out-{i}"), cwd=target)
             full_out.append(took)
