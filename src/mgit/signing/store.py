@@ -87,7 +87,8 @@ def parse_bundle(data: bytes, bid: str) -> dict[str, dict[str, bytes]] | None:
     )
     if not ok:
         return None
-    return {vid: {signature_name(x.encode()): x.encode() for x in sigs} for vid, sigs in value.items()}
+    encoded = {vid: [x.encode() for x in sigs] for vid, sigs in value.items()}
+    return {vid: {signature_name(b): b for b in sigs} for vid, sigs in encoded.items()}
 
 
 class SignatureStore:
@@ -242,7 +243,8 @@ class SignatureStore:
         """Merge every bundle into one (gc does: each fetch adds one); the new one is durable
         before the old ones go, so a crash between leaves duplicates, never a loss. Damaged
         bundles are left for fsck to name. How many bundles were merged."""
-        files = [p for p in self.bundle_files() if p not in self.damaged_bundles()]
+        damaged = set(self.damaged_bundles())
+        files = [p for p in self.bundle_files() if p not in damaged]
         if len(files) < 2:
             return 0
         merged: dict[str, list[bytes]] = {}
