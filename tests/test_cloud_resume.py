@@ -84,6 +84,20 @@ def killed_push(alice: Repo, proxy: FaultProxy, bucket: EmulatedBucket, parts_be
     return entry
 
 
+def push_again(alice: Repo, proxy: FaultProxy, env: dict[str, str]) -> list:
+    """`mgit push` run again through `proxy` (it must succeed): the requests it made."""
+    before = len(proxy.seen)
+    done = run_mgit("push", cwd=alice.root, env=env, timeout=WAIT)
+    assert done.returncode == 0, done.stderr
+    return proxy.seen[before:]
+
+
+def touch(path: Path) -> None:
+    """A second later modification time: to the journal, not the file it began sending."""
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+
+
 def remote_object(bucket: GCSBucket, key: str) -> bytes:
     from google.cloud import storage
 
@@ -118,10 +132,7 @@ def test_a_gs_push_killed_mid_object_sends_only_the_missing_parts(gcs_bucket: GC
         assert entry["session"].startswith(proxy.endpoint) and "upload_id=" in entry["session"]
         assert len(session_puts(proxy.seen)) == 2 and len(new_sessions(proxy.seen)) == 1
 
-        before = len(proxy.seen)
-        done = run_mgit("push", cwd=alice.root, env=env_through(proxy, gcs_bucket), timeout=WAIT)
-        assert done.returncode == 0, done.stderr
-        rerun = proxy.seen[before:]
+        rerun = push_again(alice, proxy, env_through(proxy, gcs_bucket))
 
     # One status query, then the four parts the session lacked, into the same session.
     assert len(session_puts(rerun)) == 1 + (parts - 2)
@@ -135,12 +146,8 @@ def test_an_object_file_changed_between_the_runs_starts_over(gcs_bucket: GCSBuck
     parts = -(-alice.store.stored_size(big) // PART)
     with FaultProxy(gcs_bucket.endpoint) as proxy:
         entry = killed_push(alice, proxy, gcs_bucket, 3)
-        stat = alice.store.path_of(big).stat()
-        os.utime(alice.store.path_of(big), ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # not the file sent
-        before = len(proxy.seen)
-        done = run_mgit("push", cwd=alice.root, env=env_through(proxy, gcs_bucket), timeout=WAIT)
-        assert done.returncode == 0, done.stderr
-        rerun = proxy.seen[before:]
+        touch(alice.store.path_of(big))  # not the file sent
+        rerun = push_again(alice, proxy, env_through(proxy, gcs_bucket))
 
     # The old session is cancelled, a new one sends every part.
     old = entry["session"].removeprefix(proxy.endpoint)
@@ -162,10 +169,7 @@ def test_a_session_the_server_does_not_know_starts_over(gcs_bucket: GCSBucket, t
         else:  # a session URI not on the remote's endpoint is never sent to (nor its credentials)
             entry["session"] = "http://127.0.0.2:9/upload/storage/v1/b/x/o?uploadType=resumable&upload_id=1"
         path.write_text(json.dumps(entry))
-        before = len(proxy.seen)
-        done = run_mgit("push", cwd=alice.root, env=env_through(proxy, gcs_bucket), timeout=WAIT)
-        assert done.returncode == 0, done.stderr
-        rerun = proxy.seen[before:]
+        rerun = push_again(alice, proxy, env_through(proxy, gcs_bucket))
 
     assert len(new_sessions(rerun)) == 1
     asked = 1 if session == "unknown" else 0  # the status query of the unknown session (404)
@@ -249,10 +253,7 @@ def test_an_az_push_killed_mid_object_sends_only_the_missing_blocks(
         assert len(held) == 2
 
         proxy.set_faults(every=0)
-        before = len(proxy.seen)
-        done = run_mgit("push", cwd=alice.root, env=azure_through(proxy, azure_container), timeout=WAIT)
-        assert done.returncode == 0, done.stderr
-        rerun = proxy.seen[before:]
+        rerun = push_again(alice, proxy, azure_through(proxy, azure_container))
 
     # The blocks the blob lacked went, none of those it held; one Put Block List committed all.
     assert len(block_ids(rerun)) == parts - len(held) and not block_ids(rerun) & {b.id for b in held}
@@ -269,13 +270,9 @@ def test_an_az_object_file_changed_between_the_runs_starts_over(
     parts = -(-alice.store.stored_size(big) // PART)
     with azurite_proxy(azure_container) as proxy:
         entry = killed_push(alice, proxy, azure_container, 2)
-        stat = alice.store.path_of(big).stat()
-        os.utime(alice.store.path_of(big), ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        touch(alice.store.path_of(big))
         proxy.set_faults(every=0)
-        before = len(proxy.seen)
-        done = run_mgit("push", cwd=alice.root, env=azure_through(proxy, azure_container), timeout=WAIT)
-        assert done.returncode == 0, done.stderr
-        rerun = proxy.seen[before:]
+        rerun = push_again(alice, proxy, azure_through(proxy, azure_container))
 
     assert len(block_ids(rerun, not_of=entry["nonce"])) == parts  # under a new nonce: none of the old blocks is used
     committed, _ = blob_client(azure_container, f"team/objects/{big[:2]}/{big[2:]}").get_block_list("all")
@@ -296,10 +293,7 @@ def test_az_blocks_the_service_no_longer_holds_are_sent_again(azure_container: A
         with pytest.raises(ResourceNotFoundError):
             blob.get_block_list("uncommitted")
         proxy.set_faults(every=0)
-        before = len(proxy.seen)
-        done = run_mgit("push", cwd=alice.root, env=azure_through(proxy, azure_container), timeout=WAIT)
-        assert done.returncode == 0, done.stderr
-        rerun = proxy.seen[before:]
+        rerun = push_again(alice, proxy, azure_through(proxy, azure_container))
 
     assert any(r.method == "GET" and "comp=blocklist" in r.target for r in rerun)  # it asked
     assert len(block_ids(rerun)) == parts
@@ -314,10 +308,7 @@ def cut_off_before_the_first_part(bucket: GCSBucket, alice: Repo) -> list:
         assert cut.returncode == 1 and cut.stderr.startswith("Error: "), cut.stderr
         assert len(journal_entries(alice)) == 1
         proxy.set_faults(every=0)
-        before = len(proxy.seen)
-        done = run_mgit("push", cwd=alice.root, env=env_through(proxy, bucket), timeout=WAIT)
-        assert done.returncode == 0, done.stderr
-        return proxy.seen[before:]
+        return push_again(alice, proxy, env_through(proxy, bucket))
 
 
 def test_a_gs_push_cut_off_before_its_first_part_landed_completes_when_run_again(
@@ -357,10 +348,7 @@ def test_a_stale_gs_entry_is_dropped_its_session_cancelled_and_the_object_sent_a
     with FaultProxy(gcs_bucket.endpoint) as proxy:
         killed_push(alice, proxy, gcs_bucket, 2)
         entry = make_stale(alice)
-        before = len(proxy.seen)
-        done = run_mgit("push", cwd=alice.root, env=env_through(proxy, gcs_bucket), timeout=WAIT)
-        assert done.returncode == 0, done.stderr
-        rerun = proxy.seen[before:]
+        rerun = push_again(alice, proxy, env_through(proxy, gcs_bucket))
 
     old = entry["session"].removeprefix(proxy.endpoint)
     assert [r.method for r in rerun if r.target == old] == ["DELETE"]
@@ -375,10 +363,7 @@ def test_a_stale_az_entry_is_dropped_and_the_object_sent_anew(azure_container: A
         entry = killed_push(alice, proxy, azure_container, 2)
         make_stale(alice)
         proxy.set_faults(every=0)
-        before = len(proxy.seen)
-        done = run_mgit("push", cwd=alice.root, env=azure_through(proxy, azure_container), timeout=WAIT)
-        assert done.returncode == 0, done.stderr
-        rerun = proxy.seen[before:]
+        rerun = push_again(alice, proxy, azure_through(proxy, azure_container))
 
     assert len(block_ids(rerun, not_of=entry["nonce"])) == parts
     committed, _ = blob_client(azure_container, f"team/objects/{big[:2]}/{big[2:]}").get_block_list("all")
