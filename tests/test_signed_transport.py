@@ -247,6 +247,7 @@ def test_a_push_bundles_its_signatures_and_a_clone_reads_them_in_one_request(sha
     [bundle] = (remote / "signatures" / "bundles").glob("*.json")
     held = json.loads(bundle.read_text())
     assert sorted(held) == sorted(p.name for p in (remote / "signatures").iterdir() if p.name != "bundles")
+    assert not (remote / "locks" / "signatures").exists()  # content-named: no lock file left per signature
     for folder in (remote / "signatures").iterdir():  # the files gone: the bundle alone carries them
         if folder.name != "bundles":
             shutil.rmtree(folder)

@@ -128,8 +128,6 @@ def fetch_signatures(repo: Repo, conn: Connection, versions: Iterable[str]) -> t
         todo += [(vid, n) for n in names]
 
     def read(item: tuple[str, str]) -> bytes:
-        if item[1] in bundled.get(item[0], {}):
-            return bundled[item[0]][item[1]]
         try:
             return conn.remote.read_signature(*item, limit=MAX_ARMORED)
         except RemoteTooLargeError:
@@ -138,7 +136,9 @@ def fetch_signatures(repo: Repo, conn: Connection, versions: Iterable[str]) -> t
                 where=where,
             ) from None
 
-    items = list(zip(todo, conn.remote.map(read, todo), strict=True))
+    loose = [item for item in todo if item[1] not in bundled.get(item[0], {})]  # only these are requested
+    data = dict(zip(loose, conn.remote.map(read, loose), strict=True))
+    items = [(item, data[item] if item in data else bundled[item[0]][item[1]]) for item in todo]
     chunks = [items[i : i + CHECK_CHUNK] for i in range(0, len(items), CHECK_CHUNK)]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="mgit-verify") as pool:
         checked = [sig for chunk in pool.map(_check_all, chunks) for sig in chunk]
