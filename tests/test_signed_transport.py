@@ -6,6 +6,7 @@ record, a signature that is huge, truncated or malformed, signatures dropped (a 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,17 @@ from signers import KEYGEN, allowed_file, configure, keygen
 from mgit.store.objects import Version
 
 pytestmark = pytest.mark.skipif(not Path(KEYGEN).exists(), reason="openssh-client's ssh-keygen is not installed")
+
+
+@pytest.fixture(autouse=True, params=["after the records", "in a worker"])
+def checked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: a clone checks the signatures it receives once its records are in,
+    or (from ELSEWHERE_FROM of them, here one) in a worker process meanwhile."""
+    import mgit.sync.signatures as sync_signatures
+
+    if request.param == "in a worker":
+        monkeypatch.setattr(sync_signatures, "ELSEWHERE_FROM", 1)
+    return request.param
 
 
 @pytest.fixture
@@ -276,4 +288,45 @@ def test_a_bundle_that_lies_is_refused(shared: dict[str, Path], forge: str) -> N
     (remote / "signatures" / "bundles" / f"{name}.json").write_bytes(body)
     result, target = clone(shared, "bob")
     one_line_error(result, why, "nothing was kept")
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("checked", ["in a worker"], indirect=True)
+def test_a_clone_checks_its_signatures_in_a_worker_and_not_again(
+    shared: dict[str, Path], checked: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mgit.sync.signatures as sync_signatures
+
+    answers: list[object] = []
+    results = sync_signatures.CheckProcess.results
+    monkeypatch.setattr(
+        sync_signatures.CheckProcess, "results", lambda self: answers.append(results(self)) or answers[-1]
+    )
+    monkeypatch.setattr(sync_signatures, "check_named", lambda *a: pytest.fail(f"checked in-process: {a[:2]}"))
+    (code, _, err), target = clone(shared, "bob", "--lazy")
+    assert code == 0, err
+    assert answers == [[None, None, None]]  # base@1, base@2 and ft@1, each signed by alice: all passed there
+    code, out, _ = run_cli("-C", str(target), "verify", "ft", "--lineage")
+    assert code == 0 and "alice@example.com" in out
+
+
+@pytest.mark.parametrize("checked", ["in a worker"], indirect=True)
+def test_a_worker_that_dies_leaves_the_checks_to_the_clone(
+    shared: dict[str, Path], checked: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    import mgit.sync.signatures as sync_signatures
+
+    started = sync_signatures.CheckProcess.__init__
+
+    def killed(self: object, items: list) -> None:
+        started(self, items)
+        os.kill(self.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(sync_signatures.CheckProcess, "__init__", killed)
+    vid = head_of(shared["remote"], "base")
+    (shared["remote"] / "signatures" / vid / f"{'3' * 64}.sig").write_bytes(b"not a signature at all\n")
+    result, target = clone(shared, "bob")
+    one_line_error(result, f"of version {vid[:12]}", "does not hash to its name")  # checked here instead
     assert not target.exists()

@@ -47,7 +47,7 @@ from mgit.sync.check_results import pull_checks
 from mgit.sync.connection import DEFAULT_REMOTE, Connection, add_remote, connect
 from mgit.sync.renames import learn_numbers, remote_retired, renamed_away, renames_of
 from mgit.sync.reports import ChecksTravel, CloneResult, FetchResult, ModelUpdate
-from mgit.sync.signatures import enforce_policy, fetch_signatures, keep_signatures, remember_bundles
+from mgit.sync.signatures import enforce_policy, fetch_signatures, keep_signatures, listing, remember_bundles
 from mgit.sync.tags import pull_tags
 from mgit.util.atomicfile import write_atomic
 from mgit.util.faults import crash_point
@@ -166,10 +166,14 @@ def _arrive(
     lazy, where = isinstance(repo.store, LazyStore), conn.remote.url
     named = {n: h for n, h in tips.items() if h is not None}
     heads = list(named.values()) if named else list(tips)
-    with incoming.refusing(where), _packs(repo, conn, incoming, received) as (spool, read):
+    with (
+        incoming.refusing(where),
+        _packs(repo, conn, incoming, received) as (spool, read),
+        listing(repo, conn) as listed,
+    ):
         versions = fetch_records(conn, incoming, heads, received, packed=spool)
         check_histories(incoming.overlay, named, versions, where=where, renames=renames)
-        signed, bundles = fetch_signatures(repo, conn, versions)
+        signed = fetch_signatures(repo, conn, versions, listed)
         enforce_policy(repo, conn, incoming.overlay, versions, signed)
         # A lazy clone takes records and a recipe's source only: tensors and files come when
         # read. A clone of some models (`partial`, their glob) takes theirs whole, and of their
@@ -191,7 +195,7 @@ def _arrive(
     incoming.promote()
     crash_point("fetch-after-promote")
     keep_signatures(repo, signed)
-    remember_bundles(repo, conn, bundles)
+    remember_bundles(repo, conn, listed.bundles if listed is not None else [])
     if lazy:
         _describe_objects(repo, versions, [ObjectRow(*r) for r in rows.values()])
     repo.catalog.put_sketches(sketches, keep=True)  # (one transaction for thousands)

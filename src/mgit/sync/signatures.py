@@ -11,29 +11,34 @@ kept: a signature that does not parse, or that signs another version, refuses th
 (those just read and those here already); a version it refuses refuses the whole fetch,
 naming the version and its signer, and nothing is kept. `--no-verify` skips the policy, and
 the command says so. Old remotes have no `signatures/`: their versions arrive unsigned.
-Verifying runs on every core (OpenSSL leaves the GIL) once the records are in; what arrives
-is kept in one bundle file here (mgit.signing.store).
+A fetch checks them on every core (OpenSSL leaves the GIL) once the records are in; a clone
+of many reads them before its records and checks them in a worker process meanwhile
+(mgit.signing.batch). What arrives is kept in one bundle file here (mgit.signing.store).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import blake3
 
-from mgit.errors import ReceivedError, RemoteTooLargeError, SignatureError, UnverifiedVersionError
+from mgit.errors import ReceivedError, RemoteTooLargeError, UnverifiedVersionError
 from mgit.repo.repository import Repo
 from mgit.signing import policy
+from mgit.signing.batch import CheckProcess, check_named, passed
 from mgit.signing.sshsig import MAX_ARMORED, SshSignature
-from mgit.signing.store import MAX_PER_VERSION, bundle_body, check_signature, parse_bundle, signature_name
+from mgit.signing.store import MAX_PER_VERSION, bundle_body, parse_bundle, signature_name
 from mgit.store.base import ObjectStore
 from mgit.sync.connection import Connection
 from mgit.util.atomicfile import write_atomic
 
 CHECK_CHUNK = 256  # signatures checked per task (fewer handoffs between the threads)
+ELSEWHERE_FROM = 512  # a clone receiving this many signatures checks them in a worker process
 MAX_BUNDLE = 32 << 20  # about 50,000 signatures: a push of more writes them one by one only
 Arrived = dict[str, list[SshSignature]]  # version id -> signatures read from the remote, checked
 
@@ -95,37 +100,70 @@ def remember_bundles(repo: Repo, conn: Connection, bundles: list[str]) -> None:
     write_atomic(path, [json.dumps(sorted(old | set(bundles))).encode()])
 
 
+@dataclass
+class Listed:
+    """The remote's signatures as a fetch found them: {version id: names}, the bundles read and
+    what they hold, the bytes read of the others; and, for a clone, their checks under way in
+    a worker process (`early`)."""
+
+    names: dict[str, set[str]]
+    bundles: list[str]
+    bundled: dict[str, dict[str, bytes]]
+    loose: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    early: CheckProcess | None = None
+    early_items: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def close(self) -> None:
+        if self.early is not None:
+            self.early.close()
+
+
 def _wanted_level(repo: Repo, conn: Connection) -> str | None:
     return policy.required(repo.config, conn.name) if getattr(conn, "verify", True) else None
 
 
-def fetch_signatures(repo: Repo, conn: Connection, versions: Iterable[str]) -> tuple[Arrived, list[str]]:
-    """The remote's signatures of `versions` (and new ones of versions here) that are not
-    here, from its bundles and files, each checked to sign its version (a ReceivedError
-    names the first that does not); and the bundles read. The checks run once the records
-    are in, in chunks on a thread per core (OpenSSL verifies outside the GIL): run beside
-    the records' writes, they made each of those system calls wait for the GIL, and the
-    clone slower than checking afterwards."""
+def list_signatures(repo: Repo, conn: Connection) -> Listed | None:
+    """The remote's signatures listed, and its bundles read (None: this fetch reads none).
+    Into a repository with no versions yet (a clone: every listed signature is of a version
+    that arrives), the others are read too and, from ELSEWHERE_FROM of them, checked in a
+    worker process while the records are fetched (mgit.signing.batch says why); the caller
+    closes what this returns."""
     if _wanted_level(repo, conn) is None:
         try:
             import cryptography  # noqa: F401
         except ImportError:  # nothing demands them and nothing here can check them: left there
-            return {}, []
-    where = conn.remote.url
-    listed, bundles = conn.remote.signature_names()
+            return None
+    names, bundles = conn.remote.signature_names()
     bundled = _bundled(repo, conn, bundles)
     for vid, sigs in bundled.items():
-        listed.setdefault(vid, set()).update(sigs)
-    arriving = set(versions)
-    here = {v for v in listed if v not in arriving and repo.catalog.has_version(v)}  # signed since last fetched
-    todo = []
-    kept = set(repo.signatures.versions())  # (a clone has none: no lookup per version)
-    for vid in sorted((arriving | here) & set(listed)):
-        have = repo.signatures.names(vid) if vid in kept else set()
-        names = sorted(listed[vid] - have)
-        if len(names) + len(have) > MAX_PER_VERSION:
-            raise ReceivedError(f"version {vid[:12]} has {len(listed[vid])} signatures on {where}", where=where)
-        todo += [(vid, n) for n in names]
+        names.setdefault(vid, set()).update(sigs)
+    listed = Listed(names, bundles, bundled)
+    count = sum(len(n) for n in names.values())
+    if count < ELSEWHERE_FROM or repo.catalog.heads() or repo.signatures.versions() or (os.cpu_count() or 1) < 2:
+        return listed
+    if any(len(n) > MAX_PER_VERSION for n in names.values()):
+        return listed  # (refused by fetch_signatures, with the version named, if it arrives)
+    todo = [(vid, n) for vid in sorted(names) for n in sorted(names[vid])]
+    listed.loose = _read_loose(conn, [item for item in todo if item[1] not in bundled.get(item[0], {})])
+    items = [(vid, n, listed.loose.get((vid, n)) or bundled[vid][n]) for vid, n in todo]
+    listed.early_items = {(vid, n): i for i, (vid, n) in enumerate(todo)}
+    listed.early = CheckProcess(items)
+    return listed
+
+
+@contextmanager
+def listing(repo: Repo, conn: Connection) -> Iterator[Listed | None]:
+    """`list_signatures`, its worker stopped on the way out (a fetch refused meanwhile)."""
+    listed = list_signatures(repo, conn)
+    try:
+        yield listed
+    finally:
+        if listed is not None:
+            listed.close()
+
+
+def _read_loose(conn: Connection, items: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
+    where = conn.remote.url
 
     def read(item: tuple[str, str]) -> bytes:
         try:
@@ -136,32 +174,59 @@ def fetch_signatures(repo: Repo, conn: Connection, versions: Iterable[str]) -> t
                 where=where,
             ) from None
 
-    loose = [item for item in todo if item[1] not in bundled.get(item[0], {})]  # only these are requested
-    data = dict(zip(loose, conn.remote.map(read, loose), strict=True))
-    items = [(item, data[item] if item in data else bundled[item[0]][item[1]]) for item in todo]
+    return dict(zip(items, conn.remote.map(read, items), strict=True))
+
+
+def fetch_signatures(repo: Repo, conn: Connection, versions: Iterable[str], listed: Listed | None) -> Arrived:
+    """The remote's signatures (`listed`) of `versions` (and new ones of versions here) that
+    are not here, each checked to sign its version (a ReceivedError names the first that does
+    not). The checks run once the records are in, in chunks on a thread per core (OpenSSL
+    verifies outside the GIL): run beside the records' writes, they made each of those system
+    calls wait for the GIL, and the clone slower than checking afterwards. A clone's were
+    checked meanwhile in a worker process (`list_signatures`): their answers are taken."""
+    if listed is None:
+        return {}
+    where = conn.remote.url
+    arriving = set(versions)
+    here = {v for v in listed.names if v not in arriving and repo.catalog.has_version(v)}  # signed since last fetched
+    todo = []
+    kept = set(repo.signatures.versions())  # (a clone has none: no lookup per version)
+    for vid in sorted((arriving | here) & set(listed.names)):
+        have = repo.signatures.names(vid) if vid in kept else set()
+        names = sorted(listed.names[vid] - have)
+        if len(names) + len(have) > MAX_PER_VERSION:
+            raise ReceivedError(f"version {vid[:12]} has {len(listed.names[vid])} signatures on {where}", where=where)
+        todo += [(vid, n) for n in names]
+    answers = listed.early.results() if listed.early is not None else None
+    found: Arrived = {}
+    unchecked = []
+    for vid, name in todo:
+        data = listed.loose.get((vid, name)) or listed.bundled.get(vid, {}).get(name)
+        if answers is not None and data is not None and (vid, name) in listed.early_items:
+            why = answers[listed.early_items[(vid, name)]]
+            if why is not None:
+                raise ReceivedError(f"signature {name[:12]} of version {vid[:12]} on {where}: {why}", where=where)
+            found.setdefault(vid, []).append(passed(vid, data))
+        else:
+            unchecked.append((vid, name))
+    loose = _read_loose(
+        conn, [i for i in unchecked if i not in listed.loose and i[1] not in listed.bundled.get(i[0], {})]
+    )
+    items = [
+        (item, loose.get(item) or listed.loose.get(item) or listed.bundled[item[0]][item[1]]) for item in unchecked
+    ]
     chunks = [items[i : i + CHECK_CHUNK] for i in range(0, len(items), CHECK_CHUNK)]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="mgit-verify") as pool:
         checked = [sig for chunk in pool.map(_check_all, chunks) for sig in chunk]
-    found: Arrived = {}
     for ((vid, name), _), sig in zip(items, checked, strict=True):
         if isinstance(sig, str):
             raise ReceivedError(f"signature {name[:12]} of version {vid[:12]} on {where}: {sig}", where=where)
         found.setdefault(vid, []).append(sig)
-    return found, bundles
+    return found
 
 
 def _check_all(chunk: list[tuple[tuple[str, str], bytes]]) -> list[SshSignature | str]:
-    return [_check(vid, name, data) for (vid, name), data in chunk]
-
-
-def _check(vid: str, name: str, data: bytes) -> SshSignature | str:
-    """A signature checked to be named by its content and to sign `vid`, or why not."""
-    if signature_name(data) != name:
-        return "its content does not hash to its name"
-    try:
-        return check_signature(vid, data)
-    except SignatureError as exc:
-        return exc.message
+    return [check_named(vid, name, data) for (vid, name), data in chunk]
 
 
 def enforce_policy(repo: Repo, conn: Connection, store: ObjectStore, versions: list[str], arrived: Arrived) -> None:
