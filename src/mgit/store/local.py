@@ -95,13 +95,12 @@ class LocalStore(ObjectStore):
             raise
         return paths
 
-    def place(self, oids: list[str], staged: list[str]) -> None:
-        """Rename records `stage` wrote (and the caller made durable) into place; durable at
+    def place(self, oid: str, staged: str) -> None:
+        """Rename a record `stage` wrote (and the caller made durable) into place; durable at
         the next `sync`."""
-        for oid, tmp in zip(oids, staged, strict=True):
-            os.replace(tmp, f"{self._root}/{oid[:2]}/{oid[2:]}")
+        os.replace(staged, f"{self._root}/{oid[:2]}/{oid[2:]}")
         with self._lock:
-            self._dirty.update(self.root / f for f in {o[:2] for o in oids})
+            self._dirty.add(self._fanout.get(oid[:2]) or self.path_of(oid).parent)
 
     def _folder(self, oid: str) -> str:
         """The fan-out folder of `oid` as a string, created if needed (checked once a folder)."""

@@ -36,8 +36,10 @@ from mgit.errors import (
 from mgit.store.cache import CHECKOUT_BASES, DecodedCache
 from mgit.store.local import LocalStore
 from mgit.store.objectformat import Expected, ObjectHeader, base_expected, expected_by
+from mgit.store.objects import Version, ancestors_first
 from mgit.store.overlay import OverlayStore
 from mgit.util.atomicfile import remove_files, sync_files, write_atomic
+from mgit.util.faults import crash_point
 from mgit.util.parallel import Progress
 
 INCOMING = "incoming"
@@ -161,25 +163,43 @@ class Incoming:
         """Move every verified object into the repository, durably; return their ids. Records
         held in memory are written beside their place in `objects/` and renamed in; the
         quarantine's files are renamed there; one sync of the data comes before any rename,
-        and the folders are synced after."""
+        and the folders are synced after. The renames go in an order a kill may stop
+        anywhere in (`kept_order`): a version is kept only after all it links to."""
         arrived = list(dict.fromkeys(self.arrived))
         held = {o: raw for o in arrived if (raw := self.overlay.held(o)) is not None}
-        files = [o for o in arrived if o not in held and self.quarantine.path_of(o).is_file()]
-        staged = self.store.stage(held)
+        files = {o for o in arrived if o not in held and self.quarantine.path_of(o).is_file()}
+        staged = dict(zip(held, self.store.stage(held), strict=True))
+        kept = self.kept_order([o for o in arrived if o in held or o in files])
         try:
-            sync_files([*staged, *(self.quarantine.path_of(o) for o in files)])  # data first, then the names
-            for oid in files:
-                self.store.adopt(oid, self.quarantine.path_of(oid))
-            self.store.place(list(held), staged)
+            sync_files([*staged.values(), *(self.quarantine.path_of(o) for o in files)])  # data first, then the names
+            crash_point("fetch-records-staged")
+            for oid in kept:
+                if oid in staged:
+                    self.store.place(oid, staged.pop(oid))
+                else:
+                    self.store.adopt(oid, self.quarantine.path_of(oid))
+                crash_point("fetch-object-kept")
         except BaseException:
-            remove_files(staged)
+            remove_files(staged.values())
             raise
-        for oid in [*held, *files]:
+        for oid in kept:
             record = self.overlay.parsed(oid)
             if record is not None:  # verified here: the repository's readers need not parse it again
                 self.store.remember(oid, record)
         self.store.sync()
-        return [*held, *files]
+        return kept
+
+    def kept_order(self, oids: list[str]) -> list[str]:
+        """`oids` with every version among them last, each after the versions among them it
+        links to: a fetch killed while keeping them leaves no version whose history or
+        manifest is missing (the next fetch walks back from the heads only to versions it
+        does not have)."""
+        versions = {o for o in oids if isinstance(self.overlay.parsed(o), Version)}
+
+        def linked(vid: str) -> list[str]:
+            return [v for v in self.overlay.get_version(vid).linked_versions() if v in versions]
+
+        return [o for o in oids if o not in versions] + ancestors_first(sorted(versions), linked)
 
     def discard(self) -> None:
         # The shared incoming/ folder stays: another fetch may be creating its quarantine.
