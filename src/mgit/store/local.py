@@ -17,6 +17,8 @@ from mgit.util.atomicfile import TMP_PREFIX, disk_full_as_error, fsync_dir, remo
 from mgit.util.faults import crash_point
 from mgit.util.locks import FileLock
 
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+
 
 class LocalStore(ObjectStore):
     """A folder of object files. `lock_path` is the writers' lock (see `ObjectStore.lock`)."""
@@ -82,9 +84,13 @@ class LocalStore(ObjectStore):
         try:
             with disk_full_as_error(self.root):
                 for oid, raw in records.items():
-                    folder = self._folder(oid)
-                    tmp = f"{folder}/{TMP_PREFIX}{pid}-{token}-{oid[2:]}"
-                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+                    tmp = f"{self._folder(oid)}/{TMP_PREFIX}{pid}-{token}-{oid[2:]}"
+                    try:
+                        fd = os.open(tmp, _NEW, 0o444)
+                    except FileNotFoundError:  # (its folder removed since this store saw it)
+                        self._made.discard(oid[:2])
+                        self._folder(oid)
+                        fd = os.open(tmp, _NEW, 0o444)
                     paths.append(tmp)
                     try:
                         write_fully(fd, raw)

@@ -140,8 +140,11 @@ class Incoming:
         # The deepest first: decoding a delta decodes and re-hashes its bases (whole, or block
         # by block as they pass), so each object is decoded once, as a base or on its own.
         order = sorted(oids, key=lambda o: headers[o].depth, reverse=True)
+        todo = [o for o in order if o not in self.overlay.decoded]  # (records: verified as they were parsed)
+        if progress and len(todo) < len(order):
+            progress(len(order) - len(todo))
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-verify") as pool:
-            for _ in pool.map(check, order):
+            for _ in pool.map(check, todo):
                 pass
 
     def expectations(self, oids: list[str], headers: Mapping[str, ObjectHeader]) -> dict[str, Expected]:
