@@ -58,6 +58,28 @@ class TestLocalStore(StoreContract):
         assert path.stat().st_mode & 0o222 == 0
         assert not store.temporary_files()
 
+    def test_staged_records_are_invisible_until_placed_and_survive_a_removed_folder(
+        self, store: LocalStore, tmp_path: Path
+    ) -> None:
+        """`stage` writes a fetch's verified records beside their place, read-only, under
+        temporary names (leftovers gc removes, never objects); `place` renames them in. A
+        fan-out folder removed after the store saw it is made again."""
+        source = LocalStore(tmp_path / "elsewhere")
+        oids = [source.put_blob(f"record {i}".encode()).oid for i in range(3)]
+        raw = {o: source.read_bytes(o) for o in oids}
+        staged = store.stage({oids[0]: raw[oids[0]]})
+        assert not store.has(oids[0]) and list(store.ids()) == [] and len(store.temporary_files()) == 1
+        store.place(oids[0], staged[0])
+        store.sync()
+        assert store.has(oids[0])
+        store.delete(oids[0])
+        (store.root / oids[0][:2]).rmdir()  # (gone behind the store's back)
+        for oid, tmp in zip(oids, store.stage(raw), strict=True):
+            store.place(oid, tmp)
+        assert sorted(store.ids()) == sorted(oids) and not store.temporary_files()
+        assert [bytes(store.get(o)[1]) for o in oids] == [f"record {i}".encode() for i in range(3)]
+        assert all(store.path_of(o).stat().st_mode & 0o222 == 0 for o in oids)
+
     def test_header_reads_only_the_header(self, store: LocalStore) -> None:
         oid = store.put_tensor("F32", (1000,), np.zeros(1000, np.float32).view(np.uint8)).oid
         path = store.path_of(oid)

@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mgit.errors import CatalogError, CorruptObjectError, MissingObjectError
-from mgit.index.rows import GRAPH_COLUMNS, VERSION_COLUMNS, ObjectRow, VersionRow, decoded_rows, named_rows
+from mgit.index.rows import (
+    GRAPH_COLUMNS,
+    INSERT_VERSION,
+    VERSION_COLUMNS,
+    ObjectRow,
+    VersionRow,
+    decoded_rows,
+    named_rows,
+    version_values,
+)
 from mgit.index.tags import effective
 from mgit.index.usage import IDS, UsageQueries, storage_class
 from mgit.reports import ParentInfo
@@ -138,57 +147,48 @@ class Catalog(UsageQueries):
         )
 
     @staticmethod
-    def _index_version(tx: Any, vid: str, version: Version, objects: set[str]) -> None:
-        if tx.execute("SELECT 1 FROM versions WHERE id = ?", (vid,)).fetchone():
+    def _index_versions(tx: Any, order: list[tuple[str, Version]], objects: Mapping[str, set[str]]) -> None:
+        """Rows for these versions (ancestors first; those indexed already are skipped), a
+        statement a table for all of them: a clone indexes thousands at once. A version's
+        position is its record's number, else its predecessor's plus one; its new bytes are
+        those of its objects that no version before it (indexed, or earlier in `order`) uses."""
+        vids = [v for v, _ in order]
+        known = {r[0] for r in tx.execute(f"SELECT id FROM versions WHERE id IN {IDS}", (json.dumps(vids),))}
+        order = [(v, version) for v, version in order if v not in known]
+        if not order:
             return
-        tx.execute("DELETE FROM tag_overlays WHERE version = ?", (vid,))  # its tags are the record's again
-        seq = 1
-        if version.number is not None:  # a re-used name's first version (or one after a removed latest)
-            seq = version.number
-        elif version.predecessor:
-            row = tx.execute("SELECT seq FROM versions WHERE id = ?", (version.predecessor,)).fetchone()
-            if row is None:  # callers index ancestors first; numbering from 1 would be wrong
-                raise CatalogError(f"predecessor {version.predecessor[:12]} of version {vid[:12]} is not indexed")
-            seq = row[0] + 1
-        ids = json.dumps(sorted(objects))
-        stored, new = tx.execute(
-            f"""SELECT COALESCE(SUM(o.stored_size), 0),
-                      COALESCE(SUM(CASE WHEN NOT EXISTS (SELECT 1 FROM version_objects vo
-                          WHERE vo.object = o.id) THEN o.stored_size ELSE 0 END), 0)
-               FROM objects o WHERE o.id IN {IDS}""",
-            (ids,),
-        ).fetchone()
-        s = version.summary
-        tx.execute(
-            "INSERT INTO versions (id, model, seq, manifest, predecessor, message, author, time, tags, files, tensors, "
-            "params, logical_bytes, stored_bytes, new_bytes, lossy, recipe, run) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                vid,
-                version.model,
-                seq,
-                version.manifest,
-                version.predecessor,
-                version.message,
-                version.author,
-                version.time,
-                json.dumps(version.tags),
-                s.get("files", 0),
-                s.get("tensors", 0),
-                s.get("params", 0),
-                s.get("logical_bytes", 0),
-                stored,
-                new,
-                json.dumps(version.lossy) if version.lossy else None,
-                json.dumps(version.recipe) if version.recipe else None,
-                json.dumps({k: version.run[k] for k in ("id", "step", "metrics")}) if version.run else None,
-            ),
-        )
-        tx.executemany(
-            "INSERT INTO edges VALUES (?, ?, ?, ?)",
-            [(vid, i, p.version, p.relation) for i, p in enumerate(version.parents)],
-        )
-        tx.execute("INSERT INTO version_objects SELECT ?, value FROM json_each(?)", (vid, ids))
+        every = sorted(set().union(*(objects[v] for v, _ in order)))
+        sizes = dict(tx.execute(f"SELECT id, stored_size FROM objects WHERE id IN {IDS}", (json.dumps(every),)))
+        used = {
+            r[0]
+            for r in tx.execute(
+                f"SELECT DISTINCT object FROM version_objects WHERE object IN {IDS}", (json.dumps(every),)
+            )
+        }
+        before = [version.predecessor for _, version in order if version.predecessor]
+        seqs = dict(tx.execute(f"SELECT id, seq FROM versions WHERE id IN {IDS}", (json.dumps(before),)))
+        rows, edges, links = [], [], []
+        for vid, version in order:
+            seq = 1
+            if version.number is not None:  # a re-used name's first version (or one after a removed latest)
+                seq = version.number
+            elif version.predecessor:
+                if version.predecessor not in seqs:  # callers index ancestors first; numbering from 1 would be wrong
+                    raise CatalogError(f"predecessor {version.predecessor[:12]} of version {vid[:12]} is not indexed")
+                seq = seqs[version.predecessor] + 1
+            seqs[vid] = seq
+            mine = sorted(objects[vid])
+            stored = sum(sizes.get(o, 0) for o in mine)
+            new = sum(sizes.get(o, 0) for o in mine if o not in used)
+            used.update(mine)
+            rows.append(version_values(vid, version, seq, stored, new))
+            edges += [(vid, i, p.version, p.relation) for i, p in enumerate(version.parents)]
+            links += [(vid, o) for o in mine]
+        fresh = [(r[0],) for r in rows]
+        tx.executemany("DELETE FROM tag_overlays WHERE version = ?", fresh)  # their tags are the records' again
+        tx.executemany(INSERT_VERSION, rows)
+        tx.executemany("INSERT INTO edges VALUES (?, ?, ?, ?)", edges)
+        tx.executemany("INSERT INTO version_objects VALUES (?, ?)", links)
 
     def set_heads(self, read_heads: Callable[[], dict[str, str]]) -> None:
         """Make the models table mirror the refs and drop versions no head reaches.
@@ -268,8 +268,7 @@ class Catalog(UsageQueries):
         rows = [ObjectRow.read(store, oid) for oid in sorted(self.missing_objects(set().union(*objects.values())))]
         with self.atomic() as tx:
             self._insert_objects(tx, rows)
-            for v, version in order:
-                self._index_version(tx, v, version, objects[v])
+            self._index_versions(tx, order, objects)
 
     def sync(self, store: Callable[[], ObjectStore], refs: RefStore) -> None:
         """Index any head the catalog does not know (a writer killed after moving its ref,

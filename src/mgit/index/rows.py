@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mgit.store.base import ObjectStore, PutResult
+    from mgit.store.objects import Version
 
 # The columns of `versions` a VersionRow holds (its `parents` come from `edges`), and those a
 # lineage graph's VersionNode holds (mgit.lineage.graph).
@@ -36,6 +37,39 @@ VERSION_COLUMNS = (
     "removed",
     "run",
 )
+# A new version's row (its `removed` is 0) and its values, from its record and what the
+# catalog derives: its position in its history and its stored and new bytes.
+INSERT_VERSION = (
+    "INSERT INTO versions (id, model, seq, manifest, predecessor, message, author, time, tags, files, tensors, "
+    "params, logical_bytes, stored_bytes, new_bytes, lossy, recipe, run) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
+
+
+def version_values(vid: str, version: Version, seq: int, stored: int, new: int) -> tuple[Any, ...]:
+    s = version.summary
+    return (
+        vid,
+        version.model,
+        seq,
+        version.manifest,
+        version.predecessor,
+        version.message,
+        version.author,
+        version.time,
+        json.dumps(version.tags),
+        s.get("files", 0),
+        s.get("tensors", 0),
+        s.get("params", 0),
+        s.get("logical_bytes", 0),
+        stored,
+        new,
+        json.dumps(version.lossy) if version.lossy else None,
+        json.dumps(version.recipe) if version.recipe else None,
+        json.dumps({k: version.run[k] for k in ("id", "step", "metrics")}) if version.run else None,
+    )
+
+
 GRAPH_COLUMNS = (
     "id",
     "model",

@@ -311,11 +311,20 @@ class PackSpool:
 
     def add(self, entries: Iterable[Entry]) -> None:
         """Keep these entries (one transaction; the first of an id wins)."""
+        batch: dict[str, list[tuple[str, Any]]] = {"record": [], "sketch": [], "object": []}
+
+        def flush() -> None:
+            for kind, rows in batch.items():
+                self.db.executemany(f"INSERT OR IGNORE INTO {kind} VALUES (?, ?)", rows)
+                rows.clear()
+
         self.db.execute("BEGIN")
         try:
-            for kind, oid, value in entries:
-                stored = json.dumps(value) if kind == "object" else value
-                self.db.execute(f"INSERT OR IGNORE INTO {kind} VALUES (?, ?)", (oid, stored))
+            for n, (kind, oid, value) in enumerate(entries, 1):  # (one statement a thousand entries)
+                batch[kind].append((oid, json.dumps(value) if kind == "object" else value))
+                if n % 1024 == 0:
+                    flush()
+            flush()
         except BaseException:
             self.db.execute("ROLLBACK")
             raise

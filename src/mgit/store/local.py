@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +13,11 @@ from mgit.errors import CorruptObjectError, MissingObjectError
 from mgit.store.base import ObjectStore
 from mgit.store.objectformat import PREFIX, ObjectHeader, header_length, parse_record
 from mgit.store.objects import OID_RE
-from mgit.util.atomicfile import TMP_PREFIX, fsync_dir, write_atomic
+from mgit.util.atomicfile import TMP_PREFIX, disk_full_as_error, fsync_dir, remove_files, write_atomic, write_fully
 from mgit.util.faults import crash_point
 from mgit.util.locks import FileLock
+
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
 
 class LocalStore(ObjectStore):
@@ -30,6 +32,7 @@ class LocalStore(ObjectStore):
         self._lock = threading.Lock()
         self._fanout: dict[str, Path] = {}
         self._root = os.fspath(root)
+        self._made: set[str] = set()  # fan-out folders known to exist
 
     def path_of(self, oid: str) -> Path:
         """The file that holds (or would hold) an object."""
@@ -41,7 +44,9 @@ class LocalStore(ObjectStore):
         return fanout / oid[2:]
 
     def has(self, oid: str) -> bool:
-        return self.path_of(oid).exists()
+        if not OID_RE.match(oid):
+            raise MissingObjectError(oid)
+        return os.path.exists(f"{self._root}/{oid[:2]}/{oid[2:]}")  # (a fetch asks ten thousand times: no Path)
 
     def write_record(self, oid: str, chunks: list[Any]) -> int:
         path = self.path_of(oid)
@@ -67,6 +72,56 @@ class LocalStore(ObjectStore):
         os.replace(path, target)
         with self._lock:
             self._dirty.add(target.parent)
+
+    def stage(self, records: Mapping[str, bytes]) -> list[str]:
+        """Write records held in memory (verified: a fetch's, from metadata packs) under
+        temporary names beside where they go, read-only, neither durable nor visible yet: the
+        caller makes them durable (`sync_files`), then `place` renames them in. One create
+        and one rename a record, where a quarantine file costs two of each and two chmods.
+        Their temporary paths, in order; on an error none is left."""
+        token, pid = os.urandom(6).hex(), os.getpid()
+        paths: list[str] = []
+        try:
+            with disk_full_as_error(self.root):
+                for oid, raw in records.items():
+                    tmp = f"{self._folder(oid)}/{TMP_PREFIX}{pid}-{token}-{oid[2:]}"
+                    try:
+                        fd = os.open(tmp, _NEW, 0o444)
+                    except FileNotFoundError:  # (its folder removed since this store saw it)
+                        self._made.discard(oid[:2])
+                        self._folder(oid)
+                        fd = os.open(tmp, _NEW, 0o444)
+                    paths.append(tmp)
+                    try:
+                        write_fully(fd, raw)
+                    finally:
+                        os.close(fd)
+        except BaseException:
+            remove_files(paths)
+            raise
+        return paths
+
+    def place(self, oid: str, staged: str) -> None:
+        """Rename a record `stage` wrote (and the caller made durable) into place; durable at
+        the next `sync`."""
+        os.replace(staged, f"{self._root}/{oid[:2]}/{oid[2:]}")
+        with self._lock:
+            self._dirty.add(self._fanout.get(oid[:2]) or self.path_of(oid).parent)
+
+    def _folder(self, oid: str) -> str:
+        """The fan-out folder of `oid` as a string, created if needed (checked once a folder)."""
+        if not OID_RE.match(oid):
+            raise MissingObjectError(oid)
+        folder = f"{self._root}/{oid[:2]}"
+        if oid[:2] not in self._made:
+            try:
+                os.makedirs(folder)
+                with self._lock:
+                    self._dirty.add(self.root)
+            except FileExistsError:
+                pass
+            self._made.add(oid[:2])
+        return folder
 
     def sync(self) -> None:
         # Flush under the lock: a thread must not return while another still flushes a folder

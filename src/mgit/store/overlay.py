@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from mgit.errors import MissingObjectError
+from mgit.errors import CorruptObjectError, MissingObjectError
 from mgit.store.base import ObjectStore
 from mgit.store.local import LocalStore
 from mgit.store.objectformat import ObjectHeader, parse_record
 
-HELD_BYTES = 256 << 20  # records kept in memory as they arrive in packs; past this, read back from their files
+HELD_BYTES = 256 << 20  # records kept in memory as they arrive in packs; past this, written to the quarantine
 
 
 class OverlayStore(ObjectStore):
@@ -25,15 +25,26 @@ class OverlayStore(ObjectStore):
         self.quarantine = quarantine
         self.store = store
         self.decoded: set[str] = set()  # every object read to be decoded (and so re-hashed)
-        self._held: dict[str, bytes] = {}  # the bytes of records just written to the quarantine
+        self._held: dict[str, bytes] = {}  # the bytes of records that arrived in packs
         self._held_bytes = 0
 
-    def hold(self, oid: str, raw: bytes) -> None:
-        """Keep the bytes just written to the quarantine as `oid` (a record from a metadata
-        pack), up to HELD_BYTES in all, so that reading, verifying and parsing it opens no file."""
-        if self._held_bytes + len(raw) <= HELD_BYTES:
-            self._held[oid] = raw
-            self._held_bytes += len(raw)
+    def hold(self, oid: str, raw: bytes) -> bool:
+        """Keep `raw` in memory as `oid` (a record from a metadata pack), up to HELD_BYTES in
+        all, so that reading, verifying, parsing and keeping it opens no file but its own in
+        `objects/`; False past that bound (the caller writes it to the quarantine instead)."""
+        if self._held_bytes + len(raw) > HELD_BYTES:
+            return False
+        self._held[oid] = raw
+        self._held_bytes += len(raw)
+        return True
+
+    def held(self, oid: str) -> bytes | None:
+        """The bytes `hold` keeps for `oid`, if it keeps them."""
+        return self._held.get(oid)
+
+    def arrived(self, oid: str) -> bool:
+        """Whether `oid` is among what arrived (held in memory or in the quarantine)."""
+        return oid in self._held or self.quarantine.has(oid)
 
     def has(self, oid: str) -> bool:
         return oid in self._held or self.quarantine.has(oid) or self.store.has(oid)
@@ -54,6 +65,11 @@ class OverlayStore(ObjectStore):
 
     def read_range(self, oid: str, offset: int, length: int) -> Any:
         # Not counted as decoded: a blocked object's base read block by block is not verified.
+        if oid in self._held:
+            got = self._held[oid][offset : offset + length]
+            if len(got) != length:
+                raise CorruptObjectError(oid, f"the record ends {length - len(got)} bytes before the block it declares")
+            return got
         try:
             return self.quarantine.read_range(oid, offset, length)
         except MissingObjectError:
@@ -68,6 +84,8 @@ class OverlayStore(ObjectStore):
             return self.store.header(oid)
 
     def stored_size(self, oid: str) -> int:
+        if oid in self._held:
+            return len(self._held[oid])
         try:
             return self.quarantine.stored_size(oid)
         except MissingObjectError:

@@ -5,9 +5,12 @@ receive quarantine does), reads it through `overlay` (the quarantine first, then
 repository, so a delta's base may be on either side), decodes and re-hashes every object,
 and only then moves the files into `objects/`. A damaged or forged object therefore never
 enters the repository, and a fetch that fails or is killed leaves only the quarantine
-folder, which gc removes. A file appears in a quarantine only whole (downloads and held
-records are renamed into place), so the next fetch takes up the objects a killed one had
-received (`salvage`) rather than download them again: they are verified like the rest.
+folder, which gc removes. A file appears in a quarantine only whole (downloads are renamed
+into place), so the next fetch takes up the objects a killed one had received (`salvage`)
+rather than download them again: they are verified like the rest. Records that arrived in
+metadata packs stay in memory (a killed fetch reads its packs again) and are written
+straight beside their place in `objects/` when kept: the cost of a clone of thousands of
+versions is the files it creates.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ from mgit.errors import (
 from mgit.store.cache import CHECKOUT_BASES, DecodedCache
 from mgit.store.local import LocalStore
 from mgit.store.objectformat import Expected, ObjectHeader, base_expected, expected_by
+from mgit.store.objects import Version, ancestors_first
 from mgit.store.overlay import OverlayStore
-from mgit.util.atomicfile import sync_files, write_atomic
+from mgit.util.atomicfile import remove_files, sync_files, write_atomic
+from mgit.util.faults import crash_point
 from mgit.util.parallel import Progress
 
 INCOMING = "incoming"
@@ -62,11 +67,18 @@ class Incoming:
         return path
 
     def hold(self, records: dict[str, bytes]) -> None:
-        """Records that arrived in a metadata pack: written to the quarantine, to be read,
-        verified and kept like any object that arrives."""
-        for oid, raw in records.items():  # small files: threads would only contend for the GIL
-            write_atomic(self.path_for(oid), [raw], fsync=False, sync_dir=False)
-            self.overlay.hold(oid, raw)  # (read, verified and parsed from memory, not read back)
+        """Records that arrived in a metadata pack: kept in memory (within the overlay's
+        bound, else written to the quarantine), to be read, verified and kept like any object
+        that arrives."""
+        for oid, raw in records.items():
+            if self.overlay.hold(oid, raw):
+                self.arrived.append(oid)
+            else:
+                write_atomic(self.path_for(oid), [raw], fsync=False, sync_dir=False)
+
+    def has(self, oid: str) -> bool:
+        """Whether `oid` arrived in this fetch (held in memory or in the quarantine)."""
+        return self.overlay.arrived(oid)
 
     def salvage(self, oid: str, *, limit: int) -> int | None:
         """Take `oid` from the quarantine of a fetch that was killed (its process gone), if
@@ -95,7 +107,7 @@ class Incoming:
         except ReceivedError:
             raise
         except CorruptObjectError as exc:
-            if not self.quarantine.has(exc.oid):
+            if not self.has(exc.oid):
                 raise
             raise ReceivedCorruptError(exc.oid, exc.why, where=where) from None
         except MissingObjectError as exc:  # named by what arrived, and not sent
@@ -128,8 +140,11 @@ class Incoming:
         # The deepest first: decoding a delta decodes and re-hashes its bases (whole, or block
         # by block as they pass), so each object is decoded once, as a base or on its own.
         order = sorted(oids, key=lambda o: headers[o].depth, reverse=True)
+        todo = [o for o in order if o not in self.overlay.decoded]  # (records: verified as they were parsed)
+        if progress and len(todo) < len(order):
+            progress(len(order) - len(todo))
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mgit-verify") as pool:
-            for _ in pool.map(check, order):
+            for _ in pool.map(check, todo):
                 pass
 
     def expectations(self, oids: list[str], headers: Mapping[str, ObjectHeader]) -> dict[str, Expected]:
@@ -148,16 +163,46 @@ class Incoming:
         return {**bases, **out}
 
     def promote(self) -> list[str]:
-        """Move every verified object into the repository, durably; return their ids."""
-        arrived = [o for o in dict.fromkeys(self.arrived) if self.quarantine.path_of(o).is_file()]
-        sync_files([self.quarantine.path_of(o) for o in arrived])  # data first, then the names
-        for oid in arrived:
-            self.store.adopt(oid, self.quarantine.path_of(oid))
+        """Move every verified object into the repository, durably; return their ids. Records
+        held in memory are written beside their place in `objects/` and renamed in; the
+        quarantine's files are renamed there; one sync of the data comes before any rename,
+        and the folders are synced after. The renames go in an order a kill may stop
+        anywhere in (`kept_order`): a version is kept only after all it links to."""
+        arrived = list(dict.fromkeys(self.arrived))
+        held = {o: raw for o in arrived if (raw := self.overlay.held(o)) is not None}
+        files = {o for o in arrived if o not in held and self.quarantine.path_of(o).is_file()}
+        staged = dict(zip(held, self.store.stage(held), strict=True))
+        kept = self.kept_order([o for o in arrived if o in held or o in files])
+        try:
+            sync_files([*staged.values(), *(self.quarantine.path_of(o) for o in files)])  # data first, then the names
+            crash_point("fetch-records-staged")
+            for oid in kept:
+                if oid in staged:
+                    self.store.place(oid, staged.pop(oid))
+                else:
+                    self.store.adopt(oid, self.quarantine.path_of(oid))
+                crash_point("fetch-object-kept")
+        except BaseException:
+            remove_files(staged.values())
+            raise
+        for oid in kept:
             record = self.overlay.parsed(oid)
             if record is not None:  # verified here: the repository's readers need not parse it again
                 self.store.remember(oid, record)
         self.store.sync()
-        return arrived
+        return kept
+
+    def kept_order(self, oids: list[str]) -> list[str]:
+        """`oids` with every version among them last, each after the versions among them it
+        links to: a fetch killed while keeping them leaves no version whose history or
+        manifest is missing (the next fetch walks back from the heads only to versions it
+        does not have)."""
+        versions = {o for o in oids if isinstance(self.overlay.parsed(o), Version)}
+
+        def linked(vid: str) -> list[str]:
+            return [v for v in self.overlay.get_version(vid).linked_versions() if v in versions]
+
+        return [o for o in oids if o not in versions] + ancestors_first(sorted(versions), linked)
 
     def discard(self) -> None:
         # The shared incoming/ folder stays: another fetch may be creating its quarantine.

@@ -161,7 +161,7 @@ def receive(
     stats = TransferStats()
     pending = {o: n for o, n in wanted.items() if not overlay.has(o)}
     # Already there: in the repository. What arrived in this fetch's packs was counted as received.
-    stats.skipped = sum(1 for o in wanted if o not in pending and not incoming.quarantine.has(o))
+    stats.skipped = sum(1 for o in wanted if o not in pending and not incoming.has(o))
     seen = set(wanted)
     for _round in range(MAX_DEPTH_LIMIT + 2):
         if not pending:

@@ -41,6 +41,7 @@ from mgit.signing.policy import SETTINGS_KEY, check_setting
 from mgit.store.base import ObjectStore
 from mgit.store.lazy import LazyStore
 from mgit.store.objectformat import Expected, expected_by
+from mgit.store.objects import ancestors_first
 from mgit.store.quarantine import Incoming
 from mgit.store.transfer import RECORD_LIMIT, SLACK, TransferStats, limits, receive, version_objects
 from mgit.sync.check_results import pull_checks
@@ -183,7 +184,10 @@ def _arrive(
         wanted = {o: RECORD_LIMIT for v in versions for o in {v} | incoming.overlay.get_version(v).linked_objects()}
         wanted = limits(incoming.overlay, versions) if not lazy else {**wanted, **limits(incoming.overlay, whole)}
         hold_packed(incoming, spool, wanted, received)
-        rows = {} if spool is None else _rows(spool, _described(incoming.overlay, versions))
+        # A lazy clone's rows: for the objects of these versions and of any a killed run of
+        # this fetch kept but did not index (its rows went with it).
+        unindexed = _unindexed(repo, incoming.overlay, heads) if lazy else versions
+        rows = {} if spool is None else _rows(spool, _described(incoming.overlay, unindexed))
         sketches = {} if spool is None else _sketches(incoming.overlay, spool.sketches(versions))
         coming = {o: n for o, n in wanted.items() if not incoming.overlay.has(o)}  # (records: in the pack)
         total = sum(rows[o][3] if o in rows else n - SLACK for o, n in coming.items())
@@ -197,7 +201,7 @@ def _arrive(
     keep_signatures(repo, signed)
     remember_bundles(repo, conn, listed.bundles if listed is not None else [])
     if lazy:
-        _describe_objects(repo, versions, [ObjectRow(*r) for r in rows.values()])
+        _describe_objects(repo, unindexed, [ObjectRow(*r) for r in rows.values()])
     repo.catalog.put_sketches(sketches, keep=True)  # (one transaction for thousands)
     if every_model:  # a fetch of some models may want the rest of these packs later
         _remember_packs(repo, conn, read)
@@ -332,6 +336,12 @@ def hold_packed(incoming: Incoming, packed: PackSpool | None, oids: Iterable[str
     held = packed.records(o for o in oids if not incoming.overlay.has(o))
     incoming.hold(held)
     stats.objects += len(held)
+
+
+def _unindexed(repo: Repo, store: ObjectStore, heads: list[str]) -> list[str]:
+    """The versions along the histories of `heads` that the catalog has not indexed: those
+    that arrive now, and those a killed fetch kept without indexing them."""
+    return ancestors_first(heads, lambda v: store.get_version(v).linked_versions(), stop=repo.catalog.has_version)
 
 
 def _described(store: ObjectStore, versions: list[str]) -> set[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
@@ -165,11 +165,11 @@ def replace_at(
 MANY = 64  # from this many files on, one syncfs of their filesystem beats an fsync each
 
 
-def sync_files(paths: list[Path]) -> None:
+def sync_files(paths: Sequence[Path | str]) -> None:
     """Make these files' data durable (before they are renamed into place): one `syncfs`
     of their filesystem for many small files (a fetch brings thousands of records), an
     fsync each otherwise or where syncfs is not available."""
-    if len(paths) >= MANY and _syncfs(paths[0].parent):
+    if len(paths) >= MANY and _syncfs(os.path.dirname(paths[0])):
         return
     from concurrent.futures import ThreadPoolExecutor
 
@@ -177,7 +177,7 @@ def sync_files(paths: list[Path]) -> None:
         list(pool.map(_fsync_file, paths))
 
 
-def _fsync_file(path: Path) -> None:
+def _fsync_file(path: Path | str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -185,7 +185,7 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def _syncfs(folder: Path) -> bool:
+def _syncfs(folder: Path | str) -> bool:
     import ctypes  # (here: every command imports this module, few sync a whole file system)
 
     try:

@@ -8,7 +8,8 @@ object file in place) and block-written (a coded block of a large object handed 
 file); in `checkout`, checkout-piece-written (a tensor, or a block of one, written into the
 file being rebuilt); in `gc`, gc-deleted (a garbage object removed); push-before-refs,
 push-between-refs, push-after-objects, upload-part-sent (a part of a resumable upload landed);
-fetch-after-download, fetch-after-promote,
+fetch-after-download, fetch-records-staged (records from packs written, not yet renamed in), fetch-object-kept
+(an object a fetch verified renamed into objects/), fetch-after-promote,
 clone-before-heads; cascade-after-commit; rename-after-retired, rename-after-new-ref;
 delete-after-tombstone (`push --delete`), remote-gc-deleted (a remote gc's deletion).
 
