@@ -16,7 +16,6 @@ import errno
 import fcntl
 import os
 import re
-from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -222,15 +221,13 @@ def _leftovers(repo: Repo, reachable: set[str], here: set[str]) -> list[Leftover
 
 def _interrupted_transfers(repo: Repo) -> list[Leftover]:
     """What the transfer journal holds: large objects a killed or cut-off push or fetch was
-    sending or fetching (bytes: what arrived of the downloads, their partial files' blocks)."""
+    sending or fetching (bytes: what arrived of the downloads, the chunks their entries list;
+    a partial file's blocks lag its writes, and read low)."""
     root = repo.dir / TRANSFERS
     entries = sorted(root.glob("*/*.json")) if root.is_dir() else []
     if not entries:
         return []
-    arrived = 0
-    for part in root.glob("downloads/*.part"):
-        with suppress(OSError):
-            arrived += part.lstat().st_blocks * 512  # (sparse: only the chunks written hold blocks)
+    arrived = sum(_arrived(p) for p in entries if p.parent.name == "downloads")
     return [
         Leftover(
             "interrupted transfer",
@@ -318,3 +315,16 @@ def _rel(repo: Repo, path: Path) -> str:
         return path.relative_to(repo.root).as_posix()
     except ValueError:
         return str(path)
+
+
+def _arrived(entry: Path) -> int:
+    """The bytes a download's journal entry lists as arrived (0 for one that reads otherwise)."""
+    import json
+
+    try:
+        with open(entry, "rb") as fh:
+            value = json.loads(fh.read(1 << 20))  # (an entry is a few hundred bytes)
+        size, chunk, chunks = value["size"], value["chunk"], value["chunks"]
+        return sum(max(0, min(chunk, size - i * chunk)) for i in set(chunks) if type(i) is int and i >= 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
