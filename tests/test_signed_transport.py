@@ -229,6 +229,7 @@ def _record_json(remote: Path, vid: str) -> str:
         (b"-----BEGIN SSH SIGNATURE-----\n" + b"A" * (1 << 20) + b"\n-----END SSH SIGNATURE-----\n", "larger"),
         (None, "truncated"),
         (b"not a signature at all\n", "does not hash to its name"),
+        (b"", "not an SSH signature"),  # an empty file, named by its (empty) content
     ],
 )
 def test_huge_truncated_and_malformed_signatures_on_a_remote_are_refused(

@@ -111,7 +111,18 @@ class Listed:
     bundled: dict[str, dict[str, bytes]]
     loose: dict[tuple[str, str], bytes] = field(default_factory=dict)
     early: CheckProcess | None = None
-    early_items: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def data(self, vid: str, name: str) -> bytes | None:
+        """A signature's bytes as read (a file, then a bundle), or None if not read yet (an
+        empty file is bytes too: it is checked, and refused, like any other)."""
+        if (vid, name) in self.loose:
+            return self.loose[(vid, name)]
+        return self.bundled.get(vid, {}).get(name)
+
+    def verdicts(self) -> dict[tuple[str, str], str | None]:
+        """The worker's answers by (version id, name): empty if there is none or it gave none."""
+        answers = self.early.results() if self.early is not None else None
+        return {} if answers is None else dict(zip(((v, n) for v, n, _ in self.early.items), answers, strict=True))
 
     def close(self) -> None:
         if self.early is not None:
@@ -145,9 +156,7 @@ def list_signatures(repo: Repo, conn: Connection) -> Listed | None:
         return listed  # (refused by fetch_signatures, with the version named, if it arrives)
     todo = [(vid, n) for vid in sorted(names) for n in sorted(names[vid])]
     listed.loose = _read_loose(conn, [item for item in todo if item[1] not in bundled.get(item[0], {})])
-    items = [(vid, n, listed.loose.get((vid, n)) or bundled[vid][n]) for vid, n in todo]
-    listed.early_items = {(vid, n): i for i, (vid, n) in enumerate(todo)}
-    listed.early = CheckProcess(items)
+    listed.early = CheckProcess([(vid, n, listed.data(vid, n)) for vid, n in todo])
     return listed
 
 
@@ -197,24 +206,19 @@ def fetch_signatures(repo: Repo, conn: Connection, versions: Iterable[str], list
         if len(names) + len(have) > MAX_PER_VERSION:
             raise ReceivedError(f"version {vid[:12]} has {len(listed.names[vid])} signatures on {where}", where=where)
         todo += [(vid, n) for n in names]
-    answers = listed.early.results() if listed.early is not None else None
+    verdicts = listed.verdicts()
     found: Arrived = {}
     unchecked = []
     for vid, name in todo:
-        data = listed.loose.get((vid, name)) or listed.bundled.get(vid, {}).get(name)
-        if answers is not None and data is not None and (vid, name) in listed.early_items:
-            why = answers[listed.early_items[(vid, name)]]
-            if why is not None:
+        data = listed.data(vid, name)
+        if data is not None and (vid, name) in verdicts:
+            if (why := verdicts[(vid, name)]) is not None:
                 raise ReceivedError(f"signature {name[:12]} of version {vid[:12]} on {where}: {why}", where=where)
             found.setdefault(vid, []).append(passed(vid, data))
         else:
             unchecked.append((vid, name))
-    loose = _read_loose(
-        conn, [i for i in unchecked if i not in listed.loose and i[1] not in listed.bundled.get(i[0], {})]
-    )
-    items = [
-        (item, loose.get(item) or listed.loose.get(item) or listed.bundled[item[0]][item[1]]) for item in unchecked
-    ]
+    listed.loose.update(_read_loose(conn, [i for i in unchecked if listed.data(*i) is None]))
+    items = [(item, listed.data(*item)) for item in unchecked]
     chunks = [items[i : i + CHECK_CHUNK] for i in range(0, len(items), CHECK_CHUNK)]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="mgit-verify") as pool:
         checked = [sig for chunk in pool.map(_check_all, chunks) for sig in chunk]
